@@ -1,0 +1,48 @@
+#include "config/model_spec.h"
+
+#include <sstream>
+
+namespace kvshard {
+
+Status ModelSpec::Validate() const {
+    auto positive = [](const char* name, int64_t v) -> Status {
+        if (v <= 0) return InvalidArgument(std::string(name) + " must be positive, got " + std::to_string(v));
+        return Status::Ok();
+    };
+    if (architecture != "llama") {
+        return Unimplemented("architecture '" + architecture + "' is not supported (kvshard runs 'llama')");
+    }
+    KV_RETURN_IF_ERROR(positive("num_layers", num_layers));
+    KV_RETURN_IF_ERROR(positive("hidden_size", hidden_size));
+    KV_RETURN_IF_ERROR(positive("num_heads", num_heads));
+    KV_RETURN_IF_ERROR(positive("num_kv_heads", num_kv_heads));
+    KV_RETURN_IF_ERROR(positive("head_dim", head_dim));
+    KV_RETURN_IF_ERROR(positive("ffn_size", ffn_size));
+    KV_RETURN_IF_ERROR(positive("vocab_size", vocab_size));
+    if (num_heads % num_kv_heads != 0) {
+        return InvalidArgument("num_heads (" + std::to_string(num_heads) +
+                               ") is not a multiple of num_kv_heads (" +
+                               std::to_string(num_kv_heads) + ")");
+    }
+    if (head_dim % 2 != 0) return InvalidArgument("head_dim must be even, got " + std::to_string(head_dim));
+    if (!(rope_theta > 0)) return InvalidArgument("rope_theta must be positive");
+    if (!(norm_eps > 0)) return InvalidArgument("norm_eps must be positive");
+    if (bos_token_id >= vocab_size || eos_token_id >= vocab_size) {
+        return InvalidArgument("bos/eos token id (" + std::to_string(bos_token_id) + "/" +
+                               std::to_string(eos_token_id) + ") outside vocab of " +
+                               std::to_string(vocab_size));
+    }
+    return Status::Ok();
+}
+
+std::string ModelSpec::ToString() const {
+    std::ostringstream s;
+    s << architecture << ": layers=" << num_layers << " hidden=" << hidden_size
+      << " heads=" << num_heads << " kv_heads=" << num_kv_heads << " head_dim=" << head_dim
+      << " ffn=" << ffn_size << " vocab=" << vocab_size << " rope_theta=" << rope_theta
+      << " eps=" << norm_eps << " tied=" << (tied_embeddings ? 1 : 0) << " bos=" << bos_token_id
+      << " eos=" << eos_token_id;
+    return s.str();
+}
+
+}  // namespace kvshard

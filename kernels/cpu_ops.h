@@ -1,0 +1,47 @@
+// CPU compute ops of the forward pass. fp32 activations and weights, row-major.
+// These are the reference the CUDA ops (kernels/cuda_ops.h) are checked against.
+// Thread-safety: ops are pure functions of their arguments; some use OpenMP/BLAS threads inside.
+#pragma once
+
+#include <cstdint>
+
+namespace kvshard::cpu {
+
+// Number of threads BLAS and OpenMP loops use (0: leave the libraries' defaults).
+void SetNumThreads(int num_threads);
+int NumThreads();
+
+// y[m, n] = x[m, k] · w[n, k]^T (w is a Linear weight {out_features, in_features}).
+// When accumulate is true, y += x · w^T.
+void MatMulWT(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
+              bool accumulate = false);
+
+// out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight, for `rows` rows of `dim`.
+// out may equal x.
+void RmsNorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps);
+
+// Rotary embedding on interleaved pairs (v[2i], v[2i+1]) of every head of every row, in place.
+// x: rows × num_heads × head_dim; positions[r] is the position of row r. inv_freq has head_dim/2
+// entries (theta^(-2i/head_dim), already adjusted for RoPE scaling).
+void Rope(float* x, const int32_t* positions, int64_t rows, int64_t num_heads, int64_t head_dim,
+          const float* inv_freq);
+
+// out[r, i] = silu(gate[r, i]) * up[r, i]. out may equal gate.
+void SiluMul(const float* gate, const float* up, float* out, int64_t rows, int64_t dim);
+
+// In-place softmax over n values.
+void Softmax(float* x, int64_t n);
+
+// Causal grouped-query attention of `num_q` query rows of one sequence against its KV.
+// q: num_q × num_heads × head_dim, the query at row i sits at position q_pos0 + i.
+// k, v: num_kv × num_kv_heads × head_dim for positions 0..num_kv-1 (row stride kv_stride floats).
+// out: num_q × num_heads × head_dim. Query head h uses KV head h / (num_heads / num_kv_heads).
+// A query at position p attends to positions 0..p. REQUIRES: q_pos0 + num_q <= num_kv.
+void Attention(const float* q, const float* k, const float* v, float* out, int64_t num_q,
+               int64_t q_pos0, int64_t num_kv, int64_t num_heads, int64_t num_kv_heads,
+               int64_t head_dim, int64_t kv_stride);
+
+// out[r, :] = x[r, :] + y[r, :] over n floats.
+void Add(const float* x, const float* y, float* out, int64_t n);
+
+}  // namespace kvshard::cpu

@@ -1,0 +1,67 @@
+// Reader of GGUF v3 files (llama.cpp's model format): header, typed metadata, tensor infos and
+// aligned tensor data, all read from a memory map. Every offset and length is bounds-checked, so a
+// truncated or corrupted file yields a DataLoss status naming the file and what was wrong.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "common/mapped_file.h"
+#include "common/status.h"
+#include "model/tensor.h"
+
+namespace kvshard {
+
+// One metadata value. Integers of every width are widened to int64 (uint64 above INT64_MAX is
+// rejected), floats to double; arrays keep their element kind.
+struct GgufValue {
+    using Array = std::variant<std::vector<int64_t>, std::vector<double>, std::vector<std::string>,
+                               std::vector<bool>>;
+    std::variant<int64_t, double, bool, std::string, Array> value;
+};
+
+class GgufFile {
+public:
+    // Opens and parses `path`. Errors name the path: NotFound, DataLoss (bad magic, truncated,
+    // offsets past the end, absurd counts), Unimplemented (version != 2/3, unknown tensor type).
+    static Result<std::unique_ptr<GgufFile>> Open(const std::string& path);
+
+    const std::string& path() const { return file_.path(); }
+    uint32_t version() const { return version_; }
+    uint64_t alignment() const { return alignment_; }
+
+    bool Has(std::string_view key) const;
+    // Typed getters: NotFound when the key is absent, InvalidArgument when its type differs.
+    Result<std::string> GetString(std::string_view key) const;
+    Result<int64_t> GetInt(std::string_view key) const;
+    Result<double> GetFloat(std::string_view key) const;  // also accepts integers
+    Result<bool> GetBool(std::string_view key) const;
+    Result<std::vector<std::string>> GetStringArray(std::string_view key) const;
+    Result<std::vector<double>> GetFloatArray(std::string_view key) const;
+    Result<std::vector<int64_t>> GetIntArray(std::string_view key) const;
+    const GgufValue* Find(std::string_view key) const;
+    const std::vector<std::string>& keys() const { return keys_; }  // in file order
+
+    const std::vector<TensorInfo>& tensors() const { return tensors_; }
+    const TensorInfo* FindTensor(std::string_view name) const;
+
+private:
+    GgufFile() = default;
+    Status Parse();
+
+    MappedFile file_;
+    uint32_t version_ = 0;
+    uint64_t alignment_ = 32;
+    std::vector<std::string> keys_;
+    std::unordered_map<std::string, GgufValue> metadata_;
+    std::vector<TensorInfo> tensors_;
+    std::unordered_map<std::string, size_t> tensor_index_;
+};
+
+}  // namespace kvshard
