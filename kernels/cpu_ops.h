@@ -44,4 +44,23 @@ void Attention(const float* q, const float* k, const float* v, float* out, int64
 // out[r, :] = x[r, :] + y[r, :] over n floats.
 void Add(const float* x, const float* y, float* out, int64_t n);
 
+// RoPE frequency scaling (a plain copy of the model's rope_scaling; kernels do not see config/).
+struct RopeScalingParams {
+    enum Type : int { kNone = 0, kLinear = 1, kLlama3 = 2 };
+    int type = kNone;
+    float factor = 1.0f;  // linear and llama3: long wavelengths are stretched by this factor
+    float low_freq_factor = 1.0f;   // llama3 only
+    float high_freq_factor = 4.0f;  // llama3 only
+    int64_t original_max_position = 8192;  // llama3 only: the pre-training context length
+};
+
+// inv_freq[i] = theta^(-2i/head_dim) for i < head_dim/2, then scaled:
+//   linear: inv_freq / factor;
+//   llama3 (Llama 3.1): with wavelen = 2π/inv_freq, keep it when wavelen < orig/high_freq_factor,
+//   divide by factor when wavelen > orig/low_freq_factor, else interpolate linearly between the
+//   two with smooth = (orig/wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor).
+// The unscaled frequencies are computed in float exactly as llama2.c does.
+// REQUIRES: head_dim even; factor > 0; for llama3 high_freq_factor > low_freq_factor.
+void RopeInvFreq(int64_t head_dim, float theta, const RopeScalingParams& scaling, float* inv_freq);
+
 }  // namespace kvshard::cpu

@@ -1,0 +1,153 @@
+#include "worker/model_runner.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <unordered_set>
+
+#include "kernels/cpu_ops.h"
+
+namespace kvshard {
+
+ModelRunner::ModelRunner(const ModelSpec& spec, ModelWeights weights, const RunnerOptions& options)
+    : spec_(spec),
+      weights_(std::move(weights)),
+      max_context_(options.max_context > 0 ? options.max_context
+                   : spec.max_position > 0  ? spec.max_position
+                                            : 4096),
+      q_dim_(spec.num_heads * spec.head_dim),
+      kv_dim_(spec.num_kv_heads * spec.head_dim) {
+    const RopeScaling& rs = spec.rope_scaling;
+    cpu::RopeScalingParams params;
+    switch (rs.type) {
+        case RopeScalingType::kNone: params.type = 0; break;
+        case RopeScalingType::kLinear: params.type = 1; break;
+        case RopeScalingType::kLlama3: params.type = 2; break;
+    }
+    params.factor = rs.factor;
+    params.low_freq_factor = rs.low_freq_factor;
+    params.high_freq_factor = rs.high_freq_factor;
+    params.original_max_position = rs.original_max_position;
+    inv_freq_.resize(static_cast<size_t>(spec.head_dim / 2));
+    cpu::RopeInvFreq(spec.head_dim, spec.rope_theta, params, inv_freq_.data());
+}
+
+Status ModelRunner::Validate(std::span<const SequenceChunk> batch) const {
+    std::unordered_set<int64_t> seen;
+    for (const SequenceChunk& c : batch) {
+        const std::string seq = "sequence " + std::to_string(c.seq_id);
+        if (c.tokens.empty()) return InvalidArgument(seq + ": empty chunk");
+        if (!seen.insert(c.seq_id).second) return InvalidArgument(seq + ": twice in one batch");
+        const int64_t cached = CachedLength(c.seq_id);
+        if (c.start_pos != cached) {
+            return InvalidArgument(seq + ": start_pos " + std::to_string(c.start_pos) +
+                                   " but " + std::to_string(cached) + " positions are cached");
+        }
+        const int64_t end = c.start_pos + static_cast<int64_t>(c.tokens.size());
+        if (end > max_context_) {
+            return OutOfRange(seq + ": " + std::to_string(end) + " positions exceed the context of " +
+                              std::to_string(max_context_));
+        }
+        for (int32_t t : c.tokens) {
+            if (t < 0 || t >= spec_.vocab_size) {
+                return InvalidArgument(seq + ": token id " + std::to_string(t) +
+                                       " outside the vocabulary of " + std::to_string(spec_.vocab_size));
+            }
+        }
+    }
+    return Status::Ok();
+}
+
+Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) {
+    KV_RETURN_IF_ERROR(Validate(batch));
+    const int64_t hidden = spec_.hidden_size;
+    const int64_t hd = spec_.head_dim;
+    const int64_t ffn = spec_.ffn_size;
+    int64_t rows = 0;
+    for (const SequenceChunk& c : batch) rows += static_cast<int64_t>(c.tokens.size());
+    auto fit = [](std::vector<float>& buf, int64_t n) { buf.resize(static_cast<size_t>(n)); };
+    fit(x_, rows * hidden);
+    fit(xn_, rows * hidden);
+    fit(q_, rows * q_dim_);
+    fit(k_, rows * kv_dim_);
+    fit(v_, rows * kv_dim_);
+    fit(att_, rows * q_dim_);
+    fit(gate_, rows * ffn);
+    fit(up_, rows * ffn);
+    positions_.resize(static_cast<size_t>(rows));
+
+    // Embedding lookup and positions.
+    int64_t r = 0;
+    for (const SequenceChunk& c : batch) {
+        for (size_t i = 0; i < c.tokens.size(); ++i, ++r) {
+            std::memcpy(&x_[r * hidden], &weights_.embedding[c.tokens[i] * hidden],
+                        static_cast<size_t>(hidden) * sizeof(float));
+            positions_[r] = static_cast<int32_t>(c.start_pos + static_cast<int64_t>(i));
+        }
+        SequenceKv& kv = cache_[c.seq_id];
+        if (kv.k.empty()) {
+            kv.k.resize(static_cast<size_t>(spec_.num_layers));
+            kv.v.resize(static_cast<size_t>(spec_.num_layers));
+        }
+    }
+
+    for (int64_t l = 0; l < spec_.num_layers; ++l) {
+        const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+        cpu::RmsNorm(x_.data(), w.attn_norm.data(), xn_.data(), rows, hidden, spec_.norm_eps);
+        cpu::MatMulWT(xn_.data(), w.wq.data(), q_.data(), rows, q_dim_, hidden);
+        cpu::MatMulWT(xn_.data(), w.wk.data(), k_.data(), rows, kv_dim_, hidden);
+        cpu::MatMulWT(xn_.data(), w.wv.data(), v_.data(), rows, kv_dim_, hidden);
+        cpu::Rope(q_.data(), positions_.data(), rows, spec_.num_heads, hd, inv_freq_.data());
+        cpu::Rope(k_.data(), positions_.data(), rows, spec_.num_kv_heads, hd, inv_freq_.data());
+
+        // Append K/V to each sequence's cache, then attend over everything cached.
+        r = 0;
+        for (const SequenceChunk& c : batch) {
+            const auto n = static_cast<int64_t>(c.tokens.size());
+            SequenceKv& kv = cache_[c.seq_id];
+            std::vector<float>& kc = kv.k[static_cast<size_t>(l)];
+            std::vector<float>& vc = kv.v[static_cast<size_t>(l)];
+            const int64_t total = c.start_pos + n;
+            kc.resize(static_cast<size_t>(total * kv_dim_));
+            vc.resize(static_cast<size_t>(total * kv_dim_));
+            std::memcpy(&kc[c.start_pos * kv_dim_], &k_[r * kv_dim_],
+                        static_cast<size_t>(n * kv_dim_) * sizeof(float));
+            std::memcpy(&vc[c.start_pos * kv_dim_], &v_[r * kv_dim_],
+                        static_cast<size_t>(n * kv_dim_) * sizeof(float));
+            cpu::Attention(&q_[r * q_dim_], kc.data(), vc.data(), &att_[r * q_dim_], n, c.start_pos,
+                           total, spec_.num_heads, spec_.num_kv_heads, hd, kv_dim_);
+            r += n;
+        }
+        cpu::MatMulWT(att_.data(), w.wo.data(), x_.data(), rows, hidden, q_dim_, /*accumulate=*/true);
+
+        cpu::RmsNorm(x_.data(), w.ffn_norm.data(), xn_.data(), rows, hidden, spec_.norm_eps);
+        cpu::MatMulWT(xn_.data(), w.w_gate.data(), gate_.data(), rows, ffn, hidden);
+        cpu::MatMulWT(xn_.data(), w.w_up.data(), up_.data(), rows, ffn, hidden);
+        cpu::SiluMul(gate_.data(), up_.data(), gate_.data(), rows, ffn);
+        cpu::MatMulWT(gate_.data(), w.w_down.data(), x_.data(), rows, hidden, ffn, /*accumulate=*/true);
+    }
+
+    // Final norm and classifier on the last row of each chunk only.
+    const auto num_out = static_cast<int64_t>(batch.size());
+    r = 0;
+    for (int64_t b = 0; b < num_out; ++b) {
+        r += static_cast<int64_t>(batch[static_cast<size_t>(b)].tokens.size());
+        std::memcpy(&xn_[b * hidden], &x_[(r - 1) * hidden], static_cast<size_t>(hidden) * sizeof(float));
+    }
+    cpu::RmsNorm(xn_.data(), weights_.output_norm.data(), xn_.data(), num_out, hidden, spec_.norm_eps);
+    logits->resize(static_cast<size_t>(num_out * spec_.vocab_size));
+    cpu::MatMulWT(xn_.data(), weights_.classifier(), logits->data(), num_out, spec_.vocab_size, hidden);
+
+    for (const SequenceChunk& c : batch) cache_[c.seq_id].length += static_cast<int64_t>(c.tokens.size());
+    tokens_processed_ += rows;
+    return Status::Ok();
+}
+
+void ModelRunner::Release(int64_t seq_id) { cache_.erase(seq_id); }
+
+int64_t ModelRunner::CachedLength(int64_t seq_id) const {
+    auto it = cache_.find(seq_id);
+    return it == cache_.end() ? 0 : it->second.length;
+}
+
+}  // namespace kvshard
