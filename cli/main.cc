@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
     std::map<std::string, kvshard::cli::Command> commands;
     commands["generate"] = kvshard::cli::RegisterGenerate(app);
     commands["convert"] = kvshard::cli::RegisterConvert(app);
+    commands["bench-engine"] = kvshard::cli::RegisterBenchEngine(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
