@@ -7,8 +7,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <initializer_list>
+#include <limits>
 #include <numbers>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/check.h"
@@ -16,8 +21,30 @@
 namespace kvshard::cpu {
 namespace {
 
-// Below this many floats of work an OpenMP team costs more than it saves.
-constexpr int64_t kMinParallelFloats = 1 << 15;
+// Below this many floats an elementwise op is faster on one thread than the fork/join of an
+// OpenMP team (measured on 2 cores: RmsNorm of 64 × 576 floats takes ~7 µs on one).
+constexpr int64_t kMinParallelFloats = 1 << 18;
+
+// exp(x) within 1 ulp (measured over [-87, 88]; Cephes' expf polynomial) for x in [-87.3, 88];
+// saturates outside that range instead of returning 0 or inf. Branch-free, so loops calling it
+// vectorize, which glibc's expf does not without -ffast-math (SiluMul and attention's softmax were
+// 5 ns per element).
+inline float ExpFast(float x) {
+    x = std::min(std::max(x, -87.3f), 88.0f);
+    // n = round(x / ln 2) by the 1.5·2^23 trick (round-to-nearest, no reassociation here).
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    // r = x - n ln 2, with ln 2 split in two for precision; |r| <= ln 2 / 2.
+    const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    // 2^n by building the exponent field; n is in [-126, 127] after the clamp.
+    return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+}
 
 float Dot(const float* a, const float* b, int64_t n) {
     float sum = 0.0f;
@@ -42,9 +69,37 @@ void SetNumThreads(int num_threads) {
 
 int NumThreads() { return omp_get_max_threads(); }
 
+std::string BlasCoreName() {
+    const char* name = openblas_get_corename();
+    return name != nullptr ? name : "";
+}
+
+std::string SuggestedBlasCoreType() {
+    const std::string core = BlasCoreName();
+    const auto is_one_of = [&core](std::initializer_list<std::string_view> names) {
+        return std::find(names.begin(), names.end(), core) != names.end();
+    };
+    // Kernel sets at least as good as the suggestion (OpenBLAS spells some in lower case).
+    const bool has_avx512 = is_one_of({"SkylakeX", "Skylakex", "skylakex", "Cooperlake",
+                                       "cooperlake", "SapphireRapids", "sapphirerapids"});
+    const bool has_avx2 =
+        has_avx512 || is_one_of({"Haswell", "haswell", "Zen", "zen", "Skylake", "skylake"});
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && !has_avx512) {
+        return "SkylakeX";
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !has_avx2) {
+        return "Haswell";
+    }
+    return "";
+}
+
 void MatMulWT(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
               bool accumulate) {
-    KV_CHECK(m >= 0 && n >= 0 && k >= 0) << "m=" << m << " n=" << n << " k=" << k;
+    constexpr int64_t kMaxBlasInt = std::numeric_limits<blasint>::max();
+    KV_CHECK(m >= 0 && n >= 0 && k >= 0 && m <= kMaxBlasInt && n <= kMaxBlasInt && k <= kMaxBlasInt)
+        << "m=" << m << " n=" << n << " k=" << k;
     if (m == 0 || n == 0) return;
     const float beta = accumulate ? 1.0f : 0.0f;
     if (m == 1) {
@@ -76,7 +131,8 @@ void Rope(float* x, const int32_t* positions, int64_t rows, int64_t num_heads, i
     KV_CHECK_EQ(head_dim % 2, 0);
     const int64_t half = head_dim / 2;
     const int64_t row_floats = num_heads * head_dim;
-#pragma omp parallel if (rows * row_floats >= kMinParallelFloats && rows > 1)
+    // A row costs head_dim/2 cos/sin pairs (~1 µs at head_dim 64) plus its rotations.
+#pragma omp parallel if (rows >= 32)
     {
         // cos and sin of one position, shared by all heads of its row.
         std::vector<float> cos_sin(2 * half);
@@ -108,16 +164,17 @@ void Rope(float* x, const int32_t* positions, int64_t rows, int64_t num_heads, i
 
 void SiluMul(const float* gate, const float* up, float* out, int64_t rows, int64_t dim) {
     const int64_t n = rows * dim;
-#pragma omp parallel for simd if (n >= kMinParallelFloats)
+#pragma omp parallel for simd if (parallel : n >= kMinParallelFloats / 8)
     for (int64_t i = 0; i < n; ++i) {
         const float g = gate[i];
-        out[i] = g / (1.0f + std::exp(-g)) * up[i];
+        out[i] = g / (1.0f + ExpFast(-g)) * up[i];
     }
 }
 
 void Softmax(float* x, int64_t n) {
-    // The same arithmetic, in the same order, as llama2.c's softmax: the sampler's golden tests
-    // depend on it.
+    // The same arithmetic, in the same order, as llama2.c's softmax (glibc expf, a sequential
+    // float sum, a division per element), for bit-level comparisons with it. Attention uses its
+    // own vectorized softmax.
     if (n <= 0) return;
     float max_val = x[0];
     for (int64_t i = 1; i < n; ++i) max_val = std::max(max_val, x[i]);
@@ -139,7 +196,8 @@ void Attention(const float* q, const float* k, const float* v, float* out, int64
     const int64_t group = num_heads / num_kv_heads;
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     const int64_t num_tasks = num_heads * num_q;
-    const bool parallel = num_tasks > 1 && num_tasks * (q_pos0 + num_q) * head_dim >= 4096;
+    // About 20 µs of work on one core; below that the OpenMP fork/join costs more than it saves.
+    const bool parallel = num_tasks > 1 && num_tasks * (q_pos0 + num_q) * head_dim >= (1 << 16);
 #pragma omp parallel if (parallel)
     {
         // Scores of one query row; a row attends to at most num_kv positions.
@@ -152,26 +210,37 @@ void Attention(const float* q, const float* k, const float* v, float* out, int64
             const int64_t kv_head_offset = (h / group) * head_dim;
             const float* qv = q + (i * num_heads + h) * head_dim;
             const int64_t len = q_pos0 + i + 1;
+            float* s = scores.data();
+            float max_score = -std::numeric_limits<float>::infinity();
             for (int64_t t = 0; t < len; ++t) {
-                scores[t] = Dot(qv, k + t * kv_stride + kv_head_offset, head_dim) * scale;
+                s[t] = Dot(qv, k + t * kv_stride + kv_head_offset, head_dim) * scale;
+                max_score = std::max(max_score, s[t]);
             }
-            Softmax(scores.data(), len);
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t t = 0; t < len; ++t) {
+                s[t] = ExpFast(s[t] - max_score);
+                sum += s[t];
+            }
+            // Weighted sum of V with the unnormalized weights, then one scaling by 1/sum.
             float* o = out + (i * num_heads + h) * head_dim;
             std::fill(o, o + head_dim, 0.0f);
             for (int64_t t = 0; t < len; ++t) {
-                Axpy(scores[t], v + t * kv_stride + kv_head_offset, o, head_dim);
+                Axpy(s[t], v + t * kv_stride + kv_head_offset, o, head_dim);
             }
+            const float inv_sum = 1.0f / sum;
+#pragma omp simd
+            for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv_sum;
         }
     }
 }
 
 void Add(const float* x, const float* y, float* out, int64_t n) {
-#pragma omp parallel for simd if (n >= 4 * kMinParallelFloats)
+#pragma omp parallel for simd if (parallel : n >= kMinParallelFloats)
     for (int64_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
 }
 
-void RopeInvFreq(int64_t head_dim, float theta, const RopeScalingParams& scaling,
-                 float* inv_freq) {
+void RopeInvFreq(int64_t head_dim, float theta, const RopeScalingParams& scaling, float* inv_freq) {
     KV_CHECK(head_dim > 0 && head_dim % 2 == 0) << "head_dim=" << head_dim;
     const int64_t half = head_dim / 2;
     for (int64_t i = 0; i < half; ++i) {

@@ -4,12 +4,24 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace kvshard::cpu {
 
 // Number of threads BLAS and OpenMP loops use (0: leave the libraries' defaults).
 void SetNumThreads(int num_threads);
 int NumThreads();
+
+// The kernel set OpenBLAS chose when it loaded (openblas_get_corename), e.g. "Haswell".
+std::string BlasCoreName();
+
+// OpenBLAS 0.3.21 (Debian 12) does not recognize some newer CPUs, or CPUs behind some
+// hypervisors, and falls back to its SSE3 "Prescott" kernels: sgemm at m=64 runs at half speed.
+// The environment variable OPENBLAS_CORETYPE, read only when the library loads, overrides the
+// choice. Returns the value this CPU supports ("SkylakeX" with AVX-512, "Haswell" with AVX2 and
+// FMA) when OpenBLAS chose a weaker kernel set, else "" (nothing to gain). A launcher sets the
+// variable and re-executes itself, or a script exports it.
+std::string SuggestedBlasCoreType();
 
 // y[m, n] = x[m, k] · w[n, k]^T (w is a Linear weight {out_features, in_features}).
 // When accumulate is true, y += x · w^T.
@@ -49,8 +61,8 @@ struct RopeScalingParams {
     enum Type : int { kNone = 0, kLinear = 1, kLlama3 = 2 };
     int type = kNone;
     float factor = 1.0f;  // linear and llama3: long wavelengths are stretched by this factor
-    float low_freq_factor = 1.0f;   // llama3 only
-    float high_freq_factor = 4.0f;  // llama3 only
+    float low_freq_factor = 1.0f;          // llama3 only
+    float high_freq_factor = 4.0f;         // llama3 only
     int64_t original_max_position = 8192;  // llama3 only: the pre-training context length
 };
 

@@ -32,7 +32,7 @@ void Synchronize();
 // Device memory owned by one object (cudaMalloc / cudaFree). Movable, not copyable.
 // Thread-safety: none; one owner at a time.
 class DeviceBuffer {
-public:
+  public:
     DeviceBuffer() = default;
     // Allocates `bytes` on the current device (aborts when the allocation fails).
     explicit DeviceBuffer(size_t bytes);
@@ -50,7 +50,7 @@ public:
     void CopyFromHost(const void* src, size_t bytes);
     void CopyToHost(void* dst, size_t bytes) const;
 
-private:
+  private:
     void* data_ = nullptr;
     size_t bytes_ = 0;
 };
@@ -59,7 +59,7 @@ private:
 // Pedantic fp32 math: no TF32, so results stay within fp32 rounding of the CPU ops.
 // Thread-safety: one thread at a time.
 class CublasHandle {
-public:
+  public:
     CublasHandle();
     ~CublasHandle();
     CublasHandle(const CublasHandle&) = delete;
@@ -69,7 +69,7 @@ public:
     void SetStream(Stream stream);
     void* get() const { return handle_; }  // the cublasHandle_t
 
-private:
+  private:
     void* handle_ = nullptr;
 };
 

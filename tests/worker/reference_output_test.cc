@@ -37,7 +37,7 @@ const std::vector<int32_t> kStoriesFirstIds = {432, 383, 286, 261, 376, 298, 315
                                                419, 292, 411, 322, 265, 282, 295, 433, 426,
                                                385, 328, 432, 358, 394, 261, 370, 432, 352};
 
-GenerateResult Run(LocalModel& m, const std::string& prompt, const GenerateOptions& opts) {
+GenerateResult RunPrompt(LocalModel& m, const std::string& prompt, const GenerateOptions& opts) {
     Result<GenerateResult> r = Generate(*m.runner, *m.tokenizer, m.EncodePrompt(prompt), opts);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return r.ok() ? *r : GenerateResult{};
@@ -63,7 +63,7 @@ TEST_P(Stories260K, GreedyMatchesLlama2cReference) {
 
     ASSERT_EQ(m->EncodePrompt("Once upon a time"), kStoriesPromptIds);
     // 256 steps of run.c: positions 0..255, so 256 - 5 tokens after the 5 prompt tokens.
-    GenerateResult with_prompt = Run(*m, "Once upon a time", Greedy(256 - 5, *m));
+    GenerateResult with_prompt = RunPrompt(*m, "Once upon a time", Greedy(256 - 5, *m));
     ASSERT_GE(with_prompt.token_ids.size(), kStoriesFirstIds.size());
     EXPECT_EQ(std::vector<int32_t>(with_prompt.token_ids.begin(),
                                    with_prompt.token_ids.begin() + kStoriesFirstIds.size()),
@@ -72,7 +72,7 @@ TEST_P(Stories260K, GreedyMatchesLlama2cReference) {
               std::string(kStoriesReference).substr(0, 16 + with_prompt.text.size()));
 
     // Empty prompt: BOS only, 255 tokens; run.c prints exactly the reference text.
-    GenerateResult empty = Run(*m, "", Greedy(255, *m));
+    GenerateResult empty = RunPrompt(*m, "", Greedy(255, *m));
     EXPECT_EQ(empty.text, kStoriesReference);
 }
 
@@ -89,7 +89,7 @@ TEST(Stories260KSampled, MatchesRunCWithSeed133742) {
     o.sampling.temperature = 1.0f;
     o.sampling.top_p = 0.9f;
     o.sampling.seed = 133742;
-    GenerateResult r = Run(*m, "", o);
+    GenerateResult r = RunPrompt(*m, "", o);
     const std::string expected =
         "Once upon a time, there was a little boy named Timmy. Timmy loved to play with his toys "
         "and eat sandwiches.";
@@ -105,7 +105,7 @@ TEST(ZhPoemSampled, MatchesRunCWithSeed42) {
     o.sampling.temperature = 0.8f;
     o.sampling.top_p = 0.9f;
     o.sampling.seed = 42;
-    GenerateResult r = Run(*m, "", o);
+    GenerateResult r = RunPrompt(*m, "", o);
     const std::string expected = "主题：明月\n万里西征客，连山望旧林。";
     EXPECT_EQ(r.text.substr(0, expected.size()), expected);
 }

@@ -1,0 +1,151 @@
+#include "worker/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "common/check.h"
+
+namespace kvshard {
+namespace {
+
+// llama2.c's softmax: max-subtracted expf, a sequential float sum, then a division per element.
+void SoftmaxLikeRunC(float* x, int64_t n) {
+    float max_val = x[0];
+    for (int64_t i = 1; i < n; ++i) {
+        if (x[i] > max_val) max_val = x[i];
+    }
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        x[i] = std::exp(x[i] - max_val);
+        sum += x[i];
+    }
+    for (int64_t i = 0; i < n; ++i) x[i] /= sum;
+}
+
+// llama2.c's sample_mult: the first index whose cumulative probability exceeds coin.
+int32_t SampleMultinomial(const float* probs, int64_t n, float coin) {
+    float cdf = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        cdf += probs[i];
+        if (coin < cdf) return static_cast<int32_t>(i);
+    }
+    return static_cast<int32_t>(n - 1);  // rounding
+}
+
+}  // namespace
+
+Status ValidateSamplingParams(const SamplingParams& params) {
+    if (!std::isfinite(params.temperature) || params.temperature < 0.0f) {
+        return InvalidArgument("temperature must be finite and >= 0, got " +
+                               std::to_string(params.temperature));
+    }
+    if (params.top_k < 0) {
+        return InvalidArgument("top_k must be >= 0 (0 disables it), got " +
+                               std::to_string(params.top_k));
+    }
+    if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
+        return InvalidArgument("top_p must be in (0, 1], got " + std::to_string(params.top_p));
+    }
+    if (!(params.min_p >= 0.0f && params.min_p <= 1.0f)) {
+        return InvalidArgument("min_p must be in [0, 1], got " + std::to_string(params.min_p));
+    }
+    return Status::Ok();
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
+    const Status status = ValidateSamplingParams(params);
+    KV_CHECK(status.ok()) << status.ToString();
+}
+
+int32_t Sampler::Argmax(const float* values, int64_t n) {
+    KV_CHECK_GT(n, 0);
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; ++i) {
+        if (values[i] > values[best]) best = i;
+    }
+    return static_cast<int32_t>(best);
+}
+
+int32_t Sampler::Sample(const float* logits, int64_t vocab) {
+    KV_CHECK(vocab > 0 && vocab <= std::numeric_limits<int32_t>::max()) << "vocab=" << vocab;
+    if (params_.temperature == 0.0f) return Argmax(logits, vocab);
+
+    probs_.resize(static_cast<size_t>(vocab));
+    float* probs = probs_.data();
+    for (int64_t i = 0; i < vocab; ++i) probs[i] = logits[i] / params_.temperature;
+    if (params_.top_k > 0 && params_.top_k < vocab) ApplyTopK(vocab);
+    SoftmaxLikeRunC(probs, vocab);
+    if (params_.min_p > 0.0f) ApplyMinP(vocab);
+
+    const float coin = rng_.NextF32();
+    if (params_.top_p <= 0.0f || params_.top_p >= 1.0f || vocab == 1) {
+        return SampleMultinomial(probs, vocab, coin);
+    }
+    return SampleTopP(vocab, coin);
+}
+
+void Sampler::ApplyTopK(int64_t vocab) {
+    float* probs = probs_.data();
+    order_.resize(static_cast<size_t>(vocab));
+    for (int64_t i = 0; i < vocab; ++i) order_[i] = static_cast<int32_t>(i);
+    const auto higher = [probs](int32_t a, int32_t b) {
+        return probs[a] > probs[b] || (probs[a] == probs[b] && a < b);
+    };
+    std::nth_element(order_.begin(), order_.begin() + params_.top_k, order_.end(), higher);
+    for (auto it = order_.begin() + params_.top_k; it != order_.end(); ++it) {
+        probs[*it] = -std::numeric_limits<float>::infinity();
+    }
+}
+
+void Sampler::ApplyMinP(int64_t vocab) {
+    float* probs = probs_.data();
+    float max_prob = 0.0f;
+    for (int64_t i = 0; i < vocab; ++i) max_prob = std::max(max_prob, probs[i]);
+    const float threshold = params_.min_p * max_prob;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < vocab; ++i) {
+        if (probs[i] < threshold) probs[i] = 0.0f;
+        sum += probs[i];
+    }
+    for (int64_t i = 0; i < vocab; ++i) probs[i] /= sum;
+}
+
+int32_t Sampler::SampleTopP(int64_t vocab, float coin) {
+    // llama2.c's sample_topp. Tokens below the cutoff cannot be in the nucleus (the n - 1 others
+    // would have to carry more than top_p), so they are dropped before sorting.
+    const float* probs = probs_.data();
+    const float top_p = params_.top_p;
+    const float cutoff = (1.0f - top_p) / static_cast<float>(vocab - 1);
+    candidates_.clear();
+    for (int64_t i = 0; i < vocab; ++i) {
+        if (probs[i] >= cutoff) candidates_.push_back({probs[i], static_cast<int32_t>(i)});
+    }
+    // run.c uses qsort (unstable); ties are broken here by the lower index, deterministically.
+    std::sort(candidates_.begin(), candidates_.end(), [](const ProbIndex& a, const ProbIndex& b) {
+        return a.prob > b.prob || (a.prob == b.prob && a.index < b.index);
+    });
+    const int64_t n0 = static_cast<int64_t>(candidates_.size());
+    // With top_p < 1/vocab even the largest probability can be under the cutoff (run.c reads out
+    // of bounds then); the nucleus is then the most likely token alone.
+    if (n0 == 0) return Argmax(probs, vocab);
+    float cumulative_prob = 0.0f;
+    int64_t last_idx = n0 - 1;
+    for (int64_t i = 0; i < n0; ++i) {
+        cumulative_prob += candidates_[i].prob;
+        if (cumulative_prob > top_p) {
+            last_idx = i;
+            break;
+        }
+    }
+    const float r = coin * cumulative_prob;
+    float cdf = 0.0f;
+    for (int64_t i = 0; i <= last_idx; ++i) {
+        cdf += candidates_[i].prob;
+        if (r < cdf) return candidates_[i].index;
+    }
+    return candidates_[last_idx].index;
+}
+
+}  // namespace kvshard

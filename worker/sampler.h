@@ -1,0 +1,83 @@
+// Token sampling on rank 0: greedy, temperature, top-k, top-p (nucleus) and min-p.
+//
+// The random numbers and the temperature / top-p procedure reproduce llama2.c's run.c exactly
+// (its xorshift RNG, softmax, multinomial and top-p sampling), so that a seed gives the tokens
+// llama2.c documents. Top-k and min-p are kvshard's additions; with top_k = 0 and min_p = 0 the
+// path is run.c's, operation for operation.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvshard {
+
+struct SamplingParams {
+    float temperature = 0.0f;  // 0: greedy (argmax); otherwise logits are divided by it
+    int top_k = 0;             // keep the k highest logits; 0: off
+    float top_p = 1.0f;        // nucleus sampling over the smallest set with mass > top_p; 1: off
+    float min_p = 0.0f;        // drop tokens with prob < min_p * max prob; 0: off
+    uint64_t seed = 0;         // the RNG's initial state (0 is replaced, see XorShiftRng)
+};
+
+// temperature finite and >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1]. The message of an
+// InvalidArgument names the field and its value.
+Status ValidateSamplingParams(const SamplingParams& params);
+
+// llama2.c's xorshift* generator. State 0 is a fixed point of xorshift (every draw would be 0),
+// so a seed of 0 starts from kZeroSeedState instead; llama2.c never seeds with 0.
+class XorShiftRng {
+  public:
+    static constexpr uint64_t kZeroSeedState = 0x9E3779B97F4A7C15ULL;
+
+    explicit XorShiftRng(uint64_t seed) : state_(seed == 0 ? kZeroSeedState : seed) {}
+    uint32_t NextU32() {
+        state_ ^= state_ >> 12;
+        state_ ^= state_ << 25;
+        state_ ^= state_ >> 27;
+        return static_cast<uint32_t>((state_ * 0x2545F4914F6CDD1DULL) >> 32);
+    }
+    // Uniform in [0, 1) with 24 random bits.
+    float NextF32() { return static_cast<float>(NextU32() >> 8) / 16777216.0f; }
+
+  private:
+    uint64_t state_;
+};
+
+// Samples one token per call from a row of logits. Sampling with temperature > 0 draws exactly one
+// random number per call; greedy draws none.
+// Thread-safety: none (each sequence owns its Sampler).
+class Sampler {
+  public:
+    // REQUIRES: ValidateSamplingParams(params).ok().
+    explicit Sampler(const SamplingParams& params);
+
+    // Returns a token id in [0, vocab). logits are not modified. REQUIRES: vocab > 0.
+    int32_t Sample(const float* logits, int64_t vocab);
+
+    // Index of the largest value; ties go to the lowest index.
+    static int32_t Argmax(const float* values, int64_t n);
+
+    const SamplingParams& params() const { return params_; }
+
+  private:
+    struct ProbIndex {
+        float prob;
+        int32_t index;
+    };
+
+    // Sets every logit outside the top_k highest to -inf (ties: lower index kept).
+    void ApplyTopK(int64_t vocab);
+    // Zeroes probabilities below min_p * max and renormalizes.
+    void ApplyMinP(int64_t vocab);
+    int32_t SampleTopP(int64_t vocab, float coin);
+
+    SamplingParams params_;
+    XorShiftRng rng_;
+    std::vector<float> probs_;           // scratch: the scaled logits, then probabilities
+    std::vector<ProbIndex> candidates_;  // scratch for top-p
+    std::vector<int32_t> order_;         // scratch for top-k
+};
+
+}  // namespace kvshard
