@@ -13,6 +13,7 @@ using Command = std::function<int()>;  // returns the process exit code
 Command RegisterGenerate(CLI::App& app);
 Command RegisterConvert(CLI::App& app);
 Command RegisterBenchEngine(CLI::App& app);
+Command RegisterPlan(CLI::App& app);
 
 // Prints "kvshard: error: <message>" as one line on stderr and returns 1.
 int Fail(const std::string& message);

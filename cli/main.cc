@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
     commands["generate"] = kvshard::cli::RegisterGenerate(app);
     commands["convert"] = kvshard::cli::RegisterConvert(app);
     commands["bench-engine"] = kvshard::cli::RegisterBenchEngine(app);
+    commands["plan"] = kvshard::cli::RegisterPlan(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

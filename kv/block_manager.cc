@@ -1,0 +1,462 @@
+#include "kv/block_manager.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "common/check.h"
+
+namespace kvshard::kv {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+const BlockManagerConfig& Checked(const BlockManagerConfig& config) {
+    const Status s = config.Validate();
+    KV_CHECK(s.ok()) << s.ToString();
+    return config;
+}
+
+}  // namespace
+
+Status BlockManagerConfig::Validate() const {
+    if (num_blocks <= 0 || num_blocks > std::numeric_limits<BlockId>::max()) {
+        return InvalidArgument("num_blocks must be in [1, " +
+                               Str(std::numeric_limits<BlockId>::max()) + "], got " +
+                               Str(num_blocks));
+    }
+    if (block_size <= 0 || block_size > (int64_t{1} << 20)) {
+        return InvalidArgument("block_size must be in [1, 1048576], got " + Str(block_size));
+    }
+    if (!(watermark >= 0.0 && watermark < 1.0)) {
+        return InvalidArgument("watermark must be in [0, 1), got " + std::to_string(watermark));
+    }
+    return Status::Ok();
+}
+
+BlockManager::BlockManager(const BlockManagerConfig& config)
+    : config_(Checked(config)), cache_(config.num_blocks, config.block_size) {
+    watermark_blocks_ =
+        static_cast<int64_t>(std::floor(config.watermark * static_cast<double>(config.num_blocks)));
+    const auto n = static_cast<size_t>(config.num_blocks);
+    ref_counts_.assign(n, 0);
+    block_num_tokens_.assign(n, 0);
+    in_free_list_.assign(n, 1);
+    free_list_.reserve(n);
+    // A stack: block 0 is handed out first.
+    for (int64_t b = config.num_blocks - 1; b >= 0; --b)
+        free_list_.push_back(static_cast<BlockId>(b));
+}
+
+Result<BlockManager> BlockManager::Create(const BlockManagerConfig& config) {
+    KV_RETURN_IF_ERROR(config.Validate());
+    return BlockManager(config);
+}
+
+// ---- Admission ----
+
+BlockManager::PrefixMatch BlockManager::MatchPrefix(std::span<const int32_t> token_ids) const {
+    PrefixMatch m;
+    if (!config_.enable_prefix_caching || token_ids.empty()) return m;
+    const int64_t bs = config_.block_size;
+    // Leave at least one token to compute: its logits start the generation.
+    const int64_t max_blocks = (static_cast<int64_t>(token_ids.size()) - 1) / bs;
+    uint64_t parent_hash = kRootHash;
+    uint64_t parent_content = kRootContentId;
+    for (int64_t i = 0; i < max_blocks; ++i) {
+        std::span<const int32_t> block_tokens = token_ids.subspan(i * bs, bs);
+        const uint64_t hash = ChainHash(parent_hash, block_tokens);
+        std::optional<BlockId> hit = cache_.Find(hash, parent_content, block_tokens);
+        if (!hit) break;
+        m.blocks.push_back(*hit);
+        m.hashes.push_back(hash);
+        parent_hash = hash;
+        parent_content = cache_.ContentId(*hit);
+        m.content_ids.push_back(parent_content);
+        if (ref_counts_[*hit] == 0) ++m.num_cached_unreferenced;
+    }
+    return m;
+}
+
+bool BlockManager::CanAllocate(const SequenceRequest& request) const {
+    const auto len = static_cast<int64_t>(request.prompt_token_ids.size());
+    if (len == 0 || seqs_.contains(request.seq_id)) return false;
+    const PrefixMatch m = MatchPrefix(request.prompt_token_ids);
+    const int64_t new_blocks =
+        CeilDiv(len, config_.block_size) - static_cast<int64_t>(m.blocks.size());
+    const int64_t available_after = num_available_blocks() - m.num_cached_unreferenced - new_blocks;
+    const int64_t own_next_decode = len % config_.block_size == 0 ? 1 : 0;
+    const int64_t reserve = watermark_blocks_ + NumBlocksForNextDecode() + own_next_decode;
+    return available_after >= reserve;
+}
+
+int64_t BlockManager::Allocate(const SequenceRequest& request) {
+    KV_CHECK(CanAllocate(request))
+        << "seq " << request.seq_id << ", " << request.prompt_token_ids.size() << " tokens, "
+        << num_available_blocks() << " blocks available";
+    const PrefixMatch m = MatchPrefix(request.prompt_token_ids);
+    const int64_t bs = config_.block_size;
+    const auto len = static_cast<int64_t>(request.prompt_token_ids.size());
+
+    Sequence s;
+    s.token_ids.assign(request.prompt_token_ids.begin(), request.prompt_token_ids.end());
+    s.blocks.reserve(static_cast<size_t>(CeilDiv(len, bs)));
+    // Take the hits first: once referenced they cannot be evicted by TakeBlock below.
+    for (BlockId b : m.blocks) {
+        AddRef(b);
+        s.blocks.push_back(b);
+    }
+    for (int64_t i = static_cast<int64_t>(m.blocks.size()); i < CeilDiv(len, bs); ++i) {
+        const BlockId b = TakeBlock();
+        const int64_t tokens_in_block = std::min(bs, len - i * bs);
+        block_num_tokens_[b] = static_cast<int32_t>(tokens_in_block);
+        stored_tokens_ += tokens_in_block;
+        s.blocks.push_back(b);
+    }
+    s.num_cached_tokens = static_cast<int64_t>(m.blocks.size()) * bs;
+    s.chain_hashes = m.hashes;
+    s.chain_content_ids = m.content_ids;
+    if (config_.enable_prefix_caching) {
+        prompt_tokens_ += len;
+        prompt_tokens_from_cache_ += s.num_cached_tokens;
+    }
+    const int64_t cached = s.num_cached_tokens;
+    seqs_.emplace(request.seq_id, std::move(s));
+    return cached;
+}
+
+int64_t BlockManager::CachedPrefixTokens(std::span<const int32_t> token_ids) const {
+    return static_cast<int64_t>(MatchPrefix(token_ids).blocks.size()) * config_.block_size;
+}
+
+// ---- Decode ----
+
+int64_t BlockManager::NumNewBlocksToAppend(const Sequence& s, int64_t num_tokens) const {
+    if (num_tokens == 0) return 0;
+    const int64_t bs = config_.block_size;
+    const auto cur = static_cast<int64_t>(s.token_ids.size());
+    int64_t n = CeilDiv(cur + num_tokens, bs) - static_cast<int64_t>(s.blocks.size());
+    if (cur % bs != 0 && ref_counts_[s.blocks.back()] > 1) ++n;  // copy-on-write
+    return n;
+}
+
+bool BlockManager::NeedsBlockForNextToken(const Sequence& s) const {
+    return NumNewBlocksToAppend(s, 1) > 0;
+}
+
+bool BlockManager::CanAppend(SeqId seq, int64_t num_tokens) const {
+    KV_CHECK_GE(num_tokens, 0);
+    return NumNewBlocksToAppend(Get(seq), num_tokens) <= num_available_blocks();
+}
+
+AppendResult BlockManager::AppendSlots(SeqId seq, std::span<const int32_t> token_ids) {
+    Sequence& s = Get(seq);
+    const auto n = static_cast<int64_t>(token_ids.size());
+    KV_CHECK(NumNewBlocksToAppend(s, n) <= num_available_blocks())
+        << "seq " << seq << " appends " << n << " tokens, " << num_available_blocks()
+        << " blocks available";
+    const int64_t bs = config_.block_size;
+    AppendResult r;
+    if (n == 0) return r;
+    if (static_cast<int64_t>(s.token_ids.size()) % bs != 0 && ref_counts_[s.blocks.back()] > 1) {
+        const BlockId shared = s.blocks.back();
+        const BlockId copy = TakeBlock();
+        block_num_tokens_[copy] = block_num_tokens_[shared];
+        stored_tokens_ += block_num_tokens_[copy];
+        DropRef(shared);  // still referenced by the other side of the fork
+        s.blocks.back() = copy;
+        r.copy = CopyOp{shared, copy};
+    }
+    r.slots.reserve(static_cast<size_t>(n));
+    for (int32_t token : token_ids) {
+        const auto pos = static_cast<int64_t>(s.token_ids.size());
+        if (pos % bs == 0) s.blocks.push_back(TakeBlock());
+        const BlockId b = s.blocks[static_cast<size_t>(pos / bs)];
+        ++block_num_tokens_[b];
+        ++stored_tokens_;
+        r.slots.push_back(static_cast<int64_t>(b) * bs + pos % bs);
+        s.token_ids.push_back(token);
+    }
+    return r;
+}
+
+AppendResult BlockManager::AppendSlot(SeqId seq, int32_t token_id) {
+    return AppendSlots(seq, std::span<const int32_t>(&token_id, 1));
+}
+
+int64_t BlockManager::NumBlocksForNextDecode() const {
+    int64_t n = 0;
+    for (const auto& [id, s] : seqs_) n += NeedsBlockForNextToken(s) ? 1 : 0;
+    return n;
+}
+
+bool BlockManager::NeedsPreemption() const {
+    return NumBlocksForNextDecode() > num_available_blocks();
+}
+
+// ---- Forks and prefix caching ----
+
+void BlockManager::Fork(SeqId parent, SeqId child) {
+    KV_CHECK(!seqs_.contains(child)) << "seq " << child << " exists";
+    Sequence copy = Get(parent);
+    for (BlockId b : copy.blocks) AddRef(b);
+    seqs_.emplace(child, std::move(copy));
+}
+
+void BlockManager::MarkComputed(SeqId seq, int64_t num_computed_tokens) {
+    Sequence& s = Get(seq);
+    KV_CHECK_LE(num_computed_tokens, static_cast<int64_t>(s.token_ids.size()));
+    if (!config_.enable_prefix_caching) return;
+    const int64_t bs = config_.block_size;
+    const int64_t full_blocks = num_computed_tokens / bs;
+    for (auto i = static_cast<int64_t>(s.chain_hashes.size()); i < full_blocks && !s.chain_broken;
+         ++i) {
+        const uint64_t parent_hash = i == 0 ? kRootHash : s.chain_hashes[i - 1];
+        const uint64_t parent_content = i == 0 ? kRootContentId : s.chain_content_ids[i - 1];
+        std::span<const int32_t> tokens(s.token_ids.data() + i * bs, static_cast<size_t>(bs));
+        const uint64_t hash = ChainHash(parent_hash, tokens);
+        const BlockId b = s.blocks[static_cast<size_t>(i)];
+        uint64_t content;
+        if (cache_.IsCached(b)) {
+            // Shared with the fork or sequence that published it: same tokens, same prefix.
+            KV_CHECK_EQ(cache_.Hash(b), hash) << "seq " << seq << " block " << i;
+            content = cache_.ContentId(b);
+        } else if (std::optional<BlockId> twin = cache_.Find(hash, parent_content, tokens)) {
+            // Computed twice (e.g. two prompts admitted before either was published): keep the
+            // first; this block stays private and is freed, not cached, when the sequence ends.
+            content = cache_.ContentId(*twin);
+        } else if (cache_.ContainsHash(hash)) {
+            s.chain_broken = true;
+            break;
+        } else {
+            content = cache_.Insert(b, hash, parent_content, tokens);
+        }
+        s.chain_hashes.push_back(hash);
+        s.chain_content_ids.push_back(content);
+    }
+}
+
+void BlockManager::Free(SeqId seq) {
+    Sequence& s = Get(seq);
+    for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) DropRef(*it);
+    seqs_.erase(seq);
+}
+
+// ---- Blocks ----
+
+BlockId BlockManager::TakeBlock() {
+    BlockId b;
+    if (!free_list_.empty()) {
+        b = free_list_.back();
+        free_list_.pop_back();
+        in_free_list_[b] = 0;
+    } else {
+        KV_CHECK_GT(cache_.num_evictable(), 0) << "out of blocks";
+        b = cache_.EvictLru();
+        ++num_evictions_;
+    }
+    block_num_tokens_[b] = 0;
+    AddRef(b);
+    return b;
+}
+
+void BlockManager::AddRef(BlockId b) {
+    if (ref_counts_[b] == 0) {
+        if (cache_.IsEvictable(b)) cache_.Acquire(b);
+        KV_CHECK(!in_free_list_[b]) << "block " << b;
+        ++num_used_blocks_;
+        stored_tokens_ += block_num_tokens_[b];
+    }
+    ++ref_counts_[b];
+}
+
+void BlockManager::DropRef(BlockId b) {
+    KV_CHECK_GT(ref_counts_[b], 0) << "block " << b;
+    if (--ref_counts_[b] > 0) return;
+    --num_used_blocks_;
+    stored_tokens_ -= block_num_tokens_[b];
+    if (cache_.IsCached(b)) {
+        cache_.Release(b);
+    } else {
+        block_num_tokens_[b] = 0;
+        free_list_.push_back(b);
+        in_free_list_[b] = 1;
+    }
+}
+
+// ---- Queries ----
+
+const BlockManager::Sequence& BlockManager::Get(SeqId seq) const {
+    auto it = seqs_.find(seq);
+    KV_CHECK(it != seqs_.end()) << "unknown seq " << seq;
+    return it->second;
+}
+
+BlockManager::Sequence& BlockManager::Get(SeqId seq) {
+    auto it = seqs_.find(seq);
+    KV_CHECK(it != seqs_.end()) << "unknown seq " << seq;
+    return it->second;
+}
+
+int64_t BlockManager::NumTokens(SeqId seq) const {
+    return static_cast<int64_t>(Get(seq).token_ids.size());
+}
+
+int64_t BlockManager::NumCachedTokens(SeqId seq) const { return Get(seq).num_cached_tokens; }
+
+std::span<const BlockId> BlockManager::BlockTable(SeqId seq) const { return Get(seq).blocks; }
+
+std::span<const int32_t> BlockManager::TokenIds(SeqId seq) const { return Get(seq).token_ids; }
+
+int64_t BlockManager::Slot(SeqId seq, int64_t position) const {
+    const Sequence& s = Get(seq);
+    KV_CHECK(position >= 0 && position < static_cast<int64_t>(s.token_ids.size()))
+        << "seq " << seq << " position " << position;
+    const int64_t bs = config_.block_size;
+    return static_cast<int64_t>(s.blocks[static_cast<size_t>(position / bs)]) * bs + position % bs;
+}
+
+std::vector<int64_t> BlockManager::SlotMapping(SeqId seq, int64_t begin, int64_t end) const {
+    KV_CHECK(0 <= begin && begin <= end && end <= NumTokens(seq))
+        << "seq " << seq << " [" << begin << ", " << end << ")";
+    std::vector<int64_t> slots;
+    slots.reserve(static_cast<size_t>(end - begin));
+    for (int64_t p = begin; p < end; ++p) slots.push_back(Slot(seq, p));
+    return slots;
+}
+
+int64_t BlockManager::num_available_blocks() const {
+    return static_cast<int64_t>(free_list_.size()) + cache_.num_evictable();
+}
+
+BlockManagerStats BlockManager::Stats() const {
+    BlockManagerStats st;
+    st.num_blocks = config_.num_blocks;
+    st.num_used_blocks = num_used_blocks_;
+    st.num_cached_blocks = cache_.num_evictable();
+    st.num_free_blocks = static_cast<int64_t>(free_list_.size());
+    st.num_published_blocks = cache_.num_cached();
+    st.num_sequences = static_cast<int64_t>(seqs_.size());
+    st.stored_tokens = stored_tokens_;
+    st.allocated_slots = num_used_blocks_ * config_.block_size;
+    st.utilization = st.allocated_slots == 0 ? 1.0
+                                             : static_cast<double>(st.stored_tokens) /
+                                                   static_cast<double>(st.allocated_slots);
+    st.prompt_tokens = prompt_tokens_;
+    st.prompt_tokens_from_cache = prompt_tokens_from_cache_;
+    st.hit_rate = prompt_tokens_ == 0 ? 0.0
+                                      : static_cast<double>(prompt_tokens_from_cache_) /
+                                            static_cast<double>(prompt_tokens_);
+    st.num_evictions = num_evictions_;
+    return st;
+}
+
+Status BlockManager::CheckInvariants() const {
+    const int64_t bs = config_.block_size;
+    const int64_t nb = config_.num_blocks;
+    auto fail = [](const std::string& what) { return Internal("block manager: " + what); };
+
+    std::vector<int32_t> refs(static_cast<size_t>(nb), 0);
+    std::vector<int32_t> expected_tokens(static_cast<size_t>(nb), -1);
+    std::vector<SeqId> last_holder(static_cast<size_t>(nb), -1);  // catches a block held twice
+    SeqId seq_index = 0;
+    for (const auto& [id, s] : seqs_) {
+        const auto len = static_cast<int64_t>(s.token_ids.size());
+        const std::string who = "seq " + Str(id);  // short: fits the small-string buffer
+        ++seq_index;
+        if (len == 0) return fail(who + " has no tokens");
+        if (static_cast<int64_t>(s.blocks.size()) != CeilDiv(len, bs)) {
+            return fail(who + " has " + Str(len) + " tokens in " + Str(s.blocks.size()) +
+                        " blocks");
+        }
+        for (size_t i = 0; i < s.blocks.size(); ++i) {
+            const BlockId b = s.blocks[i];
+            if (b < 0 || b >= nb) return fail(who + " holds block id " + Str(b));
+            if (last_holder[b] == seq_index) return fail(who + " holds block " + Str(b) + " twice");
+            last_holder[b] = seq_index;
+            ++refs[b];
+            const int64_t want = std::min(bs, len - static_cast<int64_t>(i) * bs);
+            if (expected_tokens[b] != -1 && expected_tokens[b] != want) {
+                return fail("block " + Str(b) +
+                            " is shared by sequences that disagree on its fill");
+            }
+            expected_tokens[b] = static_cast<int32_t>(want);
+        }
+        if (s.chain_hashes.size() != s.chain_content_ids.size() ||
+            static_cast<int64_t>(s.chain_hashes.size()) > len / bs) {
+            return fail(who + " has a chain of " + Str(s.chain_hashes.size()) + " blocks");
+        }
+        uint64_t parent_hash = kRootHash;
+        for (size_t i = 0; i < s.chain_hashes.size(); ++i) {
+            std::span<const int32_t> tokens(s.token_ids.data() + i * bs, static_cast<size_t>(bs));
+            const uint64_t hash = ChainHash(parent_hash, tokens);
+            if (hash != s.chain_hashes[i]) return fail(who + " chain hash " + Str(i) + " is stale");
+            parent_hash = hash;
+            const BlockId b = s.blocks[i];
+            if (cache_.IsCached(b)) {
+                std::span<const int32_t> stored = cache_.TokenIds(b);
+                if (!std::equal(stored.begin(), stored.end(), tokens.begin(), tokens.end())) {
+                    return fail(who + " block " + Str(i) + " (id " + Str(b) +
+                                ") differs from its cached tokens");
+                }
+                // The content id may differ: when this block was registered as the twin of a
+                // block since evicted, a fork sharing it may have published it under a new id.
+                if (cache_.Hash(b) != hash) {
+                    return fail(who + " block " + Str(i) + " is cached under another hash");
+                }
+            }
+        }
+    }
+
+    int64_t used = 0, free = 0, evictable = 0, stored = 0;
+    for (BlockId b = 0; b < nb; ++b) {
+        const std::string what = "block " + Str(b);
+        if (refs[b] != ref_counts_[b]) {
+            return fail(what + " ref count " + Str(ref_counts_[b]) + ", tables say " +
+                        Str(refs[b]));
+        }
+        const bool is_used = ref_counts_[b] > 0;
+        const bool is_free = in_free_list_[b] != 0;
+        const bool is_evictable = cache_.IsEvictable(b);
+        if (is_used + is_free + is_evictable != 1) {
+            return fail(what + " is in " + Str(is_used + is_free + is_evictable) +
+                        " states (used " + Str(is_used) + ", free " + Str(is_free) + ", cached " +
+                        Str(is_evictable) + ")");
+        }
+        if (is_evictable && !cache_.IsCached(b)) return fail(what + " evictable but not cached");
+        if (is_free && cache_.IsCached(b)) return fail(what + " free but cached");
+        if (is_used) {
+            if (block_num_tokens_[b] != expected_tokens[b]) {
+                return fail(what + " holds " + Str(block_num_tokens_[b]) + " tokens, expected " +
+                            Str(expected_tokens[b]));
+            }
+            stored += block_num_tokens_[b];
+        }
+        if (cache_.IsCached(b) && block_num_tokens_[b] != bs) {
+            return fail(what + " is cached but not full");
+        }
+        used += is_used;
+        free += is_free;
+        evictable += is_evictable;
+    }
+    if (free != static_cast<int64_t>(free_list_.size())) {
+        return fail("free list has " + Str(free_list_.size()) + " entries for " + Str(free) +
+                    " free blocks");
+    }
+    if (used != num_used_blocks_)
+        return fail("used count " + Str(num_used_blocks_) + " vs " + Str(used));
+    if (evictable != cache_.num_evictable() ||
+        evictable != static_cast<int64_t>(cache_.EvictionOrder().size())) {  // walks the list
+        return fail("evictable count mismatch");
+    }
+    if (used + free + evictable != nb) return fail("free + used + cached != num_blocks");
+    if (stored != stored_tokens_) {
+        return fail("stored tokens " + Str(stored_tokens_) + ", blocks say " + Str(stored));
+    }
+    return Status::Ok();
+}
+
+}  // namespace kvshard::kv

@@ -1,0 +1,229 @@
+// BlockManager: the logical paged KV cache of one instance. It hands out integer block ids, keeps a
+// block table per sequence, maps new tokens to slots (slot = block_id * block_size + offset),
+// shares blocks between forks (copy-on-write of the last partial block) and between sequences with
+// a common prompt prefix (PrefixCache). It never touches device memory: the worker's KV pool holds
+// the bytes, and the ids and copy ops this class returns travel in the StepPlan.
+//
+// A block is in exactly one of three states:
+//   used    referenced by at least one sequence (ref count > 0);
+//   cached  unreferenced, but its full block of tokens is in the prefix cache (evictable, LRU);
+//   free    unreferenced and holding nothing worth keeping.
+// free + used + cached == num_blocks at all times. A block is taken from the free list first, and
+// only when that is empty is the least recently released cached block evicted.
+//
+// The calls: query, then commit (the query is const; the commit REQUIRES that the query said yes):
+//   CanAllocate(request)  -> Allocate(request)       admit a prompt; returns tokens served from
+//   cache CanAppend(seq, n)     -> AppendSlots(seq, ids)   slots for the next n tokens (+ a CoW
+//   copy op) Fork(parent, child)                              the child shares every block of the
+//   parent MarkComputed(seq, n)                             the first n tokens' KV exist: publish
+//   full blocks Free(seq)                                        drop the sequence; keep its
+//   published blocks cached
+//
+// Reservation and preemption: CanAllocate admits a prompt only if, after it, the blocks that stay
+// available (free + cached) cover a watermark (a fraction of all blocks) plus one block for every
+// running sequence (the new one included) whose next decode token needs a new block. So right after
+// admission every running sequence can take its next decode slot. When sequences grow over later
+// steps and CanAppend(seq, 1) is false for some running sequence, NeedsPreemption() is true: the
+// scheduler must free (preempt by recompute) a sequence before that one can continue.
+//
+// Thread-safety: none. Owned by one instance's engine thread (DESIGN.md "Threads").
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "kv/kv_types.h"
+#include "kv/prefix_cache.h"
+
+namespace kvshard::kv {
+
+struct BlockManagerConfig {
+    int64_t num_blocks = 0;
+    int64_t block_size = 16;  // token slots per block
+    // Fraction of all blocks that admission of a new prompt leaves available, so running sequences
+    // can grow for a while before anyone must be preempted. [0, 1).
+    double watermark = 0.01;
+    bool enable_prefix_caching = true;
+
+    // Names the bad field and its value.
+    Status Validate() const;
+};
+
+// A prompt to admit. The token ids are copied by Allocate; the span need not outlive the call.
+struct SequenceRequest {
+    SeqId seq_id = 0;
+    std::span<const int32_t> prompt_token_ids;
+};
+
+// The slots of appended tokens, in order, and the copy the worker must execute before it writes
+// them (present when the sequence's last partial block was shared with a fork).
+struct AppendResult {
+    std::vector<int64_t> slots;
+    std::optional<CopyOp> copy;
+};
+
+struct BlockManagerStats {
+    int64_t num_blocks = 0;
+    int64_t num_used_blocks = 0;    // referenced by a sequence
+    int64_t num_cached_blocks = 0;  // unreferenced, in the prefix cache (evictable)
+    int64_t num_free_blocks = 0;
+    int64_t num_published_blocks = 0;  // in the prefix cache, referenced or not
+    int64_t num_sequences = 0;
+    // Utilization of the allocated KV: tokens held in used blocks (a block shared by forks or
+    // prefix hits counts once) over their slots (num_used_blocks * block_size).
+    int64_t stored_tokens = 0;
+    int64_t allocated_slots = 0;
+    double utilization = 0.0;  // stored_tokens / allocated_slots; 1.0 when nothing is allocated
+    // Prefix cache, over all Allocate calls with caching enabled.
+    int64_t prompt_tokens = 0;
+    int64_t prompt_tokens_from_cache = 0;
+    double hit_rate = 0.0;  // prompt_tokens_from_cache / prompt_tokens
+    int64_t num_evictions = 0;
+};
+
+class BlockManager {
+  public:
+    // REQUIRES: config.Validate().ok(). Use Create to validate.
+    explicit BlockManager(const BlockManagerConfig& config);
+    static Result<BlockManager> Create(const BlockManagerConfig& config);
+
+    // ---- Admission ----
+
+    // Whether Allocate(request) would succeed now and leave the reservation described above.
+    // Prefix-cache hits are counted: a hit on a referenced block costs nothing, a hit on a cached
+    // block takes it out of the available blocks. False for an empty prompt or a known seq_id.
+    bool CanAllocate(const SequenceRequest& request) const;
+    // Gives the sequence blocks for its whole prompt, reusing the longest run of cached full blocks
+    // that match the prompt from its start, and returns the number of prompt tokens served from
+    // the cache (a multiple of block_size, at most prompt length - 1 so that at least one token
+    // is computed to produce logits). The caller computes the KV of the remaining tokens at
+    // SlotMapping(seq, cached, prompt length). REQUIRES: CanAllocate(request).
+    int64_t Allocate(const SequenceRequest& request);
+    // The number of tokens of `token_ids` Allocate would serve from the cache now (the router asks
+    // this of each instance). Allocates nothing.
+    int64_t CachedPrefixTokens(std::span<const int32_t> token_ids) const;
+
+    // ---- Decode ----
+
+    // Whether `num_tokens` more tokens (0 or more) fit: new blocks past the end of the table, plus
+    // one block if the last partial block is shared and must be copied. Ignores the watermark.
+    // REQUIRES: HasSequence(seq).
+    bool CanAppend(SeqId seq, int64_t num_tokens) const;
+    // Appends `token_ids` (the tokens whose KV the next step computes, e.g. the token sampled by
+    // the last step) and returns their slots. If the last block is partial and shared with a fork,
+    // it is first replaced by a private copy, returned as the copy op. REQUIRES: CanAppend(seq,
+    // size).
+    AppendResult AppendSlots(SeqId seq, std::span<const int32_t> token_ids);
+    AppendResult AppendSlot(SeqId seq, int32_t token_id);
+
+    // Blocks that the next decode step needs if every sequence appends one token (an upper bound:
+    // forks that share a partial block each count one copy).
+    int64_t NumBlocksForNextDecode() const;
+    // True when the running sequences cannot all take their next decode slot: the scheduler must
+    // preempt (free) sequences until this is false. Checking CanAppend(seq, 1) per sequence, in
+    // priority order, tells which ones can go on.
+    bool NeedsPreemption() const;
+
+    // ---- Forks and prefix caching ----
+
+    // `child` gets the same block table, tokens and cached-token count as `parent`; every block's
+    // reference count grows by one. Nothing is copied now: the first of the two to append into a
+    // shared partial block gets a copy (AppendResult::copy). REQUIRES: HasSequence(parent),
+    // !HasSequence(child).
+    void Fork(SeqId parent, SeqId child);
+    // Declares that the KV of the first `num_computed_tokens` tokens of `seq` is written, so its
+    // full blocks may be served to other sequences: each is published in the prefix cache, unless
+    // an equal block (same tokens, same prefix) is already there. Call it after the step that
+    // writes them, or when planning that step if the worker writes all of a step's KV before
+    // attention reads it (DESIGN.md data flow, step 4). A no-op when prefix caching is off.
+    // REQUIRES: HasSequence(seq), num_computed_tokens <= NumTokens(seq).
+    void MarkComputed(SeqId seq, int64_t num_computed_tokens);
+
+    // Drops `seq`: each block loses a reference; a block left unreferenced becomes cached (if
+    // published) or free. Blocks are released last block first, so a prompt's first blocks, the
+    // ones other prompts most likely share, are evicted last. REQUIRES: HasSequence(seq).
+    void Free(SeqId seq);
+
+    // ---- Queries ----
+
+    bool HasSequence(SeqId seq) const { return seqs_.contains(seq); }
+    // REQUIRES: HasSequence(seq) for all of these.
+    int64_t NumTokens(SeqId seq) const;
+    // Prompt tokens served from the cache at Allocate (usage.prompt_tokens_details.cached_tokens).
+    int64_t NumCachedTokens(SeqId seq) const;
+    std::span<const BlockId> BlockTable(SeqId seq) const;
+    std::span<const int32_t> TokenIds(SeqId seq) const;
+    // The slot of token `position`. REQUIRES: 0 <= position < NumTokens(seq).
+    int64_t Slot(SeqId seq, int64_t position) const;
+    // Slots of positions [begin, end). REQUIRES: 0 <= begin <= end <= NumTokens(seq).
+    std::vector<int64_t> SlotMapping(SeqId seq, int64_t begin, int64_t end) const;
+
+    int64_t RefCount(BlockId block) const { return ref_counts_[block]; }
+    const PrefixCache& prefix_cache() const { return cache_; }
+    const BlockManagerConfig& config() const { return config_; }
+    int64_t block_size() const { return config_.block_size; }
+    int64_t num_blocks() const { return config_.num_blocks; }
+    int64_t watermark_blocks() const { return watermark_blocks_; }
+    // Blocks a new allocation may take: free plus cached (evictable).
+    int64_t num_available_blocks() const;
+    BlockManagerStats Stats() const;
+
+    // Recomputes every count from the block tables and compares: reference counts, the three
+    // states, the free list, the LRU list, stored tokens, published chains. Internal error naming
+    // the first mismatch. O(blocks + tokens): for tests and debug builds.
+    Status CheckInvariants() const;
+
+  private:
+    struct Sequence {
+        std::vector<int32_t> token_ids;
+        std::vector<BlockId> blocks;
+        int64_t num_cached_tokens = 0;
+        // The leading full blocks already matched to the prefix cache (MarkComputed or a hit):
+        // chain hash and content id of each. A block whose equal twin was published first carries
+        // the twin's content id, so the chain continues (if the twin is later evicted, blocks
+        // published after it under that id become unreachable and age out: a lost hit, never a
+        // wrong one). `chain_broken` stops the chain at a hash taken by different content (a
+        // 64-bit collision): later blocks are not published.
+        std::vector<uint64_t> chain_hashes;
+        std::vector<uint64_t> chain_content_ids;
+        bool chain_broken = false;
+    };
+
+    struct PrefixMatch {
+        std::vector<BlockId> blocks;
+        std::vector<uint64_t> hashes;
+        std::vector<uint64_t> content_ids;
+        int64_t num_cached_unreferenced = 0;  // hits on blocks no sequence references
+    };
+
+    PrefixMatch MatchPrefix(std::span<const int32_t> token_ids) const;
+    int64_t NumNewBlocksToAppend(const Sequence& s, int64_t num_tokens) const;
+    bool NeedsBlockForNextToken(const Sequence& s) const;
+    // Takes a block from the free list, else evicts the least recently released cached block.
+    // REQUIRES: num_available_blocks() > 0.
+    BlockId TakeBlock();
+    void AddRef(BlockId block);
+    void DropRef(BlockId block);
+    const Sequence& Get(SeqId seq) const;
+    Sequence& Get(SeqId seq);
+
+    BlockManagerConfig config_;
+    int64_t watermark_blocks_ = 0;
+    std::vector<int32_t> ref_counts_;        // by block id
+    std::vector<int32_t> block_num_tokens_;  // tokens written in each block (0..block_size)
+    std::vector<BlockId> free_list_;         // unreferenced, uncached blocks (a stack)
+    std::vector<char> in_free_list_;         // by block id, for invariant checks
+    PrefixCache cache_;
+    std::unordered_map<SeqId, Sequence> seqs_;
+    int64_t num_used_blocks_ = 0;
+    int64_t stored_tokens_ = 0;
+    int64_t prompt_tokens_ = 0;
+    int64_t prompt_tokens_from_cache_ = 0;
+    int64_t num_evictions_ = 0;
+};
+
+}  // namespace kvshard::kv

@@ -1,0 +1,25 @@
+// Plain ids and ops shared by the logical KV layer (kv/) and the plans it feeds (StepPlan).
+#pragma once
+
+#include <cstdint>
+
+namespace kvshard::kv {
+
+// A physical KV block: `block_size` token slots for every layer of one worker's KV heads. The
+// same id names the same slots on every rank of an instance.
+using BlockId = int32_t;
+inline constexpr BlockId kNoBlock = -1;
+
+// A sequence (one request, or one of its forks) as the block manager knows it.
+using SeqId = int64_t;
+
+// Copy the whole contents of block `src_block` (every layer, K and V) to `dst_block`. The worker
+// executes it before it writes the KV of the step that carries it (copy-on-write of a shared
+// partial block).
+struct CopyOp {
+    BlockId src_block = kNoBlock;
+    BlockId dst_block = kNoBlock;
+    friend bool operator==(const CopyOp&, const CopyOp&) = default;
+};
+
+}  // namespace kvshard::kv
