@@ -32,6 +32,9 @@ struct GenerateFlags {
     bool json = false;
     int threads = 0;
     int64_t max_context = 0;
+    std::string kv_dtype = "fp32";
+    int64_t block_size = 16;
+    bool contiguous_kv = false;
     std::string log_level = "warn";
 };
 
@@ -41,6 +44,17 @@ int RunGenerate(const GenerateFlags& f) {
     LocalModelOptions options;
     options.open.tokenizer_path = f.tokenizer;
     options.runner.max_context = f.max_context;
+    options.runner.block_size = f.block_size;
+    options.runner.num_kv_blocks = f.contiguous_kv ? 0 : RunnerOptions::kOneSequence;
+    if (f.kv_dtype == "fp32") {
+        options.runner.kv_storage = cpu::KvStorage::kF32;
+    } else if (f.kv_dtype == "int8") {
+        options.runner.kv_storage = cpu::KvStorage::kInt8;
+    } else if (f.kv_dtype == "fp8") {
+        options.runner.kv_storage = cpu::KvStorage::kFp8E4M3;
+    } else {
+        return Fail("--kv-dtype: '" + f.kv_dtype + "' is not one of fp32, int8, fp8");
+    }
     Result<LocalModel> loaded = LoadLocalModel(f.model, options);
     if (!loaded.ok()) return Fail(loaded.status().message());
     LocalModel& m = *loaded;
@@ -112,6 +126,9 @@ Command RegisterGenerate(CLI::App& app) {
     sub->add_flag("--json", f->json, "Print one JSON object instead of the text");
     sub->add_option("--threads", f->threads, "CPU threads (default: all cores)");
     sub->add_option("--max-context", f->max_context, "Context length (default: the model's)");
+    sub->add_option("--kv-dtype", f->kv_dtype, "KV cache storage: fp32, int8 or fp8 (e4m3), with per-token scales")->capture_default_str();
+    sub->add_option("--block-size", f->block_size, "Token slots per KV block")->capture_default_str()->check(CLI::PositiveNumber);
+    sub->add_flag("--contiguous-kv", f->contiguous_kv, "Keep KV in one contiguous region (the paged pool's reference)");
     sub->add_option("--log-level", f->log_level, "trace|debug|info|warn|error|off")->capture_default_str();
     return [f] { return RunGenerate(*f); };
 }

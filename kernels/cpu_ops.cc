@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "kernels/vec_math.h"
 
 namespace kvshard::cpu {
 namespace {
@@ -24,40 +25,6 @@ namespace {
 // Below this many floats an elementwise op is faster on one thread than the fork/join of an
 // OpenMP team (measured on 2 cores: RmsNorm of 64 × 576 floats takes ~7 µs on one).
 constexpr int64_t kMinParallelFloats = 1 << 18;
-
-// exp(x) within 1 ulp (measured over [-87, 88]; Cephes' expf polynomial) for x in [-87.3, 88];
-// saturates outside that range instead of returning 0 or inf. Branch-free, so loops calling it
-// vectorize, which glibc's expf does not without -ffast-math (SiluMul and attention's softmax were
-// 5 ns per element).
-inline float ExpFast(float x) {
-    x = std::min(std::max(x, -87.3f), 88.0f);
-    // n = round(x / ln 2) by the 1.5·2^23 trick (round-to-nearest, no reassociation here).
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    // r = x - n ln 2, with ln 2 split in two for precision; |r| <= ln 2 / 2.
-    const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    // 2^n by building the exponent field; n is in [-126, 127] after the clamp.
-    return p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-}
-
-float Dot(const float* a, const float* b, int64_t n) {
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-    return sum;
-}
-
-// y += alpha * x over n floats.
-void Axpy(float alpha, const float* x, float* y, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
 
 }  // namespace
 
@@ -184,55 +151,6 @@ void Softmax(float* x, int64_t n) {
         sum += x[i];
     }
     for (int64_t i = 0; i < n; ++i) x[i] /= sum;
-}
-
-void Attention(const float* q, const float* k, const float* v, float* out, int64_t num_q,
-               int64_t q_pos0, int64_t num_kv, int64_t num_heads, int64_t num_kv_heads,
-               int64_t head_dim, int64_t kv_stride) {
-    KV_CHECK_LE(q_pos0 + num_q, num_kv);
-    KV_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0)
-        << "num_heads=" << num_heads << " num_kv_heads=" << num_kv_heads;
-    KV_CHECK_GE(kv_stride, num_kv_heads * head_dim);
-    const int64_t group = num_heads / num_kv_heads;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-    const int64_t num_tasks = num_heads * num_q;
-    // About 20 µs of work on one core; below that the OpenMP fork/join costs more than it saves.
-    const bool parallel = num_tasks > 1 && num_tasks * (q_pos0 + num_q) * head_dim >= (1 << 16);
-#pragma omp parallel if (parallel)
-    {
-        // Scores of one query row; a row attends to at most num_kv positions.
-        std::vector<float> scores(static_cast<size_t>(num_kv));
-        // Rows attend to different numbers of positions (causal), hence dynamic scheduling.
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < num_tasks; ++task) {
-            const int64_t h = task % num_heads;
-            const int64_t i = task / num_heads;
-            const int64_t kv_head_offset = (h / group) * head_dim;
-            const float* qv = q + (i * num_heads + h) * head_dim;
-            const int64_t len = q_pos0 + i + 1;
-            float* s = scores.data();
-            float max_score = -std::numeric_limits<float>::infinity();
-            for (int64_t t = 0; t < len; ++t) {
-                s[t] = Dot(qv, k + t * kv_stride + kv_head_offset, head_dim) * scale;
-                max_score = std::max(max_score, s[t]);
-            }
-            float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t t = 0; t < len; ++t) {
-                s[t] = ExpFast(s[t] - max_score);
-                sum += s[t];
-            }
-            // Weighted sum of V with the unnormalized weights, then one scaling by 1/sum.
-            float* o = out + (i * num_heads + h) * head_dim;
-            std::fill(o, o + head_dim, 0.0f);
-            for (int64_t t = 0; t < len; ++t) {
-                Axpy(s[t], v + t * kv_stride + kv_head_offset, o, head_dim);
-            }
-            const float inv_sum = 1.0f / sum;
-#pragma omp simd
-            for (int64_t d = 0; d < head_dim; ++d) o[d] *= inv_sum;
-        }
-    }
 }
 
 void Add(const float* x, const float* y, float* out, int64_t n) {

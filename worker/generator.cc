@@ -2,16 +2,67 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
+
+#include "kv/block_manager.h"
 
 namespace kvshard {
+namespace {
 
-std::string_view FinishReasonName(FinishReason reason) {
-    switch (reason) {
-        case FinishReason::kStop: return "stop";
-        case FinishReason::kLength: return "length";
+// Where the sequence's KV lives: the runner's paged pool (blocks from a private BlockManager) or
+// the runner's contiguous cache.
+class SequenceKvPlacement {
+public:
+    SequenceKvPlacement(ModelRunner& runner, int64_t seq_id, bool paged) : runner_(runner), seq_id_(seq_id) {
+        if (paged && runner.pool() != nullptr) {
+            kv::BlockManagerConfig c;
+            c.num_blocks = runner.pool()->config().num_blocks;
+            c.block_size = runner.pool()->config().block_size;
+            c.watermark = 0.0;
+            c.enable_prefix_caching = false;
+            blocks_.emplace(c);
+        }
+        runner_.Release(seq_id_);
     }
-    return "length";
-}
+    ~SequenceKvPlacement() { Reset(); }
+
+    void Reset() {
+        if (blocks_ && blocks_->HasSequence(seq_id_)) blocks_->Free(seq_id_);
+        runner_.Release(seq_id_);
+    }
+
+    // Fills `chunk` for computing context[begin..]: allocates or appends slots.
+    Status Place(const std::vector<int32_t>& context, int64_t begin, SequenceChunk* chunk) {
+        chunk->seq_id = seq_id_;
+        chunk->tokens = std::span<const int32_t>(context).subspan(static_cast<size_t>(begin));
+        chunk->start_pos = begin;
+        if (!blocks_) return Status::Ok();
+        if (!blocks_->HasSequence(seq_id_)) {
+            kv::SequenceRequest req{.seq_id = seq_id_, .prompt_token_ids = chunk->tokens};
+            if (begin != 0 || !blocks_->CanAllocate(req)) return OutOfRange("the KV pool cannot hold the prompt");
+            blocks_->Allocate(req);
+        } else {
+            if (!blocks_->CanAppend(seq_id_, static_cast<int64_t>(chunk->tokens.size()))) {
+                return OutOfRange("the KV pool is full");
+            }
+            blocks_->AppendSlots(seq_id_, chunk->tokens);
+        }
+        slots_ = blocks_->SlotMapping(seq_id_, begin, static_cast<int64_t>(context.size()));
+        table_.assign(blocks_->BlockTable(seq_id_).begin(), blocks_->BlockTable(seq_id_).end());
+        chunk->block_table = table_;
+        chunk->slot_mapping = slots_;
+        return Status::Ok();
+    }
+
+private:
+    ModelRunner& runner_;
+    int64_t seq_id_;
+    std::optional<kv::BlockManager> blocks_;
+    std::vector<int32_t> table_;
+    std::vector<int64_t> slots_;
+};
+
+}  // namespace
 
 Result<GenerateResult> Generate(ModelRunner& runner, const Tokenizer& tokenizer,
                                 const std::vector<int32_t>& prompt_ids, const GenerateOptions& options,
@@ -37,29 +88,20 @@ Result<GenerateResult> Generate(ModelRunner& runner, const Tokenizer& tokenizer,
     std::vector<int32_t> context = prompt_ids;  // every token so far
     std::vector<float> logits;
     const int64_t processed_before = runner.tokens_processed();
-    runner.Release(seq_id);
+    SequenceKvPlacement kv(runner, seq_id, options.use_paged_kv);
+    int64_t computed = 0;  // positions whose KV is cached
     using Clock = std::chrono::steady_clock;
-    bool finished = false;
-    for (int64_t step = 0; step < options.max_tokens && !finished; ++step) {
-        const auto ctx_len = static_cast<int64_t>(context.size());
-        if (ctx_len > runner.max_context()) break;  // the context is full: finish as "length"
+    for (int64_t step = 0; step < options.max_tokens; ++step) {
+        if (static_cast<int64_t>(context.size()) > runner.max_context()) break;  // context full: "length"
+        if (!options.use_kv_cache) {
+            kv.Reset();
+            computed = 0;
+        }
         SequenceChunk chunk;
-        chunk.seq_id = seq_id;
-        if (options.use_kv_cache) {
-            const int64_t cached = runner.CachedLength(seq_id);
-            chunk.tokens = std::span<const int32_t>(context).subspan(static_cast<size_t>(cached));
-            chunk.start_pos = cached;
-        } else {
-            runner.Release(seq_id);
-            chunk.tokens = context;
-            chunk.start_pos = 0;
-        }
+        KV_RETURN_IF_ERROR(kv.Place(context, computed, &chunk));
         const auto t0 = Clock::now();
-        Status st = runner.Forward(std::span<const SequenceChunk>(&chunk, 1), &logits);
-        if (!st.ok()) {
-            runner.Release(seq_id);
-            return st;
-        }
+        KV_RETURN_IF_ERROR(runner.Forward(std::span<const SequenceChunk>(&chunk, 1), &logits));
+        computed = static_cast<int64_t>(context.size());
         const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
         (step == 0 ? result.prefill_seconds : result.decode_seconds) += secs;
 
@@ -68,20 +110,17 @@ Result<GenerateResult> Generate(ModelRunner& runner, const Tokenizer& tokenizer,
         if (std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), token) !=
             options.stop_token_ids.end()) {
             result.finish_reason = FinishReason::kStop;
-            finished = true;
             break;
         }
         emit(stream.Push(token));
         if (stream.stopped()) {
             result.finish_reason = FinishReason::kStop;
-            finished = true;
             break;
         }
         context.push_back(token);
     }
     if (!stream.stopped()) emit(stream.Finish());
     result.tokens_processed = runner.tokens_processed() - processed_before;
-    runner.Release(seq_id);
     return result;
 }
 

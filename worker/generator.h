@@ -22,10 +22,9 @@ struct GenerateOptions {
     std::vector<int32_t> stop_token_ids;  // e.g. EOS; and BOS for llama2.c models
     // false: recompute the whole context every step (demonstration and verification only).
     bool use_kv_cache = true;
+    // Keep the KV in the runner's paged pool when it has one (else its contiguous cache).
+    bool use_paged_kv = true;
 };
-
-enum class FinishReason { kStop, kLength };
-std::string_view FinishReasonName(FinishReason reason);  // "stop" / "length"
 
 struct GenerateResult {
     std::string text;

@@ -30,6 +30,59 @@ ModelRunner::ModelRunner(const ModelSpec& spec, ModelWeights weights, const Runn
     params.original_max_position = rs.original_max_position;
     inv_freq_.resize(static_cast<size_t>(spec.head_dim / 2));
     cpu::RopeInvFreq(spec.head_dim, spec.rope_theta, params, inv_freq_.data());
+    const int64_t num_blocks = options.num_kv_blocks == RunnerOptions::kOneSequence
+                                   ? (max_context_ + options.block_size - 1) / options.block_size
+                                   : options.num_kv_blocks;
+    if (num_blocks > 0) {
+        KvPoolConfig pc{.num_blocks = num_blocks,
+                        .block_size = options.block_size,
+                        .num_layers = spec.num_layers,
+                        .num_kv_heads = spec.num_kv_heads,
+                        .head_dim = spec.head_dim,
+                        .storage = options.kv_storage};
+        Result<std::unique_ptr<KvPool>> pool = KvPool::Create(pc);
+        KV_CHECK(pool.ok()) << pool.status().ToString();
+        pool_ = std::move(*pool);
+    }
+}
+
+Status ModelRunner::ValidatePaged(const SequenceChunk& c) const {
+    const std::string seq = "sequence " + std::to_string(c.seq_id);
+    if (pool_ == nullptr) return InvalidArgument(seq + ": a block table but this runner has no KV pool");
+    const int64_t bs = pool_->config().block_size;
+    const auto n = static_cast<int64_t>(c.tokens.size());
+    if (static_cast<int64_t>(c.slot_mapping.size()) != n) {
+        return InvalidArgument(seq + ": " + std::to_string(c.slot_mapping.size()) + " slots for " +
+                               std::to_string(n) + " tokens");
+    }
+    const int64_t end = c.start_pos + n;
+    if (static_cast<int64_t>(c.block_table.size()) * bs < end) {
+        return InvalidArgument(seq + ": block table of " + std::to_string(c.block_table.size()) +
+                               " blocks cannot hold " + std::to_string(end) + " positions");
+    }
+    for (int32_t b : c.block_table) {
+        if (!pool_->ValidBlock(b)) return InvalidArgument(seq + ": block " + std::to_string(b) + " outside the pool");
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t pos = c.start_pos + i;
+        const int64_t expected = int64_t(c.block_table[pos / bs]) * bs + pos % bs;
+        if (c.slot_mapping[i] != expected) {
+            return InvalidArgument(seq + ": slot " + std::to_string(c.slot_mapping[i]) +
+                                   " for position " + std::to_string(pos) + " is not in its block");
+        }
+    }
+    return Status::Ok();
+}
+
+Status ModelRunner::CopyBlocks(std::span<const std::pair<int32_t, int32_t>> src_dst) {
+    for (const auto& [src, dst] : src_dst) {
+        if (pool_ == nullptr || !pool_->ValidBlock(src) || !pool_->ValidBlock(dst)) {
+            return InvalidArgument("block copy " + std::to_string(src) + " -> " + std::to_string(dst) +
+                                   " outside the KV pool");
+        }
+    }
+    for (const auto& [src, dst] : src_dst) pool_->CopyBlock(src, dst);
+    return Status::Ok();
 }
 
 Status ModelRunner::Validate(std::span<const SequenceChunk> batch) const {
@@ -38,8 +91,9 @@ Status ModelRunner::Validate(std::span<const SequenceChunk> batch) const {
         const std::string seq = "sequence " + std::to_string(c.seq_id);
         if (c.tokens.empty()) return InvalidArgument(seq + ": empty chunk");
         if (!seen.insert(c.seq_id).second) return InvalidArgument(seq + ": twice in one batch");
-        const int64_t cached = CachedLength(c.seq_id);
-        if (c.start_pos != cached) {
+        if (!c.block_table.empty()) {
+            KV_RETURN_IF_ERROR(ValidatePaged(c));
+        } else if (const int64_t cached = CachedLength(c.seq_id); c.start_pos != cached) {
             return InvalidArgument(seq + ": start_pos " + std::to_string(c.start_pos) +
                                    " but " + std::to_string(cached) + " positions are cached");
         }
@@ -84,10 +138,12 @@ Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<fl
                         static_cast<size_t>(hidden) * sizeof(float));
             positions_[r] = static_cast<int32_t>(c.start_pos + static_cast<int64_t>(i));
         }
-        SequenceKv& kv = cache_[c.seq_id];
-        if (kv.k.empty()) {
-            kv.k.resize(static_cast<size_t>(spec_.num_layers));
-            kv.v.resize(static_cast<size_t>(spec_.num_layers));
+        if (c.block_table.empty()) {
+            SequenceKv& kv = cache_[c.seq_id];
+            if (kv.k.empty()) {
+                kv.k.resize(static_cast<size_t>(spec_.num_layers));
+                kv.v.resize(static_cast<size_t>(spec_.num_layers));
+            }
         }
     }
 
@@ -100,10 +156,28 @@ Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<fl
         cpu::Rope(q_.data(), positions_.data(), rows, spec_.num_heads, hd, inv_freq_.data());
         cpu::Rope(k_.data(), positions_.data(), rows, spec_.num_kv_heads, hd, inv_freq_.data());
 
-        // Append K/V to each sequence's cache, then attend over everything cached.
+        // Write K/V of the new tokens, then attend over everything cached. Every chunk of the
+        // step writes before any reads, so chunks may share blocks (a fork and its parent).
+        cpu::PagedKvLayer paged;
+        if (pool_ != nullptr) paged = pool_->Layer(l);
         r = 0;
         for (const SequenceChunk& c : batch) {
             const auto n = static_cast<int64_t>(c.tokens.size());
+            if (!c.block_table.empty()) {
+                cpu::PagedKvWrite(paged, &k_[r * kv_dim_], &v_[r * kv_dim_], kv_dim_,
+                                  c.slot_mapping.data(), n);
+            }
+            r += n;
+        }
+        r = 0;
+        for (const SequenceChunk& c : batch) {
+            const auto n = static_cast<int64_t>(c.tokens.size());
+            if (!c.block_table.empty()) {
+                cpu::PagedAttention(&q_[r * q_dim_], paged, c.block_table.data(), &att_[r * q_dim_],
+                                    n, c.start_pos, spec_.num_heads);
+                r += n;
+                continue;
+            }
             SequenceKv& kv = cache_[c.seq_id];
             std::vector<float>& kc = kv.k[static_cast<size_t>(l)];
             std::vector<float>& vc = kv.v[static_cast<size_t>(l)];
@@ -138,7 +212,9 @@ Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<fl
     logits->resize(static_cast<size_t>(num_out * spec_.vocab_size));
     cpu::MatMulWT(xn_.data(), weights_.classifier(), logits->data(), num_out, spec_.vocab_size, hidden);
 
-    for (const SequenceChunk& c : batch) cache_[c.seq_id].length += static_cast<int64_t>(c.tokens.size());
+    for (const SequenceChunk& c : batch) {
+        if (c.block_table.empty()) cache_[c.seq_id].length += static_cast<int64_t>(c.tokens.size());
+    }
     tokens_processed_ += rows;
     return Status::Ok();
 }

@@ -9,17 +9,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "comm/step_plan.h"
 #include "common/status.h"
 
 namespace kvshard {
-
-struct SamplingParams {
-    float temperature = 0.0f;  // 0: greedy (argmax); otherwise logits are divided by it
-    int top_k = 0;             // keep the k highest logits; 0: off
-    float top_p = 1.0f;        // nucleus sampling over the smallest set with mass > top_p; 1: off
-    float min_p = 0.0f;        // drop tokens with prob < min_p * max prob; 0: off
-    uint64_t seed = 0;         // the RNG's initial state (0 is replaced, see XorShiftRng)
-};
 
 // temperature finite and >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1]. The message of an
 // InvalidArgument names the field and its value.

@@ -62,8 +62,9 @@ TEST_P(Stories260K, GreedyMatchesLlama2cReference) {
     ASSERT_TRUE(m.ok()) << m.status().ToString();
 
     ASSERT_EQ(m->EncodePrompt("Once upon a time"), kStoriesPromptIds);
-    // 256 steps of run.c: positions 0..255, so 256 - 5 tokens after the 5 prompt tokens.
-    GenerateResult with_prompt = RunPrompt(*m, "Once upon a time", Greedy(256 - 5, *m));
+    // run.c's 256 steps run positions 0..255 and print the token sampled at each position from
+    // the last prompt token on: 256 - 5 + 1 tokens after the 5 prompt tokens.
+    GenerateResult with_prompt = RunPrompt(*m, "Once upon a time", Greedy(256 - 5 + 1, *m));
     ASSERT_GE(with_prompt.token_ids.size(), kStoriesFirstIds.size());
     EXPECT_EQ(std::vector<int32_t>(with_prompt.token_ids.begin(),
                                    with_prompt.token_ids.begin() + kStoriesFirstIds.size()),
@@ -71,8 +72,8 @@ TEST_P(Stories260K, GreedyMatchesLlama2cReference) {
     EXPECT_EQ("Once upon a time" + with_prompt.text,
               std::string(kStoriesReference).substr(0, 16 + with_prompt.text.size()));
 
-    // Empty prompt: BOS only, 255 tokens; run.c prints exactly the reference text.
-    GenerateResult empty = RunPrompt(*m, "", Greedy(255, *m));
+    // Empty prompt: BOS only, 256 tokens; run.c prints exactly the reference text.
+    GenerateResult empty = RunPrompt(*m, "", Greedy(256, *m));
     EXPECT_EQ(empty.text, kStoriesReference);
 }
 
@@ -99,9 +100,11 @@ TEST(Stories260KSampled, MatchesRunCWithSeed133742) {
 TEST(ZhPoemSampled, MatchesRunCWithSeed42) {
     const std::string path = SharedModel("zh-poem/poem_model.bin");
     KV_REQUIRE_FIXTURE(path, "zh-poem/poem_model.bin");
-    Result<LocalModel> m = LoadLocalModel(path);
+    LocalModelOptions lo;
+    lo.open.tokenizer_path = SharedModel("zh-poem/poem_tok.bin");
+    Result<LocalModel> m = LoadLocalModel(path, lo);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
-    GenerateOptions o = Greedy(127, *m);
+    GenerateOptions o = Greedy(128, *m);
     o.sampling.temperature = 0.8f;
     o.sampling.top_p = 0.9f;
     o.sampling.seed = 42;
@@ -110,58 +113,98 @@ TEST(ZhPoemSampled, MatchesRunCWithSeed42) {
     EXPECT_EQ(r.text.substr(0, expected.size()), expected);
 }
 
-nlohmann::json LoadGolden() {
-    std::ifstream in(std::string(KVSHARD_SOURCE_DIR) + "/tests/golden/smollm2_llamacpp.json");
-    return nlohmann::json::parse(in);
+struct LogitError {
+    double max_abs = 0;  // max |kvshard - llama.cpp| over the recorded logits
+    double max_ref = 0;  // max |llama.cpp logit| over the same
+};
+
+// Compares kvshard's logits with the recorded llama.cpp values (top 64 and every stride-th id).
+LogitError CompareLogits(const std::vector<float>& logits, const nlohmann::json& c, int64_t stride) {
+    LogitError e;
+    const std::vector<double> strided = c["last_logits_strided"];
+    for (size_t i = 0; i < strided.size(); ++i) {
+        e.max_abs = std::max(e.max_abs, std::fabs(logits[i * stride] - strided[i]));
+        e.max_ref = std::max(e.max_ref, std::fabs(strided[i]));
+    }
+    for (const auto& pair : c["last_logits_top"]) {
+        const size_t id = pair[0];
+        e.max_abs = std::max(e.max_abs, std::fabs(logits.at(id) - double(pair[1])));
+    }
+    return e;
 }
 
-// Greedy tokens equal llama.cpp's for every golden prompt. llama.cpp multiplies Q4_1 weights
-// with activations quantized to 8 bits while kvshard dequantizes weights to fp32, so logits differ
-// slightly; the tolerance below is what that difference costs.
-TEST(SmolLM2, GreedyTokensAndLogitsMatchLlamaCpp) {
-    const std::string path = DefaultModel();
-    KV_REQUIRE_FIXTURE(path, "default model (scripts/test fetches it)");
-    Result<LocalModel> m = LoadLocalModel(path);
-    ASSERT_TRUE(m.ok()) << m.status().ToString();
-    const nlohmann::json golden = LoadGolden();
-    const int64_t stride = golden["logit_stride"];
-    const int64_t vocab = m->file->spec().vocab_size;
+class SmolLM2VsLlamaCpp : public ::testing::Test {
+protected:
+    void SetUp() override {
+        const std::string path = DefaultModel();
+        KV_REQUIRE_FIXTURE(path, "default model (scripts/test fetches it)");
+        Result<LocalModel> m = LoadLocalModel(path);
+        ASSERT_TRUE(m.ok()) << m.status().ToString();
+        model_ = std::make_unique<LocalModel>(std::move(*m));
+        std::ifstream in(std::string(KVSHARD_SOURCE_DIR) + "/tests/golden/smollm2_llamacpp.json");
+        golden_ = nlohmann::json::parse(in);
+    }
+
+    std::vector<float> LastLogits(const std::vector<int32_t>& ids) {
+        SequenceChunk chunk{.seq_id = 7, .tokens = ids, .start_pos = 0};
+        std::vector<float> logits;
+        EXPECT_TRUE(model_->runner->Forward(std::span<const SequenceChunk>(&chunk, 1), &logits).ok());
+        model_->runner->Release(7);
+        return logits;
+    }
+
+    std::vector<int32_t> GreedyIds(const std::vector<int32_t>& prompt_ids) {
+        Result<GenerateResult> r = Generate(*model_->runner, *model_->tokenizer, prompt_ids,
+                                            Greedy(golden_["new_tokens"], *model_));
+        EXPECT_TRUE(r.ok()) << r.status().ToString();
+        return r.ok() ? r->token_ids : std::vector<int32_t>{};
+    }
+
+    std::unique_ptr<LocalModel> model_;
+    nlohmann::json golden_;
+};
+
+// llama.cpp on the same weights dequantized to F32 computes in fp32 like kvshard: prompt ids,
+// greedy tokens (64 per prompt) and logits must agree: within 2e-3 of the largest |logit|
+// (observed: at most 1.1e-3).
+TEST_F(SmolLM2VsLlamaCpp, SameTokensAndLogitsAsLlamaCppOnF32Weights) {
+    if (!model_) return;
+    const int64_t stride = golden_["logit_stride"];
     int full_length_cases = 0;
-    for (const auto& c : golden["cases"]) {
+    for (const auto& c : golden_["f32"]) {
         const std::string prompt = c["prompt"];
         SCOPED_TRACE(prompt);
         const std::vector<int32_t> prompt_ids = c["prompt_token_ids"];
         EncodeOptions eo;
         eo.parse_special = true;
-        EXPECT_EQ(m->tokenizer->Encode(prompt, eo), prompt_ids);
-
-        // Logits at the last prompt position.
-        SequenceChunk chunk{.seq_id = 7, .tokens = prompt_ids, .start_pos = 0};
-        std::vector<float> logits;
-        ASSERT_TRUE(m->runner->Forward(std::span<const SequenceChunk>(&chunk, 1), &logits).ok());
-        m->runner->Release(7);
-        double max_abs = 0, max_ref = 0;
-        const std::vector<float> strided = c["last_logits_strided"];
-        for (size_t i = 0; i < strided.size(); ++i) {
-            max_abs = std::max(max_abs, std::fabs(double(logits[i * stride]) - strided[i]));
-            max_ref = std::max(max_ref, std::fabs(double(strided[i])));
-        }
-        for (const auto& pair : c["last_logits_top"]) {
-            const int64_t id = pair[0];
-            ASSERT_LT(id, vocab);
-            max_abs = std::max(max_abs, std::fabs(double(logits[id]) - double(pair[1])));
-        }
-        EXPECT_LT(max_abs, 0.02 * max_ref) << "max |logit - llama.cpp| = " << max_abs
-                                           << " with max |logit| " << max_ref;
-
-        GenerateOptions o = Greedy(golden["new_tokens"], *m);
-        Result<GenerateResult> r = Generate(*m->runner, *m->tokenizer, prompt_ids, o);
-        ASSERT_TRUE(r.ok()) << r.status().ToString();
+        EXPECT_EQ(model_->tokenizer->Encode(prompt, eo), prompt_ids);
+        LogitError e = CompareLogits(LastLogits(prompt_ids), c, stride);
+        EXPECT_LT(e.max_abs, 2e-3 * e.max_ref) << "max |logit - llama.cpp| " << e.max_abs;
         const std::vector<int32_t> expected = c["greedy_token_ids"];
-        EXPECT_EQ(r->token_ids, expected);
-        if (expected.size() == 64) ++full_length_cases;
+        EXPECT_EQ(GreedyIds(prompt_ids), expected);
+        full_length_cases += expected.size() == 64 ? 1 : 0;
     }
     EXPECT_GE(full_length_cases, 8);
+}
+
+// llama.cpp on the Q4_1 file multiplies with activations quantized to 8 bits (Q8_1), a different
+// arithmetic: logits differ by up to ~12% of the largest |logit|, so greedy paths part at near-ties. The
+// first token after the prompt must agree where llama.cpp's own f32 and q4_1 runs agree.
+TEST_F(SmolLM2VsLlamaCpp, CloseToLlamaCppOnQ4_1Arithmetic) {
+    if (!model_) return;
+    const int64_t stride = golden_["logit_stride"];
+    for (size_t i = 0; i < golden_["q4_1"].size(); ++i) {
+        const auto& c = golden_["q4_1"][i];
+        const auto& f32 = golden_["f32"][i];
+        SCOPED_TRACE(c["prompt"].get<std::string>());
+        const std::vector<int32_t> prompt_ids = c["prompt_token_ids"];
+        const std::vector<float> logits = LastLogits(prompt_ids);
+        LogitError e = CompareLogits(logits, c, stride);
+        EXPECT_LT(e.max_abs, 0.2 * e.max_ref) << "max |logit - llama.cpp q4_1| " << e.max_abs;
+        if (c["greedy_token_ids"][0] == f32["greedy_token_ids"][0]) {
+            EXPECT_EQ(Sampler::Argmax(logits.data(), int64_t(logits.size())), c["greedy_token_ids"][0]);
+        }
+    }
 }
 
 }  // namespace

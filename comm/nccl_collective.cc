@@ -1,0 +1,271 @@
+// The NCCL communicator: one rank per GPU, buffers in device memory. Built only with
+// KVSHARD_WITH_CUDA; host code sees it through comm/collective.h.
+//
+// The communicator is non-blocking (ncclConfig_t::blocking = 0): initialization and every
+// operation return at once, and this file polls ncclCommGetAsyncError and cudaStreamQuery until
+// the work is done, the deadline passes or Abort() was called. On a failure or a timeout the
+// communicator is aborted (ncclCommAbort), which releases the GPU work stuck waiting for a lost
+// peer, instead of hanging in cudaStreamSynchronize.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "comm/collective_impls.h"
+#include "common/logging.h"
+
+namespace kvshard::internal {
+namespace {
+
+static_assert(kNcclUniqueIdBytes == NCCL_UNIQUE_ID_BYTES);
+
+using Clock = std::chrono::steady_clock;
+
+Status CudaStatus(cudaError_t err, std::string_view call) {
+    if (err == cudaSuccess) return Status::Ok();
+    return Status(StatusCode::kUnavailable, std::string(call) + " failed: CUDA error " +
+                                                std::to_string(static_cast<int>(err)) + " (" +
+                                                cudaGetErrorName(err) +
+                                                "): " + cudaGetErrorString(err));
+}
+
+Status NcclStatus(ncclResult_t result, std::string_view call) {
+    if (result == ncclSuccess) return Status::Ok();
+    std::string text = std::string(call) + " failed: NCCL error " +
+                       std::to_string(static_cast<int>(result)) + ": " +
+                       ncclGetErrorString(result);
+    return Status(StatusCode::kUnavailable, std::move(text));
+}
+
+class NcclCollective final : public Collective {
+public:
+    NcclCollective(int rank, int size, int device, int64_t timeout_ms)
+        : rank_(rank), size_(size), device_(device), timeout_ms_(timeout_ms) {}
+
+    ~NcclCollective() override {
+        cudaSetDevice(device_);
+        if (comm_ != nullptr && failure_.ok() && !aborted_.load()) {
+            // Finalize flushes outstanding work without blocking; abort if it does not end.
+            Status done = NcclStatus(ncclCommFinalize(comm_), "ncclCommFinalize");
+            if (done.ok()) done = PollComm("ncclCommFinalize", Deadline());
+            if (done.ok()) {
+                ncclCommDestroy(comm_);
+                comm_ = nullptr;
+            } else {
+                spdlog::warn("NCCL rank {}: {}", rank_, done.ToString());
+                (void)Fail(done);  // aborts the communicator
+            }
+        }
+        if (comm_ != nullptr) ncclCommAbort(comm_);
+        if (scratch_ != nullptr) cudaFree(scratch_);
+        if (own_stream_ != nullptr) cudaStreamDestroy(own_stream_);
+    }
+
+    Status Init(const std::string& unique_id, void* stream) {
+        KV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+        if (stream != nullptr) {
+            stream_ = static_cast<cudaStream_t>(stream);
+        } else {
+            KV_RETURN_IF_ERROR(CudaStatus(
+                cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+            stream_ = own_stream_;
+        }
+        KV_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc"));
+        ncclUniqueId id;
+        std::memcpy(id.internal, unique_id.data(), NCCL_UNIQUE_ID_BYTES);
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 0;
+        const ncclResult_t started = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
+        if (started != ncclSuccess && started != ncclInProgress) {
+            return Fail(NcclStatus(started, "ncclCommInitRankConfig"));
+        }
+        return PollComm("ncclCommInitRankConfig", Deadline());
+    }
+
+    int rank() const override { return rank_; }
+    int size() const override { return size_; }
+
+    Status AllReduceSum(float* data, int64_t count) override {
+        KV_RETURN_IF_ERROR(CheckUsable("AllReduceSum"));
+        if (count < 0) return InvalidArgument("AllReduceSum: count " + std::to_string(count));
+        KV_RETURN_IF_ERROR(Run("ncclAllReduce", ncclAllReduce(data, data, static_cast<size_t>(count),
+                                                              ncclFloat, ncclSum, comm_, stream_)));
+        bytes_all_reduced_.fetch_add(count * static_cast<int64_t>(sizeof(float)),
+                                     std::memory_order_relaxed);
+        return Status::Ok();
+    }
+
+    Status AllGather(const float* send, int64_t count_per_rank, float* recv) override {
+        KV_RETURN_IF_ERROR(CheckUsable("AllGather"));
+        if (count_per_rank < 0) {
+            return InvalidArgument("AllGather: count " + std::to_string(count_per_rank));
+        }
+        return Run("ncclAllGather", ncclAllGather(send, recv, static_cast<size_t>(count_per_rank),
+                                                  ncclFloat, comm_, stream_));
+    }
+
+    Status Broadcast(void* data, int64_t bytes, int root) override {
+        KV_RETURN_IF_ERROR(CheckUsable("Broadcast"));
+        if (bytes < 0 || root < 0 || root >= size_) {
+            return InvalidArgument("Broadcast: bytes " + std::to_string(bytes) + ", root " +
+                                   std::to_string(root) + " of " + std::to_string(size_));
+        }
+        return Run("ncclBroadcast", ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclUint8,
+                                                  root, comm_, stream_));
+    }
+
+    // NCCL has no barrier: an all-reduce of one float does the same.
+    Status Barrier() override {
+        KV_RETURN_IF_ERROR(CheckUsable("Barrier"));
+        return Run("ncclAllReduce (barrier)",
+                   ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_));
+    }
+
+    // Only flags the communicator: ncclCommAbort must not race with the owner thread's calls,
+    // so the owner aborts it at its next poll or call (or in the destructor).
+    void Abort(const std::string& reason) override {
+        std::lock_guard<std::mutex> lock(abort_mu_);
+        if (abort_reason_.empty()) abort_reason_ = reason.empty() ? "(no reason given)" : reason;
+        aborted_.store(true);
+    }
+
+    int64_t bytes_all_reduced() const override {
+        return bytes_all_reduced_.load(std::memory_order_relaxed);
+    }
+
+private:
+    Clock::time_point Deadline() const {
+        return Clock::now() + std::chrono::milliseconds(timeout_ms_);
+    }
+
+    Status CheckUsable(std::string_view what) {
+        if (!failure_.ok()) return failure_;
+        if (aborted_.load()) return Fail(AbortStatus(what));
+        return CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
+    }
+
+    Status AbortStatus(std::string_view what) {
+        std::lock_guard<std::mutex> lock(abort_mu_);
+        return kvshard::Aborted("NCCL rank " + std::to_string(rank_) + " " + std::string(what) +
+                                ": communicator aborted: " + abort_reason_);
+    }
+
+    // The first failure aborts the communicator; every later call returns it.
+    Status Fail(Status status) {
+        if (status.ok()) return status;
+        if (failure_.ok()) {
+            failure_ = status;
+            if (comm_ != nullptr) {
+                ncclCommAbort(comm_);
+                comm_ = nullptr;
+            }
+        }
+        return status;
+    }
+
+    // Waits until the communicator's queued NCCL call has been issued (ncclInProgress ends).
+    Status PollComm(std::string_view what, Clock::time_point deadline) {
+        for (int64_t polls = 0;; ++polls) {
+            ncclResult_t state = ncclSuccess;
+            KV_RETURN_IF_ERROR(
+                Fail(NcclStatus(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError")));
+            if (state == ncclSuccess) return Status::Ok();
+            if (state != ncclInProgress) return Fail(NcclStatus(state, what));
+            KV_RETURN_IF_ERROR(CheckWaiting(what, deadline, polls));
+        }
+    }
+
+    Status CheckWaiting(std::string_view what, Clock::time_point deadline, int64_t polls) {
+        if (aborted_.load()) return Fail(AbortStatus(what));
+        if (Clock::now() > deadline) {
+            return Fail(Status(StatusCode::kDeadlineExceeded,
+                               "NCCL rank " + std::to_string(rank_) + " " + std::string(what) +
+                                   ": not done within " + std::to_string(timeout_ms_) +
+                                   " ms (a peer is missing or stuck); communicator aborted"));
+        }
+        if (polls > 1000) std::this_thread::yield();
+        return Status::Ok();
+    }
+
+    // Issues one operation and waits until the stream has run it.
+    Status Run(std::string_view what, ncclResult_t issued) {
+        const Clock::time_point deadline = Deadline();
+        if (issued != ncclSuccess && issued != ncclInProgress) {
+            return Fail(NcclStatus(issued, what));
+        }
+        KV_RETURN_IF_ERROR(PollComm(what, deadline));
+        for (int64_t polls = 0;; ++polls) {
+            const cudaError_t done = cudaStreamQuery(stream_);
+            if (done == cudaSuccess) return Status::Ok();
+            if (done != cudaErrorNotReady) return Fail(CudaStatus(done, "cudaStreamQuery"));
+            // A peer's failure shows up here, not on the stream.
+            ncclResult_t state = ncclSuccess;
+            KV_RETURN_IF_ERROR(
+                Fail(NcclStatus(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError")));
+            if (state != ncclSuccess && state != ncclInProgress) {
+                return Fail(NcclStatus(state, what));
+            }
+            KV_RETURN_IF_ERROR(CheckWaiting(what, deadline, polls));
+        }
+    }
+
+    const int rank_;
+    const int size_;
+    const int device_;
+    const int64_t timeout_ms_;
+    ncclComm_t comm_ = nullptr;
+    cudaStream_t stream_ = nullptr;
+    cudaStream_t own_stream_ = nullptr;
+    float* scratch_ = nullptr;  // device float for Barrier
+
+    Status failure_;  // owner thread only
+    std::atomic<bool> aborted_{false};
+    std::mutex abort_mu_;
+    std::string abort_reason_;  // guarded by abort_mu_
+    std::atomic<int64_t> bytes_all_reduced_{0};
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Collective>> MakeNcclCollective(const CollectiveConfig& config,
+                                                       const std::string& unique_id, int rank,
+                                                       int size) {
+    if (unique_id.size() != NCCL_UNIQUE_ID_BYTES) {
+        return InvalidArgument("NCCL unique id has " + std::to_string(unique_id.size()) +
+                               " bytes, expected " + std::to_string(NCCL_UNIQUE_ID_BYTES));
+    }
+    if (size < 1 || rank < 0 || rank >= size) {
+        return InvalidArgument("NCCL collective: rank " + std::to_string(rank) + " of size " +
+                               std::to_string(size));
+    }
+    if (config.timeout_ms <= 0) {
+        return InvalidArgument("NCCL collective: timeout_ms " + std::to_string(config.timeout_ms) +
+                               " must be > 0");
+    }
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess) {
+        cudaGetLastError();
+        devices = 0;
+    }
+    if (config.cuda_device < 0 || config.cuda_device >= devices) {
+        return Status(StatusCode::kUnavailable,
+                      "NCCL collective: CUDA device " + std::to_string(config.cuda_device) +
+                          " does not exist (" + std::to_string(devices) + " visible)");
+    }
+    auto collective =
+        std::make_unique<NcclCollective>(rank, size, config.cuda_device, config.timeout_ms);
+    KV_RETURN_IF_ERROR(collective->Init(unique_id, config.cuda_stream));
+    return std::unique_ptr<Collective>(std::move(collective));
+}
+
+Result<std::string> MakeNcclUniqueId() {
+    ncclUniqueId id;
+    KV_RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId"));
+    return std::string(id.internal, NCCL_UNIQUE_ID_BYTES);
+}
+
+}  // namespace kvshard::internal

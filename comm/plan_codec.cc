@@ -1,0 +1,449 @@
+#include "comm/plan_codec.h"
+
+#include <boost/crc.hpp>
+#include <cstring>
+#include <type_traits>
+
+#include "common/check.h"
+
+namespace kvshard {
+namespace {
+
+// ---- encoding ----
+
+class Writer {
+public:
+    explicit Writer(std::string* out) : out_(out) {}
+
+    template <typename T>
+    void Fixed(T value) {
+        static_assert(std::is_integral_v<T>);
+        using U = std::make_unsigned_t<T>;
+        auto bits = static_cast<U>(value);
+        for (size_t i = 0; i < sizeof(T); ++i) {
+            out_->push_back(static_cast<char>(bits & 0xFF));
+            bits = static_cast<U>(bits >> 8);
+        }
+    }
+    void F32(float value) {
+        uint32_t bits = 0;
+        std::memcpy(&bits, &value, sizeof(bits));
+        Fixed(bits);
+    }
+    void F64(double value) {
+        uint64_t bits = 0;
+        std::memcpy(&bits, &value, sizeof(bits));
+        Fixed(bits);
+    }
+    void Bool(bool value) { out_->push_back(value ? 1 : 0); }
+    void Count(size_t n) {
+        KV_CHECK_LE(n, size_t{UINT32_MAX}) << "too many elements for a frame";
+        Fixed(static_cast<uint32_t>(n));
+    }
+    void String(const std::string& s) {
+        Count(s.size());
+        out_->append(s);
+    }
+    template <typename T>
+    void Ints(const std::vector<T>& values) {
+        Count(values.size());
+        for (T v : values) Fixed(v);
+    }
+
+private:
+    std::string* out_;
+};
+
+void Encode(Writer& w, const StepPlan& plan) {
+    w.Fixed(plan.step_id);
+    w.Count(plan.sequences.size());
+    for (const ScheduledSequence& seq : plan.sequences) {
+        w.Fixed(seq.seq_id);
+        w.Ints(seq.token_ids);
+        w.Fixed(seq.start_pos);
+        w.Ints(seq.block_table);
+        w.Ints(seq.slot_mapping);
+        w.Bool(seq.sample);
+        w.F32(seq.sampling.temperature);
+        w.Fixed(static_cast<int32_t>(seq.sampling.top_k));
+        w.F32(seq.sampling.top_p);
+        w.F32(seq.sampling.min_p);
+        w.Fixed(seq.sampling.seed);
+        w.Fixed(seq.num_top_logprobs);
+    }
+    w.Count(plan.block_copies.size());
+    for (const BlockCopyOp& op : plan.block_copies) {
+        w.Fixed(op.src_block);
+        w.Fixed(op.dst_block);
+    }
+    w.Ints(plan.released_seq_ids);
+}
+
+void Encode(Writer& w, const StepResult& result) {
+    w.Fixed(result.step_id);
+    w.Count(result.tokens.size());
+    for (const SampledToken& token : result.tokens) {
+        w.Fixed(token.seq_id);
+        w.Fixed(token.token_id);
+        w.F32(token.logprob);
+        w.Count(token.top_logprobs.size());
+        for (const TokenLogprob& top : token.top_logprobs) {
+            w.Fixed(top.token_id);
+            w.F32(top.logprob);
+        }
+    }
+    w.F64(result.compute_seconds);
+    w.String(result.error);
+}
+
+void Encode(Writer& w, const RegisterMessage& m) {
+    w.Fixed(m.worker_rank);
+    w.Fixed(m.tp);
+    w.String(m.instance_id);
+    w.Fixed(m.protocol_version);
+}
+
+void Encode(Writer& w, const RegisterAckMessage& m) {
+    w.Bool(m.accepted);
+    w.String(m.error);
+    w.String(m.model_path);
+    w.Fixed(m.tp);
+    w.Count(m.settings.size());
+    for (const auto& [key, value] : m.settings) {
+        w.String(key);
+        w.String(value);
+    }
+}
+
+void Encode(Writer& w, const HeartbeatMessage& m) { w.Fixed(m.sequence); }
+
+void Encode(Writer& w, const ShutdownMessage& m) { w.String(m.reason); }
+
+// ---- decoding ----
+
+// Reads fields from a payload. The first problem is remembered and later reads return zeros,
+// so a decoder reads straight through and checks status() once at the end.
+class Reader {
+public:
+    explicit Reader(std::string_view bytes) : bytes_(bytes) {}
+
+    const Status& status() const { return status_; }
+
+    template <typename T>
+    T Fixed(const char* field) {
+        static_assert(std::is_integral_v<T>);
+        if (!Need(sizeof(T), field)) return T{};
+        std::make_unsigned_t<T> bits = 0;
+        for (size_t i = 0; i < sizeof(T); ++i) {
+            bits |= static_cast<std::make_unsigned_t<T>>(static_cast<uint8_t>(bytes_[pos_ + i]))
+                    << (8 * i);
+        }
+        pos_ += sizeof(T);
+        return static_cast<T>(bits);
+    }
+    float F32(const char* field) {
+        const auto bits = Fixed<uint32_t>(field);
+        float value = 0;
+        std::memcpy(&value, &bits, sizeof(value));
+        return value;
+    }
+    double F64(const char* field) {
+        const auto bits = Fixed<uint64_t>(field);
+        double value = 0;
+        std::memcpy(&value, &bits, sizeof(value));
+        return value;
+    }
+    bool Bool(const char* field) {
+        const auto byte = Fixed<uint8_t>(field);
+        if (byte > 1) Fail(std::string(field) + ": bool byte " + std::to_string(byte));
+        return byte == 1;
+    }
+    // An element count, refused when the remaining bytes cannot hold that many elements of at
+    // least `min_element_bytes` each: what makes the reserve() calls below safe.
+    uint32_t Count(const char* field, size_t min_element_bytes) {
+        const auto n = Fixed<uint32_t>(field);
+        if (status_.ok() && n > (bytes_.size() - pos_) / min_element_bytes) {
+            Fail(std::string(field) + ": " + std::to_string(n) + " elements of at least " +
+                 std::to_string(min_element_bytes) + " bytes, but only " +
+                 std::to_string(bytes_.size() - pos_) + " bytes remain");
+            return 0;
+        }
+        return n;
+    }
+    std::string String(const char* field) {
+        const uint32_t n = Count(field, 1);
+        if (!status_.ok()) return {};
+        std::string s(bytes_.substr(pos_, n));
+        pos_ += n;
+        return s;
+    }
+    template <typename T>
+    std::vector<T> Ints(const char* field) {
+        const uint32_t n = Count(field, sizeof(T));
+        std::vector<T> values;
+        values.reserve(n);
+        for (uint32_t i = 0; i < n && status_.ok(); ++i) values.push_back(Fixed<T>(field));
+        return values;
+    }
+    void Finish() {
+        if (status_.ok() && pos_ != bytes_.size()) {
+            Fail(std::to_string(bytes_.size() - pos_) + " bytes after the last field");
+        }
+    }
+
+private:
+    bool Need(size_t n, const char* field) {
+        if (!status_.ok()) return false;
+        if (bytes_.size() - pos_ < n) {
+            Fail(std::string(field) + ": truncated (needs " + std::to_string(n) + " bytes, " +
+                 std::to_string(bytes_.size() - pos_) + " remain)");
+            return false;
+        }
+        return true;
+    }
+    void Fail(std::string message) {
+        if (status_.ok()) {
+            status_ = DataLoss("malformed payload at byte " + std::to_string(pos_) + ": " +
+                               std::move(message));
+        }
+    }
+
+    std::string_view bytes_;
+    size_t pos_ = 0;
+    Status status_;
+};
+
+// Smallest encodings, for Reader::Count.
+constexpr size_t kMinSequenceBytes = 8 + 4 + 8 + 4 + 4 + 1 + 4 + 4 + 4 + 4 + 8 + 4;
+constexpr size_t kMinSampledTokenBytes = 8 + 4 + 4 + 4;
+
+StepPlan DecodeStepPlan(Reader& r) {
+    StepPlan plan;
+    plan.step_id = r.Fixed<uint64_t>("StepPlan.step_id");
+    const uint32_t num_sequences = r.Count("StepPlan.sequences", kMinSequenceBytes);
+    plan.sequences.reserve(num_sequences);
+    for (uint32_t i = 0; i < num_sequences && r.status().ok(); ++i) {
+        ScheduledSequence& seq = plan.sequences.emplace_back();
+        seq.seq_id = r.Fixed<int64_t>("ScheduledSequence.seq_id");
+        seq.token_ids = r.Ints<int32_t>("ScheduledSequence.token_ids");
+        seq.start_pos = r.Fixed<int64_t>("ScheduledSequence.start_pos");
+        seq.block_table = r.Ints<int32_t>("ScheduledSequence.block_table");
+        seq.slot_mapping = r.Ints<int64_t>("ScheduledSequence.slot_mapping");
+        seq.sample = r.Bool("ScheduledSequence.sample");
+        seq.sampling.temperature = r.F32("SamplingParams.temperature");
+        seq.sampling.top_k = r.Fixed<int32_t>("SamplingParams.top_k");
+        seq.sampling.top_p = r.F32("SamplingParams.top_p");
+        seq.sampling.min_p = r.F32("SamplingParams.min_p");
+        seq.sampling.seed = r.Fixed<uint64_t>("SamplingParams.seed");
+        seq.num_top_logprobs = r.Fixed<int32_t>("ScheduledSequence.num_top_logprobs");
+    }
+    const uint32_t num_copies = r.Count("StepPlan.block_copies", 8);
+    plan.block_copies.reserve(num_copies);
+    for (uint32_t i = 0; i < num_copies && r.status().ok(); ++i) {
+        BlockCopyOp& op = plan.block_copies.emplace_back();
+        op.src_block = r.Fixed<int32_t>("BlockCopyOp.src_block");
+        op.dst_block = r.Fixed<int32_t>("BlockCopyOp.dst_block");
+    }
+    plan.released_seq_ids = r.Ints<int64_t>("StepPlan.released_seq_ids");
+    return plan;
+}
+
+StepResult DecodeStepResult(Reader& r) {
+    StepResult result;
+    result.step_id = r.Fixed<uint64_t>("StepResult.step_id");
+    const uint32_t num_tokens = r.Count("StepResult.tokens", kMinSampledTokenBytes);
+    result.tokens.reserve(num_tokens);
+    for (uint32_t i = 0; i < num_tokens && r.status().ok(); ++i) {
+        SampledToken& token = result.tokens.emplace_back();
+        token.seq_id = r.Fixed<int64_t>("SampledToken.seq_id");
+        token.token_id = r.Fixed<int32_t>("SampledToken.token_id");
+        token.logprob = r.F32("SampledToken.logprob");
+        const uint32_t num_top = r.Count("SampledToken.top_logprobs", 8);
+        token.top_logprobs.reserve(num_top);
+        for (uint32_t k = 0; k < num_top && r.status().ok(); ++k) {
+            TokenLogprob& top = token.top_logprobs.emplace_back();
+            top.token_id = r.Fixed<int32_t>("TokenLogprob.token_id");
+            top.logprob = r.F32("TokenLogprob.logprob");
+        }
+    }
+    result.compute_seconds = r.F64("StepResult.compute_seconds");
+    result.error = r.String("StepResult.error");
+    return result;
+}
+
+RegisterMessage DecodeRegister(Reader& r) {
+    RegisterMessage m;
+    m.worker_rank = r.Fixed<int32_t>("Register.worker_rank");
+    m.tp = r.Fixed<int32_t>("Register.tp");
+    m.instance_id = r.String("Register.instance_id");
+    m.protocol_version = r.Fixed<uint32_t>("Register.protocol_version");
+    return m;
+}
+
+RegisterAckMessage DecodeRegisterAck(Reader& r) {
+    RegisterAckMessage m;
+    m.accepted = r.Bool("RegisterAck.accepted");
+    m.error = r.String("RegisterAck.error");
+    m.model_path = r.String("RegisterAck.model_path");
+    m.tp = r.Fixed<int32_t>("RegisterAck.tp");
+    const uint32_t n = r.Count("RegisterAck.settings", 8);
+    m.settings.reserve(n);
+    for (uint32_t i = 0; i < n && r.status().ok(); ++i) {
+        std::string key = r.String("RegisterAck.settings.key");
+        std::string value = r.String("RegisterAck.settings.value");
+        m.settings.emplace_back(std::move(key), std::move(value));
+    }
+    return m;
+}
+
+Result<Message> DecodeMessage(MessageType type, Reader& r) {
+    Message message;
+    switch (type) {
+        case MessageType::kStepPlan: message = DecodeStepPlan(r); break;
+        case MessageType::kStepResult: message = DecodeStepResult(r); break;
+        case MessageType::kRegister: message = DecodeRegister(r); break;
+        case MessageType::kRegisterAck: message = DecodeRegisterAck(r); break;
+        case MessageType::kHeartbeat:
+            message = HeartbeatMessage{r.Fixed<uint64_t>("Heartbeat.sequence")};
+            break;
+        case MessageType::kShutdown:
+            message = ShutdownMessage{r.String("Shutdown.reason")};
+            break;
+    }
+    r.Finish();
+    if (!r.status().ok()) {
+        return r.status().WithContext(std::string(MessageTypeName(type)) + " frame");
+    }
+    return message;
+}
+
+uint32_t ReadU32(std::string_view bytes, size_t offset) {
+    uint32_t value = 0;
+    for (size_t i = 0; i < 4; ++i) {
+        value |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[offset + i])) << (8 * i);
+    }
+    return value;
+}
+
+uint16_t ReadU16(std::string_view bytes, size_t offset) {
+    return static_cast<uint16_t>(static_cast<uint8_t>(bytes[offset]) |
+                                 (static_cast<uint8_t>(bytes[offset + 1]) << 8));
+}
+
+std::string Hex(std::string_view bytes) {
+    static constexpr char kDigits[] = "0123456789abcdef";
+    std::string out;
+    for (char c : bytes) {
+        out += kDigits[static_cast<uint8_t>(c) >> 4];
+        out += kDigits[static_cast<uint8_t>(c) & 0xF];
+    }
+    return out;
+}
+
+}  // namespace
+
+std::string_view MessageTypeName(MessageType type) {
+    switch (type) {
+        case MessageType::kStepPlan: return "StepPlan";
+        case MessageType::kStepResult: return "StepResult";
+        case MessageType::kRegister: return "Register";
+        case MessageType::kRegisterAck: return "RegisterAck";
+        case MessageType::kHeartbeat: return "Heartbeat";
+        case MessageType::kShutdown: return "Shutdown";
+    }
+    return "Unknown";
+}
+
+MessageType TypeOf(const Message& message) {
+    struct Visitor {
+        MessageType operator()(const StepPlan&) const { return MessageType::kStepPlan; }
+        MessageType operator()(const StepResult&) const { return MessageType::kStepResult; }
+        MessageType operator()(const RegisterMessage&) const { return MessageType::kRegister; }
+        MessageType operator()(const RegisterAckMessage&) const {
+            return MessageType::kRegisterAck;
+        }
+        MessageType operator()(const HeartbeatMessage&) const { return MessageType::kHeartbeat; }
+        MessageType operator()(const ShutdownMessage&) const { return MessageType::kShutdown; }
+    };
+    return std::visit(Visitor{}, message);
+}
+
+uint32_t Crc32(std::string_view bytes) {
+    boost::crc_32_type crc;
+    crc.process_bytes(bytes.data(), bytes.size());
+    return crc.checksum();
+}
+
+std::string EncodeFrame(const Message& message) {
+    std::string frame(kFrameHeaderBytes, '\0');
+    Writer payload_writer(&frame);
+    std::visit([&](const auto& m) { Encode(payload_writer, m); }, message);
+    const std::string_view payload = std::string_view(frame).substr(kFrameHeaderBytes);
+    KV_CHECK_LE(payload.size(), size_t{UINT32_MAX});
+
+    std::string header;
+    Writer w(&header);
+    header.append(kFrameMagic);
+    w.Fixed(kWireVersion);
+    w.Fixed(static_cast<uint16_t>(TypeOf(message)));
+    w.Fixed(static_cast<uint32_t>(payload.size()));
+    w.Fixed(Crc32(payload));
+    KV_CHECK_EQ(header.size(), kFrameHeaderBytes);
+    frame.replace(0, kFrameHeaderBytes, header);
+    return frame;
+}
+
+Result<FrameHeader> DecodeFrameHeader(std::string_view header, uint32_t max_payload_bytes) {
+    if (header.size() < kFrameHeaderBytes) {
+        return DataLoss("frame header truncated: " + std::to_string(header.size()) + " of " +
+                        std::to_string(kFrameHeaderBytes) + " bytes");
+    }
+    if (header.substr(0, 4) != kFrameMagic) {
+        return DataLoss("not a kvshard frame: magic bytes " + Hex(header.substr(0, 4)) +
+                        ", expected " + Hex(kFrameMagic) + " (\"KVSF\")");
+    }
+    FrameHeader result;
+    result.version = ReadU16(header, 4);
+    if (result.version != kWireVersion) {
+        return Unimplemented("frame version " + std::to_string(result.version) +
+                             "; this build speaks version " + std::to_string(kWireVersion));
+    }
+    const uint16_t type = ReadU16(header, 6);
+    if (type < static_cast<uint16_t>(MessageType::kStepPlan) ||
+        type > static_cast<uint16_t>(MessageType::kShutdown)) {
+        return DataLoss("unknown message type " + std::to_string(type));
+    }
+    result.type = static_cast<MessageType>(type);
+    result.payload_bytes = ReadU32(header, 8);
+    if (result.payload_bytes > max_payload_bytes) {
+        return Status(StatusCode::kResourceExhausted,
+                      std::string(MessageTypeName(result.type)) + " frame of " +
+                          std::to_string(result.payload_bytes) + " payload bytes exceeds the " +
+                          "limit of " + std::to_string(max_payload_bytes));
+    }
+    result.payload_crc32 = ReadU32(header, 12);
+    return result;
+}
+
+Result<Message> DecodePayload(const FrameHeader& header, std::string_view payload) {
+    if (payload.size() != header.payload_bytes) {
+        return DataLoss(std::string(MessageTypeName(header.type)) + " frame: payload has " +
+                        std::to_string(payload.size()) + " bytes, header says " +
+                        std::to_string(header.payload_bytes));
+    }
+    const uint32_t crc = Crc32(payload);
+    if (crc != header.payload_crc32) {
+        return DataLoss(std::string(MessageTypeName(header.type)) + " frame: payload CRC-32 " +
+                        std::to_string(crc) + " does not match the header's " +
+                        std::to_string(header.payload_crc32));
+    }
+    Reader reader(payload);
+    return DecodeMessage(header.type, reader);
+}
+
+Result<Message> DecodeFrame(std::string_view frame, uint32_t max_payload_bytes) {
+    KV_ASSIGN_OR_RETURN(const FrameHeader header, DecodeFrameHeader(frame, max_payload_bytes));
+    return DecodePayload(header, frame.substr(kFrameHeaderBytes));
+}
+
+}  // namespace kvshard

@@ -1,0 +1,88 @@
+// StepPlan / StepResult: everything that crosses from the coordinator to the workers of an
+// instance, and back, for one step. Plain structs of ids and numbers — no pointers — so the same
+// plan is passed by reference to embedded workers and serialized (comm/plan_codec.h) for worker
+// processes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace kvshard {
+
+// Why a sequence stopped: a stop token or string, the token limit (or the context), or an abort.
+enum class FinishReason { kStop, kLength, kAbort };
+
+// "stop", "length", "abort" (the OpenAI API's words for the first two).
+inline std::string_view FinishReasonName(FinishReason reason) {
+    switch (reason) {
+        case FinishReason::kStop: return "stop";
+        case FinishReason::kLength: return "length";
+        case FinishReason::kAbort: return "abort";
+    }
+    return "abort";
+}
+
+struct SamplingParams {
+    float temperature = 0.0f;  // 0: greedy (argmax); otherwise logits are divided by it
+    int top_k = 0;             // keep the k highest logits; 0: off
+    float top_p = 1.0f;        // nucleus sampling over the smallest set with mass > top_p; 1: off
+    float min_p = 0.0f;        // drop tokens with prob < min_p * max prob; 0: off
+    uint64_t seed = 0;         // the RNG's initial state (0 is replaced, see XorShiftRng)
+    friend bool operator==(const SamplingParams&, const SamplingParams&) = default;
+};
+
+// One sequence's share of a step: a chunk of tokens at consecutive positions whose KV is written
+// at `slot_mapping` and which attend over every position held by `block_table`.
+struct ScheduledSequence {
+    int64_t seq_id = 0;
+    std::vector<int32_t> token_ids;   // tokens to compute, at positions start_pos, start_pos+1, ...
+    int64_t start_pos = 0;
+    std::vector<int32_t> block_table;   // blocks holding positions 0 .. start_pos + n - 1, in order
+    std::vector<int64_t> slot_mapping;  // slot of each token in token_ids (block * block_size + i)
+    // Sample a token after the last of token_ids (false for a prefill chunk that is not the last).
+    bool sample = true;
+    SamplingParams sampling;
+    int32_t num_top_logprobs = -1;  // -1: no logprobs; 0: the sampled token's; k: also the top k
+    friend bool operator==(const ScheduledSequence&, const ScheduledSequence&) = default;
+};
+
+struct BlockCopyOp {
+    int32_t src_block = -1;
+    int32_t dst_block = -1;
+    friend bool operator==(const BlockCopyOp&, const BlockCopyOp&) = default;
+};
+
+struct StepPlan {
+    uint64_t step_id = 0;
+    std::vector<ScheduledSequence> sequences;
+    std::vector<BlockCopyOp> block_copies;  // executed before the step's KV writes
+    std::vector<int64_t> released_seq_ids;  // finished or preempted: drop per-sequence state
+    friend bool operator==(const StepPlan&, const StepPlan&) = default;
+};
+
+struct TokenLogprob {
+    int32_t token_id = 0;
+    float logprob = 0.0f;
+    friend bool operator==(const TokenLogprob&, const TokenLogprob&) = default;
+};
+
+struct SampledToken {
+    int64_t seq_id = 0;
+    int32_t token_id = 0;
+    float logprob = 0.0f;                   // of token_id (when requested)
+    std::vector<TokenLogprob> top_logprobs;  // highest first (when requested)
+    friend bool operator==(const SampledToken&, const SampledToken&) = default;
+};
+
+struct StepResult {
+    uint64_t step_id = 0;
+    std::vector<SampledToken> tokens;  // one per sequence with sample = true, in plan order
+    double compute_seconds = 0.0;
+    std::string error;  // empty on success; a failed step samples nothing
+    friend bool operator==(const StepResult&, const StepResult&) = default;
+};
+
+}  // namespace kvshard

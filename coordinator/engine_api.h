@@ -1,0 +1,78 @@
+// The contract between the HTTP front end and the engine of an instance (or the router in front
+// of several). The front end turns an OpenAI request into a GenerationRequest and reads the
+// answer from a RequestSink; it never sees blocks, steps or workers.
+//
+// Threads: Submit and Abort may be called from any thread (HTTP threads). The engine calls the
+// sink from its own engine thread; sink methods must be quick and must not block (push to a queue
+// or post to an I/O context). After OnFinish the sink is never called again.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/step_plan.h"
+#include "common/status.h"
+
+namespace kvshard {
+
+struct GenerationRequest {
+    std::string request_id;
+    std::vector<int32_t> prompt_token_ids;  // tokenized by the front end (chat template applied)
+    SamplingParams sampling;                // with n > 1, choice i uses seed + i
+    int64_t max_tokens = 16;
+    std::vector<std::string> stop;         // stop strings; the text ends before them
+    bool ignore_eos = false;
+    int n = 1;                       // choices sharing the prompt (blocks shared, copy on write)
+    int32_t num_top_logprobs = -1;   // -1: none; 0: the chosen token's; k: also the top k
+};
+
+// Some new output of one choice. Text is UTF-8 complete and never part of a stop string.
+struct GenerationDelta {
+    int index = 0;  // choice
+    std::string text;
+    std::vector<int32_t> token_ids;
+    std::vector<SampledToken> logprobs;  // one per token id, when requested
+    std::optional<FinishReason> finish_reason;  // set on the last delta of this choice
+};
+
+struct GenerationUsage {
+    int64_t prompt_tokens = 0;
+    int64_t completion_tokens = 0;  // over all choices
+    int64_t cached_tokens = 0;      // prompt tokens served from the prefix cache
+};
+
+class RequestSink {
+public:
+    virtual ~RequestSink() = default;
+    virtual void OnDelta(const GenerationDelta& delta) = 0;
+    // The request is over: every choice finished (status OK), or it failed (the status says why:
+    // ResourceExhausted when the queue is full, OutOfRange when it cannot fit the context, ...).
+    virtual void OnFinish(const GenerationUsage& usage, const Status& status) = 0;
+};
+
+struct EngineStats {
+    int64_t num_running = 0;
+    int64_t num_waiting = 0;
+    double kv_cache_usage = 0.0;  // used blocks / all blocks, 0..1
+    int64_t prefix_cache_queries_tokens = 0;
+    int64_t prefix_cache_hits_tokens = 0;
+};
+
+class Engine {
+public:
+    virtual ~Engine() = default;
+    // Queues a request. Errors that can be told at once (prompt longer than the context, a full
+    // queue) are returned here and the sink is not called.
+    virtual Status Submit(GenerationRequest request, std::shared_ptr<RequestSink> sink) = 0;
+    // Stops a request (a client went away); its blocks are freed within one step. Unknown ids are
+    // ignored. The sink gets OnFinish with FinishReason kAbort deltas.
+    virtual void Abort(const std::string& request_id) = 0;
+    virtual EngineStats Stats() const = 0;
+    // Largest prompt + max_tokens the engine accepts.
+    virtual int64_t max_context() const = 0;
+};
+
+}  // namespace kvshard

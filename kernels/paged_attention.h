@@ -1,0 +1,53 @@
+// Attention through a paged KV pool (DESIGN.md "KV memory"): K/V of new tokens are written at
+// their slots, and each query attends over the positions its block table holds.
+//
+// One block is one contiguous region holding every layer of `block_size` slots:
+//   block b = base + b * block_stride
+//   layer l region at l * layer_stride, inside it:
+//     K data  [kv_head][slot][head_dim] elements, then V data likewise,
+//     then (8-bit storage only) K scales [kv_head][slot] floats, then V scales likewise.
+// The arithmetic of PagedAttention over fp32 storage is the arithmetic of cpu::Attention over a
+// contiguous cache, operation for operation, so the two agree bit for bit.
+#pragma once
+
+#include <cstdint>
+
+namespace kvshard::cpu {
+
+enum class KvStorage { kF32, kInt8, kFp8E4M3 };
+
+int64_t KvStorageElementBytes(KvStorage storage);  // 4, 1, 1
+bool KvStorageHasScales(KvStorage storage);        // false for kF32
+
+// The K/V of one layer of a pool; the offsets locate that layer inside a block.
+struct PagedKvLayer {
+    uint8_t* base = nullptr;    // block 0
+    int64_t block_stride = 0;   // bytes from one block to the next
+    int64_t k_offset = 0;       // bytes from a block's start to this layer's K data
+    int64_t v_offset = 0;       // ... V data
+    int64_t k_scale_offset = 0;  // ... K scales (8-bit only)
+    int64_t v_scale_offset = 0;  // ... V scales (8-bit only)
+    KvStorage storage = KvStorage::kF32;
+    int64_t block_size = 16;
+    int64_t num_kv_heads = 0;
+    int64_t head_dim = 0;
+};
+
+// Bytes of one layer inside a block, and the layer's offsets, for a pool of `num_layers`.
+int64_t PagedLayerBytes(KvStorage storage, int64_t block_size, int64_t num_kv_heads, int64_t head_dim);
+PagedKvLayer MakePagedKvLayer(uint8_t* base, int64_t block_stride, int64_t layer, KvStorage storage,
+                              int64_t block_size, int64_t num_kv_heads, int64_t head_dim);
+
+// Writes rows of K and V (n × num_kv_heads × head_dim floats, row stride `row_stride` floats) at
+// slots[i] = block * block_size + offset. 8-bit storage quantizes each head of each row with its
+// own scale.
+void PagedKvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_t row_stride,
+                  const int64_t* slots, int64_t n);
+
+// Causal GQA attention of `num_q` query rows (q: num_q × num_heads × head_dim, row i at position
+// q_pos0 + i) over positions 0 .. q_pos0 + num_q - 1 held by `block_table` (position p lives in
+// block_table[p / block_size], slot p % block_size). out: num_q × num_heads × head_dim.
+void PagedAttention(const float* q, const PagedKvLayer& kv, const int32_t* block_table,
+                    float* out, int64_t num_q, int64_t q_pos0, int64_t num_heads);
+
+}  // namespace kvshard::cpu

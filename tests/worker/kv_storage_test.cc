@@ -1,0 +1,223 @@
+// The paged KV pool against the contiguous cache (bit-identical in fp32), and 8-bit KV storage
+// against full precision (greedy agreement and logit error, teacher-forced on fp32's tokens).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kv/block_manager.h"
+#include "tests/test_util.h"
+#include "worker/generator.h"
+#include "worker/local_model.h"
+
+namespace kvshard {
+namespace {
+
+using testing::DefaultModel;
+using testing::SharedModel;
+
+// Drives one ModelRunner through a paged pool with its own BlockManager, one sequence per id.
+class PagedDriver {
+public:
+    PagedDriver(ModelRunner& runner, int64_t num_blocks, int64_t block_size)
+        : runner_(runner), blocks_(kv::BlockManagerConfig{.num_blocks = num_blocks,
+                                                          .block_size = block_size,
+                                                          .watermark = 0.0,
+                                                          .enable_prefix_caching = false}) {}
+
+    // Computes `tokens` appended to sequence `seq` (allocating it on first use); returns the
+    // logits of the last token.
+    std::vector<float> Step(const std::vector<std::pair<int64_t, std::vector<int32_t>>>& work) {
+        std::vector<SequenceChunk> chunks;
+        tables_.clear();
+        slots_.clear();
+        tables_.reserve(work.size());
+        slots_.reserve(work.size());
+        for (const auto& [seq, tokens] : work) {
+            int64_t begin = 0;
+            if (!blocks_.HasSequence(seq)) {
+                kv::SequenceRequest req{.seq_id = seq, .prompt_token_ids = tokens};
+                EXPECT_TRUE(blocks_.CanAllocate(req));
+                blocks_.Allocate(req);
+            } else {
+                begin = blocks_.NumTokens(seq);
+                EXPECT_TRUE(blocks_.CanAppend(seq, int64_t(tokens.size())));
+                EXPECT_FALSE(blocks_.AppendSlots(seq, tokens).copy.has_value());
+            }
+            const int64_t end = blocks_.NumTokens(seq);
+            tables_.emplace_back(blocks_.BlockTable(seq).begin(), blocks_.BlockTable(seq).end());
+            slots_.push_back(blocks_.SlotMapping(seq, begin, end));
+            chunks.push_back({.seq_id = seq, .tokens = tokens, .start_pos = begin,
+                              .block_table = tables_.back(), .slot_mapping = slots_.back()});
+        }
+        std::vector<float> logits;
+        Status st = runner_.Forward(chunks, &logits);
+        EXPECT_TRUE(st.ok()) << st.ToString();
+        return logits;
+    }
+
+private:
+    ModelRunner& runner_;
+    kv::BlockManager blocks_;
+    std::vector<std::vector<int32_t>> tables_;
+    std::vector<std::vector<int64_t>> slots_;
+};
+
+std::unique_ptr<LocalModel> Load(const std::string& path, int64_t num_blocks, int64_t block_size,
+                                 cpu::KvStorage storage = cpu::KvStorage::kF32) {
+    LocalModelOptions o;
+    o.runner.num_kv_blocks = num_blocks;
+    o.runner.block_size = block_size;
+    o.runner.kv_storage = storage;
+    o.runner.max_context = 1024;
+    Result<LocalModel> m = LoadLocalModel(path, o);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    return m.ok() ? std::make_unique<LocalModel>(std::move(*m)) : nullptr;
+}
+
+class PagedVsContiguous : public ::testing::TestWithParam<int64_t> {};
+
+// Three sequences of different lengths, prefilled together then decoded together for 12 steps,
+// through the pool (block size from the parameter) and through the contiguous cache: the logits
+// are equal bit for bit at every step.
+TEST_P(PagedVsContiguous, LogitsBitIdenticalOverPrefillAndDecode) {
+    const std::string path = SharedModel("stories260K/stories260K.bin");
+    KV_REQUIRE_FIXTURE(path, "stories260K.bin");
+    const int64_t block_size = GetParam();
+    std::unique_ptr<LocalModel> m = Load(path, 256, block_size);
+    ASSERT_TRUE(m);
+    ModelRunner& runner = *m->runner;
+    PagedDriver paged(runner, 256, block_size);
+    std::vector<std::vector<int32_t>> prompts = {m->EncodePrompt("Once upon a time"),
+                                                 m->EncodePrompt("The dog ran to the big red house"),
+                                                 m->EncodePrompt("Sam")};
+    std::vector<std::pair<int64_t, std::vector<int32_t>>> work;
+    std::vector<SequenceChunk> contiguous;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        work.push_back({int64_t(i), prompts[i]});
+        contiguous.push_back({.seq_id = 100 + int64_t(i), .tokens = prompts[i], .start_pos = 0});
+    }
+    const int64_t vocab = runner.spec().vocab_size;
+    std::vector<int32_t> next(prompts.size());
+    for (int step = 0; step < 12; ++step) {
+        std::vector<float> a = paged.Step(work);
+        std::vector<float> b;
+        ASSERT_TRUE(runner.Forward(contiguous, &b).ok());
+        ASSERT_EQ(a.size(), b.size());
+        ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "step " << step;
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            next[i] = Sampler::Argmax(&a[i * vocab], vocab);
+            work[i].second = {next[i]};
+            contiguous[i].start_pos = runner.CachedLength(contiguous[i].seq_id);
+            contiguous[i].tokens = std::span<const int32_t>(&next[i], 1);
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(BlockSizes, PagedVsContiguous, ::testing::Values(1, 4, 16, 64));
+
+// Greedy generation through the pool equals the contiguous cache on the reference tests' models.
+TEST(PagedKv, GreedyOutputUnchanged) {
+    for (const std::string& path : {SharedModel("stories260K/stories260K.bin"), DefaultModel()}) {
+        if (path.empty()) continue;
+        std::unique_ptr<LocalModel> m = Load(path, RunnerOptions::kOneSequence, 16);
+        ASSERT_TRUE(m);
+        GenerateOptions o;
+        o.max_tokens = 40;
+        const std::vector<int32_t> prompt = m->EncodePrompt("Once upon a time");
+        Result<GenerateResult> paged = Generate(*m->runner, *m->tokenizer, prompt, o);
+        o.use_paged_kv = false;
+        Result<GenerateResult> contiguous = Generate(*m->runner, *m->tokenizer, prompt, o);
+        ASSERT_TRUE(paged.ok() && contiguous.ok());
+        EXPECT_EQ(paged->token_ids, contiguous->token_ids) << path;
+    }
+}
+
+TEST(PagedKv, RejectsInconsistentPlans) {
+    const std::string path = SharedModel("stories260K/stories260K.bin");
+    KV_REQUIRE_FIXTURE(path, "stories260K.bin");
+    std::unique_ptr<LocalModel> m = Load(path, 8, 4);
+    ASSERT_TRUE(m);
+    const std::vector<int32_t> tokens = {1, 403, 407};
+    const std::vector<int32_t> table = {2};
+    const std::vector<int32_t> outside = {8};
+    const std::vector<int64_t> good_slots = {8, 9, 10};
+    const std::vector<int64_t> wrong_slots = {8, 9, 12};
+    std::vector<float> logits;
+    auto run = [&](std::span<const int32_t> t, std::span<const int64_t> s) {
+        SequenceChunk c{.seq_id = 1, .tokens = tokens, .start_pos = 0, .block_table = t, .slot_mapping = s};
+        return m->runner->Forward(std::span<const SequenceChunk>(&c, 1), &logits).code();
+    };
+    EXPECT_EQ(run(table, good_slots), StatusCode::kOk);
+    EXPECT_EQ(run(outside, good_slots), StatusCode::kInvalidArgument);
+    EXPECT_EQ(run(table, wrong_slots), StatusCode::kInvalidArgument);
+    EXPECT_EQ(run(table, std::span<const int64_t>(good_slots).first(2)), StatusCode::kInvalidArgument);
+    const std::vector<std::pair<int32_t, int32_t>> bad_copy = {{0, 8}};
+    EXPECT_EQ(m->runner->CopyBlocks(bad_copy).code(), StatusCode::kInvalidArgument);
+}
+
+struct StorageFigures {
+    int64_t steps = 0;
+    int64_t agree = 0;
+    double max_err = 0;
+    double sum_err = 0;
+    int64_t count = 0;
+};
+
+// 8-bit KV against fp32 KV on the default model: every runner is fed fp32's greedy tokens
+// (teacher forcing), and each step's argmax and logits are compared. Prints the figures. The full
+// report of the issue (8 prompts x 64 tokens) runs with KVSHARD_FULL_KV_REPORT=1; CI runs 2 x 12.
+TEST(KvStorage, Int8AndFp8AgainstFp32) {
+    const std::string path = DefaultModel();
+    KV_REQUIRE_FIXTURE(path, "default model");
+    const bool full = std::getenv("KVSHARD_FULL_KV_REPORT") != nullptr;
+    const std::vector<std::string> prompts = {
+        "Once upon a time", "The capital of France is", "def fibonacci(n):",
+        "Q: What is 12 + 35?\nA:", "Les étoiles brillent dans le ciel de la nuit, et",
+        "In machine learning, a transformer is", "The three primary colors are",
+        "Here is a list of fruits:\n-"};
+    const size_t num_prompts = full ? prompts.size() : 2;
+    const int tokens = full ? 64 : 12;
+    std::unique_ptr<LocalModel> ref = Load(path, 64, 16);
+    std::unique_ptr<LocalModel> i8 = Load(path, 64, 16, cpu::KvStorage::kInt8);
+    std::unique_ptr<LocalModel> f8 = Load(path, 64, 16, cpu::KvStorage::kFp8E4M3);
+    ASSERT_TRUE(ref && i8 && f8);
+    const int64_t vocab = ref->runner->spec().vocab_size;
+    StorageFigures fig[2];
+    for (size_t p = 0; p < num_prompts; ++p) {
+        PagedDriver dr(*ref->runner, 64, 16), d8(*i8->runner, 64, 16), df(*f8->runner, 64, 16);
+        std::vector<std::pair<int64_t, std::vector<int32_t>>> work = {{1, ref->EncodePrompt(prompts[p])}};
+        for (int t = 0; t < tokens; ++t) {
+            const std::vector<float> a = dr.Step(work);
+            const std::vector<float> b[2] = {d8.Step(work), df.Step(work)};
+            const int32_t greedy = Sampler::Argmax(a.data(), vocab);
+            for (int s = 0; s < 2; ++s) {
+                fig[s].steps++;
+                fig[s].agree += Sampler::Argmax(b[s].data(), vocab) == greedy;
+                for (int64_t i = 0; i < vocab; ++i) {
+                    const double e = std::fabs(double(a[i]) - b[s][i]);
+                    fig[s].max_err = std::max(fig[s].max_err, e);
+                    fig[s].sum_err += e;
+                }
+                fig[s].count += vocab;
+            }
+            work[0].second = {greedy};
+        }
+    }
+    const char* names[2] = {"int8", "fp8-e4m3"};
+    for (int s = 0; s < 2; ++s) {
+        const double agreement = double(fig[s].agree) / double(fig[s].steps);
+        std::printf("KV %-8s vs fp32: greedy agreement %.4f (%lld/%lld steps), logit error max %.4f mean %.5f\n",
+                    names[s], agreement, (long long)fig[s].agree, (long long)fig[s].steps,
+                    fig[s].max_err, fig[s].sum_err / double(fig[s].count));
+        EXPECT_GE(agreement, 0.9) << names[s];
+    }
+    // int8 keeps 7 bits per value; observed max 1.1 logits (of ~15) over 8 prompts x 64 tokens.
+    EXPECT_LT(fig[0].max_err, 2.0);
+}
+
+}  // namespace
+}  // namespace kvshard
