@@ -1,0 +1,281 @@
+#include "coordinator/engine.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace kvshard {
+
+struct InstanceEngine::RequestState {
+    GenerationRequest request;
+    std::shared_ptr<RequestSink> sink;
+    std::vector<std::unique_ptr<Sequence>> choices;
+    std::vector<std::unique_ptr<TextStream>> streams;
+    std::vector<bool> finished;
+    int num_finished = 0;
+    GenerationUsage usage;
+    bool aborted = false;
+};
+
+Status InstanceEngine::ValidateConfig(const InstanceEngineConfig& c) {
+    KV_RETURN_IF_ERROR(c.scheduler.Validate());
+    KV_RETURN_IF_ERROR(c.blocks.Validate());
+    if (c.max_context <= 0) return InvalidArgument("max_context must be positive");
+    const int64_t blocks_for_one = (c.max_context + c.blocks.block_size - 1) / c.blocks.block_size;
+    if (blocks_for_one > c.blocks.num_blocks) {
+        return InvalidArgument("the KV pool (" + std::to_string(c.blocks.num_blocks) + " blocks of " +
+                               std::to_string(c.blocks.block_size) + ") cannot hold one sequence of max_context " +
+                               std::to_string(c.max_context) + " tokens");
+    }
+    return Status::Ok();
+}
+
+InstanceEngine::InstanceEngine(const InstanceEngineConfig& config, const Tokenizer& tokenizer,
+                               StepExecutor& executor)
+    : config_(config),
+      tokenizer_(tokenizer),
+      executor_(executor),
+      blocks_(config.blocks),
+      scheduler_(config.scheduler, blocks_) {
+    KV_CHECK(ValidateConfig(config).ok()) << ValidateConfig(config).ToString();
+    PublishStats();
+}
+
+InstanceEngine::~InstanceEngine() { Stop(); }
+
+void InstanceEngine::Start() {
+    KV_CHECK(!thread_.joinable());
+    thread_ = std::thread([this] { Loop(); });
+}
+
+void InstanceEngine::Stop() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stopping_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+}
+
+Status InstanceEngine::Submit(GenerationRequest request, std::shared_ptr<RequestSink> sink) {
+    const auto prompt_len = static_cast<int64_t>(request.prompt_token_ids.size());
+    if (prompt_len == 0) return InvalidArgument("the prompt has no tokens");
+    if (request.max_tokens <= 0) return InvalidArgument("max_tokens must be positive");
+    if (request.n < 1) return InvalidArgument("n must be at least 1");
+    if (prompt_len + request.max_tokens > config_.max_context) {
+        return OutOfRange("the prompt (" + std::to_string(prompt_len) + " tokens) plus max_tokens (" +
+                          std::to_string(request.max_tokens) + ") exceed the context of " +
+                          std::to_string(config_.max_context) + " tokens");
+    }
+    for (int32_t t : request.prompt_token_ids) {
+        if (t < 0 || t >= tokenizer_.vocab_size()) return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary");
+    }
+    auto state = std::make_unique<RequestState>();
+    state->request = std::move(request);
+    state->sink = std::move(sink);
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stopping_) return Status(StatusCode::kUnavailable, "the engine is shutting down");
+        if (num_queued_ >= config_.scheduler.max_num_seqs + config_.max_waiting_requests) {
+            return Status(StatusCode::kResourceExhausted, "too many requests in flight (" +
+                                                              std::to_string(num_queued_) + "); retry later");
+        }
+        num_queued_++;
+        inbox_.push_back(std::move(state));
+    }
+    cv_.notify_one();
+    return Status::Ok();
+}
+
+void InstanceEngine::Abort(const std::string& request_id) {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        aborts_.push_back(request_id);
+    }
+    cv_.notify_one();
+}
+
+EngineStats InstanceEngine::Stats() const {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    return stats_;
+}
+
+kv::BlockManagerStats InstanceEngine::BlockStats() const {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    return block_stats_;
+}
+
+void InstanceEngine::PublishStats() {
+    const SchedulerStats s = scheduler_.Stats();
+    const kv::BlockManagerStats b = blocks_.Stats();
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.num_running = s.num_running;
+    stats_.num_waiting = s.num_waiting;
+    stats_.kv_cache_usage = b.num_blocks > 0 ? double(b.num_used_blocks) / double(b.num_blocks) : 0.0;
+    stats_.prefix_cache_queries_tokens = b.prompt_tokens;
+    stats_.prefix_cache_hits_tokens = b.prompt_tokens_from_cache;
+    block_stats_ = b;
+}
+
+void InstanceEngine::Admit(std::unique_ptr<RequestState> state) {
+    RequestState& r = *state;
+    const GenerationRequest& req = r.request;
+    for (int i = 0; i < req.n; ++i) {
+        auto seq = std::make_unique<Sequence>();
+        seq->seq_id = next_seq_id_++;
+        seq->token_ids = req.prompt_token_ids;
+        seq->num_prompt_tokens = static_cast<int64_t>(req.prompt_token_ids.size());
+        seq->sampling = req.sampling;
+        seq->sampling.seed = req.sampling.seed + static_cast<uint64_t>(i);
+        seq->num_top_logprobs = req.num_top_logprobs;
+        by_seq_[seq->seq_id] = {&r, i};
+        r.streams.push_back(std::make_unique<TextStream>(tokenizer_, req.stop, req.prompt_token_ids.back()));
+        r.choices.push_back(std::move(seq));
+    }
+    for (int i = 1; i < req.n; ++i) r.choices[0]->fork_children.push_back(r.choices[static_cast<size_t>(i)].get());
+    r.finished.assign(static_cast<size_t>(req.n), false);
+    r.usage.prompt_tokens = static_cast<int64_t>(req.prompt_token_ids.size());
+    scheduler_.AddWaiting(r.choices[0].get());
+    const std::string id = req.request_id;
+    spdlog::debug("request {}: {} prompt tokens, n={}, max_tokens={}", id, r.usage.prompt_tokens, req.n, req.max_tokens);
+    requests_[id] = std::move(state);
+}
+
+void InstanceEngine::DrainInbox() {
+    std::deque<std::unique_ptr<RequestState>> inbox;
+    std::vector<std::string> aborts;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        inbox.swap(inbox_);
+        aborts.swap(aborts_);
+    }
+    for (auto& state : inbox) Admit(std::move(state));
+    for (const std::string& id : aborts) {
+        auto it = requests_.find(id);
+        if (it == requests_.end()) continue;
+        RequestState& r = *it->second;
+        r.aborted = true;
+        for (int i = 0; i < r.request.n; ++i) {
+            if (r.finished[static_cast<size_t>(i)]) continue;
+            GenerationDelta d;
+            d.index = i;
+            FinishChoice(r, i, FinishReason::kAbort, &d);
+            r.sink->OnDelta(d);
+        }
+        CompleteIfDone(id);
+    }
+}
+
+void InstanceEngine::FinishChoice(RequestState& r, int index, FinishReason reason, GenerationDelta* delta) {
+    Sequence* seq = r.choices[static_cast<size_t>(index)].get();
+    scheduler_.Remove(seq);
+    by_seq_.erase(seq->seq_id);
+    r.finished[static_cast<size_t>(index)] = true;
+    r.num_finished++;
+    delta->finish_reason = reason;
+}
+
+void InstanceEngine::CompleteIfDone(const std::string& request_id) {
+    auto it = requests_.find(request_id);
+    if (it == requests_.end() || it->second->num_finished < it->second->request.n) return;
+    RequestState& r = *it->second;
+    r.usage.cached_tokens = r.choices[0]->num_cached_tokens;
+    r.sink->OnFinish(r.usage, Status::Ok());
+    requests_.erase(it);
+    std::lock_guard<std::mutex> lock(mu_);
+    num_queued_--;
+}
+
+void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result) {
+    scheduler_.OnStepComputed(plan);
+    for (const SampledToken& t : result.tokens) {
+        auto where = by_seq_.find(t.seq_id);
+        if (where == by_seq_.end()) continue;  // aborted during the step
+        RequestState& r = *where->second.first;
+        const int index = where->second.second;
+        Sequence* seq = r.choices[static_cast<size_t>(index)].get();
+        r.usage.completion_tokens++;
+        GenerationDelta d;
+        d.index = index;
+        const bool is_stop_token =
+            !r.request.ignore_eos && std::find(config_.stop_token_ids.begin(), config_.stop_token_ids.end(),
+                                               t.token_id) != config_.stop_token_ids.end();
+        if (is_stop_token) {
+            FinishChoice(r, index, FinishReason::kStop, &d);
+        } else {
+            TextStream& stream = *r.streams[static_cast<size_t>(index)];
+            d.text = stream.Push(t.token_id);
+            d.token_ids.push_back(t.token_id);
+            if (r.request.num_top_logprobs >= 0) d.logprobs.push_back(t);
+            scheduler_.AppendToken(seq, t.token_id);
+            if (stream.stopped()) {
+                FinishChoice(r, index, FinishReason::kStop, &d);
+            } else if (seq->num_generated >= r.request.max_tokens || seq->num_tokens() >= config_.max_context) {
+                d.text += stream.Finish();
+                FinishChoice(r, index, FinishReason::kLength, &d);
+            }
+        }
+        r.sink->OnDelta(d);
+        CompleteIfDone(r.request.request_id);
+    }
+}
+
+void InstanceEngine::FailAll(const StepPlan& plan, const Status& status) {
+    spdlog::error("step {} failed: {}", plan.step_id, status.ToString());
+    std::vector<std::string> ids;
+    for (const auto& [id, r] : requests_) ids.push_back(id);
+    for (const std::string& id : ids) {
+        RequestState& r = *requests_[id];
+        for (int i = 0; i < r.request.n; ++i) {
+            if (r.finished[static_cast<size_t>(i)]) continue;
+            Sequence* seq = r.choices[static_cast<size_t>(i)].get();
+            scheduler_.Remove(seq);
+            by_seq_.erase(seq->seq_id);
+        }
+        r.sink->OnFinish(r.usage, status);
+        requests_.erase(id);
+        std::lock_guard<std::mutex> lock(mu_);
+        num_queued_--;
+    }
+}
+
+void InstanceEngine::Loop() {
+    for (;;) {
+        {
+            std::unique_lock<std::mutex> lock(mu_);
+            cv_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !aborts_.empty() || scheduler_.HasWork(); });
+            if (stopping_) break;
+        }
+        DrainInbox();
+        if (!scheduler_.HasWork()) {
+            PublishStats();
+            continue;
+        }
+        StepPlan plan = scheduler_.Schedule();
+        if (plan.sequences.empty() && plan.block_copies.empty()) {
+            // Nothing fits now (every waiting prompt needs blocks that running sequences hold
+            // and nothing is running): cannot happen with a validated config, but never spin.
+            PublishStats();
+            std::unique_lock<std::mutex> lock(mu_);
+            cv_.wait_for(lock, std::chrono::milliseconds(10));
+            continue;
+        }
+        Result<StepResult> result = executor_.Execute(plan);
+        num_steps_++;
+        if (!result.ok()) {
+            FailAll(plan, result.status());
+        } else if (!result->error.empty()) {
+            FailAll(plan, Internal(result->error));
+        } else {
+            HandleResult(plan, *result);
+        }
+        PublishStats();
+    }
+    // Shutting down: finish what is left.
+    DrainInbox();
+    StepPlan none;
+    FailAll(none, Status(StatusCode::kUnavailable, "the engine stopped"));
+    PublishStats();
+}
+
+}  // namespace kvshard

@@ -1,0 +1,176 @@
+#include "coordinator/scheduler.h"
+
+#include <algorithm>
+#include <string>
+
+namespace kvshard {
+
+Status SchedulerConfig::Validate() const {
+    if (max_num_seqs <= 0) return InvalidArgument("max_num_seqs must be positive, got " + std::to_string(max_num_seqs));
+    if (max_num_batched_tokens < max_num_seqs) {
+        return InvalidArgument("max_num_batched_tokens (" + std::to_string(max_num_batched_tokens) +
+                               ") must be at least max_num_seqs (" + std::to_string(max_num_seqs) + ")");
+    }
+    return Status::Ok();
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, kv::BlockManager& blocks)
+    : config_(config), blocks_(blocks) {
+    KV_CHECK(config.Validate().ok()) << config.Validate().ToString();
+}
+
+void Scheduler::AddWaiting(Sequence* seq) {
+    seq->status = SequenceStatus::kWaiting;
+    for (Sequence* child : seq->fork_children) child->status = SequenceStatus::kPendingFork;
+    waiting_.push_back(seq);
+}
+
+void Scheduler::Preempt(Sequence* seq) {
+    // Recompute later: drop the blocks and start over from the first token. A parent with pending
+    // forks keeps them; its children were never placed.
+    blocks_.Free(seq->seq_id);
+    seq->num_computed = 0;
+    seq->status = SequenceStatus::kWaiting;
+    seq->num_preemptions++;
+    num_preemptions_++;
+    running_.erase(std::find(running_.begin(), running_.end(), seq));
+    waiting_.push_front(seq);
+}
+
+bool Scheduler::ReserveSlots(size_t i, StepPlan* plan) {
+    Sequence* seq = running_[i];
+    const int64_t missing = seq->num_tokens() - blocks_.NumTokens(seq->seq_id);
+    if (missing <= 0) return true;
+    while (!blocks_.CanAppend(seq->seq_id, missing)) {
+        Sequence* victim = running_.back();
+        Preempt(victim);
+        if (victim == seq) return false;
+    }
+    const std::span<const int32_t> new_tokens =
+        std::span<const int32_t>(seq->token_ids).subspan(static_cast<size_t>(blocks_.NumTokens(seq->seq_id)));
+    kv::AppendResult r = blocks_.AppendSlots(seq->seq_id, new_tokens);
+    if (r.copy) plan->block_copies.push_back({r.copy->src_block, r.copy->dst_block});
+    return true;
+}
+
+void Scheduler::ForkChildren(Sequence* parent) {
+    for (Sequence* child : parent->fork_children) {
+        blocks_.Fork(parent->seq_id, child->seq_id);
+        child->num_computed = parent->num_computed;
+        child->num_cached_tokens = parent->num_cached_tokens;
+        child->status = SequenceStatus::kRunning;
+        running_.push_back(child);
+    }
+    parent->fork_children.clear();
+}
+
+void Scheduler::AddChunk(Sequence* seq, int64_t n, StepPlan* plan) {
+    ScheduledSequence s;
+    s.seq_id = seq->seq_id;
+    s.start_pos = seq->num_computed;
+    s.token_ids.assign(seq->token_ids.begin() + s.start_pos, seq->token_ids.begin() + s.start_pos + n);
+    const std::span<const kv::BlockId> table = blocks_.BlockTable(seq->seq_id);
+    s.block_table.assign(table.begin(), table.end());
+    s.slot_mapping = blocks_.SlotMapping(seq->seq_id, s.start_pos, s.start_pos + n);
+    s.sample = seq->fork_children.empty() && s.start_pos + n == seq->num_tokens();
+    s.sampling = seq->sampling;
+    s.num_top_logprobs = seq->num_top_logprobs;
+    plan->sequences.push_back(std::move(s));
+}
+
+StepPlan Scheduler::Schedule() {
+    StepPlan plan;
+    plan.step_id = next_step_id_++;
+    int64_t budget = config_.max_num_batched_tokens;
+
+    // Parents whose prompt (but its last token) is computed fork their children now.
+    for (size_t i = 0; i < running_.size(); ++i) {
+        Sequence* seq = running_[i];
+        if (!seq->fork_children.empty() && seq->num_computed == seq->target_computed()) ForkChildren(seq);
+    }
+    // Running sequences: decodes need a slot for their last sampled token (preempting from the
+    // back when blocks run out); unfinished prefills continue with the next chunk.
+    for (size_t i = 0; i < running_.size();) {
+        Sequence* seq = running_[i];
+        if (!ReserveSlots(i, &plan)) continue;  // seq itself was preempted; running_[i] moved on
+        const int64_t want = seq->target_computed() - seq->num_computed;
+        const int64_t n = std::min(want, budget);
+        if (n > 0) {
+            AddChunk(seq, n, &plan);
+            budget -= n;
+        }
+        ++i;
+    }
+    // Admissions, first come first served: stop at the first prompt that does not fit.
+    while (!waiting_.empty() && budget > 0 &&
+           static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
+        Sequence* seq = waiting_.front();
+        kv::SequenceRequest req{.seq_id = seq->seq_id, .prompt_token_ids = seq->token_ids};
+        if (!blocks_.CanAllocate(req)) break;
+        waiting_.pop_front();
+        const int64_t cached = blocks_.Allocate(req);
+        seq->num_computed = cached;
+        if (seq->num_preemptions == 0) seq->num_cached_tokens = cached;
+        seq->status = SequenceStatus::kRunning;
+        running_.push_back(seq);
+        if (!seq->fork_children.empty() && seq->num_computed == seq->target_computed()) {
+            // Nothing to prefill before the fork (a one-token prompt, or all but the last cached).
+            ForkChildren(seq);
+        }
+        const int64_t n = std::min(seq->target_computed() - seq->num_computed, budget);
+        if (n > 0) {
+            AddChunk(seq, n, &plan);
+            budget -= n;
+        }
+    }
+    // Children forked at admission compute the last prompt token in this step too.
+    for (Sequence* seq : running_) {
+        if (budget <= 0) break;
+        const bool planned = std::any_of(plan.sequences.begin(), plan.sequences.end(),
+                                         [&](const ScheduledSequence& s) { return s.seq_id == seq->seq_id; });
+        const int64_t want = seq->target_computed() - seq->num_computed;
+        if (!planned && want > 0) {
+            const int64_t n = std::min(want, budget);
+            AddChunk(seq, n, &plan);
+            budget -= n;
+        }
+    }
+    plan.released_seq_ids = std::move(released_);
+    released_.clear();
+    return plan;
+}
+
+void Scheduler::OnStepComputed(const StepPlan& plan) {
+    for (const ScheduledSequence& s : plan.sequences) {
+        auto it = std::find_if(running_.begin(), running_.end(),
+                               [&](const Sequence* q) { return q->seq_id == s.seq_id; });
+        if (it == running_.end()) continue;  // removed meanwhile (aborted)
+        Sequence* seq = *it;
+        seq->num_computed = s.start_pos + static_cast<int64_t>(s.token_ids.size());
+        blocks_.MarkComputed(seq->seq_id, seq->num_computed);
+    }
+}
+
+void Scheduler::AppendToken(Sequence* seq, int32_t token_id) {
+    KV_CHECK(seq->status == SequenceStatus::kRunning) << "seq " << seq->seq_id;
+    seq->token_ids.push_back(token_id);
+    seq->num_generated++;
+}
+
+void Scheduler::Remove(Sequence* seq) {
+    if (blocks_.HasSequence(seq->seq_id)) blocks_.Free(seq->seq_id);
+    running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
+    waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), seq), waiting_.end());
+    for (Sequence* child : seq->fork_children) child->status = SequenceStatus::kFinished;
+    seq->fork_children.clear();
+    seq->status = SequenceStatus::kFinished;
+    released_.push_back(seq->seq_id);
+}
+
+SchedulerStats Scheduler::Stats() const {
+    return {.num_running = static_cast<int64_t>(running_.size()),
+            .num_waiting = static_cast<int64_t>(waiting_.size()),
+            .num_preemptions = num_preemptions_};
+}
+
+}  // namespace kvshard
