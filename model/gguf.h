@@ -26,6 +26,17 @@ struct GgufValue {
     std::variant<int64_t, double, bool, std::string, Array> value;
 };
 
+// ggml type ids of the tensor types kvshard reads (GGUF tensor infos store these).
+inline constexpr uint32_t kGgmlTypeF32 = 0;
+inline constexpr uint32_t kGgmlTypeF16 = 1;
+inline constexpr uint32_t kGgmlTypeQ4_0 = 2;
+inline constexpr uint32_t kGgmlTypeQ4_1 = 3;
+inline constexpr uint32_t kGgmlTypeQ8_0 = 8;
+inline constexpr uint32_t kGgmlTypeBF16 = 30;
+// nullopt for ggml types kvshard does not read (K-quants, IQ types, ...).
+std::optional<DType> DTypeFromGgmlType(uint32_t ggml_type);
+uint32_t GgmlTypeOf(DType dtype);
+
 class GgufFile {
 public:
     // Opens and parses `path`. Errors name the path: NotFound, DataLoss (bad magic, truncated,

@@ -17,6 +17,7 @@
 // spec().qk_layout says how attn_q/attn_k rows are ordered inside each head (HF: kHalfSplit).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -72,5 +73,19 @@ Result<std::unique_ptr<ModelFile>> OpenModel(const std::string& path,
 
 // Canonical tensor names, built in one place.
 std::string LayerTensorName(int64_t layer, std::string_view suffix);  // ("attn_q") -> blk.L.attn_q.weight
+
+struct ExpectedTensor {
+    std::string name;
+    std::vector<int64_t> shape;
+};
+// Every tensor `spec` implies, with its shape, in canonical order: token_embd, each layer's
+// tensors (attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up,
+// ffn_down), output_norm, and output unless embeddings are tied.
+// REQUIRES: `spec` is of an opened model (a valid spec from a file is checked against the
+// tensors there before its layer count is trusted with a list this long).
+std::vector<ExpectedTensor> ExpectedTensors(const ModelSpec& spec);
+// The same list, one tensor at a time; stops at and returns the first error `visit` returns.
+Status ForEachExpectedTensor(const ModelSpec& spec,
+                             const std::function<Status(const ExpectedTensor&)>& visit);
 
 }  // namespace kvshard

@@ -39,6 +39,12 @@ struct TensorInfo {
 // `out` (num_rows * t.NumCols() floats). REQUIRES: the range lies inside the tensor.
 void DequantizeRows(const TensorInfo& t, int64_t row_begin, int64_t num_rows, float* out);
 
+// The inverse of DequantizeRows: encodes `num_rows` rows of `num_cols` floats as `dtype` into
+// `out` (num_rows * RowBytes(dtype, num_cols) bytes). Float types round to nearest even; the Q
+// types pick each block's scale (and Q4_1 minimum) from its values as llama.cpp's reference
+// quantizers do. For writing synthetic models and test data.
+void QuantizeRows(DType dtype, const float* in, int64_t num_rows, int64_t num_cols, uint8_t* out);
+
 // IEEE half and bfloat16 conversions.
 float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);

@@ -59,5 +59,12 @@ Result<TokenizerData> ReadLlama2cTokenizer(const std::string& path, int64_t voca
 // Writes `data` as a Hugging Face tokenizer.json (and returns the text) so that
 // ReadTokenizerJson(WriteTokenizerJson(d)) round-trips; used by `kvshard convert`.
 std::string TokenizerJsonText(const TokenizerData& data);
+// The tokenizer_config.json that goes beside it: bos/eos/unk/pad tokens, add_bos_token and
+// chat_template, which tokenizer.json has no place for. With both files in one folder,
+// ReadTokenizerJson gives back `data` for byte-level BPE (all but `source`; token types other
+// than normal, control, user-defined and unknown read back as normal). For SentencePiece the
+// scores are written as merges and read back as negative merge ranks: the same encodings, not
+// the same numbers.
+std::string TokenizerConfigJsonText(const TokenizerData& data);
 
 }  // namespace kvshard

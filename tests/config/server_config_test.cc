@@ -1,0 +1,176 @@
+// The serving config: defaults, every key read, flag overrides, and errors naming file, line, key
+// and value.
+#include "config/server_config.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "common/build_config.h"
+#include "tests/test_util.h"
+
+namespace kvshard {
+namespace {
+
+TEST(ServerConfig, Defaults) {
+    auto c = ParseServerConfig("model: m.gguf\n", "serve.yaml");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_EQ(c->model_path, "m.gguf");
+    EXPECT_EQ(c->tp, 1);
+    EXPECT_EQ(c->http.host, "127.0.0.1");
+    EXPECT_EQ(c->http.port, 8000);
+    EXPECT_TRUE(c->http.api_keys.empty());
+    EXPECT_EQ(c->http.max_body_bytes, 1 << 20);
+    EXPECT_EQ(c->scheduler.max_num_seqs, 64);
+    EXPECT_EQ(c->scheduler.max_num_batched_tokens, 512);
+    EXPECT_EQ(c->scheduler.max_model_len, 0);
+    EXPECT_EQ(c->kv_cache.block_size, 16);
+    EXPECT_EQ(c->kv_cache.num_blocks, 0);
+    EXPECT_EQ(c->kv_cache.memory_mib, 512);
+    EXPECT_EQ(c->kv_cache.dtype, KvCacheDtype::kAuto);
+    EXPECT_TRUE(c->kv_cache.enable_prefix_caching);
+    EXPECT_EQ(c->log_level, "info");
+}
+
+TEST(ServerConfig, ReadsEveryKey) {
+    const char* yaml = R"(
+model: /m/model.gguf
+tokenizer: /m/tok.bin
+served_model_name: smol
+chat_template: chatml
+tp: 2
+threads: 3
+log_level: debug
+server:
+  host: 0.0.0.0
+  port: 9001
+  threads: 4
+  api_keys: [k1, k2]
+  max_body_bytes: 65536
+  request_timeout_s: 30.5
+  idle_timeout_s: 5
+scheduler:
+  max_num_seqs: 8
+  max_num_batched_tokens: 256
+  max_waiting_requests: 100
+  max_model_len: 2048
+kv_cache:
+  block_size: 32
+  num_blocks: 1000
+  memory_mib: 64
+  dtype: int8
+  enable_prefix_caching: false
+)";
+    auto c = ParseServerConfig(yaml, "serve.yaml");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_EQ(c->model_path, "/m/model.gguf");
+    EXPECT_EQ(c->tokenizer_path, "/m/tok.bin");
+    EXPECT_EQ(c->served_model_name, "smol");
+    EXPECT_EQ(c->chat_template, "chatml");
+    EXPECT_EQ(c->tp, 2);
+    EXPECT_EQ(c->threads, 3);
+    EXPECT_EQ(c->log_level, "debug");
+    EXPECT_EQ(c->http.host, "0.0.0.0");
+    EXPECT_EQ(c->http.port, 9001);
+    EXPECT_EQ(c->http.num_threads, 4);
+    EXPECT_EQ(c->http.api_keys, (std::vector<std::string>{"k1", "k2"}));
+    EXPECT_EQ(c->http.max_body_bytes, 65536);
+    EXPECT_DOUBLE_EQ(c->http.request_timeout_s, 30.5);
+    EXPECT_DOUBLE_EQ(c->http.idle_timeout_s, 5);
+    EXPECT_EQ(c->scheduler.max_num_seqs, 8);
+    EXPECT_EQ(c->scheduler.max_num_batched_tokens, 256);
+    EXPECT_EQ(c->scheduler.max_waiting_requests, 100);
+    EXPECT_EQ(c->scheduler.max_model_len, 2048);
+    EXPECT_EQ(c->kv_cache.block_size, 32);
+    EXPECT_EQ(c->kv_cache.num_blocks, 1000);
+    EXPECT_EQ(c->kv_cache.memory_mib, 64);
+    EXPECT_EQ(c->kv_cache.dtype, KvCacheDtype::kInt8);
+    EXPECT_FALSE(c->kv_cache.enable_prefix_caching);
+}
+
+TEST(ServerConfig, OverridesWinAndAreValidated) {
+    auto c = ParseServerConfig("model: a.gguf\nserver:\n  port: 9000\n", "serve.yaml",
+                               {{"server.port", "0", "--port"},
+                                {"model", "b.gguf", "--model"},
+                                {"server.api_keys", "x,y", "--api-key"},
+                                {"tp", "4", "--tp"}});
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_EQ(c->http.port, 0);
+    EXPECT_EQ(c->model_path, "b.gguf");
+    EXPECT_EQ(c->tp, 4);
+    EXPECT_EQ(c->http.api_keys, (std::vector<std::string>{"x", "y"}));
+
+    auto bad = ParseServerConfig("model: a.gguf\n", "serve.yaml", {{"server.port", "http", "--port"}});
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.status().message(),
+              "flag --port: server.port: invalid value 'http': expected an integer");
+    // No file at all: defaults plus flags.
+    auto flags_only = LoadServerConfig("", {{"model", "m.gguf", "--model"}});
+    ASSERT_TRUE(flags_only.ok()) << flags_only.status().ToString();
+    EXPECT_EQ(flags_only->model_path, "m.gguf");
+}
+
+// Each bad config and a piece its message must contain (file:line, key, value).
+TEST(ServerConfig, ErrorsNameFileKeyAndValue) {
+    struct Case {
+        const char* yaml;
+        const char* expect;
+    };
+    const Case cases[] = {
+        {"model: m\nscheduler:\n  max_num_seqs: -3\n",
+         "serve.yaml:3: scheduler.max_num_seqs: invalid value '-3': must be >= 1"},
+        {"model: m\nserver:\n  port: 70000\n", "serve.yaml:3: server.port: invalid value '70000'"},
+        {"model: m\nserver:\n  port: eighty\n", "server.port: invalid value 'eighty': expected an integer"},
+        {"model: m\nkv_cache:\n  dtype: fp16\n",
+         "serve.yaml:3: kv_cache.dtype: invalid value 'fp16': expected auto, fp32, int8 or fp8"},
+        {"model: m\nkv_cache:\n  enable_prefix_caching: maybe\n",
+         "kv_cache.enable_prefix_caching: invalid value 'maybe'"},
+        {"model: m\nlog_level: loud\n", "serve.yaml:2: log_level: invalid value 'loud'"},
+        {"model: m\nmax_num_seqs: 4\n", "serve.yaml:2: unknown key 'max_num_seqs'"},
+        {"model: m\nscheduler:\n  max_num_seq: 4\n", "serve.yaml:3: unknown key 'scheduler.max_num_seq'"},
+        {"model: m\nserver: 8000\n", "server: expected a map of settings"},
+        {"model: m\nserver:\n  api_keys: key\n", "server.api_keys: expected a list of strings"},
+        {"model: m\nserver:\n  api_keys: ['']\n", "server.api_keys: invalid value ''"},
+        {"model: m\nserver:\n  host: ''\n", "server.host: invalid value '': must not be empty"},
+        {"model: m\ntp: [1, 2]\n", "tp: expected a single value, got a list"},
+        {"model: m\ntp: 0\n", "tp: invalid value '0': must be >= 1"},
+        {"model: m\nserver:\n  max_body_bytes: 10\n", "server.max_body_bytes: invalid value '10'"},
+        {"model: m\nserver:\n  idle_timeout_s: 0\n", "server.idle_timeout_s: invalid value '0': must be > 0"},
+        {"model: m\nserver:\n  request_timeout_s: -1\n", "server.request_timeout_s: invalid value '-1'"},
+        {"model: m\nkv_cache:\n  block_size: 0\n", "kv_cache.block_size: invalid value '0'"},
+        {"model: m\nscheduler:\n  max_num_seqs: 64\n  max_num_batched_tokens: 32\n",
+         "scheduler.max_num_batched_tokens (32) must be >= scheduler.max_num_seqs (64)"},
+        {"tp: 2\n", "serve.yaml: model: required"},
+        {"model: [unclosed\n", "serve.yaml:2: not valid YAML"},
+        {"- a\n- b\n", "serve.yaml: expected a map of settings at the top"},
+    };
+    for (const Case& c : cases) {
+        auto r = ParseServerConfig(c.yaml, "serve.yaml");
+        ASSERT_FALSE(r.ok()) << c.yaml;
+        EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << c.yaml;
+        EXPECT_NE(r.status().message().find(c.expect), std::string::npos)
+            << "yaml:\n" << c.yaml << "message: " << r.status().message();
+    }
+}
+
+TEST(ServerConfig, MissingFileIsNotFound) {
+    auto r = LoadServerConfig("/nonexistent/serve.yaml");
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+    EXPECT_NE(r.status().message().find("/nonexistent/serve.yaml"), std::string::npos);
+}
+
+// The example in config/examples parses, and docs/config.md documents every key it uses.
+TEST(ServerConfig, ExampleParsesAndEveryKeyIsDocumented) {
+    const std::string root = KVSHARD_SOURCE_DIR;
+    auto c = LoadServerConfig(root + "/config/examples/serve.yaml");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    const std::string doc = testing::ReadFile(root + "/docs/config.md");
+    EXPECT_EQ(ServerConfigKeys().size(), 23u);
+    for (std::string_view key : ServerConfigKeys()) {
+        EXPECT_NE(doc.find("`" + std::string(key) + "`"), std::string::npos) << key;
+    }
+}
+
+}  // namespace
+}  // namespace kvshard
