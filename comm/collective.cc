@@ -55,8 +55,9 @@ Result<std::unique_ptr<Collective>> MakeCollective(const CollectiveConfig& confi
 #if KVSHARD_WITH_MPI
             return internal::MakeMpiCollective(config);
 #else
-            return Unimplemented("MPI collective: this kvshard was built without MPI "
-                                 "(KVSHARD_WITH_MPI=OFF)");
+            return Unimplemented(
+                "MPI collective: this kvshard was built without MPI "
+                "(KVSHARD_WITH_MPI=OFF)");
 #endif
         case CollectiveConfig::Kind::kNccl:
 #if KVSHARD_WITH_CUDA
@@ -72,8 +73,9 @@ Result<std::unique_ptr<Collective>> MakeCollective(const CollectiveConfig& confi
                 "MPI to bootstrap one");
 #endif
 #else
-            return Unimplemented("NCCL collective: this kvshard was built without CUDA "
-                                 "(KVSHARD_WITH_CUDA=OFF)");
+            return Unimplemented(
+                "NCCL collective: this kvshard was built without CUDA "
+                "(KVSHARD_WITH_CUDA=OFF)");
 #endif
     }
     return InvalidArgument("unknown collective kind");

@@ -30,7 +30,7 @@ class LocalGroup;
 // counts, sizes and roots; a mismatch is an error (Local reports it, Mpi and Nccl may time out).
 // Thread-safety: one thread per rank calls the operations; Abort() may be called from any thread.
 class Collective {
-public:
+  public:
     virtual ~Collective() = default;
 
     virtual int rank() const = 0;

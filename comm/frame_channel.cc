@@ -35,9 +35,9 @@ Status ValidateFrameChannelOptions(const FrameChannelOptions& o) {
                                " must be > 0");
     }
     if (o.dead_after_ms < o.heartbeat_interval_ms) {
-        return InvalidArgument("dead_after_ms=" + std::to_string(o.dead_after_ms) +
-                               " must be >= heartbeat_interval_ms=" +
-                               std::to_string(o.heartbeat_interval_ms));
+        return InvalidArgument(
+            "dead_after_ms=" + std::to_string(o.dead_after_ms) +
+            " must be >= heartbeat_interval_ms=" + std::to_string(o.heartbeat_interval_ms));
     }
     if (o.send_timeout_ms <= 0) {
         return InvalidArgument("send_timeout_ms=" + std::to_string(o.send_timeout_ms) +
@@ -50,7 +50,7 @@ Status ValidateFrameChannelOptions(const FrameChannelOptions& o) {
 // All socket work happens on io_thread_; other threads talk to it through asio::post and the
 // inbox. Members marked "io thread" are touched only there.
 class FrameChannel::Impl {
-public:
+  public:
     explicit Impl(const FrameChannelOptions& options)
         : options_(options), socket_(io_), timer_(io_), work_(asio::make_work_guard(io_)) {}
 
@@ -153,7 +153,7 @@ public:
     int64_t heartbeats_received() const { return heartbeats_received_.load(); }
     int64_t heartbeats_sent() const { return heartbeats_sent_.load(); }
 
-private:
+  private:
     struct PendingWrite {
         std::shared_ptr<std::string> frame;
         std::shared_ptr<std::promise<Status>> done;  // nullptr for heartbeats
@@ -199,27 +199,28 @@ private:
             return;
         }
         writing_ = true;
-        asio::async_write(socket_, asio::buffer(*writes_.front().frame),
-                          [this](const boost::system::error_code& ec, size_t) {
-                              writing_ = false;
-                              if (ec) {
-                                  Shutdown(UnavailableError("send to " + peer_ +
-                                                       " failed: " + ec.message()));
-                                  writes_.clear();
-                                  return;
-                              }
-                              PendingWrite written = std::move(writes_.front());
-                              writes_.pop_front();
-                              if (written.done != nullptr) written.done->set_value(Status::Ok());
-                              WriteNext();
-                          });
+        asio::async_write(
+            socket_, asio::buffer(*writes_.front().frame),
+            [this](const boost::system::error_code& ec, size_t) {
+                writing_ = false;
+                if (ec) {
+                    Shutdown(UnavailableError("send to " + peer_ + " failed: " + ec.message()));
+                    writes_.clear();
+                    return;
+                }
+                PendingWrite written = std::move(writes_.front());
+                writes_.pop_front();
+                if (written.done != nullptr) written.done->set_value(Status::Ok());
+                WriteNext();
+            });
     }
 
     // ---- reading (io thread) ----
 
     void StartRead() {
-        asio::async_read(socket_, asio::buffer(header_),
-                         [this](const boost::system::error_code& ec, size_t n) { OnHeader(ec, n); });
+        asio::async_read(
+            socket_, asio::buffer(header_),
+            [this](const boost::system::error_code& ec, size_t n) { OnHeader(ec, n); });
     }
 
     Status ReadError(const boost::system::error_code& ec, size_t got, size_t wanted,
@@ -229,8 +230,8 @@ private:
         }
         if (ec == asio::error::eof) {
             return UnavailableError("peer " + peer_ + " closed the connection mid-frame (" +
-                               std::to_string(got) + " of " + std::to_string(wanted) + " " +
-                               part + " bytes received)");
+                                    std::to_string(got) + " of " + std::to_string(wanted) + " " +
+                                    part + " bytes received)");
         }
         return UnavailableError("receive from " + peer_ + " failed: " + ec.message());
     }
@@ -309,8 +310,8 @@ private:
                     .count();
             if (silent_ms > options_.dead_after_ms) {
                 Shutdown(UnavailableError("peer " + peer_ + " sent nothing for " +
-                                     std::to_string(silent_ms) + " ms (dead after " +
-                                     std::to_string(options_.dead_after_ms) + " ms)"));
+                                          std::to_string(silent_ms) + " ms (dead after " +
+                                          std::to_string(options_.dead_after_ms) + " ms)"));
                 return;
             }
             // Heartbeats are not piled up behind a slow write; the write itself is news enough.
@@ -346,8 +347,8 @@ private:
 
     mutable std::mutex mu_;
     std::condition_variable cv_;
-    Status closed_;               // guarded by mu_
-    std::deque<Message> inbox_;   // guarded by mu_
+    Status closed_;              // guarded by mu_
+    std::deque<Message> inbox_;  // guarded by mu_
     std::atomic<int64_t> heartbeats_received_{0};
     std::atomic<int64_t> heartbeats_sent_{0};
 };
@@ -367,17 +368,17 @@ int64_t FrameChannel::heartbeats_sent() const { return impl_->heartbeats_sent();
 // ---- listener ----
 
 class FrameListener::Impl {
-public:
+  public:
     Impl() : acceptor_(io_) {}
 
     Status Listen(const std::string& host, uint16_t port) {
         boost::system::error_code ec;
         tcp::resolver resolver(io_);
-        const auto endpoints = resolver.resolve(host, std::to_string(port),
-                                                tcp::resolver::passive, ec);
+        const auto endpoints =
+            resolver.resolve(host, std::to_string(port), tcp::resolver::passive, ec);
         if (ec || endpoints.empty()) {
             return UnavailableError("listen on " + host + ":" + std::to_string(port) +
-                               ": cannot resolve: " + ec.message());
+                                    ": cannot resolve: " + ec.message());
         }
         const tcp::endpoint endpoint = *endpoints.begin();
         acceptor_.open(endpoint.protocol(), ec);
@@ -396,8 +397,8 @@ public:
     Result<std::unique_ptr<FrameChannel>> Accept(std::chrono::milliseconds timeout,
                                                  const FrameChannelOptions& options) {
         KV_RETURN_IF_ERROR(ValidateFrameChannelOptions(options));
-        if (closed_.load()) return UnavailableError("listener on port " + std::to_string(port_) +
-                                               " is closed");
+        if (closed_.load())
+            return UnavailableError("listener on port " + std::to_string(port_) + " is closed");
         auto channel = std::make_unique<FrameChannel::Impl>(options);
         bool done = false;
         boost::system::error_code result;
@@ -423,7 +424,7 @@ public:
         }
         if (result) {
             return UnavailableError("accept on port " + std::to_string(port_) + ": " +
-                               result.message());
+                                    result.message());
         }
         channel->Start();
         return std::make_unique<FrameChannel>(std::move(channel));
@@ -438,7 +439,7 @@ public:
         });
     }
 
-private:
+  private:
     asio::io_context io_;
     tcp::acceptor acceptor_;
     uint16_t port_ = 0;
@@ -485,12 +486,12 @@ Result<std::unique_ptr<FrameChannel>> ConnectFrameChannel(const std::string& hos
                 result = ec ? ec : asio::error::operation_aborted;
                 return;
             }
-            asio::async_connect(channel->socket(), endpoints,
-                                [&](const boost::system::error_code& connect_ec,
-                                    const tcp::endpoint&) {
-                                    done = true;
-                                    result = connect_ec;
-                                });
+            asio::async_connect(
+                channel->socket(), endpoints,
+                [&](const boost::system::error_code& connect_ec, const tcp::endpoint&) {
+                    done = true;
+                    result = connect_ec;
+                });
         });
     // The channel's work guard keeps its io_context from running out of work, so run handlers
     // one at a time until the connect completed or the deadline passed.
@@ -504,9 +505,9 @@ Result<std::unique_ptr<FrameChannel>> ConnectFrameChannel(const std::string& hos
         boost::system::error_code ignored;
         channel->socket().close(ignored);
         while (!done) channel->io().run_one();
-        return Status(StatusCode::kDeadlineExceeded,
-                      "connect to " + target + ": no answer within " +
-                          std::to_string(timeout.count()) + " ms");
+        return Status(StatusCode::kDeadlineExceeded, "connect to " + target +
+                                                         ": no answer within " +
+                                                         std::to_string(timeout.count()) + " ms");
     }
     if (result) return UnavailableError("connect to " + target + ": " + result.message());
     channel->Start();

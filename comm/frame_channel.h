@@ -42,7 +42,7 @@ Status ValidateFrameChannelOptions(const FrameChannelOptions& options);
 // Thread-safety: Send, Close and the accessors may be called from any thread; Receive from one
 // thread at a time. Destroy only when no other thread uses the channel.
 class FrameChannel {
-public:
+  public:
     class Impl;
     explicit FrameChannel(std::unique_ptr<Impl> impl);
     // Closes the connection and joins the I/O thread.
@@ -69,13 +69,13 @@ public:
     int64_t heartbeats_received() const;
     int64_t heartbeats_sent() const;
 
-private:
+  private:
     std::unique_ptr<Impl> impl_;
 };
 
 // Accepts channels on a TCP port. Thread-safety: one thread calls Accept; Close from any thread.
 class FrameListener {
-public:
+  public:
     // Binds `host` (an address or name; "127.0.0.1" for loopback only) at `port`; 0 picks a free
     // port (see port()).
     static Result<std::unique_ptr<FrameListener>> Listen(const std::string& host, uint16_t port);
@@ -95,7 +95,7 @@ public:
 
     class Impl;
 
-private:
+  private:
     explicit FrameListener(std::unique_ptr<Impl> impl);
     std::unique_ptr<Impl> impl_;
 };

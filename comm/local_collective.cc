@@ -14,10 +14,14 @@ using Clock = std::chrono::steady_clock;
 
 std::string_view OpName(LocalGroup::Op op) {
     switch (op) {
-        case LocalGroup::Op::kAllReduceSum: return "AllReduceSum";
-        case LocalGroup::Op::kAllGather: return "AllGather";
-        case LocalGroup::Op::kBroadcast: return "Broadcast";
-        case LocalGroup::Op::kBarrier: return "Barrier";
+        case LocalGroup::Op::kAllReduceSum:
+            return "AllReduceSum";
+        case LocalGroup::Op::kAllGather:
+            return "AllGather";
+        case LocalGroup::Op::kBroadcast:
+            return "Broadcast";
+        case LocalGroup::Op::kBarrier:
+            return "Barrier";
     }
     return "?";
 }
@@ -31,7 +35,8 @@ std::string Describe(int rank, const LocalGroup::OpDesc& desc) {
         case LocalGroup::Op::kBroadcast:
             return text + "(bytes=" + std::to_string(desc.count) +
                    ", root=" + std::to_string(desc.root) + ")";
-        case LocalGroup::Op::kBarrier: return text;
+        case LocalGroup::Op::kBarrier:
+            return text;
     }
     return text;
 }
@@ -55,7 +60,7 @@ void SumInRankOrder(const std::vector<float*>& buffers, int64_t begin, int64_t e
 }
 
 class LocalCollective final : public Collective {
-public:
+  public:
     LocalCollective(std::shared_ptr<LocalGroup> group, int rank)
         : group_(std::move(group)), rank_(rank) {}
 
@@ -84,8 +89,8 @@ public:
             return InvalidArgument("AllGather: count " + std::to_string(count_per_rank));
         }
         uint64_t gen = 0;
-        KV_RETURN_IF_ERROR(Start(
-            {LocalGroup::Op::kAllGather, count_per_rank, 0, const_cast<float*>(send)}, &gen));
+        KV_RETURN_IF_ERROR(
+            Start({LocalGroup::Op::kAllGather, count_per_rank, 0, const_cast<float*>(send)}, &gen));
         for (int r = 0; r < size(); ++r) {
             const auto* src = static_cast<const float*>(group_->Published(gen, r).data);
             if (count_per_rank > 0) {
@@ -125,7 +130,7 @@ public:
         return bytes_all_reduced_.load(std::memory_order_relaxed);
     }
 
-private:
+  private:
     Clock::time_point Deadline() const {
         return Clock::now() + std::chrono::milliseconds(group_->timeout_ms());
     }
@@ -241,11 +246,11 @@ Status LocalGroup::Arrive(int rank, const OpDesc& desc, Clock::time_point deadli
             }
         }
         const auto waited_ms = timeout_ms_;
-        failure_ = Status(StatusCode::kDeadlineExceeded,
-                          "LocalGroup: " + Describe(rank, desc) + " and waited more than " +
-                              std::to_string(waited_ms) + " ms for rank(s) " + missing + " (" +
-                              std::to_string(arrived_) + " of " + std::to_string(size_) +
-                              " arrived)");
+        failure_ =
+            Status(StatusCode::kDeadlineExceeded,
+                   "LocalGroup: " + Describe(rank, desc) + " and waited more than " +
+                       std::to_string(waited_ms) + " ms for rank(s) " + missing + " (" +
+                       std::to_string(arrived_) + " of " + std::to_string(size_) + " arrived)");
         cv_.notify_all();
     }
     return FailLocked(lock);

@@ -28,7 +28,7 @@ namespace kvshard {
 
 // Thread-safety: all methods may be called from any thread.
 class LocalGroup : public std::enable_shared_from_this<LocalGroup> {
-public:
+  public:
     static constexpr int64_t kDefaultTimeoutMs = 60'000;
 
     // REQUIRES: size >= 1, timeout_ms > 0.
@@ -67,7 +67,7 @@ public:
     // generation's barrier and has not arrived at the next one.
     const OpDesc& Published(uint64_t generation, int rank) const;
 
-private:
+  private:
     LocalGroup(int size, int64_t timeout_ms);
     Status FailLocked(std::unique_lock<std::mutex>& lock);
 

@@ -16,10 +16,9 @@ inline Status MpiStatus(int code, std::string_view call) {
     char text[MPI_MAX_ERROR_STRING] = {};
     int length = 0;
     if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
-    return Status(StatusCode::kUnavailable, std::string(call) + " failed: MPI error " +
-                                                std::to_string(code) + " (" +
-                                                std::string(text, static_cast<size_t>(length)) +
-                                                ")");
+    return Status(StatusCode::kUnavailable,
+                  std::string(call) + " failed: MPI error " + std::to_string(code) + " (" +
+                      std::string(text, static_cast<size_t>(length)) + ")");
 }
 
 }  // namespace kvshard::internal

@@ -35,7 +35,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 class MpiCollective final : public Collective {
-public:
+  public:
     MpiCollective(MPI_Comm comm, int rank, int size, const CollectiveConfig& config)
         : comm_(comm),
           rank_(rank),
@@ -75,10 +75,10 @@ public:
         send_.assign(send, send + count);
         recv_.resize(static_cast<size_t>(count) * size_);
         MPI_Request request = MPI_REQUEST_NULL;
-        KV_RETURN_IF_ERROR(Fail(MpiStatus(MPI_Iallgather(send_.data(), count, MPI_FLOAT,
-                                                         recv_.data(), count, MPI_FLOAT, comm_,
-                                                         &request),
-                                          "MPI_Iallgather")));
+        KV_RETURN_IF_ERROR(
+            Fail(MpiStatus(MPI_Iallgather(send_.data(), count, MPI_FLOAT, recv_.data(), count,
+                                          MPI_FLOAT, comm_, &request),
+                           "MPI_Iallgather")));
         KV_RETURN_IF_ERROR(Wait(request, "AllGather", Deadline()));
         if (!recv_.empty()) std::memcpy(recv, recv_.data(), recv_.size() * sizeof(float));
         return Status::Ok();
@@ -118,7 +118,7 @@ public:
         return bytes_all_reduced_.load(std::memory_order_relaxed);
     }
 
-private:
+  private:
     static Status CheckCount(std::string_view what, int64_t count, int size) {
         if (count < 0 || count > INT_MAX / size) {
             return InvalidArgument(std::string(what) + ": count " + std::to_string(count) +
@@ -177,10 +177,10 @@ private:
         send_.assign(data, data + count);
         recv_.resize(count * size_);
         MPI_Request request = MPI_REQUEST_NULL;
-        KV_RETURN_IF_ERROR(Fail(MpiStatus(
-            MPI_Iallgather(send_.data(), static_cast<int>(count), MPI_FLOAT, recv_.data(),
-                           static_cast<int>(count), MPI_FLOAT, comm_, &request),
-            "MPI_Iallgather")));
+        KV_RETURN_IF_ERROR(Fail(
+            MpiStatus(MPI_Iallgather(send_.data(), static_cast<int>(count), MPI_FLOAT, recv_.data(),
+                                     static_cast<int>(count), MPI_FLOAT, comm_, &request),
+                      "MPI_Iallgather")));
         KV_RETURN_IF_ERROR(Wait(request, "AllReduceSum", Deadline()));
         std::memcpy(data, recv_.data(), count * sizeof(float));
         for (int r = 1; r < size_; ++r) {
@@ -208,16 +208,16 @@ private:
         send_.assign(data, data + count);
         recv_.resize(static_cast<size_t>(mine) * size_);
         MPI_Request request = MPI_REQUEST_NULL;
-        KV_RETURN_IF_ERROR(Fail(MpiStatus(
-            MPI_Ialltoallv(send_.data(), send_counts_.data(), send_displs_.data(), MPI_FLOAT,
-                           recv_.data(), recv_counts_.data(), recv_displs_.data(), MPI_FLOAT,
-                           comm_, &request),
-            "MPI_Ialltoallv")));
+        KV_RETURN_IF_ERROR(
+            Fail(MpiStatus(MPI_Ialltoallv(send_.data(), send_counts_.data(), send_displs_.data(),
+                                          MPI_FLOAT, recv_.data(), recv_counts_.data(),
+                                          recv_displs_.data(), MPI_FLOAT, comm_, &request),
+                           "MPI_Ialltoallv")));
         KV_RETURN_IF_ERROR(Wait(request, "AllReduceSum (reduce-scatter)", deadline));
 
         // send_ is free again: it receives the whole sum, this rank's slice written in place.
         float* slice = send_.data() + begin(rank_);
-        std::memcpy(slice, recv_.data(), static_cast<size_t>(mine) * sizeof(float));
+        if (mine > 0) std::memcpy(slice, recv_.data(), static_cast<size_t>(mine) * sizeof(float));
         for (int r = 1; r < size_; ++r) {
             const float* src = recv_.data() + static_cast<size_t>(r) * mine;
             for (int i = 0; i < mine; ++i) slice[i] += src[i];
@@ -266,8 +266,8 @@ private:
     std::vector<char> bytes_;
     std::vector<int> send_counts_, send_displs_, recv_counts_, recv_displs_;
 
-    Status failure_;                             // owner thread only
-    MPI_Request pending_ = MPI_REQUEST_NULL;     // abandoned at its deadline or by Abort()
+    Status failure_;                          // owner thread only
+    MPI_Request pending_ = MPI_REQUEST_NULL;  // abandoned at its deadline or by Abort()
     std::atomic<bool> aborted_{false};
     std::mutex abort_mu_;
     std::string abort_reason_;  // guarded by abort_mu_
@@ -295,8 +295,8 @@ Result<std::unique_ptr<Collective>> MakeMpiCollective(const CollectiveConfig& co
     } else {
         KV_MPI_RETURN_IF_ERROR(MPI_Comm_split(MPI_COMM_WORLD, config.mpi_color, world_rank, &comm));
     }
-    const Status handler = MpiStatus(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN),
-                                     "MPI_Comm_set_errhandler");
+    const Status handler =
+        MpiStatus(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     int rank = 0;
     int size = 0;
     Status status = handler;

@@ -55,9 +55,10 @@ Result<std::unique_ptr<MpiRuntime>> MpiRuntime::Init() {
 MpiRuntime::~MpiRuntime() {
     if (!owns_init_) return;
     if (g_abandoned_operation.load()) {
-        spdlog::error("MPI rank {}: an MPI operation was abandoned at its deadline; ending the "
-                      "job with MPI_Abort instead of waiting in MPI_Finalize",
-                      world_rank_);
+        spdlog::error(
+            "MPI rank {}: an MPI operation was abandoned at its deadline; ending the "
+            "job with MPI_Abort instead of waiting in MPI_Finalize",
+            world_rank_);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     const int code = MPI_Finalize();

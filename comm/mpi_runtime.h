@@ -11,7 +11,7 @@ namespace kvshard {
 
 // Thread-safety: create and destroy on the main thread; the accessors may be called anywhere.
 class MpiRuntime {
-public:
+  public:
     // Initializes MPI asking for MPI_THREAD_MULTIPLE and requiring at least
     // MPI_THREAD_SERIALIZED (one thread at a time may call MPI, whichever thread it is). When MPI
     // is already initialized, the runtime leaves finalizing to whoever initialized it.
@@ -37,7 +37,7 @@ public:
     // Ends every process of the job with `exit_code` (MPI_Abort on MPI_COMM_WORLD).
     [[noreturn]] static void AbortJob(int exit_code);
 
-private:
+  private:
     MpiRuntime() = default;
 
     bool owns_init_ = false;

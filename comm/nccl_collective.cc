@@ -36,13 +36,12 @@ Status CudaStatus(cudaError_t err, std::string_view call) {
 Status NcclStatus(ncclResult_t result, std::string_view call) {
     if (result == ncclSuccess) return Status::Ok();
     std::string text = std::string(call) + " failed: NCCL error " +
-                       std::to_string(static_cast<int>(result)) + ": " +
-                       ncclGetErrorString(result);
+                       std::to_string(static_cast<int>(result)) + ": " + ncclGetErrorString(result);
     return Status(StatusCode::kUnavailable, std::move(text));
 }
 
 class NcclCollective final : public Collective {
-public:
+  public:
     NcclCollective(int rank, int size, int device, int64_t timeout_ms)
         : rank_(rank), size_(size), device_(device), timeout_ms_(timeout_ms) {}
 
@@ -70,8 +69,9 @@ public:
         if (stream != nullptr) {
             stream_ = static_cast<cudaStream_t>(stream);
         } else {
-            KV_RETURN_IF_ERROR(CudaStatus(
-                cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+            KV_RETURN_IF_ERROR(
+                CudaStatus(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking),
+                           "cudaStreamCreate"));
             stream_ = own_stream_;
         }
         KV_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc"));
@@ -92,8 +92,9 @@ public:
     Status AllReduceSum(float* data, int64_t count) override {
         KV_RETURN_IF_ERROR(CheckUsable("AllReduceSum"));
         if (count < 0) return InvalidArgument("AllReduceSum: count " + std::to_string(count));
-        KV_RETURN_IF_ERROR(Run("ncclAllReduce", ncclAllReduce(data, data, static_cast<size_t>(count),
-                                                              ncclFloat, ncclSum, comm_, stream_)));
+        KV_RETURN_IF_ERROR(
+            Run("ncclAllReduce", ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat,
+                                               ncclSum, comm_, stream_)));
         bytes_all_reduced_.fetch_add(count * static_cast<int64_t>(sizeof(float)),
                                      std::memory_order_relaxed);
         return Status::Ok();
@@ -137,7 +138,7 @@ public:
         return bytes_all_reduced_.load(std::memory_order_relaxed);
     }
 
-private:
+  private:
     Clock::time_point Deadline() const {
         return Clock::now() + std::chrono::milliseconds(timeout_ms_);
     }

@@ -12,7 +12,7 @@ namespace {
 // ---- encoding ----
 
 class Writer {
-public:
+  public:
     explicit Writer(std::string* out) : out_(out) {}
 
     template <typename T>
@@ -50,7 +50,7 @@ public:
         for (T v : values) Fixed(v);
     }
 
-private:
+  private:
     std::string* out_;
 };
 
@@ -124,7 +124,7 @@ void Encode(Writer& w, const ShutdownMessage& m) { w.String(m.reason); }
 // Reads fields from a payload. The first problem is remembered and later reads return zeros,
 // so a decoder reads straight through and checks status() once at the end.
 class Reader {
-public:
+  public:
     explicit Reader(std::string_view bytes) : bytes_(bytes) {}
 
     const Status& status() const { return status_; }
@@ -160,8 +160,13 @@ public:
     }
     // An element count, refused when the remaining bytes cannot hold that many elements of at
     // least `min_element_bytes` each: what makes the reserve() calls below safe.
-    uint32_t Count(const char* field, size_t min_element_bytes) {
+    uint32_t Count(const char* field, size_t min_element_bytes, uint32_t max = UINT32_MAX) {
         const auto n = Fixed<uint32_t>(field);
+        if (status_.ok() && n > max) {
+            Fail(std::string(field) + ": " + std::to_string(n) + " elements, at most " +
+                 std::to_string(max) + " allowed");
+            return 0;
+        }
         if (status_.ok() && n > (bytes_.size() - pos_) / min_element_bytes) {
             Fail(std::string(field) + ": " + std::to_string(n) + " elements of at least " +
                  std::to_string(min_element_bytes) + " bytes, but only " +
@@ -191,7 +196,7 @@ public:
         }
     }
 
-private:
+  private:
     bool Need(size_t n, const char* field) {
         if (!status_.ok()) return false;
         if (bytes_.size() - pos_ < n) {
@@ -213,9 +218,12 @@ private:
     Status status_;
 };
 
-// Smallest encodings, for Reader::Count.
+// Smallest encodings, for Reader::Count. The decoded structs take at most about 2.3 times their
+// smallest encoding in memory (ScheduledSequence: 128 bytes for 57), which bounds the memory a
+// frame can make the decoder allocate.
 constexpr size_t kMinSequenceBytes = 8 + 4 + 8 + 4 + 4 + 1 + 4 + 4 + 4 + 4 + 8 + 4;
 constexpr size_t kMinSampledTokenBytes = 8 + 4 + 4 + 4;
+constexpr uint32_t kMaxSettings = 1 << 16;
 
 StepPlan DecodeStepPlan(Reader& r) {
     StepPlan plan;
@@ -286,7 +294,9 @@ RegisterAckMessage DecodeRegisterAck(Reader& r) {
     m.error = r.String("RegisterAck.error");
     m.model_path = r.String("RegisterAck.model_path");
     m.tp = r.Fixed<int32_t>("RegisterAck.tp");
-    const uint32_t n = r.Count("RegisterAck.settings", 8);
+    // A pair of strings takes 64 bytes in memory but only 8 on the wire; the cap keeps decoded
+    // memory near the frame length even for a frame of nothing but empty pairs.
+    const uint32_t n = r.Count("RegisterAck.settings", 8, kMaxSettings);
     m.settings.reserve(n);
     for (uint32_t i = 0; i < n && r.status().ok(); ++i) {
         std::string key = r.String("RegisterAck.settings.key");
@@ -299,10 +309,18 @@ RegisterAckMessage DecodeRegisterAck(Reader& r) {
 Result<Message> DecodeMessage(MessageType type, Reader& r) {
     Message message;
     switch (type) {
-        case MessageType::kStepPlan: message = DecodeStepPlan(r); break;
-        case MessageType::kStepResult: message = DecodeStepResult(r); break;
-        case MessageType::kRegister: message = DecodeRegister(r); break;
-        case MessageType::kRegisterAck: message = DecodeRegisterAck(r); break;
+        case MessageType::kStepPlan:
+            message = DecodeStepPlan(r);
+            break;
+        case MessageType::kStepResult:
+            message = DecodeStepResult(r);
+            break;
+        case MessageType::kRegister:
+            message = DecodeRegister(r);
+            break;
+        case MessageType::kRegisterAck:
+            message = DecodeRegisterAck(r);
+            break;
         case MessageType::kHeartbeat:
             message = HeartbeatMessage{r.Fixed<uint64_t>("Heartbeat.sequence")};
             break;
@@ -344,12 +362,18 @@ std::string Hex(std::string_view bytes) {
 
 std::string_view MessageTypeName(MessageType type) {
     switch (type) {
-        case MessageType::kStepPlan: return "StepPlan";
-        case MessageType::kStepResult: return "StepResult";
-        case MessageType::kRegister: return "Register";
-        case MessageType::kRegisterAck: return "RegisterAck";
-        case MessageType::kHeartbeat: return "Heartbeat";
-        case MessageType::kShutdown: return "Shutdown";
+        case MessageType::kStepPlan:
+            return "StepPlan";
+        case MessageType::kStepResult:
+            return "StepResult";
+        case MessageType::kRegister:
+            return "Register";
+        case MessageType::kRegisterAck:
+            return "RegisterAck";
+        case MessageType::kHeartbeat:
+            return "Heartbeat";
+        case MessageType::kShutdown:
+            return "Shutdown";
     }
     return "Unknown";
 }

@@ -14,8 +14,8 @@
 //
 // Decoding is total: a truncated, oversized, wrong-version, wrong-type, wrong-CRC or otherwise
 // malformed frame returns an error Status naming what is wrong; it never crashes and never
-// reserves memory for more elements than the remaining bytes can hold (memory stays within a
-// small constant factor of the frame length).
+// reserves memory for more elements than the remaining bytes can hold (decoded memory stays
+// below 3 times the frame length).
 #pragma once
 
 #include <cstddef>

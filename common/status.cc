@@ -15,6 +15,7 @@ std::string_view StatusCodeName(StatusCode code) {
         case StatusCode::kResourceExhausted: return "ResourceExhausted";
         case StatusCode::kUnavailable: return "Unavailable";
         case StatusCode::kDeadlineExceeded: return "DeadlineExceeded";
+        case StatusCode::kAborted: return "Aborted";
         case StatusCode::kInternal: return "Internal";
     }
     return "Unknown";

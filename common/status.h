@@ -22,6 +22,7 @@ enum class StatusCode {
     kResourceExhausted,
     kUnavailable,
     kDeadlineExceeded,
+    kAborted,  // the operation was abandoned because its group failed (a peer aborted, timed out)
     kInternal,
 };
 
@@ -52,6 +53,7 @@ inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move
 inline Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
 inline Status OutOfRange(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
 
 // Either a value or a non-OK Status.
 template <typename T>

@@ -195,7 +195,11 @@ Result<TokenizerData> ReadLlama2cTokenizer(const std::string& path, int64_t voca
         data.types.push_back(type);
     }
     if (pos != size) {
-        spdlog::warn("{}: {} bytes after the {} tokens ignored", path, size - pos, vocab_size);
+        // llama2.c tokenizer files hold exactly the model's vocabulary: more bytes mean a
+        // tokenizer made for a larger vocabulary, i.e. for another model.
+        return InvalidArgument(path + ": " + std::to_string(size - pos) + " bytes follow the " +
+                               std::to_string(vocab_size) +
+                               " tokens the model needs: the tokenizer does not match the model's vocabulary");
     }
     return data;
 }

@@ -71,7 +71,7 @@ TEST(GenerateCli, NoKvCacheCountsEveryPosition) {
     KV_REQUIRE_FIXTURE(model, "stories260K.bin");
     // 8-token prompt; L = 64: 8L + L(L-1)/2 = 2528 uncached, L + 7 = 71 cached.
     const std::string args = "generate --json --model " + Quote(model) +
-                             " --prompt 'Once upon a time there was' --max-tokens 64";
+                             " --prompt 'Once upon a time there was a' --max-tokens 64";
     Output cached = RunKvshard(args);
     Output uncached = RunKvshard(args + " --no-kv-cache");
     ASSERT_EQ(cached.exit_code, 0) << cached.err;

@@ -1,0 +1,294 @@
+#include "comm/frame_channel.h"
+
+#include <gtest/gtest.h>
+
+#include <boost/asio.hpp>
+#include <set>
+#include <thread>
+
+namespace kvshard {
+namespace {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+constexpr milliseconds kConnectTimeout{10'000};
+
+Clock::time_point In(milliseconds ms) { return Clock::now() + ms; }
+
+// A connected coordinator-side and worker-side channel on a loopback ephemeral port.
+struct Pair {
+    std::unique_ptr<FrameListener> listener;
+    std::unique_ptr<FrameChannel> server;
+    std::unique_ptr<FrameChannel> client;
+};
+
+Pair Connect(const FrameChannelOptions& options = {}) {
+    Pair pair;
+    Result<std::unique_ptr<FrameListener>> listener = FrameListener::Listen("127.0.0.1", 0);
+    EXPECT_TRUE(listener.ok()) << listener.status().ToString();
+    if (!listener.ok()) return pair;
+    pair.listener = std::move(*listener);
+    EXPECT_NE(pair.listener->port(), 0);
+    Result<std::unique_ptr<FrameChannel>> client =
+        ConnectFrameChannel("127.0.0.1", pair.listener->port(), kConnectTimeout, options);
+    EXPECT_TRUE(client.ok()) << client.status().ToString();
+    Result<std::unique_ptr<FrameChannel>> server = pair.listener->Accept(kConnectTimeout, options);
+    EXPECT_TRUE(server.ok()) << server.status().ToString();
+    if (client.ok()) pair.client = std::move(*client);
+    if (server.ok()) pair.server = std::move(*server);
+    return pair;
+}
+
+// A hand-driven TCP client, for peers that misbehave.
+struct RawPeer {
+    asio::io_context io;
+    tcp::socket socket{io};
+    void ConnectTo(uint16_t port) {
+        socket.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+    }
+    void Write(std::string_view bytes) { asio::write(socket, asio::buffer(bytes)); }
+};
+
+// A listener plus the server side of a connection from a RawPeer.
+struct RawPair {
+    std::unique_ptr<FrameListener> listener;
+    std::unique_ptr<FrameChannel> server;
+    RawPeer peer;
+};
+
+void ConnectRaw(RawPair& pair, const FrameChannelOptions& options = {}) {
+    pair.listener = std::move(FrameListener::Listen("127.0.0.1", 0).value());
+    pair.peer.ConnectTo(pair.listener->port());
+    Result<std::unique_ptr<FrameChannel>> server = pair.listener->Accept(kConnectTimeout, options);
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    pair.server = std::move(*server);
+}
+
+StepPlan PlanWithId(uint64_t id) {
+    StepPlan plan;
+    plan.step_id = id;
+    ScheduledSequence seq;
+    seq.seq_id = static_cast<int64_t>(id) * 10;
+    seq.token_ids.assign(id % 50, static_cast<int32_t>(id));
+    seq.slot_mapping.assign(id % 50, static_cast<int64_t>(id));
+    plan.sequences.push_back(seq);
+    return plan;
+}
+
+TEST(FrameChannel, ExchangesPlansAndResults) {
+    Pair pair = Connect();
+    ASSERT_TRUE(pair.server && pair.client);
+    for (uint64_t step = 0; step < 100; ++step) {
+        ASSERT_TRUE(pair.server->Send(PlanWithId(step)).ok());
+        Result<Message> plan = pair.client->Receive(In(milliseconds(10'000)));
+        ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+        ASSERT_EQ(std::get<StepPlan>(*plan), PlanWithId(step));
+
+        StepResult result;
+        result.step_id = step;
+        result.tokens.push_back({static_cast<int64_t>(step) * 10, 7, -0.5f, {}});
+        ASSERT_TRUE(pair.client->Send(result).ok());
+        Result<Message> back = pair.server->Receive(In(milliseconds(10'000)));
+        ASSERT_TRUE(back.ok()) << back.status().ToString();
+        ASSERT_EQ(std::get<StepResult>(*back), result);
+    }
+}
+
+TEST(FrameChannel, RegistersAndShutsDown) {
+    Pair pair = Connect();
+    ASSERT_TRUE(pair.server && pair.client);
+    const RegisterMessage hello{1, 2, "mixed-0", kControlProtocolVersion};
+    ASSERT_TRUE(pair.client->Send(hello).ok());
+    Result<Message> got = pair.server->Receive(In(milliseconds(10'000)));
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(std::get<RegisterMessage>(*got), hello);
+    const RegisterAckMessage ack{true, "", "/m.gguf", 2, {{"block_size", "16"}}};
+    ASSERT_TRUE(pair.server->Send(ack).ok());
+    ASSERT_TRUE(pair.server->Send(ShutdownMessage{"done"}).ok());
+    got = pair.client->Receive(In(milliseconds(10'000)));
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(std::get<RegisterAckMessage>(*got), ack);
+    got = pair.client->Receive(In(milliseconds(10'000)));
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(std::get<ShutdownMessage>(*got).reason, "done");
+}
+
+// Sends from several threads must never interleave inside a frame.
+TEST(FrameChannel, ConcurrentSendsArriveWhole) {
+    Pair pair = Connect();
+    ASSERT_TRUE(pair.server && pair.client);
+    constexpr int kThreads = 4;
+    constexpr int kPerThread = 50;
+    std::vector<std::thread> senders;
+    for (int t = 0; t < kThreads; ++t) {
+        senders.emplace_back([&, t] {
+            for (int i = 0; i < kPerThread; ++i) {
+                EXPECT_TRUE(pair.client->Send(PlanWithId(t * 1000 + i)).ok());
+            }
+        });
+    }
+    std::set<uint64_t> seen;
+    for (int i = 0; i < kThreads * kPerThread; ++i) {
+        Result<Message> got = pair.server->Receive(In(milliseconds(10'000)));
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        const auto& plan = std::get<StepPlan>(*got);
+        EXPECT_EQ(plan, PlanWithId(plan.step_id));
+        seen.insert(plan.step_id);
+    }
+    for (std::thread& t : senders) t.join();
+    EXPECT_EQ(seen.size(), static_cast<size_t>(kThreads * kPerThread));
+}
+
+TEST(FrameChannel, ReceiveTimesOutButStaysOpen) {
+    Pair pair = Connect();
+    ASSERT_TRUE(pair.server && pair.client);
+    const Result<Message> none = pair.server->Receive(In(milliseconds(20)));
+    EXPECT_EQ(none.status().code(), StatusCode::kDeadlineExceeded);
+    EXPECT_TRUE(pair.server->status().ok());
+    ASSERT_TRUE(pair.client->Send(HeartbeatMessage{}).ok());
+    ASSERT_TRUE(pair.client->Send(ShutdownMessage{"after"}).ok());
+    const Result<Message> got = pair.server->Receive(In(milliseconds(10'000)));
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(std::get<ShutdownMessage>(*got).reason, "after");  // the heartbeat was absorbed
+}
+
+TEST(FrameChannel, PeerClosingIsAnErrorNotAHang) {
+    Pair pair = Connect();
+    ASSERT_TRUE(pair.server && pair.client);
+    ASSERT_TRUE(pair.client->Send(ShutdownMessage{"last words"}).ok());
+    pair.client.reset();
+    // Messages that arrived before the close are still delivered, then the error.
+    Result<Message> got = pair.server->Receive(In(milliseconds(30'000)));
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(std::get<ShutdownMessage>(*got).reason, "last words");
+    got = pair.server->Receive(In(milliseconds(30'000)));
+    EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status().ToString();
+    EXPECT_NE(got.status().message().find("closed the connection"), std::string::npos);
+    EXPECT_EQ(pair.server->Send(HeartbeatMessage{}).code(), StatusCode::kUnavailable);
+}
+
+TEST(FrameChannel, PeerClosingMidFrameIsAnError) {
+    RawPair pair;
+    ASSERT_NO_FATAL_FAILURE(ConnectRaw(pair));
+    const std::string frame = EncodeFrame(PlanWithId(40));
+    pair.peer.Write(std::string_view(frame).substr(0, frame.size() / 2));
+    pair.peer.socket.close();
+    const Result<Message> got = pair.server->Receive(In(milliseconds(30'000)));
+    EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status().ToString();
+    EXPECT_NE(got.status().message().find("mid-frame"), std::string::npos)
+        << got.status().ToString();
+}
+
+TEST(FrameChannel, MalformedFramesCloseTheChannel) {
+    struct Case {
+        const char* name;
+        std::string bytes;
+        StatusCode code;
+    };
+    std::string bad_crc = EncodeFrame(ShutdownMessage{"hello"});
+    bad_crc.back() = '!';
+    std::string oversized = EncodeFrame(ShutdownMessage{std::string(2000, 'x')});
+    const std::vector<Case> cases = {
+        {"garbage", "GARBAGE-GARBAGE-GARBAGE", StatusCode::kDataLoss},
+        {"bad crc", bad_crc, StatusCode::kDataLoss},
+        {"oversized", oversized, StatusCode::kResourceExhausted},
+    };
+    for (const Case& c : cases) {
+        RawPair pair;
+        FrameChannelOptions options;
+        options.max_payload_bytes = 1024;
+        ASSERT_NO_FATAL_FAILURE(ConnectRaw(pair, options));
+        pair.peer.Write(c.bytes);
+        const Result<Message> got = pair.server->Receive(In(milliseconds(30'000)));
+        EXPECT_EQ(got.status().code(), c.code) << c.name << ": " << got.status().ToString();
+        EXPECT_EQ(pair.server->status().code(), c.code) << c.name;
+    }
+}
+
+TEST(FrameChannel, SilentPeerIsDeclaredDead) {
+    RawPair pair;
+    FrameChannelOptions options;
+    options.heartbeat_interval_ms = 20;
+    options.dead_after_ms = 200;
+    ASSERT_NO_FATAL_FAILURE(ConnectRaw(pair, options));
+    // The raw peer keeps the connection open but never sends: only heartbeats would save it.
+    const Result<Message> got = pair.server->Receive(In(milliseconds(60'000)));
+    EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status().ToString();
+    EXPECT_NE(got.status().message().find("sent nothing"), std::string::npos)
+        << got.status().ToString();
+}
+
+TEST(FrameChannel, HeartbeatsKeepAnIdleChannelAlive) {
+    FrameChannelOptions options;
+    options.heartbeat_interval_ms = 20;
+    options.dead_after_ms = 400;
+    Pair pair = Connect(options);
+    ASSERT_TRUE(pair.server && pair.client);
+    // Wait well past dead_after_ms with nothing but heartbeats on the wire.
+    const Result<Message> got = pair.server->Receive(In(milliseconds(1'500)));
+    EXPECT_EQ(got.status().code(), StatusCode::kDeadlineExceeded) << got.status().ToString();
+    EXPECT_TRUE(pair.server->status().ok()) << pair.server->status().ToString();
+    EXPECT_GT(pair.server->heartbeats_received(), 0);
+    EXPECT_GT(pair.client->heartbeats_sent(), 0);
+}
+
+TEST(FrameChannel, CloseReleasesAWaitingReceiver) {
+    Pair pair = Connect();
+    ASSERT_TRUE(pair.server && pair.client);
+    std::thread closer([&] { pair.server->Close(); });
+    const Result<Message> got = pair.server->Receive(In(milliseconds(60'000)));
+    closer.join();
+    EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
+    EXPECT_EQ(pair.server->Send(HeartbeatMessage{}).code(), StatusCode::kUnavailable);
+}
+
+TEST(FrameChannel, RefusesMessagesOverTheLimitWithoutClosing) {
+    FrameChannelOptions options;
+    options.max_payload_bytes = 64;
+    Pair pair = Connect(options);
+    ASSERT_TRUE(pair.server && pair.client);
+    EXPECT_EQ(pair.client->Send(ShutdownMessage{std::string(100, 'x')}).code(),
+              StatusCode::kResourceExhausted);
+    EXPECT_TRUE(pair.client->Send(ShutdownMessage{"small"}).ok());
+    const Result<Message> got = pair.server->Receive(In(milliseconds(10'000)));
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(std::get<ShutdownMessage>(*got).reason, "small");
+}
+
+TEST(FrameListener, AcceptTimesOut) {
+    auto listener = FrameListener::Listen("127.0.0.1", 0);
+    ASSERT_TRUE(listener.ok());
+    EXPECT_EQ((*listener)->Accept(milliseconds(30)).status().code(), StatusCode::kDeadlineExceeded);
+    (*listener)->Close();
+    EXPECT_EQ((*listener)->Accept(milliseconds(30)).status().code(), StatusCode::kUnavailable);
+}
+
+TEST(FrameListener, ConnectToAClosedPortFails) {
+    uint16_t port = 0;
+    {
+        auto listener = FrameListener::Listen("127.0.0.1", 0);
+        ASSERT_TRUE(listener.ok());
+        port = (*listener)->port();
+    }
+    const Status status = ConnectFrameChannel("127.0.0.1", port, kConnectTimeout).status();
+    EXPECT_EQ(status.code(), StatusCode::kUnavailable) << status.ToString();
+}
+
+TEST(FrameChannelOptions, AreValidated) {
+    FrameChannelOptions bad;
+    bad.heartbeat_interval_ms = 0;
+    EXPECT_EQ(ValidateFrameChannelOptions(bad).code(), StatusCode::kInvalidArgument);
+    bad = {};
+    bad.dead_after_ms = 10;
+    bad.heartbeat_interval_ms = 100;
+    EXPECT_NE(ValidateFrameChannelOptions(bad).message().find("dead_after_ms"), std::string::npos);
+    EXPECT_TRUE(ValidateFrameChannelOptions({}).ok());
+    EXPECT_EQ(ConnectFrameChannel("127.0.0.1", 1, kConnectTimeout, bad).status().code(),
+              StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvshard

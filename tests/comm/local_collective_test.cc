@@ -1,0 +1,269 @@
+#include "comm/local_collective.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+
+#include "comm/collective.h"
+#include "tests/comm/collective_test_util.h"
+
+namespace kvshard {
+namespace {
+
+using testing::RankInput;
+using testing::RankOrderSum;
+using testing::RunLocalRanks;
+using testing::SameBits;
+
+void ExpectAllOk(const std::vector<Status>& statuses) {
+    for (size_t r = 0; r < statuses.size(); ++r) {
+        EXPECT_TRUE(statuses[r].ok()) << "rank " << r << ": " << statuses[r].ToString();
+    }
+}
+
+class LocalCollectiveTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(LocalCollectiveTest, AllReduceSumIsTheRankOrderSumOnEveryRank) {
+    const int size = GetParam();
+    auto group = LocalGroup::Create(size);
+    const std::vector<int64_t> counts = {0, 1, 7, 1000, 4099};
+    std::vector<std::vector<std::vector<float>>> results(  // [rank][case]
+        size, std::vector<std::vector<float>>(counts.size()));
+    std::vector<int64_t> bytes(size, 0);
+    ExpectAllOk(RunLocalRanks(group, [&](int rank, Collective& c) -> Status {
+        EXPECT_EQ(c.rank(), rank);
+        EXPECT_EQ(c.size(), size);
+        for (size_t k = 0; k < counts.size(); ++k) {
+            results[rank][k] = RankInput(rank, counts[k], k);
+            KV_RETURN_IF_ERROR(c.AllReduceSum(results[rank][k].data(), counts[k]));
+        }
+        bytes[rank] = c.bytes_all_reduced();
+        return Status::Ok();
+    }));
+    int64_t total = 0;
+    for (int64_t n : counts) total += n * 4;
+    for (size_t k = 0; k < counts.size(); ++k) {
+        const std::vector<float> expected = RankOrderSum(size, counts[k], k);
+        for (int r = 0; r < size; ++r) {
+            EXPECT_TRUE(SameBits(results[r][k], expected))
+                << "rank " << r << " count " << counts[k];
+        }
+    }
+    for (int r = 0; r < size; ++r) EXPECT_EQ(bytes[r], total) << "rank " << r;
+}
+
+// Thread timing varies from run to run; the bits must not.
+TEST_P(LocalCollectiveTest, AllReduceSumIsDeterministicAcrossRuns) {
+    const int size = GetParam();
+    auto group = LocalGroup::Create(size);
+    constexpr int kRuns = 50;
+    constexpr int64_t kCount = 333;
+    const std::vector<float> expected = RankOrderSum(size, kCount, 99);
+    std::atomic<int> mismatches{0};
+    ExpectAllOk(RunLocalRanks(group, [&](int rank, Collective& c) -> Status {
+        for (int run = 0; run < kRuns; ++run) {
+            std::vector<float> data = RankInput(rank, kCount, 99);
+            KV_RETURN_IF_ERROR(c.AllReduceSum(data.data(), kCount));
+            if (!SameBits(data, expected)) ++mismatches;
+        }
+        return Status::Ok();
+    }));
+    EXPECT_EQ(mismatches.load(), 0);
+}
+
+TEST_P(LocalCollectiveTest, AllGatherIsRankMajor) {
+    const int size = GetParam();
+    auto group = LocalGroup::Create(size);
+    constexpr int64_t kCount = 5;
+    std::vector<std::vector<float>> received(size);
+    ExpectAllOk(RunLocalRanks(group, [&](int rank, Collective& c) -> Status {
+        std::vector<float> send(kCount);
+        for (int64_t i = 0; i < kCount; ++i) send[i] = static_cast<float>(rank * 100 + i);
+        received[rank].assign(kCount * size, -1.0f);
+        return c.AllGather(send.data(), kCount, received[rank].data());
+    }));
+    for (int r = 0; r < size; ++r) {
+        for (int from = 0; from < size; ++from) {
+            for (int64_t i = 0; i < kCount; ++i) {
+                EXPECT_EQ(received[r][from * kCount + i], static_cast<float>(from * 100 + i))
+                    << "rank " << r << " from " << from << " element " << i;
+            }
+        }
+    }
+}
+
+TEST_P(LocalCollectiveTest, BroadcastFromEveryRoot) {
+    const int size = GetParam();
+    auto group = LocalGroup::Create(size);
+    std::vector<std::vector<std::string>> seen(size, std::vector<std::string>(size));
+    ExpectAllOk(RunLocalRanks(group, [&](int rank, Collective& c) -> Status {
+        for (int root = 0; root < size; ++root) {
+            std::string text =
+                rank == root ? "root " + std::to_string(root) + " says hi" : std::string(16, '?');
+            text.resize(16, '.');
+            KV_RETURN_IF_ERROR(c.Broadcast(text.data(), 16, root));
+            seen[rank][root] = text;
+        }
+        return Status::Ok();
+    }));
+    for (int r = 0; r < size; ++r) {
+        for (int root = 0; root < size; ++root) {
+            std::string expected = "root " + std::to_string(root) + " says hi";
+            expected.resize(16, '.');
+            EXPECT_EQ(seen[r][root], expected) << "rank " << r;
+        }
+    }
+}
+
+TEST_P(LocalCollectiveTest, BarrierWaitsForEveryRank) {
+    const int size = GetParam();
+    auto group = LocalGroup::Create(size);
+    std::atomic<int> arrived{0};
+    std::atomic<int> early{0};
+    ExpectAllOk(RunLocalRanks(group, [&](int, Collective& c) -> Status {
+        for (int round = 1; round <= 20; ++round) {
+            ++arrived;
+            KV_RETURN_IF_ERROR(c.Barrier());
+            if (arrived.load() < round * size) ++early;
+            KV_RETURN_IF_ERROR(c.Barrier());  // nobody starts the next round before all checked
+        }
+        return Status::Ok();
+    }));
+    EXPECT_EQ(early.load(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, LocalCollectiveTest, ::testing::Values(1, 2, 3, 4, 8),
+                         [](const auto& info) { return "tp" + std::to_string(info.param); });
+
+// Floats do not associate: (1e8 + 1) - 1e8 is 0, 1e8 + (1 - 1e8) is 0 too, but (1e8 - 1e8) + 1
+// is 1. Only the rank order 0, 1, 2 is right.
+TEST(LocalCollective, AddsInRankOrder) {
+    auto group = LocalGroup::Create(3);
+    const float inputs[3] = {1e8f, 1.0f, -1e8f};
+    std::vector<float> out(3);
+    ExpectAllOk(RunLocalRanks(group, [&](int rank, Collective& c) -> Status {
+        float x = inputs[rank];
+        KV_RETURN_IF_ERROR(c.AllReduceSum(&x, 1));
+        out[rank] = x;
+        return Status::Ok();
+    }));
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(out[r], (1e8f + 1.0f) + -1e8f) << "rank " << r;
+}
+
+TEST(LocalCollective, TimeoutFailsEveryWaitingRankAndLaterCalls) {
+    auto group = LocalGroup::Create(3, /*timeout_ms=*/100);
+    const std::vector<Status> statuses = RunLocalRanks(group, [&](int rank, Collective& c) {
+        if (rank == 2) return Status::Ok();  // never joins
+        float x = 1.0f;
+        return c.AllReduceSum(&x, 1);
+    });
+    EXPECT_EQ(statuses[0].code(), StatusCode::kDeadlineExceeded) << statuses[0].ToString();
+    EXPECT_EQ(statuses[1].code(), StatusCode::kDeadlineExceeded) << statuses[1].ToString();
+    EXPECT_NE(statuses[0].message().find("rank(s) 2"), std::string::npos) << statuses[0].ToString();
+    // The late rank and any later call get the same error at once.
+    auto late = group->Collective(2);
+    EXPECT_EQ(late->Barrier().code(), StatusCode::kDeadlineExceeded);
+    EXPECT_EQ(group->status().code(), StatusCode::kDeadlineExceeded);
+}
+
+TEST(LocalCollective, AbortReleasesEveryRank) {
+    auto group = LocalGroup::Create(4, /*timeout_ms=*/30'000);
+    const std::vector<Status> statuses = RunLocalRanks(group, [&](int rank, Collective& c) {
+        if (rank == 3) {
+            c.Abort("worker 3 lost its device");
+            return Status::Ok();
+        }
+        std::vector<float> data(100, 1.0f);
+        return c.AllReduceSum(data.data(), 100);
+    });
+    for (int r = 0; r < 3; ++r) {
+        EXPECT_EQ(statuses[r].code(), StatusCode::kAborted) << statuses[r].ToString();
+        EXPECT_NE(statuses[r].message().find("lost its device"), std::string::npos);
+    }
+    EXPECT_EQ(group->Collective(0)->Barrier().code(), StatusCode::kAborted);
+}
+
+TEST(LocalCollective, AbortFromAnotherThreadReleasesWaitingRanks) {
+    auto group = LocalGroup::Create(2, /*timeout_ms=*/30'000);
+    std::thread watchdog([&] { group->Abort("watchdog"); });
+    const std::vector<Status> statuses = RunLocalRanks(group, [&](int rank, Collective& c) {
+        Status status;
+        while (status.ok()) status = c.Barrier();  // until the watchdog's abort lands
+        return status;
+    });
+    watchdog.join();
+    EXPECT_EQ(statuses[0].code(), StatusCode::kAborted);
+    EXPECT_EQ(statuses[1].code(), StatusCode::kAborted);
+}
+
+TEST(LocalCollective, RanksThatDisagreeFailTogether) {
+    struct Case {
+        const char* name;
+        std::function<Status(Collective&, int)> call;
+    };
+    const std::vector<Case> cases = {
+        {"different counts",
+         [](Collective& c, int rank) {
+             std::vector<float> data(6);
+             return c.AllReduceSum(data.data(), rank == 0 ? 5 : 6);
+         }},
+        {"different operations",
+         [](Collective& c, int rank) {
+             float x = 0;
+             return rank == 0 ? c.Barrier() : c.AllReduceSum(&x, 1);
+         }},
+        {"different roots",
+         [](Collective& c, int rank) {
+             char byte = 0;
+             return c.Broadcast(&byte, 1, rank);
+         }},
+    };
+    for (const Case& test : cases) {
+        auto group = LocalGroup::Create(2, 30'000);
+        const std::vector<Status> statuses =
+            RunLocalRanks(group, [&](int rank, Collective& c) { return test.call(c, rank); });
+        for (int r = 0; r < 2; ++r) {
+            EXPECT_EQ(statuses[r].code(), StatusCode::kAborted) << test.name;
+            EXPECT_NE(statuses[r].message().find("disagree"), std::string::npos)
+                << test.name << ": " << statuses[r].ToString();
+        }
+    }
+}
+
+TEST(LocalCollective, RejectsBadArguments) {
+    auto group = LocalGroup::Create(1);
+    auto c = group->Collective(0);
+    float x = 0;
+    EXPECT_EQ(c->AllReduceSum(&x, -1).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(c->AllGather(&x, -1, &x).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(c->Broadcast(&x, 4, 1).code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(group->status().ok());  // argument errors do not break the group
+}
+
+TEST(MakeCollective, BuildsLocalCommunicators) {
+    CollectiveConfig config;
+    config.kind = CollectiveConfig::Kind::kLocal;
+    EXPECT_EQ(MakeCollective(config).status().code(), StatusCode::kInvalidArgument);
+    config.local_group = LocalGroup::Create(2);
+    config.rank = 2;
+    EXPECT_EQ(MakeCollective(config).status().code(), StatusCode::kInvalidArgument);
+    config.rank = 1;
+    Result<std::unique_ptr<Collective>> made = MakeCollective(config);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    EXPECT_EQ((*made)->rank(), 1);
+    EXPECT_EQ((*made)->size(), 2);
+}
+
+TEST(MakeCollective, MpiNeedsARuntime) {
+    CollectiveConfig config;
+    config.kind = CollectiveConfig::Kind::kMpi;
+    const Status status = MakeCollective(config).status();
+    // InvalidArgument (no MpiRuntime in this process) or Unimplemented (built without MPI).
+    EXPECT_TRUE(status.code() == StatusCode::kInvalidArgument ||
+                status.code() == StatusCode::kUnimplemented)
+        << status.ToString();
+}
+
+}  // namespace
+}  // namespace kvshard

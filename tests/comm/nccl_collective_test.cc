@@ -1,0 +1,147 @@
+// The NCCL communicator on real GPUs: one thread per device (up to 4), device buffers. Skips
+// without a device; the argument checks run everywhere.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "comm/collective.h"
+#include "common/build_config.h"
+#include "tests/comm/collective_test_util.h"
+
+#if KVSHARD_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace kvshard {
+namespace {
+
+#if KVSHARD_WITH_CUDA
+
+int Devices() {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return count;
+}
+
+CollectiveConfig NcclConfig(const std::string& id, int rank, int size, int64_t timeout_ms) {
+    CollectiveConfig config;
+    config.kind = CollectiveConfig::Kind::kNccl;
+    config.nccl_unique_id = id;
+    config.rank = rank;
+    config.size = size;
+    config.cuda_device = rank;
+    config.timeout_ms = timeout_ms;
+    return config;
+}
+
+// One rank's work: copies to the device, runs the collectives, copies back.
+struct RankOutput {
+    Status status;
+    std::vector<float> reduced, gathered;
+    std::string broadcast;
+    int64_t bytes_all_reduced = 0;
+};
+
+Status RunRank(const std::string& id, int rank, int size, int64_t count, RankOutput* out) {
+    if (cudaSetDevice(rank) != cudaSuccess) return Internal("cudaSetDevice");
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<Collective> c,
+                        MakeCollective(NcclConfig(id, rank, size, 60'000)));
+    const std::vector<float> input = testing::RankInput(rank, count, 3);
+    const size_t bytes = input.size() * sizeof(float);
+    float* data = nullptr;
+    float* gathered = nullptr;
+    char* text = nullptr;
+    if (cudaMalloc(&data, bytes) != cudaSuccess ||
+        cudaMalloc(&gathered, bytes * static_cast<size_t>(size)) != cudaSuccess ||
+        cudaMalloc(&text, 16) != cudaSuccess) {
+        return Internal("cudaMalloc");
+    }
+    cudaMemcpy(data, input.data(), bytes, cudaMemcpyHostToDevice);
+    Status status = c->AllGather(data, count, gathered);
+    if (status.ok()) status = c->AllReduceSum(data, count);
+    std::string message = rank == 0 ? "from rank zero.." : std::string(16, '?');
+    cudaMemcpy(text, message.data(), 16, cudaMemcpyHostToDevice);
+    if (status.ok()) status = c->Broadcast(text, 16, 0);
+    if (status.ok()) status = c->Barrier();
+    out->reduced.resize(input.size());
+    out->gathered.resize(input.size() * static_cast<size_t>(size));
+    cudaMemcpy(out->reduced.data(), data, bytes, cudaMemcpyDeviceToHost);
+    cudaMemcpy(out->gathered.data(), gathered, bytes * static_cast<size_t>(size),
+               cudaMemcpyDeviceToHost);
+    cudaMemcpy(message.data(), text, 16, cudaMemcpyDeviceToHost);
+    out->broadcast = message;
+    out->bytes_all_reduced = c->bytes_all_reduced();
+    cudaFree(data);
+    cudaFree(gathered);
+    cudaFree(text);
+    return status;
+}
+
+TEST(NcclCollectiveGpu, CollectivesAcrossDevices) {
+    const int devices = Devices();
+    if (devices == 0) GTEST_SKIP() << "no CUDA device";
+    const int size = std::min(devices, 4);
+    constexpr int64_t kCount = 10'001;
+    Result<std::string> id = NewNcclUniqueId();
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    std::vector<RankOutput> outputs(size);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size; ++r) {
+        threads.emplace_back(
+            [&, r] { outputs[r].status = RunRank(*id, r, size, kCount, &outputs[r]); });
+    }
+    for (std::thread& t : threads) t.join();
+
+    // NCCL adds in its own order: equal to the rank-order sum within float rounding, and the
+    // same bits on every rank.
+    const std::vector<float> expected = testing::RankOrderSum(size, kCount, 3);
+    for (int r = 0; r < size; ++r) {
+        ASSERT_TRUE(outputs[r].status.ok()) << "rank " << r << ": " << outputs[r].status.ToString();
+        EXPECT_TRUE(testing::SameBits(outputs[r].reduced, outputs[0].reduced)) << "rank " << r;
+        for (int64_t i = 0; i < kCount; ++i) {
+            ASSERT_NEAR(outputs[r].reduced[i], expected[i], 1e-5f * (1 + std::fabs(expected[i])))
+                << "rank " << r << " element " << i;
+        }
+        for (int from = 0; from < size; ++from) {
+            const std::vector<float> sent = testing::RankInput(from, kCount, 3);
+            EXPECT_TRUE(
+                std::equal(sent.begin(), sent.end(), outputs[r].gathered.begin() + from * kCount))
+                << "rank " << r << " gathered from " << from;
+        }
+        EXPECT_EQ(outputs[r].broadcast, "from rank zero..");
+        EXPECT_EQ(outputs[r].bytes_all_reduced, kCount * 4);
+    }
+}
+
+// A group of two with only one member never forms: the deadline ends the wait, and the
+// communicator is aborted instead of hanging.
+TEST(NcclCollectiveGpu, MissingPeerTimesOut) {
+    if (Devices() == 0) GTEST_SKIP() << "no CUDA device";
+    Result<std::string> id = NewNcclUniqueId();
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    const Status status = MakeCollective(NcclConfig(*id, 0, 2, 2'000)).status();
+    EXPECT_EQ(status.code(), StatusCode::kDeadlineExceeded) << status.ToString();
+}
+
+TEST(NcclCollective, RejectsABadUniqueId) {
+    const Status status = MakeCollective(NcclConfig("short", 0, 1, 1'000)).status();
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.ToString();
+}
+
+#else
+
+TEST(NcclCollective, UnimplementedWithoutCuda) {
+    CollectiveConfig config;
+    config.kind = CollectiveConfig::Kind::kNccl;
+    EXPECT_EQ(MakeCollective(config).status().code(), StatusCode::kUnimplemented);
+    EXPECT_EQ(NewNcclUniqueId().status().code(), StatusCode::kUnimplemented);
+}
+
+#endif
+
+}  // namespace
+}  // namespace kvshard

@@ -1,0 +1,325 @@
+#include "comm/plan_codec.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+namespace kvshard {
+namespace {
+
+// ---- random messages ----
+
+class Generator {
+  public:
+    explicit Generator(uint64_t seed) : rng_(seed) {}
+
+    int64_t Int(int64_t lo, int64_t hi) {
+        return std::uniform_int_distribution<int64_t>(lo, hi)(rng_);
+    }
+    // Any finite float, including negative zero, subnormals and huge values.
+    float Float() {
+        for (;;) {
+            const auto bits = static_cast<uint32_t>(rng_());
+            float f = 0;
+            std::memcpy(&f, &bits, sizeof(f));
+            if (std::isfinite(f)) return f;
+        }
+    }
+    std::string Bytes(size_t max_len) {
+        std::string s(static_cast<size_t>(Int(0, static_cast<int64_t>(max_len))), '\0');
+        for (char& c : s) c = static_cast<char>(Int(0, 255));
+        return s;
+    }
+    template <typename T>
+    std::vector<T> Ints(size_t max_len) {
+        std::vector<T> v(static_cast<size_t>(Int(0, static_cast<int64_t>(max_len))));
+        for (T& x : v) x = static_cast<T>(rng_());
+        return v;
+    }
+
+    StepPlan Plan() {
+        StepPlan plan;
+        plan.step_id = rng_();
+        for (int64_t i = Int(0, 6); i > 0; --i) {
+            ScheduledSequence seq;
+            seq.seq_id = static_cast<int64_t>(rng_());
+            seq.token_ids = Ints<int32_t>(40);
+            seq.start_pos = Int(0, 1 << 20);
+            seq.block_table = Ints<int32_t>(20);
+            seq.slot_mapping = Ints<int64_t>(40);
+            seq.sample = Int(0, 1) == 1;
+            seq.sampling = {Float(), static_cast<int>(Int(-5, 100)), Float(), Float(), rng_()};
+            seq.num_top_logprobs = static_cast<int32_t>(Int(-1, 20));
+            plan.sequences.push_back(std::move(seq));
+        }
+        for (int64_t i = Int(0, 4); i > 0; --i) {
+            plan.block_copies.push_back(
+                {static_cast<int32_t>(rng_()), static_cast<int32_t>(rng_())});
+        }
+        plan.released_seq_ids = Ints<int64_t>(8);
+        return plan;
+    }
+
+    StepResult Result() {
+        StepResult result;
+        result.step_id = rng_();
+        for (int64_t i = Int(0, 6); i > 0; --i) {
+            SampledToken token;
+            token.seq_id = static_cast<int64_t>(rng_());
+            token.token_id = static_cast<int32_t>(rng_());
+            token.logprob = Float();
+            for (int64_t k = Int(0, 5); k > 0; --k) {
+                token.top_logprobs.push_back({static_cast<int32_t>(rng_()), Float()});
+            }
+            result.tokens.push_back(std::move(token));
+        }
+        result.compute_seconds = static_cast<double>(Float());
+        result.error = Bytes(30);
+        return result;
+    }
+
+    Message Any() {
+        switch (Int(0, 5)) {
+            case 0:
+                return Plan();
+            case 1:
+                return Result();
+            case 2:
+                return RegisterMessage{static_cast<int32_t>(rng_()), static_cast<int32_t>(rng_()),
+                                       Bytes(20), static_cast<uint32_t>(rng_())};
+            case 3: {
+                RegisterAckMessage ack{
+                    Int(0, 1) == 1, Bytes(30), Bytes(30), static_cast<int32_t>(rng_()), {}};
+                for (int64_t i = Int(0, 5); i > 0; --i)
+                    ack.settings.emplace_back(Bytes(8), Bytes(8));
+                return ack;
+            }
+            case 4:
+                return HeartbeatMessage{rng_()};
+            default:
+                return ShutdownMessage{Bytes(40)};
+        }
+    }
+
+  private:
+    std::mt19937_64 rng_;
+};
+
+// A payload with a valid header in front, so that the test reaches the payload decoder.
+std::string FrameAround(MessageType type, std::string_view payload) {
+    std::string frame = EncodeFrame(HeartbeatMessage{});
+    frame.resize(kFrameHeaderBytes);
+    frame[6] = static_cast<char>(static_cast<uint16_t>(type) & 0xFF);
+    frame[7] = static_cast<char>(static_cast<uint16_t>(type) >> 8);
+    const auto n = static_cast<uint32_t>(payload.size());
+    const uint32_t crc = Crc32(payload);
+    for (int i = 0; i < 4; ++i) {
+        frame[8 + i] = static_cast<char>((n >> (8 * i)) & 0xFF);
+        frame[12 + i] = static_cast<char>((crc >> (8 * i)) & 0xFF);
+    }
+    return frame + std::string(payload);
+}
+
+// ---- tests ----
+
+TEST(PlanCodec, Crc32MatchesTheStandardCheckValue) {
+    EXPECT_EQ(Crc32("123456789"), 0xCBF43926u);
+    EXPECT_EQ(Crc32(""), 0u);
+}
+
+TEST(PlanCodec, HeaderLayout) {
+    StepPlan plan;
+    plan.step_id = 7;
+    const std::string frame = EncodeFrame(plan);
+    ASSERT_GE(frame.size(), kFrameHeaderBytes);
+    EXPECT_EQ(frame.substr(0, 4), "KVSF");
+    EXPECT_EQ(frame[4], 1);  // version, little-endian
+    EXPECT_EQ(frame[5], 0);
+    EXPECT_EQ(frame[6], 1);  // MessageType::kStepPlan
+    EXPECT_EQ(frame[7], 0);
+    // step_id + 3 empty counts.
+    EXPECT_EQ(frame.size(), kFrameHeaderBytes + 8 + 4 + 4 + 4);
+    EXPECT_EQ(frame[8], 20);
+}
+
+TEST(PlanCodec, RoundTripsEveryMessageType) {
+    StepPlan plan;
+    plan.step_id = 42;
+    ScheduledSequence seq;
+    seq.seq_id = -3;
+    seq.token_ids = {1, 2, 150000};
+    seq.start_pos = 17;
+    seq.block_table = {4, 9};
+    seq.slot_mapping = {64 + 1, 64 + 2, 144};
+    seq.sample = false;
+    seq.sampling = {0.7f, 40, 0.9f, 0.05f, 1234};
+    seq.num_top_logprobs = 5;
+    plan.sequences = {seq, seq};
+    plan.block_copies = {{1, 2}, {3, 4}};
+    plan.released_seq_ids = {8, 9};
+    StepResult result{42, {{-3, 5, -0.25f, {{5, -0.25f}, {6, -2.0f}}}}, 0.125, "oops"};
+    const std::vector<Message> messages = {
+        plan,
+        StepPlan{},
+        result,
+        StepResult{},
+        RegisterMessage{1, 2, "instance-0", kControlProtocolVersion},
+        RegisterAckMessage{true, "", "/models/a.gguf", 2, {{"block_size", "16"}, {"k", ""}}},
+        RegisterAckMessage{false, "tp mismatch", "", 0, {}},
+        HeartbeatMessage{99},
+        ShutdownMessage{"bye"},
+    };
+    for (const Message& message : messages) {
+        const std::string frame = EncodeFrame(message);
+        Result<Message> decoded = DecodeFrame(frame);
+        ASSERT_TRUE(decoded.ok()) << MessageTypeName(TypeOf(message)) << ": "
+                                  << decoded.status().ToString();
+        EXPECT_EQ(*decoded, message) << MessageTypeName(TypeOf(message));
+    }
+}
+
+TEST(PlanCodec, RoundTripsRandomMessages) {
+    Generator gen(1);
+    for (int i = 0; i < 2000; ++i) {
+        const Message message = gen.Any();
+        Result<Message> decoded = DecodeFrame(EncodeFrame(message));
+        ASSERT_TRUE(decoded.ok()) << "case " << i << ": " << decoded.status().ToString();
+        ASSERT_EQ(*decoded, message) << "case " << i;
+    }
+}
+
+TEST(PlanCodec, RejectsEveryTruncation) {
+    Generator gen(2);
+    for (int i = 0; i < 20; ++i) {
+        const std::string frame = EncodeFrame(i % 2 == 0 ? Message(gen.Plan()) : gen.Result());
+        for (size_t n = 0; n < frame.size(); ++n) {
+            EXPECT_FALSE(DecodeFrame(std::string_view(frame).substr(0, n)).ok())
+                << "prefix of " << n << " of " << frame.size() << " bytes";
+        }
+        EXPECT_FALSE(DecodeFrame(frame + '\0').ok()) << "one byte too many";
+    }
+}
+
+// Truncated payloads behind a header that matches them (length and CRC): the payload decoder
+// itself must notice that fields are missing.
+TEST(PlanCodec, PayloadDecoderRejectsEveryTruncation) {
+    Generator gen(3);
+    for (int i = 0; i < 30; ++i) {
+        const Message message = gen.Any();
+        const std::string frame = EncodeFrame(message);
+        const std::string_view payload = std::string_view(frame).substr(kFrameHeaderBytes);
+        for (size_t n = 0; n < payload.size(); ++n) {
+            const Result<Message> decoded =
+                DecodeFrame(FrameAround(TypeOf(message), payload.substr(0, n)));
+            ASSERT_FALSE(decoded.ok()) << MessageTypeName(TypeOf(message)) << " payload prefix "
+                                       << n << " of " << payload.size();
+            EXPECT_EQ(decoded.status().code(), StatusCode::kDataLoss);
+        }
+    }
+}
+
+TEST(PlanCodec, ByteFlipsAreRejectedOrDecodeToAValidMessage) {
+    Generator gen(4);
+    std::mt19937_64 rng(5);
+    int rejected = 0;
+    for (int i = 0; i < 3000; ++i) {
+        std::string frame = EncodeFrame(gen.Any());
+        const size_t at = rng() % frame.size();
+        frame[at] = static_cast<char>(frame[at] ^ static_cast<char>(1 + rng() % 255));
+        // Half the time, repair length and CRC so that the flip reaches the payload decoder.
+        if (i % 2 == 1 && at >= kFrameHeaderBytes) {
+            const auto type = static_cast<MessageType>(static_cast<uint8_t>(frame[6]));
+            frame = FrameAround(type, std::string_view(frame).substr(kFrameHeaderBytes));
+        }
+        const Result<Message> decoded = DecodeFrame(frame);
+        if (!decoded.ok()) {
+            ++rejected;
+            continue;
+        }
+        const Result<Message> again = DecodeFrame(EncodeFrame(*decoded));
+        ASSERT_TRUE(again.ok()) << again.status().ToString();
+    }
+    EXPECT_GT(rejected, 1000);  // every unrepaired flip: header checks or the CRC
+}
+
+TEST(PlanCodec, RejectsBadHeaders) {
+    const std::string good = EncodeFrame(ShutdownMessage{"x"});
+    struct Case {
+        const char* name;
+        size_t offset;
+        char value;
+        StatusCode code;
+    };
+    const std::vector<Case> cases = {
+        {"magic", 0, 'X', StatusCode::kDataLoss},
+        {"version", 4, 2, StatusCode::kUnimplemented},
+        {"type 0", 6, 0, StatusCode::kDataLoss},
+        {"type 7", 6, 7, StatusCode::kDataLoss},
+        {"type high byte", 7, 1, StatusCode::kDataLoss},
+        {"length", 8, 0, StatusCode::kDataLoss},
+        {"crc", 12, 0, StatusCode::kDataLoss},
+    };
+    for (const Case& c : cases) {
+        std::string frame = good;
+        frame[c.offset] = c.value;
+        const Status status = DecodeFrame(frame).status();
+        EXPECT_EQ(status.code(), c.code) << c.name << ": " << status.ToString();
+    }
+}
+
+TEST(PlanCodec, RejectsOversizedFramesFromTheHeaderAlone) {
+    const std::string frame = EncodeFrame(ShutdownMessage{std::string(100, 'x')});
+    EXPECT_EQ(DecodeFrame(frame, /*max_payload_bytes=*/103).status().code(),
+              StatusCode::kResourceExhausted);
+    EXPECT_TRUE(DecodeFrame(frame, /*max_payload_bytes=*/104).ok());
+    // A header announcing 4 GiB is refused before anything is read or allocated.
+    std::string huge = frame.substr(0, kFrameHeaderBytes);
+    for (int i = 8; i < 12; ++i) huge[i] = static_cast<char>(0xFF);
+    EXPECT_EQ(DecodeFrameHeader(huge).status().code(), StatusCode::kResourceExhausted);
+}
+
+TEST(PlanCodec, RejectsMalformedPayloads) {
+    auto u32 = [](uint32_t v) {
+        std::string s(4, '\0');
+        for (int i = 0; i < 4; ++i) s[i] = static_cast<char>((v >> (8 * i)) & 0xFF);
+        return s;
+    };
+    const std::string step_id(8, '\0');
+    struct Case {
+        const char* name;
+        MessageType type;
+        std::string payload;
+    };
+    const std::vector<Case> cases = {
+        // 4 billion sequences claimed in a few bytes: refused before any reserve().
+        {"huge sequence count", MessageType::kStepPlan, step_id + u32(0xFFFFFFFFu)},
+        {"huge string", MessageType::kShutdown, u32(1000) + "short"},
+        {"bool byte 2", MessageType::kRegisterAck,
+         std::string(1, '\2') + u32(0) + u32(0) + u32(1) + u32(0)},
+        {"too many settings", MessageType::kRegisterAck,
+         std::string(1, '\1') + u32(0) + u32(0) + u32(1) + u32(70'000) +
+             std::string(70'000 * 8, '\0')},
+        {"trailing byte", MessageType::kHeartbeat, std::string(9, '\0')},
+        {"empty heartbeat", MessageType::kHeartbeat, ""},
+    };
+    for (const Case& c : cases) {
+        const Status status = DecodeFrame(FrameAround(c.type, c.payload)).status();
+        EXPECT_EQ(status.code(), StatusCode::kDataLoss) << c.name << ": " << status.ToString();
+    }
+}
+
+TEST(PlanCodec, ErrorsNameTheProblem) {
+    const std::string frame = EncodeFrame(ShutdownMessage{"x"});
+    EXPECT_NE(DecodeFrame("GARBAGE-GARBAGE!").status().message().find("magic"), std::string::npos);
+    EXPECT_NE(
+        DecodeFrame(std::string_view(frame).substr(0, 10)).status().message().find("truncated"),
+        std::string::npos);
+    std::string bad_crc = frame;
+    bad_crc.back() = 'y';
+    EXPECT_NE(DecodeFrame(bad_crc).status().message().find("CRC"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvshard
