@@ -7,6 +7,13 @@ namespace kvshard {
 Status ModelSpec::Validate() const {
     auto positive = [](const char* name, int64_t v) -> Status {
         if (v <= 0) return InvalidArgument(std::string(name) + " must be positive, got " + std::to_string(v));
+        // Far above any real model; keeps products of sizes (heads * head_dim, ...) in int64
+        // whatever a corrupted file says.
+        constexpr int64_t kMaxSize = int64_t{1} << 31;
+        if (v > kMaxSize) {
+            return InvalidArgument(std::string(name) + " of " + std::to_string(v) +
+                                   " is larger than kvshard supports (2^31)");
+        }
         return Status::Ok();
     };
     if (architecture != "llama") {
