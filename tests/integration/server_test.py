@@ -1,0 +1,244 @@
+#!/usr/bin/env python3
+"""Integration tests of `kvshard serve` with real clients: curl and the official `openai` package.
+
+Starts the server on an ephemeral loopback port with stories260K (fast), then checks streaming and
+non-streaming completions and chats, 64 concurrent greedy streams against the same requests served
+alone, error bodies for bad input, a client that disconnects mid-stream, and that afterwards every
+KV block is free or cached (kvshard:kv_cache_usage_perc is 0).
+
+    tests/integration/server_test.py --kvshard build/cli/kvshard --model ../shared/models/stories260K/stories260K.bin
+Exit code 77 (ctest SKIP_RETURN_CODE) when the model or the openai package is absent.
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+SKIP = 77
+ARGS = None
+SERVER = None  # (process, base_url)
+
+
+def start_server(extra=()):
+    cmd = [ARGS.kvshard, "serve", "--model", ARGS.model, "--port", "0", "--host", "127.0.0.1",
+           "--log-level", "warn", *extra]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            if proc.poll() is not None:
+                raise RuntimeError(f"kvshard serve exited with {proc.returncode}")
+            continue
+        m = re.search(r"listening on (http://[\d.]+:\d+)", line)
+        if m:
+            return proc, m.group(1)
+    proc.kill()
+    raise RuntimeError("kvshard serve did not start within 60 s")
+
+
+def http(method, path, body=None, headers=None, raw=None):
+    url = SERVER[1] + path
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def metric(name):
+    _, text = http("GET", "/metrics")
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+def wait_idle(timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if metric("kvshard:num_requests_running") == 0 and metric("kvshard:kv_cache_usage_perc") == 0:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+class ServerTest(unittest.TestCase):
+    model = None
+
+    @classmethod
+    def setUpClass(cls):
+        import openai
+        cls.client = openai.OpenAI(base_url=SERVER[1] + "/v1", api_key="unused")
+        cls.model = cls.client.models.list().data[0].id
+
+    def complete(self, prompt, max_tokens=24, **kw):
+        return self.client.completions.create(model=self.model, prompt=prompt, max_tokens=max_tokens,
+                                              temperature=0, **kw)
+
+    def test_completion_matches_reference_text(self):
+        r = self.complete("Once upon a time", max_tokens=12)
+        self.assertTrue(r.choices[0].text.startswith(", there was a little girl named Lily."), r.choices[0].text)
+        self.assertEqual(r.usage.prompt_tokens, 5)
+        self.assertEqual(r.usage.completion_tokens, 12)
+        self.assertEqual(r.choices[0].finish_reason, "length")
+
+    def test_streaming_equals_non_streaming(self):
+        full = self.complete("The dog", max_tokens=30).choices[0].text
+        stream = self.client.completions.create(model=self.model, prompt="The dog", max_tokens=30,
+                                                temperature=0, stream=True,
+                                                stream_options={"include_usage": True})
+        parts, usage = [], None
+        for chunk in stream:
+            if chunk.choices:
+                parts.append(chunk.choices[0].text)
+            if chunk.usage:
+                usage = chunk.usage
+        self.assertEqual("".join(parts), full)
+        self.assertIsNotNone(usage)
+        self.assertEqual(usage.completion_tokens, 30)
+
+    def test_curl_stream_ends_with_done(self):
+        out = subprocess.run(["curl", "-sN", SERVER[1] + "/v1/completions", "-H", "Content-Type: application/json",
+                              "-d", json.dumps({"model": self.model, "prompt": "Tom", "max_tokens": 5,
+                                                "stream": True})],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        events = [e for e in out.split("\n\n") if e.strip()]
+        self.assertEqual(events[-1], "data: [DONE]")
+        for e in events[:-1]:
+            self.assertTrue(e.startswith("data: {"), e)
+            json.loads(e[len("data: "):])
+
+    def test_n_and_logprobs(self):
+        r = self.client.completions.create(model=self.model, prompt="Lily", max_tokens=6, n=3,
+                                           temperature=1.0, seed=11, logprobs=2)
+        self.assertEqual(len(r.choices), 3)
+        for c in r.choices:
+            self.assertEqual(len(c.logprobs.tokens), 6)
+            self.assertEqual(len(c.logprobs.top_logprobs[0]), 2)
+            self.assertTrue(all(lp <= 0 for lp in c.logprobs.token_logprobs))
+        again = self.client.completions.create(model=self.model, prompt="Lily", max_tokens=6, n=3,
+                                               temperature=1.0, seed=11)
+        self.assertEqual([c.text for c in r.choices], [c.text for c in again.choices])
+
+    def test_stop_string(self):
+        r = self.complete("Once upon a time", max_tokens=40, stop=["Lily"])
+        self.assertEqual(r.choices[0].text, ", there was a little girl named ")
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+
+    def test_64_concurrent_streams_equal_alone(self):
+        prompts = [f"Once upon a time {'and then ' * (i % 5)}the {w}"
+                   for i, w in enumerate(["cat", "dog", "bird", "girl", "boy", "sun", "tree", "ball"] * 8)]
+        alone = {}
+        for p in set(prompts):
+            alone[p] = self.complete(p, max_tokens=32).choices[0].text
+
+        def stream(p):
+            s = self.client.completions.create(model=self.model, prompt=p, max_tokens=32, temperature=0,
+                                               stream=True)
+            return "".join(c.choices[0].text for c in s if c.choices)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=64) as pool:
+            results = list(pool.map(stream, prompts))
+        for p, text in zip(prompts, results):
+            self.assertEqual(text, alone[p], p)
+        self.assertTrue(wait_idle(), "KV blocks still in use after every request finished")
+
+    def test_chat_completion(self):
+        import openai
+        # stories260K has no chat template: a clear 400 saying how to give one.
+        with self.assertRaises(openai.BadRequestError) as ctx:
+            self.client.chat.completions.create(
+                model=self.model, messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
+        self.assertIn("--chat-template", str(ctx.exception))
+        # With one given, chat works, streaming and not.
+        proc, url = start_server(["--chat-template", "llama2"])
+        try:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+            msgs = [{"role": "system", "content": "Tell a story."}, {"role": "user", "content": "A cat"}]
+            r = client.chat.completions.create(model=self.model, messages=msgs, max_tokens=8, temperature=0)
+            self.assertEqual(r.choices[0].message.role, "assistant")
+            self.assertEqual(r.usage.completion_tokens, 8)
+            stream = client.chat.completions.create(model=self.model, messages=msgs, max_tokens=8,
+                                                    temperature=0, stream=True)
+            text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+            self.assertEqual(text, r.choices[0].message.content)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+    def test_bad_input_gets_openai_errors(self):
+        cases = [
+            ("POST", "/v1/completions", None, b"{not json", 400),
+            ("POST", "/v1/completions", {"model": self.model, "prompt": "x", "max_tokens": 0}, None, 400),
+            ("POST", "/v1/completions", {"model": self.model, "prompt": "x", "max_tokens": 100000}, None, 400),
+            ("POST", "/v1/completions", {"model": "no-such-model", "prompt": "x"}, None, 404),
+            ("POST", "/v1/completions", {"model": self.model, "prompt": 5}, None, 400),
+            ("POST", "/v1/completions", {"model": self.model, "prompt": "x", "temperature": "hot"}, None, 400),
+            ("POST", "/v1/chat/completions", {"model": self.model, "messages": []}, None, 400),
+            ("POST", "/v1/completions", None, b'{"model": "m", "prompt": "\xff\xfe"}', 400),
+            ("POST", "/v1/completions", None, b"{" + b" " * (2 << 20) + b"}", 413),
+            ("GET", "/v1/nothing", None, None, 404),
+            ("GET", "/v1/completions", None, None, 405),
+        ]
+        for method, path, body, raw, code in cases:
+            status, text = http(method, path, body, raw=raw)
+            self.assertEqual(status, code, (path, body, raw and raw[:40], text[:200]))
+            if code != 405 or text:
+                err = json.loads(text)["error"]
+                for key in ("message", "type", "param", "code"):
+                    self.assertIn(key, err)
+
+    def test_disconnect_mid_stream_frees_blocks(self):
+        with socket.create_connection(("127.0.0.1", int(SERVER[1].rsplit(":", 1)[1])), timeout=30) as s:
+            body = json.dumps({"model": self.model, "prompt": "Once upon a time", "max_tokens": 400,
+                               "stream": True}).encode()
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            got = b""
+            while got.count(b"data: ") < 3:
+                got += s.recv(4096)
+        self.assertTrue(wait_idle(), "an abandoned stream kept its KV blocks")
+
+
+def main():
+    global ARGS, SERVER
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvshard", required=True)
+    ap.add_argument("--model", required=True)
+    ARGS, rest = ap.parse_known_args()
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        print("SKIP: the openai package is not installed (scripts/test installs it)")
+        return SKIP
+    if not os.path.exists(ARGS.model):
+        print(f"SKIP: {ARGS.model} not found")
+        return SKIP
+    SERVER = start_server()
+    try:
+        prog = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2)
+        return 0 if prog.result.wasSuccessful() else 1
+    finally:
+        SERVER[0].terminate()
+        try:
+            code = SERVER[0].wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            SERVER[0].kill()
+            code = "killed"
+        print(f"server exit: {code}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
