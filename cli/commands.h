@@ -14,6 +14,8 @@ Command RegisterGenerate(CLI::App& app);
 Command RegisterConvert(CLI::App& app);
 Command RegisterBenchEngine(CLI::App& app);
 Command RegisterPlan(CLI::App& app);
+Command RegisterServe(CLI::App& app);
+Command RegisterBench(CLI::App& app);
 
 // Prints "kvshard: error: <message>" as one line on stderr and returns 1.
 int Fail(const std::string& message);

@@ -29,6 +29,8 @@ int main(int argc, char** argv) {
     commands["convert"] = kvshard::cli::RegisterConvert(app);
     commands["bench-engine"] = kvshard::cli::RegisterBenchEngine(app);
     commands["plan"] = kvshard::cli::RegisterPlan(app);
+    commands["serve"] = kvshard::cli::RegisterServe(app);
+    commands["bench"] = kvshard::cli::RegisterBench(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

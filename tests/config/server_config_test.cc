@@ -100,7 +100,8 @@ TEST(ServerConfig, OverridesWinAndAreValidated) {
     EXPECT_EQ(c->tp, 4);
     EXPECT_EQ(c->http.api_keys, (std::vector<std::string>{"x", "y"}));
 
-    auto bad = ParseServerConfig("model: a.gguf\n", "serve.yaml", {{"server.port", "http", "--port"}});
+    auto bad =
+        ParseServerConfig("model: a.gguf\n", "serve.yaml", {{"server.port", "http", "--port"}});
     ASSERT_FALSE(bad.ok());
     EXPECT_EQ(bad.status().message(),
               "flag --port: server.port: invalid value 'http': expected an integer");
@@ -120,14 +121,16 @@ TEST(ServerConfig, ErrorsNameFileKeyAndValue) {
         {"model: m\nscheduler:\n  max_num_seqs: -3\n",
          "serve.yaml:3: scheduler.max_num_seqs: invalid value '-3': must be >= 1"},
         {"model: m\nserver:\n  port: 70000\n", "serve.yaml:3: server.port: invalid value '70000'"},
-        {"model: m\nserver:\n  port: eighty\n", "server.port: invalid value 'eighty': expected an integer"},
+        {"model: m\nserver:\n  port: eighty\n",
+         "server.port: invalid value 'eighty': expected an integer"},
         {"model: m\nkv_cache:\n  dtype: fp16\n",
          "serve.yaml:3: kv_cache.dtype: invalid value 'fp16': expected auto, fp32, int8 or fp8"},
         {"model: m\nkv_cache:\n  enable_prefix_caching: maybe\n",
          "kv_cache.enable_prefix_caching: invalid value 'maybe'"},
         {"model: m\nlog_level: loud\n", "serve.yaml:2: log_level: invalid value 'loud'"},
         {"model: m\nmax_num_seqs: 4\n", "serve.yaml:2: unknown key 'max_num_seqs'"},
-        {"model: m\nscheduler:\n  max_num_seq: 4\n", "serve.yaml:3: unknown key 'scheduler.max_num_seq'"},
+        {"model: m\nscheduler:\n  max_num_seq: 4\n",
+         "serve.yaml:3: unknown key 'scheduler.max_num_seq'"},
         {"model: m\nserver: 8000\n", "server: expected a map of settings"},
         {"model: m\nserver:\n  api_keys: key\n", "server.api_keys: expected a list of strings"},
         {"model: m\nserver:\n  api_keys: ['']\n", "server.api_keys: invalid value ''"},
@@ -135,8 +138,10 @@ TEST(ServerConfig, ErrorsNameFileKeyAndValue) {
         {"model: m\ntp: [1, 2]\n", "tp: expected a single value, got a list"},
         {"model: m\ntp: 0\n", "tp: invalid value '0': must be >= 1"},
         {"model: m\nserver:\n  max_body_bytes: 10\n", "server.max_body_bytes: invalid value '10'"},
-        {"model: m\nserver:\n  idle_timeout_s: 0\n", "server.idle_timeout_s: invalid value '0': must be > 0"},
-        {"model: m\nserver:\n  request_timeout_s: -1\n", "server.request_timeout_s: invalid value '-1'"},
+        {"model: m\nserver:\n  idle_timeout_s: 0\n",
+         "server.idle_timeout_s: invalid value '0': must be > 0"},
+        {"model: m\nserver:\n  request_timeout_s: -1\n",
+         "server.request_timeout_s: invalid value '-1'"},
         {"model: m\nkv_cache:\n  block_size: 0\n", "kv_cache.block_size: invalid value '0'"},
         {"model: m\nscheduler:\n  max_num_seqs: 64\n  max_num_batched_tokens: 32\n",
          "scheduler.max_num_batched_tokens (32) must be >= scheduler.max_num_seqs (64)"},
@@ -149,7 +154,8 @@ TEST(ServerConfig, ErrorsNameFileKeyAndValue) {
         ASSERT_FALSE(r.ok()) << c.yaml;
         EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << c.yaml;
         EXPECT_NE(r.status().message().find(c.expect), std::string::npos)
-            << "yaml:\n" << c.yaml << "message: " << r.status().message();
+            << "yaml:\n"
+            << c.yaml << "message: " << r.status().message();
     }
 }
 

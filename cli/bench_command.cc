@@ -1,0 +1,145 @@
+// `kvshard bench`: load-test any OpenAI-compatible server (kvshard, llama.cpp's, vLLM) with
+// streamed requests and report throughput, TTFT, TPOT, ITL, E2E latency and goodput.
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "cli/commands.h"
+#include "common/logging.h"
+#include "loadgen/bench_report.h"
+#include "loadgen/bench_runner.h"
+#include "loadgen/dataset.h"
+
+namespace kvshard::cli {
+namespace {
+
+struct BenchFlags {
+    std::string base_url = "http://127.0.0.1:8000";
+    std::string model;
+    std::string endpoint = "completions";
+    std::string api_key;
+    int64_t num_requests = 100;
+    std::string request_rate = "inf";
+    int64_t max_concurrency = 0;
+    std::string dataset = "random";
+    int64_t input_len = 256;
+    int64_t output_len = 128;
+    double range_ratio = 0.0;
+    int64_t num_groups = 4;
+    int64_t prefix_len = 512;
+    int64_t suffix_len = 32;
+    uint64_t seed = 0;
+    double temperature = 0.0;
+    double timeout_s = 600;
+    std::string slo;
+    bool json = false;
+};
+
+int RunBench(const BenchFlags& f) {
+    InitLogging("bench", "warn");
+    auto url = loadgen::ParseBaseUrl(f.base_url);
+    if (!url.ok()) return Fail(url.status().message());
+    auto kind = loadgen::ParseDatasetKind(f.dataset);
+    if (!kind.ok()) return Fail(kind.status().message());
+    auto slo = loadgen::ParseSlo(f.slo);
+    if (!slo.ok()) return Fail(slo.status().message());
+
+    loadgen::BenchOptions options;
+    options.url = *url;
+    options.model = f.model;
+    if (f.endpoint == "completions") {
+        options.api = loadgen::ApiKind::kCompletions;
+    } else if (f.endpoint == "chat") {
+        options.api = loadgen::ApiKind::kChat;
+    } else {
+        return Fail("--endpoint must be completions or chat, got '" + f.endpoint + "'");
+    }
+    if (f.request_rate == "inf") {
+        options.request_rate = std::numeric_limits<double>::infinity();
+    } else {
+        char* end = nullptr;
+        options.request_rate = std::strtod(f.request_rate.c_str(), &end);
+        if (end != f.request_rate.c_str() + f.request_rate.size() || !(options.request_rate > 0)) {
+            return Fail("--request-rate must be a positive number or inf, got '" + f.request_rate +
+                        "'");
+        }
+    }
+    options.max_concurrency = f.max_concurrency;
+    options.api_key = f.api_key;
+    options.read_timeout_s = f.timeout_s;
+    options.seed = f.seed;
+    options.temperature = f.temperature;
+
+    loadgen::DatasetOptions data;
+    data.kind = *kind;
+    data.num_requests = f.num_requests;
+    data.input_len = f.input_len;
+    data.output_len = f.output_len;
+    data.range_ratio = f.range_ratio;
+    data.num_groups = f.num_groups;
+    data.prefix_len = f.prefix_len;
+    data.suffix_len = f.suffix_len;
+    data.seed = f.seed;
+    auto prompts = loadgen::MakeDataset(data);
+    if (!prompts.ok()) return Fail(prompts.status().message());
+
+    auto run = loadgen::RunBench(options, *prompts);
+    if (!run.ok()) return Fail(run.status().message());
+    loadgen::BenchReport report = loadgen::MakeReport(*run, *slo);
+    report.dataset = f.dataset;
+    report.request_rate = options.request_rate;
+    report.max_concurrency = options.max_concurrency;
+    const std::string out =
+        f.json ? loadgen::ReportJson(report) + "\n" : loadgen::ReportText(report);
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    return report.completed > 0 ? 0 : 1;
+}
+
+}  // namespace
+
+Command RegisterBench(CLI::App& app) {
+    auto f = std::make_shared<BenchFlags>();
+    CLI::App* sub =
+        app.add_subcommand("bench", "Load-test an OpenAI-compatible server with streamed requests");
+    sub->add_option("--base-url", f->base_url,
+                    "Server URL, http://host:port (a trailing /v1 is fine)")
+        ->capture_default_str();
+    sub->add_option("--model", f->model, "Model name to send (default: the server's first model)");
+    sub->add_option("--endpoint", f->endpoint, "completions or chat")->capture_default_str();
+    sub->add_option("--api-key", f->api_key, "Sent as Authorization: Bearer");
+    sub->add_option("--num-requests", f->num_requests, "Requests to send")->capture_default_str();
+    sub->add_option("--request-rate", f->request_rate,
+                    "Poisson arrivals per second; inf sends all at once")
+        ->capture_default_str();
+    sub->add_option("--max-concurrency", f->max_concurrency,
+                    "Requests in flight at most (0: no cap)")
+        ->capture_default_str();
+    sub->add_option("--dataset", f->dataset, "random | shared-prefix | chat")
+        ->capture_default_str();
+    sub->add_option("--input-len", f->input_len, "Prompt words (random; chat: median)")
+        ->capture_default_str();
+    sub->add_option("--output-len", f->output_len, "Tokens to generate (chat: median)")
+        ->capture_default_str();
+    sub->add_option("--range-ratio", f->range_ratio, "random: lengths vary by +-ratio, [0, 1)")
+        ->capture_default_str();
+    sub->add_option("--num-groups", f->num_groups, "shared-prefix: prefix groups")
+        ->capture_default_str();
+    sub->add_option("--prefix-len", f->prefix_len, "shared-prefix: words shared by a group")
+        ->capture_default_str();
+    sub->add_option("--suffix-len", f->suffix_len, "shared-prefix: words of each request's own")
+        ->capture_default_str();
+    sub->add_option("--seed", f->seed, "Seed of the prompts and arrival times")
+        ->capture_default_str();
+    sub->add_option("--temperature", f->temperature, "Sampling temperature sent (0: greedy)")
+        ->capture_default_str();
+    sub->add_option("--timeout", f->timeout_s,
+                    "Seconds a request may receive nothing before failing")
+        ->capture_default_str();
+    sub->add_option("--slo", f->slo, "Goodput targets: ttft_ms=...,tpot_ms=...[,e2el_ms=...]");
+    sub->add_flag("--json", f->json, "Print the report as JSON");
+    return [f] { return RunBench(*f); };
+}
+
+}  // namespace kvshard::cli

@@ -1,0 +1,366 @@
+#include "config/server_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+namespace kvshard {
+
+std::string_view KvCacheDtypeName(KvCacheDtype dtype) {
+    switch (dtype) {
+        case KvCacheDtype::kAuto:
+            return "auto";
+        case KvCacheDtype::kFp32:
+            return "fp32";
+        case KvCacheDtype::kInt8:
+            return "int8";
+        case KvCacheDtype::kFp8:
+            return "fp8";
+    }
+    return "auto";
+}
+
+namespace {
+
+// Where a value came from, for messages: "serve.yaml:7" or "flag --port".
+struct ValueSource {
+    std::string where;
+    std::string key;
+};
+
+Status BadValue(const ValueSource& at, std::string_view value, std::string_view why) {
+    return InvalidArgument(at.where + ": " + at.key + ": invalid value '" + std::string(value) +
+                           "': " + std::string(why));
+}
+
+Result<int64_t> ParseInt(const ValueSource& at, const std::string& text) {
+    int64_t v = 0;
+    const char* end = text.data() + text.size();
+    auto [ptr, ec] = std::from_chars(text.data(), end, v);
+    if (ec != std::errc() || ptr != end || text.empty()) {
+        return BadValue(at, text, "expected an integer");
+    }
+    return v;
+}
+
+Result<double> ParseDouble(const ValueSource& at, const std::string& text) {
+    char* end = nullptr;
+    double v = std::strtod(text.c_str(), &end);
+    if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v)) {
+        return BadValue(at, text, "expected a number");
+    }
+    return v;
+}
+
+Result<bool> ParseBool(const ValueSource& at, const std::string& text) {
+    std::string t = text;
+    std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (t == "true" || t == "yes" || t == "on" || t == "1") return true;
+    if (t == "false" || t == "no" || t == "off" || t == "0") return false;
+    return BadValue(at, text, "expected true or false");
+}
+
+// One setting: its dotted key and how a YAML node sets it in the config.
+struct Setting {
+    std::string_view key;
+    std::function<Status(const ValueSource&, const YAML::Node&, ServerConfig&)> apply;
+};
+
+std::string ScalarText(const YAML::Node& node) { return node.IsNull() ? "" : node.Scalar(); }
+
+Status RequireScalar(const ValueSource& at, const YAML::Node& node) {
+    if (node.IsScalar() || node.IsNull()) return Status::Ok();
+    return InvalidArgument(at.where + ": " + at.key + ": expected a single value, got a " +
+                           (node.IsSequence() ? "list" : "map"));
+}
+
+Setting String(std::string_view key, std::function<std::string&(ServerConfig&)> field,
+               bool allow_empty = true) {
+    return {key, [=](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                KV_RETURN_IF_ERROR(RequireScalar(at, n));
+                if (!allow_empty && ScalarText(n).empty()) {
+                    return BadValue(at, "", "must not be empty");
+                }
+                field(c) = ScalarText(n);
+                return Status::Ok();
+            }};
+}
+
+template <typename T>
+Setting Int(std::string_view key, std::function<T&(ServerConfig&)> field, int64_t min, int64_t max,
+            std::string_view rule) {
+    return {key, [=](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                KV_RETURN_IF_ERROR(RequireScalar(at, n));
+                const std::string text = ScalarText(n);
+                KV_ASSIGN_OR_RETURN(int64_t v, ParseInt(at, text));
+                if (v < min || v > max) return BadValue(at, text, rule);
+                field(c) = static_cast<T>(v);
+                return Status::Ok();
+            }};
+}
+
+Setting Double(std::string_view key, std::function<double&(ServerConfig&)> field, double min,
+               bool min_exclusive, std::string_view rule) {
+    return {key, [=](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                KV_RETURN_IF_ERROR(RequireScalar(at, n));
+                const std::string text = ScalarText(n);
+                KV_ASSIGN_OR_RETURN(double v, ParseDouble(at, text));
+                if (v < min || (min_exclusive && v == min)) return BadValue(at, text, rule);
+                field(c) = v;
+                return Status::Ok();
+            }};
+}
+
+const std::vector<Setting>& Settings() {
+    static const std::vector<Setting> kSettings = [] {
+        std::vector<Setting> s;
+        s.push_back(String("model", [](ServerConfig& c) -> std::string& { return c.model_path; }));
+        s.push_back(
+            String("tokenizer", [](ServerConfig& c) -> std::string& { return c.tokenizer_path; }));
+        s.push_back(String("served_model_name",
+                           [](ServerConfig& c) -> std::string& { return c.served_model_name; }));
+        s.push_back(String("chat_template",
+                           [](ServerConfig& c) -> std::string& { return c.chat_template; }));
+        s.push_back(Int<int>(
+            "tp", [](ServerConfig& c) -> int& { return c.tp; }, 1, 1024, "must be >= 1"));
+        s.push_back(Int<int>(
+            "threads", [](ServerConfig& c) -> int& { return c.threads; }, 0, 4096,
+            "must be >= 0 (0: all cores)"));
+        s.push_back(
+            {"log_level",
+             [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                 KV_RETURN_IF_ERROR(RequireScalar(at, n));
+                 const std::string v = ScalarText(n);
+                 for (const char* name : {"trace", "debug", "info", "warn", "error", "off"}) {
+                     if (v == name) {
+                         c.log_level = v;
+                         return Status::Ok();
+                     }
+                 }
+                 return BadValue(at, v, "expected trace, debug, info, warn, error or off");
+             }});
+
+        s.push_back(String(
+            "server.host", [](ServerConfig& c) -> std::string& { return c.http.host; }, false));
+        s.push_back(Int<int>(
+            "server.port", [](ServerConfig& c) -> int& { return c.http.port; }, 0, 65535,
+            "must be in 0..65535 (0: any free port)"));
+        s.push_back(Int<int>(
+            "server.threads", [](ServerConfig& c) -> int& { return c.http.num_threads; }, 1, 256,
+            "must be in 1..256"));
+        s.push_back({"server.api_keys",
+                     [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                         std::vector<std::string> keys;
+                         if (n.IsSequence()) {
+                             for (const YAML::Node& k : n) {
+                                 if (!k.IsScalar()) {
+                                     return InvalidArgument(at.where + ": " + at.key +
+                                                            ": every key must be a string");
+                                 }
+                                 keys.push_back(k.Scalar());
+                             }
+                         } else if (!n.IsNull()) {
+                             return InvalidArgument(at.where + ": " + at.key +
+                                                    ": expected a list of strings");
+                         }
+                         for (const std::string& k : keys) {
+                             if (k.empty()) return BadValue(at, k, "an API key must not be empty");
+                         }
+                         c.http.api_keys = std::move(keys);
+                         return Status::Ok();
+                     }});
+        s.push_back(Int<int64_t>(
+            "server.max_body_bytes",
+            [](ServerConfig& c) -> int64_t& { return c.http.max_body_bytes; }, 1024,
+            int64_t{1} << 32, "must be in 1024..4294967296"));
+        s.push_back(Double(
+            "server.request_timeout_s",
+            [](ServerConfig& c) -> double& { return c.http.request_timeout_s; }, 0, false,
+            "must be >= 0 (0: no limit)"));
+        s.push_back(Double(
+            "server.idle_timeout_s",
+            [](ServerConfig& c) -> double& { return c.http.idle_timeout_s; }, 0, true,
+            "must be > 0"));
+
+        s.push_back(Int<int64_t>(
+            "scheduler.max_num_seqs",
+            [](ServerConfig& c) -> int64_t& { return c.scheduler.max_num_seqs; }, 1, 1 << 20,
+            "must be >= 1"));
+        s.push_back(Int<int64_t>(
+            "scheduler.max_num_batched_tokens",
+            [](ServerConfig& c) -> int64_t& { return c.scheduler.max_num_batched_tokens; }, 1,
+            int64_t{1} << 30, "must be >= 1"));
+        s.push_back(Int<int64_t>(
+            "scheduler.max_waiting_requests",
+            [](ServerConfig& c) -> int64_t& { return c.scheduler.max_waiting_requests; }, 1,
+            int64_t{1} << 30, "must be >= 1"));
+        s.push_back(Int<int64_t>(
+            "scheduler.max_model_len",
+            [](ServerConfig& c) -> int64_t& { return c.scheduler.max_model_len; }, 0,
+            int64_t{1} << 30, "must be >= 0 (0: the model's context length)"));
+
+        s.push_back(Int<int64_t>(
+            "kv_cache.block_size",
+            [](ServerConfig& c) -> int64_t& { return c.kv_cache.block_size; }, 1, 1024,
+            "must be in 1..1024"));
+        s.push_back(Int<int64_t>(
+            "kv_cache.num_blocks",
+            [](ServerConfig& c) -> int64_t& { return c.kv_cache.num_blocks; }, 0, int64_t{1} << 30,
+            "must be >= 0 (0: from memory_mib)"));
+        s.push_back(Int<int64_t>(
+            "kv_cache.memory_mib",
+            [](ServerConfig& c) -> int64_t& { return c.kv_cache.memory_mib; }, 1, int64_t{1} << 30,
+            "must be >= 1"));
+        s.push_back({"kv_cache.dtype",
+                     [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                         KV_RETURN_IF_ERROR(RequireScalar(at, n));
+                         const std::string v = ScalarText(n);
+                         for (KvCacheDtype d : {KvCacheDtype::kAuto, KvCacheDtype::kFp32,
+                                                KvCacheDtype::kInt8, KvCacheDtype::kFp8}) {
+                             if (v == KvCacheDtypeName(d)) {
+                                 c.kv_cache.dtype = d;
+                                 return Status::Ok();
+                             }
+                         }
+                         return BadValue(at, v, "expected auto, fp32, int8 or fp8");
+                     }});
+        s.push_back({"kv_cache.enable_prefix_caching",
+                     [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                         KV_RETURN_IF_ERROR(RequireScalar(at, n));
+                         KV_ASSIGN_OR_RETURN(c.kv_cache.enable_prefix_caching,
+                                             ParseBool(at, ScalarText(n)));
+                         return Status::Ok();
+                     }});
+        return s;
+    }();
+    return kSettings;
+}
+
+const Setting* FindSetting(std::string_view key) {
+    for (const Setting& s : Settings()) {
+        if (s.key == key) return &s;
+    }
+    return nullptr;
+}
+
+bool IsSection(std::string_view name) {
+    return name == "server" || name == "scheduler" || name == "kv_cache";
+}
+
+std::string Where(const std::string& source, const YAML::Node& node) {
+    const YAML::Mark mark = node.Mark();
+    if (mark.line < 0) return source;
+    return source + ":" + std::to_string(mark.line + 1);
+}
+
+Status UnknownKey(const std::string& where, const std::string& key) {
+    std::string known;
+    for (const Setting& s : Settings()) {
+        if (!known.empty()) known += ", ";
+        known += s.key;
+    }
+    return InvalidArgument(where + ": unknown key '" + key + "' (known keys: " + known + ")");
+}
+
+// Applies every key of `map` (the top level or one section) to `config`.
+Status ApplyMap(const std::string& source, const YAML::Node& map, const std::string& prefix,
+                ServerConfig& config) {
+    for (const auto& item : map) {
+        if (!item.first.IsScalar()) {
+            return InvalidArgument(Where(source, item.first) + ": keys must be plain names");
+        }
+        const std::string key = prefix + item.first.Scalar();
+        if (prefix.empty() && IsSection(key)) {
+            if (item.second.IsNull()) continue;
+            if (!item.second.IsMap()) {
+                return InvalidArgument(Where(source, item.second) + ": " + key +
+                                       ": expected a map of settings");
+            }
+            KV_RETURN_IF_ERROR(ApplyMap(source, item.second, key + ".", config));
+            continue;
+        }
+        const Setting* setting = FindSetting(key);
+        if (setting == nullptr) return UnknownKey(Where(source, item.first), key);
+        if (item.second.IsNull()) continue;  // "key:" with no value keeps the default
+        KV_RETURN_IF_ERROR(setting->apply({Where(source, item.second), key}, item.second, config));
+    }
+    return Status::Ok();
+}
+
+Status ApplyOverride(const ConfigOverride& o, ServerConfig& config) {
+    const ValueSource at{o.origin.empty() ? "override" : "flag " + o.origin, o.key};
+    const Setting* setting = FindSetting(o.key);
+    if (setting == nullptr) return UnknownKey(at.where, o.key);
+    YAML::Node node;
+    if (o.key == "server.api_keys") {
+        node = YAML::Node(YAML::NodeType::Sequence);
+        std::stringstream in(o.value);
+        std::string item;
+        while (std::getline(in, item, ',')) node.push_back(item);
+    } else {
+        node = YAML::Node(o.value);
+    }
+    return setting->apply(at, node, config);
+}
+
+Status ValidateWhole(const ServerConfig& c) {
+    const std::string where = c.source.empty() ? "config" : c.source;
+    if (c.model_path.empty()) {
+        return InvalidArgument(where + ": model: required (set it in the file or with --model)");
+    }
+    if (c.scheduler.max_num_batched_tokens < c.scheduler.max_num_seqs) {
+        return InvalidArgument(where + ": scheduler.max_num_batched_tokens (" +
+                               std::to_string(c.scheduler.max_num_batched_tokens) +
+                               ") must be >= scheduler.max_num_seqs (" +
+                               std::to_string(c.scheduler.max_num_seqs) +
+                               "): every running sequence needs one token per step");
+    }
+    return Status::Ok();
+}
+
+}  // namespace
+
+Result<ServerConfig> ParseServerConfig(std::string_view yaml_text, const std::string& source,
+                                       const std::vector<ConfigOverride>& overrides) {
+    ServerConfig config;
+    config.source = source;
+    const std::string name = source.empty() ? "config" : source;
+    YAML::Node root;
+    try {
+        root = YAML::Load(std::string(yaml_text));
+    } catch (const YAML::Exception& e) {
+        return InvalidArgument(name + ":" + std::to_string(e.mark.line + 1) +
+                               ": not valid YAML: " + e.msg);
+    }
+    if (root.IsDefined() && !root.IsNull()) {
+        if (!root.IsMap()) return InvalidArgument(name + ": expected a map of settings at the top");
+        KV_RETURN_IF_ERROR(ApplyMap(name, root, "", config));
+    }
+    for (const ConfigOverride& o : overrides) KV_RETURN_IF_ERROR(ApplyOverride(o, config));
+    KV_RETURN_IF_ERROR(ValidateWhole(config));
+    return config;
+}
+
+std::vector<std::string_view> ServerConfigKeys() {
+    std::vector<std::string_view> keys;
+    for (const Setting& s : Settings()) keys.push_back(s.key);
+    return keys;
+}
+
+Result<ServerConfig> LoadServerConfig(const std::string& path,
+                                      const std::vector<ConfigOverride>& overrides) {
+    if (path.empty()) return ParseServerConfig("", "", overrides);
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return NotFound(path + ": cannot open the config file");
+    std::stringstream text;
+    text << in.rdbuf();
+    return ParseServerConfig(text.str(), path, overrides);
+}
+
+}  // namespace kvshard

@@ -1,0 +1,86 @@
+// ServerConfig: the settings of `kvshard serve`, read once from a YAML file (plus flag overrides)
+// into an immutable, validated struct. Every key and its default is listed in docs/config.md;
+// config/examples/serve.yaml shows them all.
+//
+// Errors name the file (or flag), the key and the value: "serve.yaml:7: scheduler.max_num_seqs:
+// invalid value '-3': must be > 0". Unknown keys are errors too, so a misspelt setting is never
+// silently ignored.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvshard {
+
+// KV cache element type. kAuto: the model's compute dtype (fp32 on the CPU backend).
+enum class KvCacheDtype { kAuto, kFp32, kInt8, kFp8 };
+std::string_view KvCacheDtypeName(KvCacheDtype dtype);  // "auto", "fp32", "int8", "fp8"
+
+struct HttpConfig {
+    std::string host = "127.0.0.1";     // loopback only unless asked
+    int port = 8000;                    // 0: an ephemeral port (tests)
+    int num_threads = 2;                // Boost.Asio threads of the HTTP server
+    std::vector<std::string> api_keys;  // empty: no authentication
+    int64_t max_body_bytes = 1 << 20;   // larger request bodies get 413
+    double request_timeout_s = 600;     // a request still running after this is aborted; 0: none
+    double idle_timeout_s = 60;         // a keep-alive connection idle this long is closed
+};
+
+// The file's scheduler: section; `kvshard serve` turns it into the engine's own configs
+// (coordinator/scheduler.h SchedulerConfig, coordinator/engine.h InstanceEngineConfig).
+struct ServeSchedulerConfig {
+    int64_t max_num_seqs = 64;             // sequences in one step at most
+    int64_t max_num_batched_tokens = 512;  // tokens in one step at most (prefill chunks + decode)
+    int64_t max_waiting_requests = 256;    // queued requests beyond this are refused (HTTP 429)
+    int64_t max_model_len = 0;             // context length; 0: the model's
+};
+
+// The file's kv_cache: section (kv/block_manager.h BlockManagerConfig is built from it).
+struct ServeKvCacheConfig {
+    int64_t block_size = 16;   // token slots per block
+    int64_t num_blocks = 0;    // 0: as many as memory_mib holds
+    int64_t memory_mib = 512;  // per worker, when num_blocks is 0
+    KvCacheDtype dtype = KvCacheDtype::kAuto;
+    bool enable_prefix_caching = true;
+};
+
+struct ServerConfig {
+    std::string source;             // the file read ("" when built from defaults and flags)
+    std::string model_path;         // required
+    std::string tokenizer_path;     // llama2.c tokenizer.bin; "" finds it beside the model
+    std::string served_model_name;  // the name clients pass as "model"; "" = the model's basename
+    std::string chat_template;      // "" (the model's), "chatml", "llama2", "llama3", or a file
+    int tp = 1;                     // tensor-parallel workers of the instance
+    int threads = 0;                // CPU threads per worker; 0 = the cores divided among workers
+    std::string log_level = "info";
+    HttpConfig http;
+    ServeSchedulerConfig scheduler;
+    ServeKvCacheConfig kv_cache;
+};
+
+// One flag override: a dotted key as in the file ("server.port", "tp") and its value as text,
+// with the flag's name for messages ("--port").
+struct ConfigOverride {
+    std::string key;
+    std::string value;
+    std::string origin;
+};
+
+// Parses YAML text. `source` names it in messages. Overrides replace (or add) single scalar
+// values before validation, so a bad flag value gets the same message as a bad file value. For a
+// list key (server.api_keys) the value is a comma-separated list.
+Result<ServerConfig> ParseServerConfig(std::string_view yaml_text, const std::string& source,
+                                       const std::vector<ConfigOverride>& overrides = {});
+// Every dotted key the file may hold, in documentation order.
+std::vector<std::string_view> ServerConfigKeys();
+
+// Reads `path` (empty: no file, defaults only) and parses it as above.
+Result<ServerConfig> LoadServerConfig(const std::string& path,
+                                      const std::vector<ConfigOverride>& overrides = {});
+
+}  // namespace kvshard

@@ -1,0 +1,198 @@
+#include "coordinator/api_service.h"
+
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+
+namespace kvshard {
+
+using nlohmann::json;
+
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+// Compares without an early exit, so response timing does not tell how much of a key matched.
+bool SameKey(std::string_view a, std::string_view b) {
+    if (a.size() != b.size()) return false;
+    unsigned char diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+    return diff == 0;
+}
+
+int64_t UnixSeconds() {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+}  // namespace
+
+ApiService::ApiService(Engine& engine, const Tokenizer& tokenizer,
+                       std::shared_ptr<ServerMetrics> metrics, ApiServiceOptions options)
+    : engine_(engine),
+      tokenizer_(tokenizer),
+      metrics_(std::move(metrics)),
+      options_(std::move(options)),
+      created_(UnixSeconds()),
+      boot_nonce_((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) {}
+
+bool ApiService::Authorized(std::string_view authorization) const {
+    if (options_.api_keys.empty()) return true;
+    constexpr std::string_view kBearer = "Bearer ";
+    if (authorization.substr(0, kBearer.size()) != kBearer) return false;
+    const std::string_view key = authorization.substr(kBearer.size());
+    bool ok = false;
+    for (const std::string& k : options_.api_keys) ok |= SameKey(key, k);
+    return ok;
+}
+
+std::string ApiService::NewRequestId(ApiEndpoint endpoint) const {
+    const uint64_t n = counter_.fetch_add(1, std::memory_order_relaxed);
+    char hex[40];
+    std::snprintf(hex, sizeof(hex), "%016llx%08llx",
+                  static_cast<unsigned long long>(SplitMix64(boot_nonce_ ^ n)),
+                  static_cast<unsigned long long>(n & 0xFFFFFFFFull));
+    return std::string(endpoint == ApiEndpoint::kChatCompletions ? "chatcmpl-" : "cmpl-") + hex;
+}
+
+uint64_t ApiService::RandomSeed() const {
+    return SplitMix64(boot_nonce_ + 0x5EEDull * counter_.fetch_add(1, std::memory_order_relaxed));
+}
+
+TokenBytesFn ApiService::token_bytes() const {
+    const Tokenizer* tok = &tokenizer_;
+    return [tok](int32_t id) -> std::string {
+        if (id < 0 || id >= tok->vocab_size()) return "";
+        std::string bytes = tok->TokenBytes(id);
+        if (bytes.empty() && tok->IsControl(id)) return tok->data().tokens[id];
+        return bytes;
+    };
+}
+
+std::variant<std::vector<int32_t>, ApiError> ApiService::Tokenize(
+    const OpenAiRequest& request) const {
+    const TokenizerData& data = tokenizer_.data();
+    EncodeOptions encode;
+    encode.parse_special = true;
+    encode.add_bos = data.add_bos;
+    if (request.endpoint == ApiEndpoint::kCompletions) {
+        if (request.prompt_is_token_ids) return request.prompt_token_ids;
+        return tokenizer_.Encode(request.prompt, encode);
+    }
+    if (!options_.chat_template) {
+        return BadRequest(
+            "this model has no chat template: use /v1/completions, or restart the server with "
+            "--chat-template chatml|llama2|llama3",
+            "messages", "chat_template_missing");
+    }
+    Result<std::string> text =
+        options_.chat_template->Render(request.messages, request.add_generation_prompt);
+    if (!text.ok()) return BadRequest(text.status().message(), "messages");
+    // Templates that write the BOS text themselves (Llama 2 and 3) must not get a second one.
+    const ChatTemplateTokens special = ChatTemplateTokensOf(data);
+    if (!special.bos.empty() && text->rfind(special.bos, 0) == 0) encode.add_bos = false;
+    return tokenizer_.Encode(*text, encode);
+}
+
+std::variant<PreparedGeneration, ApiError> ApiService::Prepare(ApiEndpoint endpoint,
+                                                               std::string_view body) const {
+    ParsedRequest parsed = ParseOpenAiRequest(endpoint, body, options_.model);
+    if (auto* error = std::get_if<ApiError>(&parsed)) return *error;
+    const OpenAiRequest& r = std::get<OpenAiRequest>(parsed);
+
+    auto tokens = Tokenize(r);
+    if (auto* error = std::get_if<ApiError>(&tokens)) return *error;
+    std::vector<int32_t>& prompt = std::get<std::vector<int32_t>>(tokens);
+    if (prompt.empty()) {
+        return BadRequest("the prompt is empty",
+                          endpoint == ApiEndpoint::kCompletions ? "prompt" : "messages");
+    }
+    auto max_tokens =
+        ResolveMaxTokens(r, static_cast<int64_t>(prompt.size()), engine_.max_context());
+    if (auto* error = std::get_if<ApiError>(&max_tokens)) return *error;
+
+    PreparedGeneration p;
+    p.stream = r.stream;
+    GenerationRequest& g = p.request;
+    g.request_id = NewRequestId(endpoint);
+    g.prompt_token_ids = std::move(prompt);
+    g.sampling = r.sampling;
+    if (!r.has_seed) g.sampling.seed = RandomSeed();
+    g.max_tokens = std::get<int64_t>(max_tokens);
+    g.stop = r.stop;
+    g.ignore_eos = r.ignore_eos;
+    g.n = r.n;
+    g.num_top_logprobs = r.num_top_logprobs;
+
+    ResponseContext& c = p.context;
+    c.endpoint = endpoint;
+    c.id = g.request_id;
+    c.created = UnixSeconds();
+    c.model = options_.model.name;
+    c.n = r.n;
+    c.logprobs = r.num_top_logprobs >= 0;
+    c.include_usage = r.include_usage;
+    return p;
+}
+
+std::string ApiService::ModelsBody() const {
+    json model = {{"id", options_.model.name},
+                  {"object", "model"},
+                  {"created", created_},
+                  {"owned_by", "kvshard"},
+                  {"max_model_len", engine_.max_context()}};
+    return json{{"object", "list"}, {"data", json::array({model})}}.dump(
+        -1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string ApiService::HealthBody() const { return R"({"status":"ok"})"; }
+
+std::string ApiService::MetricsBody() const { return metrics_->Render(engine_.Stats()); }
+
+ApiError ApiService::ErrorFromStatus(const Status& status) {
+    ApiError e;
+    e.message = status.message();
+    switch (status.code()) {
+        case StatusCode::kInvalidArgument:
+        case StatusCode::kOutOfRange:
+            e.http_status = 400;
+            break;
+        case StatusCode::kNotFound:
+            e.http_status = 404;
+            break;
+        case StatusCode::kResourceExhausted:
+            e.http_status = 429;
+            e.type = "server_overloaded";
+            e.code = "queue_full";
+            break;
+        case StatusCode::kUnavailable:
+            e.http_status = 503;
+            e.type = "server_unavailable";
+            break;
+        case StatusCode::kDeadlineExceeded:
+            e.http_status = 504;
+            e.type = "timeout";
+            break;
+        case StatusCode::kUnimplemented:
+            e.http_status = 501;
+            e.type = "not_implemented";
+            break;
+        case StatusCode::kOk:
+        case StatusCode::kAborted:
+        case StatusCode::kDataLoss:
+        case StatusCode::kInternal:
+            e.http_status = 500;
+            e.type = "server_error";
+            break;
+    }
+    return e;
+}
+
+}  // namespace kvshard

@@ -1,0 +1,212 @@
+#include "coordinator/metrics.h"
+
+#include <charconv>
+#include <cmath>
+
+#include "common/check.h"
+
+namespace kvshard {
+
+std::string PrometheusNumber(double v) {
+    if (std::isnan(v)) return "NaN";
+    if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+    char buf[64];
+    auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+    KV_CHECK(ec == std::errc());
+    return std::string(buf, end);
+}
+
+namespace {
+
+// Label values escape backslash, double quote and newline; HELP text escapes backslash and newline.
+std::string Escape(const std::string& s, bool quote) {
+    std::string out;
+    for (char c : s) {
+        if (c == '\\') {
+            out += "\\\\";
+        } else if (c == '\n') {
+            out += "\\n";
+        } else if (c == '"' && quote) {
+            out += "\\\"";
+        } else {
+            out += c;
+        }
+    }
+    return out;
+}
+
+std::string Labels(const std::string& constant, const std::string& extra) {
+    std::string all = constant;
+    if (!extra.empty()) all += (all.empty() ? "" : ",") + extra;
+    return all.empty() ? "" : "{" + all + "}";
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : upper_bounds_(std::move(upper_bounds)),
+      counts_(new std::atomic<uint64_t>[upper_bounds_.size() + 1]) {
+    for (size_t i = 0; i + 1 < upper_bounds_.size(); ++i) {
+        KV_CHECK_LT(upper_bounds_[i], upper_bounds_[i + 1]);
+    }
+    for (size_t i = 0; i <= upper_bounds_.size(); ++i) counts_[i].store(0);
+}
+
+void Histogram::Observe(double v) {
+    size_t bucket = 0;
+    while (bucket < upper_bounds_.size() && v > upper_bounds_[bucket]) ++bucket;
+    counts_[bucket].fetch_add(1, std::memory_order_relaxed);
+    sum_.fetch_add(v, std::memory_order_relaxed);
+}
+
+Histogram::Snapshot Histogram::Take() const {
+    Snapshot s;
+    s.upper_bounds = upper_bounds_;
+    uint64_t running = 0;
+    for (size_t i = 0; i <= upper_bounds_.size(); ++i) {
+        running += counts_[i].load(std::memory_order_relaxed);
+        s.cumulative_counts.push_back(running);
+    }
+    s.count = running;
+    s.sum = sum_.load(std::memory_order_relaxed);
+    return s;
+}
+
+MetricsRegistry::MetricsRegistry(std::vector<std::pair<std::string, std::string>> constant_labels) {
+    for (const auto& [name, value] : constant_labels) {
+        if (!constant_labels_.empty()) constant_labels_ += ",";
+        constant_labels_ += name + "=\"" + Escape(value, true) + "\"";
+    }
+}
+
+MetricsRegistry::Family& MetricsRegistry::NewFamily(const std::string& name,
+                                                    const std::string& help, Kind kind) {
+    for (const auto& f : families_) KV_CHECK(f->name != name) << "duplicate metric " << name;
+    families_.push_back(std::make_unique<Family>(Family{name, help, kind, {}}));
+    return *families_.back();
+}
+
+Counter& MetricsRegistry::AddCounter(const std::string& name, const std::string& help) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Family& f = NewFamily(name, help, Kind::kCounter);
+    f.series.push_back({"", std::make_unique<Counter>(), nullptr, nullptr});
+    return *f.series.back().counter;
+}
+
+Counter& MetricsRegistry::LabeledCounter(const std::string& name, const std::string& help,
+                                         const std::string& label, const std::string& value) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Family* family = nullptr;
+    for (const auto& f : families_) {
+        if (f->name == name) family = f.get();
+    }
+    if (family == nullptr) family = &NewFamily(name, help, Kind::kCounter);
+    KV_CHECK(family->kind == Kind::kCounter) << name;
+    const std::string text = label + "=\"" + Escape(value, true) + "\"";
+    for (Series& s : family->series) {
+        if (s.label == text) return *s.counter;
+    }
+    family->series.push_back({text, std::make_unique<Counter>(), nullptr, nullptr});
+    return *family->series.back().counter;
+}
+
+Gauge& MetricsRegistry::AddGauge(const std::string& name, const std::string& help) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Family& f = NewFamily(name, help, Kind::kGauge);
+    f.series.push_back({"", nullptr, std::make_unique<Gauge>(), nullptr});
+    return *f.series.back().gauge;
+}
+
+Histogram& MetricsRegistry::AddHistogram(const std::string& name, const std::string& help,
+                                         std::vector<double> upper_bounds) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Family& f = NewFamily(name, help, Kind::kHistogram);
+    f.series.push_back(
+        {"", nullptr, nullptr, std::make_unique<Histogram>(std::move(upper_bounds))});
+    return *f.series.back().histogram;
+}
+
+std::string MetricsRegistry::Render() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string out;
+    for (const auto& f : families_) {
+        const char* type = f->kind == Kind::kCounter ? "counter"
+                           : f->kind == Kind::kGauge ? "gauge"
+                                                     : "histogram";
+        out += "# HELP " + f->name + " " + Escape(f->help, false) + "\n";
+        out += "# TYPE " + f->name + " " + type + "\n";
+        for (const Series& s : f->series) {
+            const std::string labels = Labels(constant_labels_, s.label);
+            if (s.counter)
+                out += f->name + labels + " " + PrometheusNumber(s.counter->value()) + "\n";
+            if (s.gauge) out += f->name + labels + " " + PrometheusNumber(s.gauge->value()) + "\n";
+            if (!s.histogram) continue;
+            const Histogram::Snapshot snap = s.histogram->Take();
+            for (size_t i = 0; i < snap.cumulative_counts.size(); ++i) {
+                const double le = i < snap.upper_bounds.size() ? snap.upper_bounds[i] : INFINITY;
+                std::string bucket_label = s.label;
+                if (!bucket_label.empty()) bucket_label += ",";
+                bucket_label += "le=\"" + PrometheusNumber(le) + "\"";
+                out += f->name + "_bucket" + Labels(constant_labels_, bucket_label) + " " +
+                       std::to_string(snap.cumulative_counts[i]) + "\n";
+            }
+            out += f->name + "_sum" + labels + " " + PrometheusNumber(snap.sum) + "\n";
+            out += f->name + "_count" + labels + " " + std::to_string(snap.count) + "\n";
+        }
+    }
+    return out;
+}
+
+ServerMetrics::ServerMetrics(const std::string& model_name)
+    : registry_({{"model_name", model_name}}),
+      ttft_(registry_.AddHistogram(
+          "kvshard:time_to_first_token_seconds",
+          "Time from a request's arrival to its first generated token, in seconds.",
+          {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+           10.0, 20.0, 40.0, 80.0})),
+      itl_(registry_.AddHistogram(
+          "kvshard:inter_token_latency_seconds",
+          "Time between two consecutive generated tokens of a request, in seconds.",
+          {0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 0.2,  0.3,
+           0.4,   0.5,   0.75, 1.0,   2.5,  5.0,   10.0, 20.0, 40.0, 80.0})),
+      e2e_(
+          registry_.AddHistogram("kvshard:e2e_request_latency_seconds",
+                                 "Time from a request's arrival to its end, in seconds.",
+                                 {0.1,  0.3,  0.5,  0.8,  1.0,  1.5,  2.0,   2.5,   5.0,   10.0,
+                                  15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0})),
+      running_(
+          registry_.AddGauge("kvshard:num_requests_running", "Requests in the running batch.")),
+      waiting_(
+          registry_.AddGauge("kvshard:num_requests_waiting", "Requests waiting to be scheduled.")),
+      kv_usage_(registry_.AddGauge("kvshard:kv_cache_usage_perc",
+                                   "Fraction of KV cache blocks in use (1 = full).")),
+      prefix_queries_(registry_.AddCounter("kvshard:prefix_cache_queries_total",
+                                           "Prompt tokens looked up in the prefix cache.")),
+      prefix_hits_(registry_.AddCounter("kvshard:prefix_cache_hits_total",
+                                        "Prompt tokens found in the prefix cache.")),
+      prompt_tokens_(registry_.AddCounter("kvshard:prompt_tokens_total",
+                                          "Prompt tokens of finished requests.")),
+      generation_tokens_(registry_.AddCounter("kvshard:generation_tokens_total",
+                                              "Generated tokens of finished requests.")) {}
+
+void ServerMetrics::ObserveRequestFinished(double e2e_seconds, const GenerationUsage& usage,
+                                           const std::string& finished_reason) {
+    e2e_.Observe(e2e_seconds);
+    prompt_tokens_.Add(static_cast<double>(usage.prompt_tokens));
+    generation_tokens_.Add(static_cast<double>(usage.completion_tokens));
+    registry_
+        .LabeledCounter("kvshard:request_success_total", "Finished requests by finish reason.",
+                        "finished_reason", finished_reason)
+        .Add();
+}
+
+std::string ServerMetrics::Render(const EngineStats& stats) {
+    running_.Set(static_cast<double>(stats.num_running));
+    waiting_.Set(static_cast<double>(stats.num_waiting));
+    kv_usage_.Set(stats.kv_cache_usage);
+    prefix_queries_.SetTotal(static_cast<double>(stats.prefix_cache_queries_tokens));
+    prefix_hits_.SetTotal(static_cast<double>(stats.prefix_cache_hits_tokens));
+    return registry_.Render();
+}
+
+}  // namespace kvshard

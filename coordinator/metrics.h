@@ -1,0 +1,141 @@
+// Metrics in the Prometheus text exposition format (version 0.0.4), served at GET /metrics.
+//
+// MetricsRegistry is a tiny registry of counters, gauges and fixed-bucket histograms. ServerMetrics
+// holds kvshard's own metrics:
+//   kvshard:time_to_first_token_seconds    histogram  request arrival -> first generated token
+//   kvshard:inter_token_latency_seconds    histogram  between consecutive generated tokens
+//   kvshard:e2e_request_latency_seconds    histogram  request arrival -> request finished
+//   kvshard:num_requests_running           gauge      from Engine::Stats() at scrape time
+//   kvshard:num_requests_waiting           gauge      "
+//   kvshard:kv_cache_usage_perc            gauge      used KV blocks / all blocks, 0..1
+//   kvshard:prefix_cache_queries_total     counter    prompt tokens looked up in the prefix cache
+//   kvshard:prefix_cache_hits_total        counter    of those, tokens found
+//   kvshard:prompt_tokens_total            counter    prompt tokens of finished requests
+//   kvshard:generation_tokens_total        counter    generated tokens of finished requests
+//   kvshard:request_success_total          counter    finished requests, by finished_reason
+// Every sample carries the label model_name="<served model>".
+//
+// Thread-safety: all methods may be called from any thread. Observations are lock-free atomics
+// (the engine thread records latencies through sink callbacks); registration and rendering take a
+// mutex.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "coordinator/engine_api.h"
+
+namespace kvshard {
+
+class Counter {
+  public:
+    void Add(double v = 1.0) { value_.fetch_add(v, std::memory_order_relaxed); }
+    // For a counter mirrored from a source that keeps the running total (the engine's stats).
+    void SetTotal(double v) { value_.store(v, std::memory_order_relaxed); }
+    double value() const { return value_.load(std::memory_order_relaxed); }
+
+  private:
+    std::atomic<double> value_{0.0};
+};
+
+class Gauge {
+  public:
+    void Set(double v) { value_.store(v, std::memory_order_relaxed); }
+    double value() const { return value_.load(std::memory_order_relaxed); }
+
+  private:
+    std::atomic<double> value_{0.0};
+};
+
+class Histogram {
+  public:
+    // REQUIRES: `upper_bounds` strictly increasing; +Inf is implied.
+    explicit Histogram(std::vector<double> upper_bounds);
+    void Observe(double v);
+
+    struct Snapshot {
+        std::vector<double> upper_bounds;
+        std::vector<uint64_t> cumulative_counts;  // one per bound, then +Inf (= count)
+        double sum = 0.0;
+        uint64_t count = 0;
+    };
+    Snapshot Take() const;
+
+  private:
+    std::vector<double> upper_bounds_;
+    std::unique_ptr<std::atomic<uint64_t>[]> counts_;  // per bucket, +Inf last; not cumulative
+    std::atomic<double> sum_{0.0};
+};
+
+class MetricsRegistry {
+  public:
+    // Labels written on every sample, e.g. {{"model_name", "smol"}}.
+    explicit MetricsRegistry(std::vector<std::pair<std::string, std::string>> constant_labels = {});
+
+    // References stay valid for the registry's life. REQUIRES: names are unique.
+    Counter& AddCounter(const std::string& name, const std::string& help);
+    // A counter family with one extra label; each value gets its own Counter on first use.
+    Counter& LabeledCounter(const std::string& name, const std::string& help,
+                            const std::string& label, const std::string& value);
+    Gauge& AddGauge(const std::string& name, const std::string& help);
+    Histogram& AddHistogram(const std::string& name, const std::string& help,
+                            std::vector<double> upper_bounds);
+
+    std::string Render() const;
+
+  private:
+    enum class Kind { kCounter, kGauge, kHistogram };
+    struct Series {
+        std::string label;  // extra label "name=\"value\"" or ""
+        std::unique_ptr<Counter> counter;
+        std::unique_ptr<Gauge> gauge;
+        std::unique_ptr<Histogram> histogram;
+    };
+    struct Family {
+        std::string name;
+        std::string help;
+        Kind kind;
+        std::vector<Series> series;
+    };
+    Family& NewFamily(const std::string& name, const std::string& help, Kind kind);
+
+    std::string constant_labels_;  // name="value",... (escaped), "" when none
+    mutable std::mutex mu_;
+    std::vector<std::unique_ptr<Family>> families_;  // guarded by mu_
+};
+
+// Formats a sample value as Prometheus does: shortest round-trip decimal, +Inf, -Inf, NaN.
+std::string PrometheusNumber(double v);
+
+class ServerMetrics {
+  public:
+    explicit ServerMetrics(const std::string& model_name);
+
+    // Per request, from the sink callbacks.
+    void ObserveTimeToFirstToken(double seconds) { ttft_.Observe(seconds); }
+    void ObserveInterTokenLatency(double seconds) { itl_.Observe(seconds); }
+    void ObserveRequestFinished(double e2e_seconds, const GenerationUsage& usage,
+                                const std::string& finished_reason);
+
+    // The exposition text, with gauges and engine counters taken from `stats`.
+    std::string Render(const EngineStats& stats);
+
+  private:
+    MetricsRegistry registry_;
+    Histogram& ttft_;
+    Histogram& itl_;
+    Histogram& e2e_;
+    Gauge& running_;
+    Gauge& waiting_;
+    Gauge& kv_usage_;
+    Counter& prefix_queries_;
+    Counter& prefix_hits_;
+    Counter& prompt_tokens_;
+    Counter& generation_tokens_;
+};
+
+}  // namespace kvshard

@@ -1,0 +1,423 @@
+#include "coordinator/openai_protocol.h"
+
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "common/utf8.h"
+
+namespace kvshard {
+
+using nlohmann::json;
+
+std::string ApiErrorBody(const ApiError& error) {
+    json e;
+    e["message"] = error.message;
+    e["type"] = error.type;
+    e["param"] = error.param.empty() ? json(nullptr) : json(error.param);
+    e["code"] = error.code.empty() ? json(nullptr) : json(error.code);
+    return json{{"error", e}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+ApiError BadRequest(std::string message, std::string param, std::string code) {
+    ApiError e;
+    e.http_status = 400;
+    e.message = std::move(message);
+    e.param = std::move(param);
+    e.code = std::move(code);
+    return e;
+}
+
+namespace {
+
+constexpr int kMaxStopStrings = 4;
+constexpr int kMaxChoices = 16;
+constexpr int kMaxCompletionLogprobs = 5;
+constexpr int kMaxChatTopLogprobs = 20;
+constexpr int64_t kDefaultCompletionMaxTokens = 16;
+
+// Thrown inside this file only, caught by ParseOpenAiRequest: keeps each field's check one line.
+struct ValidationError {
+    ApiError error;
+};
+
+[[noreturn]] void Fail(std::string message, std::string param) {
+    throw ValidationError{BadRequest(std::move(message), std::move(param))};
+}
+
+std::string TypeName(const json& v) {
+    switch (v.type()) {
+        case json::value_t::null:
+            return "null";
+        case json::value_t::boolean:
+            return "a boolean";
+        case json::value_t::number_integer:
+        case json::value_t::number_unsigned:
+            return "an integer";
+        case json::value_t::number_float:
+            return "a number";
+        case json::value_t::string:
+            return "a string";
+        case json::value_t::array:
+            return "an array";
+        case json::value_t::object:
+            return "an object";
+        case json::value_t::binary:
+        case json::value_t::discarded:
+            return "an unknown value";
+    }
+    return "an unknown value";
+}
+
+// The field, or nullptr when absent or null (null means "not given", as clients send it).
+const json* Field(const json& body, const char* name) {
+    auto it = body.find(name);
+    if (it == body.end() || it->is_null()) return nullptr;
+    return &*it;
+}
+
+std::optional<int64_t> OptInt(const json& body, const char* name, int64_t min, int64_t max,
+                              std::string_view rule) {
+    const json* v = Field(body, name);
+    if (v == nullptr) return std::nullopt;
+    int64_t x = 0;
+    if (v->is_number_integer()) {
+        x = v->get<int64_t>();
+        if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{INT64_MAX}) x = INT64_MAX;
+    } else if (v->is_number_float() && std::isfinite(v->get<double>()) &&
+               std::floor(v->get<double>()) == v->get<double>() &&
+               std::fabs(v->get<double>()) < 9e18) {
+        x = static_cast<int64_t>(v->get<double>());
+    } else {
+        Fail(std::string("'") + name + "' must be an integer, got " + TypeName(*v), name);
+    }
+    if (x < min || x > max) {
+        Fail(std::string("'") + name + "' " + std::string(rule) + ", got " + std::to_string(x),
+             name);
+    }
+    return x;
+}
+
+std::optional<double> OptNumber(const json& body, const char* name) {
+    const json* v = Field(body, name);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_number())
+        Fail(std::string("'") + name + "' must be a number, got " + TypeName(*v), name);
+    return v->get<double>();
+}
+
+std::optional<bool> OptBool(const json& body, const char* name) {
+    const json* v = Field(body, name);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_boolean())
+        Fail(std::string("'") + name + "' must be a boolean, got " + TypeName(*v), name);
+    return v->get<bool>();
+}
+
+const json* OptString(const json& body, const char* name) {
+    const json* v = Field(body, name);
+    if (v != nullptr && !v->is_string()) {
+        Fail(std::string("'") + name + "' must be a string, got " + TypeName(*v), name);
+    }
+    return v;
+}
+
+std::string BaseName(const std::string& path) {
+    std::string p = path;
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    const size_t slash = p.rfind('/');
+    return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+void ReadModel(const json& body, const ServedModel& model) {
+    const json* v = OptString(body, "model");
+    if (v == nullptr) return;  // absent: the one model served
+    const std::string& name = v->get_ref<const std::string&>();
+    if (name == model.name || (!model.path.empty() && name == BaseName(model.path))) return;
+    ApiError e;
+    e.http_status = 404;
+    e.message = "The model '" + name + "' does not exist; this server serves '" + model.name + "'";
+    e.param = "model";
+    e.code = "model_not_found";
+    throw ValidationError{e};
+}
+
+// prompt: "text", ["text"], [1, 2, 3] or [[1, 2, 3]] (one prompt per request).
+void ReadPrompt(const json& body, const ServedModel& model, OpenAiRequest& r) {
+    const json* v = Field(body, "prompt");
+    if (v == nullptr) Fail("'prompt' is required", "prompt");
+    const json* p = v;
+    if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array()))
+        p = &(*p)[0];
+    if (p->is_string()) {
+        r.prompt = p->get<std::string>();
+        return;
+    }
+    if (p->is_array() && !p->empty()) {
+        for (const json& t : *p) {
+            if (!t.is_number_integer()) {
+                if (t.is_string()) Fail("only one prompt per request is supported", "prompt");
+                Fail("'prompt' must be a string or an array of token ids", "prompt");
+            }
+            const int64_t id = t.get<int64_t>();
+            if (id < 0 || id >= model.vocab_size) {
+                Fail("token id " + std::to_string(id) +
+                         " in 'prompt' is outside the vocabulary (0.." +
+                         std::to_string(model.vocab_size - 1) + ")",
+                     "prompt");
+            }
+            r.prompt_token_ids.push_back(static_cast<int32_t>(id));
+        }
+        r.prompt_is_token_ids = true;
+        return;
+    }
+    if (p->is_array() && p->empty()) Fail("'prompt' must not be empty", "prompt");
+    if (v->is_array() && v->size() > 1 && (*v)[0].is_string()) {
+        Fail("only one prompt per request is supported", "prompt");
+    }
+    Fail("'prompt' must be a string or an array of token ids, got " + TypeName(*v), "prompt");
+}
+
+std::string MessageContent(const json& content, const std::string& param) {
+    if (content.is_string()) return content.get<std::string>();
+    if (content.is_null()) Fail("'" + param + "' must not be null", param);
+    if (!content.is_array()) {
+        Fail("'" + param + "' must be a string or an array of text parts, got " + TypeName(content),
+             param);
+    }
+    std::string text;
+    for (size_t i = 0; i < content.size(); ++i) {
+        const json& part = content[i];
+        const std::string part_param = param + "[" + std::to_string(i) + "]";
+        if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
+            Fail("'" + part_param + "' must be an object with a 'type'", part_param);
+        }
+        if (part["type"] != "text") {
+            Fail("only text content parts are supported, got type '" +
+                     part["type"].get<std::string>() + "'",
+                 part_param);
+        }
+        if (!part.contains("text") || !part["text"].is_string()) {
+            Fail("'" + part_param + ".text' must be a string", part_param + ".text");
+        }
+        if (i > 0) text += "\n";
+        text += part["text"].get<std::string>();
+    }
+    return text;
+}
+
+void ReadMessages(const json& body, OpenAiRequest& r) {
+    const json* v = Field(body, "messages");
+    if (v == nullptr) Fail("'messages' is required", "messages");
+    if (!v->is_array()) Fail("'messages' must be an array, got " + TypeName(*v), "messages");
+    if (v->empty()) Fail("'messages' must not be empty", "messages");
+    for (size_t i = 0; i < v->size(); ++i) {
+        const json& m = (*v)[i];
+        const std::string param = "messages[" + std::to_string(i) + "]";
+        if (!m.is_object()) Fail("'" + param + "' must be an object, got " + TypeName(m), param);
+        auto role = m.find("role");
+        if (role == m.end() || !role->is_string()) {
+            Fail("'" + param + ".role' must be a string", param + ".role");
+        }
+        const std::string& name = role->get_ref<const std::string&>();
+        if (name != "system" && name != "user" && name != "assistant") {
+            Fail("'" + param + ".role' must be system, user or assistant, got '" + name + "'",
+                 param + ".role");
+        }
+        auto content = m.find("content");
+        if (content == m.end()) Fail("'" + param + ".content' is required", param + ".content");
+        r.messages.push_back({name, MessageContent(*content, param + ".content")});
+    }
+}
+
+void ReadStop(const json& body, OpenAiRequest& r) {
+    const json* v = Field(body, "stop");
+    if (v == nullptr) return;
+    if (v->is_string()) {
+        r.stop.push_back(v->get<std::string>());
+    } else if (v->is_array()) {
+        if (v->size() > kMaxStopStrings) {
+            Fail("'stop' holds at most " + std::to_string(kMaxStopStrings) + " strings, got " +
+                     std::to_string(v->size()),
+                 "stop");
+        }
+        for (const json& s : *v) {
+            if (!s.is_string()) Fail("'stop' must be a string or an array of strings", "stop");
+            r.stop.push_back(s.get<std::string>());
+        }
+    } else {
+        Fail("'stop' must be a string or an array of strings, got " + TypeName(*v), "stop");
+    }
+    for (const std::string& s : r.stop) {
+        if (s.empty()) Fail("'stop' strings must not be empty", "stop");
+    }
+}
+
+void ReadSampling(const json& body, OpenAiRequest& r) {
+    r.sampling.temperature = 1.0f;
+    if (auto t = OptNumber(body, "temperature")) {
+        if (*t < 0 || *t > 2)
+            Fail("'temperature' must be in [0, 2], got " + std::to_string(*t), "temperature");
+        r.sampling.temperature = static_cast<float>(*t);
+    }
+    if (auto p = OptNumber(body, "top_p")) {
+        if (!(*p > 0 && *p <= 1))
+            Fail("'top_p' must be in (0, 1], got " + std::to_string(*p), "top_p");
+        r.sampling.top_p = static_cast<float>(*p);
+    }
+    if (auto k = OptInt(body, "top_k", -1, std::numeric_limits<int32_t>::max(),
+                        "must be -1 or 0 (off) or a positive count")) {
+        r.sampling.top_k = *k <= 0 ? 0 : static_cast<int>(*k);
+    }
+    if (auto m = OptNumber(body, "min_p")) {
+        if (*m < 0 || *m > 1) Fail("'min_p' must be in [0, 1], got " + std::to_string(*m), "min_p");
+        r.sampling.min_p = static_cast<float>(*m);
+    }
+    if (auto s = OptInt(body, "seed", std::numeric_limits<int64_t>::min(),
+                        std::numeric_limits<int64_t>::max(), "")) {
+        r.sampling.seed = static_cast<uint64_t>(*s);
+        r.has_seed = true;
+    }
+    for (const char* name : {"presence_penalty", "frequency_penalty"}) {
+        if (auto x = OptNumber(body, name); x && *x != 0) {
+            Fail(std::string("'") + name + "' is not supported (only 0)", name);
+        }
+    }
+    if (auto x = OptNumber(body, "repetition_penalty"); x && *x != 1) {
+        Fail("'repetition_penalty' is not supported (only 1)", "repetition_penalty");
+    }
+    if (const json* b = Field(body, "logit_bias"); b && !(b->is_object() && b->empty())) {
+        Fail("'logit_bias' is not supported", "logit_bias");
+    }
+}
+
+void ReadCommon(const json& body, OpenAiRequest& r) {
+    ReadSampling(body, r);
+    ReadStop(body, r);
+    if (auto n = OptInt(body, "n", 1, kMaxChoices, "must be in 1..16")) r.n = static_cast<int>(*n);
+    r.stream = OptBool(body, "stream").value_or(false);
+    if (const json* so = Field(body, "stream_options")) {
+        if (!so->is_object()) Fail("'stream_options' must be an object", "stream_options");
+        if (!r.stream)
+            Fail("'stream_options' is only allowed when 'stream' is true", "stream_options");
+        if (const json* usage = Field(*so, "include_usage")) {
+            if (!usage->is_boolean()) {
+                Fail("'stream_options.include_usage' must be a boolean, got " + TypeName(*usage),
+                     "stream_options.include_usage");
+            }
+            r.include_usage = usage->get<bool>();
+        }
+    }
+    r.ignore_eos = OptBool(body, "ignore_eos").value_or(false);
+    if (OptBool(body, "echo").value_or(false)) Fail("'echo' is not supported", "echo");
+    if (auto best_of = OptInt(body, "best_of", 1, kMaxChoices, "must be in 1..16");
+        best_of && *best_of != r.n) {
+        Fail("'best_of' is not supported (only equal to n)", "best_of");
+    }
+    OptString(body, "user");
+}
+
+void ReadCompletion(const json& body, const ServedModel& model, OpenAiRequest& r) {
+    ReadPrompt(body, model, r);
+    r.max_tokens =
+        OptInt(body, "max_tokens", 1, std::numeric_limits<int64_t>::max(), "must be > 0");
+    if (auto lp = OptInt(body, "logprobs", 0, kMaxCompletionLogprobs, "must be in 0..5")) {
+        r.num_top_logprobs = static_cast<int32_t>(*lp);
+    }
+    if (const json* s = OptString(body, "suffix"); s && !s->get_ref<const std::string&>().empty()) {
+        Fail("'suffix' is not supported", "suffix");
+    }
+}
+
+void ReadChat(const json& body, OpenAiRequest& r) {
+    ReadMessages(body, r);
+    r.max_tokens = OptInt(body, "max_completion_tokens", 1, std::numeric_limits<int64_t>::max(),
+                          "must be > 0");
+    if (auto legacy =
+            OptInt(body, "max_tokens", 1, std::numeric_limits<int64_t>::max(), "must be > 0");
+        legacy && !r.max_tokens) {
+        r.max_tokens = legacy;
+    }
+    const bool logprobs = OptBool(body, "logprobs").value_or(false);
+    auto top = OptInt(body, "top_logprobs", 0, kMaxChatTopLogprobs, "must be in 0..20");
+    if (top && !logprobs) Fail("'top_logprobs' needs 'logprobs' set to true", "top_logprobs");
+    if (logprobs) r.num_top_logprobs = static_cast<int32_t>(top.value_or(0));
+    r.add_generation_prompt = OptBool(body, "add_generation_prompt").value_or(true);
+    if (const json* tools = Field(body, "tools"); tools && !(tools->is_array() && tools->empty())) {
+        Fail("'tools' are not supported", "tools");
+    }
+    if (const json* choice = Field(body, "tool_choice"); choice && *choice != "none") {
+        Fail("'tool_choice' is not supported (only \"none\")", "tool_choice");
+    }
+    if (const json* format = Field(body, "response_format")) {
+        if (!format->is_object() || format->value("type", json()) != "text") {
+            Fail("'response_format' is not supported (only {\"type\": \"text\"})",
+                 "response_format");
+        }
+    }
+}
+
+}  // namespace
+
+ParsedRequest ParseOpenAiRequest(ApiEndpoint endpoint, std::string_view body,
+                                 const ServedModel& model) {
+    if (!IsValidUtf8(body))
+        return BadRequest("the request body is not valid UTF-8", "", "invalid_utf8");
+    json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+        // Parse again for the parser's message (where it failed).
+        std::string detail;
+        try {
+            [[maybe_unused]] json again = json::parse(body);
+        } catch (const json::parse_error& e) {
+            detail = e.what();
+        }
+        return BadRequest("the request body is not valid JSON: " + detail, "", "invalid_json");
+    }
+    if (!j.is_object())
+        return BadRequest("the request body must be a JSON object, got " + TypeName(j));
+    OpenAiRequest r;
+    r.endpoint = endpoint;
+    try {
+        ReadModel(j, model);
+        switch (endpoint) {
+            case ApiEndpoint::kCompletions:
+                ReadCompletion(j, model, r);
+                break;
+            case ApiEndpoint::kChatCompletions:
+                ReadChat(j, r);
+                break;
+        }
+        ReadCommon(j, r);
+    } catch (const ValidationError& e) {
+        return e.error;
+    }
+    return r;
+}
+
+std::variant<int64_t, ApiError> ResolveMaxTokens(const OpenAiRequest& request,
+                                                 int64_t prompt_tokens, int64_t max_context) {
+    const char* prompt_param =
+        request.endpoint == ApiEndpoint::kCompletions ? "prompt" : "messages";
+    if (prompt_tokens >= max_context) {
+        return BadRequest("the prompt has " + std::to_string(prompt_tokens) +
+                              " tokens; this model's context holds " + std::to_string(max_context) +
+                              " tokens including at least one generated token",
+                          prompt_param, "context_length_exceeded");
+    }
+    const int64_t room = max_context - prompt_tokens;
+    if (!request.max_tokens) {
+        return request.endpoint == ApiEndpoint::kCompletions
+                   ? std::min(kDefaultCompletionMaxTokens, room)
+                   : room;
+    }
+    if (*request.max_tokens > room) {
+        return BadRequest("prompt (" + std::to_string(prompt_tokens) + " tokens) + max_tokens (" +
+                              std::to_string(*request.max_tokens) + ") exceeds the context of " +
+                              std::to_string(max_context) + " tokens",
+                          "max_tokens", "context_length_exceeded");
+    }
+    return *request.max_tokens;
+}
+
+}  // namespace kvshard

@@ -1,0 +1,79 @@
+// The request half of the OpenAI HTTP API: parsing and validating the JSON bodies of
+// POST /v1/completions and POST /v1/chat/completions, and the error bodies every 4xx/5xx answer
+// carries: {"error": {"message", "type", "param", "code"}}.
+//
+// Validation is complete before anything reaches the engine: a wrong type, an out-of-range value or
+// an unsupported option is a 400 naming the parameter; an unknown model is a 404. Unknown fields
+// are ignored, as OpenAI-compatible servers do. The response half is openai_response.h.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "comm/step_plan.h"
+#include "model/chat_template.h"
+
+namespace kvshard {
+
+enum class ApiEndpoint { kCompletions, kChatCompletions };
+
+// An error answer. Empty `param` and `code` are written as null.
+struct ApiError {
+    int http_status = 400;
+    std::string message;
+    std::string type = "invalid_request_error";
+    std::string param;
+    std::string code;
+};
+
+// {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
+std::string ApiErrorBody(const ApiError& error);
+ApiError BadRequest(std::string message, std::string param = "", std::string code = "");
+
+// The model this server answers for.
+struct ServedModel {
+    std::string name;        // what /v1/models lists
+    std::string path;        // the model file; its base name is accepted as "model" too
+    int64_t vocab_size = 0;  // token-id prompts must be below it
+};
+
+// A validated request, before tokenization.
+struct OpenAiRequest {
+    ApiEndpoint endpoint = ApiEndpoint::kCompletions;
+    // Completions: the prompt as text, or as token ids when prompt_is_token_ids.
+    std::string prompt;
+    std::vector<int32_t> prompt_token_ids;
+    bool prompt_is_token_ids = false;
+    // Chat.
+    std::vector<ChatMessage> messages;
+    bool add_generation_prompt = true;
+
+    std::optional<int64_t> max_tokens;  // absent: see ResolveMaxTokens
+    SamplingParams sampling;            // temperature defaults to 1 as in the OpenAI API
+    bool has_seed = false;              // false: the server picks a random seed
+    std::vector<std::string> stop;
+    int n = 1;
+    int32_t num_top_logprobs = -1;  // -1: no logprobs; else the top k (0: the chosen token only)
+    bool stream = false;
+    bool include_usage = false;  // stream_options.include_usage
+    bool ignore_eos = false;
+};
+
+using ParsedRequest = std::variant<OpenAiRequest, ApiError>;
+
+// Parses and validates a request body. `body` may be any bytes: invalid UTF-8 and malformed JSON
+// are 400s like every other mistake.
+ParsedRequest ParseOpenAiRequest(ApiEndpoint endpoint, std::string_view body,
+                                 const ServedModel& model);
+
+// The number of tokens to generate once the prompt is tokenized: max_tokens when given (400 when
+// prompt + max_tokens exceeds the context), else 16 for completions (the OpenAI default) and the
+// rest of the context for chat. A prompt that leaves no room is a 400 too.
+std::variant<int64_t, ApiError> ResolveMaxTokens(const OpenAiRequest& request,
+                                                 int64_t prompt_tokens, int64_t max_context);
+
+}  // namespace kvshard

@@ -1,0 +1,201 @@
+#include "coordinator/openai_response.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "common/utf8.h"
+
+namespace kvshard {
+
+using nlohmann::json;
+
+namespace {
+
+// Every JSON string we emit must be valid UTF-8; token bytes need not be.
+std::string ValidUtf8(std::string_view bytes) {
+    if (IsValidUtf8(bytes)) return std::string(bytes);
+    std::string out;
+    size_t pos = 0;
+    while (pos < bytes.size()) AppendUtf8(DecodeUtf8(bytes, &pos), &out);
+    return out;
+}
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// The API writes -inf log probabilities as -9999.
+double Logprob(float lp) { return std::isfinite(lp) ? lp : -9999.0; }
+
+json ByteList(const std::string& bytes) {
+    json list = json::array();
+    for (unsigned char c : bytes) list.push_back(static_cast<int>(c));
+    return list;
+}
+
+json ChatLogprobs(const std::vector<SampledToken>& tokens, const TokenBytesFn& token_bytes) {
+    json content = json::array();
+    for (const SampledToken& t : tokens) {
+        const std::string bytes = token_bytes(t.token_id);
+        json top = json::array();
+        for (const TokenLogprob& alt : t.top_logprobs) {
+            const std::string alt_bytes = token_bytes(alt.token_id);
+            top.push_back({{"token", ValidUtf8(alt_bytes)},
+                           {"logprob", Logprob(alt.logprob)},
+                           {"bytes", ByteList(alt_bytes)}});
+        }
+        content.push_back({{"token", ValidUtf8(bytes)},
+                           {"logprob", Logprob(t.logprob)},
+                           {"bytes", ByteList(bytes)},
+                           {"top_logprobs", std::move(top)}});
+    }
+    return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+// `offset` is the byte offset of the first token in the choice's text; advanced past the tokens.
+json CompletionLogprobs(const std::vector<SampledToken>& tokens, const TokenBytesFn& token_bytes,
+                        int64_t* offset) {
+    json text = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+    for (const SampledToken& t : tokens) {
+        const std::string bytes = token_bytes(t.token_id);
+        text.push_back(ValidUtf8(bytes));
+        lps.push_back(Logprob(t.logprob));
+        json top = json::object();
+        for (const TokenLogprob& alt : t.top_logprobs) {
+            top[ValidUtf8(token_bytes(alt.token_id))] = Logprob(alt.logprob);
+        }
+        tops.push_back(std::move(top));
+        offsets.push_back(*offset);
+        *offset += static_cast<int64_t>(bytes.size());
+    }
+    return {{"tokens", std::move(text)},
+            {"token_logprobs", std::move(lps)},
+            {"top_logprobs", std::move(tops)},
+            {"text_offset", std::move(offsets)}};
+}
+
+json FinishReasonJson(const std::string& reason) {
+    return reason.empty() ? json(nullptr) : json(reason);
+}
+
+}  // namespace
+
+json UsageJson(const GenerationUsage& usage) {
+    return {{"prompt_tokens", usage.prompt_tokens},
+            {"completion_tokens", usage.completion_tokens},
+            {"total_tokens", usage.prompt_tokens + usage.completion_tokens},
+            {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}}};
+}
+
+std::string SseEvent(const std::string& data) { return "data: " + data + "\n\n"; }
+
+CompletionAccumulator::CompletionAccumulator(ResponseContext context, TokenBytesFn token_bytes)
+    : context_(std::move(context)), token_bytes_(std::move(token_bytes)), choices_(context_.n) {}
+
+void CompletionAccumulator::Add(const GenerationDelta& delta) {
+    if (delta.index < 0 || delta.index >= static_cast<int>(choices_.size())) return;
+    Choice& c = choices_[delta.index];
+    c.text += delta.text;
+    c.logprobs.insert(c.logprobs.end(), delta.logprobs.begin(), delta.logprobs.end());
+    if (delta.finish_reason) c.finish_reason = std::string(FinishReasonName(*delta.finish_reason));
+}
+
+std::string CompletionAccumulator::Body(const GenerationUsage& usage) const {
+    const bool chat = context_.endpoint == ApiEndpoint::kChatCompletions;
+    json choices = json::array();
+    for (size_t i = 0; i < choices_.size(); ++i) {
+        const Choice& c = choices_[i];
+        json choice = {{"index", i}};
+        json logprobs = nullptr;
+        if (context_.logprobs) {
+            int64_t offset = 0;
+            logprobs = chat ? ChatLogprobs(c.logprobs, token_bytes_)
+                            : CompletionLogprobs(c.logprobs, token_bytes_, &offset);
+        }
+        if (chat) {
+            choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+        } else {
+            choice["text"] = c.text;
+        }
+        choice["logprobs"] = std::move(logprobs);
+        choice["finish_reason"] = FinishReasonJson(c.finish_reason);
+        choices.push_back(std::move(choice));
+    }
+    json body = {{"id", context_.id},
+                 {"object", chat ? "chat.completion" : "text_completion"},
+                 {"created", context_.created},
+                 {"model", context_.model},
+                 {"choices", std::move(choices)},
+                 {"usage", UsageJson(usage)}};
+    return Dump(body);
+}
+
+StreamFormatter::StreamFormatter(ResponseContext context, TokenBytesFn token_bytes)
+    : context_(std::move(context)),
+      token_bytes_(std::move(token_bytes)),
+      text_offsets_(context_.n, 0) {}
+
+std::string StreamFormatter::Chunk(const json& choices, const json* usage) const {
+    const bool chat = context_.endpoint == ApiEndpoint::kChatCompletions;
+    json chunk = {{"id", context_.id},
+                  {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                  {"created", context_.created},
+                  {"model", context_.model},
+                  {"choices", choices}};
+    // With include_usage every chunk carries "usage": null except the last, as the API does.
+    if (usage != nullptr) {
+        chunk["usage"] = *usage;
+    } else if (context_.include_usage) {
+        chunk["usage"] = nullptr;
+    }
+    return SseEvent(Dump(chunk));
+}
+
+std::string StreamFormatter::Start() {
+    if (context_.endpoint != ApiEndpoint::kChatCompletions) return "";
+    std::string out;
+    for (int i = 0; i < context_.n; ++i) {
+        json choice = {{"index", i},
+                       {"delta", {{"role", "assistant"}, {"content", ""}}},
+                       {"logprobs", nullptr},
+                       {"finish_reason", nullptr}};
+        out += Chunk(json::array({std::move(choice)}), nullptr);
+    }
+    return out;
+}
+
+std::string StreamFormatter::Delta(const GenerationDelta& delta) {
+    if (delta.index < 0 || delta.index >= context_.n) return "";
+    const bool has_logprobs = context_.logprobs && !delta.logprobs.empty();
+    if (delta.text.empty() && !delta.finish_reason && !has_logprobs) return "";
+    const std::string finish =
+        delta.finish_reason ? std::string(FinishReasonName(*delta.finish_reason)) : "";
+    json choice = {{"index", delta.index}};
+    json logprobs = nullptr;
+    if (context_.endpoint == ApiEndpoint::kChatCompletions) {
+        choice["delta"] = delta.text.empty() ? json::object() : json{{"content", delta.text}};
+        if (has_logprobs) logprobs = ChatLogprobs(delta.logprobs, token_bytes_);
+    } else {
+        choice["text"] = delta.text;
+        if (has_logprobs) {
+            logprobs =
+                CompletionLogprobs(delta.logprobs, token_bytes_, &text_offsets_[delta.index]);
+        }
+    }
+    choice["logprobs"] = std::move(logprobs);
+    choice["finish_reason"] = FinishReasonJson(finish);
+    return Chunk(json::array({std::move(choice)}), nullptr);
+}
+
+std::string StreamFormatter::Finish(const GenerationUsage& usage) {
+    std::string out;
+    if (context_.include_usage) {
+        const json u = UsageJson(usage);
+        out += Chunk(json::array(), &u);
+    }
+    return out + SseEvent("[DONE]");
+}
+
+std::string StreamFormatter::Error(const ApiError& error) {
+    return SseEvent(ApiErrorBody(error)) + SseEvent("[DONE]");
+}
+
+}  // namespace kvshard

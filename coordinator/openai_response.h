@@ -1,0 +1,89 @@
+// The response half of the OpenAI HTTP API: the JSON of a finished (non-streamed) completion and
+// the server-sent events of a streamed one, built from the engine's GenerationDeltas.
+//
+//   completions  {"object": "text_completion", "choices": [{"index", "text", "logprobs",
+//                "finish_reason"}], "usage": {...}}
+//   chat         {"object": "chat.completion", "choices": [{"index", "message": {"role":
+//                "assistant", "content"}, "logprobs", "finish_reason"}], "usage": {...}}
+//   usage        {"prompt_tokens", "completion_tokens", "total_tokens",
+//                "prompt_tokens_details": {"cached_tokens"}}
+//   stream       "data: <chunk>\n\n" per delta ("text_completion" / "chat.completion.chunk"; chat
+//                opens every choice with a {"role": "assistant"} delta), then with include_usage
+//                one chunk with empty choices and the usage, then "data: [DONE]\n\n".
+// Logprobs follow the API's two shapes: completions {"tokens", "token_logprobs", "top_logprobs":
+// [{token: logprob}], "text_offset"}; chat {"content": [{"token", "logprob", "bytes",
+// "top_logprobs": [{"token", "logprob", "bytes"}]}]}.
+//
+// Thread-safety: none; each request's formatter is used by one session at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "coordinator/engine_api.h"
+#include "coordinator/openai_protocol.h"
+
+namespace kvshard {
+
+// The raw bytes a token stands for in logprobs output (may be an incomplete UTF-8 sequence).
+using TokenBytesFn = std::function<std::string(int32_t)>;
+
+struct ResponseContext {
+    ApiEndpoint endpoint = ApiEndpoint::kCompletions;
+    std::string id;       // "cmpl-..." or "chatcmpl-..."
+    int64_t created = 0;  // Unix seconds
+    std::string model;    // the served model name
+    int n = 1;
+    bool logprobs = false;       // num_top_logprobs >= 0
+    bool include_usage = false;  // streams only
+};
+
+// Collects the deltas of a non-streamed request into the final JSON body.
+class CompletionAccumulator {
+  public:
+    CompletionAccumulator(ResponseContext context, TokenBytesFn token_bytes);
+    void Add(const GenerationDelta& delta);
+    std::string Body(const GenerationUsage& usage) const;
+
+  private:
+    struct Choice {
+        std::string text;
+        std::vector<SampledToken> logprobs;
+        std::string finish_reason;  // "" until finished
+    };
+    ResponseContext context_;
+    TokenBytesFn token_bytes_;
+    std::vector<Choice> choices_;
+};
+
+// Turns deltas into server-sent events.
+class StreamFormatter {
+  public:
+    StreamFormatter(ResponseContext context, TokenBytesFn token_bytes);
+    // The events sent before any delta (chat: the assistant role of every choice).
+    std::string Start();
+    // The event for one delta; "" when it carries nothing a client would see.
+    std::string Delta(const GenerationDelta& delta);
+    // The usage chunk (with include_usage) and "data: [DONE]".
+    std::string Finish(const GenerationUsage& usage);
+    // An error in the middle of a stream: {"error": {...}} as an event, then "data: [DONE]".
+    std::string Error(const ApiError& error);
+
+  private:
+    std::string Chunk(const nlohmann::json& choices, const nlohmann::json* usage) const;
+
+    ResponseContext context_;
+    TokenBytesFn token_bytes_;
+    std::vector<int64_t> text_offsets_;  // completions logprobs: bytes of text sent per choice
+};
+
+// The usage object.
+nlohmann::json UsageJson(const GenerationUsage& usage);
+
+// "data: <json>\n\n"
+std::string SseEvent(const std::string& data);
+
+}  // namespace kvshard

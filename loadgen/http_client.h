@@ -1,0 +1,59 @@
+// The load generator's HTTP side (Boost.Beast, plain HTTP/1.1): one streamed OpenAI request on an
+// io_context, timed chunk by chunk, and a blocking GET for /v1/models.
+//
+// Thread-safety: a request lives on the io_context it was started on; run that context on one
+// thread (the bench does) and the callback runs there.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvshard::loadgen {
+
+// http://host[:port][/prefix]; a trailing "/v1" is dropped (OpenAI clients' base URLs have it),
+// so paths are always written "/v1/...".
+struct BaseUrl {
+    std::string host;
+    std::string port = "80";
+    std::string prefix;  // "" or "/something", no trailing slash
+};
+Result<BaseUrl> ParseBaseUrl(std::string_view url);
+
+struct HttpTarget {
+    BaseUrl url;
+    std::string path;             // "/v1/completions"
+    std::string body;             // JSON
+    std::string api_key;          // sent as "Authorization: Bearer" when not empty
+    double read_timeout_s = 600;  // a request that receives nothing this long fails
+};
+
+// What one streamed request measured. Times are seconds.
+struct RequestOutcome {
+    bool ok = false;
+    std::string error;           // why it failed (HTTP status and body, or the socket error)
+    double start_s = 0;          // when it was sent, since the run began
+    double ttft_s = 0;           // to the first chunk that carried text
+    double e2e_s = 0;            // to the end of the stream
+    std::vector<double> itl_s;   // between consecutive chunks that carried text
+    int64_t output_tokens = 0;   // the server's usage.completion_tokens, else text chunks
+    int64_t prompt_tokens = -1;  // the server's usage.prompt_tokens; -1 when not reported
+};
+
+// Sends `target` as a POST and reads its server-sent events until "data: [DONE]" or the end of
+// the response. `run_start` is the run's time origin. `done` runs once, on `io`'s thread.
+void StartStreamingRequest(boost::asio::io_context& io, const HttpTarget& target,
+                           std::chrono::steady_clock::time_point run_start,
+                           std::function<void(RequestOutcome)> done);
+
+// GET prefix + path; the body of a 200 answer, else Unavailable with the status and body.
+Result<std::string> HttpGet(const BaseUrl& url, const std::string& path, const std::string& api_key,
+                            double timeout_s);
+
+}  // namespace kvshard::loadgen

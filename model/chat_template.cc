@@ -1,0 +1,217 @@
+#include "model/chat_template.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace kvshard {
+
+std::string_view ChatTemplateStyleName(ChatTemplateStyle style) {
+    switch (style) {
+        case ChatTemplateStyle::kChatMl:
+            return "chatml";
+        case ChatTemplateStyle::kLlama2:
+            return "llama2";
+        case ChatTemplateStyle::kLlama3:
+            return "llama3";
+    }
+    return "chatml";
+}
+
+ChatTemplateTokens ChatTemplateTokensOf(const TokenizerData& data) {
+    auto piece = [&data](int32_t id) {
+        return id >= 0 && id < static_cast<int32_t>(data.tokens.size()) ? data.tokens[id]
+                                                                        : std::string();
+    };
+    return {piece(data.bos_id), piece(data.eos_id)};
+}
+
+namespace {
+
+constexpr std::string_view kImStart = "<|im_start|>";
+constexpr std::string_view kImEnd = "<|im_end|>";
+constexpr std::string_view kHeaderStart = "<|start_header_id|>";
+constexpr std::string_view kHeaderEnd = "<|end_header_id|>";
+constexpr std::string_view kEotId = "<|eot_id|>";
+
+bool Contains(std::string_view s, std::string_view needle) {
+    return s.find(needle) != std::string_view::npos;
+}
+
+// Python's str.strip() (and Jinja's trim) over ASCII whitespace.
+std::string_view Strip(std::string_view s) {
+    constexpr std::string_view kSpace = " \t\n\r\v\f";
+    const size_t begin = s.find_first_not_of(kSpace);
+    if (begin == std::string_view::npos) return {};
+    const size_t end = s.find_last_not_of(kSpace);
+    return s.substr(begin, end - begin + 1);
+}
+
+// A ChatML template may carry a default system prompt as a literal:
+//   '<|im_start|>system\nYou are a helpful AI assistant ...<|im_end|>\n'
+// The newline is either a real one or the two characters "\n" of a Jinja string literal. Returns
+// "" when there is none or the text between the markers is not a plain literal (an expression).
+std::string DefaultChatMlSystemPrompt(std::string_view jinja) {
+    for (std::string_view opening : {"<|im_start|>system\n", "<|im_start|>system\\n"}) {
+        const size_t start = jinja.find(opening);
+        if (start == std::string_view::npos) continue;
+        const size_t text_start = start + opening.size();
+        const size_t end = jinja.find(kImEnd, text_start);
+        if (end == std::string_view::npos) return "";
+        std::string_view literal = jinja.substr(text_start, end - text_start);
+        if (literal.find_first_of("'\"{}+") != std::string_view::npos) return "";
+        std::string text;
+        for (size_t i = 0; i < literal.size(); ++i) {
+            if (literal[i] == '\\' && i + 1 < literal.size() && literal[i + 1] == 'n') {
+                text += '\n';
+                ++i;
+            } else {
+                text += literal[i];
+            }
+        }
+        return text;
+    }
+    return "";
+}
+
+std::string RenderChatMl(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                         const std::string& default_system) {
+    std::string out;
+    auto turn = [&out](std::string_view role, std::string_view content) {
+        out.append(kImStart).append(role).append("\n").append(content).append(kImEnd).append("\n");
+    };
+    if (!default_system.empty() && !messages.empty() && messages.front().role != "system") {
+        turn("system", default_system);
+    }
+    for (const ChatMessage& m : messages) turn(m.role, m.content);
+    if (add_generation_prompt) out.append(kImStart).append("assistant\n");
+    return out;
+}
+
+Result<std::string> RenderLlama2(const std::vector<ChatMessage>& messages,
+                                 const ChatTemplateTokens& tokens) {
+    size_t first = 0;
+    std::string system;
+    const bool has_system = !messages.empty() && messages.front().role == "system";
+    if (has_system) {
+        system = messages.front().content;
+        first = 1;
+    }
+    std::string out;
+    for (size_t i = first; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        const bool expect_user = (i - first) % 2 == 0;
+        if ((m.role == "user") != expect_user || (m.role != "user" && m.role != "assistant")) {
+            return InvalidArgument(
+                "the Llama 2 chat template needs roles alternating user/assistant/user/... after "
+                "an optional first system message; message " +
+                std::to_string(i) + " has role '" + m.role + "'");
+        }
+        std::string content = m.content;
+        if (i == first && has_system) content = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content;
+        if (m.role == "user") {
+            out.append(tokens.bos).append("[INST] ").append(Strip(content)).append(" [/INST]");
+        } else {
+            out.append(" ").append(Strip(content)).append(" ").append(tokens.eos);
+        }
+    }
+    return out;
+}
+
+std::string RenderLlama3(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                         const ChatTemplateTokens& tokens) {
+    std::string out;
+    if (!messages.empty()) out += tokens.bos;
+    for (const ChatMessage& m : messages) {
+        out.append(kHeaderStart).append(m.role).append(kHeaderEnd).append("\n\n");
+        out.append(Strip(m.content)).append(kEotId);
+    }
+    if (add_generation_prompt)
+        out.append(kHeaderStart).append("assistant").append(kHeaderEnd).append("\n\n");
+    return out;
+}
+
+}  // namespace
+
+Result<ChatTemplate> ChatTemplate::FromJinja(std::string_view jinja,
+                                             const ChatTemplateTokens& tokens,
+                                             std::string_view origin) {
+    if (Contains(jinja, kImStart)) {
+        return ChatTemplate(ChatTemplateStyle::kChatMl, tokens, DefaultChatMlSystemPrompt(jinja));
+    }
+    if (Contains(jinja, kHeaderStart) && Contains(jinja, kEotId)) {
+        return ChatTemplate(ChatTemplateStyle::kLlama3, tokens, "");
+    }
+    if (Contains(jinja, "[INST]") && Contains(jinja, "<<SYS>>")) {
+        return ChatTemplate(ChatTemplateStyle::kLlama2, tokens, "");
+    }
+    std::string head(jinja.substr(0, 80));
+    for (char& c : head) {
+        if (c == '\n') c = ' ';
+    }
+    return Unimplemented(std::string(origin) +
+                         " is not a chat template kvshard knows (it renders ChatML, Llama 2 and "
+                         "Llama 3 templates; this one starts \"" +
+                         head +
+                         "\"). Start the server with --chat-template chatml, llama2 or llama3, "
+                         "or a file holding one of those templates");
+}
+
+ChatTemplate ChatTemplate::FromStyle(ChatTemplateStyle style, const ChatTemplateTokens& tokens) {
+    return ChatTemplate(style, tokens, "");
+}
+
+Result<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
+                                         bool add_generation_prompt) const {
+    switch (style_) {
+        case ChatTemplateStyle::kChatMl:
+            return RenderChatMl(messages, add_generation_prompt, default_system_prompt_);
+        case ChatTemplateStyle::kLlama2:
+            return RenderLlama2(messages, tokens_);
+        case ChatTemplateStyle::kLlama3:
+            return RenderLlama3(messages, add_generation_prompt, tokens_);
+    }
+    return Internal("unknown chat template style");
+}
+
+std::string ChatTemplate::end_of_turn() const {
+    switch (style_) {
+        case ChatTemplateStyle::kChatMl:
+            return std::string(kImEnd);
+        case ChatTemplateStyle::kLlama2:
+            return tokens_.eos;
+        case ChatTemplateStyle::kLlama3:
+            return std::string(kEotId);
+    }
+    return tokens_.eos;
+}
+
+Result<std::optional<ChatTemplate>> ResolveChatTemplate(std::string_view model_template,
+                                                        const std::string& override_spec,
+                                                        const ChatTemplateTokens& tokens) {
+    if (!override_spec.empty()) {
+        for (ChatTemplateStyle style :
+             {ChatTemplateStyle::kChatMl, ChatTemplateStyle::kLlama2, ChatTemplateStyle::kLlama3}) {
+            if (override_spec == ChatTemplateStyleName(style)) {
+                return std::optional<ChatTemplate>(ChatTemplate::FromStyle(style, tokens));
+            }
+        }
+        std::ifstream in(override_spec, std::ios::binary);
+        if (!in) {
+            return NotFound("--chat-template " + override_spec +
+                            ": neither a built-in style (chatml, llama2, llama3) nor a readable "
+                            "file");
+        }
+        std::stringstream text;
+        text << in.rdbuf();
+        KV_ASSIGN_OR_RETURN(
+            ChatTemplate t,
+            ChatTemplate::FromJinja(text.str(), tokens, "chat template file " + override_spec));
+        return std::optional<ChatTemplate>(std::move(t));
+    }
+    if (model_template.empty()) return std::optional<ChatTemplate>();
+    KV_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::FromJinja(model_template, tokens,
+                                                                "the model's chat template"));
+    return std::optional<ChatTemplate>(std::move(t));
+}
+
+}  // namespace kvshard

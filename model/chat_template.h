@@ -1,0 +1,88 @@
+// ChatTemplate: turns chat messages into the prompt text a chat model was trained on.
+//
+// kvshard does not run Jinja. It recognises the template that comes with a model (GGUF
+// tokenizer.chat_template, tokenizer_config.json chat_template) as one of the styles below and
+// renders that style natively, producing the same text as the Jinja template would:
+//   kChatMl  "<|im_start|>role\ncontent<|im_end|>\n" per message (SmolLM2, Qwen). A default
+//            system prompt written into the template (SmolLM2: "You are a helpful AI assistant
+//            named SmolLM, trained by Hugging Face") is inserted when the first message is not
+//            a system message, as the template does.
+//   kLlama2  "<s>[INST] <<SYS>>\nsystem\n<</SYS>>\n\nuser [/INST] assistant </s>..."; roles
+//            after an optional system message must alternate user/assistant.
+//   kLlama3  "<|begin_of_text|><|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>"
+//            (Llama 3.0's template; 3.1's date preamble and tool prompts are not reproduced).
+// Any other template is Unimplemented: the server refuses to start and names the way out
+// (--chat-template chatml|llama2|llama3).
+//
+// Thread-safety: immutable after creation; Render may be called from any thread.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "model/tokenizer_data.h"
+
+namespace kvshard {
+
+struct ChatMessage {
+    std::string role;  // "system", "user" or "assistant"
+    std::string content;
+};
+
+enum class ChatTemplateStyle { kChatMl, kLlama2, kLlama3 };
+std::string_view ChatTemplateStyleName(ChatTemplateStyle style);  // "chatml", "llama2", "llama3"
+
+// Text of the special tokens the Jinja templates refer to as bos_token / eos_token.
+struct ChatTemplateTokens {
+    std::string bos;
+    std::string eos;
+};
+
+// The BOS and EOS piece texts of a vocabulary ("" where it has none).
+ChatTemplateTokens ChatTemplateTokensOf(const TokenizerData& data);
+
+class ChatTemplate {
+  public:
+    // Recognises a Jinja template by its markers ("<|im_start|>", "<|start_header_id|>",
+    // "[INST]" with "<<SYS>>"). Unimplemented when it is none of them; `origin` names the
+    // template in that message (a file, "the model's chat template").
+    static Result<ChatTemplate> FromJinja(std::string_view jinja, const ChatTemplateTokens& tokens,
+                                          std::string_view origin);
+    // A built-in style with no default system prompt.
+    static ChatTemplate FromStyle(ChatTemplateStyle style, const ChatTemplateTokens& tokens);
+
+    // The prompt text. With add_generation_prompt it ends with the opening of an assistant turn
+    // (no effect for kLlama2, whose user turns already end with "[/INST]"). InvalidArgument when
+    // the messages break the style's rules (kLlama2 role order).
+    Result<std::string> Render(const std::vector<ChatMessage>& messages,
+                               bool add_generation_prompt) const;
+
+    ChatTemplateStyle style() const { return style_; }
+    const std::string& default_system_prompt() const { return default_system_prompt_; }
+    // The text that ends an assistant turn ("<|im_end|>", "<|eot_id|>", the EOS text): callers
+    // may stop generation on its token as well as on EOS.
+    std::string end_of_turn() const;
+
+  private:
+    ChatTemplate(ChatTemplateStyle style, ChatTemplateTokens tokens, std::string default_system)
+        : style_(style),
+          tokens_(std::move(tokens)),
+          default_system_prompt_(std::move(default_system)) {}
+
+    ChatTemplateStyle style_;
+    ChatTemplateTokens tokens_;
+    std::string default_system_prompt_;
+};
+
+// The template the server uses. `override_spec` (--chat-template / chat_template in the config)
+// wins: a style name, else a file holding a Jinja template of a recognised shape. Otherwise the
+// model's own template. nullopt when neither exists (the model has no chat template): chat
+// requests then fail with a message saying how to give one.
+Result<std::optional<ChatTemplate>> ResolveChatTemplate(std::string_view model_template,
+                                                        const std::string& override_spec,
+                                                        const ChatTemplateTokens& tokens);
+
+}  // namespace kvshard

@@ -1,0 +1,174 @@
+// ApiService without sockets: what a request body becomes (tokens, BOS, seeds, ids), and the
+// mapping of engine failures to HTTP errors.
+#include "coordinator/api_service.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "model/gguf.h"
+#include "model/tokenizer_data.h"
+#include "tests/coordinator/http_test_util.h"
+#include "tests/test_util.h"
+
+namespace kvshard {
+namespace {
+
+using testing::FakeEngine;
+
+// Bytes, then <|begin_of_text|> (256, BOS, added to prompts) and the Llama 3 markers.
+std::unique_ptr<Tokenizer> Llama3LikeTokenizer() {
+    TokenizerData d;
+    d.kind = TokenizerKind::kByteLevelBpe;
+    for (const std::string& s : ByteLevelEncodeTable()) d.tokens.push_back(s);
+    for (const char* special :
+         {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}) {
+        d.tokens.push_back(special);
+    }
+    d.types.assign(d.tokens.size(), TokenType::kNormal);
+    for (size_t i = 256; i < d.tokens.size(); ++i) d.types[i] = TokenType::kControl;
+    d.bos_id = 256;
+    d.eos_id = 259;
+    d.add_bos = true;
+    return std::move(Tokenizer::Create(std::move(d))).value();
+}
+
+struct Service {
+    explicit Service(std::unique_ptr<Tokenizer> t, std::optional<ChatTemplate> chat = std::nullopt)
+        : tokenizer(std::move(t)) {
+        ApiServiceOptions o;
+        o.model = {"m", "/models/m.gguf", tokenizer->vocab_size()};
+        o.chat_template = std::move(chat);
+        api = std::make_unique<ApiService>(engine, *tokenizer, std::make_shared<ServerMetrics>("m"),
+                                           std::move(o));
+    }
+    PreparedGeneration Prepare(ApiEndpoint endpoint, const std::string& body) {
+        auto p = api->Prepare(endpoint, body);
+        if (auto* e = std::get_if<ApiError>(&p)) {
+            ADD_FAILURE() << body << " -> " << e->message;
+            return {};
+        }
+        return std::get<PreparedGeneration>(p);
+    }
+    FakeEngine engine;
+    std::unique_ptr<Tokenizer> tokenizer;
+    std::unique_ptr<ApiService> api;
+};
+
+TEST(ApiService, BosIsAddedOnce) {
+    const ChatTemplateTokens special{"<|begin_of_text|>", "<|eot_id|>"};
+    Service s(Llama3LikeTokenizer(), ChatTemplate::FromStyle(ChatTemplateStyle::kLlama3, special));
+    // Completions: the tokenizer's add_bos.
+    EXPECT_EQ(s.Prepare(ApiEndpoint::kCompletions, R"({"prompt": "ab"})").request.prompt_token_ids,
+              (std::vector<int32_t>{256, 'a', 'b'}));
+    // Chat: the template writes BOS itself; no second one.
+    const auto chat = s.Prepare(ApiEndpoint::kChatCompletions,
+                                R"({"messages": [{"role": "user", "content": "x"}]})");
+    const std::vector<int32_t> expect = {256,  257, 'u', 's', 'e', 'r', 258,  '\n',
+                                         '\n', 'x', 259, 257, 'a', 's', 's',  'i',
+                                         's',  't', 'a', 'n', 't', 258, '\n', '\n'};
+    EXPECT_EQ(chat.request.prompt_token_ids, expect);
+    // Token-id prompts are taken as given.
+    EXPECT_EQ(
+        s.Prepare(ApiEndpoint::kCompletions, R"({"prompt": [5, 6]})").request.prompt_token_ids,
+        (std::vector<int32_t>{5, 6}));
+}
+
+TEST(ApiService, IdsSeedsAndContext) {
+    Service s(testing::ByteTokenizer());
+    std::set<std::string> ids;
+    std::set<uint64_t> seeds;
+    for (int i = 0; i < 20; ++i) {
+        const auto p =
+            s.Prepare(ApiEndpoint::kCompletions, R"({"prompt": "a", "temperature": 0.7})");
+        EXPECT_EQ(p.request.request_id.rfind("cmpl-", 0), 0u);
+        EXPECT_EQ(p.context.id, p.request.request_id);
+        ids.insert(p.request.request_id);
+        seeds.insert(p.request.sampling.seed);
+        EXPECT_EQ(p.request.max_tokens, 16);
+    }
+    EXPECT_EQ(ids.size(), 20u);
+    EXPECT_EQ(seeds.size(), 20u);  // no seed given: a fresh one each time
+    auto no_template =
+        s.api->Prepare(ApiEndpoint::kChatCompletions,
+                       R"({"model": "m.gguf", "messages": [{"role": "user", "content": "a"}]})");
+    ASSERT_TRUE(std::holds_alternative<ApiError>(no_template));
+    EXPECT_EQ(std::get<ApiError>(no_template).code, "chat_template_missing");
+    Service with_chat(testing::ByteTokenizer(),
+                      ChatTemplate::FromStyle(ChatTemplateStyle::kChatMl, {}));
+    const auto c = with_chat.Prepare(ApiEndpoint::kChatCompletions,
+                                     R"({"messages": [{"role": "user", "content": "a"}], "n": 2,
+                                         "stream": true, "stream_options": {"include_usage": true}})");
+    EXPECT_EQ(c.request.request_id.rfind("chatcmpl-", 0), 0u);
+    // Chat without max_tokens gets the rest of the context.
+    EXPECT_EQ(c.request.max_tokens, 4096 - static_cast<int64_t>(c.request.prompt_token_ids.size()));
+    EXPECT_TRUE(c.stream);
+    EXPECT_EQ(c.context.n, 2);
+    EXPECT_TRUE(c.context.include_usage);
+    EXPECT_EQ(c.context.model, "m");
+}
+
+TEST(ApiService, ErrorsFromStatus) {
+    struct Case {
+        StatusCode code;
+        int http;
+    };
+    for (const Case& c :
+         {Case{StatusCode::kInvalidArgument, 400}, Case{StatusCode::kOutOfRange, 400},
+          Case{StatusCode::kNotFound, 404}, Case{StatusCode::kResourceExhausted, 429},
+          Case{StatusCode::kUnavailable, 503}, Case{StatusCode::kDeadlineExceeded, 504},
+          Case{StatusCode::kInternal, 500}}) {
+        const ApiError e = ApiService::ErrorFromStatus(Status(c.code, "why"));
+        EXPECT_EQ(e.http_status, c.http) << StatusCodeName(c.code);
+        EXPECT_EQ(e.message, "why");
+    }
+}
+
+TEST(ApiService, Authorization) {
+    Service open(testing::ByteTokenizer());
+    EXPECT_TRUE(open.api->Authorized(""));
+    FakeEngine engine;
+    auto tok = testing::ByteTokenizer();
+    ApiServiceOptions o;
+    o.api_keys = {"k1", "k2"};
+    ApiService api(engine, *tok, std::make_shared<ServerMetrics>("m"), o);
+    EXPECT_TRUE(api.Authorized("Bearer k2"));
+    EXPECT_FALSE(api.Authorized("Bearer k3"));
+    EXPECT_FALSE(api.Authorized("Bearer k"));
+    EXPECT_FALSE(api.Authorized("k1"));
+    EXPECT_FALSE(api.Authorized(""));
+}
+
+// The default model: ChatML markers become single special tokens and SmolLM2's default system
+// prompt is rendered; no BOS (SmolLM2 adds none).
+TEST(ApiService, DefaultModelChatPrompt) {
+    const std::string path = testing::DefaultModel();
+    KV_REQUIRE_FIXTURE(path, "default model");
+    auto gguf = GgufFile::Open(path);
+    ASSERT_TRUE(gguf.ok());
+    auto data = TokenizerDataFromGguf(**gguf);
+    ASSERT_TRUE(data.ok());
+    const std::string jinja = data->chat_template;
+    const ChatTemplateTokens special = ChatTemplateTokensOf(*data);
+    auto tok = Tokenizer::Create(std::move(data).value());
+    ASSERT_TRUE(tok.ok());
+    auto tmpl = ResolveChatTemplate(jinja, "", special);
+    ASSERT_TRUE(tmpl.ok() && tmpl->has_value());
+    Service s(std::move(tok).value(), **tmpl);
+    const auto p = s.Prepare(ApiEndpoint::kChatCompletions,
+                             R"({"messages": [{"role": "user", "content": "Hi"}]})");
+    const std::vector<int32_t>& ids = p.request.prompt_token_ids;
+    const int32_t im_start = s.tokenizer->PieceToId("<|im_start|>");
+    const int32_t im_end = s.tokenizer->PieceToId("<|im_end|>");
+    ASSERT_GE(im_start, 0);
+    ASSERT_FALSE(ids.empty());
+    EXPECT_EQ(ids.front(), im_start);
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), im_start), 3);  // system, user, assistant
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), im_end), 2);
+    EXPECT_NE(s.tokenizer->Decode(ids).find("named SmolLM"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvshard

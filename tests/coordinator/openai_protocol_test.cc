@@ -1,0 +1,257 @@
+// Request parsing and validation: one row per rule, each naming the HTTP status and the param the
+// error must carry.
+#include "coordinator/openai_protocol.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace kvshard {
+namespace {
+
+using nlohmann::json;
+
+const ServedModel kModel{"smol", "/models/SmolLM2.gguf", 1000};
+
+constexpr ApiEndpoint kCmpl = ApiEndpoint::kCompletions;
+constexpr ApiEndpoint kChat = ApiEndpoint::kChatCompletions;
+
+OpenAiRequest ParseOk(ApiEndpoint endpoint, const std::string& body) {
+    ParsedRequest r = ParseOpenAiRequest(endpoint, body, kModel);
+    if (auto* e = std::get_if<ApiError>(&r)) {
+        ADD_FAILURE() << body << " -> " << e->message;
+        return {};
+    }
+    return std::get<OpenAiRequest>(r);
+}
+
+struct BadCase {
+    ApiEndpoint endpoint;
+    std::string body;
+    int status;
+    std::string param;         // "" when the error has no param
+    std::string message_part;  // a piece of the message
+};
+
+TEST(OpenAiProtocol, RejectsBadRequests) {
+    const std::string p = R"("prompt": "hi")";
+    const std::string m = R"("messages": [{"role": "user", "content": "hi"}])";
+    const BadCase cases[] = {
+        // Body-level.
+        {kCmpl, "{", 400, "", "not valid JSON"},
+        {kCmpl, "", 400, "", "not valid JSON"},
+        {kCmpl, "[1, 2]", 400, "", "must be a JSON object"},
+        {kCmpl, "{\"prompt\": \"\xff\xfe\"}", 400, "", "not valid UTF-8"},
+        {kCmpl, "{\"prompt\": \"\xc3\"}", 400, "", "not valid UTF-8"},
+        {kCmpl, R"({"prompt": "\ud800"})", 400, "", "not valid JSON"},
+        // model
+        {kCmpl, R"({"model": "gpt-4", "prompt": "hi"})", 404, "model", "'gpt-4' does not exist"},
+        {kCmpl, R"({"model": 3, "prompt": "hi"})", 400, "model", "must be a string"},
+        // prompt
+        {kCmpl, "{}", 400, "prompt", "'prompt' is required"},
+        {kCmpl, R"({"prompt": 5})", 400, "prompt", "must be a string or an array"},
+        {kCmpl, R"({"prompt": []})", 400, "prompt", "must not be empty"},
+        {kCmpl, R"({"prompt": ["a", "b"]})", 400, "prompt", "only one prompt"},
+        {kCmpl, R"({"prompt": [1, "b"]})", 400, "prompt", "only one prompt"},
+        {kCmpl, R"({"prompt": [1, 1000]})", 400, "prompt", "outside the vocabulary"},
+        {kCmpl, R"({"prompt": [-1]})", 400, "prompt", "outside the vocabulary"},
+        {kCmpl, R"({"prompt": [1.5]})", 400, "prompt", "array of token ids"},
+        // messages
+        {kChat, "{}", 400, "messages", "'messages' is required"},
+        {kChat, R"({"messages": []})", 400, "messages", "must not be empty"},
+        {kChat, R"({"messages": "hi"})", 400, "messages", "must be an array"},
+        {kChat, R"({"messages": ["hi"]})", 400, "messages[0]", "must be an object"},
+        {kChat, R"({"messages": [{"content": "hi"}]})", 400, "messages[0].role",
+         "must be a string"},
+        {kChat, R"({"messages": [{"role": "tool", "content": "x"}]})", 400, "messages[0].role",
+         "system, user or assistant"},
+        {kChat, R"({"messages": [{"role": "user"}]})", 400, "messages[0].content", "is required"},
+        {kChat, R"({"messages": [{"role": "user", "content": null}]})", 400, "messages[0].content",
+         "must not be null"},
+        {kChat, R"({"messages": [{"role": "user", "content": 7}]})", 400, "messages[0].content",
+         "string or an array of text parts"},
+        {kChat,
+         R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})",
+         400, "messages[0].content[0]", "only text content parts"},
+        {kChat, R"({"messages": [{"role": "user", "content": [{"type": "text"}]}]})", 400,
+         "messages[0].content[0].text", "must be a string"},
+        // max_tokens
+        {kCmpl, "{" + p + R"(, "max_tokens": 0})", 400, "max_tokens", "must be > 0"},
+        {kCmpl, "{" + p + R"(, "max_tokens": -5})", 400, "max_tokens", "must be > 0"},
+        {kCmpl, "{" + p + R"(, "max_tokens": "10"})", 400, "max_tokens",
+         "must be an integer, got a string"},
+        {kCmpl, "{" + p + R"(, "max_tokens": 1.5})", 400, "max_tokens", "must be an integer"},
+        {kChat, "{" + m + R"(, "max_completion_tokens": 0})", 400, "max_completion_tokens", "> 0"},
+        {kChat, "{" + m + R"(, "max_tokens": 0})", 400, "max_tokens", "> 0"},
+        // sampling
+        {kCmpl, "{" + p + R"(, "temperature": 2.5})", 400, "temperature", "[0, 2]"},
+        {kCmpl, "{" + p + R"(, "temperature": -0.1})", 400, "temperature", "[0, 2]"},
+        {kCmpl, "{" + p + R"(, "temperature": "hot"})", 400, "temperature", "must be a number"},
+        {kCmpl, "{" + p + R"(, "top_p": 0})", 400, "top_p", "(0, 1]"},
+        {kCmpl, "{" + p + R"(, "top_p": 1.01})", 400, "top_p", "(0, 1]"},
+        {kCmpl, "{" + p + R"(, "top_k": -2})", 400, "top_k", "-1 or 0"},
+        {kCmpl, "{" + p + R"(, "top_k": 2.5})", 400, "top_k", "must be an integer"},
+        {kCmpl, "{" + p + R"(, "min_p": 1.5})", 400, "min_p", "[0, 1]"},
+        {kCmpl, "{" + p + R"(, "seed": "x"})", 400, "seed", "must be an integer"},
+        {kCmpl, "{" + p + R"(, "presence_penalty": 0.5})", 400, "presence_penalty",
+         "not supported"},
+        {kCmpl, "{" + p + R"(, "frequency_penalty": 1})", 400, "frequency_penalty",
+         "not supported"},
+        {kCmpl, "{" + p + R"(, "logit_bias": {"5": 1}})", 400, "logit_bias", "not supported"},
+        // stop
+        {kCmpl, "{" + p + R"(, "stop": ["a", "b", "c", "d", "e"]})", 400, "stop", "at most 4"},
+        {kCmpl, "{" + p + R"(, "stop": [1]})", 400, "stop", "string or an array of strings"},
+        {kCmpl, "{" + p + R"(, "stop": 5})", 400, "stop", "string or an array of strings"},
+        {kCmpl, "{" + p + R"(, "stop": ""})", 400, "stop", "must not be empty"},
+        // n
+        {kCmpl, "{" + p + R"(, "n": 0})", 400, "n", "1..16"},
+        {kCmpl, "{" + p + R"(, "n": 17})", 400, "n", "1..16"},
+        {kCmpl, "{" + p + R"(, "best_of": 3})", 400, "best_of", "not supported"},
+        // logprobs
+        {kCmpl, "{" + p + R"(, "logprobs": 6})", 400, "logprobs", "0..5"},
+        {kCmpl, "{" + p + R"(, "logprobs": true})", 400, "logprobs", "must be an integer"},
+        {kChat, "{" + m + R"(, "logprobs": 2})", 400, "logprobs", "must be a boolean"},
+        {kChat, "{" + m + R"(, "logprobs": true, "top_logprobs": 21})", 400, "top_logprobs",
+         "0..20"},
+        {kChat, "{" + m + R"(, "top_logprobs": 2})", 400, "top_logprobs", "needs 'logprobs'"},
+        // streaming and flags
+        {kCmpl, "{" + p + R"(, "stream": "yes"})", 400, "stream", "must be a boolean"},
+        {kCmpl, "{" + p + R"(, "stream_options": {"include_usage": true}})", 400, "stream_options",
+         "only allowed when 'stream' is true"},
+        {kCmpl, "{" + p + R"(, "stream": true, "stream_options": 1})", 400, "stream_options",
+         "must be an object"},
+        {kCmpl, "{" + p + R"(, "stream": true, "stream_options": {"include_usage": 1}})", 400,
+         "stream_options.include_usage", "must be a boolean"},
+        {kCmpl, "{" + p + R"(, "ignore_eos": 1})", 400, "ignore_eos", "must be a boolean"},
+        {kCmpl, "{" + p + R"(, "echo": true})", 400, "echo", "not supported"},
+        {kCmpl, "{" + p + R"(, "suffix": "x"})", 400, "suffix", "not supported"},
+        {kCmpl, "{" + p + R"(, "user": 5})", 400, "user", "must be a string"},
+        {kChat, "{" + m + R"(, "tools": [{"type": "function"}]})", 400, "tools", "not supported"},
+        {kChat, "{" + m + R"(, "tool_choice": "auto"})", 400, "tool_choice", "not supported"},
+        {kChat, "{" + m + R"(, "response_format": {"type": "json_object"}})", 400,
+         "response_format", "not supported"},
+    };
+    for (const BadCase& c : cases) {
+        ParsedRequest r = ParseOpenAiRequest(c.endpoint, c.body, kModel);
+        const ApiError* e = std::get_if<ApiError>(&r);
+        ASSERT_NE(e, nullptr) << "accepted: " << c.body;
+        EXPECT_EQ(e->http_status, c.status) << c.body;
+        EXPECT_EQ(e->param, c.param) << c.body << " -> " << e->message;
+        EXPECT_NE(e->message.find(c.message_part), std::string::npos)
+            << c.body << " -> " << e->message;
+        // The body is OpenAI's error shape.
+        const json body = json::parse(ApiErrorBody(*e));
+        EXPECT_EQ(body["error"]["message"], e->message);
+        EXPECT_TRUE(body["error"]["type"].is_string());
+        EXPECT_EQ(body["error"]["param"].is_null(), c.param.empty());
+        EXPECT_TRUE(body["error"].contains("code"));
+    }
+}
+
+TEST(OpenAiProtocol, UnknownModelIsModelNotFound) {
+    ParsedRequest r = ParseOpenAiRequest(kCmpl, R"({"model": "x", "prompt": "a"})", kModel);
+    const ApiError& e = std::get<ApiError>(r);
+    EXPECT_EQ(e.http_status, 404);
+    EXPECT_EQ(e.code, "model_not_found");
+    const json body = json::parse(ApiErrorBody(e));
+    EXPECT_EQ(body["error"]["code"], "model_not_found");
+    EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+}
+
+TEST(OpenAiProtocol, AcceptsModelNameBaseNameOrNone) {
+    for (const char* body :
+         {R"({"model": "smol", "prompt": "a"})", R"({"model": "SmolLM2.gguf", "prompt": "a"})",
+          R"({"prompt": "a"})", R"({"model": null, "prompt": "a"})"}) {
+        EXPECT_TRUE(std::holds_alternative<OpenAiRequest>(ParseOpenAiRequest(kCmpl, body, kModel)))
+            << body;
+    }
+}
+
+TEST(OpenAiProtocol, CompletionDefaultsAndValues) {
+    OpenAiRequest d = ParseOk(kCmpl, R"({"prompt": "Once"})");
+    EXPECT_EQ(d.prompt, "Once");
+    EXPECT_FALSE(d.prompt_is_token_ids);
+    EXPECT_FALSE(d.max_tokens.has_value());
+    EXPECT_FLOAT_EQ(d.sampling.temperature, 1.0f);  // the API's default
+    EXPECT_FLOAT_EQ(d.sampling.top_p, 1.0f);
+    EXPECT_EQ(d.sampling.top_k, 0);
+    EXPECT_FALSE(d.has_seed);
+    EXPECT_EQ(d.n, 1);
+    EXPECT_EQ(d.num_top_logprobs, -1);
+    EXPECT_FALSE(d.stream);
+
+    OpenAiRequest r = ParseOk(kCmpl, R"({"prompt": ["Once"], "max_tokens": 32, "temperature": 0,
+        "top_p": 0.9, "top_k": -1, "min_p": 0.05, "seed": -1, "stop": "\n", "n": 3, "logprobs": 2,
+        "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true,
+        "echo": false, "presence_penalty": 0, "user": "u", "best_of": 3, "unknown_field": [1]})");
+    EXPECT_EQ(r.prompt, "Once");
+    EXPECT_EQ(*r.max_tokens, 32);
+    EXPECT_FLOAT_EQ(r.sampling.temperature, 0.0f);
+    EXPECT_FLOAT_EQ(r.sampling.top_p, 0.9f);
+    EXPECT_EQ(r.sampling.top_k, 0);
+    EXPECT_FLOAT_EQ(r.sampling.min_p, 0.05f);
+    EXPECT_TRUE(r.has_seed);
+    EXPECT_EQ(r.sampling.seed, ~uint64_t{0});
+    EXPECT_EQ(r.stop, (std::vector<std::string>{"\n"}));
+    EXPECT_EQ(r.n, 3);
+    EXPECT_EQ(r.num_top_logprobs, 2);
+    EXPECT_TRUE(r.stream);
+    EXPECT_TRUE(r.include_usage);
+    EXPECT_TRUE(r.ignore_eos);
+
+    OpenAiRequest ids = ParseOk(kCmpl, R"({"prompt": [[1, 2, 999]], "top_k": 40})");
+    EXPECT_TRUE(ids.prompt_is_token_ids);
+    EXPECT_EQ(ids.prompt_token_ids, (std::vector<int32_t>{1, 2, 999}));
+    EXPECT_EQ(ids.sampling.top_k, 40);
+    EXPECT_EQ(ParseOk(kCmpl, R"({"prompt": [5]})").prompt_token_ids, (std::vector<int32_t>{5}));
+    EXPECT_EQ(*ParseOk(kCmpl, R"({"prompt": "a", "max_tokens": 8.0})").max_tokens, 8);
+}
+
+TEST(OpenAiProtocol, ChatValues) {
+    OpenAiRequest r = ParseOk(kChat, R"({"model": "smol", "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": "ok", "name": "bot"}],
+        "max_tokens": 5, "max_completion_tokens": 7, "logprobs": true, "top_logprobs": 3,
+        "tools": [], "tool_choice": "none", "response_format": {"type": "text"}})");
+    ASSERT_EQ(r.messages.size(), 3u);
+    EXPECT_EQ(r.messages[0].role, "system");
+    EXPECT_EQ(r.messages[1].content, "a\nb");
+    EXPECT_EQ(r.messages[2].content, "ok");
+    EXPECT_EQ(*r.max_tokens, 7);  // max_completion_tokens wins
+    EXPECT_EQ(r.num_top_logprobs, 3);
+    EXPECT_TRUE(r.add_generation_prompt);
+    EXPECT_EQ(
+        ParseOk(kChat, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true})")
+            .num_top_logprobs,
+        0);
+    EXPECT_EQ(
+        ParseOk(kChat, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": false})")
+            .num_top_logprobs,
+        -1);
+}
+
+TEST(OpenAiProtocol, ResolveMaxTokens) {
+    OpenAiRequest cmpl;
+    cmpl.endpoint = kCmpl;
+    EXPECT_EQ(std::get<int64_t>(ResolveMaxTokens(cmpl, 10, 100)), 16);  // the API's default
+    EXPECT_EQ(std::get<int64_t>(ResolveMaxTokens(cmpl, 90, 100)), 10);
+    OpenAiRequest chat;
+    chat.endpoint = kChat;
+    EXPECT_EQ(std::get<int64_t>(ResolveMaxTokens(chat, 10, 100)), 90);  // the rest of the context
+    chat.max_tokens = 90;
+    EXPECT_EQ(std::get<int64_t>(ResolveMaxTokens(chat, 10, 100)), 90);
+    chat.max_tokens = 91;
+    const ApiError over = std::get<ApiError>(ResolveMaxTokens(chat, 10, 100));
+    EXPECT_EQ(over.http_status, 400);
+    EXPECT_EQ(over.param, "max_tokens");
+    EXPECT_EQ(over.code, "context_length_exceeded");
+    const ApiError too_long = std::get<ApiError>(ResolveMaxTokens(cmpl, 100, 100));
+    EXPECT_EQ(too_long.param, "prompt");
+    EXPECT_NE(too_long.message.find("100 tokens"), std::string::npos);
+    EXPECT_EQ(std::get<ApiError>(ResolveMaxTokens(chat, 150, 100)).param, "messages");
+}
+
+}  // namespace
+}  // namespace kvshard

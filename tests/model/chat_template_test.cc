@@ -1,0 +1,180 @@
+// Chat templates: recognition of the model's Jinja template and rendering checked against Jinja2's
+// own output (tests/golden/chat_templates.json, made by the script beside it).
+#include "model/chat_template.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/build_config.h"
+#include "model/gguf.h"
+#include "tests/test_util.h"
+
+namespace kvshard {
+namespace {
+
+using nlohmann::json;
+
+json Golden() {
+    std::ifstream in(std::string(KVSHARD_SOURCE_DIR) + "/tests/golden/chat_templates.json");
+    EXPECT_TRUE(in.good());
+    return json::parse(in);
+}
+
+std::vector<ChatMessage> Messages(const json& list) {
+    std::vector<ChatMessage> out;
+    for (const json& m : list) out.push_back({m["role"], m["content"]});
+    return out;
+}
+
+ChatTemplateTokens Tokens(const json& t) { return {t["bos"], t["eos"]}; }
+
+TEST(ChatTemplate, RendersAsJinjaDoes) {
+    const json golden = Golden();
+    ASSERT_FALSE(golden["rendered"].empty());
+    for (const json& r : golden["rendered"]) {
+        const json& t = golden["templates"][r["template"].get<std::string>()];
+        auto tmpl = ChatTemplate::FromJinja(t["jinja"].get<std::string>(), Tokens(t), "test");
+        ASSERT_TRUE(tmpl.ok()) << tmpl.status().ToString();
+        auto text =
+            tmpl->Render(Messages(golden["conversations"][r["conversation"].get<std::string>()]),
+                         r["add_generation_prompt"]);
+        ASSERT_TRUE(text.ok()) << text.status().ToString();
+        EXPECT_EQ(*text, r["text"].get<std::string>())
+            << r["template"] << " " << r["conversation"] << " gen=" << r["add_generation_prompt"];
+    }
+}
+
+TEST(ChatTemplate, RecognisesStyles) {
+    const json golden = Golden();
+    struct Case {
+        const char* name;
+        ChatTemplateStyle style;
+    };
+    for (const Case& c :
+         {Case{"smollm2", ChatTemplateStyle::kChatMl}, Case{"llama2", ChatTemplateStyle::kLlama2},
+          Case{"llama3", ChatTemplateStyle::kLlama3}}) {
+        const json& t = golden["templates"][c.name];
+        auto tmpl = ChatTemplate::FromJinja(t["jinja"].get<std::string>(), Tokens(t), "test");
+        ASSERT_TRUE(tmpl.ok()) << c.name;
+        EXPECT_EQ(tmpl->style(), c.style) << c.name;
+    }
+}
+
+TEST(ChatTemplate, SmolLm2DefaultSystemPrompt) {
+    const json golden = Golden();
+    const json& t = golden["templates"]["smollm2"];
+    auto tmpl = ChatTemplate::FromJinja(t["jinja"].get<std::string>(), Tokens(t), "test");
+    ASSERT_TRUE(tmpl.ok());
+    EXPECT_EQ(tmpl->default_system_prompt(),
+              "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+    EXPECT_EQ(tmpl->end_of_turn(), "<|im_end|>");
+    // The same prompt written with Jinja "\n" escapes instead of real newlines.
+    auto escaped = ChatTemplate::FromJinja(
+        "{{ '<|im_start|>system\\nBe nice.<|im_end|>\\n' }}{{'<|im_start|>' + message['role']}}",
+        {}, "test");
+    ASSERT_TRUE(escaped.ok());
+    EXPECT_EQ(escaped->default_system_prompt(), "Be nice.");
+    // A plain ChatML template (no literal system turn) has none.
+    auto plain = ChatTemplate::FromJinja(
+        "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+        "'<|im_end|>\\n'}}{% endfor %}",
+        {}, "test");
+    ASSERT_TRUE(plain.ok());
+    EXPECT_EQ(plain->default_system_prompt(), "");
+    EXPECT_EQ(*plain->Render({{"user", "x"}}, true),
+              "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(ChatTemplate, BuiltInStylesHaveNoDefaultSystemPrompt) {
+    ChatTemplate chatml = ChatTemplate::FromStyle(ChatTemplateStyle::kChatMl, {});
+    EXPECT_EQ(*chatml.Render({{"user", "Hi"}}, false), "<|im_start|>user\nHi<|im_end|>\n");
+    ChatTemplate llama3 = ChatTemplate::FromStyle(ChatTemplateStyle::kLlama3, {"<B>", "<E>"});
+    EXPECT_EQ(*llama3.Render({{"user", "Hi"}}, false),
+              "<B><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>");
+    EXPECT_EQ(llama3.end_of_turn(), "<|eot_id|>");
+    ChatTemplate llama2 = ChatTemplate::FromStyle(ChatTemplateStyle::kLlama2, {"<s>", "</s>"});
+    EXPECT_EQ(llama2.end_of_turn(), "</s>");
+}
+
+TEST(ChatTemplate, Llama2RejectsRolesOutOfOrder) {
+    ChatTemplate t = ChatTemplate::FromStyle(ChatTemplateStyle::kLlama2, {"<s>", "</s>"});
+    const std::vector<std::vector<ChatMessage>> bad = {
+        {{"assistant", "a"}},
+        {{"user", "a"}, {"user", "b"}},
+        {{"system", "s"}, {"assistant", "a"}},
+        {{"user", "a"}, {"system", "s"}},
+    };
+    for (const auto& messages : bad) {
+        auto r = t.Render(messages, true);
+        ASSERT_FALSE(r.ok());
+        EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+        EXPECT_NE(r.status().message().find("alternating"), std::string::npos);
+    }
+}
+
+TEST(ChatTemplate, UnknownTemplateIsUnimplemented) {
+    auto r = ChatTemplate::FromJinja("{{ bos_token }}{% for m in messages %}<|user|>{% endfor %}",
+                                     {}, "the model's chat template");
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
+    EXPECT_NE(r.status().message().find("the model's chat template"), std::string::npos);
+    EXPECT_NE(r.status().message().find("--chat-template"), std::string::npos);
+    // Mistral's [INST] without <<SYS>> is a different format.
+    EXPECT_FALSE(
+        ChatTemplate::FromJinja("{{ '[INST] ' + m['content'] + ' [/INST]' }}", {}, "x").ok());
+}
+
+TEST(ResolveChatTemplate, OverrideByNameOrFile) {
+    const json golden = Golden();
+    const std::string smol = golden["templates"]["smollm2"]["jinja"];
+    // No override: the model's template; none at all: nullopt.
+    auto model = ResolveChatTemplate(smol, "", {});
+    ASSERT_TRUE(model.ok());
+    ASSERT_TRUE(model->has_value());
+    EXPECT_EQ((*model)->style(), ChatTemplateStyle::kChatMl);
+    auto none = ResolveChatTemplate("", "", {});
+    ASSERT_TRUE(none.ok());
+    EXPECT_FALSE(none->has_value());
+    // A style name wins over the model's template.
+    auto named = ResolveChatTemplate(smol, "llama3", {});
+    ASSERT_TRUE(named.ok());
+    EXPECT_EQ((*named)->style(), ChatTemplateStyle::kLlama3);
+    // A file with a Jinja template.
+    testing::TempDir dir;
+    testing::WriteFile(dir.File("t.jinja"),
+                       golden["templates"]["llama2"]["jinja"].get<std::string>());
+    auto file = ResolveChatTemplate("", dir.File("t.jinja"), {"<s>", "</s>"});
+    ASSERT_TRUE(file.ok()) << file.status().ToString();
+    EXPECT_EQ((*file)->style(), ChatTemplateStyle::kLlama2);
+    // A file of an unknown shape, a missing file, an unknown model template.
+    testing::WriteFile(dir.File("odd.jinja"), "{{ messages }}");
+    auto odd = ResolveChatTemplate("", dir.File("odd.jinja"), {});
+    EXPECT_EQ(odd.status().code(), StatusCode::kUnimplemented);
+    EXPECT_NE(odd.status().message().find("odd.jinja"), std::string::npos);
+    EXPECT_EQ(ResolveChatTemplate("", dir.File("missing"), {}).status().code(),
+              StatusCode::kNotFound);
+    EXPECT_EQ(ResolveChatTemplate("{{ messages }}", "", {}).status().code(),
+              StatusCode::kUnimplemented);
+}
+
+TEST(ChatTemplate, DefaultModelTemplateIsChatMl) {
+    const std::string path = testing::DefaultModel();
+    KV_REQUIRE_FIXTURE(path, "default model");
+    // The GGUF's template is the one the golden file was rendered from.
+    const json golden = Golden();
+    auto gguf = GgufFile::Open(path);
+    ASSERT_TRUE(gguf.ok()) << gguf.status().ToString();
+    auto jinja = (*gguf)->GetString("tokenizer.chat_template");
+    ASSERT_TRUE(jinja.ok()) << jinja.status().ToString();
+    EXPECT_EQ(*jinja, golden["templates"]["smollm2"]["jinja"].get<std::string>());
+    auto tmpl = ChatTemplate::FromJinja(*jinja, {}, "default model");
+    ASSERT_TRUE(tmpl.ok());
+    EXPECT_EQ(tmpl->style(), ChatTemplateStyle::kChatMl);
+}
+
+}  // namespace
+}  // namespace kvshard
