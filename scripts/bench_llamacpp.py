@@ -24,6 +24,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
 
+    # Silence llama.cpp's load-time log (it goes to stderr, which scripts/bench-engine keeps).
     L.llama_backend_init()
     mparams = L.llama_model_default_params()
     model = L.llama_model_load_from_file(a.model.encode(), mparams)

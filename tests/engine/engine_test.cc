@@ -138,6 +138,8 @@ struct BatchCase {
     int64_t max_num_seqs;
 };
 
+void PrintTo(const BatchCase& c, std::ostream* os) { *os << c.name; }
+
 class EngineBatching : public EngineTest, public ::testing::WithParamInterface<BatchCase> {};
 
 // 32 concurrent greedy requests each produce exactly the tokens of the same request alone —
