@@ -1,16 +1,23 @@
-// `kvshard bench-engine`: prefill and decode tokens/s of the engine on this machine, no server.
-#include <nlohmann/json.hpp>
-
+// `kvshard bench-engine`: prefill and decode tokens/s of the engine on this machine, no server;
+// tensor-parallel with --tp N on worker threads (--comm local) or as `mpirun -np N` processes
+// (--comm mpi; rank 0 prints).
+#include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/commands.h"
+#include "comm/collective.h"
+#include "comm/mpi_runtime.h"
 #include "common/logging.h"
 #include "kernels/cpu_ops.h"
 #include "worker/local_model.h"
 #include "worker/throughput.h"
+#include "worker/tp_group.h"
 
 namespace kvshard::cli {
 namespace {
@@ -23,36 +30,102 @@ struct BenchFlags {
     int64_t runs = 3;
     int threads = 0;
     bool json = false;
+    int tp = 1;
+    std::string comm = "local";
 };
 
 int RunBench(const BenchFlags& f) {
-    InitLogging("bench", "warn");
-    if (f.threads > 0) cpu::SetNumThreads(f.threads);
-    LocalModelOptions lo;
-    lo.runner.max_context = f.prompt_tokens + f.decode_tokens;
-    Result<LocalModel> m = LoadLocalModel(f.model, lo);
-    if (!m.ok()) return Fail(m.status().message());
+    if (f.comm != "local" && f.comm != "mpi") {
+        return Fail("--comm: '" + f.comm + "' is not one of local, mpi");
+    }
+    // --comm mpi: this process is one rank; its peers are the other mpirun processes.
+    std::unique_ptr<MpiRuntime> mpi;
+    std::unique_ptr<Collective> collective;
+    int rank = 0;
+    if (f.comm == "mpi") {
+        Result<std::unique_ptr<MpiRuntime>> rt = MpiRuntime::Init();
+        if (!rt.ok()) return Fail("--comm mpi: " + rt.status().message());
+        mpi = std::move(*rt);
+        rank = mpi->world_rank();
+        if (mpi->world_size() != f.tp) {
+            return rank == 0 ? Fail("--tp " + std::to_string(f.tp) + " but mpirun started " +
+                                    std::to_string(mpi->world_size()) + " processes")
+                             : 1;
+        }
+        if (f.tp > 1) {
+            CollectiveConfig cc;
+            cc.kind = CollectiveConfig::Kind::kMpi;
+            Result<std::unique_ptr<Collective>> c = MakeCollective(cc);
+            if (!c.ok()) return Fail("--comm mpi: " + c.status().message());
+            collective = std::move(*c);
+        }
+    }
+    InitLogging(mpi ? "bench r" + std::to_string(rank) : "bench", rank == 0 ? "warn" : "error");
+    auto fail = [&](const std::string& message) {
+        Fail(message);
+        if (mpi && f.tp > 1) MpiRuntime::AbortJob(1);
+        return 1;
+    };
+    const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int threads = f.threads > 0 ? f.threads : hw;  // in all, shared by the ranks
+    RunnerOptions runner;
+    runner.max_context = f.prompt_tokens + f.decode_tokens;
+    // One loaded model: a runner (tp 1, or this MPI rank's) or the group of rank threads.
+    std::unique_ptr<LocalModel> local;
+    std::unique_ptr<ModelFile> file;
+    std::unique_ptr<TpGroup> group;
+    if (f.tp == 1 || mpi) {
+        cpu::SetNumThreads(std::max(1, threads / (mpi ? f.tp : 1)));
+        LocalModelOptions lo;
+        lo.runner = runner;
+        lo.shard = {.rank = rank, .tp = f.tp};
+        lo.collective = collective.get();
+        Result<LocalModel> m = LoadLocalModel(f.model, lo);
+        if (!m.ok()) return fail(m.status().message());
+        local = std::make_unique<LocalModel>(std::move(*m));
+    } else {
+        Result<std::unique_ptr<ModelFile>> opened = OpenModel(f.model);
+        if (!opened.ok()) return fail(opened.status().message());
+        file = std::move(*opened);
+        TpGroupConfig tc{
+            .tp = f.tp, .runner = runner, .threads_per_rank = std::max(1, threads / f.tp)};
+        Result<std::unique_ptr<TpGroup>> g = TpGroup::Create(*file, tc);
+        if (!g.ok()) return fail(g.status().message());
+        group = std::move(*g);
+    }
     nlohmann::json rows = nlohmann::json::array();
     for (int64_t batch : f.batches) {
-        ThroughputConfig c{.batch = batch, .prompt_tokens = f.prompt_tokens,
-                           .decode_tokens = f.decode_tokens, .runs = f.runs};
-        Result<ThroughputFigures> r = MeasureThroughput(*m->runner, c);
-        if (!r.ok()) return Fail(r.status().message());
+        ThroughputConfig c{.batch = batch,
+                           .prompt_tokens = f.prompt_tokens,
+                           .decode_tokens = f.decode_tokens,
+                           .runs = f.runs};
+        Result<ThroughputFigures> r =
+            group ? MeasureThroughput(*group, c) : MeasureThroughput(*local->runner, c);
+        if (!r.ok()) return fail(r.status().message());
+        if (rank != 0) continue;
         rows.push_back({{"batch", batch},
                         {"prompt_tokens", f.prompt_tokens},
                         {"decode_tokens", f.decode_tokens},
                         {"prefill_tokens_per_second", r->prefill_tokens_per_second},
                         {"decode_tokens_per_second", r->decode_tokens_per_second},
                         {"prefill_runs", r->prefill_runs},
-                        {"decode_runs", r->decode_runs}});
+                        {"decode_runs", r->decode_runs},
+                        {"decode_comm_fraction", r->decode_comm_fraction}});
         if (!f.json) {
-            std::printf("batch %3lld  prefill %9.1f tok/s  decode %8.1f tok/s  (median of %lld)\n",
-                        static_cast<long long>(batch), r->prefill_tokens_per_second,
-                        r->decode_tokens_per_second, static_cast<long long>(f.runs));
+            std::printf(
+                "tp %d (%s)  batch %3lld  prefill %9.1f tok/s  decode %8.1f tok/s  "
+                "(median of %lld; %.0f%% of decode in collectives)\n",
+                f.tp, f.comm.c_str(), static_cast<long long>(batch), r->prefill_tokens_per_second,
+                r->decode_tokens_per_second, static_cast<long long>(f.runs),
+                100.0 * r->decode_comm_fraction);
         }
     }
-    if (f.json) {
-        nlohmann::json out{{"engine", "kvshard"}, {"threads", cpu::NumThreads()}, {"results", rows}};
+    if (f.json && rank == 0) {
+        nlohmann::json out{{"engine", "kvshard"},
+                           {"threads", threads},
+                           {"tp", f.tp},
+                           {"comm", f.comm},
+                           {"results", rows}};
         std::printf("%s\n", out.dump().c_str());
     }
     return 0;
@@ -62,13 +135,22 @@ int RunBench(const BenchFlags& f) {
 
 Command RegisterBenchEngine(CLI::App& app) {
     auto f = std::make_shared<BenchFlags>();
-    CLI::App* sub = app.add_subcommand("bench-engine", "Prefill and decode tokens/s of the engine (no server)");
+    CLI::App* sub =
+        app.add_subcommand("bench-engine", "Prefill and decode tokens/s of the engine (no server)");
     sub->add_option("--model", f->model, "Model path")->required();
     sub->add_option("--batch", f->batches, "Batch sizes")->capture_default_str();
-    sub->add_option("--prompt-tokens", f->prompt_tokens, "Prompt tokens per sequence")->capture_default_str();
+    sub->add_option("--prompt-tokens", f->prompt_tokens, "Prompt tokens per sequence")
+        ->capture_default_str();
     sub->add_option("--decode-tokens", f->decode_tokens, "Decode steps")->capture_default_str();
     sub->add_option("--runs", f->runs, "Repetitions (medians reported)")->capture_default_str();
-    sub->add_option("--threads", f->threads, "CPU threads (default: all cores)");
+    sub->add_option("--threads", f->threads,
+                    "CPU threads in all, shared by the ranks (default: all cores)");
+    sub->add_option(
+           "--tp", f->tp,
+           "Tensor-parallel ranks: threads (--comm local) or mpirun processes (--comm mpi)")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--comm", f->comm, "local or mpi")->capture_default_str();
     sub->add_flag("--json", f->json, "One JSON object on stdout");
     return [f] { return RunBench(*f); };
 }

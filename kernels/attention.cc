@@ -17,14 +17,24 @@ namespace kvshard::cpu {
 namespace {
 
 // Rows(t, kv_head, is_v, scratch) returns the K or V row of position t for one KV head as floats
-// (possibly dequantized into scratch, which holds head_dim floats).
+// (possibly dequantized into scratch, which holds head_dim floats). Query head h reads KV head
+// kv_head_of_q[h], or h / (num_heads / num_kv_heads) when kv_head_of_q is null.
 template <typename Rows>
 void AttentionRows(const float* q, const Rows& rows, float* out, int64_t num_q, int64_t q_pos0,
-                   int64_t num_kv, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim) {
+                   int64_t num_kv, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                   const int32_t* kv_head_of_q) {
     KV_CHECK_LE(q_pos0 + num_q, num_kv);
-    KV_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0)
-        << "num_heads=" << num_heads << " num_kv_heads=" << num_kv_heads;
-    const int64_t group = num_heads / num_kv_heads;
+    if (kv_head_of_q == nullptr) {
+        KV_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0)
+            << "num_heads=" << num_heads << " num_kv_heads=" << num_kv_heads;
+    } else {
+        for (int64_t h = 0; h < num_heads; ++h) {
+            KV_CHECK(kv_head_of_q[h] >= 0 && kv_head_of_q[h] < num_kv_heads)
+                << "query head " << h << " maps to KV head " << kv_head_of_q[h] << " of "
+                << num_kv_heads;
+        }
+    }
+    const int64_t group = kv_head_of_q == nullptr ? num_heads / num_kv_heads : 1;
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     const int64_t num_tasks = num_heads * num_q;
     // About 20 µs of work on one core; below that the OpenMP fork/join costs more than it saves.
@@ -39,7 +49,7 @@ void AttentionRows(const float* q, const Rows& rows, float* out, int64_t num_q, 
         for (int64_t task = 0; task < num_tasks; ++task) {
             const int64_t h = task % num_heads;
             const int64_t i = task / num_heads;
-            const int64_t kv_head = h / group;
+            const int64_t kv_head = kv_head_of_q == nullptr ? h / group : kv_head_of_q[h];
             const float* qv = q + (i * num_heads + h) * head_dim;
             const int64_t len = q_pos0 + i + 1;
             float* s = scores.data();
@@ -111,24 +121,28 @@ struct PagedRows {
 
 void Attention(const float* q, const float* k, const float* v, float* out, int64_t num_q,
                int64_t q_pos0, int64_t num_kv, int64_t num_heads, int64_t num_kv_heads,
-               int64_t head_dim, int64_t kv_stride) {
+               int64_t head_dim, int64_t kv_stride, const int32_t* kv_head_of_q) {
     KV_CHECK_GE(kv_stride, num_kv_heads * head_dim);
     AttentionRows(q, ContiguousRows{k, v, kv_stride, head_dim}, out, num_q, q_pos0, num_kv,
-                  num_heads, num_kv_heads, head_dim);
+                  num_heads, num_kv_heads, head_dim, kv_head_of_q);
 }
 
 int64_t KvStorageElementBytes(KvStorage storage) {
     switch (storage) {
-        case KvStorage::kF32: return 4;
-        case KvStorage::kInt8: return 1;
-        case KvStorage::kFp8E4M3: return 1;
+        case KvStorage::kF32:
+            return 4;
+        case KvStorage::kInt8:
+            return 1;
+        case KvStorage::kFp8E4M3:
+            return 1;
     }
     return 4;
 }
 
 bool KvStorageHasScales(KvStorage storage) { return storage != KvStorage::kF32; }
 
-int64_t PagedLayerBytes(KvStorage storage, int64_t block_size, int64_t num_kv_heads, int64_t head_dim) {
+int64_t PagedLayerBytes(KvStorage storage, int64_t block_size, int64_t num_kv_heads,
+                        int64_t head_dim) {
     const int64_t cells = num_kv_heads * block_size;
     const int64_t scales = KvStorageHasScales(storage) ? 2 * cells * int64_t(sizeof(float)) : 0;
     return 2 * cells * head_dim * KvStorageElementBytes(storage) + scales;
@@ -164,8 +178,8 @@ void PagedKvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_
             for (int pass = 0; pass < 2; ++pass) {
                 const float* src = (pass == 0 ? k : v) + i * row_stride + h * hd;
                 uint8_t* data = b + (pass == 0 ? kv.k_offset : kv.v_offset);
-                float* scales =
-                    reinterpret_cast<float*>(b + (pass == 0 ? kv.k_scale_offset : kv.v_scale_offset));
+                float* scales = reinterpret_cast<float*>(
+                    b + (pass == 0 ? kv.k_scale_offset : kv.v_scale_offset));
                 switch (kv.storage) {
                     case KvStorage::kF32:
                         std::memcpy(reinterpret_cast<float*>(data) + index * hd, src,
@@ -184,10 +198,10 @@ void PagedKvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_
     }
 }
 
-void PagedAttention(const float* q, const PagedKvLayer& kv, const int32_t* block_table,
-                    float* out, int64_t num_q, int64_t q_pos0, int64_t num_heads) {
+void PagedAttention(const float* q, const PagedKvLayer& kv, const int32_t* block_table, float* out,
+                    int64_t num_q, int64_t q_pos0, int64_t num_heads, const int32_t* kv_head_of_q) {
     AttentionRows(q, PagedRows{kv, block_table}, out, num_q, q_pos0, q_pos0 + num_q, num_heads,
-                  kv.num_kv_heads, kv.head_dim);
+                  kv.num_kv_heads, kv.head_dim, kv_head_of_q);
 }
 
 }  // namespace kvshard::cpu

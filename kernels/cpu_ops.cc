@@ -36,6 +36,16 @@ void SetNumThreads(int num_threads) {
 
 int NumThreads() { return omp_get_max_threads(); }
 
+void SetThisThreadNumThreads(int num_threads) {
+    if (num_threads > 0) omp_set_num_threads(num_threads);
+}
+
+void SetBlasNumThreads(int num_threads) {
+    if (num_threads > 0) openblas_set_num_threads(num_threads);
+}
+
+int BlasNumThreads() { return openblas_get_num_threads(); }
+
 std::string BlasCoreName() {
     const char* name = openblas_get_corename();
     return name != nullptr ? name : "";

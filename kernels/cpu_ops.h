@@ -11,6 +11,12 @@ namespace kvshard::cpu {
 // Number of threads BLAS and OpenMP loops use (0: leave the libraries' defaults).
 void SetNumThreads(int num_threads);
 int NumThreads();
+// The two halves of SetNumThreads, for the worker threads of a tensor-parallel group: OpenMP's
+// team size is a setting of the calling thread (each rank thread takes its share of the cores),
+// BLAS's thread count is one for the whole process. Non-positive values are ignored.
+void SetThisThreadNumThreads(int num_threads);
+void SetBlasNumThreads(int num_threads);
+int BlasNumThreads();
 
 // The kernel set OpenBLAS chose when it loaded (openblas_get_corename), e.g. "Haswell".
 std::string BlasCoreName();
@@ -47,11 +53,13 @@ void Softmax(float* x, int64_t n);
 // Causal grouped-query attention of `num_q` query rows of one sequence against its KV.
 // q: num_q × num_heads × head_dim, the query at row i sits at position q_pos0 + i.
 // k, v: num_kv × num_kv_heads × head_dim for positions 0..num_kv-1 (row stride kv_stride floats).
-// out: num_q × num_heads × head_dim. Query head h uses KV head h / (num_heads / num_kv_heads).
+// out: num_q × num_heads × head_dim. Query head h uses KV head kv_head_of_q[h] when the map is
+// given (num_heads entries in [0, num_kv_heads): a tensor-parallel rank whose query heads do not
+// split evenly into groups), else h / (num_heads / num_kv_heads) (REQUIRES: divisible).
 // A query at position p attends to positions 0..p. REQUIRES: q_pos0 + num_q <= num_kv.
 void Attention(const float* q, const float* k, const float* v, float* out, int64_t num_q,
                int64_t q_pos0, int64_t num_kv, int64_t num_heads, int64_t num_kv_heads,
-               int64_t head_dim, int64_t kv_stride);
+               int64_t head_dim, int64_t kv_stride, const int32_t* kv_head_of_q = nullptr);
 
 // out[r, :] = x[r, :] + y[r, :] over n floats.
 void Add(const float* x, const float* y, float* out, int64_t n);

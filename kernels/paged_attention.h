@@ -21,10 +21,10 @@ bool KvStorageHasScales(KvStorage storage);        // false for kF32
 
 // The K/V of one layer of a pool; the offsets locate that layer inside a block.
 struct PagedKvLayer {
-    uint8_t* base = nullptr;    // block 0
-    int64_t block_stride = 0;   // bytes from one block to the next
-    int64_t k_offset = 0;       // bytes from a block's start to this layer's K data
-    int64_t v_offset = 0;       // ... V data
+    uint8_t* base = nullptr;     // block 0
+    int64_t block_stride = 0;    // bytes from one block to the next
+    int64_t k_offset = 0;        // bytes from a block's start to this layer's K data
+    int64_t v_offset = 0;        // ... V data
     int64_t k_scale_offset = 0;  // ... K scales (8-bit only)
     int64_t v_scale_offset = 0;  // ... V scales (8-bit only)
     KvStorage storage = KvStorage::kF32;
@@ -34,7 +34,8 @@ struct PagedKvLayer {
 };
 
 // Bytes of one layer inside a block, and the layer's offsets, for a pool of `num_layers`.
-int64_t PagedLayerBytes(KvStorage storage, int64_t block_size, int64_t num_kv_heads, int64_t head_dim);
+int64_t PagedLayerBytes(KvStorage storage, int64_t block_size, int64_t num_kv_heads,
+                        int64_t head_dim);
 PagedKvLayer MakePagedKvLayer(uint8_t* base, int64_t block_stride, int64_t layer, KvStorage storage,
                               int64_t block_size, int64_t num_kv_heads, int64_t head_dim);
 
@@ -47,7 +48,9 @@ void PagedKvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_
 // Causal GQA attention of `num_q` query rows (q: num_q × num_heads × head_dim, row i at position
 // q_pos0 + i) over positions 0 .. q_pos0 + num_q - 1 held by `block_table` (position p lives in
 // block_table[p / block_size], slot p % block_size). out: num_q × num_heads × head_dim.
-void PagedAttention(const float* q, const PagedKvLayer& kv, const int32_t* block_table,
-                    float* out, int64_t num_q, int64_t q_pos0, int64_t num_heads);
+// kv_head_of_q: as for cpu::Attention (null: query head h uses KV head h / group).
+void PagedAttention(const float* q, const PagedKvLayer& kv, const int32_t* block_table, float* out,
+                    int64_t num_q, int64_t q_pos0, int64_t num_heads,
+                    const int32_t* kv_head_of_q = nullptr);
 
 }  // namespace kvshard::cpu

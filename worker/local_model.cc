@@ -33,12 +33,22 @@ Result<LocalModel> LoadLocalModel(const std::string& path, const LocalModelOptio
     LocalModel m;
     KV_ASSIGN_OR_RETURN(m.file, OpenModel(path, options.open));
     KV_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::Create(m.file->tokenizer_data()));
-    KV_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(*m.file));
+    if (options.shard.tp > 1 &&
+        (options.collective == nullptr || options.collective->size() != options.shard.tp ||
+         options.collective->rank() != options.shard.rank)) {
+        return InvalidArgument("rank " + std::to_string(options.shard.rank) + " of tp " +
+                               std::to_string(options.shard.tp) +
+                               " needs a communicator of that rank and size");
+    }
+    KV_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(*m.file, options.shard));
     const size_t weight_bytes = weights.NumBytes();
-    m.runner = std::make_unique<ModelRunner>(m.file->spec(), std::move(weights), options.runner);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    spdlog::info("loaded {} ({}) in {:.2f} s: {}; fp32 weights {:.1f} MiB", path,
-                 ModelFormatName(m.file->format()), secs, m.file->spec().ToString(),
+    const std::string layout = weights.layout.ToString();
+    m.runner = std::make_unique<ModelRunner>(m.file->spec(), std::move(weights), options.runner,
+                                             options.collective);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    spdlog::info("loaded {} ({}) in {:.2f} s: {}; {}; fp32 weights {:.1f} MiB", path,
+                 ModelFormatName(m.file->format()), secs, m.file->spec().ToString(), layout,
                  static_cast<double>(weight_bytes) / (1024.0 * 1024.0));
     return m;
 }

@@ -1,5 +1,6 @@
-// LocalModel: a model file opened, its tokenizer built and its weights loaded into a ModelRunner
-// on this process — everything `kvshard generate` and the benchmarks need for one worker.
+// LocalModel: a model file opened, its tokenizer built and its weights (the whole model, or one
+// tensor-parallel rank's slices) loaded into a ModelRunner on this process — everything
+// `kvshard generate` and the benchmarks need for one worker.
 #pragma once
 
 #include <memory>
@@ -16,6 +17,10 @@ namespace kvshard {
 struct LocalModelOptions {
     OpenModelOptions open;
     RunnerOptions runner;
+    // The rank whose slices to load, and the communicator of its instance (not owned; outlives
+    // the model; nullptr at tp 1). See worker/shard.h.
+    ShardSpec shard;
+    Collective* collective = nullptr;
 };
 
 struct LocalModel {

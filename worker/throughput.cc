@@ -36,20 +36,24 @@ Result<ThroughputFigures> MeasureThroughput(ModelRunner& runner, const Throughpu
         }
     }
     std::vector<float> logits;
+    std::vector<double> comm_fractions;
     for (int64_t run = 0; run < c.runs; ++run) {
         std::vector<SequenceChunk> batch;
         for (int64_t s = 0; s < c.batch; ++s) {
-            batch.push_back({.seq_id = s, .tokens = prompts[static_cast<size_t>(s)], .start_pos = 0});
+            batch.push_back(
+                {.seq_id = s, .tokens = prompts[static_cast<size_t>(s)], .start_pos = 0});
         }
         auto t0 = Clock::now();
         Status st = runner.Forward(batch, &logits);
         const double prefill_s = std::chrono::duration<double>(Clock::now() - t0).count();
         std::vector<int32_t> next(static_cast<size_t>(c.batch));
         double decode_s = 0;
+        const double comm_s0 = runner.comm_stats().seconds;
         for (int64_t step = 0; st.ok() && step < c.decode_tokens; ++step) {
             for (int64_t s = 0; s < c.batch; ++s) {
                 next[static_cast<size_t>(s)] = Sampler::Argmax(&logits[s * vocab], vocab);
-                batch[static_cast<size_t>(s)].tokens = std::span<const int32_t>(&next[static_cast<size_t>(s)], 1);
+                batch[static_cast<size_t>(s)].tokens =
+                    std::span<const int32_t>(&next[static_cast<size_t>(s)], 1);
                 batch[static_cast<size_t>(s)].start_pos = c.prompt_tokens + step;
             }
             t0 = Clock::now();
@@ -61,11 +65,23 @@ Result<ThroughputFigures> MeasureThroughput(ModelRunner& runner, const Throughpu
         f.prefill_runs.push_back(static_cast<double>(c.batch * c.prompt_tokens) / prefill_s);
         if (c.decode_tokens > 0) {
             f.decode_runs.push_back(static_cast<double>(c.batch * c.decode_tokens) / decode_s);
+            comm_fractions.push_back((runner.comm_stats().seconds - comm_s0) / decode_s);
         }
     }
     f.prefill_tokens_per_second = Median(f.prefill_runs);
     f.decode_tokens_per_second = Median(f.decode_runs);
+    f.decode_comm_fraction = Median(comm_fractions);
     return f;
+}
+
+Result<ThroughputFigures> MeasureThroughput(TpGroup& group, const ThroughputConfig& config) {
+    ThroughputFigures rank0;
+    KV_RETURN_IF_ERROR(group.RunOnEveryRank([&](int rank, ModelRunner& runner) -> Status {
+        KV_ASSIGN_OR_RETURN(ThroughputFigures f, MeasureThroughput(runner, config));
+        if (rank == 0) rank0 = std::move(f);
+        return Status::Ok();
+    }));
+    return rank0;
 }
 
 }  // namespace kvshard

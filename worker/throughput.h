@@ -7,6 +7,7 @@
 
 #include "common/status.h"
 #include "worker/model_runner.h"
+#include "worker/tp_group.h"
 
 namespace kvshard {
 
@@ -22,11 +23,19 @@ struct ThroughputFigures {
     double decode_tokens_per_second = 0;   // batch * decode_tokens / decode time (median)
     std::vector<double> prefill_runs;      // each run's figure
     std::vector<double> decode_runs;
+    // Share of the decode time spent inside collectives on this rank (median; 0 at tp 1).
+    double decode_comm_fraction = 0;
 };
 
 // Runs `runs` times: prefill `batch` sequences of `prompt_tokens` deterministic pseudo-random
 // tokens in one Forward call, then `decode_tokens` steps of one token per sequence (the argmax of
 // the previous step). The runner's cache is left empty.
+// Tensor parallel: every rank of an instance calls this with the same config at the same time
+// (its own thread, or its own MPI process). The loops stay in lockstep because every rank sees
+// the same logits and picks the same argmax; each rank times its own steps.
 Result<ThroughputFigures> MeasureThroughput(ModelRunner& runner, const ThroughputConfig& config);
+
+// The same on every rank of an embedded group at once; rank 0's figures.
+Result<ThroughputFigures> MeasureThroughput(TpGroup& group, const ThroughputConfig& config);
 
 }  // namespace kvshard

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -369,6 +370,36 @@ TEST_P(AttentionTest, RowsTogetherEqualRowsOneAtATime) {
         Attention(q_.data() + i * row, k_.data(), v_.data(), alone.data(), 1, c.q_pos0 + i,
                   c.q_pos0 + i + 1, c.num_heads, c.num_kv_heads, c.head_dim, kv_stride_);
         for (int64_t j = 0; j < row; ++j) ASSERT_EQ(alone[j], together[i * row + j]) << i;
+    }
+}
+
+TEST_P(AttentionTest, KvHeadMapComputesASliceOfTheHeads) {
+    // What a tensor-parallel rank does: query heads [h0, h1) of every row, against the KV heads
+    // they read (a window of the cache row), through an explicit query -> KV head map. Each head
+    // gives the bits the full computation gives it, also when the split cuts a group.
+    const AttentionCase& c = GetParam();
+    std::vector<float> full(q_.size());
+    Attention(q_.data(), k_.data(), v_.data(), full.data(), c.num_q, c.q_pos0, c.num_kv,
+              c.num_heads, c.num_kv_heads, c.head_dim, kv_stride_);
+    const int64_t group = c.num_heads / c.num_kv_heads;
+    for (int64_t h0 : {int64_t{0}, c.num_heads / 2, c.num_heads / 3}) {
+        const int64_t h1 = std::max(h0 + 1, c.num_heads - h0 / 2);
+        const int64_t kv0 = h0 / group, kv1 = (h1 - 1) / group + 1;
+        const int64_t n = h1 - h0, hd = c.head_dim;
+        std::vector<int32_t> map;
+        for (int64_t h = h0; h < h1; ++h) map.push_back(static_cast<int32_t>(h / group - kv0));
+        std::vector<float> q(c.num_q * n * hd), out(q.size());
+        for (int64_t i = 0; i < c.num_q; ++i) {
+            std::copy_n(&q_[(i * c.num_heads + h0) * hd], n * hd, &q[i * n * hd]);
+        }
+        Attention(q.data(), k_.data() + kv0 * hd, v_.data() + kv0 * hd, out.data(), c.num_q,
+                  c.q_pos0, c.num_kv, n, kv1 - kv0, hd, kv_stride_, map.data());
+        for (int64_t i = 0; i < c.num_q; ++i) {
+            for (int64_t j = 0; j < n * hd; ++j) {
+                ASSERT_EQ(out[i * n * hd + j], full[(i * c.num_heads + h0) * hd + j])
+                    << "heads [" << h0 << ", " << h1 << ") row " << i;
+            }
+        }
     }
 }
 

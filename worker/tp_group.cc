@@ -1,0 +1,143 @@
+#include "worker/tp_group.h"
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/cpu_ops.h"
+#include "worker/generator.h"
+
+namespace kvshard {
+
+TpGroup::TpGroup(const TpGroupConfig& config) : config_(config) {}
+
+Result<std::unique_ptr<TpGroup>> TpGroup::Create(const ModelFile& model,
+                                                 const TpGroupConfig& config) {
+    // Refuse a bad tp here, before any thread starts, with MakeShardLayout's message.
+    KV_RETURN_IF_ERROR(MakeShardLayout(model.spec(), {.rank = 0, .tp = config.tp}).status());
+    std::unique_ptr<TpGroup> g(new TpGroup(config));
+    const auto n = static_cast<size_t>(config.tp);
+    if (g->config_.threads_per_rank <= 0) {
+        const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+        g->config_.threads_per_rank = std::max(1, hw / config.tp);
+    }
+    if (config.tp > 1) {
+        g->saved_blas_threads_ = cpu::BlasNumThreads();
+        cpu::SetBlasNumThreads(1);
+    }
+    g->group_ = LocalGroup::Create(config.tp, config.timeout_ms);
+    for (int r = 0; r < config.tp; ++r) g->collectives_.push_back(g->group_->Collective(r));
+    g->runners_.resize(n);
+    g->step_runners_.resize(n);
+    g->step_results_.resize(n);
+    g->job_status_.resize(n);
+    for (int r = 0; r < config.tp; ++r) g->threads_.emplace_back(&TpGroup::RankMain, g.get(), r);
+    // Each rank loads its slices on its own thread (in parallel, and first-touched there).
+    KV_RETURN_IF_ERROR(g->RunJob([&](int rank) -> Status {
+        KV_ASSIGN_OR_RETURN(ModelWeights w, LoadWeights(model, {.rank = rank, .tp = config.tp}));
+        Collective* c = config.tp > 1 ? g->collectives_[static_cast<size_t>(rank)].get() : nullptr;
+        auto runner = std::make_unique<ModelRunner>(model.spec(), std::move(w), config.runner, c);
+        g->step_runners_[static_cast<size_t>(rank)] = std::make_unique<StepRunner>(*runner);
+        g->runners_[static_cast<size_t>(rank)] = std::move(runner);
+        return Status::Ok();
+    }));
+    return g;
+}
+
+TpGroup::~TpGroup() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stopping_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+    cpu::SetBlasNumThreads(saved_blas_threads_);
+}
+
+void TpGroup::RankMain(int rank) {
+    cpu::SetThisThreadNumThreads(config_.threads_per_rank);
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+        cv_.wait(lock, [&] { return stopping_ || job_generation_ != seen; });
+        if (stopping_) return;
+        seen = job_generation_;
+        const Job* job = job_;
+        lock.unlock();
+        Status status = (*job)(rank);
+        lock.lock();
+        job_status_[static_cast<size_t>(rank)] = std::move(status);
+        if (++num_done_ == tp()) cv_.notify_all();
+    }
+}
+
+Status TpGroup::RunJob(const Job& job) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!broken_.ok()) return broken_;
+    job_ = &job;
+    num_done_ = 0;
+    ++job_generation_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return num_done_ == tp(); });
+    job_ = nullptr;
+    Status first;
+    int num_failed = 0;
+    for (const Status& s : job_status_) {
+        if (s.ok()) continue;
+        if (first.ok()) first = s;
+        ++num_failed;
+    }
+    if (num_failed > 0 && num_failed < tp()) {
+        // Only some ranks failed: their state (KV, samplers) may now differ from the others'.
+        broken_ = Status(first.code(),
+                         "tensor-parallel group broken: " + std::to_string(num_failed) + " of " +
+                             std::to_string(tp()) + " ranks failed: " + first.message());
+        group_->Abort(broken_.message());
+        return broken_;
+    }
+    return first;
+}
+
+Status TpGroup::RunOnEveryRank(const std::function<Status(int rank, ModelRunner& runner)>& fn) {
+    return RunJob([&](int rank) { return fn(rank, *runners_[static_cast<size_t>(rank)]); });
+}
+
+Result<StepResult> TpGroup::Execute(const StepPlan& plan) {
+    KV_RETURN_IF_ERROR(RunJob([&](int rank) -> Status {
+        const auto r = static_cast<size_t>(rank);
+        Result<StepResult> result = step_runners_[r]->Execute(plan);
+        if (!result.ok()) return result.status();
+        step_results_[r] = std::move(*result);
+        return Status::Ok();
+    }));
+    // Same logits on every rank, same samplers: the same tokens (checked; it is cheap).
+    for (int r = 1; r < tp(); ++r) {
+        if (step_results_[static_cast<size_t>(r)].tokens != step_results_[0].tokens) {
+            return Internal("step " + std::to_string(plan.step_id) + ": rank " + std::to_string(r) +
+                            " sampled other tokens than rank 0");
+        }
+    }
+    return step_results_[0];
+}
+
+Result<GenerateResult> GenerateOnEveryRank(TpGroup& group, const Tokenizer& tokenizer,
+                                           const std::vector<int32_t>& prompt_ids,
+                                           const GenerateOptions& options,
+                                           const std::function<void(std::string_view)>& on_text,
+                                           int64_t seq_id) {
+    std::vector<GenerateResult> results(static_cast<size_t>(group.tp()));
+    KV_RETURN_IF_ERROR(group.RunOnEveryRank([&](int rank, ModelRunner& runner) -> Status {
+        std::function<void(std::string_view)> no_text;
+        KV_ASSIGN_OR_RETURN(results[static_cast<size_t>(rank)],
+                            Generate(runner, tokenizer, prompt_ids, options,
+                                     rank == 0 ? on_text : no_text, seq_id));
+        return Status::Ok();
+    }));
+    for (size_t r = 1; r < results.size(); ++r) {
+        if (results[r].token_ids != results[0].token_ids) {
+            return Internal("rank " + std::to_string(r) + " generated other tokens than rank 0");
+        }
+    }
+    return results[0];
+}
+
+}  // namespace kvshard
