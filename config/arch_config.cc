@@ -1,11 +1,11 @@
 #include "config/arch_config.h"
 
 #include <algorithm>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "common/mapped_file.h"
+#include "config/json_fields.h"
 
 namespace kvshard {
 namespace {
@@ -14,93 +14,7 @@ using nlohmann::json;
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
-// Typed access to one JSON object; errors read "<path>: field '<prefix><name>': <problem>".
-class Fields {
-  public:
-    Fields(const json& object, const std::string& path, std::string prefix)
-        : object_(object), path_(path), prefix_(std::move(prefix)) {}
-
-    Status Error(std::string_view name, const std::string& problem) const {
-        return InvalidArgument(path_ + ": field '" + prefix_ + std::string(name) + "': " + problem);
-    }
-
-    // nullptr when absent or null (transformers writes null for "not set").
-    const json* Find(std::string_view name) const {
-        auto it = object_.find(name);
-        return it == object_.end() || it->is_null() ? nullptr : &*it;
-    }
-
-    Result<int64_t> Int(std::string_view name, std::optional<int64_t> default_value) const {
-        const json* j = Find(name);
-        if (j == nullptr) {
-            if (default_value) return *default_value;
-            return Error(name, "missing");
-        }
-        if (!j->is_number_integer()) return Error(name, "must be an integer, got " + j->dump());
-        if (j->is_number_unsigned() &&
-            j->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-            return Error(name, "value " + j->dump() + " is too large");
-        }
-        return j->get<int64_t>();
-    }
-
-    // Positive, and small enough that products of a few of them cannot overflow int64.
-    Result<int64_t> Positive(std::string_view name,
-                             std::optional<int64_t> default_value = std::nullopt) const {
-        KV_ASSIGN_OR_RETURN(int64_t v, Int(name, default_value));
-        if (v <= 0) return Error(name, "must be positive, got " + Str(v));
-        if (v > (int64_t{1} << 31)) return Error(name, "value " + Str(v) + " is implausibly large");
-        return v;
-    }
-
-    // Like Positive, but 0 when absent or null.
-    Result<int64_t> OptionalPositive(std::string_view name) const {
-        if (Find(name) == nullptr) return int64_t{0};
-        return Positive(name);
-    }
-
-    Result<int64_t> NonNegative(std::string_view name, int64_t default_value) const {
-        KV_ASSIGN_OR_RETURN(int64_t v, Int(name, default_value));
-        if (v < 0) return Error(name, "must be >= 0, got " + Str(v));
-        return v;
-    }
-
-    Result<bool> Bool(std::string_view name, bool default_value) const {
-        const json* j = Find(name);
-        if (j == nullptr) return default_value;
-        if (!j->is_boolean()) return Error(name, "must be true or false, got " + j->dump());
-        return j->get<bool>();
-    }
-
-    Result<std::string> String(std::string_view name,
-                               std::optional<std::string> default_value) const {
-        const json* j = Find(name);
-        if (j == nullptr) {
-            if (default_value) return *default_value;
-            return Error(name, "missing");
-        }
-        if (!j->is_string()) return Error(name, "must be a string, got " + j->dump());
-        return j->get<std::string>();
-    }
-
-    Result<std::vector<int64_t>> IntList(std::string_view name) const {
-        std::vector<int64_t> out;
-        const json* j = Find(name);
-        if (j == nullptr) return out;
-        if (!j->is_array()) return Error(name, "must be a list of integers, got " + j->dump());
-        for (const json& v : *j) {
-            if (!v.is_number_integer())
-                return Error(name, "must be a list of integers, got " + j->dump());
-            out.push_back(v.get<int64_t>());
-        }
-        return out;
-    }
-
-  private:
-    const json& object_;
-    const std::string& path_;
-    std::string prefix_;
-};
+using config_internal::Fields;
 
 // Values transformers' config class uses when config.json leaves a field out. Only Gemma 3's
 // multimodal checkpoints rely on this in practice: their text_config lists just what differs

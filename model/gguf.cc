@@ -20,25 +20,11 @@ constexpr uint64_t kMaxArrayElements = 1u << 24;
 constexpr uint64_t kMaxKvs = 1u << 20;
 constexpr uint64_t kMaxTensors = 1u << 20;
 
-enum GgufType : uint32_t {
-    kU8 = 0,
-    kI8 = 1,
-    kU16 = 2,
-    kI16 = 3,
-    kU32 = 4,
-    kI32 = 5,
-    kF32 = 6,
-    kBool = 7,
-    kString = 8,
-    kArray = 9,
-    kU64 = 10,
-    kI64 = 11,
-    kF64 = 12,
-};
+using enum GgufValueType;
 
 // Smallest encoded size of one value of `type`, so a count can be checked against the bytes left
 // before anything is allocated for it. 0 for an unknown type.
-size_t MinEncodedSize(uint32_t type) {
+size_t MinEncodedSize(GgufValueType type) {
     switch (type) {
         case kU8:
         case kI8:
@@ -125,7 +111,7 @@ class Cursor {
 };
 
 // Reads one scalar of an integer GGUF type, widened to int64.
-Status ReadInt(Cursor& c, uint32_t type, const std::string& what, int64_t* out) {
+Status ReadInt(Cursor& c, GgufValueType type, const std::string& what, int64_t* out) {
     switch (type) {
         case kU8: {
             uint8_t v = 0;
@@ -180,16 +166,17 @@ Status ReadInt(Cursor& c, uint32_t type, const std::string& what, int64_t* out) 
             return Status::Ok();
         }
         default:
-            return c.Error(what + ": type " + std::to_string(type) + " is not an integer type");
+            return c.Error(what + ": type " + std::to_string(static_cast<uint32_t>(type)) +
+                           " is not an integer type");
     }
 }
 
-bool IsIntType(uint32_t t) {
+bool IsIntType(GgufValueType t) {
     return t == kU8 || t == kI8 || t == kU16 || t == kI16 || t == kU32 || t == kI32 || t == kU64 ||
            t == kI64;
 }
 
-Status ReadFloat(Cursor& c, uint32_t type, const std::string& what, double* out) {
+Status ReadFloat(Cursor& c, GgufValueType type, const std::string& what, double* out) {
     if (type == kF32) {
         float v = 0;
         KV_RETURN_IF_ERROR(c.Read(&v, what));
@@ -214,13 +201,14 @@ Status ReadBool(Cursor& c, const std::string& what, bool* out) {
 // kept: `*kept` is false then.
 Status ReadArray(Cursor& c, const std::string& what, int depth, GgufValue::Array* out, bool* kept) {
     if (depth > kMaxArrayNesting) return c.Error(what + ": arrays nested too deeply");
-    uint32_t elem_type = 0;
+    GgufValueType elem_type{};
     uint64_t count = 0;
     KV_RETURN_IF_ERROR(c.Read(&elem_type, what + " element type"));
     KV_RETURN_IF_ERROR(c.Read(&count, what + " element count"));
     const size_t min_size = MinEncodedSize(elem_type);
     if (min_size == 0) {
-        return c.Error(what + ": unknown array element type " + std::to_string(elem_type));
+        return c.Error(what + ": unknown array element type " +
+                       std::to_string(static_cast<uint32_t>(elem_type)));
     }
     KV_RETURN_IF_ERROR(c.CheckCount(count, min_size, kMaxArrayElements, what + " element"));
     *kept = true;
@@ -262,7 +250,8 @@ Status ReadArray(Cursor& c, const std::string& what, int depth, GgufValue::Array
 }
 
 // Reads one value of `type`; `*kept` is false for values GgufValue cannot hold (nested arrays).
-Status ReadValue(Cursor& c, uint32_t type, const std::string& what, GgufValue* out, bool* kept) {
+Status ReadValue(Cursor& c, GgufValueType type, const std::string& what, GgufValue* out,
+                 bool* kept) {
     *kept = true;
     if (IsIntType(type)) {
         int64_t v = 0;
@@ -285,7 +274,8 @@ Status ReadValue(Cursor& c, uint32_t type, const std::string& what, GgufValue* o
         KV_RETURN_IF_ERROR(ReadArray(c, what, 0, &a, kept));
         out->value = std::move(a);
     } else {
-        return c.Error(what + ": unknown value type " + std::to_string(type));
+        return c.Error(what + ": unknown value type " +
+                       std::to_string(static_cast<uint32_t>(type)));
     }
     return Status::Ok();
 }
@@ -381,7 +371,7 @@ Status GgufFile::Parse() {
     for (uint64_t i = 0; i < kv_count; ++i) {
         std::string key;
         KV_RETURN_IF_ERROR(c.ReadString(&key, "metadata key #" + std::to_string(i)));
-        uint32_t type = 0;
+        GgufValueType type{};
         KV_RETURN_IF_ERROR(c.Read(&type, QuoteKey(key) + " type"));
         GgufValue value;
         bool kept = false;

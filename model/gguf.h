@@ -18,6 +18,23 @@
 
 namespace kvshard {
 
+// GGUF metadata value type ids: the u32 stored before each metadata value and in array headers.
+enum class GgufValueType : uint32_t {
+    kU8 = 0,
+    kI8 = 1,
+    kU16 = 2,
+    kI16 = 3,
+    kU32 = 4,
+    kI32 = 5,
+    kF32 = 6,
+    kBool = 7,
+    kString = 8,
+    kArray = 9,
+    kU64 = 10,
+    kI64 = 11,
+    kF64 = 12,
+};
+
 // One metadata value. Integers of every width are widened to int64 (uint64 above INT64_MAX is
 // rejected), floats to double; arrays keep their element kind.
 struct GgufValue {

@@ -8,26 +8,10 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/gguf.h"
 #include "model/tensor.h"
 
 namespace kvshard {
-
-// GGUF metadata value type ids.
-enum class GgufValueType : uint32_t {
-    kU8 = 0,
-    kI8 = 1,
-    kU16 = 2,
-    kI16 = 3,
-    kU32 = 4,
-    kI32 = 5,
-    kF32 = 6,
-    kBool = 7,
-    kString = 8,
-    kArray = 9,
-    kU64 = 10,
-    kI64 = 11,
-    kF64 = 12,
-};
 
 class GgufWriter {
   public:
