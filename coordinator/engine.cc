@@ -221,7 +221,8 @@ void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result
 }
 
 void InstanceEngine::FailAll(const StepPlan& plan, const Status& status) {
-    spdlog::error("step {} failed: {}", plan.step_id, status.ToString());
+    if (requests_.empty()) return;
+    spdlog::error("step {}: {}; failing {} requests", plan.step_id, status.ToString(), requests_.size());
     std::vector<std::string> ids;
     for (const auto& [id, r] : requests_) ids.push_back(id);
     for (const std::string& id : ids) {
