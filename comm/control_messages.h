@@ -1,7 +1,7 @@
 // The control messages of process mode, besides StepPlan and StepResult (comm/step_plan.h): a
 // worker process registers with the coordinator, the coordinator accepts it (or says why not) and
-// tells it what to load, both sides send heartbeats, and the coordinator ends a worker with
-// Shutdown. Plain structs; comm/plan_codec.h puts them on the wire.
+// tells it what to load, the worker says when it is Ready, both sides send heartbeats, and the
+// coordinator ends a worker with Shutdown. Plain structs; comm/plan_codec.h puts them on the wire.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,8 @@
 namespace kvshard {
 
 // Bumped whenever a message's encoding changes; both sides must speak the same version.
-inline constexpr uint32_t kControlProtocolVersion = 1;
+// 2: RegisterMessage.kv_endpoint, ReadyMessage, KV transfer ops in StepPlan and StepResult.
+inline constexpr uint32_t kControlProtocolVersion = 2;
 
 // Worker -> coordinator, the first frame on a new connection.
 struct RegisterMessage {
@@ -23,6 +24,9 @@ struct RegisterMessage {
     int32_t tp = 1;           // the instance's tensor-parallel size as the worker was told
     std::string instance_id;
     uint32_t protocol_version = kControlProtocolVersion;
+    // Where this rank's KvTransport (comm/kv_transport.h) receives KV pieces ("HOST:PORT"); ""
+    // when it has none.
+    std::string kv_endpoint;
     friend bool operator==(const RegisterMessage&, const RegisterMessage&) = default;
 };
 
@@ -36,6 +40,15 @@ struct RegisterAckMessage {
     // nccl_unique_id, ...), as key/value pairs; values are arbitrary bytes.
     std::vector<std::pair<std::string, std::string>> settings;
     friend bool operator==(const RegisterAckMessage&, const RegisterAckMessage&) = default;
+};
+
+// Worker -> coordinator, once, after RegisterAck: the worker loaded its shard and built its KV
+// pool (ok), or could not (error says why; the worker exits after sending it).
+struct ReadyMessage {
+    bool ok = false;
+    std::string error;
+    int64_t num_kv_blocks = 0;  // blocks of the pool it built
+    friend bool operator==(const ReadyMessage&, const ReadyMessage&) = default;
 };
 
 // Either direction; any frame proves the peer alive, heartbeats do so while it has nothing to say.
@@ -53,6 +66,6 @@ struct ShutdownMessage {
 // Everything that travels in a frame. The index of each alternative is not its wire type (see
 // MessageType in comm/plan_codec.h).
 using Message = std::variant<StepPlan, StepResult, RegisterMessage, RegisterAckMessage,
-                             HeartbeatMessage, ShutdownMessage>;
+                             HeartbeatMessage, ShutdownMessage, ReadyMessage>;
 
 }  // namespace kvshard

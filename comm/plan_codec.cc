@@ -77,6 +77,26 @@ void Encode(Writer& w, const StepPlan& plan) {
         w.Fixed(op.dst_block);
     }
     w.Ints(plan.released_seq_ids);
+    w.Count(plan.kv_recvs.size());
+    for (const KvRecvOp& op : plan.kv_recvs) {
+        w.Fixed(op.transfer_id);
+        w.Fixed(op.seq_id);
+        w.Ints(op.block_table);
+        w.Fixed(op.num_tokens);
+        w.Fixed(op.timeout_ms);
+    }
+    w.Count(plan.kv_sends.size());
+    for (const KvSendOp& op : plan.kv_sends) {
+        w.Fixed(op.transfer_id);
+        w.Fixed(op.seq_id);
+        w.Ints(op.block_table);
+        w.Fixed(op.num_tokens);
+        w.Fixed(op.dst_tp);
+        w.Count(op.dst_endpoints.size());
+        for (const std::string& endpoint : op.dst_endpoints) w.String(endpoint);
+        w.Bool(op.layerwise);
+        w.Fixed(op.timeout_ms);
+    }
 }
 
 void Encode(Writer& w, const StepResult& result) {
@@ -94,6 +114,14 @@ void Encode(Writer& w, const StepResult& result) {
     }
     w.F64(result.compute_seconds);
     w.String(result.error);
+    w.Count(result.failed_transfers.size());
+    for (const TransferFailure& failure : result.failed_transfers) {
+        w.Fixed(failure.transfer_id);
+        w.String(failure.error);
+    }
+    w.Fixed(result.kv_bytes_sent);
+    w.Fixed(result.kv_bytes_received);
+    w.F64(result.kv_transfer_seconds);
 }
 
 void Encode(Writer& w, const RegisterMessage& m) {
@@ -101,6 +129,7 @@ void Encode(Writer& w, const RegisterMessage& m) {
     w.Fixed(m.tp);
     w.String(m.instance_id);
     w.Fixed(m.protocol_version);
+    w.String(m.kv_endpoint);
 }
 
 void Encode(Writer& w, const RegisterAckMessage& m) {
@@ -118,6 +147,12 @@ void Encode(Writer& w, const RegisterAckMessage& m) {
 void Encode(Writer& w, const HeartbeatMessage& m) { w.Fixed(m.sequence); }
 
 void Encode(Writer& w, const ShutdownMessage& m) { w.String(m.reason); }
+
+void Encode(Writer& w, const ReadyMessage& m) {
+    w.Bool(m.ok);
+    w.String(m.error);
+    w.Fixed(m.num_kv_blocks);
+}
 
 // ---- decoding ----
 
@@ -224,6 +259,12 @@ class Reader {
 constexpr size_t kMinSequenceBytes = 8 + 4 + 8 + 4 + 4 + 1 + 4 + 4 + 4 + 4 + 8 + 4;
 constexpr size_t kMinSampledTokenBytes = 8 + 4 + 4 + 4;
 constexpr uint32_t kMaxSettings = 1 << 16;
+constexpr size_t kMinKvRecvBytes = 8 + 8 + 4 + 8 + 8;
+constexpr size_t kMinKvSendBytes = 8 + 8 + 4 + 8 + 4 + 4 + 1 + 8;
+constexpr size_t kMinTransferFailureBytes = 8 + 4;
+// Receiving ranks of one send (a tensor-parallel size); strings cost 32 bytes in memory for 4 on
+// the wire, so the list is capped like RegisterAck's settings.
+constexpr uint32_t kMaxDstEndpoints = 1 << 12;
 
 StepPlan DecodeStepPlan(Reader& r) {
     StepPlan plan;
@@ -253,6 +294,33 @@ StepPlan DecodeStepPlan(Reader& r) {
         op.dst_block = r.Fixed<int32_t>("BlockCopyOp.dst_block");
     }
     plan.released_seq_ids = r.Ints<int64_t>("StepPlan.released_seq_ids");
+    const uint32_t num_recvs = r.Count("StepPlan.kv_recvs", kMinKvRecvBytes);
+    plan.kv_recvs.reserve(num_recvs);
+    for (uint32_t i = 0; i < num_recvs && r.status().ok(); ++i) {
+        KvRecvOp& op = plan.kv_recvs.emplace_back();
+        op.transfer_id = r.Fixed<uint64_t>("KvRecvOp.transfer_id");
+        op.seq_id = r.Fixed<int64_t>("KvRecvOp.seq_id");
+        op.block_table = r.Ints<int32_t>("KvRecvOp.block_table");
+        op.num_tokens = r.Fixed<int64_t>("KvRecvOp.num_tokens");
+        op.timeout_ms = r.Fixed<int64_t>("KvRecvOp.timeout_ms");
+    }
+    const uint32_t num_sends = r.Count("StepPlan.kv_sends", kMinKvSendBytes);
+    plan.kv_sends.reserve(num_sends);
+    for (uint32_t i = 0; i < num_sends && r.status().ok(); ++i) {
+        KvSendOp& op = plan.kv_sends.emplace_back();
+        op.transfer_id = r.Fixed<uint64_t>("KvSendOp.transfer_id");
+        op.seq_id = r.Fixed<int64_t>("KvSendOp.seq_id");
+        op.block_table = r.Ints<int32_t>("KvSendOp.block_table");
+        op.num_tokens = r.Fixed<int64_t>("KvSendOp.num_tokens");
+        op.dst_tp = r.Fixed<int32_t>("KvSendOp.dst_tp");
+        const uint32_t n = r.Count("KvSendOp.dst_endpoints", 4, kMaxDstEndpoints);
+        op.dst_endpoints.reserve(n);
+        for (uint32_t k = 0; k < n && r.status().ok(); ++k) {
+            op.dst_endpoints.push_back(r.String("KvSendOp.dst_endpoints"));
+        }
+        op.layerwise = r.Bool("KvSendOp.layerwise");
+        op.timeout_ms = r.Fixed<int64_t>("KvSendOp.timeout_ms");
+    }
     return plan;
 }
 
@@ -276,6 +344,16 @@ StepResult DecodeStepResult(Reader& r) {
     }
     result.compute_seconds = r.F64("StepResult.compute_seconds");
     result.error = r.String("StepResult.error");
+    const uint32_t num_failures = r.Count("StepResult.failed_transfers", kMinTransferFailureBytes);
+    result.failed_transfers.reserve(num_failures);
+    for (uint32_t i = 0; i < num_failures && r.status().ok(); ++i) {
+        TransferFailure& failure = result.failed_transfers.emplace_back();
+        failure.transfer_id = r.Fixed<uint64_t>("TransferFailure.transfer_id");
+        failure.error = r.String("TransferFailure.error");
+    }
+    result.kv_bytes_sent = r.Fixed<int64_t>("StepResult.kv_bytes_sent");
+    result.kv_bytes_received = r.Fixed<int64_t>("StepResult.kv_bytes_received");
+    result.kv_transfer_seconds = r.F64("StepResult.kv_transfer_seconds");
     return result;
 }
 
@@ -285,6 +363,7 @@ RegisterMessage DecodeRegister(Reader& r) {
     m.tp = r.Fixed<int32_t>("Register.tp");
     m.instance_id = r.String("Register.instance_id");
     m.protocol_version = r.Fixed<uint32_t>("Register.protocol_version");
+    m.kv_endpoint = r.String("Register.kv_endpoint");
     return m;
 }
 
@@ -327,6 +406,14 @@ Result<Message> DecodeMessage(MessageType type, Reader& r) {
         case MessageType::kShutdown:
             message = ShutdownMessage{r.String("Shutdown.reason")};
             break;
+        case MessageType::kReady: {
+            ReadyMessage ready;
+            ready.ok = r.Bool("Ready.ok");
+            ready.error = r.String("Ready.error");
+            ready.num_kv_blocks = r.Fixed<int64_t>("Ready.num_kv_blocks");
+            message = std::move(ready);
+            break;
+        }
     }
     r.Finish();
     if (!r.status().ok()) {
@@ -374,6 +461,8 @@ std::string_view MessageTypeName(MessageType type) {
             return "Heartbeat";
         case MessageType::kShutdown:
             return "Shutdown";
+        case MessageType::kReady:
+            return "Ready";
     }
     return "Unknown";
 }
@@ -388,6 +477,7 @@ MessageType TypeOf(const Message& message) {
         }
         MessageType operator()(const HeartbeatMessage&) const { return MessageType::kHeartbeat; }
         MessageType operator()(const ShutdownMessage&) const { return MessageType::kShutdown; }
+        MessageType operator()(const ReadyMessage&) const { return MessageType::kReady; }
     };
     return std::visit(Visitor{}, message);
 }
@@ -434,7 +524,7 @@ Result<FrameHeader> DecodeFrameHeader(std::string_view header, uint32_t max_payl
     }
     const uint16_t type = ReadU16(header, 6);
     if (type < static_cast<uint16_t>(MessageType::kStepPlan) ||
-        type > static_cast<uint16_t>(MessageType::kShutdown)) {
+        type > static_cast<uint16_t>(MessageType::kReady)) {
         return DataLoss("unknown message type " + std::to_string(type));
     }
     result.type = static_cast<MessageType>(type);

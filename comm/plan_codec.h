@@ -15,7 +15,8 @@
 // Decoding is total: a truncated, oversized, wrong-version, wrong-type, wrong-CRC or otherwise
 // malformed frame returns an error Status naming what is wrong; it never crashes and never
 // reserves memory for more elements than the remaining bytes can hold (decoded memory stays
-// below 3 times the frame length).
+// below 8 times the frame length: a list of empty strings, 4 bytes each on the wire, is the
+// worst case).
 #pragma once
 
 #include <cstddef>
@@ -35,13 +36,16 @@ enum class MessageType : uint16_t {
     kRegisterAck = 4,
     kHeartbeat = 5,
     kShutdown = 6,
+    kReady = 7,
 };
 
 std::string_view MessageTypeName(MessageType type);
 MessageType TypeOf(const Message& message);
 
 inline constexpr std::string_view kFrameMagic = "KVSF";
-inline constexpr uint16_t kWireVersion = 1;
+// 2: KV transfer ops (StepPlan.kv_recvs/kv_sends, StepResult transfer fields), Register's
+// kv_endpoint, the Ready message.
+inline constexpr uint16_t kWireVersion = 2;
 inline constexpr size_t kFrameHeaderBytes = 16;
 inline constexpr uint32_t kDefaultMaxFramePayloadBytes = 64u << 20;
 

@@ -39,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (whole.ok()) CheckRoundTrip(*whole);
 
     if (size > kMaxPayload) return 0;
-    for (uint16_t type = 1; type <= 6; ++type) {
+    for (uint16_t type = 1; type <= static_cast<uint16_t>(kvshard::MessageType::kReady); ++type) {
         kvshard::FrameHeader header;
         header.type = static_cast<kvshard::MessageType>(type);
         header.payload_bytes = static_cast<uint32_t>(size);

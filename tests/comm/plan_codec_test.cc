@@ -59,6 +59,22 @@ class Generator {
                 {static_cast<int32_t>(rng_()), static_cast<int32_t>(rng_())});
         }
         plan.released_seq_ids = Ints<int64_t>(8);
+        for (int64_t i = Int(0, 3); i > 0; --i) {
+            plan.kv_recvs.push_back({rng_(), static_cast<int64_t>(rng_()), Ints<int32_t>(10),
+                                     static_cast<int64_t>(rng_()), static_cast<int64_t>(rng_())});
+        }
+        for (int64_t i = Int(0, 3); i > 0; --i) {
+            KvSendOp op;
+            op.transfer_id = rng_();
+            op.seq_id = static_cast<int64_t>(rng_());
+            op.block_table = Ints<int32_t>(10);
+            op.num_tokens = static_cast<int64_t>(rng_());
+            op.dst_tp = static_cast<int32_t>(rng_());
+            for (int64_t k = Int(0, 4); k > 0; --k) op.dst_endpoints.push_back(Bytes(20));
+            op.layerwise = Int(0, 1) == 1;
+            op.timeout_ms = static_cast<int64_t>(rng_());
+            plan.kv_sends.push_back(std::move(op));
+        }
         return plan;
     }
 
@@ -77,18 +93,23 @@ class Generator {
         }
         result.compute_seconds = static_cast<double>(Float());
         result.error = Bytes(30);
+        for (int64_t i = Int(0, 3); i > 0; --i)
+            result.failed_transfers.push_back({rng_(), Bytes(30)});
+        result.kv_bytes_sent = static_cast<int64_t>(rng_());
+        result.kv_bytes_received = static_cast<int64_t>(rng_());
+        result.kv_transfer_seconds = static_cast<double>(Float());
         return result;
     }
 
     Message Any() {
-        switch (Int(0, 5)) {
+        switch (Int(0, 6)) {
             case 0:
                 return Plan();
             case 1:
                 return Result();
             case 2:
                 return RegisterMessage{static_cast<int32_t>(rng_()), static_cast<int32_t>(rng_()),
-                                       Bytes(20), static_cast<uint32_t>(rng_())};
+                                       Bytes(20), static_cast<uint32_t>(rng_()), Bytes(24)};
             case 3: {
                 RegisterAckMessage ack{
                     Int(0, 1) == 1, Bytes(30), Bytes(30), static_cast<int32_t>(rng_()), {}};
@@ -98,6 +119,8 @@ class Generator {
             }
             case 4:
                 return HeartbeatMessage{rng_()};
+            case 5:
+                return ReadyMessage{Int(0, 1) == 1, Bytes(40), static_cast<int64_t>(rng_())};
             default:
                 return ShutdownMessage{Bytes(40)};
         }
@@ -135,13 +158,13 @@ TEST(PlanCodec, HeaderLayout) {
     const std::string frame = EncodeFrame(plan);
     ASSERT_GE(frame.size(), kFrameHeaderBytes);
     EXPECT_EQ(frame.substr(0, 4), "KVSF");
-    EXPECT_EQ(frame[4], 1);  // version, little-endian
+    EXPECT_EQ(frame[4], 2);  // version, little-endian
     EXPECT_EQ(frame[5], 0);
     EXPECT_EQ(frame[6], 1);  // MessageType::kStepPlan
     EXPECT_EQ(frame[7], 0);
-    // step_id + 3 empty counts.
-    EXPECT_EQ(frame.size(), kFrameHeaderBytes + 8 + 4 + 4 + 4);
-    EXPECT_EQ(frame[8], 20);
+    // step_id + 5 empty counts.
+    EXPECT_EQ(frame.size(), kFrameHeaderBytes + 8 + 4 + 4 + 4 + 4 + 4);
+    EXPECT_EQ(frame[8], 28);
 }
 
 TEST(PlanCodec, RoundTripsEveryMessageType) {
@@ -159,13 +182,25 @@ TEST(PlanCodec, RoundTripsEveryMessageType) {
     plan.sequences = {seq, seq};
     plan.block_copies = {{1, 2}, {3, 4}};
     plan.released_seq_ids = {8, 9};
-    StepResult result{42, {{-3, 5, -0.25f, {{5, -0.25f}, {6, -2.0f}}}}, 0.125, "oops"};
+    plan.kv_recvs = {{7, -3, {4, 9}, 20, 1500}, {8, 5, {}, 0, 0}};
+    plan.kv_sends = {{11, 6, {1, 2, 3}, 40, 2, {"10.0.0.1:5000", "10.0.0.2:5001"}, true, 250},
+                     {12, 7, {}, 0, 1, {}, false, 0}};
+    StepResult result{42, {{-3, 5, -0.25f, {{5, -0.25f}, {6, -2.0f}}}}, 0.125, "oops", {}, 0, 0, 0};
+    StepResult transfers = result;
+    transfers.failed_transfers = {{7, "receiver gone"}, {8, ""}};
+    transfers.kv_bytes_sent = int64_t{1} << 40;
+    transfers.kv_bytes_received = 12345;
+    transfers.kv_transfer_seconds = 0.5;
     const std::vector<Message> messages = {
         plan,
         StepPlan{},
         result,
         StepResult{},
-        RegisterMessage{1, 2, "instance-0", kControlProtocolVersion},
+        transfers,
+        RegisterMessage{1, 2, "instance-0", kControlProtocolVersion, ""},
+        RegisterMessage{1, 2, "instance-0", kControlProtocolVersion, "127.0.0.1:40123"},
+        ReadyMessage{true, "", 512},
+        ReadyMessage{false, "model.gguf: no such file", 0},
         RegisterAckMessage{true, "", "/models/a.gguf", 2, {{"block_size", "16"}, {"k", ""}}},
         RegisterAckMessage{false, "tp mismatch", "", 0, {}},
         HeartbeatMessage{99},
@@ -220,6 +255,34 @@ TEST(PlanCodec, PayloadDecoderRejectsEveryTruncation) {
     }
 }
 
+// The version 2 fields at the end of each message: every truncation of a message that has them
+// all is rejected too, by the frame check and by the payload decoder.
+TEST(PlanCodec, RejectsEveryTruncationOfTransferFields) {
+    StepPlan plan;
+    plan.kv_recvs = {{7, -3, {4, 9}, 20, 1500}};
+    plan.kv_sends = {{11, 6, {1, 2, 3}, 40, 2, {"10.0.0.1:5000", ""}, true, 250}};
+    StepResult result;
+    result.failed_transfers = {{7, "receiver gone"}};
+    result.kv_bytes_sent = 3;
+    const std::vector<Message> messages = {
+        plan, result, RegisterMessage{0, 1, "i", kControlProtocolVersion, "h:1"},
+        ReadyMessage{false, "bad", 4}};
+    for (const Message& message : messages) {
+        const std::string frame = EncodeFrame(message);
+        const std::string_view payload = std::string_view(frame).substr(kFrameHeaderBytes);
+        for (size_t n = 0; n < frame.size(); ++n) {
+            EXPECT_FALSE(DecodeFrame(std::string_view(frame).substr(0, n)).ok())
+                << MessageTypeName(TypeOf(message)) << " frame prefix " << n;
+        }
+        for (size_t n = 0; n < payload.size(); ++n) {
+            const Status status =
+                DecodeFrame(FrameAround(TypeOf(message), payload.substr(0, n))).status();
+            EXPECT_EQ(status.code(), StatusCode::kDataLoss)
+                << MessageTypeName(TypeOf(message)) << " payload prefix " << n;
+        }
+    }
+}
+
 TEST(PlanCodec, ByteFlipsAreRejectedOrDecodeToAValidMessage) {
     Generator gen(4);
     std::mt19937_64 rng(5);
@@ -254,9 +317,10 @@ TEST(PlanCodec, RejectsBadHeaders) {
     };
     const std::vector<Case> cases = {
         {"magic", 0, 'X', StatusCode::kDataLoss},
-        {"version", 4, 2, StatusCode::kUnimplemented},
+        {"version 1", 4, 1, StatusCode::kUnimplemented},
+        {"version 3", 4, 3, StatusCode::kUnimplemented},
         {"type 0", 6, 0, StatusCode::kDataLoss},
-        {"type 7", 6, 7, StatusCode::kDataLoss},
+        {"type 8", 6, 8, StatusCode::kDataLoss},
         {"type high byte", 7, 1, StatusCode::kDataLoss},
         {"length", 8, 0, StatusCode::kDataLoss},
         {"crc", 12, 0, StatusCode::kDataLoss},
@@ -302,6 +366,14 @@ TEST(PlanCodec, RejectsMalformedPayloads) {
          std::string(1, '\1') + u32(0) + u32(0) + u32(1) + u32(70'000) +
              std::string(70'000 * 8, '\0')},
         {"trailing byte", MessageType::kHeartbeat, std::string(9, '\0')},
+        {"huge kv_recvs count", MessageType::kStepPlan,
+         step_id + u32(0) + u32(0) + u32(0) + u32(0x10000000u)},
+        {"too many dst_endpoints", MessageType::kStepPlan,
+         step_id + u32(0) + u32(0) + u32(0) + u32(0) + u32(1) + std::string(16, '\0') + u32(0) +
+             std::string(8, '\0') + std::string(4, '\0') + u32(5000) +
+             std::string(5000 * 4 + 9, '\0')},
+        {"ready bool byte 7", MessageType::kReady,
+         std::string(1, '\7') + u32(0) + std::string(8, '\0')},
         {"empty heartbeat", MessageType::kHeartbeat, ""},
     };
     for (const Case& c : cases) {
