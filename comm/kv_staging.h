@@ -1,0 +1,97 @@
+// KvStaging: the receiving side shared by every KvTransport (comm/kv_transport.h). Pieces that
+// arrived, keyed by transfer id, until Receive takes them; the staging limit, staleness and
+// discarded transfers. Internal to comm/: the transports own one each and feed it from their
+// delivery path (a memcpy in-process, the I/O thread for TCP).
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "comm/kv_transport.h"
+#include "common/status.h"
+
+namespace kvshard::internal {
+
+// The header checks of ValidateKvPiece (everything but the data size), for a header read off
+// the network before its payload is allocated (kv_transport.cc).
+Status ValidateKvPieceHeader(const KvPieceHeader& header);
+
+// InvalidArgument naming the field.
+Status ValidateKvTransportOptions(const KvTransportOptions& options);
+
+// Layers × heads of a piece: what Receive's expected_cells counts.
+int64_t KvPieceCells(const KvPieceHeader& header);
+
+class KvStaging {
+  public:
+    using Clock = std::chrono::steady_clock;
+    // `owner` names this staging in error messages (the transport's endpoint). `now` is the
+    // clock staleness is measured with (tests pass a fake one).
+    KvStaging(const KvTransportOptions& options, std::string owner,
+              std::function<Clock::time_point()> now = Clock::now);
+
+    // Two phases, so that a transport can refuse a piece before it allocates or reads it:
+    // Reserve counts `bytes` against max_staged_bytes for a piece of `transfer_id` about to be
+    // delivered; Commit stages it, Unreserve gives the bytes back when the delivery failed.
+    // Reserve errors: ResourceExhausted (limit), Aborted (the transfer was discarded or went
+    // stale), Unavailable (closed).
+    Status Reserve(uint64_t transfer_id, int64_t bytes);
+    void Unreserve(int64_t bytes);
+    // REQUIRES: a successful Reserve of KvPieceBytes(piece.header) for this transfer, and a
+    // valid piece. A piece whose layers × heads are already staged for the transfer (a resend)
+    // is dropped and reported OK, so that a sender may retry. Aborted when the transfer was
+    // discarded meanwhile.
+    Status Commit(KvPiece piece);
+    // Reserve + Commit of a copy of `piece`.
+    Status StageCopy(const KvPiece& piece);
+
+    // KvTransport::Receive, ::Discard and ::staged_bytes.
+    Result<std::vector<KvPiece>> Receive(uint64_t transfer_id, int64_t expected_cells,
+                                         Clock::time_point deadline);
+    void Discard(uint64_t transfer_id);
+    int64_t staged_bytes() const;
+
+    // Later Reserves return Unavailable (the transport is going away).
+    void Close();
+
+  private:
+    struct Transfer {
+        std::vector<KvPiece> pieces;  // in arrival order
+        int64_t cells = 0;
+        int64_t bytes = 0;
+        Clock::time_point last_arrival;
+    };
+
+    // Drops transfers no piece arrived for within stale_after_ms, and forgets old discards.
+    // REQUIRES: mu_ held.
+    void DropStaleLocked(Clock::time_point now);
+    void RememberDiscardLocked(uint64_t transfer_id, Clock::time_point now);
+
+    const KvTransportOptions options_;
+    const std::string owner_;
+    const std::function<Clock::time_point()> now_;
+
+    mutable std::mutex mu_;
+    std::condition_variable arrived_;
+    std::map<uint64_t, Transfer> transfers_;  // guarded by mu_
+    // Receive calls waiting per transfer id: such a transfer does not go stale (guarded by mu_).
+    std::map<uint64_t, int> waiting_;
+    int64_t staged_bytes_ = 0;    // guarded by mu_: bytes of committed pieces
+    int64_t reserved_bytes_ = 0;  // guarded by mu_: reserved, not yet committed
+    // Discarded or stale transfer ids, oldest first, bounded in count and age (guarded by mu_).
+    std::deque<std::pair<uint64_t, Clock::time_point>> discarded_order_;
+    std::unordered_set<uint64_t> discarded_;
+    bool closed_ = false;  // guarded by mu_
+};
+
+}  // namespace kvshard::internal

@@ -1,0 +1,105 @@
+// The piece arithmetic and validation shared by every KvTransport (comm/kv_transport.h); the
+// transports themselves are in local_kv_transport.cc and tcp_kv_transport.cc.
+#include "comm/kv_transport.h"
+
+#include <limits>
+
+#include "comm/kv_staging.h"
+
+namespace kvshard {
+
+namespace {
+
+// Pieces are sized in int64; a header whose product would not fit is rejected before anyone
+// multiplies it out (a frame's header comes from the network).
+constexpr int64_t kMaxPieceBytes = int64_t{1} << 48;
+
+bool HasScales(KvWireDtype dtype) {
+    switch (dtype) {
+        case KvWireDtype::kF32:
+            return false;
+        case KvWireDtype::kInt8:
+        case KvWireDtype::kFp8E4M3:
+            return true;
+    }
+    return false;
+}
+
+std::string Field(const char* name, int64_t value) {
+    return std::string(name) + "=" + std::to_string(value);
+}
+
+}  // namespace
+
+int64_t KvWireElementBytes(KvWireDtype dtype) {
+    switch (dtype) {
+        case KvWireDtype::kF32:
+            return 4;
+        case KvWireDtype::kInt8:
+        case KvWireDtype::kFp8E4M3:
+            return 1;
+    }
+    return 0;
+}
+
+int64_t KvPieceLayerBytes(const KvPieceHeader& h) {
+    const int64_t heads = int64_t{h.head_end} - h.head_begin;
+    const int64_t slots = heads * h.block_size;
+    int64_t bytes = 2 * slots * h.head_dim * KvWireElementBytes(h.dtype);
+    if (HasScales(h.dtype)) bytes += 2 * slots * static_cast<int64_t>(sizeof(float));
+    return bytes;
+}
+
+int64_t KvPieceBytes(const KvPieceHeader& h) {
+    return int64_t{h.num_blocks} * (int64_t{h.layer_end} - h.layer_begin) * KvPieceLayerBytes(h);
+}
+
+namespace internal {
+
+Status ValidateKvPieceHeader(const KvPieceHeader& h) {
+    const uint8_t dtype = static_cast<uint8_t>(h.dtype);
+    if (dtype > static_cast<uint8_t>(KvWireDtype::kFp8E4M3)) {
+        return InvalidArgument("KV piece: " + Field("dtype", dtype) + " is not a KvWireDtype");
+    }
+    if (h.layer_begin < 0)
+        return InvalidArgument("KV piece: " + Field("layer_begin", h.layer_begin));
+    if (h.layer_end <= h.layer_begin) {
+        return InvalidArgument(
+            "KV piece: empty or inverted layers: " + Field("layer_begin", h.layer_begin) + ", " +
+            Field("layer_end", h.layer_end));
+    }
+    if (h.head_begin < 0) return InvalidArgument("KV piece: " + Field("head_begin", h.head_begin));
+    if (h.head_end <= h.head_begin) {
+        return InvalidArgument(
+            "KV piece: empty or inverted heads: " + Field("head_begin", h.head_begin) + ", " +
+            Field("head_end", h.head_end));
+    }
+    if (h.num_blocks <= 0) return InvalidArgument("KV piece: " + Field("num_blocks", h.num_blocks));
+    if (h.block_size <= 0) return InvalidArgument("KV piece: " + Field("block_size", h.block_size));
+    if (h.head_dim <= 0) return InvalidArgument("KV piece: " + Field("head_dim", h.head_dim));
+    // Every factor is now positive and below 2^31; multiply in floating point first so that the
+    // int64 formulas are only evaluated where they cannot overflow.
+    const double bytes = static_cast<double>(h.num_blocks) * (h.layer_end - h.layer_begin) * 2.0 *
+                         (static_cast<double>(h.head_end) - h.head_begin) * h.block_size *
+                         (static_cast<double>(h.head_dim) * KvWireElementBytes(h.dtype) + 4.0);
+    if (bytes > static_cast<double>(kMaxPieceBytes)) {
+        return InvalidArgument("KV piece of about " + std::to_string(bytes) +
+                               " bytes exceeds the limit of " + std::to_string(kMaxPieceBytes));
+    }
+    return Status::Ok();
+}
+
+}  // namespace internal
+
+Status ValidateKvPiece(const KvPiece& piece) {
+    KV_RETURN_IF_ERROR(internal::ValidateKvPieceHeader(piece.header));
+    const int64_t expected = KvPieceBytes(piece.header);
+    if (static_cast<int64_t>(piece.data.size()) != expected) {
+        return InvalidArgument(
+            "KV piece: " + Field("data bytes", static_cast<int64_t>(piece.data.size())) +
+            ", expected " + std::to_string(expected) + " for its header");
+    }
+    return Status::Ok();
+}
+
+}  // namespace kvshard

@@ -1,0 +1,122 @@
+// KvTransport: moves pieces of KV cache from a rank of one instance (a prefill instance) to a rank
+// of another (a decode instance) — DESIGN.md data flow step 6. A piece is some layers × some KV
+// heads of a list of blocks, self-describing, so the receiver can write it into its own blocks
+// whatever the sender's tensor-parallel layout was.
+//
+// Delivery is decoupled from the receiver's steps: each transport stages arriving pieces in
+// memory, keyed by transfer id, until the receiving worker's step asks for them with Receive. So a
+// sender never waits for the receiver's step loop (no cross-instance deadlock) and the receiver
+// never waits for the sender's step either, only for bytes already on their way.
+//
+// Implementations: LocalKvTransport (ranks of this process: one memcpy into the receiver's
+// staging) and TcpKvTransport (worker processes: Boost.Asio, one listening port per rank). GPUs:
+// comm/nccl_kv_transport.h (ncclSend/ncclRecv between paired ranks).
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvshard {
+
+// Element type of the KV as stored in the pools; both sides of a transfer must use the same.
+enum class KvWireDtype : uint8_t { kF32 = 0, kInt8 = 1, kFp8E4M3 = 2 };
+
+struct KvPieceHeader {
+    uint64_t transfer_id = 0;
+    int32_t layer_begin = 0;  // layers [layer_begin, layer_end)
+    int32_t layer_end = 0;
+    int32_t head_begin = 0;  // global KV heads [head_begin, head_end)
+    int32_t head_end = 0;
+    int32_t num_blocks = 0;
+    int32_t block_size = 0;
+    int32_t head_dim = 0;
+    KvWireDtype dtype = KvWireDtype::kF32;
+    friend bool operator==(const KvPieceHeader&, const KvPieceHeader&) = default;
+};
+
+// The payload layout, for each block in order, for each layer in order:
+//   K [head][slot][head_dim] elements, V likewise, then (8-bit only) K scales [head][slot]
+//   floats, V scales likewise
+// which is the pool's per-layer layout (kernels/paged_attention.h) restricted to the piece's heads:
+// with all of a rank's heads, one block-layer of a piece is one memcpy from the pool.
+struct KvPiece {
+    KvPieceHeader header;
+    std::vector<uint8_t> data;
+};
+
+// Bytes of one block-layer of a piece, and of the whole piece:
+//   blocks × layers × 2 × heads × block_size × head_dim × element bytes (+ 2 × heads × block_size
+//   × 4 for the scales of 8-bit dtypes).
+int64_t KvPieceLayerBytes(const KvPieceHeader& h);
+int64_t KvPieceBytes(const KvPieceHeader& h);
+int64_t KvWireElementBytes(KvWireDtype dtype);  // 4, 1, 1
+// InvalidArgument naming the field: non-positive sizes, empty or inverted ranges, data of the
+// wrong size.
+Status ValidateKvPiece(const KvPiece& piece);
+
+struct KvTransportOptions {
+    // Bytes staged (received, not yet taken by Receive) at most; a piece beyond it is refused and
+    // its sender gets ResourceExhausted, so a receiver that stopped taking cannot exhaust memory.
+    int64_t max_staged_bytes = int64_t{1} << 30;
+    // A transfer no piece arrived for within this long, and no Receive waits for, is dropped
+    // (it was abandoned) and treated as discarded. Checked lazily, on any call.
+    int64_t stale_after_ms = 120'000;
+};
+
+class KvTransport {
+  public:
+    virtual ~KvTransport() = default;
+
+    // Where other ranks send pieces for this one ("local:NAME" or "HOST:PORT").
+    virtual const std::string& endpoint() const = 0;
+
+    // Hands `piece` to the rank at `dst_endpoint` and returns once that rank staged or refused
+    // it (TCP: its acknowledgement arrived); the caller's buffers are free to reuse after it
+    // returns. A piece whose transfer, layers and heads are already staged there is dropped as
+    // a resend (OK), so a sender may retry a piece whose outcome it did not learn.
+    // Errors: DeadlineExceeded, Unavailable (no such endpoint, connection refused or dropped),
+    // ResourceExhausted (receiver's staging full), Aborted (the receiver discarded the transfer
+    // or dropped it as stale: stop sending it), InvalidArgument (malformed piece or endpoint).
+    virtual Status Send(const std::string& dst_endpoint, const KvPiece& piece,
+                        std::chrono::steady_clock::time_point deadline) = 0;
+
+    // Waits until pieces of `transfer_id` covering `expected_cells` (layers × heads, summed over
+    // pieces) are staged, then removes and returns them. DeadlineExceeded when they have not all
+    // arrived by `deadline` (what arrived stays staged until Discard or staleness); Aborted when
+    // the transfer was discarded or went stale. A transfer does not go stale while a Receive
+    // waits for it.
+    virtual Result<std::vector<KvPiece>> Receive(
+        uint64_t transfer_id, int64_t expected_cells,
+        std::chrono::steady_clock::time_point deadline) = 0;
+
+    // Drops whatever is staged for `transfer_id`, and pieces of it that arrive later.
+    virtual void Discard(uint64_t transfer_id) = 0;
+
+    // Bytes currently staged (for tests and metrics).
+    virtual int64_t staged_bytes() const = 0;
+};
+
+// In-process transport: registers `name` so that Send("local:" + name, ...) from any transport of
+// this process reaches it; unregisters on destruction. InvalidArgument for an empty name or a
+// name in use (common/status.h has no AlreadyExists).
+Result<std::unique_ptr<KvTransport>> MakeLocalKvTransport(const std::string& name,
+                                                          const KvTransportOptions& options = {});
+
+// TCP transport: listens on host:port (0: a free port; endpoint() then names the real one) with an
+// I/O thread that stages arriving pieces. Connections to peers are opened on first Send and kept.
+// A piece travels as one frame: magic "KVSP", a version, the header fields, the payload length
+// and a CRC-32 of the payload; the receiver answers each with an acknowledgement frame carrying
+// its status. A malformed frame closes that connection (never crashes). Sends to one
+// destination are serialized; a Send that misses its deadline closes that connection.
+// Endpoints are "HOST:PORT" (InvalidArgument otherwise).
+Result<std::unique_ptr<KvTransport>> MakeTcpKvTransport(const std::string& host, uint16_t port,
+                                                        const KvTransportOptions& options = {});
+
+}  // namespace kvshard

@@ -1,0 +1,170 @@
+#include "comm/tcp_kv_wire.h"
+
+#include <cstring>
+#include <string_view>
+#include <type_traits>
+
+#include "comm/kv_staging.h"
+#include "comm/plan_codec.h"
+
+namespace kvshard::internal {
+
+namespace {
+
+constexpr char kPieceMagic[4] = {'K', 'V', 'S', 'P'};
+constexpr char kAckMagic[4] = {'K', 'V', 'S', 'A'};
+
+template <typename T>
+void Put(uint8_t* at, T value) {
+    using U = std::make_unsigned_t<T>;
+    const U bits = static_cast<U>(value);
+    for (size_t i = 0; i < sizeof(T); ++i) at[i] = static_cast<uint8_t>(bits >> (8 * i));
+}
+
+template <typename T>
+T Get(const uint8_t* at) {
+    using U = std::make_unsigned_t<T>;
+    U bits = 0;
+    for (size_t i = 0; i < sizeof(T); ++i) bits |= static_cast<U>(U{at[i]} << (8 * i));
+    return static_cast<T>(bits);
+}
+
+// Status codes on the wire: fixed numbers, independent of StatusCode's declaration order.
+uint16_t WireCode(StatusCode code) {
+    switch (code) {
+        case StatusCode::kOk:
+            return 0;
+        case StatusCode::kInvalidArgument:
+            return 1;
+        case StatusCode::kNotFound:
+            return 2;
+        case StatusCode::kDataLoss:
+            return 3;
+        case StatusCode::kUnimplemented:
+            return 4;
+        case StatusCode::kOutOfRange:
+            return 5;
+        case StatusCode::kResourceExhausted:
+            return 6;
+        case StatusCode::kUnavailable:
+            return 7;
+        case StatusCode::kDeadlineExceeded:
+            return 8;
+        case StatusCode::kAborted:
+            return 9;
+        case StatusCode::kInternal:
+            return 10;
+    }
+    return 10;
+}
+
+constexpr StatusCode kCodesByWire[] = {
+    StatusCode::kOk,
+    StatusCode::kInvalidArgument,
+    StatusCode::kNotFound,
+    StatusCode::kDataLoss,
+    StatusCode::kUnimplemented,
+    StatusCode::kOutOfRange,
+    StatusCode::kResourceExhausted,
+    StatusCode::kUnavailable,
+    StatusCode::kDeadlineExceeded,
+    StatusCode::kAborted,
+    StatusCode::kInternal,
+};
+
+}  // namespace
+
+KvPieceFrameHeader EncodeKvPieceFrameHeader(const KvPieceHeader& h, uint64_t payload_bytes,
+                                            uint32_t payload_crc) {
+    KvPieceFrameHeader out{};
+    std::memcpy(out.data(), kPieceMagic, 4);
+    Put<uint16_t>(&out[4], kKvWireVersion);
+    out[6] = static_cast<uint8_t>(h.dtype);
+    out[7] = 0;
+    Put<uint64_t>(&out[8], h.transfer_id);
+    Put<int32_t>(&out[16], h.layer_begin);
+    Put<int32_t>(&out[20], h.layer_end);
+    Put<int32_t>(&out[24], h.head_begin);
+    Put<int32_t>(&out[28], h.head_end);
+    Put<int32_t>(&out[32], h.num_blocks);
+    Put<int32_t>(&out[36], h.block_size);
+    Put<int32_t>(&out[40], h.head_dim);
+    Put<uint64_t>(&out[44], payload_bytes);
+    Put<uint32_t>(&out[52], payload_crc);
+    return out;
+}
+
+Result<DecodedKvPieceFrame> DecodeKvPieceFrameHeader(const KvPieceFrameHeader& in) {
+    if (std::memcmp(in.data(), kPieceMagic, 4) != 0) {
+        return DataLoss("not a KV piece frame (bad magic)");
+    }
+    const uint16_t version = Get<uint16_t>(&in[4]);
+    if (version != kKvWireVersion) {
+        return Unimplemented("KV piece frame version " + std::to_string(version) +
+                             ", this build speaks " + std::to_string(kKvWireVersion));
+    }
+    if (in[7] != 0) return DataLoss("KV piece frame: reserved byte 7 is " + std::to_string(in[7]));
+    DecodedKvPieceFrame out;
+    KvPieceHeader& h = out.header;
+    h.dtype = static_cast<KvWireDtype>(in[6]);
+    h.transfer_id = Get<uint64_t>(&in[8]);
+    h.layer_begin = Get<int32_t>(&in[16]);
+    h.layer_end = Get<int32_t>(&in[20]);
+    h.head_begin = Get<int32_t>(&in[24]);
+    h.head_end = Get<int32_t>(&in[28]);
+    h.num_blocks = Get<int32_t>(&in[32]);
+    h.block_size = Get<int32_t>(&in[36]);
+    h.head_dim = Get<int32_t>(&in[40]);
+    out.payload_bytes = Get<uint64_t>(&in[44]);
+    out.payload_crc = Get<uint32_t>(&in[52]);
+    KV_RETURN_IF_ERROR(ValidateKvPieceHeader(h));  // bounds KvPieceBytes, so no overflow below
+    const int64_t expected = KvPieceBytes(h);
+    if (out.payload_bytes != static_cast<uint64_t>(expected)) {
+        return DataLoss("KV piece frame: payload length " + std::to_string(out.payload_bytes) +
+                        " does not match its header (" + std::to_string(expected) + " bytes)");
+    }
+    return out;
+}
+
+std::string EncodeKvAckFrame(uint64_t transfer_id, const Status& status) {
+    const std::string_view message =
+        std::string_view(status.message()).substr(0, kMaxKvAckMessageBytes);
+    std::string out(kKvAckFrameHeaderBytes + message.size(), '\0');
+    auto* p = reinterpret_cast<uint8_t*>(out.data());
+    std::memcpy(p, kAckMagic, 4);
+    Put<uint16_t>(p + 4, kKvWireVersion);
+    Put<uint16_t>(p + 6, WireCode(status.code()));
+    Put<uint64_t>(p + 8, transfer_id);
+    Put<uint32_t>(p + 16, static_cast<uint32_t>(message.size()));
+    std::memcpy(p + kKvAckFrameHeaderBytes, message.data(), message.size());
+    return out;
+}
+
+Result<DecodedKvAckHeader> DecodeKvAckFrameHeader(
+    const std::array<uint8_t, kKvAckFrameHeaderBytes>& in) {
+    if (std::memcmp(in.data(), kAckMagic, 4) != 0)
+        return DataLoss("not a KV ack frame (bad magic)");
+    const uint16_t version = Get<uint16_t>(&in[4]);
+    if (version != kKvWireVersion) {
+        return Unimplemented("KV ack frame version " + std::to_string(version));
+    }
+    const uint16_t code = Get<uint16_t>(&in[6]);
+    if (code >= std::size(kCodesByWire)) {
+        return DataLoss("KV ack frame: unknown status code " + std::to_string(code));
+    }
+    DecodedKvAckHeader out;
+    out.code = kCodesByWire[code];
+    out.transfer_id = Get<uint64_t>(&in[8]);
+    out.message_bytes = Get<uint32_t>(&in[16]);
+    if (out.message_bytes > kMaxKvAckMessageBytes) {
+        return DataLoss("KV ack frame: message of " + std::to_string(out.message_bytes) +
+                        " bytes exceeds " + std::to_string(kMaxKvAckMessageBytes));
+    }
+    return out;
+}
+
+uint32_t KvPayloadCrc(const std::vector<uint8_t>& payload) {
+    return Crc32(std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()));
+}
+
+}  // namespace kvshard::internal
