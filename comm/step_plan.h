@@ -55,12 +55,53 @@ struct BlockCopyOp {
     friend bool operator==(const BlockCopyOp&, const BlockCopyOp&) = default;
 };
 
+// Disaggregated serving (DESIGN.md data flow, step 6): a prefill instance sends the KV of one
+// request to a decode instance. Every rank of the sending instance sends, to each rank of the
+// receiving instance, the KV heads that receiver holds and that the sender owns (a KV head held
+// by two senders is sent by the lower rank), so the two sides may have different tp.
+struct KvSendOp {
+    uint64_t transfer_id = 0;
+    int64_t seq_id = 0;                 // the sequence whose KV this is
+    std::vector<int32_t> block_table;   // source blocks holding positions 0 .. num_tokens - 1
+    int64_t num_tokens = 0;
+    int32_t dst_tp = 1;                 // the receiving instance's tensor-parallel size
+    std::vector<std::string> dst_endpoints;  // KvTransport endpoint of each receiving rank
+    // true: each layer is sent as soon as this step has written it (REQUIRES seq_id among the
+    // plan's sequences); false: every layer after the step's forward pass.
+    bool layerwise = false;
+    int64_t timeout_ms = 10'000;        // per piece handed to the transport
+    friend bool operator==(const KvSendOp&, const KvSendOp&) = default;
+};
+
+struct KvRecvOp {
+    uint64_t transfer_id = 0;
+    int64_t seq_id = 0;                 // the sequence that continues from the received KV
+    std::vector<int32_t> block_table;   // destination blocks for positions 0 .. num_tokens - 1
+    int64_t num_tokens = 0;
+    int64_t timeout_ms = 10'000;        // how long the step waits for the missing pieces
+    friend bool operator==(const KvRecvOp&, const KvRecvOp&) = default;
+};
+
 struct StepPlan {
     uint64_t step_id = 0;
     std::vector<ScheduledSequence> sequences;
     std::vector<BlockCopyOp> block_copies;  // executed before the step's KV writes
     std::vector<int64_t> released_seq_ids;  // finished or preempted: drop per-sequence state
+    // Executed before the forward pass: the received KV is written into the blocks, and a
+    // sequence whose transfer failed is left out of this step (StepResult.failed_transfers).
+    std::vector<KvRecvOp> kv_recvs;
+    // Executed during (layerwise) or after the forward pass; the blocks are only read.
+    std::vector<KvSendOp> kv_sends;
+    // Transfers that will never be received (the request ended on the prefill side): each rank
+    // drops what its transport staged for them.
+    std::vector<uint64_t> kv_discards;
     friend bool operator==(const StepPlan&, const StepPlan&) = default;
+};
+
+struct TransferFailure {
+    uint64_t transfer_id = 0;
+    std::string error;
+    friend bool operator==(const TransferFailure&, const TransferFailure&) = default;
 };
 
 struct TokenLogprob {
@@ -82,6 +123,11 @@ struct StepResult {
     std::vector<SampledToken> tokens;  // one per sequence with sample = true, in plan order
     double compute_seconds = 0.0;
     std::string error;  // empty on success; a failed step samples nothing
+    // Transfers of this step that failed (on any rank); the other sequences ran normally.
+    std::vector<TransferFailure> failed_transfers;
+    int64_t kv_bytes_sent = 0;      // summed over the instance's ranks
+    int64_t kv_bytes_received = 0;  // summed over the instance's ranks
+    double kv_transfer_seconds = 0.0;  // rank 0's time in sends and receives
     friend bool operator==(const StepResult&, const StepResult&) = default;
 };
 

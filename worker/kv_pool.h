@@ -36,6 +36,9 @@ public:
     // Copies every layer of block `src` to block `dst` (copy-on-write of a shared partial block).
     // REQUIRES: both in range.
     void CopyBlock(int32_t src, int32_t dst);
+    // The region of one block (bytes_per_block() bytes). REQUIRES: ValidBlock(block).
+    const uint8_t* BlockData(int64_t block) const { return data_.get() + block * bytes_per_block_; }
+    uint8_t* MutableBlockData(int64_t block) { return data_.get() + block * bytes_per_block_; }
     bool ValidBlock(int64_t block) const { return block >= 0 && block < config_.num_blocks; }
 
 private:

@@ -283,7 +283,8 @@ Status ModelRunner::Classify(int64_t num_out, std::vector<float>* logits) {
     return Status::Ok();
 }
 
-Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits) {
+Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits,
+                            const std::function<void(int64_t layer)>& after_layer_kv) {
     KV_RETURN_IF_ERROR(Validate(batch));
     const int64_t hidden = spec_.hidden_size;
     const int64_t hd = spec_.head_dim;
@@ -313,6 +314,7 @@ Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<fl
         cpu::Rope(q_.data(), positions_.data(), rows, num_q_heads, hd, inv_freq_.data());
         cpu::Rope(k_.data(), positions_.data(), rows, num_kv_heads, hd, inv_freq_.data());
         Attend(batch, l);
+        if (after_layer_kv) after_layer_kv(l);
         KV_RETURN_IF_ERROR(AddRowParallel(att_.data(), w.wo, rows, q_dim_));
 
         cpu::RmsNorm(x_.data(), w.ffn_norm.data(), xn_.data(), rows, hidden, spec_.norm_eps);

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <unordered_map>
@@ -88,7 +89,12 @@ class ModelRunner {
     // a start_pos that is not the cached length, a sequence twice in one batch; OutOfRange when a
     // sequence would pass max_context. A failed collective returns its error; the step's KV is
     // then undefined (the instance is broken, see comm/collective.h).
-    Status Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits);
+    //
+    // `after_layer_kv`, when given, is called with each layer index as soon as that layer's K/V of
+    // the batch are written to the pool (before the layer's output projection): the hook of
+    // layer-by-layer KV streaming. An error it returns is recorded by the caller, not here.
+    Status Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits,
+                   const std::function<void(int64_t layer)>& after_layer_kv = {});
 
     // Copies pool blocks (copy-on-write), before a step's KV writes. InvalidArgument for a block
     // outside the pool.
@@ -108,6 +114,8 @@ class ModelRunner {
     // Bytes of the fp32 weights this rank holds.
     size_t weight_bytes() const { return weight_bytes_; }
     const CommStats& comm_stats() const { return comm_stats_; }
+    // The instance's collective (nullptr at tp 1).
+    Collective* collective() const { return collective_; }
 
   private:
     struct SequenceKv {

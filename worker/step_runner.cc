@@ -4,6 +4,10 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <optional>
+#include <string>
+
+#include "worker/kv_handoff.h"
 
 namespace kvshard {
 
@@ -38,6 +42,85 @@ SampledToken StepRunner::SampleRow(const ScheduledSequence& seq, const float* lo
     return out;
 }
 
+Result<std::vector<TransferFailure>> StepRunner::ReceiveTransfers(const StepPlan& plan,
+                                                                  StepResult* result) {
+    std::vector<TransferFailure> local(plan.kv_recvs.size());
+    const ShardLayout& layout = runner_.layout();
+    const int64_t cells = runner_.spec().num_layers * layout.num_kv_heads();
+    for (size_t i = 0; i < plan.kv_recvs.size(); ++i) {
+        const KvRecvOp& op = plan.kv_recvs[i];
+        local[i].transfer_id = op.transfer_id;
+        if (transport_ == nullptr) {
+            local[i].error = "this worker has no KV transport";
+            continue;
+        }
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(op.timeout_ms);
+        Result<std::vector<KvPiece>> pieces = transport_->Receive(op.transfer_id, cells, deadline);
+        if (!pieces.ok()) {
+            local[i].error = "rank " + std::to_string(layout.shard.rank) + ": " + pieces.status().ToString();
+            transport_->Discard(op.transfer_id);
+            continue;
+        }
+        for (const KvPiece& piece : *pieces) {
+            Status st = UnpackKvPiece(piece, *runner_.pool(), layout, op.block_table);
+            if (!st.ok()) {
+                local[i].error = "rank " + std::to_string(layout.shard.rank) + ": " + st.ToString();
+                break;
+            }
+            result->kv_bytes_received += static_cast<int64_t>(piece.data.size());
+        }
+    }
+    // Every rank must leave out the same sequences (the collectives of the forward pass pair up):
+    // a transfer failed when it failed on any rank.
+    std::vector<float> failed(local.size());
+    for (size_t i = 0; i < local.size(); ++i) failed[i] = local[i].error.empty() ? 0.0f : 1.0f;
+    if (Collective* c = runner_.collective(); c != nullptr && !failed.empty()) {
+        KV_RETURN_IF_ERROR(c->AllReduceSum(failed.data(), static_cast<int64_t>(failed.size())));
+    }
+    std::vector<TransferFailure> out;
+    for (size_t i = 0; i < local.size(); ++i) {
+        if (failed[i] == 0.0f) continue;
+        if (local[i].error.empty()) local[i].error = "failed on another rank of this instance";
+        out.push_back(std::move(local[i]));
+    }
+    return out;
+}
+
+Status StepRunner::SendLayers(const KvSendOp& op, int64_t layer_begin, int64_t layer_end,
+                              StepResult* result) {
+    if (transport_ == nullptr) return InvalidArgument("the plan sends KV but this worker has no KV transport");
+    const ShardLayout& layout = runner_.layout();
+    if (static_cast<int32_t>(op.dst_endpoints.size()) != op.dst_tp) {
+        return InvalidArgument("KV send of transfer " + std::to_string(op.transfer_id) + ": " +
+                               std::to_string(op.dst_endpoints.size()) + " endpoints for dst_tp " +
+                               std::to_string(op.dst_tp));
+    }
+    const int64_t bs = runner_.pool()->config().block_size;
+    const auto num_blocks = static_cast<size_t>((op.num_tokens + bs - 1) / bs);
+    if (num_blocks > op.block_table.size()) {
+        return InvalidArgument("KV send of transfer " + std::to_string(op.transfer_id) + ": " +
+                               std::to_string(op.block_table.size()) + " blocks cannot hold " +
+                               std::to_string(op.num_tokens) + " tokens");
+    }
+    const std::span<const int32_t> blocks(op.block_table.data(), num_blocks);
+    for (int32_t b : blocks) {
+        if (!runner_.pool()->ValidBlock(b)) return InvalidArgument("KV send: block " + std::to_string(b) + " outside the pool");
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(op.timeout_ms);
+    for (int dst = 0; dst < op.dst_tp; ++dst) {
+        Result<IndexRange> heads = [&]() -> Result<IndexRange> {
+            KV_RETURN_IF_ERROR(MakeShardLayout(runner_.spec(), {.rank = dst, .tp = op.dst_tp}).status());
+            return KvHeadsToSend(runner_.spec(), layout.shard.rank, layout.shard.tp, dst, op.dst_tp);
+        }();
+        KV_RETURN_IF_ERROR(heads.status());
+        if (heads->size() == 0) continue;
+        KvPiece piece = PackKvPiece(*runner_.pool(), layout, op.transfer_id, blocks, layer_begin, layer_end, *heads);
+        KV_RETURN_IF_ERROR(transport_->Send(op.dst_endpoints[static_cast<size_t>(dst)], piece, deadline));
+        result->kv_bytes_sent += static_cast<int64_t>(piece.data.size());
+    }
+    return Status::Ok();
+}
+
 Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
     const auto t0 = std::chrono::steady_clock::now();
     StepResult result;
@@ -46,24 +129,80 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
     for (const ScheduledSequence& s : plan.sequences) {
         if (s.sample) KV_RETURN_IF_ERROR(ValidateSamplingParams(s.sampling));
     }
+    if (transport_ != nullptr) {
+        for (uint64_t id : plan.kv_discards) transport_->Discard(id);
+    }
     std::vector<std::pair<int32_t, int32_t>> copies;
     for (const BlockCopyOp& c : plan.block_copies) copies.emplace_back(c.src_block, c.dst_block);
     KV_RETURN_IF_ERROR(runner_.CopyBlocks(copies));
-    if (!plan.sequences.empty()) {
-        std::vector<SequenceChunk> chunks;
-        chunks.reserve(plan.sequences.size());
-        for (const ScheduledSequence& s : plan.sequences) {
-            chunks.push_back({.seq_id = s.seq_id, .tokens = s.token_ids, .start_pos = s.start_pos,
-                              .block_table = s.block_table, .slot_mapping = s.slot_mapping});
-        }
-        KV_RETURN_IF_ERROR(runner_.Forward(chunks, &logits_));
-        const int64_t vocab = runner_.spec().vocab_size;
-        for (size_t i = 0; i < plan.sequences.size(); ++i) {
-            if (plan.sequences[i].sample) {
-                result.tokens.push_back(SampleRow(plan.sequences[i], &logits_[i * vocab]));
+
+    double transfer_seconds = 0.0;
+    auto timed = [&](auto&& fn) {
+        const auto start = std::chrono::steady_clock::now();
+        fn();
+        transfer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    // Sequences whose KV did not arrive sit out this step.
+    std::vector<int64_t> skipped;
+    if (!plan.kv_recvs.empty()) {
+        std::optional<Result<std::vector<TransferFailure>>> received;
+        timed([&] { received.emplace(ReceiveTransfers(plan, &result)); });
+        Result<std::vector<TransferFailure>>& failures = *received;
+        KV_RETURN_IF_ERROR(failures.status());
+        for (const TransferFailure& f : *failures) {
+            for (const KvRecvOp& op : plan.kv_recvs) {
+                if (op.transfer_id == f.transfer_id) skipped.push_back(op.seq_id);
             }
         }
+        result.failed_transfers = std::move(*failures);
     }
+    auto send_failed = [&](const KvSendOp& op, const Status& st) {
+        result.failed_transfers.push_back(
+            {op.transfer_id, "rank " + std::to_string(runner_.layout().shard.rank) + ": " + st.ToString()});
+    };
+    auto has_failed = [&](uint64_t id) {
+        return std::any_of(result.failed_transfers.begin(), result.failed_transfers.end(),
+                           [&](const TransferFailure& f) { return f.transfer_id == id; });
+    };
+
+    std::vector<const ScheduledSequence*> run;
+    for (const ScheduledSequence& s : plan.sequences) {
+        if (std::find(skipped.begin(), skipped.end(), s.seq_id) == skipped.end()) run.push_back(&s);
+    }
+    if (!run.empty()) {
+        std::vector<SequenceChunk> chunks;
+        chunks.reserve(run.size());
+        for (const ScheduledSequence* s : run) {
+            chunks.push_back({.seq_id = s->seq_id, .tokens = s->token_ids, .start_pos = s->start_pos,
+                              .block_table = s->block_table, .slot_mapping = s->slot_mapping});
+        }
+        std::function<void(int64_t)> after_layer;
+        if (std::any_of(plan.kv_sends.begin(), plan.kv_sends.end(), [](const KvSendOp& op) { return op.layerwise; })) {
+            after_layer = [&](int64_t layer) {
+                for (const KvSendOp& op : plan.kv_sends) {
+                    if (!op.layerwise || has_failed(op.transfer_id)) continue;
+                    timed([&] {
+                        if (Status st = SendLayers(op, layer, layer + 1, &result); !st.ok()) send_failed(op, st);
+                    });
+                }
+            };
+        }
+        KV_RETURN_IF_ERROR(runner_.Forward(chunks, &logits_, after_layer));
+        const int64_t vocab = runner_.spec().vocab_size;
+        for (size_t i = 0; i < run.size(); ++i) {
+            if (run[i]->sample) result.tokens.push_back(SampleRow(*run[i], &logits_[i * vocab]));
+        }
+    }
+    for (const KvSendOp& op : plan.kv_sends) {
+        // A layer-wise send whose sequence did not run (its own KV had not arrived) never streamed.
+        const bool streamed = op.layerwise && !run.empty() &&
+                              std::any_of(run.begin(), run.end(), [&](const ScheduledSequence* s) { return s->seq_id == op.seq_id; });
+        if (streamed || has_failed(op.transfer_id)) continue;
+        timed([&] {
+            if (Status st = SendLayers(op, 0, runner_.spec().num_layers, &result); !st.ok()) send_failed(op, st);
+        });
+    }
+    result.kv_transfer_seconds = transfer_seconds;
     result.compute_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return result;

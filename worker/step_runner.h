@@ -1,11 +1,17 @@
 // StepRunner: executes StepPlans on one ModelRunner — block copies, the forward pass over every
 // scheduled chunk, and sampling (with per-sequence samplers whose RNG state persists across steps,
 // so a seeded request is reproducible however it is batched).
+// KV handoff (disaggregated serving): a plan's kv_recvs are completed before the forward pass
+// (each rank takes its pieces from its KvTransport and writes them into its pool; the ranks agree
+// through the instance's collective on which transfers failed, and those sequences sit out the
+// step); its kv_sends run layer by layer inside the forward pass or after it, each rank sending
+// the KV heads it owns to every receiving rank that holds them (worker/kv_handoff.h).
 // Thread-safety: none; one thread drives it.
 #pragma once
 
 #include <unordered_map>
 
+#include "comm/kv_transport.h"
 #include "comm/step_executor.h"
 #include "worker/model_runner.h"
 #include "worker/sampler.h"
@@ -14,7 +20,10 @@ namespace kvshard {
 
 class StepRunner : public StepExecutor {
 public:
-    explicit StepRunner(ModelRunner& runner) : runner_(runner) {}
+    // `transport` (not owned; may be nullptr when no plan carries KV transfer ops) must outlive
+    // the runner.
+    explicit StepRunner(ModelRunner& runner, KvTransport* transport = nullptr)
+        : runner_(runner), transport_(transport) {}
 
     Result<StepResult> Execute(const StepPlan& plan) override;
 
@@ -24,7 +33,13 @@ public:
     size_t num_samplers() const { return samplers_.size(); }
 
 private:
+    // Receives every transfer of the plan; returns the failures all ranks agree on.
+    Result<std::vector<TransferFailure>> ReceiveTransfers(const StepPlan& plan, StepResult* result);
+    // Sends layers [layer_begin, layer_end) of `op` to every receiving rank.
+    Status SendLayers(const KvSendOp& op, int64_t layer_begin, int64_t layer_end, StepResult* result);
+
     ModelRunner& runner_;
+    KvTransport* transport_;
     std::unordered_map<int64_t, Sampler> samplers_;
     std::vector<float> logits_;
     std::vector<float> logprobs_;

@@ -27,6 +27,13 @@ Result<std::unique_ptr<TpGroup>> TpGroup::Create(const ModelFile& model,
     g->group_ = LocalGroup::Create(config.tp, config.timeout_ms);
     for (int r = 0; r < config.tp; ++r) g->collectives_.push_back(g->group_->Collective(r));
     g->runners_.resize(n);
+    g->transports_.resize(n);
+    if (!config.kv_transport_name.empty()) {
+        for (int r = 0; r < config.tp; ++r) {
+            KV_ASSIGN_OR_RETURN(g->transports_[static_cast<size_t>(r)],
+                                MakeLocalKvTransport(config.kv_transport_name + "/" + std::to_string(r)));
+        }
+    }
     g->step_runners_.resize(n);
     g->step_results_.resize(n);
     g->job_status_.resize(n);
@@ -36,7 +43,7 @@ Result<std::unique_ptr<TpGroup>> TpGroup::Create(const ModelFile& model,
         KV_ASSIGN_OR_RETURN(ModelWeights w, LoadWeights(model, {.rank = rank, .tp = config.tp}));
         Collective* c = config.tp > 1 ? g->collectives_[static_cast<size_t>(rank)].get() : nullptr;
         auto runner = std::make_unique<ModelRunner>(model.spec(), std::move(w), config.runner, c);
-        g->step_runners_[static_cast<size_t>(rank)] = std::make_unique<StepRunner>(*runner);
+        g->step_runners_[static_cast<size_t>(rank)] = std::make_unique<StepRunner>(*runner, g->transports_[static_cast<size_t>(rank)].get());
         g->runners_[static_cast<size_t>(rank)] = std::move(runner);
         return Status::Ok();
     }));
@@ -116,7 +123,30 @@ Result<StepResult> TpGroup::Execute(const StepPlan& plan) {
                             " sampled other tokens than rank 0");
         }
     }
-    return step_results_[0];
+    StepResult out = step_results_[0];
+    for (int r = 1; r < tp(); ++r) {
+        const StepResult& other = step_results_[static_cast<size_t>(r)];
+        out.kv_bytes_sent += other.kv_bytes_sent;
+        out.kv_bytes_received += other.kv_bytes_received;
+        for (const TransferFailure& f : other.failed_transfers) {
+            const bool known = std::any_of(out.failed_transfers.begin(), out.failed_transfers.end(),
+                                           [&](const TransferFailure& g) { return g.transfer_id == f.transfer_id; });
+            if (!known) out.failed_transfers.push_back(f);
+        }
+    }
+    return out;
+}
+
+int64_t TpGroup::kv_staged_bytes() const {
+    int64_t out = 0;
+    for (const auto& t : transports_) out += t == nullptr ? 0 : t->staged_bytes();
+    return out;
+}
+
+std::vector<std::string> TpGroup::kv_endpoints() const {
+    std::vector<std::string> out;
+    for (const auto& t : transports_) out.push_back(t == nullptr ? std::string() : t->endpoint());
+    return out;
 }
 
 Result<GenerateResult> GenerateOnEveryRank(TpGroup& group, const Tokenizer& tokenizer,

@@ -20,9 +20,11 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "comm/kv_transport.h"
 #include "comm/local_collective.h"
 #include "comm/step_executor.h"
 #include "common/status.h"
@@ -41,6 +43,9 @@ struct TpGroupConfig {
     int threads_per_rank = 0;
     // How long a rank waits in a collective for the others.
     int64_t timeout_ms = LocalGroup::kDefaultTimeoutMs;
+    // Non-empty: each rank r gets an in-process KV transport named "<kv_transport_name>/<r>"
+    // (comm/kv_transport.h), for KV handoff to and from other instances of this process.
+    std::string kv_transport_name;
 };
 
 class TpGroup : public StepExecutor {
@@ -57,8 +62,14 @@ class TpGroup : public StepExecutor {
 
     int tp() const { return static_cast<int>(runners_.size()); }
 
-    // Runs the plan on every rank. Internal error if the ranks sampled different tokens.
+    // Runs the plan on every rank. Internal error if the ranks sampled different tokens. The
+    // result's KV byte counters are summed over ranks and its failed transfers merged.
     Result<StepResult> Execute(const StepPlan& plan) override;
+
+    // Each rank's KV transport endpoint (empty without kv_transport_name).
+    std::vector<std::string> kv_endpoints() const;
+    // Bytes the ranks' KV transports hold staged (received, not yet written to a pool).
+    int64_t kv_staged_bytes() const;
 
     // Runs fn(rank, runner) on every rank's thread at once and waits for all of them. Returns OK,
     // or the error of the lowest failing rank.
@@ -80,6 +91,7 @@ class TpGroup : public StepExecutor {
     // Per rank, each used only by its rank's thread while a job runs.
     std::vector<std::unique_ptr<Collective>> collectives_;
     std::vector<std::unique_ptr<ModelRunner>> runners_;
+    std::vector<std::unique_ptr<KvTransport>> transports_;
     std::vector<std::unique_ptr<StepRunner>> step_runners_;
     std::vector<StepResult> step_results_;
 
