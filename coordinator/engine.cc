@@ -1,21 +1,25 @@
 #include "coordinator/engine.h"
 
+#include "coordinator/engine_state.h"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 
 namespace kvshard {
 
-struct InstanceEngine::RequestState {
-    GenerationRequest request;
-    std::shared_ptr<RequestSink> sink;
-    std::vector<std::unique_ptr<Sequence>> choices;
-    std::vector<std::unique_ptr<TextStream>> streams;
-    std::vector<bool> finished;
-    int num_finished = 0;
-    GenerationUsage usage;
-    bool aborted = false;
-};
+std::string_view InstanceRoleName(InstanceRole role) {
+    switch (role) {
+        case InstanceRole::kMixed: return "mixed";
+        case InstanceRole::kPrefill: return "prefill";
+        case InstanceRole::kDecode: return "decode";
+    }
+    return "mixed";
+}
+
+Status InstanceEngine::Submit(GenerationRequest request, std::shared_ptr<RequestSink> sink) {
+    return SubmitWithHandoff(std::move(request), std::move(sink), nullptr, 0);
+}
 
 Status InstanceEngine::ValidateConfig(const InstanceEngineConfig& c) {
     KV_RETURN_IF_ERROR(c.scheduler.Validate());
@@ -57,7 +61,9 @@ void InstanceEngine::Stop() {
     if (thread_.joinable()) thread_.join();
 }
 
-Status InstanceEngine::Submit(GenerationRequest request, std::shared_ptr<RequestSink> sink) {
+Status InstanceEngine::SubmitWithHandoff(GenerationRequest request, std::shared_ptr<RequestSink> sink,
+                                         InstanceEngine* decode, uint64_t transfer_id) {
+    if (decode != nullptr && request.n != 1) return InvalidArgument("a handed-off request must have n = 1");
     const auto prompt_len = static_cast<int64_t>(request.prompt_token_ids.size());
     if (prompt_len == 0) return InvalidArgument("the prompt has no tokens");
     if (request.max_tokens <= 0) return InvalidArgument("max_tokens must be positive");
@@ -73,6 +79,9 @@ Status InstanceEngine::Submit(GenerationRequest request, std::shared_ptr<Request
     auto state = std::make_unique<RequestState>();
     state->request = std::move(request);
     state->sink = std::move(sink);
+    state->arrival = std::chrono::steady_clock::now();
+    state->handoff_to = decode;
+    state->transfer_id = transfer_id;
     {
         std::lock_guard<std::mutex> lock(mu_);
         if (stopping_) return Status(StatusCode::kUnavailable, "the engine is shutting down");
@@ -93,6 +102,11 @@ void InstanceEngine::Abort(const std::string& request_id) {
         aborts_.push_back(request_id);
     }
     cv_.notify_one();
+}
+
+int64_t InstanceEngine::CachedPrefixTokens(std::span<const int32_t> token_ids) const {
+    std::lock_guard<std::mutex> lock(blocks_mu_);
+    return blocks_.CachedPrefixTokens(token_ids);
 }
 
 EngineStats InstanceEngine::Stats() const {
@@ -144,15 +158,25 @@ void InstanceEngine::Admit(std::unique_ptr<RequestState> state) {
 void InstanceEngine::DrainInbox() {
     std::deque<std::unique_ptr<RequestState>> inbox;
     std::vector<std::string> aborts;
+    std::deque<std::unique_ptr<Handoff>> handoffs_in;
+    std::deque<FinishedHandoff> handoffs_done;
     {
         std::lock_guard<std::mutex> lock(mu_);
         inbox.swap(inbox_);
         aborts.swap(aborts_);
+        handoffs_in.swap(handoffs_in_);
+        handoffs_done.swap(handoffs_done_);
     }
     for (auto& state : inbox) Admit(std::move(state));
+    for (auto& done : handoffs_done) ResumeHandoff(done.transfer_id, std::move(done.returned), done.status);
     for (const std::string& id : aborts) {
         auto it = requests_.find(id);
-        if (it == requests_.end()) continue;
+        if (it == requests_.end()) {
+            // Perhaps on its way here from a prefill instance: remembered for AdmitHandoff.
+            unknown_aborts_.push_back(id);
+            if (unknown_aborts_.size() > 1024) unknown_aborts_.pop_front();
+            continue;
+        }
         RequestState& r = *it->second;
         r.aborted = true;
         for (int i = 0; i < r.request.n; ++i) {
@@ -164,6 +188,7 @@ void InstanceEngine::DrainInbox() {
         }
         CompleteIfDone(id);
     }
+    for (auto& h : handoffs_in) AdmitHandoff(std::move(h));
 }
 
 void InstanceEngine::FinishChoice(RequestState& r, int index, FinishReason reason, GenerationDelta* delta) {
@@ -187,7 +212,11 @@ void InstanceEngine::CompleteIfDone(const std::string& request_id) {
 }
 
 void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result) {
+    // Failed receives leave the scheduler before OnStepComputed (their blocks hold no KV and
+    // must not be published to the prefix cache).
+    HandleTransfers(plan, result);
     scheduler_.OnStepComputed(plan);
+    std::vector<std::string> to_hand_off;
     for (const SampledToken& t : result.tokens) {
         auto where = by_seq_.find(t.seq_id);
         if (where == by_seq_.end()) continue;  // aborted during the step
@@ -195,6 +224,7 @@ void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result
         const int index = where->second.second;
         Sequence* seq = r.choices[static_cast<size_t>(index)].get();
         r.usage.completion_tokens++;
+        ObserveToken(r, index);
         GenerationDelta d;
         d.index = index;
         const bool is_stop_token =
@@ -216,17 +246,33 @@ void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result
             }
         }
         r.sink->OnDelta(d);
+        if (r.handoff_to != nullptr) {
+            if (r.num_finished == 0) {
+                to_hand_off.push_back(r.request.request_id);
+            } else {
+                // Done with the first token: the KV sent to the decode instance is not needed.
+                r.handoff_to->DiscardTransfer(r.transfer_id);
+                r.handoff_to = nullptr;
+            }
+        }
         CompleteIfDone(r.request.request_id);
     }
+    for (const std::string& id : to_hand_off) HandOff(*requests_.at(id));
 }
 
 void InstanceEngine::FailAll(const StepPlan& plan, const Status& status) {
     if (requests_.empty()) return;
+    std::lock_guard<std::mutex> lock(blocks_mu_);
     spdlog::error("step {}: {}; failing {} requests", plan.step_id, status.ToString(), requests_.size());
     std::vector<std::string> ids;
     for (const auto& [id, r] : requests_) ids.push_back(id);
     for (const std::string& id : ids) {
         RequestState& r = *requests_[id];
+        if (r.handoff_from != nullptr && r.choices[0]->num_incoming_tokens > 0) {
+            // Its KV never arrived here; the prefill instance still holds it and continues.
+            ReturnHandoff(id, status);
+            continue;
+        }
         for (int i = 0; i < r.request.n; ++i) {
             if (r.finished[static_cast<size_t>(i)]) continue;
             Sequence* seq = r.choices[static_cast<size_t>(i)].get();
@@ -244,16 +290,28 @@ void InstanceEngine::Loop() {
     for (;;) {
         {
             std::unique_lock<std::mutex> lock(mu_);
-            cv_.wait(lock, [&] { return stopping_ || !inbox_.empty() || !aborts_.empty() || scheduler_.HasWork(); });
+            cv_.wait(lock, [&] {
+                return stopping_ || !inbox_.empty() || !aborts_.empty() || !handoffs_in_.empty() ||
+                       !handoffs_done_.empty() || !discards_.empty() || scheduler_.HasWork();
+            });
             if (stopping_) break;
         }
+        std::unique_lock<std::mutex> blocks_lock(blocks_mu_);
         DrainInbox();
-        if (!scheduler_.HasWork()) {
+        bool has_discards = false;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            has_discards = !discards_.empty();
+        }
+        if (!scheduler_.HasWork() && !has_discards) {
+            blocks_lock.unlock();
             PublishStats();
             continue;
         }
         StepPlan plan = scheduler_.Schedule();
-        if (plan.sequences.empty() && plan.block_copies.empty()) {
+        AddTransferOps(&plan);
+        blocks_lock.unlock();
+        if (plan.sequences.empty() && plan.block_copies.empty() && plan.kv_discards.empty()) {
             // Nothing fits now (every waiting prompt needs blocks that running sequences hold
             // and nothing is running): cannot happen with a validated config, but never spin.
             PublishStats();
@@ -268,12 +326,16 @@ void InstanceEngine::Loop() {
         } else if (!result->error.empty()) {
             FailAll(plan, Internal(result->error));
         } else {
+            std::lock_guard<std::mutex> lock(blocks_mu_);
             HandleResult(plan, *result);
         }
         PublishStats();
     }
     // Shutting down: finish what is left.
-    DrainInbox();
+    {
+        std::lock_guard<std::mutex> lock(blocks_mu_);
+        DrainInbox();
+    }
     StepPlan none;
     FailAll(none, Status(StatusCode::kUnavailable, "the engine stopped"));
     PublishStats();

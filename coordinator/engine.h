@@ -5,6 +5,20 @@
 //
 //   loop: drain inbox → plan = scheduler.Schedule() → result = executor.Execute(plan)
 //         → scheduler.OnStepComputed(plan) → per sampled token: detokenize, stop checks, deltas
+//
+// Disaggregated serving (DESIGN.md data flow, step 6; docs/disaggregation.md). An instance has a
+// role. A prefill instance takes requests that the router gave a decode instance to hand off to:
+// the plan of the prompt's last chunk carries a KvSendOp (the workers send the KV to the decode
+// instance's transports, layer by layer or after the step), the first token goes to the client at
+// once, and the request — its sink, text streams and sequence — moves to the decode instance's
+// inbox (AcceptHandoff), while the prefill side keeps the blocks. The decode instance admits it
+// like a prompt whose KV arrives (Sequence::num_incoming_tokens), allocates its blocks (its own
+// prefix-cache hits are skipped), and its next plan carries the KvRecvOp together with the first
+// decode step. It then tells the prefill instance (FinishHandoff): done — the prefill side frees
+// its blocks, full ones stay in its prefix cache — or failed (a transfer timed out, the decode
+// instance failed or stopped) — the request comes back and continues on the prefill instance,
+// which still holds its KV. So a request is owned by exactly one engine thread at any time, and
+// no block is freed while a transfer may read it.
 #pragma once
 
 #include <atomic>
@@ -12,6 +26,8 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <span>
+#include <string_view>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -26,7 +42,26 @@
 
 namespace kvshard {
 
+class EngineObserver;
+
+enum class InstanceRole { kMixed, kPrefill, kDecode };
+std::string_view InstanceRoleName(InstanceRole role);
+
+struct KvHandoffConfig {
+    // Send each layer's KV as soon as the prefill step wrote it (true), or all layers after the
+    // step (false, the default: see docs/disaggregation.md for the measurements).
+    bool layerwise = false;
+    int64_t timeout_ms = 10'000;  // per transfer, on each side
+};
+
 struct InstanceEngineConfig {
+    std::string name = "instance-0";  // in logs and metrics
+    std::string pool = "default";     // the pool it belongs to (per-pool metrics)
+    InstanceRole role = InstanceRole::kMixed;
+    int32_t tp = 1;
+    std::vector<std::string> kv_endpoints;  // KV transport endpoint of each rank (handoff only)
+    KvHandoffConfig handoff;
+    EngineObserver* observer = nullptr;      // not owned; may be null
     SchedulerConfig scheduler;
     kv::BlockManagerConfig blocks;
     int64_t max_context = 2048;          // prompt + generated tokens of one sequence
@@ -34,8 +69,22 @@ struct InstanceEngineConfig {
     std::vector<int32_t> stop_token_ids;  // EOS (and the like); ignored with ignore_eos
 };
 
+// Latency observations, called from engine threads (must be thread-safe and quick).
+class EngineObserver {
+public:
+    virtual ~EngineObserver() = default;
+    virtual void OnFirstToken(const std::string& pool, double seconds_since_arrival) = 0;
+    virtual void OnInterToken(const std::string& pool, double seconds) = 0;
+    // A KV handoff completed: bytes moved (all ranks) and seconds from the prefill step's end to
+    // the end of the decode step that received it.
+    virtual void OnKvTransfer(int64_t bytes, double seconds) = 0;
+    virtual void OnKvTransferFailed() = 0;
+};
+
 class InstanceEngine : public Engine {
 public:
+    struct Handoff;  // a request on its way from a prefill instance to a decode instance
+
     // `tokenizer` and `executor` must outlive the engine. Start() launches the engine thread.
     InstanceEngine(const InstanceEngineConfig& config, const Tokenizer& tokenizer, StepExecutor& executor);
     ~InstanceEngine() override;
@@ -47,6 +96,21 @@ public:
     void Stop();
 
     Status Submit(GenerationRequest request, std::shared_ptr<RequestSink> sink) override;
+    // Submit, and after prefill hand the request to `decode` (a decode instance of this process,
+    // which must outlive this engine) under `transfer_id` (unique in the process). n must be 1.
+    Status SubmitWithHandoff(GenerationRequest request, std::shared_ptr<RequestSink> sink,
+                             InstanceEngine* decode, uint64_t transfer_id);
+    // Called by a prefill instance's engine thread: queue a handed-off request. (Returned at
+    // once to its source when this engine is stopping.)
+    void AcceptHandoff(std::unique_ptr<Handoff> handoff);
+    // Called by a decode instance's engine thread: the handoff of `transfer_id` completed
+    // (`returned` null) or failed (`returned` holds the request, to continue here).
+    void FinishHandoff(uint64_t transfer_id, std::unique_ptr<Handoff> returned, const Status& status);
+    // The KV of `transfer_id` will never be received here: drop what the workers staged.
+    void DiscardTransfer(uint64_t transfer_id);
+    // Prompt tokens of `token_ids` this instance's prefix cache holds (any thread).
+    int64_t CachedPrefixTokens(std::span<const int32_t> token_ids) const;
+    const InstanceEngineConfig& config() const { return config_; }
     void Abort(const std::string& request_id) override;
     EngineStats Stats() const override;
     int64_t max_context() const override { return config_.max_context; }
@@ -61,6 +125,14 @@ private:
     void Loop();
     void DrainInbox();
     void Admit(std::unique_ptr<RequestState> state);
+    // Handoff steps (engine_handoff.cc), all on the engine thread.
+    void AddTransferOps(StepPlan* plan);
+    void HandleTransfers(const StepPlan& plan, const StepResult& result);
+    void HandOff(RequestState& r);
+    void AdmitHandoff(std::unique_ptr<Handoff> h);
+    void ReturnHandoff(const std::string& request_id, const Status& status);
+    void ResumeHandoff(uint64_t transfer_id, std::unique_ptr<Handoff> returned, const Status& status);
+    void ObserveToken(RequestState& r, int index);
     void HandleResult(const StepPlan& plan, const StepResult& result);
     void FinishChoice(RequestState& r, int index, FinishReason reason, GenerationDelta* delta);
     void CompleteIfDone(const std::string& request_id);
@@ -77,12 +149,26 @@ private:
     std::unordered_map<std::string, std::unique_ptr<RequestState>> requests_;
     std::unordered_map<int64_t, std::pair<RequestState*, int>> by_seq_;  // seq id -> (request, choice)
     int64_t next_seq_id_ = 1;
+    std::unordered_map<uint64_t, int64_t> handed_off_;  // transfer id -> detached seq id
+    std::deque<std::string> unknown_aborts_;  // recent aborts of ids not here (a handoff in transit)
 
     // Inbox: guarded by mu_.
+    // Held by the engine thread while it changes blocks_ (everything but Execute), so that
+    // CachedPrefixTokens can read it from the router's threads.
+    mutable std::mutex blocks_mu_;
+
     mutable std::mutex mu_;
     std::condition_variable cv_;
     std::deque<std::unique_ptr<RequestState>> inbox_;
     std::vector<std::string> aborts_;
+    std::deque<std::unique_ptr<Handoff>> handoffs_in_;
+    struct FinishedHandoff {
+        uint64_t transfer_id = 0;
+        std::unique_ptr<Handoff> returned;
+        Status status;
+    };
+    std::deque<FinishedHandoff> handoffs_done_;
+    std::vector<uint64_t> discards_;
     bool stopping_ = false;
     int64_t num_queued_ = 0;  // submitted, not yet finished (guarded by mu_)
 

@@ -109,8 +109,9 @@ StepPlan Scheduler::Schedule() {
         if (!blocks_.CanAllocate(req)) break;
         waiting_.pop_front();
         const int64_t cached = blocks_.Allocate(req);
-        seq->num_computed = cached;
-        if (seq->num_preemptions == 0) seq->num_cached_tokens = cached;
+        seq->admitted_cached_tokens = cached;
+        seq->num_computed = std::max(cached, seq->num_incoming_tokens);
+        if (seq->num_preemptions == 0 && seq->num_incoming_tokens == 0) seq->num_cached_tokens = cached;
         seq->status = SequenceStatus::kRunning;
         running_.push_back(seq);
         if (!seq->fork_children.empty() && seq->num_computed == seq->target_computed()) {
@@ -165,6 +166,22 @@ void Scheduler::Remove(Sequence* seq) {
     seq->fork_children.clear();
     seq->status = SequenceStatus::kFinished;
     released_.push_back(seq->seq_id);
+}
+
+void Scheduler::Detach(Sequence* seq) {
+    KV_CHECK(seq->status == SequenceStatus::kRunning && seq->fork_children.empty()) << "seq " << seq->seq_id;
+    running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
+}
+
+void Scheduler::Reattach(Sequence* seq) {
+    KV_CHECK(blocks_.HasSequence(seq->seq_id)) << "seq " << seq->seq_id;
+    seq->status = SequenceStatus::kRunning;
+    running_.push_back(seq);
+}
+
+void Scheduler::ReleaseDetached(int64_t seq_id) {
+    if (blocks_.HasSequence(seq_id)) blocks_.Free(seq_id);
+    released_.push_back(seq_id);
 }
 
 SchedulerStats Scheduler::Stats() const {

@@ -53,6 +53,14 @@ public:
     // reported in the next plan's released_seq_ids.
     void Remove(Sequence* seq);
 
+    // Disaggregated prefill: takes a running sequence out of scheduling while its KV is handed
+    // to a decode instance; it keeps its blocks (the transfer may still read them) and its
+    // worker-side state. Reattach puts it back (the handoff failed: it continues here);
+    // ReleaseDetached frees its blocks once the receiver has its KV.
+    void Detach(Sequence* seq);
+    void Reattach(Sequence* seq);
+    void ReleaseDetached(int64_t seq_id);
+
     bool HasWork() const { return !running_.empty() || !waiting_.empty(); }
     SchedulerStats Stats() const;
     const SchedulerConfig& config() const { return config_; }

@@ -27,6 +27,12 @@ struct Sequence {
     // token and sample on their own.
     std::vector<Sequence*> fork_children;
     int64_t num_preemptions = 0;
+    // Disaggregated decode: the KV of positions [0, num_incoming_tokens) arrives from a prefill
+    // instance instead of being computed here (0 once received, or for any other sequence).
+    int64_t num_incoming_tokens = 0;
+    // Tokens matched in this instance's prefix cache at the last admission (their blocks are
+    // shared and must not be overwritten by received KV).
+    int64_t admitted_cached_tokens = 0;
 
     int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
     // Tokens this sequence wants computed before it can sample (or fork).

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "coordinator/engine.h"
+#include "tests/engine/collecting_sink.h"
 #include "tests/test_util.h"
 #include "worker/generator.h"
 #include "worker/local_model.h"
@@ -17,43 +18,6 @@
 
 namespace kvshard {
 namespace {
-
-class CollectingSink : public RequestSink {
-public:
-    explicit CollectingSink(int n) : text_(n), ids_(n), finish_(n) {}
-    void OnDelta(const GenerationDelta& d) override {
-        std::lock_guard<std::mutex> lock(mu_);
-        text_[d.index] += d.text;
-        ids_[d.index].insert(ids_[d.index].end(), d.token_ids.begin(), d.token_ids.end());
-        if (d.finish_reason) finish_[d.index] = *d.finish_reason;
-        deltas_++;
-    }
-    void OnFinish(const GenerationUsage& usage, const Status& status) override {
-        std::lock_guard<std::mutex> lock(mu_);
-        usage_ = usage;
-        status_ = status;
-        done_ = true;
-        cv_.notify_all();
-    }
-    void Wait() {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return done_; });
-    }
-    int deltas() {
-        std::lock_guard<std::mutex> lock(mu_);
-        return deltas_;
-    }
-
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::vector<std::string> text_;
-    std::vector<std::vector<int32_t>> ids_;
-    std::vector<FinishReason> finish_;
-    GenerationUsage usage_;
-    Status status_;
-    bool done_ = false;
-    int deltas_ = 0;
-};
 
 class EngineTest : public ::testing::Test {
 protected:

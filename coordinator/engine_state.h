@@ -1,0 +1,47 @@
+// The per-request state of an InstanceEngine (internal to coordinator/engine*.cc): owned by one
+// engine thread at a time — the one whose requests_ holds it, or a Handoff in transit.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coordinator/engine.h"
+#include "coordinator/sequence.h"
+#include "model/tokenizer.h"
+
+namespace kvshard {
+
+struct InstanceEngine::RequestState {
+    GenerationRequest request;
+    std::shared_ptr<RequestSink> sink;
+    std::vector<std::unique_ptr<Sequence>> choices;
+    std::vector<std::unique_ptr<TextStream>> streams;
+    std::vector<bool> finished;
+    int num_finished = 0;
+    GenerationUsage usage;
+    bool aborted = false;
+
+    std::chrono::steady_clock::time_point arrival;
+    std::chrono::steady_clock::time_point last_token;  // of choice 0 (inter-token latency)
+
+    // Prefill side: the decode instance this request moves to after its first token.
+    InstanceEngine* handoff_to = nullptr;
+    uint64_t transfer_id = 0;
+    // Decode side: where it came from, its sequence id there, when its KV and first token were
+    // ready there.
+    InstanceEngine* handoff_from = nullptr;
+    int64_t src_seq_id = 0;
+    std::chrono::steady_clock::time_point handoff_ready;
+};
+
+struct InstanceEngine::Handoff {
+    uint64_t transfer_id = 0;
+    InstanceEngine* source = nullptr;
+    int64_t src_seq_id = 0;
+    std::chrono::steady_clock::time_point ready;
+    std::unique_ptr<RequestState> state;
+};
+
+}  // namespace kvshard

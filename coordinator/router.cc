@@ -1,0 +1,127 @@
+#include "coordinator/router.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace kvshard {
+namespace {
+
+int64_t Load(const InstanceEngine* e) {
+    const EngineStats s = e->Stats();
+    return s.num_running + s.num_waiting;
+}
+
+InstanceEngine* LeastLoaded(const std::vector<InstanceEngine*>& candidates) {
+    InstanceEngine* best = nullptr;
+    int64_t best_load = std::numeric_limits<int64_t>::max();
+    for (InstanceEngine* e : candidates) {
+        const int64_t load = Load(e);
+        if (load < best_load) {
+            best = e;
+            best_load = load;
+        }
+    }
+    return best;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Router>> Router::Create(std::vector<InstanceEngine*> instances, const RouterConfig& config) {
+    if (instances.empty()) return InvalidArgument("the router needs at least one instance");
+    std::unique_ptr<Router> router(new Router(std::move(instances), config));
+    if (!router->mixed_.empty() && !router->prefill_.empty()) {
+        return InvalidArgument("mixed instances cannot be combined with prefill/decode instances");
+    }
+    if (router->prefill_.empty() != router->decode_.empty()) {
+        return InvalidArgument(router->prefill_.empty() ? "decode instances need at least one prefill instance"
+                                                        : "prefill instances need at least one decode instance");
+    }
+    if (router->disaggregated()) {
+        const int64_t bs = router->prefill_[0]->config().blocks.block_size;
+        for (InstanceEngine* e : router->all_) {
+            if (e->config().blocks.block_size != bs) {
+                return InvalidArgument("KV handoff needs one block size on every instance: " + e->config().name + " has " +
+                                       std::to_string(e->config().blocks.block_size) + ", " +
+                                       router->prefill_[0]->config().name + " " + std::to_string(bs));
+            }
+        }
+        for (InstanceEngine* d : router->decode_) {
+            if (static_cast<int32_t>(d->config().kv_endpoints.size()) != d->config().tp) {
+                return InvalidArgument("decode instance " + d->config().name + " has " +
+                                       std::to_string(d->config().kv_endpoints.size()) +
+                                       " KV endpoints for tp " + std::to_string(d->config().tp));
+            }
+        }
+    }
+    return router;
+}
+
+Router::Router(std::vector<InstanceEngine*> instances, const RouterConfig& config)
+    : config_(config), all_(std::move(instances)) {
+    for (InstanceEngine* e : all_) {
+        switch (e->config().role) {
+            case InstanceRole::kMixed: mixed_.push_back(e); break;
+            case InstanceRole::kPrefill: prefill_.push_back(e); break;
+            case InstanceRole::kDecode: decode_.push_back(e); break;
+        }
+    }
+}
+
+InstanceEngine* Router::PickPrefix(const std::vector<InstanceEngine*>& candidates,
+                                   const std::vector<int32_t>& prompt) const {
+    if (candidates.size() == 1) return candidates[0];
+    std::vector<int64_t> loads;
+    for (InstanceEngine* e : candidates) loads.push_back(Load(e));
+    const int64_t min_load = *std::min_element(loads.begin(), loads.end());
+    InstanceEngine* best = nullptr;
+    int64_t best_cached = -1, best_load = 0;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+        if (loads[i] > min_load + config_.prefix_load_slack) continue;
+        const int64_t cached = candidates[i]->CachedPrefixTokens(prompt);
+        if (cached > best_cached || (cached == best_cached && loads[i] < best_load)) {
+            best = candidates[i];
+            best_cached = cached;
+            best_load = loads[i];
+        }
+    }
+    return best;
+}
+
+Status Router::Submit(GenerationRequest request, std::shared_ptr<RequestSink> sink) {
+    if (!disaggregated()) {
+        return PickPrefix(mixed_, request.prompt_token_ids)->Submit(std::move(request), std::move(sink));
+    }
+    InstanceEngine* prefill = PickPrefix(prefill_, request.prompt_token_ids);
+    if (request.n != 1) return prefill->Submit(std::move(request), std::move(sink));
+    InstanceEngine* decode = LeastLoaded(decode_);
+    return prefill->SubmitWithHandoff(std::move(request), std::move(sink), decode, next_transfer_id_++);
+}
+
+void Router::Abort(const std::string& request_id) {
+    for (InstanceEngine* e : all_) e->Abort(request_id);
+}
+
+EngineStats Router::Stats() const {
+    EngineStats out;
+    int64_t used = 0, total = 0;
+    for (const InstanceEngine* e : all_) {
+        const EngineStats s = e->Stats();
+        out.num_running += s.num_running;
+        out.num_waiting += s.num_waiting;
+        out.prefix_cache_queries_tokens += s.prefix_cache_queries_tokens;
+        out.prefix_cache_hits_tokens += s.prefix_cache_hits_tokens;
+        const int64_t blocks = e->config().blocks.num_blocks;
+        used += static_cast<int64_t>(s.kv_cache_usage * static_cast<double>(blocks) + 0.5);
+        total += blocks;
+    }
+    out.kv_cache_usage = total > 0 ? static_cast<double>(used) / static_cast<double>(total) : 0.0;
+    return out;
+}
+
+int64_t Router::max_context() const {
+    int64_t out = std::numeric_limits<int64_t>::max();
+    for (const InstanceEngine* e : all_) out = std::min(out, e->max_context());
+    return out;
+}
+
+}  // namespace kvshard

@@ -1,0 +1,57 @@
+// Router: the Engine the HTTP front end talks to when an instance is not alone — it places each
+// request on an instance and, in disaggregated serving, pairs a prefill instance with a decode
+// instance for it (the handoff itself is InstanceEngine's, see engine.h).
+//
+// Placement:
+//   - mixed instances only (colocated): the least loaded instance (running + waiting requests),
+//     ties broken by the longest prefix of the prompt in its prefix cache;
+//   - prefill and decode instances: prefill = among instances whose load is within
+//     prefix_load_slack of the least loaded, the one whose prefix cache holds the longest prefix
+//     of the prompt (then the least loaded); decode = the least loaded decode instance. A request
+//     with n > 1 is served whole by its prefill instance (n choices fork after the prompt, on one
+//     instance).
+// Thread-safety: Submit, Abort and Stats may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coordinator/engine.h"
+#include "coordinator/engine_api.h"
+
+namespace kvshard {
+
+struct RouterConfig {
+    int64_t prefix_load_slack = 4;
+};
+
+class Router : public Engine {
+public:
+    // `instances` (not owned) must outlive the router. REQUIRES: not empty; either some mixed
+    // instances and no prefill/decode ones, or at least one prefill and one decode instance.
+    static Result<std::unique_ptr<Router>> Create(std::vector<InstanceEngine*> instances,
+                                                  const RouterConfig& config = {});
+
+    Status Submit(GenerationRequest request, std::shared_ptr<RequestSink> sink) override;
+    void Abort(const std::string& request_id) override;
+    // Summed over instances (kv_cache_usage: used / all blocks over all instances).
+    EngineStats Stats() const override;
+    int64_t max_context() const override;
+
+    bool disaggregated() const { return !prefill_.empty(); }
+
+private:
+    Router(std::vector<InstanceEngine*> instances, const RouterConfig& config);
+    InstanceEngine* PickPrefix(const std::vector<InstanceEngine*>& candidates,
+                               const std::vector<int32_t>& prompt) const;
+
+    RouterConfig config_;
+    std::vector<InstanceEngine*> all_;
+    std::vector<InstanceEngine*> mixed_, prefill_, decode_;
+    std::atomic<uint64_t> next_transfer_id_{1};
+};
+
+}  // namespace kvshard

@@ -1,0 +1,267 @@
+// Disaggregated prefill/decode with the real CPU workers, in one process: a prefill instance and
+// a decode instance (TpGroups with in-process KV transports) behind the Router. Greedy outputs
+// equal the colocated tp 1 output for every tp pairing, alone and under 32 concurrent requests,
+// in both send modes; failed transfers fall back to decoding on the prefill instance; no block
+// leaks and nothing stays staged.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coordinator/engine.h"
+#include "coordinator/router.h"
+#include "model/model_file.h"
+#include "model/tokenizer.h"
+#include "tests/engine/collecting_sink.h"
+#include "tests/test_util.h"
+#include "worker/tp_group.h"
+
+namespace kvshard {
+namespace {
+
+class RecordingObserver : public EngineObserver {
+public:
+    void OnFirstToken(const std::string& pool, double) override { pool == "prefill" ? ttft_prefill++ : ttft_other++; }
+    void OnInterToken(const std::string&, double) override { itl++; }
+    void OnKvTransfer(int64_t bytes, double) override {
+        transfers++;
+        bytes_total += bytes;
+    }
+    void OnKvTransferFailed() override { failures++; }
+    std::atomic<int64_t> ttft_prefill{0}, ttft_other{0}, itl{0}, transfers{0}, bytes_total{0}, failures{0};
+};
+
+struct Instance {
+    std::unique_ptr<TpGroup> group;
+    std::unique_ptr<InstanceEngine> engine;
+};
+
+class Disaggregation : public ::testing::Test {
+protected:
+    void Load(const std::string& path) {
+        Result<std::unique_ptr<ModelFile>> m = OpenModel(path);
+        ASSERT_TRUE(m.ok()) << m.status().ToString();
+        file_ = std::move(*m);
+        Result<std::unique_ptr<Tokenizer>> t = Tokenizer::Create(file_->tokenizer_data());
+        ASSERT_TRUE(t.ok());
+        tokenizer_ = std::move(*t);
+    }
+
+    // An instance with `tp` rank threads and a KV transport named `name`.
+    Instance Make(const std::string& name, InstanceRole role, int tp, int64_t timeout_ms = 10'000,
+                  bool layerwise = false, std::vector<std::string> endpoints_override = {}) {
+        TpGroupConfig tc;
+        tc.tp = tp;
+        tc.threads_per_rank = 1;
+        tc.runner.max_context = 512;
+        tc.runner.block_size = 16;
+        tc.runner.num_kv_blocks = 256;
+        tc.kv_transport_name = name + "-" + std::to_string(++counter_);
+        Result<std::unique_ptr<TpGroup>> g = TpGroup::Create(*file_, tc);
+        EXPECT_TRUE(g.ok()) << g.status().ToString();
+        Instance out;
+        out.group = std::move(*g);
+        InstanceEngineConfig c;
+        c.name = name;
+        c.pool = std::string(InstanceRoleName(role));
+        c.role = role;
+        c.tp = tp;
+        c.kv_endpoints = endpoints_override.empty() ? out.group->kv_endpoints() : endpoints_override;
+        c.handoff.layerwise = layerwise;
+        c.handoff.timeout_ms = timeout_ms;
+        c.observer = &observer_;
+        c.scheduler.max_num_seqs = 64;
+        c.scheduler.max_num_batched_tokens = 256;
+        c.blocks.num_blocks = 256;
+        c.blocks.block_size = 16;
+        c.max_context = 512;
+        c.stop_token_ids = StopIds();
+        out.engine = std::make_unique<InstanceEngine>(c, *tokenizer_, *out.group);
+        out.engine->Start();
+        return out;
+    }
+
+    std::vector<int32_t> StopIds() const {
+        std::vector<int32_t> ids;
+        if (tokenizer_->eos_id() >= 0) ids.push_back(tokenizer_->eos_id());
+        return ids;
+    }
+
+    std::vector<std::vector<int32_t>> Prompts(int count) const {
+        const std::vector<std::string> words = {"Once upon a time", "The little dog", "Lily and Tom went",
+                                                "One day, a big bird", "The sun was hot and",
+                                                "Sam had a red ball that", "In the park there was a"};
+        std::vector<std::vector<int32_t>> out;
+        for (int i = 0; i < count; ++i) {
+            std::string text = words[static_cast<size_t>(i) % words.size()];
+            for (int k = 0; k < i / int(words.size()); ++k) text += " and then they played again";
+            out.push_back(tokenizer_->Encode(text, {.add_bos = tokenizer_->data().add_bos}));
+        }
+        return out;
+    }
+
+    // Runs the prompts concurrently (or one by one) through `engine`; returns each one's tokens.
+    std::vector<std::vector<int32_t>> Run(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                          int64_t max_tokens, bool concurrent) {
+        std::vector<std::shared_ptr<CollectingSink>> sinks;
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            GenerationRequest r;
+            r.request_id = "req-" + std::to_string(++request_counter_);
+            r.prompt_token_ids = prompts[i];
+            r.max_tokens = max_tokens;
+            r.ignore_eos = true;
+            sinks.push_back(std::make_shared<CollectingSink>(1));
+            EXPECT_TRUE(engine.Submit(r, sinks.back()).ok());
+            if (!concurrent) sinks.back()->Wait();
+        }
+        std::vector<std::vector<int32_t>> out;
+        for (auto& s : sinks) {
+            s->Wait();
+            EXPECT_TRUE(s->status_.ok()) << s->status_.ToString();
+            EXPECT_EQ(s->usage_.completion_tokens, max_tokens);
+            out.push_back(s->ids_[0]);
+        }
+        return out;
+    }
+
+    std::vector<std::vector<int32_t>> Colocated(const std::vector<std::vector<int32_t>>& prompts, int64_t max_tokens) {
+        Instance mixed = Make("mixed", InstanceRole::kMixed, 1);
+        return Run(*mixed.engine, prompts, max_tokens, /*concurrent=*/false);
+    }
+
+    static void ExpectClean(Instance& i) {
+        i.engine->Stop();
+        const kv::BlockManagerStats s = i.engine->BlockStats();
+        EXPECT_EQ(s.num_used_blocks, 0) << i.engine->config().name;
+        EXPECT_EQ(i.group->kv_staged_bytes(), 0) << i.engine->config().name;
+    }
+
+    std::unique_ptr<ModelFile> file_;
+    std::unique_ptr<Tokenizer> tokenizer_;
+    RecordingObserver observer_;
+    int counter_ = 0;
+    int request_counter_ = 0;
+};
+
+struct PairCase {
+    const char* name;
+    int prefill_tp;
+    int decode_tp;
+    bool layerwise;
+};
+
+class DisaggregationPairs : public Disaggregation, public ::testing::WithParamInterface<PairCase> {};
+
+TEST_P(DisaggregationPairs, GreedyEqualsColocatedAloneAndConcurrent) {
+    const std::string path = testing::SharedModel("stories260K/stories260K.bin");
+    KV_REQUIRE_FIXTURE(path, "stories260K.bin");
+    Load(path);
+    const PairCase& pc = GetParam();
+    const auto prompts = Prompts(32);
+    const auto expected = Colocated(prompts, 24);
+    Instance decode = Make("decode", InstanceRole::kDecode, pc.decode_tp);
+    Instance prefill = Make("prefill", InstanceRole::kPrefill, pc.prefill_tp, 10'000, pc.layerwise);
+    Result<std::unique_ptr<Router>> router = Router::Create({prefill.engine.get(), decode.engine.get()});
+    ASSERT_TRUE(router.ok()) << router.status().ToString();
+    for (bool concurrent : {false, true}) {
+        const auto got = Run(**router, prompts, 24, concurrent);
+        for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], expected[i]) << "prompt " << i << " concurrent " << concurrent;
+    }
+    EXPECT_EQ(observer_.transfers.load(), 64);
+    EXPECT_EQ(observer_.failures.load(), 0);
+    EXPECT_EQ(observer_.ttft_prefill.load(), 64);
+    ExpectClean(prefill);
+    ExpectClean(decode);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Pairs, DisaggregationPairs,
+    ::testing::Values(PairCase{"Tp1ToTp1", 1, 1, false}, PairCase{"Tp1ToTp1Layerwise", 1, 1, true},
+                      PairCase{"Tp2ToTp1", 2, 1, false}, PairCase{"Tp2ToTp1Layerwise", 2, 1, true},
+                      PairCase{"Tp1ToTp2", 1, 2, false}, PairCase{"Tp2ToTp2", 2, 2, true}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// The bytes of one transfer are blocks × layers × 2 × KV heads × block_size × head_dim × 4 (fp32),
+// however the heads are split on either side.
+TEST_F(Disaggregation, TransferBytesFollowTheGeometry) {
+    const std::string path = testing::SharedModel("stories260K/stories260K.bin");
+    KV_REQUIRE_FIXTURE(path, "stories260K.bin");
+    Load(path);
+    const ModelSpec& spec = file_->spec();
+    Instance decode = Make("decode", InstanceRole::kDecode, 2);
+    Instance prefill = Make("prefill", InstanceRole::kPrefill, 1);
+    Result<std::unique_ptr<Router>> router = Router::Create({prefill.engine.get(), decode.engine.get()});
+    ASSERT_TRUE(router.ok());
+    const std::vector<int32_t> prompt = Prompts(15).back();  // longer than one block
+    ASSERT_GT(prompt.size(), 16u);
+    Run(**router, {prompt}, 4, false);
+    const int64_t blocks = (static_cast<int64_t>(prompt.size()) + 15) / 16;
+    EXPECT_EQ(observer_.bytes_total.load(), blocks * spec.num_layers * 2 * spec.num_kv_heads * 16 * spec.head_dim * 4);
+    ExpectClean(prefill);
+    ExpectClean(decode);
+}
+
+// A decode instance whose transport cannot be reached: the prefill instance's send fails and it
+// decodes the request itself — same tokens, no error for the client.
+TEST_F(Disaggregation, UnreachableDecodeFallsBackToThePrefillInstance) {
+    const std::string path = testing::SharedModel("stories260K/stories260K.bin");
+    KV_REQUIRE_FIXTURE(path, "stories260K.bin");
+    Load(path);
+    const auto prompts = Prompts(8);
+    const auto expected = Colocated(prompts, 16);
+    Instance decode = Make("decode", InstanceRole::kDecode, 1, 10'000, false, {"local:nobody-listens/0"});
+    Instance prefill = Make("prefill", InstanceRole::kPrefill, 1);
+    Result<std::unique_ptr<Router>> router = Router::Create({prefill.engine.get(), decode.engine.get()});
+    ASSERT_TRUE(router.ok());
+    EXPECT_EQ(Run(**router, prompts, 16, true), expected);
+    EXPECT_EQ(observer_.failures.load(), 8);
+    EXPECT_EQ(observer_.transfers.load(), 0);
+    ExpectClean(prefill);
+    ExpectClean(decode);
+}
+
+// The KV goes to a transport the decode instance does not read (a misrouted transfer): the decode
+// step times out waiting, the request returns to the prefill instance, which still holds its KV.
+TEST_F(Disaggregation, ReceiveTimeoutReturnsTheRequestToThePrefillInstance) {
+    const std::string path = testing::SharedModel("stories260K/stories260K.bin");
+    KV_REQUIRE_FIXTURE(path, "stories260K.bin");
+    Load(path);
+    const auto prompts = Prompts(4);
+    const auto expected = Colocated(prompts, 12);
+    Instance elsewhere = Make("elsewhere", InstanceRole::kMixed, 1);
+    Instance decode = Make("decode", InstanceRole::kDecode, 1, /*timeout_ms=*/300, false, elsewhere.group->kv_endpoints());
+    Instance prefill = Make("prefill", InstanceRole::kPrefill, 1);
+    Result<std::unique_ptr<Router>> router = Router::Create({prefill.engine.get(), decode.engine.get()});
+    ASSERT_TRUE(router.ok());
+    EXPECT_EQ(Run(**router, prompts, 12, true), expected);
+    EXPECT_EQ(observer_.failures.load(), 4);
+    ExpectClean(prefill);
+    ExpectClean(decode);
+}
+
+// The default model has 9 query heads and 3 KV heads: at tp 2 the middle KV head is held by both
+// ranks (worker/shard.h), so re-sharding must send it once and place it on the right rank.
+TEST_F(Disaggregation, DefaultModelReshardsStraddlingKvHeads) {
+    const std::string path = testing::DefaultModel();
+    KV_REQUIRE_FIXTURE(path, "the default model");
+    Load(path);
+    const auto prompts = Prompts(4);
+    const auto expected = Colocated(prompts, 12);
+    for (auto [prefill_tp, decode_tp] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 3}}) {
+        Instance decode = Make("decode", InstanceRole::kDecode, decode_tp);
+        Instance prefill = Make("prefill", InstanceRole::kPrefill, prefill_tp, 10'000, /*layerwise=*/prefill_tp == 2);
+        Result<std::unique_ptr<Router>> router = Router::Create({prefill.engine.get(), decode.engine.get()});
+        ASSERT_TRUE(router.ok());
+        EXPECT_EQ(Run(**router, prompts, 12, true), expected) << "prefill tp " << prefill_tp << " -> decode tp " << decode_tp;
+        ExpectClean(prefill);
+        ExpectClean(decode);
+    }
+    EXPECT_EQ(observer_.failures.load(), 0);
+}
+
+TEST(RouterCreate, RefusesAnEmptyCluster) { EXPECT_FALSE(Router::Create({}).ok()); }
+
+}  // namespace
+}  // namespace kvshard
