@@ -26,6 +26,28 @@ std::string_view KvCacheDtypeName(KvCacheDtype dtype) {
     return "auto";
 }
 
+std::string_view WorkersModeName(WorkersMode mode) {
+    switch (mode) {
+        case WorkersMode::kEmbedded:
+            return "embedded";
+        case WorkersMode::kProcesses:
+            return "processes";
+    }
+    return "embedded";
+}
+
+std::string_view WorkersLauncherName(WorkersLauncher launcher) {
+    switch (launcher) {
+        case WorkersLauncher::kDirect:
+            return "direct";
+        case WorkersLauncher::kMpirun:
+            return "mpirun";
+        case WorkersLauncher::kExternal:
+            return "external";
+    }
+    return "direct";
+}
+
 namespace {
 
 // Where a value came from, for messages: "serve.yaml:7" or "flag --port".
@@ -237,6 +259,55 @@ const std::vector<Setting>& Settings() {
                                              ParseBool(at, ScalarText(n)));
                          return Status::Ok();
                      }});
+
+        s.push_back({"workers.mode",
+                     [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                         KV_RETURN_IF_ERROR(RequireScalar(at, n));
+                         const std::string v = ScalarText(n);
+                         for (WorkersMode m : {WorkersMode::kEmbedded, WorkersMode::kProcesses}) {
+                             if (v == WorkersModeName(m)) {
+                                 c.workers.mode = m;
+                                 return Status::Ok();
+                             }
+                         }
+                         return BadValue(at, v, "expected embedded or processes");
+                     }});
+        s.push_back({"workers.launcher",
+                     [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                         KV_RETURN_IF_ERROR(RequireScalar(at, n));
+                         const std::string v = ScalarText(n);
+                         for (WorkersLauncher l : {WorkersLauncher::kDirect,
+                                                   WorkersLauncher::kMpirun,
+                                                   WorkersLauncher::kExternal}) {
+                             if (v == WorkersLauncherName(l)) {
+                                 c.workers.launcher = l;
+                                 return Status::Ok();
+                             }
+                         }
+                         return BadValue(at, v, "expected direct, mpirun or external");
+                     }});
+        s.push_back(String(
+            "workers.host", [](ServerConfig& c) -> std::string& { return c.workers.host; },
+            false));
+        s.push_back(Int<int>(
+            "workers.port", [](ServerConfig& c) -> int& { return c.workers.port; }, 0, 65535,
+            "must be in 0..65535 (0: any free port)"));
+        s.push_back(Int<int64_t>(
+            "workers.register_timeout_ms",
+            [](ServerConfig& c) -> int64_t& { return c.workers.register_timeout_ms; }, 1,
+            int64_t{1} << 40, "must be >= 1"));
+        s.push_back(Int<int64_t>(
+            "workers.heartbeat_interval_ms",
+            [](ServerConfig& c) -> int64_t& { return c.workers.heartbeat_interval_ms; }, 1,
+            int64_t{1} << 40, "must be >= 1"));
+        s.push_back(Int<int64_t>(
+            "workers.dead_after_ms",
+            [](ServerConfig& c) -> int64_t& { return c.workers.dead_after_ms; }, 1,
+            int64_t{1} << 40, "must be >= 1"));
+        s.push_back(Int<int64_t>(
+            "workers.step_timeout_ms",
+            [](ServerConfig& c) -> int64_t& { return c.workers.step_timeout_ms; }, 1,
+            int64_t{1} << 40, "must be >= 1"));
         return s;
     }();
     return kSettings;
@@ -250,7 +321,7 @@ const Setting* FindSetting(std::string_view key) {
 }
 
 bool IsSection(std::string_view name) {
-    return name == "server" || name == "scheduler" || name == "kv_cache";
+    return name == "server" || name == "scheduler" || name == "kv_cache" || name == "workers";
 }
 
 std::string Where(const std::string& source, const YAML::Node& node) {
@@ -320,6 +391,18 @@ Status ValidateWhole(const ServerConfig& c) {
                                ") must be >= scheduler.max_num_seqs (" +
                                std::to_string(c.scheduler.max_num_seqs) +
                                "): every running sequence needs one token per step");
+    }
+    if (c.workers.dead_after_ms < c.workers.heartbeat_interval_ms) {
+        return InvalidArgument(where + ": workers.dead_after_ms (" +
+                               std::to_string(c.workers.dead_after_ms) +
+                               ") must be >= workers.heartbeat_interval_ms (" +
+                               std::to_string(c.workers.heartbeat_interval_ms) +
+                               "): a live worker is heard from once per interval");
+    }
+    if (c.workers.mode == WorkersMode::kProcesses &&
+        c.workers.launcher == WorkersLauncher::kExternal && c.workers.port == 0) {
+        return InvalidArgument(where + ": workers.port: invalid value '0': workers started by "
+                               "hand (workers.launcher: external) need a fixed port to connect to");
     }
     return Status::Ok();
 }

@@ -49,6 +49,27 @@ struct ServeKvCacheConfig {
     bool enable_prefix_caching = true;
 };
 
+// The file's workers: section: where the instance's workers run (DESIGN.md "Configuration and
+// launch"). Embedded: threads of this process. Processes: `kvshard worker` processes that
+// register with the coordinator over TCP (coordinator/remote_executor.h).
+enum class WorkersMode { kEmbedded, kProcesses };
+std::string_view WorkersModeName(WorkersMode mode);  // "embedded", "processes"
+// Who starts the worker processes: the coordinator, one process per rank (tp 1 only) or one
+// mpirun for the instance; or someone else (external: started by hand, e.g. on other machines).
+enum class WorkersLauncher { kDirect, kMpirun, kExternal };
+std::string_view WorkersLauncherName(WorkersLauncher launcher);  // "direct", "mpirun", "external"
+
+struct ServeWorkersConfig {
+    WorkersMode mode = WorkersMode::kEmbedded;
+    WorkersLauncher launcher = WorkersLauncher::kDirect;
+    std::string host = "127.0.0.1";      // where workers register; loopback only unless asked
+    int port = 0;                        // 0: a free port (external needs a fixed one)
+    int64_t register_timeout_ms = 120'000;  // every rank registered and loaded by then
+    int64_t heartbeat_interval_ms = 1'000;
+    int64_t dead_after_ms = 5'000;       // a worker silent this long is dead (>= heartbeat)
+    int64_t step_timeout_ms = 60'000;    // a step not answered by every rank by then fails
+};
+
 struct ServerConfig {
     std::string source;             // the file read ("" when built from defaults and flags)
     std::string model_path;         // required
@@ -61,6 +82,7 @@ struct ServerConfig {
     HttpConfig http;
     ServeSchedulerConfig scheduler;
     ServeKvCacheConfig kv_cache;
+    ServeWorkersConfig workers;
 };
 
 // One flag override: a dotted key as in the file ("server.port", "tp") and its value as text,
