@@ -16,6 +16,7 @@ Command RegisterBenchEngine(CLI::App& app);
 Command RegisterPlan(CLI::App& app);
 Command RegisterServe(CLI::App& app);
 Command RegisterBench(CLI::App& app);
+Command RegisterWorker(CLI::App& app);
 
 // Prints "kvshard: error: <message>" as one line on stderr and returns 1.
 int Fail(const std::string& message);

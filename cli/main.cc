@@ -1,4 +1,4 @@
-// kvshard: one binary, one subcommand per role (generate, convert; serve and worker to come).
+// kvshard: one binary, one subcommand per role (generate, convert, serve, worker, ...).
 #include <CLI/CLI.hpp>
 
 #include <unistd.h>
@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
     commands["plan"] = kvshard::cli::RegisterPlan(app);
     commands["serve"] = kvshard::cli::RegisterServe(app);
     commands["bench"] = kvshard::cli::RegisterBench(app);
+    commands["worker"] = kvshard::cli::RegisterWorker(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

@@ -1,0 +1,234 @@
+#include "worker/worker_service.h"
+
+#include <charconv>
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <variant>
+
+#include "comm/kv_transport.h"
+#include "common/logging.h"
+#include "kernels/cpu_ops.h"
+#include "model/model_file.h"
+#include "worker/step_runner.h"
+#include "worker/weights.h"
+
+namespace kvshard {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::string_view kKeyMaxContext = "max_context";
+constexpr std::string_view kKeyBlockSize = "block_size";
+constexpr std::string_view kKeyNumKvBlocks = "num_kv_blocks";
+constexpr std::string_view kKeyKvDtype = "kv_dtype";
+constexpr std::string_view kKeyTokenizer = "tokenizer";
+constexpr std::string_view kKeyThreads = "threads";
+
+std::string_view KvDtypeText(cpu::KvStorage storage) {
+    switch (storage) {
+        case cpu::KvStorage::kF32:
+            return "fp32";
+        case cpu::KvStorage::kInt8:
+            return "int8";
+        case cpu::KvStorage::kFp8E4M3:
+            return "fp8";
+    }
+    return "fp32";
+}
+
+Result<int64_t> IntSetting(std::string_view key, const std::string& text) {
+    int64_t v = 0;
+    const char* end = text.data() + text.size();
+    auto [ptr, ec] = std::from_chars(text.data(), end, v);
+    if (text.empty() || ec != std::errc() || ptr != end) {
+        return InvalidArgument("worker setting " + std::string(key) + ": '" + text +
+                               "' is not an integer");
+    }
+    return v;
+}
+
+// The prefix of every log line and error of this rank.
+std::string Who(const WorkerServiceOptions& o) {
+    return "instance " + o.instance_id + " rank " + std::to_string(o.rank) + "/" +
+           std::to_string(o.tp);
+}
+
+// Connection refused while the coordinator is not listening yet: try again until the deadline.
+Result<std::unique_ptr<FrameChannel>> ConnectWithRetry(const WorkerServiceOptions& o) {
+    const auto deadline = Clock::now() + std::chrono::milliseconds(o.connect_timeout_ms);
+    Status last;
+    for (;;) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        if (left.count() <= 0) break;
+        Result<std::unique_ptr<FrameChannel>> channel =
+            ConnectFrameChannel(o.coordinator_host, o.coordinator_port,
+                                std::min(left, std::chrono::milliseconds(5'000)), o.channel);
+        if (channel.ok()) return channel;
+        last = channel.status();
+        // A retry interval, not synchronization: nothing tells us when the coordinator listens.
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return Status(StatusCode::kUnavailable,
+                  "cannot reach the coordinator at " + o.coordinator_host + ":" +
+                      std::to_string(o.coordinator_port) + " within " +
+                      std::to_string(o.connect_timeout_ms) + " ms: " + last.message());
+}
+
+// One rank's model, pool and step runner, built from the coordinator's RegisterAck.
+struct LoadedRank {
+    std::unique_ptr<ModelFile> file;
+    std::unique_ptr<ModelRunner> runner;
+    std::unique_ptr<StepRunner> steps;
+};
+
+Result<LoadedRank> LoadRank(const WorkerServiceOptions& o, const RegisterAckMessage& ack,
+                            KvTransport* transport) {
+    KV_ASSIGN_OR_RETURN(WorkerRunSettings s, DecodeWorkerSettings(ack.settings));
+    const int threads = o.threads > 0 ? o.threads : s.threads;
+    if (threads > 0) cpu::SetNumThreads(threads);
+    LoadedRank r;
+    OpenModelOptions open;
+    open.tokenizer_path = s.tokenizer_path;
+    KV_ASSIGN_OR_RETURN(r.file, OpenModel(ack.model_path, open));
+    KV_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(*r.file, {.rank = o.rank, .tp = o.tp}));
+    r.runner = std::make_unique<ModelRunner>(r.file->spec(), std::move(weights), s.runner,
+                                             o.tp > 1 ? o.collective : nullptr);
+    r.steps = std::make_unique<StepRunner>(*r.runner, transport);
+    return r;
+}
+
+StepResult RunStep(StepRunner& steps, const StepPlan& plan) {
+    Result<StepResult> result = steps.Execute(plan);
+    if (result.ok()) return std::move(*result);
+    StepResult failed;
+    failed.step_id = plan.step_id;
+    failed.error = result.status().ToString();
+    return failed;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> EncodeWorkerSettings(const WorkerRunSettings& s) {
+    return {
+        {std::string(kKeyMaxContext), std::to_string(s.runner.max_context)},
+        {std::string(kKeyBlockSize), std::to_string(s.runner.block_size)},
+        {std::string(kKeyNumKvBlocks), std::to_string(s.runner.num_kv_blocks)},
+        {std::string(kKeyKvDtype), std::string(KvDtypeText(s.runner.kv_storage))},
+        {std::string(kKeyTokenizer), s.tokenizer_path},
+        {std::string(kKeyThreads), std::to_string(s.threads)},
+    };
+}
+
+Result<WorkerRunSettings> DecodeWorkerSettings(
+    const std::vector<std::pair<std::string, std::string>>& settings) {
+    WorkerRunSettings s;
+    bool seen_blocks = false;
+    for (const auto& [key, value] : settings) {
+        if (key == kKeyMaxContext) {
+            KV_ASSIGN_OR_RETURN(s.runner.max_context, IntSetting(key, value));
+        } else if (key == kKeyBlockSize) {
+            KV_ASSIGN_OR_RETURN(s.runner.block_size, IntSetting(key, value));
+        } else if (key == kKeyNumKvBlocks) {
+            KV_ASSIGN_OR_RETURN(s.runner.num_kv_blocks, IntSetting(key, value));
+            seen_blocks = true;
+        } else if (key == kKeyKvDtype) {
+            if (value == "fp32") {
+                s.runner.kv_storage = cpu::KvStorage::kF32;
+            } else if (value == "int8") {
+                s.runner.kv_storage = cpu::KvStorage::kInt8;
+            } else if (value == "fp8") {
+                s.runner.kv_storage = cpu::KvStorage::kFp8E4M3;
+            } else {
+                return InvalidArgument("worker setting kv_dtype: '" + value +
+                                       "' is not one of fp32, int8, fp8");
+            }
+        } else if (key == kKeyTokenizer) {
+            s.tokenizer_path = value;
+        } else if (key == kKeyThreads) {
+            KV_ASSIGN_OR_RETURN(const int64_t threads, IntSetting(key, value));
+            s.threads = static_cast<int>(threads);
+        }
+    }
+    if (!seen_blocks) return InvalidArgument("worker setting num_kv_blocks: missing");
+    if (s.runner.block_size <= 0) {
+        return InvalidArgument("worker setting block_size: " + std::to_string(s.runner.block_size) +
+                               " must be > 0");
+    }
+    return s;
+}
+
+Status RunWorkerService(const WorkerServiceOptions& o) {
+    const std::string who = Who(o);
+    if (o.tp > 1 && o.collective == nullptr) {
+        return InvalidArgument(who + ": tp > 1 needs a collective between the ranks (mpirun)");
+    }
+    KV_RETURN_IF_ERROR(ValidateFrameChannelOptions(o.channel));
+
+    // This rank's KV transport: the coordinator hands its endpoint to the ranks that send KV here.
+    Result<std::unique_ptr<KvTransport>> transport = MakeTcpKvTransport(o.kv_host, 0);
+    if (!transport.ok()) return transport.status().WithContext(who + ": KV transport");
+    const std::string kv_endpoint = (*transport)->endpoint();
+
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<FrameChannel> channel, ConnectWithRetry(o));
+    spdlog::info("{}: connected to the coordinator at {}", who, channel->peer());
+    RegisterMessage reg;
+    reg.worker_rank = o.rank;
+    reg.tp = o.tp;
+    reg.instance_id = o.instance_id;
+    reg.kv_endpoint = kv_endpoint;
+    KV_RETURN_IF_ERROR(channel->Send(reg).WithContext(who + ": Register"));
+    Result<Message> answer =
+        channel->Receive(Clock::now() + std::chrono::milliseconds(o.register_timeout_ms));
+    if (!answer.ok()) return answer.status().WithContext(who + ": waiting for RegisterAck");
+    const auto* ack = std::get_if<RegisterAckMessage>(&*answer);
+    if (ack == nullptr) {
+        return Internal(who + ": expected RegisterAck, got " +
+                        std::string(MessageTypeName(TypeOf(*answer))));
+    }
+    if (!ack->accepted) {
+        return InvalidArgument(who + ": the coordinator refused the registration: " + ack->error);
+    }
+    if (ack->tp != o.tp) {
+        return Internal(who + ": RegisterAck says tp " + std::to_string(ack->tp));
+    }
+
+    spdlog::info("{}: loading {}", who, ack->model_path);
+    Result<LoadedRank> loaded = LoadRank(o, *ack, transport->get());
+    ReadyMessage ready;
+    ready.ok = loaded.ok();
+    if (loaded.ok()) {
+        const KvPool* pool = loaded->runner->pool();
+        ready.num_kv_blocks = pool != nullptr ? pool->config().num_blocks : 0;
+    } else {
+        ready.error = loaded.status().ToString();
+    }
+    const Status sent = channel->Send(ready);
+    if (!loaded.ok()) return loaded.status().WithContext(who);
+    KV_RETURN_IF_ERROR(sent.WithContext(who + ": Ready"));
+    spdlog::info("{}: ready ({} KV blocks)", who, ready.num_kv_blocks);
+
+    for (;;) {
+        // No deadline of our own: heartbeats tell a dead coordinator from an idle one.
+        Result<Message> message = channel->Receive(Clock::now() + std::chrono::hours(1));
+        if (!message.ok()) {
+            if (message.status().code() == StatusCode::kDeadlineExceeded) continue;
+            return Status(StatusCode::kUnavailable, who + ": connection to the coordinator (" +
+                                                        channel->peer() +
+                                                        "): " + message.status().message());
+        }
+        if (const auto* plan = std::get_if<StepPlan>(&*message)) {
+            KV_RETURN_IF_ERROR(
+                channel->Send(RunStep(*loaded->steps, *plan)).WithContext(who + ": StepResult"));
+        } else if (const auto* shutdown = std::get_if<ShutdownMessage>(&*message)) {
+            spdlog::info("{}: shutdown: {}", who, shutdown->reason);
+            return Status::Ok();
+        } else {
+            return Internal(who + ": unexpected " + std::string(MessageTypeName(TypeOf(*message))) +
+                            " from the coordinator");
+        }
+    }
+}
+
+}  // namespace kvshard

@@ -1,0 +1,66 @@
+// The worker service: the body of a worker process of process mode (`kvshard worker`). It
+// connects to the coordinator, registers one rank of one instance, loads what the coordinator's
+// RegisterAck says (its weight shard, a KV pool), reports Ready, then executes every StepPlan it
+// receives and answers each with a StepResult, until Shutdown or until the connection fails.
+//
+//   connect (retried until connect_timeout_ms) → Register → RegisterAck → load → Ready
+//   loop: StepPlan → StepRunner::Execute → StepResult     Shutdown → exit 0
+//
+// Every rank answers every plan, with its own tokens (ranks sample alike) and its own KV byte
+// counters; the coordinator (coordinator/remote_executor.h) takes rank 0's tokens, sums the
+// counters and treats any rank's error as the step's.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/collective.h"
+#include "comm/frame_channel.h"
+#include "common/status.h"
+#include "worker/model_runner.h"
+
+namespace kvshard {
+
+// What a worker needs besides the model path, carried in RegisterAck.settings as text so that
+// both sides of the wire agree on one encoding (EncodeWorkerSettings / DecodeWorkerSettings).
+struct WorkerRunSettings {
+    RunnerOptions runner;        // max_context, block_size, num_kv_blocks, kv_storage
+    std::string tokenizer_path;  // llama2.c only; "" finds it beside the model
+    int threads = 0;             // OpenMP/BLAS threads of the worker; 0: leave the default
+};
+
+std::vector<std::pair<std::string, std::string>> EncodeWorkerSettings(const WorkerRunSettings& s);
+// InvalidArgument naming the key for a missing or malformed value; unknown keys are ignored (a
+// newer coordinator may send more).
+Result<WorkerRunSettings> DecodeWorkerSettings(
+    const std::vector<std::pair<std::string, std::string>>& settings);
+
+struct WorkerServiceOptions {
+    std::string coordinator_host = "127.0.0.1";
+    uint16_t coordinator_port = 0;
+    std::string instance_id;
+    int rank = 0;
+    int tp = 1;
+    // Address this rank's KV transport listens on (other instances send KV there).
+    std::string kv_host = "127.0.0.1";
+    // > 0: overrides the coordinator's threads setting.
+    int threads = 0;
+    // How long to keep trying to reach the coordinator (it may start after the worker).
+    int64_t connect_timeout_ms = 60'000;
+    // How long the coordinator may take to answer Register.
+    int64_t register_timeout_ms = 60'000;
+    FrameChannelOptions channel;
+    // The instance's collective (not owned; outlives the call). REQUIRES: non-null when tp > 1,
+    // of size tp with this rank (an MPI group under mpirun).
+    Collective* collective = nullptr;
+};
+
+// Runs the worker until Shutdown (returns OK) or a failure: the coordinator could not be reached
+// or refused the registration (the ack's reason), the model could not be loaded (reported to the
+// coordinator with Ready{ok=false} first), or the connection failed (Unavailable, naming the
+// peer and why). Logs its state transitions.
+Status RunWorkerService(const WorkerServiceOptions& options);
+
+}  // namespace kvshard
