@@ -1,0 +1,454 @@
+#include "coordinator/remote_executor.h"
+
+#include <algorithm>
+#include <unordered_set>
+#include <variant>
+
+#include "common/logging.h"
+
+namespace kvshard {
+
+using Clock = std::chrono::steady_clock;
+
+// One instance's ranks. The registry fills a rank's slot (channel, peer, kv_endpoint) once; the
+// executor reads them after WaitReady and owns the channels' use from then on.
+struct WorkerRegistry::Slots {
+    explicit Slots(const RemoteInstanceOptions& o)
+        : options(o),
+          channels(static_cast<size_t>(o.tp)),
+          peers(static_cast<size_t>(o.tp)),
+          kv_endpoints(static_cast<size_t>(o.tp)),
+          ready(static_cast<size_t>(o.tp), false),
+          num_kv_blocks(static_cast<size_t>(o.tp), 0) {}
+
+    const RemoteInstanceOptions options;
+    mutable std::mutex mu;
+    std::condition_variable cv;  // a rank registered, or the instance failed
+    // Guarded by mu. A channel, once set, is never replaced until the executor is destroyed.
+    std::vector<std::unique_ptr<FrameChannel>> channels;
+    std::vector<std::string> peers;
+    std::vector<std::string> kv_endpoints;
+    std::vector<bool> ready;
+    std::vector<int64_t> num_kv_blocks;
+    int num_registered = 0;
+    Status failed;        // first failure; later calls return it
+    bool closed = false;  // the executor is gone: no more registrations
+};
+
+namespace {
+
+Status UnavailableError(std::string message) {
+    return Status(StatusCode::kUnavailable, std::move(message));
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+    std::string out;
+    for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+    return out;
+}
+
+}  // namespace
+
+// ---- WorkerRegistry ----
+
+WorkerRegistry::WorkerRegistry(const WorkerRegistryOptions& options) : options_(options) {}
+
+Result<std::unique_ptr<WorkerRegistry>> WorkerRegistry::Start(
+    const WorkerRegistryOptions& options) {
+    KV_RETURN_IF_ERROR(ValidateFrameChannelOptions(options.channel));
+    std::unique_ptr<WorkerRegistry> registry(new WorkerRegistry(options));
+    KV_ASSIGN_OR_RETURN(registry->listener_, FrameListener::Listen(options.host, options.port));
+    registry->accept_thread_ = std::thread([r = registry.get()] { r->AcceptLoop(); });
+    spdlog::info("worker registry listening on {}:{}", options.host, registry->port());
+    return registry;
+}
+
+WorkerRegistry::~WorkerRegistry() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stopping_ = true;
+    }
+    listener_->Close();
+    if (accept_thread_.joinable()) accept_thread_.join();
+}
+
+uint16_t WorkerRegistry::port() const { return listener_->port(); }
+
+Result<std::unique_ptr<RemoteStepExecutor>> WorkerRegistry::AddInstance(
+    const RemoteInstanceOptions& options) {
+    if (options.instance_id.empty()) return InvalidArgument("instance id must not be empty");
+    if (options.tp < 1) {
+        return InvalidArgument("instance " + options.instance_id + ": tp " +
+                               std::to_string(options.tp) + " must be >= 1");
+    }
+    if (options.step_timeout_ms <= 0) {
+        return InvalidArgument("instance " + options.instance_id + ": step_timeout_ms " +
+                               std::to_string(options.step_timeout_ms) + " must be > 0");
+    }
+    auto slots = std::make_shared<Slots>(options);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = instances_.find(options.instance_id);
+    if (it != instances_.end()) {
+        std::lock_guard<std::mutex> slots_lock(it->second->mu);
+        if (!it->second->closed) {
+            return InvalidArgument("instance " + options.instance_id + " is already registered");
+        }
+    }
+    instances_[options.instance_id] = slots;
+    return std::make_unique<RemoteStepExecutor>(std::move(slots));
+}
+
+std::vector<std::string> WorkerRegistry::rejections() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return rejections_;
+}
+
+void WorkerRegistry::AcceptLoop() {
+    for (;;) {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (stopping_) return;
+        }
+        Result<std::unique_ptr<FrameChannel>> channel =
+            listener_->Accept(std::chrono::milliseconds(250), options_.channel);
+        if (channel.ok()) {
+            HandleConnection(std::move(*channel));
+        } else if (channel.status().code() == StatusCode::kUnavailable) {
+            return;  // closed
+        } else if (channel.status().code() != StatusCode::kDeadlineExceeded) {
+            spdlog::warn("worker registry: accept: {}", channel.status().ToString());
+        }
+    }
+}
+
+void WorkerRegistry::Reject(FrameChannel& channel, const std::string& reason) {
+    spdlog::warn("worker registry: refused {}: {}", channel.peer(), reason);
+    RegisterAckMessage nack;
+    nack.accepted = false;
+    nack.error = reason;
+    (void)channel.Send(nack);  // best effort: the peer may not be a worker at all
+    std::lock_guard<std::mutex> lock(mu_);
+    rejections_.push_back(channel.peer() + ": " + reason);
+}
+
+void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel> channel) {
+    // One connection at a time: a worker sends Register right after connecting, and a silent
+    // peer holds the loop for register_message_timeout_ms at most.
+    Result<Message> first = channel->Receive(
+        Clock::now() + std::chrono::milliseconds(options_.register_message_timeout_ms));
+    if (!first.ok()) {
+        Reject(*channel, "no Register message: " + first.status().message());
+        return;
+    }
+    const auto* reg = std::get_if<RegisterMessage>(&*first);
+    if (reg == nullptr) {
+        Reject(*channel, "expected Register as the first message, got " +
+                             std::string(MessageTypeName(TypeOf(*first))));
+        return;
+    }
+    const std::string who =
+        "instance '" + reg->instance_id + "' rank " + std::to_string(reg->worker_rank);
+    if (reg->protocol_version != kControlProtocolVersion) {
+        Reject(*channel, who + ": protocol version " + std::to_string(reg->protocol_version) +
+                             ", the coordinator speaks " + std::to_string(kControlProtocolVersion));
+        return;
+    }
+    std::shared_ptr<Slots> slots;
+    std::string known;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = instances_.find(reg->instance_id);
+        if (it != instances_.end()) slots = it->second;
+        for (const auto& [id, s] : instances_) known += (known.empty() ? "'" : ", '") + id + "'";
+    }
+    if (slots == nullptr) {
+        Reject(*channel, who + ": unknown instance (the coordinator expects " +
+                             (known.empty() ? std::string("none") : known) + ")");
+        return;
+    }
+    RegisterAckMessage ack;
+    {
+        std::lock_guard<std::mutex> lock(slots->mu);
+        const int tp = slots->options.tp;
+        std::string problem;
+        if (slots->closed || !slots->failed.ok()) {
+            problem = "the instance is shut down or failed";
+        } else if (reg->tp != tp) {
+            problem =
+                "tp " + std::to_string(reg->tp) + ", but the instance has tp " + std::to_string(tp);
+        } else if (reg->worker_rank < 0 || reg->worker_rank >= tp) {
+            problem = "rank out of range [0, " + std::to_string(tp) + ")";
+        } else if (slots->channels[static_cast<size_t>(reg->worker_rank)] != nullptr) {
+            problem =
+                "rank already registered by " + slots->peers[static_cast<size_t>(reg->worker_rank)];
+        }
+        if (!problem.empty()) {
+            // Reject outside the lock: it sends.
+            ack.error = who + ": " + problem;
+        } else {
+            const auto r = static_cast<size_t>(reg->worker_rank);
+            slots->peers[r] = channel->peer();
+            slots->kv_endpoints[r] = reg->kv_endpoint;
+            ack.accepted = true;
+            ack.model_path = slots->options.model_path;
+            ack.tp = tp;
+            ack.settings = slots->options.settings;
+        }
+    }
+    if (!ack.accepted) {
+        Reject(*channel, ack.error);
+        return;
+    }
+    // The ack goes out before the channel is handed over, so the worker's Ready always follows
+    // it; a failed send shows up as the channel's error in WaitReady.
+    const Status sent = channel->Send(ack);
+    if (!sent.ok()) spdlog::warn("worker registry: {}: RegisterAck: {}", who, sent.ToString());
+    spdlog::info("worker registry: {} registered from {} (kv endpoint '{}')", who, channel->peer(),
+                 reg->kv_endpoint);
+    std::lock_guard<std::mutex> lock(slots->mu);
+    slots->channels[static_cast<size_t>(reg->worker_rank)] = std::move(channel);
+    slots->num_registered++;
+    slots->cv.notify_all();
+}
+
+// ---- RemoteStepExecutor ----
+
+RemoteStepExecutor::RemoteStepExecutor(std::shared_ptr<WorkerRegistry::Slots> slots)
+    : slots_(std::move(slots)) {}
+
+RemoteStepExecutor::~RemoteStepExecutor() {
+    Shutdown("the coordinator's executor for the instance was destroyed");
+    std::vector<std::unique_ptr<FrameChannel>> channels;
+    {
+        std::lock_guard<std::mutex> lock(slots_->mu);
+        slots_->closed = true;
+        channels = std::move(slots_->channels);
+        slots_->channels.resize(static_cast<size_t>(slots_->options.tp));  // moved-from: nulls
+    }
+    channels.clear();  // joins their I/O threads, outside the lock
+}
+
+const std::string& RemoteStepExecutor::instance_id() const { return slots_->options.instance_id; }
+int RemoteStepExecutor::tp() const { return slots_->options.tp; }
+
+Status RemoteStepExecutor::status() const {
+    std::lock_guard<std::mutex> lock(slots_->mu);
+    return slots_->failed;
+}
+
+std::vector<std::string> RemoteStepExecutor::kv_endpoints() const {
+    std::lock_guard<std::mutex> lock(slots_->mu);
+    return slots_->kv_endpoints;
+}
+
+std::vector<int64_t> RemoteStepExecutor::num_kv_blocks() const {
+    std::lock_guard<std::mutex> lock(slots_->mu);
+    return slots_->num_kv_blocks;
+}
+
+Status RemoteStepExecutor::RankError(int rank, const std::string& what, const Status& why) const {
+    std::string peer;
+    {
+        std::lock_guard<std::mutex> lock(slots_->mu);
+        peer = slots_->peers[static_cast<size_t>(rank)];
+    }
+    return UnavailableError("instance " + instance_id() + ": worker rank " + std::to_string(rank) +
+                            (peer.empty() ? "" : " (" + peer + ")") + ": " + what + ": " +
+                            why.message());
+}
+
+Status RemoteStepExecutor::Fail(Status status) {
+    std::vector<FrameChannel*> channels;
+    {
+        std::lock_guard<std::mutex> lock(slots_->mu);
+        if (!slots_->failed.ok()) return slots_->failed;
+        slots_->failed = status;
+        for (auto& c : slots_->channels) {
+            if (c != nullptr) channels.push_back(c.get());
+        }
+        slots_->cv.notify_all();
+    }
+    spdlog::error("{}", status.message());
+    // The surviving workers see their connection close and exit; the channels stay allocated
+    // until the executor is destroyed, so a concurrent Execute's Receive returns Unavailable.
+    for (FrameChannel* c : channels) c->Close();
+    return status;
+}
+
+void RemoteStepExecutor::Shutdown(const std::string& reason) {
+    std::vector<FrameChannel*> channels;
+    {
+        std::lock_guard<std::mutex> lock(slots_->mu);
+        if (slots_->failed.ok()) {
+            slots_->failed =
+                UnavailableError("instance " + instance_id() + ": shut down: " + reason);
+        }
+        for (auto& c : slots_->channels) {
+            if (c != nullptr) channels.push_back(c.get());
+        }
+        slots_->cv.notify_all();
+    }
+    for (FrameChannel* c : channels) {
+        if (c->status().ok()) (void)c->Send(ShutdownMessage{reason});
+        c->Close();
+    }
+}
+
+Status RemoteStepExecutor::WaitReady(std::chrono::milliseconds timeout,
+                                     const std::function<Status()>& check_workers) {
+    const auto deadline = Clock::now() + timeout;
+    const int n = tp();
+    for (;;) {
+        std::vector<FrameChannel*> pending(static_cast<size_t>(n), nullptr);
+        {
+            std::lock_guard<std::mutex> lock(slots_->mu);
+            if (!slots_->failed.ok()) return slots_->failed;
+            for (int r = 0; r < n; ++r) {
+                const auto i = static_cast<size_t>(r);
+                if (!slots_->ready[i]) pending[i] = slots_->channels[i].get();
+            }
+        }
+        // Take whatever Ready messages have arrived, without waiting on any one rank.
+        for (int r = 0; r < n; ++r) {
+            FrameChannel* c = pending[static_cast<size_t>(r)];
+            if (c == nullptr) continue;
+            Result<Message> m = c->Receive(Clock::now());
+            if (!m.ok()) {
+                if (m.status().code() == StatusCode::kDeadlineExceeded) continue;
+                return Fail(RankError(r, "connection lost before Ready", m.status()));
+            }
+            const auto* ready = std::get_if<ReadyMessage>(&*m);
+            if (ready == nullptr) {
+                return Fail(RankError(
+                    r, "protocol error",
+                    Internal("expected Ready, got " + std::string(MessageTypeName(TypeOf(*m))))));
+            }
+            if (!ready->ok) return Fail(RankError(r, "failed to load", Internal(ready->error)));
+            std::lock_guard<std::mutex> lock(slots_->mu);
+            slots_->ready[static_cast<size_t>(r)] = true;
+            slots_->num_kv_blocks[static_cast<size_t>(r)] = ready->num_kv_blocks;
+        }
+        std::vector<int> unregistered, loading;
+        {
+            std::lock_guard<std::mutex> lock(slots_->mu);
+            for (int r = 0; r < n; ++r) {
+                const auto i = static_cast<size_t>(r);
+                if (slots_->channels[i] == nullptr) {
+                    unregistered.push_back(r);
+                } else if (!slots_->ready[i]) {
+                    loading.push_back(r);
+                }
+            }
+        }
+        if (unregistered.empty() && loading.empty()) {
+            ready_ = true;
+            spdlog::info("instance {}: all {} worker ranks ready", instance_id(), n);
+            return Status::Ok();
+        }
+        if (check_workers) {
+            const Status alive = check_workers();
+            if (!alive.ok()) {
+                return Fail(UnavailableError("instance " + instance_id() + ": " + alive.message()));
+            }
+        }
+        if (Clock::now() >= deadline) {
+            std::string missing;
+            if (!unregistered.empty()) missing += "ranks not registered: " + RankList(unregistered);
+            if (!loading.empty()) {
+                missing += std::string(missing.empty() ? "" : "; ") +
+                           "ranks registered but not ready: " + RankList(loading);
+            }
+            return Fail(Status(StatusCode::kDeadlineExceeded,
+                               "instance " + instance_id() + ": workers not ready after " +
+                                   std::to_string(timeout.count()) + " ms (" + missing + ")"));
+        }
+        // Registrations wake this wait; Ready messages and exited processes are polled.
+        std::unique_lock<std::mutex> lock(slots_->mu);
+        const int registered = slots_->num_registered;
+        slots_->cv.wait_until(
+            lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(20)),
+            [&] { return slots_->num_registered != registered || !slots_->failed.ok(); });
+    }
+}
+
+Result<StepResult> RemoteStepExecutor::Execute(const StepPlan& plan) {
+    const int n = tp();
+    std::vector<FrameChannel*> channels(static_cast<size_t>(n));
+    {
+        std::lock_guard<std::mutex> lock(slots_->mu);
+        if (!slots_->failed.ok()) return slots_->failed;
+        if (!ready_) return Internal("instance " + instance_id() + ": Execute before WaitReady");
+        for (int r = 0; r < n; ++r) {
+            channels[static_cast<size_t>(r)] = slots_->channels[static_cast<size_t>(r)].get();
+        }
+    }
+    const std::string step = "step " + std::to_string(plan.step_id);
+    for (int r = 0; r < n; ++r) {
+        const Status sent = channels[static_cast<size_t>(r)]->Send(plan);
+        if (!sent.ok()) return Fail(RankError(r, "sending " + step, sent));
+    }
+    const auto timeout = std::chrono::milliseconds(slots_->options.step_timeout_ms);
+    const auto deadline = Clock::now() + timeout;
+    std::vector<StepResult> results(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+        Result<Message> m = channels[static_cast<size_t>(r)]->Receive(deadline);
+        if (!m.ok()) {
+            if (m.status().code() == StatusCode::kDeadlineExceeded) {
+                return Fail(RankError(
+                    r, step,
+                    Status(StatusCode::kDeadlineExceeded,
+                           "no StepResult within " + std::to_string(timeout.count()) + " ms")));
+            }
+            return Fail(RankError(r, step, m.status()));
+        }
+        auto* result = std::get_if<StepResult>(&*m);
+        if (result == nullptr || result->step_id != plan.step_id) {
+            return Fail(RankError(
+                r, step,
+                Internal("protocol error: expected its StepResult, got " +
+                         (result == nullptr
+                              ? std::string(MessageTypeName(TypeOf(*m)))
+                              : "the result of step " + std::to_string(result->step_id)))));
+        }
+        results[static_cast<size_t>(r)] = std::move(*result);
+    }
+
+    int num_failed = 0;
+    int first_failed = -1;
+    for (int r = 0; r < n; ++r) {
+        if (results[static_cast<size_t>(r)].error.empty()) continue;
+        if (first_failed < 0) first_failed = r;
+        ++num_failed;
+    }
+    if (num_failed == n) {
+        // The same error on every rank (a bad plan): found before any collective, group intact.
+        return Internal("instance " + instance_id() + ": " + step + ": " + results[0].error);
+    }
+    if (num_failed > 0) {
+        return Fail(Internal("instance " + instance_id() + ": tensor-parallel group broken: " +
+                             step + " failed on " + std::to_string(num_failed) + " of " +
+                             std::to_string(n) + " ranks; rank " + std::to_string(first_failed) +
+                             ": " + results[static_cast<size_t>(first_failed)].error));
+    }
+    StepResult merged = std::move(results[0]);
+    std::unordered_set<uint64_t> failed_ids;
+    for (const TransferFailure& f : merged.failed_transfers) failed_ids.insert(f.transfer_id);
+    for (int r = 1; r < n; ++r) {
+        StepResult& other = results[static_cast<size_t>(r)];
+        // Ranks sample alike; a rank that sent tokens must agree with rank 0 (cheap to check).
+        if (!other.tokens.empty() && other.tokens != merged.tokens) {
+            return Fail(Internal("instance " + instance_id() + ": " + step + ": rank " +
+                                 std::to_string(r) + " sampled other tokens than rank 0"));
+        }
+        merged.kv_bytes_sent += other.kv_bytes_sent;
+        merged.kv_bytes_received += other.kv_bytes_received;
+        for (TransferFailure& f : other.failed_transfers) {
+            if (failed_ids.insert(f.transfer_id).second) {
+                merged.failed_transfers.push_back(std::move(f));
+            }
+        }
+    }
+    return merged;
+}
+
+}  // namespace kvshard
