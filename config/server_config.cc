@@ -10,6 +10,8 @@
 #include <functional>
 #include <sstream>
 
+#include "config/pool_config.h"
+
 namespace kvshard {
 
 std::string_view KvCacheDtypeName(KvCacheDtype dtype) {
@@ -46,6 +48,20 @@ std::string_view WorkersLauncherName(WorkersLauncher launcher) {
             return "external";
     }
     return "direct";
+}
+
+std::string_view PoolRoleName(PoolRole role) {
+    switch (role) {
+        case PoolRole::kMixed: return "mixed";
+        case PoolRole::kPrefill: return "prefill";
+        case PoolRole::kDecode: return "decode";
+    }
+    return "mixed";
+}
+
+std::vector<PoolConfig> ServerConfig::EffectivePools() const {
+    if (!pools.empty()) return pools;
+    return {PoolConfig{.name = "default", .role = PoolRole::kMixed, .instances = {InstanceConfig{.tp = tp, .devices = {}}}}};
 }
 
 namespace {
@@ -260,6 +276,19 @@ const std::vector<Setting>& Settings() {
                          return Status::Ok();
                      }});
 
+        s.push_back({"kv_transfer.mode",
+                     [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                         KV_RETURN_IF_ERROR(RequireScalar(at, n));
+                         const std::string v = ScalarText(n);
+                         if (v != "layerwise" && v != "blockwise") {
+                             return BadValue(at, v, "expected layerwise or blockwise");
+                         }
+                         c.kv_transfer.layerwise = v == "layerwise";
+                         return Status::Ok();
+                     }});
+        s.push_back(Int<int64_t>(
+            "kv_transfer.timeout_ms", [](ServerConfig& c) -> int64_t& { return c.kv_transfer.timeout_ms; }, 1,
+            int64_t{1} << 31, "must be > 0"));
         s.push_back({"workers.mode",
                      [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
                          KV_RETURN_IF_ERROR(RequireScalar(at, n));
@@ -321,7 +350,8 @@ const Setting* FindSetting(std::string_view key) {
 }
 
 bool IsSection(std::string_view name) {
-    return name == "server" || name == "scheduler" || name == "kv_cache" || name == "workers";
+    return name == "server" || name == "scheduler" || name == "kv_cache" || name == "workers" ||
+           name == "kv_transfer";
 }
 
 std::string Where(const std::string& source, const YAML::Node& node) {
@@ -347,6 +377,10 @@ Status ApplyMap(const std::string& source, const YAML::Node& map, const std::str
             return InvalidArgument(Where(source, item.first) + ": keys must be plain names");
         }
         const std::string key = prefix + item.first.Scalar();
+        if (prefix.empty() && key == "pools") {
+            KV_RETURN_IF_ERROR(ParsePools(source, item.second, &config.pools));
+            continue;
+        }
         if (prefix.empty() && IsSection(key)) {
             if (item.second.IsNull()) continue;
             if (!item.second.IsMap()) {
@@ -399,6 +433,7 @@ Status ValidateWhole(const ServerConfig& c) {
                                std::to_string(c.workers.heartbeat_interval_ms) +
                                "): a live worker is heard from once per interval");
     }
+    KV_RETURN_IF_ERROR(ValidatePools(where, c.pools));
     if (c.workers.mode == WorkersMode::kProcesses &&
         c.workers.launcher == WorkersLauncher::kExternal && c.workers.port == 0) {
         return InvalidArgument(where + ": workers.port: invalid value '0': workers started by "

@@ -70,6 +70,31 @@ struct ServeWorkersConfig {
     int64_t step_timeout_ms = 60'000;    // a step not answered by every rank by then fails
 };
 
+// The file's pools: list (disaggregated serving, docs/disaggregation.md). Each pool has a role
+// and instances; each instance its tensor-parallel size and devices. No pools: one mixed pool
+// with one instance of `tp` workers.
+enum class PoolRole { kMixed, kPrefill, kDecode };
+std::string_view PoolRoleName(PoolRole role);  // "mixed", "prefill", "decode"
+
+struct InstanceConfig {
+    int tp = 1;
+    // One per worker: "cpu" or a GPU ordinal ("0"). Empty: cpu for every worker. The CPU
+    // backend runs every worker on the CPU whatever this says (logged at start).
+    std::vector<std::string> devices;
+};
+
+struct PoolConfig {
+    std::string name;
+    PoolRole role = PoolRole::kMixed;
+    std::vector<InstanceConfig> instances;
+};
+
+// The file's kv_transfer: section (KV handoff from prefill to decode instances).
+struct KvTransferConfig {
+    bool layerwise = false;       // mode: layerwise (each layer as written) or blockwise (after the step)
+    int64_t timeout_ms = 10'000;  // per transfer, sending and receiving
+};
+
 struct ServerConfig {
     std::string source;             // the file read ("" when built from defaults and flags)
     std::string model_path;         // required
@@ -83,6 +108,11 @@ struct ServerConfig {
     ServeSchedulerConfig scheduler;
     ServeKvCacheConfig kv_cache;
     ServeWorkersConfig workers;
+    std::vector<PoolConfig> pools;  // empty: one mixed instance of `tp` workers
+    KvTransferConfig kv_transfer;
+
+    // The pools as configured, or the single mixed pool that `tp` implies.
+    std::vector<PoolConfig> EffectivePools() const;
 };
 
 // One flag override: a dotted key as in the file ("server.port", "tp") and its value as text,
