@@ -100,7 +100,7 @@ TEST(FrameChannel, ExchangesPlansAndResults) {
 TEST(FrameChannel, RegistersAndShutsDown) {
     Pair pair = Connect();
     ASSERT_TRUE(pair.server && pair.client);
-    const RegisterMessage hello{1, 2, "mixed-0", kControlProtocolVersion};
+    const RegisterMessage hello{1, 2, "mixed-0", kControlProtocolVersion, "127.0.0.1:9"};
     ASSERT_TRUE(pair.client->Send(hello).ok());
     Result<Message> got = pair.server->Receive(In(milliseconds(10'000)));
     ASSERT_TRUE(got.ok());
