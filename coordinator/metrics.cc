@@ -11,7 +11,13 @@ std::string PrometheusNumber(double v) {
     if (std::isnan(v)) return "NaN";
     if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
     char buf[64];
-    auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
+    // Shortest round-trip form; below 1 down to 1e-4 always positional, as Go's
+    // strconv.FormatFloat(v, 'g', -1, 64) (the Prometheus client) writes it, so a bucket bound
+    // such as 0.0001 gets le="0.0001" rather than le="1e-04".
+    const double magnitude = std::fabs(v);
+    auto [end, ec] = magnitude >= 1e-4 && magnitude < 1.0
+                         ? std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::fixed)
+                         : std::to_chars(buf, buf + sizeof(buf), v);
     KV_CHECK(ec == std::errc());
     return std::string(buf, end);
 }
@@ -93,13 +99,17 @@ Counter& MetricsRegistry::AddCounter(const std::string& name, const std::string&
     return *f.series.back().counter;
 }
 
+MetricsRegistry::Family* MetricsRegistry::FindFamily(const std::string& name) {
+    for (const auto& f : families_) {
+        if (f->name == name) return f.get();
+    }
+    return nullptr;
+}
+
 Counter& MetricsRegistry::LabeledCounter(const std::string& name, const std::string& help,
                                          const std::string& label, const std::string& value) {
     std::lock_guard<std::mutex> lock(mu_);
-    Family* family = nullptr;
-    for (const auto& f : families_) {
-        if (f->name == name) family = f.get();
-    }
+    Family* family = FindFamily(name);
     if (family == nullptr) family = &NewFamily(name, help, Kind::kCounter);
     KV_CHECK(family->kind == Kind::kCounter) << name;
     const std::string text = label + "=\"" + Escape(value, true) + "\"";
@@ -124,6 +134,22 @@ Histogram& MetricsRegistry::AddHistogram(const std::string& name, const std::str
     f.series.push_back(
         {"", nullptr, nullptr, std::make_unique<Histogram>(std::move(upper_bounds))});
     return *f.series.back().histogram;
+}
+
+Histogram& MetricsRegistry::LabeledHistogram(const std::string& name, const std::string& help,
+                                             const std::string& label, const std::string& value,
+                                             const std::vector<double>& upper_bounds) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Family* family = FindFamily(name);
+    if (family == nullptr) family = &NewFamily(name, help, Kind::kHistogram);
+    KV_CHECK(family->kind == Kind::kHistogram) << name;
+    const std::string text = label + "=\"" + Escape(value, true) + "\"";
+    for (Series& s : family->series) {
+        KV_CHECK(s.histogram->upper_bounds() == upper_bounds) << "bucket mismatch in " << name;
+        if (s.label == text) return *s.histogram;
+    }
+    family->series.push_back({text, nullptr, nullptr, std::make_unique<Histogram>(upper_bounds)});
+    return *family->series.back().histogram;
 }
 
 std::string MetricsRegistry::Render() const {
@@ -157,18 +183,37 @@ std::string MetricsRegistry::Render() const {
     return out;
 }
 
+namespace {
+
+const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08,
+                                          0.1,   0.25,  0.5,  0.75, 1.0,  2.5,  5.0,
+                                          7.5,   10.0,  20.0, 40.0, 80.0};
+const std::vector<double> kItlBuckets = {0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,
+                                         0.15,  0.2,   0.3,  0.4,   0.5,  0.75,  1.0,
+                                         2.5,   5.0,   10.0, 20.0,  40.0, 80.0};
+// 100 us .. 10 s in 1-2.5-5 steps.
+const std::vector<double> kKvTransferBuckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                                0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
+                                                1.0,    2.5,     5.0,    10.0};
+
+constexpr const char* kPoolTtftName = "kvshard:pool_time_to_first_token_seconds";
+constexpr const char* kPoolTtftHelp =
+    "Per pool: time from a request's arrival at the engine to its first generated token, in "
+    "seconds.";
+constexpr const char* kPoolItlName = "kvshard:pool_inter_token_latency_seconds";
+constexpr const char* kPoolItlHelp =
+    "Per pool: time between two consecutive generated tokens of a request, in seconds.";
+
+}  // namespace
+
 ServerMetrics::ServerMetrics(const std::string& model_name)
     : registry_({{"model_name", model_name}}),
       ttft_(registry_.AddHistogram(
           "kvshard:time_to_first_token_seconds",
-          "Time from a request's arrival to its first generated token, in seconds.",
-          {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-           10.0, 20.0, 40.0, 80.0})),
+          "Time from a request's arrival to its first generated token, in seconds.", kTtftBuckets)),
       itl_(registry_.AddHistogram(
           "kvshard:inter_token_latency_seconds",
-          "Time between two consecutive generated tokens of a request, in seconds.",
-          {0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 0.2,  0.3,
-           0.4,   0.5,   0.75, 1.0,   2.5,  5.0,   10.0, 20.0, 40.0, 80.0})),
+          "Time between two consecutive generated tokens of a request, in seconds.", kItlBuckets)),
       e2e_(
           registry_.AddHistogram("kvshard:e2e_request_latency_seconds",
                                  "Time from a request's arrival to its end, in seconds.",
@@ -187,7 +232,53 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
       prompt_tokens_(registry_.AddCounter("kvshard:prompt_tokens_total",
                                           "Prompt tokens of finished requests.")),
       generation_tokens_(registry_.AddCounter("kvshard:generation_tokens_total",
-                                              "Generated tokens of finished requests.")) {}
+                                              "Generated tokens of finished requests.")),
+      kv_transfer_bytes_(registry_.AddCounter("kvshard:kv_transfer_bytes_total",
+                                              "KV cache bytes moved by completed prefill->decode "
+                                              "handoffs, summed over all ranks.")),
+      kv_transfer_seconds_(registry_.AddHistogram(
+          "kvshard:kv_transfer_seconds",
+          "KV handoff latency: from the prefill step's end to the end of the decode step that "
+          "received the KV, in seconds.",
+          kKvTransferBuckets)),
+      kv_transfers_(registry_.AddCounter("kvshard:kv_transfers_total",
+                                         "Completed prefill->decode KV handoffs.")),
+      kv_transfer_failures_(registry_.AddCounter(
+          "kvshard:kv_transfer_failures_total",
+          "Failed prefill->decode KV handoffs (the request continued on the prefill instance).")) {}
+
+const ServerMetrics::PoolSeries& ServerMetrics::Pool(const std::string& pool) {
+    for (const PoolSeries* p = pools_.load(std::memory_order_acquire); p != nullptr; p = p->next) {
+        if (p->pool == pool) return *p;
+    }
+    std::lock_guard<std::mutex> lock(pools_mu_);
+    const PoolSeries* head = pools_.load(std::memory_order_acquire);
+    for (const PoolSeries* p = head; p != nullptr; p = p->next) {
+        if (p->pool == pool) return *p;  // another thread created it meanwhile
+    }
+    pool_storage_.push_back(std::make_unique<PoolSeries>(PoolSeries{
+        pool, &registry_.LabeledHistogram(kPoolTtftName, kPoolTtftHelp, "pool", pool, kTtftBuckets),
+        &registry_.LabeledHistogram(kPoolItlName, kPoolItlHelp, "pool", pool, kItlBuckets), head}));
+    const PoolSeries* series = pool_storage_.back().get();
+    pools_.store(series, std::memory_order_release);
+    return *series;
+}
+
+void ServerMetrics::OnFirstToken(const std::string& pool, double seconds_since_arrival) {
+    Pool(pool).ttft->Observe(seconds_since_arrival);
+}
+
+void ServerMetrics::OnInterToken(const std::string& pool, double seconds) {
+    Pool(pool).itl->Observe(seconds);
+}
+
+void ServerMetrics::OnKvTransfer(int64_t bytes, double seconds) {
+    kv_transfer_bytes_.Add(static_cast<double>(bytes));
+    kv_transfer_seconds_.Observe(seconds);
+    kv_transfers_.Add();
+}
+
+void ServerMetrics::OnKvTransferFailed() { kv_transfer_failures_.Add(); }
 
 void ServerMetrics::ObserveRequestFinished(double e2e_seconds, const GenerationUsage& usage,
                                            const std::string& finished_reason) {

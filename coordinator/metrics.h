@@ -13,11 +13,20 @@
 //   kvshard:prompt_tokens_total            counter    prompt tokens of finished requests
 //   kvshard:generation_tokens_total        counter    generated tokens of finished requests
 //   kvshard:request_success_total          counter    finished requests, by finished_reason
-// Every sample carries the label model_name="<served model>".
+// ServerMetrics is also the engines' EngineObserver (engine threads of every instance call it):
+//   kvshard:pool_time_to_first_token_seconds  histogram  per pool: arrival -> first token
+//   kvshard:pool_inter_token_latency_seconds  histogram  per pool: between consecutive tokens
+//   kvshard:kv_transfer_bytes_total           counter    KV bytes moved by handoffs (all ranks)
+//   kvshard:kv_transfer_seconds               histogram  KV handoff latency: prefill step's end ->
+//                                                        end of the decode step that received it
+//   kvshard:kv_transfers_total                counter    completed KV handoffs
+//   kvshard:kv_transfer_failures_total        counter    failed KV handoffs
+// The pool histograms carry the label pool="<pool>": a pool's first observation creates its series
+// in both. Every sample carries the label model_name="<served model>".
 //
 // Thread-safety: all methods may be called from any thread. Observations are lock-free atomics
-// (the engine thread records latencies through sink callbacks); registration and rendering take a
-// mutex.
+// (the engine thread records latencies through sink callbacks and the observer); registration and
+// rendering take a mutex, and so does the first observation of a pool (it creates its series).
 #pragma once
 
 #include <atomic>
@@ -27,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/engine.h"
 #include "coordinator/engine_api.h"
 
 namespace kvshard {
@@ -64,6 +74,7 @@ class Histogram {
         uint64_t count = 0;
     };
     Snapshot Take() const;
+    const std::vector<double>& upper_bounds() const { return upper_bounds_; }
 
   private:
     std::vector<double> upper_bounds_;
@@ -84,6 +95,11 @@ class MetricsRegistry {
     Gauge& AddGauge(const std::string& name, const std::string& help);
     Histogram& AddHistogram(const std::string& name, const std::string& help,
                             std::vector<double> upper_bounds);
+    // A histogram family with one extra label; each value gets its own Histogram on first use.
+    // HELP/TYPE are written once for the family. REQUIRES: the same `upper_bounds` on every call.
+    Histogram& LabeledHistogram(const std::string& name, const std::string& help,
+                                const std::string& label, const std::string& value,
+                                const std::vector<double>& upper_bounds);
 
     std::string Render() const;
 
@@ -102,16 +118,18 @@ class MetricsRegistry {
         std::vector<Series> series;
     };
     Family& NewFamily(const std::string& name, const std::string& help, Kind kind);
+    Family* FindFamily(const std::string& name);  // REQUIRES: mu_ held
 
     std::string constant_labels_;  // name="value",... (escaped), "" when none
     mutable std::mutex mu_;
     std::vector<std::unique_ptr<Family>> families_;  // guarded by mu_
 };
 
-// Formats a sample value as Prometheus does: shortest round-trip decimal, +Inf, -Inf, NaN.
+// Formats a sample value as Prometheus does: shortest round-trip decimal (positional from 1e-4
+// to 1), +Inf, -Inf, NaN.
 std::string PrometheusNumber(double v);
 
-class ServerMetrics {
+class ServerMetrics : public EngineObserver {
   public:
     explicit ServerMetrics(const std::string& model_name);
 
@@ -121,10 +139,27 @@ class ServerMetrics {
     void ObserveRequestFinished(double e2e_seconds, const GenerationUsage& usage,
                                 const std::string& finished_reason);
 
+    // EngineObserver, from the engine threads. Lock-free once the pool's series exist.
+    void OnFirstToken(const std::string& pool, double seconds_since_arrival) override;
+    void OnInterToken(const std::string& pool, double seconds) override;
+    void OnKvTransfer(int64_t bytes, double seconds) override;
+    void OnKvTransferFailed() override;
+
     // The exposition text, with gauges and engine counters taken from `stats`.
     std::string Render(const EngineStats& stats);
 
   private:
+    // A pool's histograms. An append-only list: nodes are published with a release store of
+    // pools_ (under pools_mu_) and never change or go away before the ServerMetrics does, so
+    // readers walk it from one acquire load, without the mutex.
+    struct PoolSeries {
+        std::string pool;
+        Histogram* ttft;
+        Histogram* itl;
+        const PoolSeries* next;
+    };
+    const PoolSeries& Pool(const std::string& pool);
+
     MetricsRegistry registry_;
     Histogram& ttft_;
     Histogram& itl_;
@@ -136,6 +171,13 @@ class ServerMetrics {
     Counter& prefix_hits_;
     Counter& prompt_tokens_;
     Counter& generation_tokens_;
+    Counter& kv_transfer_bytes_;
+    Histogram& kv_transfer_seconds_;
+    Counter& kv_transfers_;
+    Counter& kv_transfer_failures_;
+    std::atomic<const PoolSeries*> pools_{nullptr};
+    std::mutex pools_mu_;                                    // serializes creating a pool's series
+    std::vector<std::unique_ptr<PoolSeries>> pool_storage_;  // owns the list; guarded by pools_mu_
 };
 
 }  // namespace kvshard

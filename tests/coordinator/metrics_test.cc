@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <sstream>
 #include <string>
@@ -81,6 +82,13 @@ TEST(Metrics, CounterGaugeHistogramExposition) {
 TEST(Metrics, Numbers) {
     EXPECT_EQ(PrometheusNumber(0.1), "0.1");
     EXPECT_EQ(PrometheusNumber(3), "3");
+    EXPECT_EQ(PrometheusNumber(0.0001), "0.0001");  // not "1e-04"
+    EXPECT_EQ(PrometheusNumber(-0.0005), "-0.0005");
+    EXPECT_EQ(PrometheusNumber(0.00025), "0.00025");
+    EXPECT_EQ(PrometheusNumber(0.001), "0.001");
+    EXPECT_EQ(PrometheusNumber(0.00001), "1e-05");
+    EXPECT_EQ(PrometheusNumber(0), "0");
+    EXPECT_EQ(PrometheusNumber(1048576), "1048576");
     EXPECT_EQ(PrometheusNumber(INFINITY), "+Inf");
     EXPECT_EQ(PrometheusNumber(-INFINITY), "-Inf");
     EXPECT_EQ(PrometheusNumber(NAN), "NaN");
@@ -138,6 +146,196 @@ TEST(Metrics, ServerMetricsNames) {
     EXPECT_EQ(e.samples.at(
                   "kvshard:request_success_total{model_name=\"smol\",finished_reason=\"length\"}"),
               1);
+}
+
+// Occurrences of `needle` in `haystack`.
+int CountOf(const std::string& haystack, const std::string& needle) {
+    int n = 0;
+    for (size_t at = haystack.find(needle); at != std::string::npos;
+         at = haystack.find(needle, at + needle.size())) {
+        ++n;
+    }
+    return n;
+}
+
+TEST(Metrics, LabeledHistogramFamily) {
+    MetricsRegistry r(std::vector<std::pair<std::string, std::string>>{{"model_name", "m"}});
+    r.LabeledHistogram("x:lat", "Lat.", "pool", "a", {0.1, 1.0}).Observe(0.05);
+    r.LabeledHistogram("x:lat", "Lat.", "pool", "b", {0.1, 1.0}).Observe(2.0);
+    Histogram& a = r.LabeledHistogram("x:lat", "Lat.", "pool", "a", {0.1, 1.0});
+    a.Observe(0.5);
+
+    const std::string text = r.Render();
+    EXPECT_EQ(CountOf(text, "# HELP x:lat "), 1) << text;
+    EXPECT_EQ(CountOf(text, "# TYPE x:lat histogram\n"), 1) << text;
+    const Exposition e = Parse(text);
+    EXPECT_EQ(e.samples.at("x:lat_bucket{model_name=\"m\",pool=\"a\",le=\"0.1\"}"), 1);
+    EXPECT_EQ(e.samples.at("x:lat_bucket{model_name=\"m\",pool=\"a\",le=\"1\"}"), 2);
+    EXPECT_EQ(e.samples.at("x:lat_bucket{model_name=\"m\",pool=\"a\",le=\"+Inf\"}"), 2);
+    EXPECT_EQ(e.samples.at("x:lat_count{model_name=\"m\",pool=\"a\"}"), 2);
+    EXPECT_DOUBLE_EQ(e.samples.at("x:lat_sum{model_name=\"m\",pool=\"a\"}"), 0.55);
+    EXPECT_EQ(e.samples.at("x:lat_bucket{model_name=\"m\",pool=\"b\",le=\"1\"}"), 0);
+    EXPECT_EQ(e.samples.at("x:lat_bucket{model_name=\"m\",pool=\"b\",le=\"+Inf\"}"), 1);
+    EXPECT_EQ(e.samples.at("x:lat_count{model_name=\"m\",pool=\"b\"}"), 1);
+    EXPECT_DOUBLE_EQ(e.samples.at("x:lat_sum{model_name=\"m\",pool=\"b\"}"), 2.0);
+}
+
+// The EngineObserver side of ServerMetrics: per-pool latency histograms and KV handoff metrics.
+TEST(Metrics, ServerMetricsObserver) {
+    enum class Call { kFirstToken, kInterToken, kTransfer, kFailed };
+    struct Observation {
+        Call call;
+        std::string pool;  // kFirstToken, kInterToken
+        double seconds;
+        int64_t bytes;  // kTransfer
+    };
+    const std::vector<Observation> observations = {
+        {Call::kFirstToken, "prefill", 0.03, 0},
+        {Call::kFirstToken, "prefill", 0.5, 0},
+        {Call::kFirstToken, "mixed", 0.004, 0},
+        {Call::kInterToken, "decode", 0.02, 0},
+        {Call::kInterToken, "decode", 0.02, 0},
+        {Call::kInterToken, "decode", 3.0, 0},
+        {Call::kInterToken, "mixed", 0.001, 0},
+        {Call::kTransfer, "", 0.0003, 4096},
+        {Call::kTransfer, "", 0.2, 1 << 20},
+        {Call::kTransfer, "", 30.0, 100},
+        {Call::kFailed, "", 0, 0},
+    };
+    ServerMetrics m("smol");
+    for (const Observation& o : observations) {
+        switch (o.call) {
+            case Call::kFirstToken:
+                m.OnFirstToken(o.pool, o.seconds);
+                break;
+            case Call::kInterToken:
+                m.OnInterToken(o.pool, o.seconds);
+                break;
+            case Call::kTransfer:
+                m.OnKvTransfer(o.bytes, o.seconds);
+                break;
+            case Call::kFailed:
+                m.OnKvTransferFailed();
+                break;
+        }
+    }
+    const std::string text = m.Render(EngineStats{});
+    const Exposition e = Parse(text);
+
+    const std::string ttft = "kvshard:pool_time_to_first_token_seconds";
+    const std::string itl = "kvshard:pool_inter_token_latency_seconds";
+    const std::string kv = "kvshard:kv_transfer_seconds";
+    for (const std::string& family : {ttft, itl, kv}) {
+        EXPECT_EQ(CountOf(text, "# HELP " + family + " "), 1) << family;
+        EXPECT_EQ(CountOf(text, "# TYPE " + family + " histogram\n"), 1) << family;
+        EXPECT_EQ(e.types.at(family), "histogram");
+    }
+    // The engine-level observations don't touch the request-level histograms.
+    EXPECT_EQ(e.samples.at("kvshard:time_to_first_token_seconds_count{model_name=\"smol\"}"), 0);
+    EXPECT_EQ(e.samples.at("kvshard:inter_token_latency_seconds_count{model_name=\"smol\"}"), 0);
+
+    struct Expected {
+        std::string sample;  // the sample name with its labels
+        double value;
+    };
+    const std::vector<Expected> expected = {
+        // ttft, pool prefill: 0.03 and 0.5
+        {ttft + "_count{model_name=\"smol\",pool=\"prefill\"}", 2},
+        {ttft + "_sum{model_name=\"smol\",pool=\"prefill\"}", 0.53},
+        {ttft + "_bucket{model_name=\"smol\",pool=\"prefill\",le=\"0.02\"}", 0},
+        {ttft + "_bucket{model_name=\"smol\",pool=\"prefill\",le=\"0.04\"}", 1},
+        {ttft + "_bucket{model_name=\"smol\",pool=\"prefill\",le=\"0.5\"}", 2},
+        {ttft + "_bucket{model_name=\"smol\",pool=\"prefill\",le=\"+Inf\"}", 2},
+        // ttft, pool mixed: 0.004
+        {ttft + "_count{model_name=\"smol\",pool=\"mixed\"}", 1},
+        {ttft + "_sum{model_name=\"smol\",pool=\"mixed\"}", 0.004},
+        {ttft + "_bucket{model_name=\"smol\",pool=\"mixed\",le=\"0.001\"}", 0},
+        {ttft + "_bucket{model_name=\"smol\",pool=\"mixed\",le=\"0.005\"}", 1},
+        // itl, pool decode: 0.02, 0.02, 3.0
+        {itl + "_count{model_name=\"smol\",pool=\"decode\"}", 3},
+        {itl + "_sum{model_name=\"smol\",pool=\"decode\"}", 3.04},
+        {itl + "_bucket{model_name=\"smol\",pool=\"decode\",le=\"0.01\"}", 0},
+        {itl + "_bucket{model_name=\"smol\",pool=\"decode\",le=\"0.025\"}", 2},
+        {itl + "_bucket{model_name=\"smol\",pool=\"decode\",le=\"2.5\"}", 2},
+        {itl + "_bucket{model_name=\"smol\",pool=\"decode\",le=\"5\"}", 3},
+        {itl + "_bucket{model_name=\"smol\",pool=\"decode\",le=\"80\"}", 3},
+        {itl + "_bucket{model_name=\"smol\",pool=\"decode\",le=\"+Inf\"}", 3},
+        // itl, pool mixed: 0.001 (le is inclusive)
+        {itl + "_count{model_name=\"smol\",pool=\"mixed\"}", 1},
+        {itl + "_bucket{model_name=\"smol\",pool=\"mixed\",le=\"0.001\"}", 1},
+        // KV handoffs: 0.0003 s, 0.2 s, 30 s (beyond the last bucket)
+        {kv + "_bucket{model_name=\"smol\",le=\"0.0001\"}", 0},
+        {kv + "_bucket{model_name=\"smol\",le=\"0.0005\"}", 1},
+        {kv + "_bucket{model_name=\"smol\",le=\"0.25\"}", 2},
+        {kv + "_bucket{model_name=\"smol\",le=\"10\"}", 2},
+        {kv + "_bucket{model_name=\"smol\",le=\"+Inf\"}", 3},
+        {kv + "_count{model_name=\"smol\"}", 3},
+        {kv + "_sum{model_name=\"smol\"}", 30.2003},
+        {"kvshard:kv_transfer_bytes_total{model_name=\"smol\"}", 4096 + (1 << 20) + 100},
+        {"kvshard:kv_transfers_total{model_name=\"smol\"}", 3},
+        {"kvshard:kv_transfer_failures_total{model_name=\"smol\"}", 1},
+    };
+    for (const Expected& x : expected) {
+        ASSERT_TRUE(e.samples.count(x.sample)) << x.sample << "\n" << text;
+        EXPECT_DOUBLE_EQ(e.samples.at(x.sample), x.value) << x.sample;
+    }
+    // A pool's first observation creates its series in both pool families (at zero where it has
+    // no observations yet); only pools that were observed have series.
+    EXPECT_EQ(e.samples.at(ttft + "_count{model_name=\"smol\",pool=\"decode\"}"), 0);
+    EXPECT_EQ(e.samples.at(itl + "_count{model_name=\"smol\",pool=\"prefill\"}"), 0);
+    EXPECT_EQ(CountOf(text, ttft + "_count{"), 3);
+    EXPECT_EQ(CountOf(text, itl + "_count{"), 3);
+    // ttft: 19 bounds, +Inf, sum, count; itl: 20 bounds, +Inf, sum, count.
+    EXPECT_EQ(CountOf(text, "pool=\"decode\""), (19 + 3) + (20 + 3));
+    for (const char* counter : {"kvshard:kv_transfer_bytes_total", "kvshard:kv_transfers_total",
+                                "kvshard:kv_transfer_failures_total"}) {
+        EXPECT_EQ(e.types.at(counter), "counter") << counter;
+    }
+}
+
+TEST(Metrics, ServerMetricsObserverConcurrent) {
+    ServerMetrics m("smol");
+    constexpr int kThreads = 4;
+    constexpr int kIterations = 5000;
+    const std::vector<std::string> pools = {"p0", "p1", "p2"};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+            for (int i = 0; i < kIterations; ++i) {
+                // Every thread touches every pool, so pool series are created under contention.
+                const std::string& pool = pools[(i + t) % pools.size()];
+                m.OnFirstToken(pool, 0.5);
+                m.OnInterToken(pool, 0.25);
+                m.OnKvTransfer(1000, 0.125);
+                if (i % 10 == 0) m.OnKvTransferFailed();
+            }
+        });
+    }
+    for (auto& t : threads) t.join();
+
+    const std::string text = m.Render(EngineStats{});
+    const Exposition e = Parse(text);
+    EXPECT_EQ(CountOf(text, "# TYPE kvshard:pool_time_to_first_token_seconds histogram"), 1);
+    EXPECT_EQ(CountOf(text, "# TYPE kvshard:pool_inter_token_latency_seconds histogram"), 1);
+    double ttft_count = 0, itl_count = 0;
+    for (const std::string& pool : pools) {
+        const std::string l = "{model_name=\"smol\",pool=\"" + pool + "\"}";
+        const double ttft = e.samples.at("kvshard:pool_time_to_first_token_seconds_count" + l);
+        const double itl = e.samples.at("kvshard:pool_inter_token_latency_seconds_count" + l);
+        EXPECT_EQ(e.samples.at("kvshard:pool_time_to_first_token_seconds_sum" + l), ttft * 0.5);
+        EXPECT_EQ(e.samples.at("kvshard:pool_inter_token_latency_seconds_sum" + l), itl * 0.25);
+        ttft_count += ttft;
+        itl_count += itl;
+    }
+    constexpr double kTotal = kThreads * kIterations;
+    EXPECT_EQ(ttft_count, kTotal);
+    EXPECT_EQ(itl_count, kTotal);
+    const std::string l = "{model_name=\"smol\"}";
+    EXPECT_EQ(e.samples.at("kvshard:kv_transfer_bytes_total" + l), kTotal * 1000);
+    EXPECT_EQ(e.samples.at("kvshard:kv_transfers_total" + l), kTotal);
+    EXPECT_EQ(e.samples.at("kvshard:kv_transfer_seconds_count" + l), kTotal);
+    EXPECT_EQ(e.samples.at("kvshard:kv_transfer_seconds_sum" + l), kTotal * 0.125);
+    EXPECT_EQ(e.samples.at("kvshard:kv_transfer_failures_total" + l), kThreads * kIterations / 10);
 }
 
 }  // namespace
