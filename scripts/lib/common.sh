@@ -11,7 +11,7 @@ KVSHARD_DEBIAN_PACKAGES=(
   build-essential cmake pkg-config ccache git
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libpcre2-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
-  libxxhash-dev libyaml-cpp-dev libboost-dev libopenmpi-dev openmpi-bin
+  libxxhash-dev zlib1g-dev libyaml-cpp-dev libboost-dev libopenmpi-dev openmpi-bin
   python3 python3-pip python3-venv curl
 )
 
