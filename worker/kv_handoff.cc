@@ -71,13 +71,13 @@ KvWireDtype WireDtypeOf(cpu::KvStorage storage) {
     return KvWireDtype::kF32;
 }
 
-KvPiece PackKvPiece(const KvPool& pool, const ShardLayout& layout, uint64_t transfer_id,
-                    std::span<const int32_t> blocks, int64_t layer_begin, int64_t layer_end,
-                    IndexRange heads) {
+void PackKvPiece(const KvPool& pool, const ShardLayout& layout, uint64_t transfer_id,
+                 std::span<const int32_t> blocks, int64_t layer_begin, int64_t layer_end,
+                 IndexRange heads, KvPiece* out_piece) {
     const KvPoolConfig& c = pool.config();
     KV_CHECK(heads.begin >= layout.kv_heads.begin && heads.end <= layout.kv_heads.end && heads.size() > 0)
         << "heads [" << heads.begin << ", " << heads.end << ") vs " << layout.ToString();
-    KvPiece piece;
+    KvPiece& piece = *out_piece;
     piece.header = {.transfer_id = transfer_id,
                     .layer_begin = static_cast<int32_t>(layer_begin),
                     .layer_end = static_cast<int32_t>(layer_end),
@@ -101,7 +101,6 @@ KvPiece PackKvPiece(const KvPool& pool, const ShardLayout& layout, uint64_t tran
             out += layer_bytes;
         }
     }
-    return piece;
 }
 
 Status UnpackKvPiece(const KvPiece& piece, KvPool& pool, const ShardLayout& layout,

@@ -29,10 +29,11 @@ IndexRange KvHeadsToSend(const ModelSpec& spec, int src_rank, int src_tp, int ds
 KvWireDtype WireDtypeOf(cpu::KvStorage storage);
 
 // Packs layers [layer_begin, layer_end) of global KV heads `heads` (a subset of layout.kv_heads)
-// of `blocks` from `pool`. REQUIRES: every block valid in the pool.
-KvPiece PackKvPiece(const KvPool& pool, const ShardLayout& layout, uint64_t transfer_id,
-                    std::span<const int32_t> blocks, int64_t layer_begin, int64_t layer_end,
-                    IndexRange heads);
+// of `blocks` from `pool` into `out`, reusing its buffer (a fresh multi-MB buffer per piece costs
+// page faults and zero-filling comparable to the copy itself). REQUIRES: every block valid.
+void PackKvPiece(const KvPool& pool, const ShardLayout& layout, uint64_t transfer_id,
+                 std::span<const int32_t> blocks, int64_t layer_begin, int64_t layer_end,
+                 IndexRange heads, KvPiece* out);
 
 // Writes `piece` into `blocks` of `pool` (blocks[i] receives the piece's i-th block; a negative
 // entry skips that block: the receiver already holds it, e.g. from its prefix cache).

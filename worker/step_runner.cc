@@ -114,9 +114,9 @@ Status StepRunner::SendLayers(const KvSendOp& op, int64_t layer_begin, int64_t l
         }();
         KV_RETURN_IF_ERROR(heads.status());
         if (heads->size() == 0) continue;
-        KvPiece piece = PackKvPiece(*runner_.pool(), layout, op.transfer_id, blocks, layer_begin, layer_end, *heads);
-        KV_RETURN_IF_ERROR(transport_->Send(op.dst_endpoints[static_cast<size_t>(dst)], piece, deadline));
-        result->kv_bytes_sent += static_cast<int64_t>(piece.data.size());
+        PackKvPiece(*runner_.pool(), layout, op.transfer_id, blocks, layer_begin, layer_end, *heads, &send_piece_);
+        KV_RETURN_IF_ERROR(transport_->Send(op.dst_endpoints[static_cast<size_t>(dst)], send_piece_, deadline));
+        result->kv_bytes_sent += static_cast<int64_t>(send_piece_.data.size());
     }
     return Status::Ok();
 }

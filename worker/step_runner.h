@@ -43,6 +43,7 @@ private:
     std::unordered_map<int64_t, Sampler> samplers_;
     std::vector<float> logits_;
     std::vector<float> logprobs_;
+    KvPiece send_piece_;  // reused by every send
 };
 
 // log-softmax of `n` logits into `out`.

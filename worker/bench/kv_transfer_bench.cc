@@ -171,10 +171,11 @@ Row Measure(const std::string& path, const std::string& mode, Setup& s, int runs
 
 Row PackUnpack(Setup& s, const Options& o, bool layerwise, int runs) {
     const auto pieces = Pieces(o.layers, layerwise);
+    KvPiece piece;  // reused, as a worker's StepRunner reuses its send buffer
     return Measure("pack+unpack", layerwise ? "layerwise" : "blockwise", s, runs, [&](uint64_t id) {
         const auto t0 = Clock::now();
         for (const auto& [lb, le] : pieces) {
-            KvPiece piece = PackKvPiece(*s.src, s.layout, id, s.src_blocks, lb, le, s.layout.kv_heads);
+            PackKvPiece(*s.src, s.layout, id, s.src_blocks, lb, le, s.layout.kv_heads, &piece);
             CheckOk(UnpackKvPiece(piece, *s.dst, s.layout, s.dst_blocks), "unpack");
         }
         return Seconds(t0, Clock::now());
@@ -187,6 +188,7 @@ Row ThroughTransport(const std::string& path, Setup& s, const Options& o, bool l
                      KvTransport& from, KvTransport& to) {
     const auto pieces = Pieces(o.layers, layerwise);
     const std::string dst = to.endpoint();
+    KvPiece piece;  // reused, as a worker's StepRunner reuses its send buffer
     return Measure(path, layerwise ? "layerwise" : "blockwise", s, runs, [&](uint64_t id) {
         const auto deadline = Clock::now() + std::chrono::seconds(120);
         Clock::time_point t0;
@@ -194,7 +196,7 @@ Row ThroughTransport(const std::string& path, Setup& s, const Options& o, bool l
         std::thread sender([&] {
             t0 = Clock::now();
             for (const auto& [lb, le] : pieces) {
-                KvPiece piece = PackKvPiece(*s.src, s.layout, id, s.src_blocks, lb, le, s.layout.kv_heads);
+                PackKvPiece(*s.src, s.layout, id, s.src_blocks, lb, le, s.layout.kv_heads, &piece);
                 sent = from.Send(dst, piece, deadline);
                 if (!sent.ok()) return;
             }
