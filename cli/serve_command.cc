@@ -1,5 +1,6 @@
-// `kvshard serve`: the embedded instance — the coordinator (HTTP front end, engine thread,
-// scheduler, block manager) and the tensor-parallel worker threads in this process.
+// `kvshard serve`: the coordinator (HTTP front end, router, one engine thread per instance) and
+// the instances of every configured pool — their tensor-parallel workers as threads of this
+// process (workers.mode: embedded) or as `kvshard worker` processes (workers.mode: processes).
 #include <signal.h>
 
 #include <algorithm>
@@ -7,14 +8,17 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/process_instance.h"
 #include "common/logging.h"
 #include "config/server_config.h"
 #include "coordinator/api_service.h"
 #include "coordinator/engine.h"
 #include "coordinator/http_server.h"
+#include "coordinator/router.h"
 #include "kernels/paged_attention.h"
 #include "model/chat_template.h"
 #include "model/model_file.h"
@@ -31,6 +35,7 @@ struct ServeFlags {
     // Flag values, turned into overrides when given.
     std::string model, tokenizer, host, chat_template, log_level;
     int port = -1, tp = 0, threads = -1;
+    std::vector<std::string> sets;  // --set key=value
 };
 
 cpu::KvStorage StorageOf(KvCacheDtype dtype) {
@@ -45,13 +50,22 @@ cpu::KvStorage StorageOf(KvCacheDtype dtype) {
 
 // Blocks that memory_mib holds on the worker with the most KV heads (ranks whose query heads
 // straddle a KV group hold that head too, hence the + 1).
-int64_t BlocksFor(const ServerConfig& c, const ModelSpec& s) {
+int64_t BlocksFor(const ServerConfig& c, const ModelSpec& s, int tp) {
     if (c.kv_cache.num_blocks > 0) return c.kv_cache.num_blocks;
-    const int64_t local_kv = std::min<int64_t>(s.num_kv_heads, (s.num_kv_heads + c.tp - 1) / c.tp + (c.tp > 1 ? 1 : 0));
+    const int64_t local_kv = std::min<int64_t>(s.num_kv_heads, (s.num_kv_heads + tp - 1) / tp + (tp > 1 ? 1 : 0));
     const int64_t bytes_per_block =
         s.num_layers * cpu::PagedLayerBytes(StorageOf(c.kv_cache.dtype), c.kv_cache.block_size, local_kv, s.head_dim);
     return std::max<int64_t>(1, (c.kv_cache.memory_mib << 20) / bytes_per_block);
 }
+
+// One instance of a pool: its workers (threads of this process, or worker processes) and engine.
+// Members in destruction order: the engine stops before its executor goes away.
+struct ServedInstance {
+    std::string name;
+    std::unique_ptr<TpGroup> group;
+    std::unique_ptr<ProcessInstance> process;
+    std::unique_ptr<InstanceEngine> engine;
+};
 
 sig_atomic_t volatile g_signal = 0;
 
@@ -67,6 +81,11 @@ int RunServe(ServeFlags f) {
     if (f.threads >= 0) add("threads", std::to_string(f.threads), "--threads");
     if (!f.chat_template.empty()) add("chat_template", f.chat_template, "--chat-template");
     if (!f.log_level.empty()) add("log_level", f.log_level, "--log-level");
+    for (const std::string& kv : f.sets) {
+        const size_t eq = kv.find('=');
+        if (eq == std::string::npos || eq == 0) return Fail("--set " + kv + ": expected KEY=VALUE, e.g. workers.mode=processes");
+        add(kv.substr(0, eq), kv.substr(eq + 1), "--set " + kv.substr(0, eq));
+    }
     Result<ServerConfig> cr = LoadServerConfig(f.config, f.overrides);
     if (!cr.ok()) return Fail(cr.status().message());
     const ServerConfig& c = *cr;
@@ -86,44 +105,120 @@ int RunServe(ServeFlags f) {
     const int64_t max_context = c.scheduler.max_model_len > 0 ? c.scheduler.max_model_len
                                 : spec.max_position > 0       ? spec.max_position
                                                               : 4096;
-    TpGroupConfig tc;
-    tc.tp = c.tp;
-    tc.threads_per_rank = c.threads;
-    tc.runner.max_context = max_context;
-    tc.runner.block_size = c.kv_cache.block_size;
-    tc.runner.num_kv_blocks = BlocksFor(c, spec);
-    tc.runner.kv_storage = StorageOf(c.kv_cache.dtype);
-    Result<std::unique_ptr<TpGroup>> group = TpGroup::Create(**model, tc);
-    if (!group.ok()) return Fail(c.model_path + ": " + group.status().message());
-
-    InstanceEngineConfig ec;
-    ec.scheduler.max_num_seqs = c.scheduler.max_num_seqs;
-    ec.scheduler.max_num_batched_tokens = c.scheduler.max_num_batched_tokens;
-    ec.blocks.num_blocks = tc.runner.num_kv_blocks;
-    ec.blocks.block_size = c.kv_cache.block_size;
-    ec.blocks.enable_prefix_caching = c.kv_cache.enable_prefix_caching;
-    ec.max_context = max_context;
-    ec.max_waiting_requests = c.scheduler.max_waiting_requests;
     LocalModel stop_ids_of{.file = std::move(*model), .tokenizer = std::move(*tokenizer), .runner = nullptr};
-    ec.stop_token_ids = stop_ids_of.StopTokenIds();
+    std::vector<int32_t> stop_token_ids = stop_ids_of.StopTokenIds();
     if (chat->has_value()) {
         const int32_t eot = stop_ids_of.tokenizer->PieceToId((*chat)->end_of_turn());
-        if (eot >= 0 && std::find(ec.stop_token_ids.begin(), ec.stop_token_ids.end(), eot) == ec.stop_token_ids.end()) {
-            ec.stop_token_ids.push_back(eot);
+        if (eot >= 0 && std::find(stop_token_ids.begin(), stop_token_ids.end(), eot) == stop_token_ids.end()) {
+            stop_token_ids.push_back(eot);
         }
     }
-    if (Status st = InstanceEngine::ValidateConfig(ec); !st.ok()) return Fail(c.source + ": " + st.message());
-    InstanceEngine engine(ec, *stop_ids_of.tokenizer, **group);
-    engine.Start();
+    const std::string served_name = c.served_model_name.empty()
+                                        ? std::filesystem::path(c.model_path).filename().string()
+                                        : c.served_model_name;
+    auto metrics = std::make_shared<ServerMetrics>(served_name);
+
+    // One executor and one engine per instance of every pool.
+    const std::vector<PoolConfig> pools = c.EffectivePools();
+    int total_workers = 0;
+    for (const PoolConfig& p : pools) {
+        for (const InstanceConfig& i : p.instances) total_workers += i.tp;
+    }
+    const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int threads_per_worker = c.threads > 0 ? c.threads : std::max(1, hw / total_workers);
+    std::shared_ptr<WorkerRegistry> registry;
+    if (c.workers.mode == WorkersMode::kProcesses) {
+        Result<std::unique_ptr<WorkerRegistry>> r = WorkerRegistry::Start(RegistryOptionsFrom(c));
+        if (!r.ok()) return Fail(c.source + ": workers: " + r.status().message());
+        registry = std::move(*r);
+    }
+    std::vector<ServedInstance> instances;
+    for (const PoolConfig& pool : pools) {
+        for (size_t k = 0; k < pool.instances.size(); ++k) {
+            const InstanceConfig& ic = pool.instances[k];
+            ServedInstance inst;
+            inst.name = pool.instances.size() == 1 ? pool.name : pool.name + "-" + std::to_string(k);
+            for (const std::string& d : ic.devices) {
+                if (d != "cpu") {
+                    spdlog::warn("instance {}: device {} requested; this build's CPU backend runs every worker on the CPU",
+                                 inst.name, d);
+                    break;
+                }
+            }
+            RunnerOptions runner;
+            runner.max_context = max_context;
+            runner.block_size = c.kv_cache.block_size;
+            runner.num_kv_blocks = BlocksFor(c, spec, ic.tp);
+            runner.kv_storage = StorageOf(c.kv_cache.dtype);
+            std::vector<std::string> endpoints;
+            if (c.workers.mode == WorkersMode::kProcesses) {
+                ProcessInstanceSpec ps;
+                ps.instance_id = inst.name;
+                ps.tp = ic.tp;
+                ps.model_path = c.model_path;
+                ps.worker.runner = runner;
+                ps.worker.tokenizer_path = c.tokenizer_path;
+                ps.worker.threads = c.threads > 0 ? c.threads : threads_per_worker;
+                Result<std::unique_ptr<ProcessInstance>> pi = StartProcessInstance(c, ps, registry);
+                if (!pi.ok()) return Fail(pi.status().message());
+                inst.process = std::move(*pi);
+                endpoints = inst.process->executor().kv_endpoints();
+            } else {
+                TpGroupConfig tc;
+                tc.tp = ic.tp;
+                tc.threads_per_rank = threads_per_worker;
+                tc.runner = runner;
+                tc.kv_transport_name = inst.name;
+                Result<std::unique_ptr<TpGroup>> group = TpGroup::Create(*stop_ids_of.file, tc);
+                if (!group.ok()) return Fail(c.model_path + ": instance " + inst.name + ": " + group.status().message());
+                inst.group = std::move(*group);
+                endpoints = inst.group->kv_endpoints();
+            }
+            InstanceEngineConfig ec;
+            ec.name = inst.name;
+            ec.pool = pool.name;
+            ec.role = pool.role == PoolRole::kPrefill ? InstanceRole::kPrefill
+                      : pool.role == PoolRole::kDecode ? InstanceRole::kDecode
+                                                       : InstanceRole::kMixed;
+            ec.tp = ic.tp;
+            ec.kv_endpoints = endpoints;
+            ec.handoff.layerwise = c.kv_transfer.layerwise;
+            ec.handoff.timeout_ms = c.kv_transfer.timeout_ms;
+            ec.observer = metrics.get();
+            ec.scheduler.max_num_seqs = c.scheduler.max_num_seqs;
+            ec.scheduler.max_num_batched_tokens = c.scheduler.max_num_batched_tokens;
+            ec.blocks.num_blocks = runner.num_kv_blocks;
+            ec.blocks.block_size = c.kv_cache.block_size;
+            ec.blocks.enable_prefix_caching = c.kv_cache.enable_prefix_caching;
+            ec.max_context = max_context;
+            ec.max_waiting_requests = c.scheduler.max_waiting_requests;
+            ec.stop_token_ids = stop_token_ids;
+            if (Status st = InstanceEngine::ValidateConfig(ec); !st.ok()) return Fail(c.source + ": " + st.message());
+            StepExecutor& executor = inst.group != nullptr ? static_cast<StepExecutor&>(*inst.group)
+                                                           : inst.process->executor();
+            inst.engine = std::make_unique<InstanceEngine>(ec, *stop_ids_of.tokenizer, executor);
+            inst.engine->Start();
+            spdlog::info("instance {} ({} pool {}): tp {}, {} KV blocks of {} tokens, {} workers", inst.name,
+                         InstanceRoleName(ec.role), pool.name, ic.tp, runner.num_kv_blocks, c.kv_cache.block_size,
+                         WorkersModeName(c.workers.mode));
+            instances.push_back(std::move(inst));
+        }
+    }
+    std::vector<InstanceEngine*> engines;
+    for (ServedInstance& i : instances) engines.push_back(i.engine.get());
+    Result<std::unique_ptr<Router>> router = Router::Create(engines);
+    if (!router.ok()) return Fail(c.source + ": pools: " + router.status().message());
+    Engine& engine = engines.size() == 1 ? static_cast<Engine&>(*engines[0]) : static_cast<Engine&>(**router);
+    auto stop_all = [&] {
+        for (ServedInstance& i : instances) i.engine->Stop();
+    };
 
     ApiServiceOptions ao;
-    ao.model.name = c.served_model_name.empty() ? std::filesystem::path(c.model_path).filename().string()
-                                                : c.served_model_name;
+    ao.model.name = served_name;
     ao.model.path = c.model_path;
     ao.model.vocab_size = spec.vocab_size;
     ao.chat_template = *chat;
     ao.api_keys = c.http.api_keys;
-    auto metrics = std::make_shared<ServerMetrics>(ao.model.name);
     ApiService api(engine, *stop_ids_of.tokenizer, metrics, ao);
 
     // Block SIGINT/SIGTERM in every thread started from here on; this thread waits for them.
@@ -134,18 +229,17 @@ int RunServe(ServeFlags f) {
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
     Result<std::unique_ptr<HttpServer>> server = HttpServer::Start(c.http, api);
     if (!server.ok()) {
-        engine.Stop();
+        stop_all();
         return Fail(server.status().message());
     }
-    spdlog::info("serving {} as '{}' on http://{}:{} (tp {}, {} KV blocks of {} tokens, context {})",
-                 c.model_path, ao.model.name, c.http.host, (*server)->port(), c.tp,
-                 tc.runner.num_kv_blocks, c.kv_cache.block_size, max_context);
+    spdlog::info("serving {} as '{}' on http://{}:{} ({} instance(s), context {})", c.model_path,
+                 ao.model.name, c.http.host, (*server)->port(), instances.size(), max_context);
     std::fprintf(stderr, "kvshard: listening on http://%s:%d\n", c.http.host.c_str(), (*server)->port());
     int sig = 0;
     sigwait(&signals, &sig);
     spdlog::info("signal {}: shutting down", sig);
     (*server)->Stop();
-    engine.Stop();
+    stop_all();
     return 0;
 }
 
@@ -164,6 +258,7 @@ Command RegisterServe(CLI::App& app) {
     sub->add_option("--chat-template", f->chat_template, "chatml, llama2, llama3 or a Jinja file of one of those shapes");
     sub->add_option("--log-level", f->log_level, "trace|debug|info|warn|error|off");
     for (CLI::Option* o : sub->get_options()) o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    sub->add_option("--set", f->sets, "KEY=VALUE: any scalar setting of the config file (repeatable), e.g. workers.mode=processes");
     return [f] { return RunServe(*f); };
 }
 

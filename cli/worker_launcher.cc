@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "common/logging.h"
@@ -51,8 +52,12 @@ Result<std::unique_ptr<WorkerLauncher>> WorkerLauncher::Launch(const WorkerLaunc
     }
     std::unique_ptr<WorkerLauncher> l(new WorkerLauncher());
     l->options_ = o;
+    // "/proc/self/exe" means this binary only to this process: mpirun would resolve it to itself.
+    std::string executable = o.executable;
+    std::error_code ec;
+    if (const auto real = std::filesystem::read_symlink(executable, ec); !ec) executable = real.string();
     auto worker_args = [&](std::vector<std::string>& argv) {
-        argv.insert(argv.end(), {o.executable, "worker", "--coordinator",
+        argv.insert(argv.end(), {executable, "worker", "--coordinator",
                                  o.coordinator_host + ":" + std::to_string(o.coordinator_port),
                                  "--instance", o.instance_id});
     };
