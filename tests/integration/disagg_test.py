@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""Integration tests of disaggregated serving: `kvshard serve --config <example> --model PATH` for
+every shipped example (colocated tp 2, 1 prefill + 1 decode, prefill tp 2 -> decode tp 1), with
+workers as threads (embedded) and as `kvshard worker` processes (KV over TCP between them).
+
+Greedy completions of 32 concurrent requests equal the colocated tp 1 server's output for the same
+requests sent alone; the KV transfer metrics count every handoff; afterwards every KV block is
+free or cached. Fault injection: the decode worker process is killed (SIGKILL) while requests
+stream — every request ends within its deadline (its text, or an error naming the dead worker),
+and later requests are served (the prefill instance decodes them itself).
+
+    tests/integration/disagg_test.py --kvshard build/cli/kvshard \
+        --model ../shared/models/stories260K/stories260K.bin --configs config/examples
+Exit code 77 (ctest SKIP_RETURN_CODE) when the model is absent.
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+SKIP = 77
+ARGS = None
+PROMPTS = [f"{w}{' and then they played' * (i // 8)}" for i, w in enumerate(
+    ["Once upon a time", "The little dog", "Lily and Tom went", "One day, a big bird",
+     "The sun was hot and", "Sam had a red ball that", "In the park there was a", "Mom said"] * 4)]
+MAX_TOKENS = 24
+
+
+class Server:
+    def __init__(self, extra):
+        cmd = [ARGS.kvshard, "serve", "--model", ARGS.model, "--port", "0", "--host", "127.0.0.1",
+               "--log-level", "warn", *extra]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        self.log = []
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"kvshard serve exited with {self.proc.returncode}: {''.join(self.log)}")
+                continue
+            self.log.append(line)
+            m = re.search(r"listening on (http://[\d.]+:\d+)", line)
+            if m:
+                self.url = m.group(1)
+                # Keep draining stderr so the server never blocks on a full pipe.
+                self.drain = concurrent.futures.ThreadPoolExecutor(1)
+                self.drain.submit(lambda: [self.log.append(l) for l in self.proc.stderr])
+                self.model = json.loads(self.http("GET", "/v1/models")[1])["data"][0]["id"]
+                return
+        self.proc.kill()
+        raise RuntimeError("kvshard serve did not start within 120 s")
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.drain.shutdown()
+        self.proc.stderr.close()
+
+    def http(self, method, path, body=None, timeout=120):
+        req = urllib.request.Request(self.url + path, method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def complete(self, prompt, max_tokens=MAX_TOKENS, stream=False, timeout=120):
+        status, text = self.http("POST", "/v1/completions", {
+            "model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": stream}, timeout=timeout)
+        if stream:
+            return status, text
+        return status, (json.loads(text)["choices"][0]["text"] if status == 200 else text)
+
+    def metrics(self):
+        _, text = self.http("GET", "/metrics")
+        return text
+
+    def metric(self, name):
+        total, found = 0.0, False
+        for line in self.metrics().splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
+                found = True
+        if not found:
+            raise KeyError(name)
+        return total
+
+    def wait_idle(self, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.metric("kvshard:num_requests_running") == 0 and self.metric("kvshard:kv_cache_usage_perc") == 0:
+                return True
+            time.sleep(0.05)
+        return False
+
+
+def concurrent_completions(server, prompts, **kw):
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(lambda p: server.complete(p, **kw), prompts))
+
+
+REFERENCE = None  # the colocated tp 1 server's output, each request alone
+
+
+def reference():
+    global REFERENCE
+    if REFERENCE is None:
+        server = Server(["--tp", "1"])
+        try:
+            REFERENCE = [server.complete(p) for p in PROMPTS]
+        finally:
+            server.stop()
+        assert all(s == 200 for s, _ in REFERENCE), REFERENCE
+    return REFERENCE
+
+
+def worker_pids(server_pid, instance):
+    """The `kvshard worker --instance <instance>` processes under the server (children or mpirun's)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        if b"worker" in args and b"--instance" in args and args[args.index(b"--instance") + 1] == instance.encode():
+            out.append((int(entry), ppid))
+    pids = {server_pid}
+    changed = True
+    while changed:  # descendants of the server
+        changed = False
+        for pid, ppid in out:
+            if ppid in pids and pid not in pids:
+                pids.add(pid)
+                changed = True
+    return [pid for pid, _ in out if pid in pids]
+
+
+class DisaggregatedServing(unittest.TestCase):
+    def run_example(self, config, processes):
+        extra = ["--config", os.path.join(ARGS.configs, config)]
+        if processes:
+            extra += ["--set", "workers.mode=processes"]
+            if "p2" in config or "tp2" in config:
+                if shutil.which("mpirun") is None or not ARGS.with_mpi:
+                    self.skipTest("tp 2 worker processes need mpirun and a kvshard built with MPI")
+                extra += ["--set", "workers.launcher=mpirun"]
+        expected = reference()
+        server = Server(extra)
+        try:
+            alone = [server.complete(p) for p in PROMPTS[:4]]
+            self.assertEqual(alone, expected[:4])
+            together = concurrent_completions(server, PROMPTS)
+            for i, (got, want) in enumerate(zip(together, expected)):
+                self.assertEqual(got, want, f"{config} processes={processes} prompt {i}")
+            self.assertTrue(server.wait_idle(), "KV blocks still in use after every request finished")
+            if "disagg" in config:
+                self.assertEqual(server.metric("kvshard:kv_transfers_total"), len(PROMPTS) + 4)
+                self.assertGreater(server.metric("kvshard:kv_transfer_bytes_total"), 0)
+                self.assertEqual(server.metric("kvshard:kv_transfer_failures_total"), 0)
+                text = server.metrics()
+                self.assertIn('pool="prefill"', text)
+                self.assertIn('pool="decode"', text)
+        finally:
+            server.stop()
+
+    def test_colocated_tp2_embedded(self):
+        self.run_example("colocated-tp2.yaml", False)
+
+    def test_colocated_tp2_processes(self):
+        self.run_example("colocated-tp2.yaml", True)
+
+    def test_1p1d_embedded(self):
+        self.run_example("disagg-1p1d.yaml", False)
+
+    def test_1p1d_processes(self):
+        self.run_example("disagg-1p1d.yaml", True)
+
+    def test_p2_d1_embedded(self):
+        self.run_example("disagg-p2-d1.yaml", False)
+
+    def test_p2_d1_processes(self):
+        self.run_example("disagg-p2-d1.yaml", True)
+
+    def test_killed_decode_worker_never_hangs_a_request(self):
+        server = Server(["--config", os.path.join(ARGS.configs, "disagg-1p1d.yaml"),
+                         "--set", "workers.mode=processes", "--set", "workers.dead_after_ms=2000",
+                         "--set", "workers.heartbeat_interval_ms=200"])
+        try:
+            expected = reference()
+            pids = worker_pids(server.proc.pid, "decode")
+            self.assertEqual(len(pids), 1, "one decode worker process")
+            streaming = threading.Event()
+
+            def stream(prompt):
+                req = urllib.request.Request(server.url + "/v1/completions", method="POST", data=json.dumps({
+                    "model": server.model, "prompt": prompt, "max_tokens": 400, "temperature": 0,
+                    "ignore_eos": True, "stream": True}).encode(), headers={"Content-Type": "application/json"})
+                body = []
+                try:
+                    with urllib.request.urlopen(req, timeout=60) as r:
+                        for line in r:
+                            body.append(line.decode())
+                            if line.startswith(b"data: {") and b'"text":"' in line and len(body) > 4:
+                                streaming.set()
+                    return 200, "".join(body)
+                except urllib.error.HTTPError as e:
+                    return e.code, e.read().decode()
+
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                futures = [pool.submit(stream, p) for p in PROMPTS[:8]]
+                self.assertTrue(streaming.wait(30), "no request started streaming")
+                # Freeze the worker at once (the streams are surely mid-flight), then kill it.
+                os.kill(pids[0], signal.SIGSTOP)
+                os.kill(pids[0], signal.SIGKILL)
+                started = time.time()
+                results = [f.result(timeout=60) for f in futures]
+            self.assertLess(time.time() - started, 30, "requests must end soon after the worker died")
+            failed = 0
+            for status, body in results:
+                if status == 200 and '"error"' not in body:
+                    self.assertTrue(body.rstrip().endswith("data: [DONE]"), body[-200:])
+                else:
+                    failed += 1
+                    if failed == 1:
+                        print("a failed request ends with:", [l for l in body.splitlines() if "error" in l][:1], file=sys.stderr)
+                    self.assertRegex(body, r"(?i)worker", body[-400:])
+            self.assertGreater(failed, 0, "the kill landed after every request finished")
+            # The decode instance is gone; the prefill instance serves new requests whole.
+            self.assertEqual(server.complete(PROMPTS[0]), expected[0])
+            self.assertGreater(server.metric("kvshard:kv_transfer_failures_total"), 0)
+        finally:
+            server.stop()
+
+
+def main():
+    global ARGS
+    p = argparse.ArgumentParser()
+    p.add_argument("--kvshard", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--configs", required=True)
+    p.add_argument("--with-mpi", type=lambda v: v.upper() in ("ON", "1", "TRUE", "YES"), default=True,
+                   help="whether kvshard was built with MPI (KVSHARD_WITH_MPI)")
+    ARGS, rest = p.parse_known_args()
+    if not os.path.exists(ARGS.model):
+        print(f"SKIP: {ARGS.model} is absent")
+        return SKIP
+    result = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2).result
+    return 0 if result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
