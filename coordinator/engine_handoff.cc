@@ -241,6 +241,11 @@ void InstanceEngine::ResumeHandoff(uint64_t transfer_id, std::unique_ptr<Handoff
     requests_[id] = std::move(state);
     std::lock_guard<std::mutex> lock(mu_);
     num_queued_++;
+    // Aborted while it was away: abort it now that it is here again.
+    if (auto it = std::find(unknown_aborts_.begin(), unknown_aborts_.end(), id); it != unknown_aborts_.end()) {
+        unknown_aborts_.erase(it);
+        aborts_.push_back(id);
+    }
 }
 
 void InstanceEngine::ObserveToken(RequestState& r, int index) {

@@ -242,19 +242,25 @@ TEST_F(Disaggregation, ReceiveTimeoutReturnsTheRequestToThePrefillInstance) {
 }
 
 // The default model has 9 query heads and 3 KV heads: at tp 2 the middle KV head is held by both
-// ranks (worker/shard.h), so re-sharding must send it once and place it on the right rank.
-TEST_F(Disaggregation, DefaultModelReshardsStraddlingKvHeads) {
+// ranks (worker/shard.h), so re-sharding must send it once and place it on the right rank. Every
+// pairing of the example configs (1 -> 1, 2 -> 1) and the reverse and odd ones (1 -> 2, 2 -> 3)
+// gives the colocated tp 1 tokens, alone and under 32 concurrent requests.
+TEST_F(Disaggregation, DefaultModelEqualsColocatedForEveryPairing) {
     const std::string path = testing::DefaultModel();
     KV_REQUIRE_FIXTURE(path, "the default model");
     Load(path);
-    const auto prompts = Prompts(4);
-    const auto expected = Colocated(prompts, 12);
-    for (auto [prefill_tp, decode_tp] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 3}}) {
+    const auto prompts = Prompts(32);
+    const auto expected = Colocated(prompts, 8);
+    for (auto [prefill_tp, decode_tp] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 3}}) {
         Instance decode = Make("decode", InstanceRole::kDecode, decode_tp);
         Instance prefill = Make("prefill", InstanceRole::kPrefill, prefill_tp, 10'000, /*layerwise=*/prefill_tp == 2);
         Result<std::unique_ptr<Router>> router = Router::Create({prefill.engine.get(), decode.engine.get()});
         ASSERT_TRUE(router.ok());
-        EXPECT_EQ(Run(**router, prompts, 12, true), expected) << "prefill tp " << prefill_tp << " -> decode tp " << decode_tp;
+        const std::vector<std::vector<int32_t>> few(prompts.begin(), prompts.begin() + 4);
+        EXPECT_EQ(Run(**router, few, 8, /*concurrent=*/false), std::vector(expected.begin(), expected.begin() + 4))
+            << "alone, prefill tp " << prefill_tp << " -> decode tp " << decode_tp;
+        EXPECT_EQ(Run(**router, prompts, 8, /*concurrent=*/true), expected)
+            << "32 concurrent, prefill tp " << prefill_tp << " -> decode tp " << decode_tp;
         ExpectClean(prefill);
         ExpectClean(decode);
     }

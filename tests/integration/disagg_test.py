@@ -251,6 +251,8 @@ class DisaggregatedServing(unittest.TestCase):
             # The decode instance is gone; the prefill instance serves new requests whole.
             self.assertEqual(server.complete(PROMPTS[0]), expected[0])
             self.assertGreater(server.metric("kvshard:kv_transfer_failures_total"), 0)
+            # Nothing leaked on either side: every block free or cached.
+            self.assertTrue(server.wait_idle(), "KV blocks still in use after the failure")
         finally:
             server.stop()
 
