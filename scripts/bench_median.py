@@ -33,7 +33,7 @@ def main():
     for key, rs in groups.items():
         cells = [str(k) for k in key] + [str(len(rs))]
         for field, sub in FIELDS:
-            vals = [(r[field][sub] if sub else r[field]) for r in rs if field in r]
+            vals = [v for v in ((r[field][sub] if sub else r[field]) for r in rs if r.get(field) is not None) if v is not None]
             if not vals:
                 cells.append("")
                 continue
