@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,11 @@ namespace {
 
 class RecordingObserver : public EngineObserver {
 public:
-    void OnFirstToken(const std::string& pool, double) override { pool == "prefill" ? ttft_prefill++ : ttft_other++; }
+    void OnFirstToken(const std::string& pool, double) override {
+        pool == "prefill" ? ttft_prefill++ : ttft_other++;
+        std::lock_guard<std::mutex> lock(mu);
+        first_token_pools.push_back(pool);
+    }
     void OnInterToken(const std::string&, double) override { itl++; }
     void OnKvTransfer(int64_t bytes, double) override {
         transfers++;
@@ -31,6 +36,8 @@ public:
     }
     void OnKvTransferFailed() override { failures++; }
     std::atomic<int64_t> ttft_prefill{0}, ttft_other{0}, itl{0}, transfers{0}, bytes_total{0}, failures{0};
+    std::mutex mu;
+    std::vector<std::string> first_token_pools;  // guarded by mu
 };
 
 struct Instance {
@@ -51,7 +58,8 @@ protected:
 
     // An instance with `tp` rank threads and a KV transport named `name`.
     Instance Make(const std::string& name, InstanceRole role, int tp, int64_t timeout_ms = 10'000,
-                  bool layerwise = false, std::vector<std::string> endpoints_override = {}) {
+                  bool layerwise = false, std::vector<std::string> endpoints_override = {},
+                  const std::string& pool = "") {
         TpGroupConfig tc;
         tc.tp = tp;
         tc.threads_per_rank = 1;
@@ -65,7 +73,7 @@ protected:
         out.group = std::move(*g);
         InstanceEngineConfig c;
         c.name = name;
-        c.pool = std::string(InstanceRoleName(role));
+        c.pool = pool.empty() ? std::string(InstanceRoleName(role)) : pool;
         c.role = role;
         c.tp = tp;
         c.kv_endpoints = endpoints_override.empty() ? out.group->kv_endpoints() : endpoints_override;
@@ -265,6 +273,36 @@ TEST_F(Disaggregation, DefaultModelEqualsColocatedForEveryPairing) {
         ExpectClean(decode);
     }
     EXPECT_EQ(observer_.failures.load(), 0);
+}
+
+// The router prefers the prefill instance whose prefix cache holds the longest prefix of the
+// prompt (both idle: without the cache the first instance would win the tie).
+TEST_F(Disaggregation, RouterPrefersThePrefillInstanceWithTheCachedPrefix) {
+    const std::string path = testing::SharedModel("stories260K/stories260K.bin");
+    KV_REQUIRE_FIXTURE(path, "stories260K.bin");
+    Load(path);
+    Instance decode = Make("decode", InstanceRole::kDecode, 1);
+    Instance p0 = Make("p0", InstanceRole::kPrefill, 1, 10'000, false, {}, "p0");
+    Instance p1 = Make("p1", InstanceRole::kPrefill, 1, 10'000, false, {}, "p1");
+    Result<std::unique_ptr<Router>> router = Router::Create({p0.engine.get(), p1.engine.get(), decode.engine.get()});
+    ASSERT_TRUE(router.ok());
+    const std::vector<int32_t> prompt = Prompts(22).back();  // a few blocks long
+    ASSERT_GT(prompt.size(), 32u);
+    // Warm p1's prefix cache directly.
+    GenerationRequest warm;
+    warm.request_id = "warm";
+    warm.prompt_token_ids = prompt;
+    warm.max_tokens = 2;
+    auto sink = std::make_shared<CollectingSink>(1);
+    ASSERT_TRUE(p1.engine->SubmitWithHandoff(warm, sink, decode.engine.get(), 1'000'000).ok());
+    sink->Wait();
+    EXPECT_GT(p1.engine->CachedPrefixTokens(prompt), 0);
+    EXPECT_EQ(p0.engine->CachedPrefixTokens(prompt), 0);
+    Run(**router, {prompt}, 2, false);
+    const std::vector<int32_t> other = Prompts(3).back();
+    Run(**router, {other}, 2, false);
+    std::lock_guard<std::mutex> lock(observer_.mu);
+    EXPECT_EQ(observer_.first_token_pools, (std::vector<std::string>{"p1", "p1", "p0"}));
 }
 
 TEST(RouterCreate, RefusesAnEmptyCluster) { EXPECT_FALSE(Router::Create({}).ok()); }
