@@ -41,9 +41,12 @@ struct ServeFlags {
 cpu::KvStorage StorageOf(KvCacheDtype dtype) {
     switch (dtype) {
         case KvCacheDtype::kAuto:
-        case KvCacheDtype::kFp32: return cpu::KvStorage::kF32;
-        case KvCacheDtype::kInt8: return cpu::KvStorage::kInt8;
-        case KvCacheDtype::kFp8: return cpu::KvStorage::kFp8E4M3;
+        case KvCacheDtype::kFp32:
+            return cpu::KvStorage::kF32;
+        case KvCacheDtype::kInt8:
+            return cpu::KvStorage::kInt8;
+        case KvCacheDtype::kFp8:
+            return cpu::KvStorage::kFp8E4M3;
     }
     return cpu::KvStorage::kF32;
 }
@@ -52,9 +55,11 @@ cpu::KvStorage StorageOf(KvCacheDtype dtype) {
 // straddle a KV group hold that head too, hence the + 1).
 int64_t BlocksFor(const ServerConfig& c, const ModelSpec& s, int tp) {
     if (c.kv_cache.num_blocks > 0) return c.kv_cache.num_blocks;
-    const int64_t local_kv = std::min<int64_t>(s.num_kv_heads, (s.num_kv_heads + tp - 1) / tp + (tp > 1 ? 1 : 0));
+    const int64_t local_kv =
+        std::min<int64_t>(s.num_kv_heads, (s.num_kv_heads + tp - 1) / tp + (tp > 1 ? 1 : 0));
     const int64_t bytes_per_block =
-        s.num_layers * cpu::PagedLayerBytes(StorageOf(c.kv_cache.dtype), c.kv_cache.block_size, local_kv, s.head_dim);
+        s.num_layers * cpu::PagedLayerBytes(StorageOf(c.kv_cache.dtype), c.kv_cache.block_size,
+                                            local_kv, s.head_dim);
     return std::max<int64_t>(1, (c.kv_cache.memory_mib << 20) / bytes_per_block);
 }
 
@@ -83,7 +88,8 @@ int RunServe(ServeFlags f) {
     if (!f.log_level.empty()) add("log_level", f.log_level, "--log-level");
     for (const std::string& kv : f.sets) {
         const size_t eq = kv.find('=');
-        if (eq == std::string::npos || eq == 0) return Fail("--set " + kv + ": expected KEY=VALUE, e.g. workers.mode=processes");
+        if (eq == std::string::npos || eq == 0)
+            return Fail("--set " + kv + ": expected KEY=VALUE, e.g. workers.mode=processes");
         add(kv.substr(0, eq), kv.substr(eq + 1), "--set " + kv.substr(0, eq));
     }
     Result<ServerConfig> cr = LoadServerConfig(f.config, f.overrides);
@@ -105,11 +111,13 @@ int RunServe(ServeFlags f) {
     const int64_t max_context = c.scheduler.max_model_len > 0 ? c.scheduler.max_model_len
                                 : spec.max_position > 0       ? spec.max_position
                                                               : 4096;
-    LocalModel stop_ids_of{.file = std::move(*model), .tokenizer = std::move(*tokenizer), .runner = nullptr};
+    LocalModel stop_ids_of{
+        .file = std::move(*model), .tokenizer = std::move(*tokenizer), .runner = nullptr};
     std::vector<int32_t> stop_token_ids = stop_ids_of.StopTokenIds();
     if (chat->has_value()) {
         const int32_t eot = stop_ids_of.tokenizer->PieceToId((*chat)->end_of_turn());
-        if (eot >= 0 && std::find(stop_token_ids.begin(), stop_token_ids.end(), eot) == stop_token_ids.end()) {
+        if (eot >= 0 &&
+            std::find(stop_token_ids.begin(), stop_token_ids.end(), eot) == stop_token_ids.end()) {
             stop_token_ids.push_back(eot);
         }
     }
@@ -137,11 +145,14 @@ int RunServe(ServeFlags f) {
         for (size_t k = 0; k < pool.instances.size(); ++k) {
             const InstanceConfig& ic = pool.instances[k];
             ServedInstance inst;
-            inst.name = pool.instances.size() == 1 ? pool.name : pool.name + "-" + std::to_string(k);
+            inst.name =
+                pool.instances.size() == 1 ? pool.name : pool.name + "-" + std::to_string(k);
             for (const std::string& d : ic.devices) {
                 if (d != "cpu") {
-                    spdlog::warn("instance {}: device {} requested; this build's CPU backend runs every worker on the CPU",
-                                 inst.name, d);
+                    spdlog::warn(
+                        "instance {}: device {} requested; this build's CPU backend runs every "
+                        "worker on the CPU",
+                        inst.name, d);
                     break;
                 }
             }
@@ -170,14 +181,16 @@ int RunServe(ServeFlags f) {
                 tc.runner = runner;
                 tc.kv_transport_name = inst.name;
                 Result<std::unique_ptr<TpGroup>> group = TpGroup::Create(*stop_ids_of.file, tc);
-                if (!group.ok()) return Fail(c.model_path + ": instance " + inst.name + ": " + group.status().message());
+                if (!group.ok())
+                    return Fail(c.model_path + ": instance " + inst.name + ": " +
+                                group.status().message());
                 inst.group = std::move(*group);
                 endpoints = inst.group->kv_endpoints();
             }
             InstanceEngineConfig ec;
             ec.name = inst.name;
             ec.pool = pool.name;
-            ec.role = pool.role == PoolRole::kPrefill ? InstanceRole::kPrefill
+            ec.role = pool.role == PoolRole::kPrefill  ? InstanceRole::kPrefill
                       : pool.role == PoolRole::kDecode ? InstanceRole::kDecode
                                                        : InstanceRole::kMixed;
             ec.tp = ic.tp;
@@ -193,13 +206,15 @@ int RunServe(ServeFlags f) {
             ec.max_context = max_context;
             ec.max_waiting_requests = c.scheduler.max_waiting_requests;
             ec.stop_token_ids = stop_token_ids;
-            if (Status st = InstanceEngine::ValidateConfig(ec); !st.ok()) return Fail(c.source + ": " + st.message());
+            if (Status st = InstanceEngine::ValidateConfig(ec); !st.ok())
+                return Fail(c.source + ": " + st.message());
             StepExecutor& executor = inst.group != nullptr ? static_cast<StepExecutor&>(*inst.group)
                                                            : inst.process->executor();
             inst.engine = std::make_unique<InstanceEngine>(ec, *stop_ids_of.tokenizer, executor);
             inst.engine->Start();
-            spdlog::info("instance {} ({} pool {}): tp {}, {} KV blocks of {} tokens, {} workers", inst.name,
-                         InstanceRoleName(ec.role), pool.name, ic.tp, runner.num_kv_blocks, c.kv_cache.block_size,
+            spdlog::info("instance {} ({} pool {}): tp {}, {} KV blocks of {} tokens, {} workers",
+                         inst.name, InstanceRoleName(ec.role), pool.name, ic.tp,
+                         runner.num_kv_blocks, c.kv_cache.block_size,
                          WorkersModeName(c.workers.mode));
             instances.push_back(std::move(inst));
         }
@@ -208,7 +223,8 @@ int RunServe(ServeFlags f) {
     for (ServedInstance& i : instances) engines.push_back(i.engine.get());
     Result<std::unique_ptr<Router>> router = Router::Create(engines);
     if (!router.ok()) return Fail(c.source + ": pools: " + router.status().message());
-    Engine& engine = engines.size() == 1 ? static_cast<Engine&>(*engines[0]) : static_cast<Engine&>(**router);
+    Engine& engine =
+        engines.size() == 1 ? static_cast<Engine&>(*engines[0]) : static_cast<Engine&>(**router);
     auto stop_all = [&] {
         for (ServedInstance& i : instances) i.engine->Stop();
     };
@@ -234,7 +250,8 @@ int RunServe(ServeFlags f) {
     }
     spdlog::info("serving {} as '{}' on http://{}:{} ({} instance(s), context {})", c.model_path,
                  ao.model.name, c.http.host, (*server)->port(), instances.size(), max_context);
-    std::fprintf(stderr, "kvshard: listening on http://%s:%d\n", c.http.host.c_str(), (*server)->port());
+    std::fprintf(stderr, "kvshard: listening on http://%s:%d\n", c.http.host.c_str(),
+                 (*server)->port());
     int sig = 0;
     sigwait(&signals, &sig);
     spdlog::info("signal {}: shutting down", sig);
@@ -249,16 +266,22 @@ Command RegisterServe(CLI::App& app) {
     auto f = std::make_shared<ServeFlags>();
     CLI::App* sub = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
     sub->add_option("--config", f->config, "YAML config file (docs/config.md)");
-    sub->add_option("--model", f->model, "A .gguf file, a Hugging Face directory or a llama2.c .bin");
-    sub->add_option("--tokenizer", f->tokenizer, "llama2.c tokenizer.bin (default: found beside --model)");
+    sub->add_option("--model", f->model,
+                    "A .gguf file, a Hugging Face directory or a llama2.c .bin");
+    sub->add_option("--tokenizer", f->tokenizer,
+                    "llama2.c tokenizer.bin (default: found beside --model)");
     sub->add_option("--tp", f->tp, "Tensor-parallel worker threads");
     sub->add_option("--host", f->host, "Address to bind (default 127.0.0.1)");
     sub->add_option("--port", f->port, "Port (default 8000; 0 picks a free one)");
     sub->add_option("--threads", f->threads, "CPU threads per worker (0: cores / tp)");
-    sub->add_option("--chat-template", f->chat_template, "chatml, llama2, llama3 or a Jinja file of one of those shapes");
+    sub->add_option("--chat-template", f->chat_template,
+                    "chatml, llama2, llama3 or a Jinja file of one of those shapes");
     sub->add_option("--log-level", f->log_level, "trace|debug|info|warn|error|off");
-    for (CLI::Option* o : sub->get_options()) o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    sub->add_option("--set", f->sets, "KEY=VALUE: any scalar setting of the config file (repeatable), e.g. workers.mode=processes");
+    for (CLI::Option* o : sub->get_options())
+        o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    sub->add_option("--set", f->sets,
+                    "KEY=VALUE: any scalar setting of the config file (repeatable), e.g. "
+                    "workers.mode=processes");
     return [f] { return RunServe(*f); };
 }
 

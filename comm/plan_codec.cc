@@ -113,6 +113,7 @@ void Encode(Writer& w, const StepResult& result) {
             w.Fixed(top.token_id);
             w.F32(top.logprob);
         }
+        w.Fixed(token.rng_state);
     }
     w.F64(result.compute_seconds);
     w.String(result.error);
@@ -259,7 +260,7 @@ class Reader {
 // smallest encoding in memory (ScheduledSequence: 128 bytes for 57), which bounds the memory a
 // frame can make the decoder allocate.
 constexpr size_t kMinSequenceBytes = 8 + 4 + 8 + 4 + 4 + 1 + 4 + 4 + 4 + 4 + 8 + 4;
-constexpr size_t kMinSampledTokenBytes = 8 + 4 + 4 + 4;
+constexpr size_t kMinSampledTokenBytes = 8 + 4 + 4 + 4 + 8;
 constexpr uint32_t kMaxSettings = 1 << 16;
 constexpr size_t kMinKvRecvBytes = 8 + 8 + 4 + 8 + 8;
 constexpr size_t kMinKvSendBytes = 8 + 8 + 4 + 8 + 4 + 4 + 1 + 8;
@@ -343,6 +344,7 @@ StepResult DecodeStepResult(Reader& r) {
             top.token_id = r.Fixed<int32_t>("TokenLogprob.token_id");
             top.logprob = r.F32("TokenLogprob.logprob");
         }
+        token.rng_state = r.Fixed<uint64_t>("SampledToken.rng_state");
     }
     result.compute_seconds = r.F64("StepResult.compute_seconds");
     result.error = r.String("StepResult.error");

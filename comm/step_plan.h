@@ -18,9 +18,12 @@ enum class FinishReason { kStop, kLength, kAbort };
 // "stop", "length", "abort" (the OpenAI API's words for the first two).
 inline std::string_view FinishReasonName(FinishReason reason) {
     switch (reason) {
-        case FinishReason::kStop: return "stop";
-        case FinishReason::kLength: return "length";
-        case FinishReason::kAbort: return "abort";
+        case FinishReason::kStop:
+            return "stop";
+        case FinishReason::kLength:
+            return "length";
+        case FinishReason::kAbort:
+            return "abort";
     }
     return "abort";
 }
@@ -38,7 +41,7 @@ struct SamplingParams {
 // at `slot_mapping` and which attend over every position held by `block_table`.
 struct ScheduledSequence {
     int64_t seq_id = 0;
-    std::vector<int32_t> token_ids;   // tokens to compute, at positions start_pos, start_pos+1, ...
+    std::vector<int32_t> token_ids;  // tokens to compute, at positions start_pos, start_pos+1, ...
     int64_t start_pos = 0;
     std::vector<int32_t> block_table;   // blocks holding positions 0 .. start_pos + n - 1, in order
     std::vector<int64_t> slot_mapping;  // slot of each token in token_ids (block * block_size + i)
@@ -61,24 +64,24 @@ struct BlockCopyOp {
 // by two senders is sent by the lower rank), so the two sides may have different tp.
 struct KvSendOp {
     uint64_t transfer_id = 0;
-    int64_t seq_id = 0;                 // the sequence whose KV this is
-    std::vector<int32_t> block_table;   // source blocks holding positions 0 .. num_tokens - 1
+    int64_t seq_id = 0;                // the sequence whose KV this is
+    std::vector<int32_t> block_table;  // source blocks holding positions 0 .. num_tokens - 1
     int64_t num_tokens = 0;
-    int32_t dst_tp = 1;                 // the receiving instance's tensor-parallel size
+    int32_t dst_tp = 1;                      // the receiving instance's tensor-parallel size
     std::vector<std::string> dst_endpoints;  // KvTransport endpoint of each receiving rank
     // true: each layer is sent as soon as this step has written it (REQUIRES seq_id among the
     // plan's sequences); false: every layer after the step's forward pass.
     bool layerwise = false;
-    int64_t timeout_ms = 10'000;        // per piece handed to the transport
+    int64_t timeout_ms = 10'000;  // per piece handed to the transport
     friend bool operator==(const KvSendOp&, const KvSendOp&) = default;
 };
 
 struct KvRecvOp {
     uint64_t transfer_id = 0;
-    int64_t seq_id = 0;                 // the sequence that continues from the received KV
-    std::vector<int32_t> block_table;   // destination blocks for positions 0 .. num_tokens - 1
+    int64_t seq_id = 0;                // the sequence that continues from the received KV
+    std::vector<int32_t> block_table;  // destination blocks for positions 0 .. num_tokens - 1
     int64_t num_tokens = 0;
-    int64_t timeout_ms = 10'000;        // how long the step waits for the missing pieces
+    int64_t timeout_ms = 10'000;  // how long the step waits for the missing pieces
     friend bool operator==(const KvRecvOp&, const KvRecvOp&) = default;
 };
 
@@ -113,8 +116,11 @@ struct TokenLogprob {
 struct SampledToken {
     int64_t seq_id = 0;
     int32_t token_id = 0;
-    float logprob = 0.0f;                   // of token_id (when requested)
+    float logprob = 0.0f;                    // of token_id (when requested)
     std::vector<TokenLogprob> top_logprobs;  // highest first (when requested)
+    // The sequence's sampler state after drawing this token: a sampler created elsewhere with
+    // SamplingParams.seed = rng_state continues the same random stream (disaggregated decode).
+    uint64_t rng_state = 0;
     friend bool operator==(const SampledToken&, const SampledToken&) = default;
 };
 
@@ -125,8 +131,8 @@ struct StepResult {
     std::string error;  // empty on success; a failed step samples nothing
     // Transfers of this step that failed (on any rank); the other sequences ran normally.
     std::vector<TransferFailure> failed_transfers;
-    int64_t kv_bytes_sent = 0;      // summed over the instance's ranks
-    int64_t kv_bytes_received = 0;  // summed over the instance's ranks
+    int64_t kv_bytes_sent = 0;         // summed over the instance's ranks
+    int64_t kv_bytes_received = 0;     // summed over the instance's ranks
     double kv_transfer_seconds = 0.0;  // rank 0's time in sends and receives
     friend bool operator==(const StepResult&, const StepResult&) = default;
 };

@@ -19,7 +19,8 @@ namespace kvshard {
 //       - tp: 2              (default 1)
 //         devices: [0, 1]    (optional: one per worker, "cpu" or a GPU ordinal)
 // Errors name the file, line, key and value.
-Status ParsePools(const std::string& source, const YAML::Node& node, std::vector<PoolConfig>* pools);
+Status ParsePools(const std::string& source, const YAML::Node& node,
+                  std::vector<PoolConfig>* pools);
 
 // Roles that make a cluster: only mixed pools, or at least one prefill and one decode pool and no
 // mixed one. Unique names.

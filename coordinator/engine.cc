@@ -1,18 +1,21 @@
 #include "coordinator/engine.h"
 
-#include "coordinator/engine_state.h"
-
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+
+#include "coordinator/engine_state.h"
 
 namespace kvshard {
 
 std::string_view InstanceRoleName(InstanceRole role) {
     switch (role) {
-        case InstanceRole::kMixed: return "mixed";
-        case InstanceRole::kPrefill: return "prefill";
-        case InstanceRole::kDecode: return "decode";
+        case InstanceRole::kMixed:
+            return "mixed";
+        case InstanceRole::kPrefill:
+            return "prefill";
+        case InstanceRole::kDecode:
+            return "decode";
     }
     return "mixed";
 }
@@ -27,8 +30,9 @@ Status InstanceEngine::ValidateConfig(const InstanceEngineConfig& c) {
     if (c.max_context <= 0) return InvalidArgument("max_context must be positive");
     const int64_t blocks_for_one = (c.max_context + c.blocks.block_size - 1) / c.blocks.block_size;
     if (blocks_for_one > c.blocks.num_blocks) {
-        return InvalidArgument("the KV pool (" + std::to_string(c.blocks.num_blocks) + " blocks of " +
-                               std::to_string(c.blocks.block_size) + ") cannot hold one sequence of max_context " +
+        return InvalidArgument("the KV pool (" + std::to_string(c.blocks.num_blocks) +
+                               " blocks of " + std::to_string(c.blocks.block_size) +
+                               ") cannot hold one sequence of max_context " +
                                std::to_string(c.max_context) + " tokens");
     }
     return Status::Ok();
@@ -61,20 +65,24 @@ void InstanceEngine::Stop() {
     if (thread_.joinable()) thread_.join();
 }
 
-Status InstanceEngine::SubmitWithHandoff(GenerationRequest request, std::shared_ptr<RequestSink> sink,
-                                         InstanceEngine* decode, uint64_t transfer_id) {
-    if (decode != nullptr && request.n != 1) return InvalidArgument("a handed-off request must have n = 1");
+Status InstanceEngine::SubmitWithHandoff(GenerationRequest request,
+                                         std::shared_ptr<RequestSink> sink, InstanceEngine* decode,
+                                         uint64_t transfer_id) {
+    if (decode != nullptr && request.n != 1)
+        return InvalidArgument("a handed-off request must have n = 1");
     const auto prompt_len = static_cast<int64_t>(request.prompt_token_ids.size());
     if (prompt_len == 0) return InvalidArgument("the prompt has no tokens");
     if (request.max_tokens <= 0) return InvalidArgument("max_tokens must be positive");
     if (request.n < 1) return InvalidArgument("n must be at least 1");
     if (prompt_len + request.max_tokens > config_.max_context) {
-        return OutOfRange("the prompt (" + std::to_string(prompt_len) + " tokens) plus max_tokens (" +
-                          std::to_string(request.max_tokens) + ") exceed the context of " +
-                          std::to_string(config_.max_context) + " tokens");
+        return OutOfRange("the prompt (" + std::to_string(prompt_len) +
+                          " tokens) plus max_tokens (" + std::to_string(request.max_tokens) +
+                          ") exceed the context of " + std::to_string(config_.max_context) +
+                          " tokens");
     }
     for (int32_t t : request.prompt_token_ids) {
-        if (t < 0 || t >= tokenizer_.vocab_size()) return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary");
+        if (t < 0 || t >= tokenizer_.vocab_size())
+            return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary");
     }
     auto state = std::make_unique<RequestState>();
     state->request = std::move(request);
@@ -86,8 +94,9 @@ Status InstanceEngine::SubmitWithHandoff(GenerationRequest request, std::shared_
         std::lock_guard<std::mutex> lock(mu_);
         if (stopping_) return Status(StatusCode::kUnavailable, "the engine is shutting down");
         if (num_queued_ >= config_.scheduler.max_num_seqs + config_.max_waiting_requests) {
-            return Status(StatusCode::kResourceExhausted, "too many requests in flight (" +
-                                                              std::to_string(num_queued_) + "); retry later");
+            return Status(
+                StatusCode::kResourceExhausted,
+                "too many requests in flight (" + std::to_string(num_queued_) + "); retry later");
         }
         num_queued_++;
         inbox_.push_back(std::move(state));
@@ -125,7 +134,8 @@ void InstanceEngine::PublishStats() {
     std::lock_guard<std::mutex> lock(stats_mu_);
     stats_.num_running = s.num_running;
     stats_.num_waiting = s.num_waiting;
-    stats_.kv_cache_usage = b.num_blocks > 0 ? double(b.num_used_blocks) / double(b.num_blocks) : 0.0;
+    stats_.kv_cache_usage =
+        b.num_blocks > 0 ? double(b.num_used_blocks) / double(b.num_blocks) : 0.0;
     stats_.prefix_cache_queries_tokens = b.prompt_tokens;
     stats_.prefix_cache_hits_tokens = b.prompt_tokens_from_cache;
     block_stats_ = b;
@@ -143,15 +153,18 @@ void InstanceEngine::Admit(std::unique_ptr<RequestState> state) {
         seq->sampling.seed = req.sampling.seed + static_cast<uint64_t>(i);
         seq->num_top_logprobs = req.num_top_logprobs;
         by_seq_[seq->seq_id] = {&r, i};
-        r.streams.push_back(std::make_unique<TextStream>(tokenizer_, req.stop, req.prompt_token_ids.back()));
+        r.streams.push_back(
+            std::make_unique<TextStream>(tokenizer_, req.stop, req.prompt_token_ids.back()));
         r.choices.push_back(std::move(seq));
     }
-    for (int i = 1; i < req.n; ++i) r.choices[0]->fork_children.push_back(r.choices[static_cast<size_t>(i)].get());
+    for (int i = 1; i < req.n; ++i)
+        r.choices[0]->fork_children.push_back(r.choices[static_cast<size_t>(i)].get());
     r.finished.assign(static_cast<size_t>(req.n), false);
     r.usage.prompt_tokens = static_cast<int64_t>(req.prompt_token_ids.size());
     scheduler_.AddWaiting(r.choices[0].get());
     const std::string id = req.request_id;
-    spdlog::debug("request {}: {} prompt tokens, n={}, max_tokens={}", id, r.usage.prompt_tokens, req.n, req.max_tokens);
+    spdlog::debug("request {}: {} prompt tokens, n={}, max_tokens={}", id, r.usage.prompt_tokens,
+                  req.n, req.max_tokens);
     requests_[id] = std::move(state);
 }
 
@@ -168,7 +181,8 @@ void InstanceEngine::DrainInbox() {
         handoffs_done.swap(handoffs_done_);
     }
     for (auto& state : inbox) Admit(std::move(state));
-    for (auto& done : handoffs_done) ResumeHandoff(done.transfer_id, std::move(done.returned), done.status);
+    for (auto& done : handoffs_done)
+        ResumeHandoff(done.transfer_id, std::move(done.returned), done.status);
     for (const std::string& id : aborts) {
         auto it = requests_.find(id);
         if (it == requests_.end()) {
@@ -191,7 +205,8 @@ void InstanceEngine::DrainInbox() {
     for (auto& h : handoffs_in) AdmitHandoff(std::move(h));
 }
 
-void InstanceEngine::FinishChoice(RequestState& r, int index, FinishReason reason, GenerationDelta* delta) {
+void InstanceEngine::FinishChoice(RequestState& r, int index, FinishReason reason,
+                                  GenerationDelta* delta) {
     Sequence* seq = r.choices[static_cast<size_t>(index)].get();
     scheduler_.Remove(seq);
     by_seq_.erase(seq->seq_id);
@@ -228,8 +243,9 @@ void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result
         GenerationDelta d;
         d.index = index;
         const bool is_stop_token =
-            !r.request.ignore_eos && std::find(config_.stop_token_ids.begin(), config_.stop_token_ids.end(),
-                                               t.token_id) != config_.stop_token_ids.end();
+            !r.request.ignore_eos &&
+            std::find(config_.stop_token_ids.begin(), config_.stop_token_ids.end(), t.token_id) !=
+                config_.stop_token_ids.end();
         if (is_stop_token) {
             FinishChoice(r, index, FinishReason::kStop, &d);
         } else {
@@ -240,7 +256,8 @@ void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result
             scheduler_.AppendToken(seq, t.token_id);
             if (stream.stopped()) {
                 FinishChoice(r, index, FinishReason::kStop, &d);
-            } else if (seq->num_generated >= r.request.max_tokens || seq->num_tokens() >= config_.max_context) {
+            } else if (seq->num_generated >= r.request.max_tokens ||
+                       seq->num_tokens() >= config_.max_context) {
                 d.text += stream.Finish();
                 FinishChoice(r, index, FinishReason::kLength, &d);
             }
@@ -248,6 +265,8 @@ void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result
         r.sink->OnDelta(d);
         if (r.handoff_to != nullptr) {
             if (r.num_finished == 0) {
+                // The decode instance's sampler continues this one's random stream.
+                seq->sampling.seed = t.rng_state;
                 to_hand_off.push_back(r.request.request_id);
             } else {
                 // Done with the first token: the KV sent to the decode instance is not needed.
@@ -263,7 +282,8 @@ void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result
 void InstanceEngine::FailAll(const StepPlan& plan, const Status& status) {
     if (requests_.empty()) return;
     std::lock_guard<std::mutex> lock(blocks_mu_);
-    spdlog::error("step {}: {}; failing {} requests", plan.step_id, status.ToString(), requests_.size());
+    spdlog::error("step {}: {}; failing {} requests", plan.step_id, status.ToString(),
+                  requests_.size());
     std::vector<std::string> ids;
     for (const auto& [id, r] : requests_) ids.push_back(id);
     for (const std::string& id : ids) {

@@ -26,10 +26,10 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <span>
-#include <string_view>
 #include <mutex>
+#include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -61,17 +61,17 @@ struct InstanceEngineConfig {
     int32_t tp = 1;
     std::vector<std::string> kv_endpoints;  // KV transport endpoint of each rank (handoff only)
     KvHandoffConfig handoff;
-    EngineObserver* observer = nullptr;      // not owned; may be null
+    EngineObserver* observer = nullptr;  // not owned; may be null
     SchedulerConfig scheduler;
     kv::BlockManagerConfig blocks;
-    int64_t max_context = 2048;          // prompt + generated tokens of one sequence
-    int64_t max_waiting_requests = 256;  // Submit returns ResourceExhausted beyond this
+    int64_t max_context = 2048;           // prompt + generated tokens of one sequence
+    int64_t max_waiting_requests = 256;   // Submit returns ResourceExhausted beyond this
     std::vector<int32_t> stop_token_ids;  // EOS (and the like); ignored with ignore_eos
 };
 
 // Latency observations, called from engine threads (must be thread-safe and quick).
 class EngineObserver {
-public:
+  public:
     virtual ~EngineObserver() = default;
     virtual void OnFirstToken(const std::string& pool, double seconds_since_arrival) = 0;
     virtual void OnInterToken(const std::string& pool, double seconds) = 0;
@@ -82,11 +82,12 @@ public:
 };
 
 class InstanceEngine : public Engine {
-public:
+  public:
     struct Handoff;  // a request on its way from a prefill instance to a decode instance
 
     // `tokenizer` and `executor` must outlive the engine. Start() launches the engine thread.
-    InstanceEngine(const InstanceEngineConfig& config, const Tokenizer& tokenizer, StepExecutor& executor);
+    InstanceEngine(const InstanceEngineConfig& config, const Tokenizer& tokenizer,
+                   StepExecutor& executor);
     ~InstanceEngine() override;
 
     static Status ValidateConfig(const InstanceEngineConfig& config);
@@ -105,7 +106,8 @@ public:
     void AcceptHandoff(std::unique_ptr<Handoff> handoff);
     // Called by a decode instance's engine thread: the handoff of `transfer_id` completed
     // (`returned` null) or failed (`returned` holds the request, to continue here).
-    void FinishHandoff(uint64_t transfer_id, std::unique_ptr<Handoff> returned, const Status& status);
+    void FinishHandoff(uint64_t transfer_id, std::unique_ptr<Handoff> returned,
+                       const Status& status);
     // The KV of `transfer_id` will never be received here: drop what the workers staged.
     void DiscardTransfer(uint64_t transfer_id);
     // Prompt tokens of `token_ids` this instance's prefix cache holds (any thread).
@@ -119,7 +121,7 @@ public:
     kv::BlockManagerStats BlockStats() const;
     int64_t num_steps() const { return num_steps_.load(); }
 
-private:
+  private:
     struct RequestState;
 
     void Loop();
@@ -131,7 +133,8 @@ private:
     void HandOff(RequestState& r);
     void AdmitHandoff(std::unique_ptr<Handoff> h);
     void ReturnHandoff(const std::string& request_id, const Status& status);
-    void ResumeHandoff(uint64_t transfer_id, std::unique_ptr<Handoff> returned, const Status& status);
+    void ResumeHandoff(uint64_t transfer_id, std::unique_ptr<Handoff> returned,
+                       const Status& status);
     void ObserveToken(RequestState& r, int index);
     void HandleResult(const StepPlan& plan, const StepResult& result);
     void FinishChoice(RequestState& r, int index, FinishReason reason, GenerationDelta* delta);
@@ -147,10 +150,12 @@ private:
 
     // Engine-thread state.
     std::unordered_map<std::string, std::unique_ptr<RequestState>> requests_;
-    std::unordered_map<int64_t, std::pair<RequestState*, int>> by_seq_;  // seq id -> (request, choice)
+    std::unordered_map<int64_t, std::pair<RequestState*, int>>
+        by_seq_;  // seq id -> (request, choice)
     int64_t next_seq_id_ = 1;
     std::unordered_map<uint64_t, int64_t> handed_off_;  // transfer id -> detached seq id
-    std::deque<std::string> unknown_aborts_;  // recent aborts of ids not here (a handoff in transit)
+    std::deque<std::string>
+        unknown_aborts_;  // recent aborts of ids not here (a handoff in transit)
 
     // Inbox: guarded by mu_.
     // Held by the engine thread while it changes blocks_ (everything but Execute), so that

@@ -31,10 +31,13 @@ void InstanceEngine::AcceptHandoff(std::unique_ptr<Handoff> handoff) {
     }
     InstanceEngine* source = handoff->source;
     const uint64_t id = handoff->transfer_id;
-    source->FinishHandoff(id, std::move(handoff), Status(StatusCode::kUnavailable, "decode instance " + config_.name + " is stopping"));
+    source->FinishHandoff(
+        id, std::move(handoff),
+        Status(StatusCode::kUnavailable, "decode instance " + config_.name + " is stopping"));
 }
 
-void InstanceEngine::FinishHandoff(uint64_t transfer_id, std::unique_ptr<Handoff> returned, const Status& status) {
+void InstanceEngine::FinishHandoff(uint64_t transfer_id, std::unique_ptr<Handoff> returned,
+                                   const Status& status) {
     {
         std::lock_guard<std::mutex> lock(mu_);
         if (!stopping_) {
@@ -73,7 +76,8 @@ void InstanceEngine::AddTransferOps(StepPlan* plan) {
         RequestState& r = *where->second.first;
         const Sequence& seq = *r.choices[static_cast<size_t>(where->second.second)];
         const int64_t end = s.start_pos + static_cast<int64_t>(s.token_ids.size());
-        if (r.handoff_to != nullptr && s.sample && seq.num_generated == 0 && end == seq.num_prompt_tokens) {
+        if (r.handoff_to != nullptr && s.sample && seq.num_generated == 0 &&
+            end == seq.num_prompt_tokens) {
             const InstanceEngineConfig& dst = r.handoff_to->config();
             plan->kv_sends.push_back({.transfer_id = r.transfer_id,
                                       .seq_id = s.seq_id,
@@ -91,7 +95,8 @@ void InstanceEngine::AddTransferOps(StepPlan* plan) {
                         .num_tokens = seq.num_incoming_tokens,
                         .timeout_ms = config_.handoff.timeout_ms};
             const auto num_blocks = static_cast<size_t>((seq.num_incoming_tokens + bs - 1) / bs);
-            op.block_table.assign(s.block_table.begin(), s.block_table.begin() + static_cast<ptrdiff_t>(num_blocks));
+            op.block_table.assign(s.block_table.begin(),
+                                  s.block_table.begin() + static_cast<ptrdiff_t>(num_blocks));
             // Blocks matched in this instance's prefix cache are shared: keep them as they are.
             const auto shared = static_cast<size_t>(seq.admitted_cached_tokens / bs);
             for (size_t i = 0; i < std::min(shared, num_blocks); ++i) op.block_table[i] = -1;
@@ -114,8 +119,8 @@ void InstanceEngine::HandleTransfers(const StepPlan& plan, const StepResult& res
         auto where = by_seq_.find(op.seq_id);
         if (where == by_seq_.end()) continue;
         RequestState& r = *where->second.first;
-        spdlog::warn("[{}] request {}: sending its KV to {} failed ({}); decoding it here", config_.name,
-                     r.request.request_id, r.handoff_to->config().name, f->error);
+        spdlog::warn("[{}] request {}: sending its KV to {} failed ({}); decoding it here",
+                     config_.name, r.request.request_id, r.handoff_to->config().name, f->error);
         r.handoff_to->DiscardTransfer(r.transfer_id);
         r.handoff_to = nullptr;
         if (config_.observer != nullptr) config_.observer->OnKvTransferFailed();
@@ -126,8 +131,9 @@ void InstanceEngine::HandleTransfers(const StepPlan& plan, const StepResult& res
         if (where == by_seq_.end()) continue;  // aborted during the step
         RequestState& r = *where->second.first;
         if (const TransferFailure* f = failure(op.transfer_id); f != nullptr) {
-            spdlog::warn("[{}] request {}: receiving its KV failed ({}); it goes back to {}", config_.name,
-                         r.request.request_id, f->error, r.handoff_from->config().name);
+            spdlog::warn("[{}] request {}: receiving its KV failed ({}); it goes back to {}",
+                         config_.name, r.request.request_id, f->error,
+                         r.handoff_from->config().name);
             if (config_.observer != nullptr) config_.observer->OnKvTransferFailed();
             ReturnHandoff(r.request.request_id, Status(StatusCode::kUnavailable, f->error));
             continue;
@@ -167,7 +173,8 @@ void InstanceEngine::AdmitHandoff(std::unique_ptr<Handoff> h) {
     std::unique_ptr<RequestState> state = std::move(h->state);
     RequestState& r = *state;
     const std::string id = r.request.request_id;
-    if (auto it = std::find(unknown_aborts_.begin(), unknown_aborts_.end(), id); it != unknown_aborts_.end()) {
+    if (auto it = std::find(unknown_aborts_.begin(), unknown_aborts_.end(), id);
+        it != unknown_aborts_.end()) {
         // The client went away while the request was on its way here.
         unknown_aborts_.erase(it);
         discards_.push_back(h->transfer_id);
@@ -219,7 +226,8 @@ void InstanceEngine::ReturnHandoff(const std::string& request_id, const Status& 
     source->FinishHandoff(transfer_id, std::move(h), status);
 }
 
-void InstanceEngine::ResumeHandoff(uint64_t transfer_id, std::unique_ptr<Handoff> returned, const Status& status) {
+void InstanceEngine::ResumeHandoff(uint64_t transfer_id, std::unique_ptr<Handoff> returned,
+                                   const Status& status) {
     auto it = handed_off_.find(transfer_id);
     KV_CHECK(it != handed_off_.end()) << "transfer " << transfer_id;
     const int64_t seq_id = it->second;
@@ -231,7 +239,8 @@ void InstanceEngine::ResumeHandoff(uint64_t transfer_id, std::unique_ptr<Handoff
     std::unique_ptr<RequestState> state = std::move(returned->state);
     RequestState& r = *state;
     const std::string id = r.request.request_id;
-    spdlog::warn("[{}] request {}: handoff failed ({}); decoding it here", config_.name, id, status.ToString());
+    spdlog::warn("[{}] request {}: handoff failed ({}); decoding it here", config_.name, id,
+                 status.ToString());
     Sequence* seq = r.choices[0].get();
     seq->seq_id = seq_id;
     r.handoff_to = nullptr;
@@ -242,7 +251,8 @@ void InstanceEngine::ResumeHandoff(uint64_t transfer_id, std::unique_ptr<Handoff
     std::lock_guard<std::mutex> lock(mu_);
     num_queued_++;
     // Aborted while it was away: abort it now that it is here again.
-    if (auto it = std::find(unknown_aborts_.begin(), unknown_aborts_.end(), id); it != unknown_aborts_.end()) {
+    if (auto it = std::find(unknown_aborts_.begin(), unknown_aborts_.end(), id);
+        it != unknown_aborts_.end()) {
         unknown_aborts_.erase(it);
         aborts_.push_back(id);
     }
@@ -252,9 +262,11 @@ void InstanceEngine::ObserveToken(RequestState& r, int index) {
     if (config_.observer == nullptr || index != 0) return;
     const auto now = std::chrono::steady_clock::now();
     if (r.choices[0]->num_generated == 0 && r.handoff_from == nullptr) {
-        config_.observer->OnFirstToken(config_.pool, std::chrono::duration<double>(now - r.arrival).count());
+        config_.observer->OnFirstToken(config_.pool,
+                                       std::chrono::duration<double>(now - r.arrival).count());
     } else {
-        config_.observer->OnInterToken(config_.pool, std::chrono::duration<double>(now - r.last_token).count());
+        config_.observer->OnInterToken(config_.pool,
+                                       std::chrono::duration<double>(now - r.last_token).count());
     }
     r.last_token = now;
 }

@@ -26,23 +26,26 @@ InstanceEngine* LeastLoaded(const std::vector<InstanceEngine*>& candidates) {
 
 }  // namespace
 
-Result<std::unique_ptr<Router>> Router::Create(std::vector<InstanceEngine*> instances, const RouterConfig& config) {
+Result<std::unique_ptr<Router>> Router::Create(std::vector<InstanceEngine*> instances,
+                                               const RouterConfig& config) {
     if (instances.empty()) return InvalidArgument("the router needs at least one instance");
     std::unique_ptr<Router> router(new Router(std::move(instances), config));
     if (!router->mixed_.empty() && !router->prefill_.empty()) {
         return InvalidArgument("mixed instances cannot be combined with prefill/decode instances");
     }
     if (router->prefill_.empty() != router->decode_.empty()) {
-        return InvalidArgument(router->prefill_.empty() ? "decode instances need at least one prefill instance"
-                                                        : "prefill instances need at least one decode instance");
+        return InvalidArgument(router->prefill_.empty()
+                                   ? "decode instances need at least one prefill instance"
+                                   : "prefill instances need at least one decode instance");
     }
     if (router->disaggregated()) {
         const int64_t bs = router->prefill_[0]->config().blocks.block_size;
         for (InstanceEngine* e : router->all_) {
             if (e->config().blocks.block_size != bs) {
-                return InvalidArgument("KV handoff needs one block size on every instance: " + e->config().name + " has " +
-                                       std::to_string(e->config().blocks.block_size) + ", " +
-                                       router->prefill_[0]->config().name + " " + std::to_string(bs));
+                return InvalidArgument(
+                    "KV handoff needs one block size on every instance: " + e->config().name +
+                    " has " + std::to_string(e->config().blocks.block_size) + ", " +
+                    router->prefill_[0]->config().name + " " + std::to_string(bs));
             }
         }
         for (InstanceEngine* d : router->decode_) {
@@ -60,9 +63,15 @@ Router::Router(std::vector<InstanceEngine*> instances, const RouterConfig& confi
     : config_(config), all_(std::move(instances)) {
     for (InstanceEngine* e : all_) {
         switch (e->config().role) {
-            case InstanceRole::kMixed: mixed_.push_back(e); break;
-            case InstanceRole::kPrefill: prefill_.push_back(e); break;
-            case InstanceRole::kDecode: decode_.push_back(e); break;
+            case InstanceRole::kMixed:
+                mixed_.push_back(e);
+                break;
+            case InstanceRole::kPrefill:
+                prefill_.push_back(e);
+                break;
+            case InstanceRole::kDecode:
+                decode_.push_back(e);
+                break;
         }
     }
 }
@@ -89,12 +98,14 @@ InstanceEngine* Router::PickPrefix(const std::vector<InstanceEngine*>& candidate
 
 Status Router::Submit(GenerationRequest request, std::shared_ptr<RequestSink> sink) {
     if (!disaggregated()) {
-        return PickPrefix(mixed_, request.prompt_token_ids)->Submit(std::move(request), std::move(sink));
+        return PickPrefix(mixed_, request.prompt_token_ids)
+            ->Submit(std::move(request), std::move(sink));
     }
     InstanceEngine* prefill = PickPrefix(prefill_, request.prompt_token_ids);
     if (request.n != 1) return prefill->Submit(std::move(request), std::move(sink));
     InstanceEngine* decode = LeastLoaded(decode_);
-    return prefill->SubmitWithHandoff(std::move(request), std::move(sink), decode, next_transfer_id_++);
+    return prefill->SubmitWithHandoff(std::move(request), std::move(sink), decode,
+                                      next_transfer_id_++);
 }
 
 void Router::Abort(const std::string& request_id) {

@@ -29,7 +29,7 @@ struct RouterConfig {
 };
 
 class Router : public Engine {
-public:
+  public:
     // `instances` (not owned) must outlive the router. REQUIRES: not empty; either some mixed
     // instances and no prefill/decode ones, or at least one prefill and one decode instance.
     static Result<std::unique_ptr<Router>> Create(std::vector<InstanceEngine*> instances,
@@ -43,7 +43,7 @@ public:
 
     bool disaggregated() const { return !prefill_.empty(); }
 
-private:
+  private:
     Router(std::vector<InstanceEngine*> instances, const RouterConfig& config);
     InstanceEngine* PickPrefix(const std::vector<InstanceEngine*>& candidates,
                                const std::vector<int32_t>& prompt) const;

@@ -6,10 +6,13 @@
 namespace kvshard {
 
 Status SchedulerConfig::Validate() const {
-    if (max_num_seqs <= 0) return InvalidArgument("max_num_seqs must be positive, got " + std::to_string(max_num_seqs));
+    if (max_num_seqs <= 0)
+        return InvalidArgument("max_num_seqs must be positive, got " +
+                               std::to_string(max_num_seqs));
     if (max_num_batched_tokens < max_num_seqs) {
         return InvalidArgument("max_num_batched_tokens (" + std::to_string(max_num_batched_tokens) +
-                               ") must be at least max_num_seqs (" + std::to_string(max_num_seqs) + ")");
+                               ") must be at least max_num_seqs (" + std::to_string(max_num_seqs) +
+                               ")");
     }
     return Status::Ok();
 }
@@ -47,7 +50,8 @@ bool Scheduler::ReserveSlots(size_t i, StepPlan* plan) {
         if (victim == seq) return false;
     }
     const std::span<const int32_t> new_tokens =
-        std::span<const int32_t>(seq->token_ids).subspan(static_cast<size_t>(blocks_.NumTokens(seq->seq_id)));
+        std::span<const int32_t>(seq->token_ids)
+            .subspan(static_cast<size_t>(blocks_.NumTokens(seq->seq_id)));
     kv::AppendResult r = blocks_.AppendSlots(seq->seq_id, new_tokens);
     if (r.copy) plan->block_copies.push_back({r.copy->src_block, r.copy->dst_block});
     return true;
@@ -68,7 +72,8 @@ void Scheduler::AddChunk(Sequence* seq, int64_t n, StepPlan* plan) {
     ScheduledSequence s;
     s.seq_id = seq->seq_id;
     s.start_pos = seq->num_computed;
-    s.token_ids.assign(seq->token_ids.begin() + s.start_pos, seq->token_ids.begin() + s.start_pos + n);
+    s.token_ids.assign(seq->token_ids.begin() + s.start_pos,
+                       seq->token_ids.begin() + s.start_pos + n);
     const std::span<const kv::BlockId> table = blocks_.BlockTable(seq->seq_id);
     s.block_table.assign(table.begin(), table.end());
     s.slot_mapping = blocks_.SlotMapping(seq->seq_id, s.start_pos, s.start_pos + n);
@@ -86,7 +91,8 @@ StepPlan Scheduler::Schedule() {
     // Parents whose prompt (but its last token) is computed fork their children now.
     for (size_t i = 0; i < running_.size(); ++i) {
         Sequence* seq = running_[i];
-        if (!seq->fork_children.empty() && seq->num_computed == seq->target_computed()) ForkChildren(seq);
+        if (!seq->fork_children.empty() && seq->num_computed == seq->target_computed())
+            ForkChildren(seq);
     }
     // Running sequences: decodes need a slot for their last sampled token (preempting from the
     // back when blocks run out); unfinished prefills continue with the next chunk.
@@ -111,7 +117,8 @@ StepPlan Scheduler::Schedule() {
         const int64_t cached = blocks_.Allocate(req);
         seq->admitted_cached_tokens = cached;
         seq->num_computed = std::max(cached, seq->num_incoming_tokens);
-        if (seq->num_preemptions == 0 && seq->num_incoming_tokens == 0) seq->num_cached_tokens = cached;
+        if (seq->num_preemptions == 0 && seq->num_incoming_tokens == 0)
+            seq->num_cached_tokens = cached;
         seq->status = SequenceStatus::kRunning;
         running_.push_back(seq);
         if (!seq->fork_children.empty() && seq->num_computed == seq->target_computed()) {
@@ -127,8 +134,9 @@ StepPlan Scheduler::Schedule() {
     // Children forked at admission compute the last prompt token in this step too.
     for (Sequence* seq : running_) {
         if (budget <= 0) break;
-        const bool planned = std::any_of(plan.sequences.begin(), plan.sequences.end(),
-                                         [&](const ScheduledSequence& s) { return s.seq_id == seq->seq_id; });
+        const bool planned =
+            std::any_of(plan.sequences.begin(), plan.sequences.end(),
+                        [&](const ScheduledSequence& s) { return s.seq_id == seq->seq_id; });
         const int64_t want = seq->target_computed() - seq->num_computed;
         if (!planned && want > 0) {
             const int64_t n = std::min(want, budget);
@@ -169,7 +177,8 @@ void Scheduler::Remove(Sequence* seq) {
 }
 
 void Scheduler::Detach(Sequence* seq) {
-    KV_CHECK(seq->status == SequenceStatus::kRunning && seq->fork_children.empty()) << "seq " << seq->seq_id;
+    KV_CHECK(seq->status == SequenceStatus::kRunning && seq->fork_children.empty())
+        << "seq " << seq->seq_id;
     running_.erase(std::remove(running_.begin(), running_.end(), seq), running_.end());
 }
 

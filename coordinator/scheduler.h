@@ -35,11 +35,12 @@ struct SchedulerStats {
 };
 
 class Scheduler {
-public:
+  public:
     // `blocks` must outlive the scheduler.
     Scheduler(const SchedulerConfig& config, kv::BlockManager& blocks);
 
-    // Queues a sequence (status kWaiting) at the back; its fork_children (kPendingFork) come with it.
+    // Queues a sequence (status kWaiting) at the back; its fork_children (kPendingFork) come with
+    // it.
     void AddWaiting(Sequence* seq);
     // Builds the next step. Sequences it admits get their blocks (and num_cached_tokens);
     // preempted ones lose theirs and return to the front of the waiting queue.
@@ -65,7 +66,7 @@ public:
     SchedulerStats Stats() const;
     const SchedulerConfig& config() const { return config_; }
 
-private:
+  private:
     // Makes room for the next tokens of running_[i] by preempting from the back; false when
     // running_[i] itself was preempted.
     bool ReserveSlots(size_t i, StepPlan* plan);

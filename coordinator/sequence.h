@@ -14,11 +14,12 @@ enum class SequenceStatus { kWaiting, kRunning, kPendingFork, kFinished };
 
 struct Sequence {
     int64_t seq_id = 0;
-    std::vector<int32_t> token_ids;  // prompt, then generated tokens (the last one not yet computed)
+    std::vector<int32_t>
+        token_ids;  // prompt, then generated tokens (the last one not yet computed)
     int64_t num_prompt_tokens = 0;
-    int64_t num_computed = 0;        // leading positions whose KV exists
+    int64_t num_computed = 0;  // leading positions whose KV exists
     int64_t num_generated = 0;
-    int64_t num_cached_tokens = 0;   // prompt tokens served from the prefix cache at admission
+    int64_t num_cached_tokens = 0;  // prompt tokens served from the prefix cache at admission
     SamplingParams sampling;
     int32_t num_top_logprobs = -1;
     SequenceStatus status = SequenceStatus::kWaiting;

@@ -18,8 +18,8 @@ IndexRange KvHeadsOf(const ModelSpec& spec, int rank, int tp) {
 // Byte offsets of the four parts of one layer inside a block, per head, for a pool's geometry.
 struct LayerParts {
     int64_t k = 0, v = 0, k_scale = 0, v_scale = 0;  // offsets of head 0 of each part
-    int64_t data_bytes_per_head = 0;                  // block_size × head_dim × element bytes
-    int64_t scale_bytes_per_head = 0;                 // block_size × 4, or 0 for fp32
+    int64_t data_bytes_per_head = 0;                 // block_size × head_dim × element bytes
+    int64_t scale_bytes_per_head = 0;                // block_size × 4, or 0 for fp32
 };
 
 LayerParts PartsOf(const KvPoolConfig& c, int64_t layer) {
@@ -31,7 +31,8 @@ LayerParts PartsOf(const KvPoolConfig& c, int64_t layer) {
     p.k_scale = l.k_scale_offset;
     p.v_scale = l.v_scale_offset;
     p.data_bytes_per_head = c.block_size * c.head_dim * cpu::KvStorageElementBytes(c.storage);
-    p.scale_bytes_per_head = cpu::KvStorageHasScales(c.storage) ? c.block_size * int64_t(sizeof(float)) : 0;
+    p.scale_bytes_per_head =
+        cpu::KvStorageHasScales(c.storage) ? c.block_size * int64_t(sizeof(float)) : 0;
     return p;
 }
 
@@ -53,9 +54,11 @@ void ForEachRun(const LayerParts& p, int64_t h0, int64_t n, Fn&& fn) {
 
 }  // namespace
 
-IndexRange KvHeadsToSend(const ModelSpec& spec, int src_rank, int src_tp, int dst_rank, int dst_tp) {
+IndexRange KvHeadsToSend(const ModelSpec& spec, int src_rank, int src_tp, int dst_rank,
+                         int dst_tp) {
     IndexRange owned = KvHeadsOf(spec, src_rank, src_tp);
-    if (src_rank > 0) owned.begin = std::max(owned.begin, KvHeadsOf(spec, src_rank - 1, src_tp).end);
+    if (src_rank > 0)
+        owned.begin = std::max(owned.begin, KvHeadsOf(spec, src_rank - 1, src_tp).end);
     const IndexRange wanted = KvHeadsOf(spec, dst_rank, dst_tp);
     IndexRange out{std::max(owned.begin, wanted.begin), std::min(owned.end, wanted.end)};
     if (out.end < out.begin) out.end = out.begin;
@@ -64,9 +67,12 @@ IndexRange KvHeadsToSend(const ModelSpec& spec, int src_rank, int src_tp, int ds
 
 KvWireDtype WireDtypeOf(cpu::KvStorage storage) {
     switch (storage) {
-        case cpu::KvStorage::kF32: return KvWireDtype::kF32;
-        case cpu::KvStorage::kInt8: return KvWireDtype::kInt8;
-        case cpu::KvStorage::kFp8E4M3: return KvWireDtype::kFp8E4M3;
+        case cpu::KvStorage::kF32:
+            return KvWireDtype::kF32;
+        case cpu::KvStorage::kInt8:
+            return KvWireDtype::kInt8;
+        case cpu::KvStorage::kFp8E4M3:
+            return KvWireDtype::kFp8E4M3;
     }
     return KvWireDtype::kF32;
 }
@@ -75,7 +81,8 @@ void PackKvPiece(const KvPool& pool, const ShardLayout& layout, uint64_t transfe
                  std::span<const int32_t> blocks, int64_t layer_begin, int64_t layer_end,
                  IndexRange heads, KvPiece* out_piece) {
     const KvPoolConfig& c = pool.config();
-    KV_CHECK(heads.begin >= layout.kv_heads.begin && heads.end <= layout.kv_heads.end && heads.size() > 0)
+    KV_CHECK(heads.begin >= layout.kv_heads.begin && heads.end <= layout.kv_heads.end &&
+             heads.size() > 0)
         << "heads [" << heads.begin << ", " << heads.end << ") vs " << layout.ToString();
     KvPiece& piece = *out_piece;
     piece.header = {.transfer_id = transfer_id,
@@ -95,9 +102,10 @@ void PackKvPiece(const KvPool& pool, const ShardLayout& layout, uint64_t transfe
         KV_CHECK(pool.ValidBlock(block)) << "block " << block;
         const uint8_t* src = pool.BlockData(block);
         for (int64_t l = layer_begin; l < layer_end; ++l) {
-            ForEachRun(PartsOf(c, l), h0, heads.size(), [&](int64_t pool_at, int64_t piece_at, int64_t n) {
-                std::memcpy(out + piece_at, src + pool_at, static_cast<size_t>(n));
-            });
+            ForEachRun(PartsOf(c, l), h0, heads.size(),
+                       [&](int64_t pool_at, int64_t piece_at, int64_t n) {
+                           std::memcpy(out + piece_at, src + pool_at, static_cast<size_t>(n));
+                       });
             out += layer_bytes;
         }
     }
@@ -109,21 +117,26 @@ Status UnpackKvPiece(const KvPiece& piece, KvPool& pool, const ShardLayout& layo
     const KvPieceHeader& h = piece.header;
     const KvPoolConfig& c = pool.config();
     auto mismatch = [&](const std::string& what, int64_t got, int64_t want) {
-        return InvalidArgument("KV piece of transfer " + std::to_string(h.transfer_id) + ": " + what + " " +
-                               std::to_string(got) + ", this worker has " + std::to_string(want));
+        return InvalidArgument("KV piece of transfer " + std::to_string(h.transfer_id) + ": " +
+                               what + " " + std::to_string(got) + ", this worker has " +
+                               std::to_string(want));
     };
-    if (h.num_blocks != static_cast<int64_t>(blocks.size())) return mismatch("blocks", h.num_blocks, int64_t(blocks.size()));
+    if (h.num_blocks != static_cast<int64_t>(blocks.size()))
+        return mismatch("blocks", h.num_blocks, int64_t(blocks.size()));
     if (h.block_size != c.block_size) return mismatch("block_size", h.block_size, c.block_size);
     if (h.head_dim != c.head_dim) return mismatch("head_dim", h.head_dim, c.head_dim);
-    if (h.dtype != WireDtypeOf(c.storage)) return mismatch("dtype", int64_t(h.dtype), int64_t(WireDtypeOf(c.storage)));
+    if (h.dtype != WireDtypeOf(c.storage))
+        return mismatch("dtype", int64_t(h.dtype), int64_t(WireDtypeOf(c.storage)));
     if (h.layer_end > c.num_layers) return mismatch("layer_end", h.layer_end, c.num_layers);
     if (h.head_begin < layout.kv_heads.begin || h.head_end > layout.kv_heads.end) {
-        return InvalidArgument("KV piece of transfer " + std::to_string(h.transfer_id) + ": KV heads [" +
-                               std::to_string(h.head_begin) + ", " + std::to_string(h.head_end) +
-                               ") are not all held by this worker (" + layout.ToString() + ")");
+        return InvalidArgument("KV piece of transfer " + std::to_string(h.transfer_id) +
+                               ": KV heads [" + std::to_string(h.head_begin) + ", " +
+                               std::to_string(h.head_end) + ") are not all held by this worker (" +
+                               layout.ToString() + ")");
     }
     for (int32_t block : blocks) {
-        if (block >= 0 && !pool.ValidBlock(block)) return InvalidArgument("block " + std::to_string(block) + " outside the pool");
+        if (block >= 0 && !pool.ValidBlock(block))
+            return InvalidArgument("block " + std::to_string(block) + " outside the pool");
     }
     const int64_t layer_bytes = KvPieceLayerBytes(h);
     const int64_t h0 = h.head_begin - layout.kv_heads.begin;
@@ -135,9 +148,10 @@ Status UnpackKvPiece(const KvPiece& piece, KvPool& pool, const ShardLayout& layo
         }
         uint8_t* dst = pool.MutableBlockData(block);
         for (int64_t l = h.layer_begin; l < h.layer_end; ++l) {
-            ForEachRun(PartsOf(c, l), h0, h.head_end - h.head_begin, [&](int64_t pool_at, int64_t piece_at, int64_t n) {
-                std::memcpy(dst + pool_at, in + piece_at, static_cast<size_t>(n));
-            });
+            ForEachRun(PartsOf(c, l), h0, h.head_end - h.head_begin,
+                       [&](int64_t pool_at, int64_t piece_at, int64_t n) {
+                           std::memcpy(dst + pool_at, in + piece_at, static_cast<size_t>(n));
+                       });
             in += layer_bytes;
         }
     }

@@ -24,7 +24,7 @@ struct KvPoolConfig {
 };
 
 class KvPool {
-public:
+  public:
     // Validates the numbers (InvalidArgument naming the field).
     static Result<std::unique_ptr<KvPool>> Create(const KvPoolConfig& config);
 
@@ -41,7 +41,7 @@ public:
     uint8_t* MutableBlockData(int64_t block) { return data_.get() + block * bytes_per_block_; }
     bool ValidBlock(int64_t block) const { return block >= 0 && block < config_.num_blocks; }
 
-private:
+  private:
     explicit KvPool(const KvPoolConfig& config);
 
     KvPoolConfig config_;

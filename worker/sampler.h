@@ -33,6 +33,8 @@ class XorShiftRng {
     }
     // Uniform in [0, 1) with 24 random bits.
     float NextF32() { return static_cast<float>(NextU32() >> 8) / 16777216.0f; }
+    // Never 0, so XorShiftRng(state()) continues this stream exactly.
+    uint64_t state() const { return state_; }
 
   private:
     uint64_t state_;
@@ -53,6 +55,7 @@ class Sampler {
     static int32_t Argmax(const float* values, int64_t n);
 
     const SamplingParams& params() const { return params_; }
+    uint64_t rng_state() const { return rng_.state(); }
 
   private:
     struct ProbIndex {

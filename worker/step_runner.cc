@@ -27,6 +27,7 @@ SampledToken StepRunner::SampleRow(const ScheduledSequence& seq, const float* lo
     SampledToken out;
     out.seq_id = seq.seq_id;
     out.token_id = it->second.Sample(logits, vocab);
+    out.rng_state = it->second.rng_state();
     if (seq.num_top_logprobs >= 0) {
         logprobs_.resize(static_cast<size_t>(vocab));
         LogSoftmax(logits, vocab, logprobs_.data());
@@ -54,10 +55,12 @@ Result<std::vector<TransferFailure>> StepRunner::ReceiveTransfers(const StepPlan
             local[i].error = "this worker has no KV transport";
             continue;
         }
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(op.timeout_ms);
+        const auto deadline =
+            std::chrono::steady_clock::now() + std::chrono::milliseconds(op.timeout_ms);
         Result<std::vector<KvPiece>> pieces = transport_->Receive(op.transfer_id, cells, deadline);
         if (!pieces.ok()) {
-            local[i].error = "rank " + std::to_string(layout.shard.rank) + ": " + pieces.status().ToString();
+            local[i].error =
+                "rank " + std::to_string(layout.shard.rank) + ": " + pieces.status().ToString();
             transport_->Discard(op.transfer_id);
             continue;
         }
@@ -88,7 +91,8 @@ Result<std::vector<TransferFailure>> StepRunner::ReceiveTransfers(const StepPlan
 
 Status StepRunner::SendLayers(const KvSendOp& op, int64_t layer_begin, int64_t layer_end,
                               StepResult* result) {
-    if (transport_ == nullptr) return InvalidArgument("the plan sends KV but this worker has no KV transport");
+    if (transport_ == nullptr)
+        return InvalidArgument("the plan sends KV but this worker has no KV transport");
     const ShardLayout& layout = runner_.layout();
     if (static_cast<int32_t>(op.dst_endpoints.size()) != op.dst_tp) {
         return InvalidArgument("KV send of transfer " + std::to_string(op.transfer_id) + ": " +
@@ -104,18 +108,24 @@ Status StepRunner::SendLayers(const KvSendOp& op, int64_t layer_begin, int64_t l
     }
     const std::span<const int32_t> blocks(op.block_table.data(), num_blocks);
     for (int32_t b : blocks) {
-        if (!runner_.pool()->ValidBlock(b)) return InvalidArgument("KV send: block " + std::to_string(b) + " outside the pool");
+        if (!runner_.pool()->ValidBlock(b))
+            return InvalidArgument("KV send: block " + std::to_string(b) + " outside the pool");
     }
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(op.timeout_ms);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(op.timeout_ms);
     for (int dst = 0; dst < op.dst_tp; ++dst) {
         Result<IndexRange> heads = [&]() -> Result<IndexRange> {
-            KV_RETURN_IF_ERROR(MakeShardLayout(runner_.spec(), {.rank = dst, .tp = op.dst_tp}).status());
-            return KvHeadsToSend(runner_.spec(), layout.shard.rank, layout.shard.tp, dst, op.dst_tp);
+            KV_RETURN_IF_ERROR(
+                MakeShardLayout(runner_.spec(), {.rank = dst, .tp = op.dst_tp}).status());
+            return KvHeadsToSend(runner_.spec(), layout.shard.rank, layout.shard.tp, dst,
+                                 op.dst_tp);
         }();
         KV_RETURN_IF_ERROR(heads.status());
         if (heads->size() == 0) continue;
-        PackKvPiece(*runner_.pool(), layout, op.transfer_id, blocks, layer_begin, layer_end, *heads, &send_piece_);
-        KV_RETURN_IF_ERROR(transport_->Send(op.dst_endpoints[static_cast<size_t>(dst)], send_piece_, deadline));
+        PackKvPiece(*runner_.pool(), layout, op.transfer_id, blocks, layer_begin, layer_end, *heads,
+                    &send_piece_);
+        KV_RETURN_IF_ERROR(
+            transport_->Send(op.dst_endpoints[static_cast<size_t>(dst)], send_piece_, deadline));
         result->kv_bytes_sent += static_cast<int64_t>(send_piece_.data.size());
     }
     return Status::Ok();
@@ -140,7 +150,8 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
     auto timed = [&](auto&& fn) {
         const auto start = std::chrono::steady_clock::now();
         fn();
-        transfer_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        transfer_seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     };
     // Sequences whose KV did not arrive sit out this step.
     std::vector<int64_t> skipped;
@@ -158,7 +169,8 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
     }
     auto send_failed = [&](const KvSendOp& op, const Status& st) {
         result.failed_transfers.push_back(
-            {op.transfer_id, "rank " + std::to_string(runner_.layout().shard.rank) + ": " + st.ToString()});
+            {op.transfer_id,
+             "rank " + std::to_string(runner_.layout().shard.rank) + ": " + st.ToString()});
     };
     auto has_failed = [&](uint64_t id) {
         return std::any_of(result.failed_transfers.begin(), result.failed_transfers.end(),
@@ -173,16 +185,21 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
         std::vector<SequenceChunk> chunks;
         chunks.reserve(run.size());
         for (const ScheduledSequence* s : run) {
-            chunks.push_back({.seq_id = s->seq_id, .tokens = s->token_ids, .start_pos = s->start_pos,
-                              .block_table = s->block_table, .slot_mapping = s->slot_mapping});
+            chunks.push_back({.seq_id = s->seq_id,
+                              .tokens = s->token_ids,
+                              .start_pos = s->start_pos,
+                              .block_table = s->block_table,
+                              .slot_mapping = s->slot_mapping});
         }
         std::function<void(int64_t)> after_layer;
-        if (std::any_of(plan.kv_sends.begin(), plan.kv_sends.end(), [](const KvSendOp& op) { return op.layerwise; })) {
+        if (std::any_of(plan.kv_sends.begin(), plan.kv_sends.end(),
+                        [](const KvSendOp& op) { return op.layerwise; })) {
             after_layer = [&](int64_t layer) {
                 for (const KvSendOp& op : plan.kv_sends) {
                     if (!op.layerwise || has_failed(op.transfer_id)) continue;
                     timed([&] {
-                        if (Status st = SendLayers(op, layer, layer + 1, &result); !st.ok()) send_failed(op, st);
+                        if (Status st = SendLayers(op, layer, layer + 1, &result); !st.ok())
+                            send_failed(op, st);
                     });
                 }
             };
@@ -196,10 +213,13 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
     for (const KvSendOp& op : plan.kv_sends) {
         // A layer-wise send whose sequence did not run (its own KV had not arrived) never streamed.
         const bool streamed = op.layerwise && !run.empty() &&
-                              std::any_of(run.begin(), run.end(), [&](const ScheduledSequence* s) { return s->seq_id == op.seq_id; });
+                              std::any_of(run.begin(), run.end(), [&](const ScheduledSequence* s) {
+                                  return s->seq_id == op.seq_id;
+                              });
         if (streamed || has_failed(op.transfer_id)) continue;
         timed([&] {
-            if (Status st = SendLayers(op, 0, runner_.spec().num_layers, &result); !st.ok()) send_failed(op, st);
+            if (Status st = SendLayers(op, 0, runner_.spec().num_layers, &result); !st.ok())
+                send_failed(op, st);
         });
     }
     result.kv_transfer_seconds = transfer_seconds;

@@ -19,7 +19,7 @@
 namespace kvshard {
 
 class StepRunner : public StepExecutor {
-public:
+  public:
     // `transport` (not owned; may be nullptr when no plan carries KV transfer ops) must outlive
     // the runner.
     explicit StepRunner(ModelRunner& runner, KvTransport* transport = nullptr)
@@ -32,11 +32,12 @@ public:
     SampledToken SampleRow(const ScheduledSequence& seq, const float* logits);
     size_t num_samplers() const { return samplers_.size(); }
 
-private:
+  private:
     // Receives every transfer of the plan; returns the failures all ranks agree on.
     Result<std::vector<TransferFailure>> ReceiveTransfers(const StepPlan& plan, StepResult* result);
     // Sends layers [layer_begin, layer_end) of `op` to every receiving rank.
-    Status SendLayers(const KvSendOp& op, int64_t layer_begin, int64_t layer_end, StepResult* result);
+    Status SendLayers(const KvSendOp& op, int64_t layer_begin, int64_t layer_end,
+                      StepResult* result);
 
     ModelRunner& runner_;
     KvTransport* transport_;

@@ -30,8 +30,9 @@ Result<std::unique_ptr<TpGroup>> TpGroup::Create(const ModelFile& model,
     g->transports_.resize(n);
     if (!config.kv_transport_name.empty()) {
         for (int r = 0; r < config.tp; ++r) {
-            KV_ASSIGN_OR_RETURN(g->transports_[static_cast<size_t>(r)],
-                                MakeLocalKvTransport(config.kv_transport_name + "/" + std::to_string(r)));
+            KV_ASSIGN_OR_RETURN(
+                g->transports_[static_cast<size_t>(r)],
+                MakeLocalKvTransport(config.kv_transport_name + "/" + std::to_string(r)));
         }
     }
     g->step_runners_.resize(n);
@@ -43,7 +44,8 @@ Result<std::unique_ptr<TpGroup>> TpGroup::Create(const ModelFile& model,
         KV_ASSIGN_OR_RETURN(ModelWeights w, LoadWeights(model, {.rank = rank, .tp = config.tp}));
         Collective* c = config.tp > 1 ? g->collectives_[static_cast<size_t>(rank)].get() : nullptr;
         auto runner = std::make_unique<ModelRunner>(model.spec(), std::move(w), config.runner, c);
-        g->step_runners_[static_cast<size_t>(rank)] = std::make_unique<StepRunner>(*runner, g->transports_[static_cast<size_t>(rank)].get());
+        g->step_runners_[static_cast<size_t>(rank)] =
+            std::make_unique<StepRunner>(*runner, g->transports_[static_cast<size_t>(rank)].get());
         g->runners_[static_cast<size_t>(rank)] = std::move(runner);
         return Status::Ok();
     }));
@@ -129,8 +131,9 @@ Result<StepResult> TpGroup::Execute(const StepPlan& plan) {
         out.kv_bytes_sent += other.kv_bytes_sent;
         out.kv_bytes_received += other.kv_bytes_received;
         for (const TransferFailure& f : other.failed_transfers) {
-            const bool known = std::any_of(out.failed_transfers.begin(), out.failed_transfers.end(),
-                                           [&](const TransferFailure& g) { return g.transfer_id == f.transfer_id; });
+            const bool known = std::any_of(
+                out.failed_transfers.begin(), out.failed_transfers.end(),
+                [&](const TransferFailure& g) { return g.transfer_id == f.transfer_id; });
             if (!known) out.failed_transfers.push_back(f);
         }
     }

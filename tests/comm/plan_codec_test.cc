@@ -89,6 +89,7 @@ class Generator {
             for (int64_t k = Int(0, 5); k > 0; --k) {
                 token.top_logprobs.push_back({static_cast<int32_t>(rng_()), Float()});
             }
+            token.rng_state = rng_();
             result.tokens.push_back(std::move(token));
         }
         result.compute_seconds = static_cast<double>(Float());

@@ -12,7 +12,7 @@
 namespace kvshard {
 
 class CollectingSink : public RequestSink {
-public:
+  public:
     explicit CollectingSink(int n) : text_(n), ids_(n), finish_(n) {}
     void OnDelta(const GenerationDelta& d) override {
         std::lock_guard<std::mutex> lock(mu_);

@@ -23,7 +23,7 @@ namespace kvshard {
 namespace {
 
 class RecordingObserver : public EngineObserver {
-public:
+  public:
     void OnFirstToken(const std::string& pool, double) override {
         pool == "prefill" ? ttft_prefill++ : ttft_other++;
         std::lock_guard<std::mutex> lock(mu);
@@ -35,7 +35,8 @@ public:
         bytes_total += bytes;
     }
     void OnKvTransferFailed() override { failures++; }
-    std::atomic<int64_t> ttft_prefill{0}, ttft_other{0}, itl{0}, transfers{0}, bytes_total{0}, failures{0};
+    std::atomic<int64_t> ttft_prefill{0}, ttft_other{0}, itl{0}, transfers{0}, bytes_total{0},
+        failures{0};
     std::mutex mu;
     std::vector<std::string> first_token_pools;  // guarded by mu
 };
@@ -46,7 +47,7 @@ struct Instance {
 };
 
 class Disaggregation : public ::testing::Test {
-protected:
+  protected:
     void Load(const std::string& path) {
         Result<std::unique_ptr<ModelFile>> m = OpenModel(path);
         ASSERT_TRUE(m.ok()) << m.status().ToString();
@@ -76,7 +77,8 @@ protected:
         c.pool = pool.empty() ? std::string(InstanceRoleName(role)) : pool;
         c.role = role;
         c.tp = tp;
-        c.kv_endpoints = endpoints_override.empty() ? out.group->kv_endpoints() : endpoints_override;
+        c.kv_endpoints =
+            endpoints_override.empty() ? out.group->kv_endpoints() : endpoints_override;
         c.handoff.layerwise = layerwise;
         c.handoff.timeout_ms = timeout_ms;
         c.observer = &observer_;
@@ -98,9 +100,10 @@ protected:
     }
 
     std::vector<std::vector<int32_t>> Prompts(int count) const {
-        const std::vector<std::string> words = {"Once upon a time", "The little dog", "Lily and Tom went",
-                                                "One day, a big bird", "The sun was hot and",
-                                                "Sam had a red ball that", "In the park there was a"};
+        const std::vector<std::string> words = {"Once upon a time",       "The little dog",
+                                                "Lily and Tom went",      "One day, a big bird",
+                                                "The sun was hot and",    "Sam had a red ball that",
+                                                "In the park there was a"};
         std::vector<std::vector<int32_t>> out;
         for (int i = 0; i < count; ++i) {
             std::string text = words[static_cast<size_t>(i) % words.size()];
@@ -111,8 +114,10 @@ protected:
     }
 
     // Runs the prompts concurrently (or one by one) through `engine`; returns each one's tokens.
-    std::vector<std::vector<int32_t>> Run(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                                          int64_t max_tokens, bool concurrent) {
+    std::vector<std::vector<int32_t>> Run(Engine& engine,
+                                          const std::vector<std::vector<int32_t>>& prompts,
+                                          int64_t max_tokens, bool concurrent,
+                                          const SamplingParams& sampling = {}) {
         std::vector<std::shared_ptr<CollectingSink>> sinks;
         for (size_t i = 0; i < prompts.size(); ++i) {
             GenerationRequest r;
@@ -120,6 +125,8 @@ protected:
             r.prompt_token_ids = prompts[i];
             r.max_tokens = max_tokens;
             r.ignore_eos = true;
+            r.sampling = sampling;
+            r.sampling.seed = sampling.seed + i;
             sinks.push_back(std::make_shared<CollectingSink>(1));
             EXPECT_TRUE(engine.Submit(r, sinks.back()).ok());
             if (!concurrent) sinks.back()->Wait();
@@ -134,7 +141,8 @@ protected:
         return out;
     }
 
-    std::vector<std::vector<int32_t>> Colocated(const std::vector<std::vector<int32_t>>& prompts, int64_t max_tokens) {
+    std::vector<std::vector<int32_t>> Colocated(const std::vector<std::vector<int32_t>>& prompts,
+                                                int64_t max_tokens) {
         Instance mixed = Make("mixed", InstanceRole::kMixed, 1);
         return Run(*mixed.engine, prompts, max_tokens, /*concurrent=*/false);
     }
@@ -160,7 +168,8 @@ struct PairCase {
     bool layerwise;
 };
 
-class DisaggregationPairs : public Disaggregation, public ::testing::WithParamInterface<PairCase> {};
+class DisaggregationPairs : public Disaggregation,
+                            public ::testing::WithParamInterface<PairCase> {};
 
 TEST_P(DisaggregationPairs, GreedyEqualsColocatedAloneAndConcurrent) {
     const std::string path = testing::SharedModel("stories260K/stories260K.bin");
@@ -171,11 +180,13 @@ TEST_P(DisaggregationPairs, GreedyEqualsColocatedAloneAndConcurrent) {
     const auto expected = Colocated(prompts, 24);
     Instance decode = Make("decode", InstanceRole::kDecode, pc.decode_tp);
     Instance prefill = Make("prefill", InstanceRole::kPrefill, pc.prefill_tp, 10'000, pc.layerwise);
-    Result<std::unique_ptr<Router>> router = Router::Create({prefill.engine.get(), decode.engine.get()});
+    Result<std::unique_ptr<Router>> router =
+        Router::Create({prefill.engine.get(), decode.engine.get()});
     ASSERT_TRUE(router.ok()) << router.status().ToString();
     for (bool concurrent : {false, true}) {
         const auto got = Run(**router, prompts, 24, concurrent);
-        for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], expected[i]) << "prompt " << i << " concurrent " << concurrent;
+        for (size_t i = 0; i < prompts.size(); ++i)
+            EXPECT_EQ(got[i], expected[i]) << "prompt " << i << " concurrent " << concurrent;
     }
     EXPECT_EQ(observer_.transfers.load(), 64);
     EXPECT_EQ(observer_.failures.load(), 0);
@@ -200,13 +211,15 @@ TEST_F(Disaggregation, TransferBytesFollowTheGeometry) {
     const ModelSpec& spec = file_->spec();
     Instance decode = Make("decode", InstanceRole::kDecode, 2);
     Instance prefill = Make("prefill", InstanceRole::kPrefill, 1);
-    Result<std::unique_ptr<Router>> router = Router::Create({prefill.engine.get(), decode.engine.get()});
+    Result<std::unique_ptr<Router>> router =
+        Router::Create({prefill.engine.get(), decode.engine.get()});
     ASSERT_TRUE(router.ok());
     const std::vector<int32_t> prompt = Prompts(15).back();  // longer than one block
     ASSERT_GT(prompt.size(), 16u);
     Run(**router, {prompt}, 4, false);
     const int64_t blocks = (static_cast<int64_t>(prompt.size()) + 15) / 16;
-    EXPECT_EQ(observer_.bytes_total.load(), blocks * spec.num_layers * 2 * spec.num_kv_heads * 16 * spec.head_dim * 4);
+    EXPECT_EQ(observer_.bytes_total.load(),
+              blocks * spec.num_layers * 2 * spec.num_kv_heads * 16 * spec.head_dim * 4);
     ExpectClean(prefill);
     ExpectClean(decode);
 }
@@ -219,9 +232,11 @@ TEST_F(Disaggregation, UnreachableDecodeFallsBackToThePrefillInstance) {
     Load(path);
     const auto prompts = Prompts(8);
     const auto expected = Colocated(prompts, 16);
-    Instance decode = Make("decode", InstanceRole::kDecode, 1, 10'000, false, {"local:nobody-listens/0"});
+    Instance decode =
+        Make("decode", InstanceRole::kDecode, 1, 10'000, false, {"local:nobody-listens/0"});
     Instance prefill = Make("prefill", InstanceRole::kPrefill, 1);
-    Result<std::unique_ptr<Router>> router = Router::Create({prefill.engine.get(), decode.engine.get()});
+    Result<std::unique_ptr<Router>> router =
+        Router::Create({prefill.engine.get(), decode.engine.get()});
     ASSERT_TRUE(router.ok());
     EXPECT_EQ(Run(**router, prompts, 16, true), expected);
     EXPECT_EQ(observer_.failures.load(), 8);
@@ -239,9 +254,11 @@ TEST_F(Disaggregation, ReceiveTimeoutReturnsTheRequestToThePrefillInstance) {
     const auto prompts = Prompts(4);
     const auto expected = Colocated(prompts, 12);
     Instance elsewhere = Make("elsewhere", InstanceRole::kMixed, 1);
-    Instance decode = Make("decode", InstanceRole::kDecode, 1, /*timeout_ms=*/300, false, elsewhere.group->kv_endpoints());
+    Instance decode = Make("decode", InstanceRole::kDecode, 1, /*timeout_ms=*/300, false,
+                           elsewhere.group->kv_endpoints());
     Instance prefill = Make("prefill", InstanceRole::kPrefill, 1);
-    Result<std::unique_ptr<Router>> router = Router::Create({prefill.engine.get(), decode.engine.get()});
+    Result<std::unique_ptr<Router>> router =
+        Router::Create({prefill.engine.get(), decode.engine.get()});
     ASSERT_TRUE(router.ok());
     EXPECT_EQ(Run(**router, prompts, 12, true), expected);
     EXPECT_EQ(observer_.failures.load(), 4);
@@ -259,13 +276,17 @@ TEST_F(Disaggregation, DefaultModelEqualsColocatedForEveryPairing) {
     Load(path);
     const auto prompts = Prompts(32);
     const auto expected = Colocated(prompts, 8);
-    for (auto [prefill_tp, decode_tp] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 3}}) {
+    for (auto [prefill_tp, decode_tp] :
+         {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 3}}) {
         Instance decode = Make("decode", InstanceRole::kDecode, decode_tp);
-        Instance prefill = Make("prefill", InstanceRole::kPrefill, prefill_tp, 10'000, /*layerwise=*/prefill_tp == 2);
-        Result<std::unique_ptr<Router>> router = Router::Create({prefill.engine.get(), decode.engine.get()});
+        Instance prefill = Make("prefill", InstanceRole::kPrefill, prefill_tp, 10'000,
+                                /*layerwise=*/prefill_tp == 2);
+        Result<std::unique_ptr<Router>> router =
+            Router::Create({prefill.engine.get(), decode.engine.get()});
         ASSERT_TRUE(router.ok());
         const std::vector<std::vector<int32_t>> few(prompts.begin(), prompts.begin() + 4);
-        EXPECT_EQ(Run(**router, few, 8, /*concurrent=*/false), std::vector(expected.begin(), expected.begin() + 4))
+        EXPECT_EQ(Run(**router, few, 8, /*concurrent=*/false),
+                  std::vector(expected.begin(), expected.begin() + 4))
             << "alone, prefill tp " << prefill_tp << " -> decode tp " << decode_tp;
         EXPECT_EQ(Run(**router, prompts, 8, /*concurrent=*/true), expected)
             << "32 concurrent, prefill tp " << prefill_tp << " -> decode tp " << decode_tp;
@@ -284,7 +305,8 @@ TEST_F(Disaggregation, RouterPrefersThePrefillInstanceWithTheCachedPrefix) {
     Instance decode = Make("decode", InstanceRole::kDecode, 1);
     Instance p0 = Make("p0", InstanceRole::kPrefill, 1, 10'000, false, {}, "p0");
     Instance p1 = Make("p1", InstanceRole::kPrefill, 1, 10'000, false, {}, "p1");
-    Result<std::unique_ptr<Router>> router = Router::Create({p0.engine.get(), p1.engine.get(), decode.engine.get()});
+    Result<std::unique_ptr<Router>> router =
+        Router::Create({p0.engine.get(), p1.engine.get(), decode.engine.get()});
     ASSERT_TRUE(router.ok());
     const std::vector<int32_t> prompt = Prompts(22).back();  // a few blocks long
     ASSERT_GT(prompt.size(), 32u);
@@ -303,6 +325,31 @@ TEST_F(Disaggregation, RouterPrefersThePrefillInstanceWithTheCachedPrefix) {
     Run(**router, {other}, 2, false);
     std::lock_guard<std::mutex> lock(observer_.mu);
     EXPECT_EQ(observer_.first_token_pools, (std::vector<std::string>{"p1", "p1", "p0"}));
+}
+
+// A seeded, sampled request continues on the decode instance with the prefill instance's random
+// stream (StepResult carries the sampler state), so it equals the same request colocated.
+TEST_F(Disaggregation, SeededSamplingEqualsColocated) {
+    const std::string path = testing::SharedModel("stories260K/stories260K.bin");
+    KV_REQUIRE_FIXTURE(path, "stories260K.bin");
+    Load(path);
+    const auto prompts = Prompts(8);
+    SamplingParams sampling;
+    sampling.temperature = 1.0f;
+    sampling.top_p = 0.9f;
+    sampling.seed = 42;
+    std::vector<std::vector<int32_t>> expected;
+    {
+        Instance mixed = Make("mixed", InstanceRole::kMixed, 1);
+        expected = Run(*mixed.engine, prompts, 20, /*concurrent=*/false, sampling);
+    }
+    Instance decode = Make("decode", InstanceRole::kDecode, 2);
+    Instance prefill = Make("prefill", InstanceRole::kPrefill, 1);
+    Result<std::unique_ptr<Router>> router = Router::Create({prefill.engine.get(), decode.engine.get()});
+    ASSERT_TRUE(router.ok());
+    EXPECT_EQ(Run(**router, prompts, 20, /*concurrent=*/true, sampling), expected);
+    ExpectClean(prefill);
+    ExpectClean(decode);
 }
 
 TEST(RouterCreate, RefusesAnEmptyCluster) { EXPECT_FALSE(Router::Create({}).ok()); }
