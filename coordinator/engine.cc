@@ -240,6 +240,8 @@ void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result
         Sequence* seq = r.choices[static_cast<size_t>(index)].get();
         r.usage.completion_tokens++;
         ObserveToken(r, index);
+        // A sampler created for this sequence elsewhere (after a handoff) continues this stream.
+        if (t.rng_state != 0) seq->sampling.seed = t.rng_state;
         GenerationDelta d;
         d.index = index;
         const bool is_stop_token =
@@ -265,8 +267,6 @@ void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result
         r.sink->OnDelta(d);
         if (r.handoff_to != nullptr) {
             if (r.num_finished == 0) {
-                // The decode instance's sampler continues this one's random stream.
-                seq->sampling.seed = t.rng_state;
                 to_hand_off.push_back(r.request.request_id);
             } else {
                 // Done with the first token: the KV sent to the decode instance is not needed.
@@ -288,8 +288,9 @@ void InstanceEngine::FailAll(const StepPlan& plan, const Status& status) {
     for (const auto& [id, r] : requests_) ids.push_back(id);
     for (const std::string& id : ids) {
         RequestState& r = *requests_[id];
-        if (r.handoff_from != nullptr && r.choices[0]->num_incoming_tokens > 0) {
-            // Its KV never arrived here; the prefill instance still holds it and continues.
+        if (r.handoff_from != nullptr && r.num_finished == 0) {
+            // Back to the prefill instance: it still holds the KV if it never arrived here, and
+            // recomputes it otherwise.
             ReturnHandoff(id, status);
             continue;
         }

@@ -229,24 +229,37 @@ void InstanceEngine::ReturnHandoff(const std::string& request_id, const Status& 
 void InstanceEngine::ResumeHandoff(uint64_t transfer_id, std::unique_ptr<Handoff> returned,
                                    const Status& status) {
     auto it = handed_off_.find(transfer_id);
-    KV_CHECK(it != handed_off_.end()) << "transfer " << transfer_id;
-    const int64_t seq_id = it->second;
-    handed_off_.erase(it);
+    // Not found: this side already released the blocks (the decode instance had the KV and
+    // failed later); the request comes back to be recomputed here.
+    const bool holds_kv = it != handed_off_.end();
+    const int64_t seq_id = holds_kv ? it->second : next_seq_id_++;
+    if (holds_kv) handed_off_.erase(it);
     if (returned == nullptr) {
+        KV_CHECK(holds_kv) << "transfer " << transfer_id;
         scheduler_.ReleaseDetached(seq_id);  // full blocks stay in the prefix cache
         return;
     }
     std::unique_ptr<RequestState> state = std::move(returned->state);
     RequestState& r = *state;
     const std::string id = r.request.request_id;
-    spdlog::warn("[{}] request {}: handoff failed ({}); decoding it here", config_.name, id,
-                 status.ToString());
     Sequence* seq = r.choices[0].get();
     seq->seq_id = seq_id;
     r.handoff_to = nullptr;
     r.handoff_from = nullptr;
     by_seq_[seq_id] = {&r, 0};
-    scheduler_.Reattach(seq);
+    if (holds_kv) {
+        spdlog::warn("[{}] request {}: handoff failed ({}); decoding it here", config_.name, id,
+                     status.ToString());
+        scheduler_.Reattach(seq);
+    } else {
+        // As after a preemption: prompt and generated tokens are prefilled again, then decoding
+        // continues (the sampler from the state the decode side last reported).
+        spdlog::warn("[{}] request {}: its decode instance failed ({}); recomputing its {} tokens here",
+                     config_.name, id, status.ToString(), seq->num_tokens());
+        seq->num_computed = 0;
+        seq->num_preemptions++;
+        scheduler_.AddWaiting(seq);
+    }
     requests_[id] = std::move(state);
     std::lock_guard<std::mutex> lock(mu_);
     num_queued_++;

@@ -6,8 +6,9 @@ workers as threads (embedded) and as `kvshard worker` processes (KV over TCP bet
 Greedy completions of 32 concurrent requests equal the colocated tp 1 server's output for the same
 requests sent alone; the KV transfer metrics count every handoff; afterwards every KV block is
 free or cached. Fault injection: the decode worker process is killed (SIGKILL) while requests
-stream — every request ends within its deadline (its text, or an error naming the dead worker),
-and later requests are served (the prefill instance decodes them itself).
+stream — every stream still ends with the colocated text (requests go back to the prefill
+instance, which recomputes or still holds their KV), and later requests are served by the
+prefill instance alone.
 
     tests/integration/disagg_test.py --kvshard build/cli/kvshard \
         --model ../shared/models/stories260K/stories260K.bin --configs config/examples
@@ -132,6 +133,16 @@ def reference():
     return REFERENCE
 
 
+def reference_long(prompts, max_tokens):
+    server = Server(["--tp", "1"])
+    try:
+        out = [server.complete(p, max_tokens=max_tokens) for p in prompts]
+    finally:
+        server.stop()
+    assert all(s == 200 for s, _ in out), out
+    return [t for _, t in out]
+
+
 def worker_pids(server_pid, instance):
     """The `kvshard worker --instance <instance>` processes under the server (children or mpirun's)."""
     out = []
@@ -238,16 +249,22 @@ class DisaggregatedServing(unittest.TestCase):
                 started = time.time()
                 results = [f.result(timeout=60) for f in futures]
             self.assertLess(time.time() - started, 30, "requests must end soon after the worker died")
-            failed = 0
-            for status, body in results:
-                if status == 200 and '"error"' not in body:
-                    self.assertTrue(body.rstrip().endswith("data: [DONE]"), body[-200:])
-                else:
-                    failed += 1
-                    if failed == 1:
-                        print("a failed request ends with:", [l for l in body.splitlines() if "error" in l][:1], file=sys.stderr)
-                    self.assertRegex(body, r"(?i)worker", body[-400:])
-            self.assertGreater(failed, 0, "the kill landed after every request finished")
+            # Requests whose KV had not reached the decode instance continue on the prefill
+            # instance (it still holds their KV); the ones already decoding there are recomputed on
+            # the prefill instance from their tokens so far: every stream ends with the text the
+            # colocated server gives, nothing is lost.
+            long_expected = reference_long(PROMPTS[:8], 400)
+            for i, (status, body) in enumerate(results):
+                self.assertEqual(status, 200)
+                self.assertNotIn('"error"', body, f"request {i}")
+                self.assertTrue(body.rstrip().endswith("data: [DONE]"), body[-200:])
+                text = "".join(json.loads(l[len("data: "):])["choices"][0]["text"]
+                               for l in body.splitlines()
+                               if l.startswith("data: {") and json.loads(l[len("data: "):]).get("choices"))
+                self.assertEqual(text, long_expected[i], f"request {i}")
+            self.assertGreater(server.metric("kvshard:kv_transfers_total"), 0)
+            recomputed = sum("recomputing" in line for line in server.log)
+            self.assertGreater(recomputed, 0, "no request was decoding when the worker died")
             # The decode instance is gone; the prefill instance serves new requests whole.
             self.assertEqual(server.complete(PROMPTS[0]), expected[0])
             self.assertGreater(server.metric("kvshard:kv_transfer_failures_total"), 0)
