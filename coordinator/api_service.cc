@@ -152,7 +152,11 @@ std::string ApiService::ModelsBody() const {
         -1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string ApiService::HealthBody() const { return R"({"status":"ok"})"; }
+std::pair<int, std::string> ApiService::Health() const {
+    const Status st = engine_.Health();
+    if (st.ok()) return {200, R"({"status":"ok"})"};
+    return {503, nlohmann::json{{"status", "unavailable"}, {"error", st.message()}}.dump()};
+}
 
 std::string ApiService::MetricsBody() const { return metrics_->Render(engine_.Stats()); }
 

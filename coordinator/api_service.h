@@ -49,7 +49,9 @@ class ApiService {
                                                        std::string_view body) const;
 
     std::string ModelsBody() const;   // GET /v1/models
-    std::string HealthBody() const;   // GET /health
+    // GET /health: 200 {"status":"ok"}, or 503 {"status":"unavailable","error":"..."} when the
+    // engine cannot serve (Engine::Health).
+    std::pair<int, std::string> Health() const;
     std::string MetricsBody() const;  // GET /metrics
 
     // The error a client sees for a failed Submit or a request that ended in failure.

@@ -118,6 +118,11 @@ int64_t InstanceEngine::CachedPrefixTokens(std::span<const int32_t> token_ids) c
     return blocks_.CachedPrefixTokens(token_ids);
 }
 
+Status InstanceEngine::Health() const {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    return last_step_status_;
+}
+
 EngineStats InstanceEngine::Stats() const {
     std::lock_guard<std::mutex> lock(stats_mu_);
     return stats_;
@@ -342,6 +347,12 @@ void InstanceEngine::Loop() {
         }
         Result<StepResult> result = executor_.Execute(plan);
         num_steps_++;
+        {
+            std::lock_guard<std::mutex> lock(stats_mu_);
+            last_step_status_ = !result.ok()             ? result.status()
+                                : !result->error.empty() ? Internal(result->error)
+                                                         : Status::Ok();
+        }
         if (!result.ok()) {
             FailAll(plan, result.status());
         } else if (!result->error.empty()) {

@@ -115,6 +115,9 @@ class InstanceEngine : public Engine {
     const InstanceEngineConfig& config() const { return config_; }
     void Abort(const std::string& request_id) override;
     EngineStats Stats() const override;
+    // The error of the last step if it failed (its workers are gone: every step fails until
+    // one succeeds), else OK.
+    Status Health() const override;
     int64_t max_context() const override { return config_.max_context; }
 
     // Block-manager stats as of the last step (for tests: every block free or cached when idle).
@@ -180,6 +183,7 @@ class InstanceEngine : public Engine {
     // Published by the engine thread after each step.
     mutable std::mutex stats_mu_;
     EngineStats stats_;
+    Status last_step_status_;
     kv::BlockManagerStats block_stats_;
     std::atomic<int64_t> num_steps_{0};
 

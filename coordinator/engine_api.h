@@ -73,6 +73,9 @@ public:
     virtual EngineStats Stats() const = 0;
     // Largest prompt + max_tokens the engine accepts.
     virtual int64_t max_context() const = 0;
+    // OK while the engine can serve requests; otherwise why not (e.g. its workers died). GET
+    // /health answers 503 with this message.
+    virtual Status Health() const { return Status::Ok(); }
 };
 
 }  // namespace kvshard

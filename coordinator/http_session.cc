@@ -182,7 +182,10 @@ void HttpSession::Route(Request request) {
         return StartGeneration(ApiEndpoint::kChatCompletions, request.body());
     }
     if (target == "/v1/models") return SendResponse(200, "application/json", api_.ModelsBody());
-    if (target == "/health") return SendResponse(200, "application/json", api_.HealthBody());
+    if (target == "/health") {
+        auto [status, body] = api_.Health();
+        return SendResponse(static_cast<unsigned>(status), "application/json", std::move(body));
+    }
     SendResponse(200, "text/plain; version=0.0.4; charset=utf-8", api_.MetricsBody());
 }
 

@@ -129,6 +129,17 @@ EngineStats Router::Stats() const {
     return out;
 }
 
+Status Router::Health() const {
+    const std::vector<InstanceEngine*>& serving = disaggregated() ? prefill_ : mixed_;
+    Status first;
+    for (const InstanceEngine* e : serving) {
+        Status st = e->Health();
+        if (st.ok()) return st;
+        if (first.ok()) first = Status(st.code(), e->config().name + ": " + st.message());
+    }
+    return first;
+}
+
 int64_t Router::max_context() const {
     int64_t out = std::numeric_limits<int64_t>::max();
     for (const InstanceEngine* e : all_) out = std::min(out, e->max_context());

@@ -40,6 +40,10 @@ class Router : public Engine {
     // Summed over instances (kv_cache_usage: used / all blocks over all instances).
     EngineStats Stats() const override;
     int64_t max_context() const override;
+    // OK while requests can be served: some mixed instance (colocated) or some prefill instance
+    // (disaggregated: a prefill instance decodes by itself when no decode instance can) is
+    // healthy; otherwise the first instance's error.
+    Status Health() const override;
 
     bool disaggregated() const { return !prefill_.empty(); }
 

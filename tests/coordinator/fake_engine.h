@@ -33,6 +33,7 @@ class FakeEngine : public Engine {
         Status submit_status;  // returned by every Submit when not OK
         int64_t cached_tokens = 0;
         size_t max_active = 1 << 20;  // Submit says ResourceExhausted beyond this many requests
+        Status health;                // what Health() returns
     };
 
     explicit FakeEngine(Options options) : options_(std::move(options)) {
@@ -82,6 +83,7 @@ class FakeEngine : public Engine {
     }
 
     int64_t max_context() const override { return options_.max_context; }
+    Status Health() const override { return options_.health; }
 
     // Waits until `request_id` (or, with "", any request) is aborted; false after `timeout`.
     bool WaitForAbort(const std::string& request_id, std::chrono::milliseconds timeout) {

@@ -30,6 +30,19 @@ using namespace std::chrono_literals;
 
 constexpr char kCompletion[] = R"({"model": "test-model", "prompt": "Hi", "max_tokens": 4})";
 
+// An engine that cannot serve (its workers died) makes /health answer 503 with the reason, so a
+// load balancer or Kubernetes probe takes the server out of rotation.
+TEST(HttpServer, HealthIs503WhenTheEngineCannotServe) {
+    TestServerOptions o;
+    o.engine.health = Status(StatusCode::kUnavailable, "instance default: worker rank 1 died");
+    TestServer server(o);
+    auto health = Get(server.port(), "/health");
+    EXPECT_EQ(health.status, 503);
+    const json body = json::parse(health.body);
+    EXPECT_EQ(body["status"], "unavailable");
+    EXPECT_EQ(body["error"], "instance default: worker rank 1 died");
+}
+
 TEST(HttpServer, HealthModelsMetrics) {
     TestServer server;
     auto health = Get(server.port(), "/health");

@@ -265,6 +265,8 @@ TEST_P(ProcessModeFailureTest, InFlightRequestsFailWithUnavailableAndLaterOnesAt
         EXPECT_EQ(submitted.code(), StatusCode::kUnavailable);
     }
     EXPECT_EQ((*instance)->executor().status().code(), StatusCode::kUnavailable);
+    // GET /health reports it (503 with this status).
+    EXPECT_EQ(engine->Health().code(), StatusCode::kUnavailable) << engine->Health().ToString();
     engine->Stop();
     if (!GetParam().kill) kill(worker, SIGCONT);  // so the launcher's SIGTERM can end it
 }

@@ -263,6 +263,8 @@ class DisaggregatedServing(unittest.TestCase):
                                if l.startswith("data: {") and json.loads(l[len("data: "):]).get("choices"))
                 self.assertEqual(text, long_expected[i], f"request {i}")
             self.assertGreater(server.metric("kvshard:kv_transfers_total"), 0)
+            # Degraded but serving: the prefill instance still answers.
+            self.assertEqual(server.http("GET", "/health")[0], 200)
             recomputed = sum("recomputing" in line for line in server.log)
             self.assertGreater(recomputed, 0, "no request was decoding when the worker died")
             # The decode instance is gone; the prefill instance serves new requests whole.
