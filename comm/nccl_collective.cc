@@ -2,20 +2,16 @@
 // KVSHARD_WITH_CUDA; host code sees it through comm/collective.h.
 //
 // The communicator is non-blocking (ncclConfig_t::blocking = 0): initialization and every
-// operation return at once, and this file polls ncclCommGetAsyncError and cudaStreamQuery until
-// the work is done, the deadline passes or Abort() was called. On a failure or a timeout the
-// communicator is aborted (ncclCommAbort), which releases the GPU work stuck waiting for a lost
-// peer, instead of hanging in cudaStreamSynchronize.
-#include <cuda_runtime.h>
-#include <nccl.h>
-
+// operation return at once, and NcclComm (comm/nccl_comm.h) polls ncclCommGetAsyncError and
+// cudaStreamQuery until the work is done, the deadline passes or Abort() was called. On a failure
+// or a timeout the communicator is aborted (ncclCommAbort), which releases the GPU work stuck
+// waiting for a lost peer, instead of hanging in cudaStreamSynchronize.
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <mutex>
-#include <thread>
 
 #include "comm/collective_impls.h"
+#include "comm/nccl_comm.h"
 #include "common/logging.h"
 
 namespace kvshard::internal {
@@ -25,41 +21,31 @@ static_assert(kNcclUniqueIdBytes == NCCL_UNIQUE_ID_BYTES);
 
 using Clock = std::chrono::steady_clock;
 
-Status CudaStatus(cudaError_t err, std::string_view call) {
-    if (err == cudaSuccess) return Status::Ok();
-    return Status(StatusCode::kUnavailable, std::string(call) + " failed: CUDA error " +
-                                                std::to_string(static_cast<int>(err)) + " (" +
-                                                cudaGetErrorName(err) +
-                                                "): " + cudaGetErrorString(err));
-}
-
-Status NcclStatus(ncclResult_t result, std::string_view call) {
-    if (result == ncclSuccess) return Status::Ok();
-    std::string text = std::string(call) + " failed: NCCL error " +
-                       std::to_string(static_cast<int>(result)) + ": " + ncclGetErrorString(result);
-    return Status(StatusCode::kUnavailable, std::move(text));
-}
-
 class NcclCollective final : public Collective {
   public:
     NcclCollective(int rank, int size, int device, int64_t timeout_ms)
-        : rank_(rank), size_(size), device_(device), timeout_ms_(timeout_ms) {}
+        : rank_(rank),
+          size_(size),
+          device_(device),
+          timeout_ms_(timeout_ms),
+          comm_(
+              nullptr,
+              [this](std::string_view what) {
+                  return "NCCL rank " + std::to_string(rank_) + " " + std::string(what) +
+                         ": not done within " + std::to_string(timeout_ms_) +
+                         " ms (a peer is missing or stuck); communicator aborted";
+              },
+              [this](std::string_view what) {
+                  return aborted_.load() ? AbortStatus(what) : Status::Ok();
+              }) {}
 
     ~NcclCollective() override {
         cudaSetDevice(device_);
-        if (comm_ != nullptr && failure_.ok() && !aborted_.load()) {
-            // Finalize flushes outstanding work without blocking; abort if it does not end.
-            Status done = NcclStatus(ncclCommFinalize(comm_), "ncclCommFinalize");
-            if (done.ok()) done = PollComm("ncclCommFinalize", Deadline());
-            if (done.ok()) {
-                ncclCommDestroy(comm_);
-                comm_ = nullptr;
-            } else {
-                spdlog::warn("NCCL rank {}: {}", rank_, done.ToString());
-                (void)Fail(done);  // aborts the communicator
-            }
+        if (!aborted_.load()) {
+            const Status done = comm_.Finalize(Deadline());
+            if (!done.ok()) spdlog::warn("NCCL rank {}: {}", rank_, done.ToString());
         }
-        if (comm_ != nullptr) ncclCommAbort(comm_);
+        comm_.Abort();
         if (scratch_ != nullptr) cudaFree(scratch_);
         if (own_stream_ != nullptr) cudaStreamDestroy(own_stream_);
     }
@@ -75,15 +61,8 @@ class NcclCollective final : public Collective {
             stream_ = own_stream_;
         }
         KV_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc"));
-        ncclUniqueId id;
-        std::memcpy(id.internal, unique_id.data(), NCCL_UNIQUE_ID_BYTES);
-        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-        config.blocking = 0;
-        const ncclResult_t started = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
-        if (started != ncclSuccess && started != ncclInProgress) {
-            return Fail(NcclStatus(started, "ncclCommInitRankConfig"));
-        }
-        return PollComm("ncclCommInitRankConfig", Deadline());
+        KV_RETURN_IF_ERROR(comm_.StartInit(size_, rank_, unique_id));
+        return comm_.PollComm("ncclCommInitRankConfig", Deadline());
     }
 
     int rank() const override { return rank_; }
@@ -94,7 +73,7 @@ class NcclCollective final : public Collective {
         if (count < 0) return InvalidArgument("AllReduceSum: count " + std::to_string(count));
         KV_RETURN_IF_ERROR(
             Run("ncclAllReduce", ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat,
-                                               ncclSum, comm_, stream_)));
+                                               ncclSum, comm_.get(), stream_)));
         bytes_all_reduced_.fetch_add(count * static_cast<int64_t>(sizeof(float)),
                                      std::memory_order_relaxed);
         return Status::Ok();
@@ -106,7 +85,7 @@ class NcclCollective final : public Collective {
             return InvalidArgument("AllGather: count " + std::to_string(count_per_rank));
         }
         return Run("ncclAllGather", ncclAllGather(send, recv, static_cast<size_t>(count_per_rank),
-                                                  ncclFloat, comm_, stream_));
+                                                  ncclFloat, comm_.get(), stream_));
     }
 
     Status Broadcast(void* data, int64_t bytes, int root) override {
@@ -116,14 +95,14 @@ class NcclCollective final : public Collective {
                                    std::to_string(root) + " of " + std::to_string(size_));
         }
         return Run("ncclBroadcast", ncclBroadcast(data, data, static_cast<size_t>(bytes), ncclUint8,
-                                                  root, comm_, stream_));
+                                                  root, comm_.get(), stream_));
     }
 
     // NCCL has no barrier: an all-reduce of one float does the same.
     Status Barrier() override {
         KV_RETURN_IF_ERROR(CheckUsable("Barrier"));
         return Run("ncclAllReduce (barrier)",
-                   ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_));
+                   ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_.get(), stream_));
     }
 
     // Only flags the communicator: ncclCommAbort must not race with the owner thread's calls,
@@ -144,8 +123,8 @@ class NcclCollective final : public Collective {
     }
 
     Status CheckUsable(std::string_view what) {
-        if (!failure_.ok()) return failure_;
-        if (aborted_.load()) return Fail(AbortStatus(what));
+        if (!comm_.failure().ok()) return comm_.failure();
+        if (aborted_.load()) return comm_.Fail(AbortStatus(what));
         return CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
     }
 
@@ -155,75 +134,22 @@ class NcclCollective final : public Collective {
                                 ": communicator aborted: " + abort_reason_);
     }
 
-    // The first failure aborts the communicator; every later call returns it.
-    Status Fail(Status status) {
-        if (status.ok()) return status;
-        if (failure_.ok()) {
-            failure_ = status;
-            if (comm_ != nullptr) {
-                ncclCommAbort(comm_);
-                comm_ = nullptr;
-            }
-        }
-        return status;
-    }
-
-    // Waits until the communicator's queued NCCL call has been issued (ncclInProgress ends).
-    Status PollComm(std::string_view what, Clock::time_point deadline) {
-        for (int64_t polls = 0;; ++polls) {
-            ncclResult_t state = ncclSuccess;
-            KV_RETURN_IF_ERROR(
-                Fail(NcclStatus(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError")));
-            if (state == ncclSuccess) return Status::Ok();
-            if (state != ncclInProgress) return Fail(NcclStatus(state, what));
-            KV_RETURN_IF_ERROR(CheckWaiting(what, deadline, polls));
-        }
-    }
-
-    Status CheckWaiting(std::string_view what, Clock::time_point deadline, int64_t polls) {
-        if (aborted_.load()) return Fail(AbortStatus(what));
-        if (Clock::now() > deadline) {
-            return Fail(Status(StatusCode::kDeadlineExceeded,
-                               "NCCL rank " + std::to_string(rank_) + " " + std::string(what) +
-                                   ": not done within " + std::to_string(timeout_ms_) +
-                                   " ms (a peer is missing or stuck); communicator aborted"));
-        }
-        if (polls > 1000) std::this_thread::yield();
-        return Status::Ok();
-    }
-
     // Issues one operation and waits until the stream has run it.
     Status Run(std::string_view what, ncclResult_t issued) {
         const Clock::time_point deadline = Deadline();
-        if (issued != ncclSuccess && issued != ncclInProgress) {
-            return Fail(NcclStatus(issued, what));
-        }
-        KV_RETURN_IF_ERROR(PollComm(what, deadline));
-        for (int64_t polls = 0;; ++polls) {
-            const cudaError_t done = cudaStreamQuery(stream_);
-            if (done == cudaSuccess) return Status::Ok();
-            if (done != cudaErrorNotReady) return Fail(CudaStatus(done, "cudaStreamQuery"));
-            // A peer's failure shows up here, not on the stream.
-            ncclResult_t state = ncclSuccess;
-            KV_RETURN_IF_ERROR(
-                Fail(NcclStatus(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError")));
-            if (state != ncclSuccess && state != ncclInProgress) {
-                return Fail(NcclStatus(state, what));
-            }
-            KV_RETURN_IF_ERROR(CheckWaiting(what, deadline, polls));
-        }
+        KV_RETURN_IF_ERROR(comm_.CheckIssued(issued, what));
+        return comm_.WaitStream(what, stream_, deadline);
     }
 
     const int rank_;
     const int size_;
     const int device_;
     const int64_t timeout_ms_;
-    ncclComm_t comm_ = nullptr;
+    NcclComm comm_;  // owner thread only
     cudaStream_t stream_ = nullptr;
     cudaStream_t own_stream_ = nullptr;
     float* scratch_ = nullptr;  // device float for Barrier
 
-    Status failure_;  // owner thread only
     std::atomic<bool> aborted_{false};
     std::mutex abort_mu_;
     std::string abort_reason_;  // guarded by abort_mu_
@@ -247,11 +173,7 @@ Result<std::unique_ptr<Collective>> MakeNcclCollective(const CollectiveConfig& c
         return InvalidArgument("NCCL collective: timeout_ms " + std::to_string(config.timeout_ms) +
                                " must be > 0");
     }
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess) {
-        cudaGetLastError();
-        devices = 0;
-    }
+    const int devices = VisibleCudaDevices();
     if (config.cuda_device < 0 || config.cuda_device >= devices) {
         return Status(StatusCode::kUnavailable,
                       "NCCL collective: CUDA device " + std::to_string(config.cuda_device) +

@@ -11,21 +11,14 @@
 
 #if KVSHARD_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "tests/comm/cuda_test_util.h"
 #endif
 
 namespace kvshard {
 namespace {
 
 #if KVSHARD_WITH_CUDA
-
-int Devices() {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return count;
-}
 
 CollectiveConfig NcclConfig(const std::string& id, int rank, int size, int64_t timeout_ms) {
     CollectiveConfig config;
@@ -82,7 +75,7 @@ Status RunRank(const std::string& id, int rank, int size, int64_t count, RankOut
 }
 
 TEST(NcclCollectiveGpu, CollectivesAcrossDevices) {
-    const int devices = Devices();
+    const int devices = testing::CudaDevices();
     if (devices == 0) GTEST_SKIP() << "no CUDA device";
     const int size = std::min(devices, 4);
     constexpr int64_t kCount = 10'001;
@@ -120,7 +113,7 @@ TEST(NcclCollectiveGpu, CollectivesAcrossDevices) {
 // A group of two with only one member never forms: the deadline ends the wait, and the
 // communicator is aborted instead of hanging.
 TEST(NcclCollectiveGpu, MissingPeerTimesOut) {
-    if (Devices() == 0) GTEST_SKIP() << "no CUDA device";
+    if (testing::CudaDevices() == 0) GTEST_SKIP() << "no CUDA device";
     Result<std::string> id = NewNcclUniqueId();
     ASSERT_TRUE(id.ok()) << id.status().ToString();
     const Status status = MakeCollective(NcclConfig(*id, 0, 2, 2'000)).status();

@@ -13,20 +13,12 @@
 
 #include "comm/collective.h"
 #include "comm/nccl_kv_transport.h"
+#include "tests/comm/cuda_test_util.h"
 
 namespace kvshard {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-int Devices() {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return count;
-}
 
 NcclKvChannelConfig Config(const std::string& id, int rank, int64_t init_timeout_ms = 60'000) {
     NcclKvChannelConfig config;
@@ -66,7 +58,8 @@ Status RunRank(const std::string& id, int rank, size_t bytes, std::vector<uint8_
 }
 
 TEST(NcclKvChannelGpu, SendsBlocksBetweenTwoDevices) {
-    if (Devices() < 2) GTEST_SKIP() << "needs 2 CUDA devices, " << Devices() << " visible";
+    if (testing::CudaDevices() < 2)
+        GTEST_SKIP() << "needs 2 CUDA devices, " << testing::CudaDevices() << " visible";
     Result<std::string> id = NewNcclUniqueId();
     ASSERT_TRUE(id.ok()) << id.status().ToString();
     constexpr size_t kBytes = (size_t{3} << 20) + 5;  // not a multiple of anything NCCL likes
@@ -86,7 +79,7 @@ TEST(NcclKvChannelGpu, SendsBlocksBetweenTwoDevices) {
 // A pair with only one member never forms: the deadline ends the wait and the communicator is
 // aborted instead of hanging.
 TEST(NcclKvChannelGpu, MissingPeerTimesOut) {
-    if (Devices() == 0) GTEST_SKIP() << "no CUDA device";
+    if (testing::CudaDevices() == 0) GTEST_SKIP() << "no CUDA device";
     Result<std::string> id = NewNcclUniqueId();
     ASSERT_TRUE(id.ok()) << id.status().ToString();
     const Clock::time_point start = Clock::now();
