@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/tcp_listen.h"
 #include "common/logging.h"
 
 namespace kvshard {
@@ -18,10 +19,6 @@ using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-Status UnavailableError(std::string message) {
-    return Status(StatusCode::kUnavailable, std::move(message));
-}
 
 std::string EndpointText(const tcp::endpoint& endpoint) {
     return endpoint.address().to_string() + ":" + std::to_string(endpoint.port());
@@ -124,7 +121,7 @@ class FrameChannel::Impl {
         return Status(StatusCode::kDeadlineExceeded, "no message from " + peer_ + " in time");
     }
 
-    void Close() { CloseWith(UnavailableError("channel to " + peer_ + " closed locally")); }
+    void Close() { CloseWith(Unavailable("channel to " + peer_ + " closed locally")); }
 
     // Runs Shutdown on the I/O thread and waits for it, so the channel is closed on return.
     void CloseWith(Status why) {
@@ -204,7 +201,7 @@ class FrameChannel::Impl {
             [this](const boost::system::error_code& ec, size_t) {
                 writing_ = false;
                 if (ec) {
-                    Shutdown(UnavailableError("send to " + peer_ + " failed: " + ec.message()));
+                    Shutdown(Unavailable("send to " + peer_ + " failed: " + ec.message()));
                     writes_.clear();
                     return;
                 }
@@ -226,14 +223,14 @@ class FrameChannel::Impl {
     Status ReadError(const boost::system::error_code& ec, size_t got, size_t wanted,
                      const char* part) {
         if (ec == asio::error::eof && got == 0 && part[0] == 'h') {
-            return UnavailableError("peer " + peer_ + " closed the connection");
+            return Unavailable("peer " + peer_ + " closed the connection");
         }
         if (ec == asio::error::eof) {
-            return UnavailableError("peer " + peer_ + " closed the connection mid-frame (" +
+            return Unavailable("peer " + peer_ + " closed the connection mid-frame (" +
                                     std::to_string(got) + " of " + std::to_string(wanted) + " " +
                                     part + " bytes received)");
         }
-        return UnavailableError("receive from " + peer_ + " failed: " + ec.message());
+        return Unavailable("receive from " + peer_ + " failed: " + ec.message());
     }
 
     void OnHeader(const boost::system::error_code& ec, size_t n) {
@@ -309,7 +306,7 @@ class FrameChannel::Impl {
                 std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_rx_)
                     .count();
             if (silent_ms > options_.dead_after_ms) {
-                Shutdown(UnavailableError("peer " + peer_ + " sent nothing for " +
+                Shutdown(Unavailable("peer " + peer_ + " sent nothing for " +
                                           std::to_string(silent_ms) + " ms (dead after " +
                                           std::to_string(options_.dead_after_ms) + " ms)"));
                 return;
@@ -372,22 +369,8 @@ class FrameListener::Impl {
     Impl() : acceptor_(io_) {}
 
     Status Listen(const std::string& host, uint16_t port) {
+        KV_RETURN_IF_ERROR(internal::ListenOn(acceptor_, host, port));
         boost::system::error_code ec;
-        tcp::resolver resolver(io_);
-        const auto endpoints =
-            resolver.resolve(host, std::to_string(port), tcp::resolver::passive, ec);
-        if (ec || endpoints.empty()) {
-            return UnavailableError("listen on " + host + ":" + std::to_string(port) +
-                                    ": cannot resolve: " + ec.message());
-        }
-        const tcp::endpoint endpoint = *endpoints.begin();
-        acceptor_.open(endpoint.protocol(), ec);
-        if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-        if (!ec) acceptor_.bind(endpoint, ec);
-        if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-        if (ec) {
-            return UnavailableError("listen on " + EndpointText(endpoint) + ": " + ec.message());
-        }
         port_ = acceptor_.local_endpoint(ec).port();
         return Status::Ok();
     }
@@ -398,7 +381,7 @@ class FrameListener::Impl {
                                                  const FrameChannelOptions& options) {
         KV_RETURN_IF_ERROR(ValidateFrameChannelOptions(options));
         if (closed_.load())
-            return UnavailableError("listener on port " + std::to_string(port_) + " is closed");
+            return Unavailable("listener on port " + std::to_string(port_) + " is closed");
         auto channel = std::make_unique<FrameChannel::Impl>(options);
         bool done = false;
         boost::system::error_code result;
@@ -415,7 +398,7 @@ class FrameListener::Impl {
             io_.run();  // the cancelled accept's handler
         }
         if (closed_.load()) {
-            return UnavailableError("listener on port " + std::to_string(port_) + " is closed");
+            return Unavailable("listener on port " + std::to_string(port_) + " is closed");
         }
         if (!done || result == asio::error::operation_aborted) {
             return Status(StatusCode::kDeadlineExceeded,
@@ -423,7 +406,7 @@ class FrameListener::Impl {
                               std::to_string(timeout.count()) + " ms");
         }
         if (result) {
-            return UnavailableError("accept on port " + std::to_string(port_) + ": " +
+            return Unavailable("accept on port " + std::to_string(port_) + ": " +
                                     result.message());
         }
         channel->Start();
@@ -509,7 +492,7 @@ Result<std::unique_ptr<FrameChannel>> ConnectFrameChannel(const std::string& hos
                                                          ": no answer within " +
                                                          std::to_string(timeout.count()) + " ms");
     }
-    if (result) return UnavailableError("connect to " + target + ": " + result.message());
+    if (result) return Unavailable("connect to " + target + ": " + result.message());
     channel->Start();
     return std::make_unique<FrameChannel>(std::move(channel));
 }

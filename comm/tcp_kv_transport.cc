@@ -18,6 +18,7 @@
 #include "comm/kv_staging.h"
 #include "comm/kv_transport.h"
 #include "comm/tcp_kv_wire.h"
+#include "comm/tcp_listen.h"
 #include "common/logging.h"
 
 namespace kvshard {
@@ -31,10 +32,6 @@ using internal::KvStaging;
 
 // Refused payloads are read off the socket in chunks of this size (never allocated whole).
 constexpr size_t kDrainChunkBytes = 64 * 1024;
-
-Status UnavailableError(std::string message) {
-    return Status(StatusCode::kUnavailable, std::move(message));
-}
 
 struct HostPort {
     std::string host;
@@ -247,22 +244,9 @@ class TcpKvTransport final : public KvTransport {
     }
 
     Status Listen(const std::string& host, uint16_t port) {
+        Status listening = internal::ListenOn(acceptor_, host, port);
+        if (!listening.ok()) return Unavailable("KV transport: " + listening.message());
         boost::system::error_code ec;
-        tcp::resolver resolver(io_);
-        const auto endpoints =
-            resolver.resolve(host, std::to_string(port), tcp::resolver::passive, ec);
-        if (ec || endpoints.empty()) {
-            return UnavailableError("KV transport: cannot resolve " + host + ": " + ec.message());
-        }
-        const tcp::endpoint endpoint = *endpoints.begin();
-        acceptor_.open(endpoint.protocol(), ec);
-        if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-        if (!ec) acceptor_.bind(endpoint, ec);
-        if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-        if (ec) {
-            return UnavailableError("KV transport: listen on " + host + ":" + std::to_string(port) +
-                                    ": " + ec.message());
-        }
         endpoint_ = host + ":" + std::to_string(acceptor_.local_endpoint(ec).port());
         staging_ = std::make_unique<KvStaging>(options_, endpoint_);
         Accept();
@@ -384,7 +368,7 @@ class TcpKvTransport final : public KvTransport {
         }
         if (result) {
             CloseSocket(peer);
-            return UnavailableError("KV send: connect to " + dst + ": " + result.message());
+            return Unavailable("KV send: connect to " + dst + ": " + result.message());
         }
         boost::system::error_code ignored;
         peer.socket.set_option(tcp::no_delay(true), ignored);
@@ -413,7 +397,7 @@ class TcpKvTransport final : public KvTransport {
             ack_message.resize(ack.message_bytes);
             asio::async_read(peer.socket, asio::buffer(ack_message),
                              [&](const boost::system::error_code& ec, size_t) {
-                                 if (ec) return fail(UnavailableError(what + ": " + ec.message()));
+                                 if (ec) return fail(Unavailable(what + ": " + ec.message()));
                                  done = true;
                              });
         };
@@ -422,7 +406,7 @@ class TcpKvTransport final : public KvTransport {
                 peer.socket, asio::buffer(ack_header),
                 [&](const boost::system::error_code& ec, size_t) {
                     if (ec) {
-                        return fail(UnavailableError(
+                        return fail(Unavailable(
                             what + ": connection closed before the receiver acknowledged (" +
                             ec.message() + ")"));
                     }
@@ -440,7 +424,7 @@ class TcpKvTransport final : public KvTransport {
         const std::array<asio::const_buffer, 2> frame = {
             asio::buffer(header), asio::buffer(piece.data.data(), piece.data.size())};
         asio::async_write(peer.socket, frame, [&](const boost::system::error_code& ec, size_t) {
-            if (ec) return fail(UnavailableError(what + ": write failed: " + ec.message()));
+            if (ec) return fail(Unavailable(what + ": write failed: " + ec.message()));
             read_ack();
         });
         const bool in_time = RunUntil(peer.io, done, deadline, [&] { CloseSocket(peer); });

@@ -54,6 +54,7 @@ inline Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented,
 inline Status OutOfRange(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 inline Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
+inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 
 // Either a value or a non-OK Status.
 template <typename T>
