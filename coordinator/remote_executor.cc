@@ -37,10 +37,6 @@ struct WorkerRegistry::Slots {
 
 namespace {
 
-Status UnavailableError(std::string message) {
-    return Status(StatusCode::kUnavailable, std::move(message));
-}
-
 std::string RankList(const std::vector<int>& ranks) {
     std::string out;
     for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
@@ -252,9 +248,9 @@ Status RemoteStepExecutor::RankError(int rank, const std::string& what, const St
         std::lock_guard<std::mutex> lock(slots_->mu);
         peer = slots_->peers[static_cast<size_t>(rank)];
     }
-    return UnavailableError("instance " + instance_id() + ": worker rank " + std::to_string(rank) +
-                            (peer.empty() ? "" : " (" + peer + ")") + ": " + what + ": " +
-                            why.message());
+    return Unavailable("instance " + instance_id() + ": worker rank " + std::to_string(rank) +
+                       (peer.empty() ? "" : " (" + peer + ")") + ": " + what + ": " +
+                       why.message());
 }
 
 Status RemoteStepExecutor::Fail(Status status) {
@@ -280,8 +276,7 @@ void RemoteStepExecutor::Shutdown(const std::string& reason) {
     {
         std::lock_guard<std::mutex> lock(slots_->mu);
         if (slots_->failed.ok()) {
-            slots_->failed =
-                UnavailableError("instance " + instance_id() + ": shut down: " + reason);
+            slots_->failed = Unavailable("instance " + instance_id() + ": shut down: " + reason);
         }
         for (auto& c : slots_->channels) {
             if (c != nullptr) channels.push_back(c.get());
@@ -348,7 +343,7 @@ Status RemoteStepExecutor::WaitReady(std::chrono::milliseconds timeout,
         if (check_workers) {
             const Status alive = check_workers();
             if (!alive.ok()) {
-                return Fail(UnavailableError("instance " + instance_id() + ": " + alive.message()));
+                return Fail(Unavailable("instance " + instance_id() + ": " + alive.message()));
             }
         }
         if (Clock::now() >= deadline) {

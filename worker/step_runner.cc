@@ -89,43 +89,47 @@ Result<std::vector<TransferFailure>> StepRunner::ReceiveTransfers(const StepPlan
     return out;
 }
 
-Status StepRunner::SendLayers(const KvSendOp& op, int64_t layer_begin, int64_t layer_end,
-                              StepResult* result) {
+Result<StepRunner::PreparedSend> StepRunner::PrepareSend(const KvSendOp& op) const {
     if (transport_ == nullptr)
         return InvalidArgument("the plan sends KV but this worker has no KV transport");
-    const ShardLayout& layout = runner_.layout();
+    const std::string what = "KV send of transfer " + std::to_string(op.transfer_id) + ": ";
     if (static_cast<int32_t>(op.dst_endpoints.size()) != op.dst_tp) {
-        return InvalidArgument("KV send of transfer " + std::to_string(op.transfer_id) + ": " +
-                               std::to_string(op.dst_endpoints.size()) + " endpoints for dst_tp " +
-                               std::to_string(op.dst_tp));
+        return InvalidArgument(what + std::to_string(op.dst_endpoints.size()) +
+                               " endpoints for dst_tp " + std::to_string(op.dst_tp));
     }
     const int64_t bs = runner_.pool()->config().block_size;
     const auto num_blocks = static_cast<size_t>((op.num_tokens + bs - 1) / bs);
     if (num_blocks > op.block_table.size()) {
-        return InvalidArgument("KV send of transfer " + std::to_string(op.transfer_id) + ": " +
-                               std::to_string(op.block_table.size()) + " blocks cannot hold " +
-                               std::to_string(op.num_tokens) + " tokens");
+        return InvalidArgument(what + std::to_string(op.block_table.size()) +
+                               " blocks cannot hold " + std::to_string(op.num_tokens) + " tokens");
     }
-    const std::span<const int32_t> blocks(op.block_table.data(), num_blocks);
-    for (int32_t b : blocks) {
+    PreparedSend out;
+    out.op = &op;
+    out.blocks = std::span<const int32_t>(op.block_table.data(), num_blocks);
+    for (int32_t b : out.blocks) {
         if (!runner_.pool()->ValidBlock(b))
-            return InvalidArgument("KV send: block " + std::to_string(b) + " outside the pool");
+            return InvalidArgument(what + "block " + std::to_string(b) + " outside the pool");
     }
+    const ShardLayout& layout = runner_.layout();
+    for (int dst = 0; dst < op.dst_tp; ++dst) {
+        KV_RETURN_IF_ERROR(
+            MakeShardLayout(runner_.spec(), {.rank = dst, .tp = op.dst_tp}).status());
+        out.heads.push_back(
+            KvHeadsToSend(runner_.spec(), layout.shard.rank, layout.shard.tp, dst, op.dst_tp));
+    }
+    return out;
+}
+
+Status StepRunner::SendLayers(const PreparedSend& send, int64_t layer_begin, int64_t layer_end,
+                              StepResult* result) {
+    const KvSendOp& op = *send.op;
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::milliseconds(op.timeout_ms);
-    for (int dst = 0; dst < op.dst_tp; ++dst) {
-        Result<IndexRange> heads = [&]() -> Result<IndexRange> {
-            KV_RETURN_IF_ERROR(
-                MakeShardLayout(runner_.spec(), {.rank = dst, .tp = op.dst_tp}).status());
-            return KvHeadsToSend(runner_.spec(), layout.shard.rank, layout.shard.tp, dst,
-                                 op.dst_tp);
-        }();
-        KV_RETURN_IF_ERROR(heads.status());
-        if (heads->size() == 0) continue;
-        PackKvPiece(*runner_.pool(), layout, op.transfer_id, blocks, layer_begin, layer_end, *heads,
-                    &send_piece_);
-        KV_RETURN_IF_ERROR(
-            transport_->Send(op.dst_endpoints[static_cast<size_t>(dst)], send_piece_, deadline));
+    for (size_t dst = 0; dst < send.heads.size(); ++dst) {
+        if (send.heads[dst].size() == 0) continue;
+        PackKvPiece(*runner_.pool(), runner_.layout(), op.transfer_id, send.blocks, layer_begin,
+                    layer_end, send.heads[dst], &send_piece_);
+        KV_RETURN_IF_ERROR(transport_->Send(op.dst_endpoints[dst], send_piece_, deadline));
         result->kv_bytes_sent += static_cast<int64_t>(send_piece_.data.size());
     }
     return Status::Ok();
@@ -177,6 +181,17 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
                            [&](const TransferFailure& f) { return f.transfer_id == id; });
     };
 
+    // Checked once, before the forward pass; a send that cannot be done fails its transfer only.
+    std::vector<PreparedSend> sends;
+    for (const KvSendOp& op : plan.kv_sends) {
+        Result<PreparedSend> prepared = PrepareSend(op);
+        if (prepared.ok()) {
+            sends.push_back(std::move(*prepared));
+        } else {
+            send_failed(op, prepared.status());
+        }
+    }
+
     std::vector<const ScheduledSequence*> run;
     for (const ScheduledSequence& s : plan.sequences) {
         if (std::find(skipped.begin(), skipped.end(), s.seq_id) == skipped.end()) run.push_back(&s);
@@ -192,14 +207,14 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
                               .slot_mapping = s->slot_mapping});
         }
         std::function<void(int64_t)> after_layer;
-        if (std::any_of(plan.kv_sends.begin(), plan.kv_sends.end(),
-                        [](const KvSendOp& op) { return op.layerwise; })) {
+        if (std::any_of(sends.begin(), sends.end(),
+                        [](const PreparedSend& s) { return s.op->layerwise; })) {
             after_layer = [&](int64_t layer) {
-                for (const KvSendOp& op : plan.kv_sends) {
-                    if (!op.layerwise || has_failed(op.transfer_id)) continue;
+                for (const PreparedSend& send : sends) {
+                    if (!send.op->layerwise || has_failed(send.op->transfer_id)) continue;
                     timed([&] {
-                        if (Status st = SendLayers(op, layer, layer + 1, &result); !st.ok())
-                            send_failed(op, st);
+                        if (Status st = SendLayers(send, layer, layer + 1, &result); !st.ok())
+                            send_failed(*send.op, st);
                     });
                 }
             };
@@ -210,7 +225,8 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
             if (run[i]->sample) result.tokens.push_back(SampleRow(*run[i], &logits_[i * vocab]));
         }
     }
-    for (const KvSendOp& op : plan.kv_sends) {
+    for (const PreparedSend& send : sends) {
+        const KvSendOp& op = *send.op;
         // A layer-wise send whose sequence did not run (its own KV had not arrived) never streamed.
         const bool streamed = op.layerwise && !run.empty() &&
                               std::any_of(run.begin(), run.end(), [&](const ScheduledSequence* s) {
@@ -218,7 +234,7 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
                               });
         if (streamed || has_failed(op.transfer_id)) continue;
         timed([&] {
-            if (Status st = SendLayers(op, 0, runner_.spec().num_layers, &result); !st.ok())
+            if (Status st = SendLayers(send, 0, runner_.spec().num_layers, &result); !st.ok())
                 send_failed(op, st);
         });
     }

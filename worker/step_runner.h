@@ -9,7 +9,9 @@
 // Thread-safety: none; one thread drives it.
 #pragma once
 
+#include <span>
 #include <unordered_map>
+#include <vector>
 
 #include "comm/kv_transport.h"
 #include "comm/step_executor.h"
@@ -35,8 +37,16 @@ class StepRunner : public StepExecutor {
   private:
     // Receives every transfer of the plan; returns the failures all ranks agree on.
     Result<std::vector<TransferFailure>> ReceiveTransfers(const StepPlan& plan, StepResult* result);
-    // Sends layers [layer_begin, layer_end) of `op` to every receiving rank.
-    Status SendLayers(const KvSendOp& op, int64_t layer_begin, int64_t layer_end,
+    // A send op checked against this worker, with the KV heads it sends to each receiving rank
+    // (computed once per step, not once per layer).
+    struct PreparedSend {
+        const KvSendOp* op = nullptr;
+        std::span<const int32_t> blocks;
+        std::vector<IndexRange> heads;  // per receiving rank; empty range: nothing for it
+    };
+    Result<PreparedSend> PrepareSend(const KvSendOp& op) const;
+    // Sends layers [layer_begin, layer_end) to every receiving rank.
+    Status SendLayers(const PreparedSend& send, int64_t layer_begin, int64_t layer_end,
                       StepResult* result);
 
     ModelRunner& runner_;
