@@ -8,7 +8,8 @@ Status ListenOn(boost::asio::ip::tcp::acceptor& acceptor, const std::string& hos
     boost::system::error_code ec;
     tcp::resolver resolver(acceptor.get_executor());
     const auto endpoints = resolver.resolve(host, std::to_string(port), tcp::resolver::passive, ec);
-    if (ec || endpoints.empty()) return Unavailable("listen on " + where + ": cannot resolve: " + ec.message());
+    if (ec || endpoints.empty())
+        return Unavailable("listen on " + where + ": cannot resolve: " + ec.message());
     const tcp::endpoint endpoint = *endpoints.begin();
     acceptor.open(endpoint.protocol(), ec);
     if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);

@@ -102,8 +102,7 @@ std::vector<std::string> PreTokenizerRegexes(std::string_view pre) {
     return {};
 }
 
-BpeTokenizer::BpeTokenizer(TokenizerData data)
-    : Tokenizer(std::move(data)), piece_to_id_(BuildPieceMap(data_.tokens)), specials_(data_) {
+BpeTokenizer::BpeTokenizer(TokenizerData data) : TableTokenizer(std::move(data)), specials_(data_) {
     token_bytes_.resize(data_.tokens.size());
     for (size_t i = 0; i < data_.tokens.size(); ++i) {
         switch (TypeOf(data_, static_cast<int32_t>(i))) {
@@ -234,16 +233,6 @@ void BpeTokenizer::EncodeWord(std::string_view word, std::vector<int32_t>* out) 
             if (id >= 0) out->push_back(id);
         }
     }
-}
-
-std::string BpeTokenizer::TokenBytes(int32_t id) const {
-    if (id < 0 || id >= vocab_size()) return "";
-    return token_bytes_[static_cast<size_t>(id)];
-}
-
-int32_t BpeTokenizer::PieceToId(std::string_view piece) const {
-    auto it = piece_to_id_.find(piece);
-    return it == piece_to_id_.end() ? -1 : it->second;
 }
 
 }  // namespace kvshard

@@ -30,7 +30,7 @@ std::string ByteLevelDecode(std::string_view piece);
 // regex with them).
 std::vector<std::string> PreTokenizerRegexes(std::string_view pre);
 
-class BpeTokenizer final : public Tokenizer {
+class BpeTokenizer final : public TableTokenizer {
   public:
     // REQUIRES: data.kind == kByteLevelBpe and the checks of Tokenizer::Create passed.
     // Unimplemented for an unknown pre-tokenizer; InvalidArgument for a malformed merge.
@@ -38,8 +38,6 @@ class BpeTokenizer final : public Tokenizer {
     ~BpeTokenizer() override;
 
     std::vector<int32_t> Encode(std::string_view text, const EncodeOptions& options) const override;
-    std::string TokenBytes(int32_t id) const override;
-    int32_t PieceToId(std::string_view piece) const override;
 
   private:
     explicit BpeTokenizer(TokenizerData data);
@@ -56,9 +54,7 @@ class BpeTokenizer final : public Tokenizer {
                static_cast<uint32_t>(right);
     }
 
-    PieceMap piece_to_id_;
     std::unordered_map<uint64_t, Merge> merges_;  // (left id, right id) -> merge
-    std::vector<std::string> token_bytes_;
     std::unique_ptr<PreTokenizer> pre_tokenizer_;
     bool ignore_merges_ = false;  // Llama 3: a piece that is a whole token is not merged
     SpecialTokenSplitter specials_;

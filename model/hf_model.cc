@@ -15,25 +15,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class HfModel : public ModelFile {
+class HfModel : public TensorListModelFile {
   public:
     static Result<std::unique_ptr<ModelFile>> Open(const std::string& dir);
 
     ModelFormat format() const override { return ModelFormat::kHuggingFace; }
-    const TensorInfo* FindTensor(std::string_view name) const override {
-        auto it = index_.find(std::string(name));
-        return it == index_.end() ? nullptr : &tensors_[it->second];
-    }
-    std::vector<std::string> TensorNames() const override {
-        std::vector<std::string> names;
-        for (const TensorInfo& t : tensors_) names.push_back(t.name);
-        return names;
-    }
 
   private:
     std::unique_ptr<SafetensorsModel> weights_;
-    std::vector<TensorInfo> tensors_;  // canonical names, pointing into weights_' maps
-    std::unordered_map<std::string, size_t> index_;
 };
 
 Result<std::unique_ptr<ModelFile>> HfModel::Open(const std::string& dir) {
@@ -55,8 +44,10 @@ Result<std::unique_ptr<ModelFile>> HfModel::Open(const std::string& dir) {
         if (!name) continue;  // rotary_emb.inv_freq and other buffers kvshard does not use
         TensorInfo t = *model->weights_->FindTensor(hf_name);
         t.name = *name;
-        model->index_.emplace(t.name, model->tensors_.size());
-        model->tensors_.push_back(std::move(t));
+        // Canonical name, pointing into weights_' maps.
+        if (Status st = model->AddTensor(std::move(t)); !st.ok()) {
+            return InvalidArgument(weights_path + ": " + hf_name + ": " + st.message());
+        }
     }
     // What the weights say wins over config.json: some configs omit tie_word_embeddings.
     model->spec_.tied_embeddings = model->FindTensor("output.weight") == nullptr;

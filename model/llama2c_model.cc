@@ -21,29 +21,18 @@ struct Header {
     int32_t dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
 };
 
-class Llama2cModel : public ModelFile {
+class Llama2cModel : public TensorListModelFile {
   public:
     static Result<std::unique_ptr<ModelFile>> Open(const std::string& path,
                                                    const OpenModelOptions& options);
 
     ModelFormat format() const override { return ModelFormat::kLlama2c; }
-    const TensorInfo* FindTensor(std::string_view name) const override {
-        auto it = index_.find(std::string(name));
-        return it == index_.end() ? nullptr : &tensors_[it->second];
-    }
-    std::vector<std::string> TensorNames() const override {
-        std::vector<std::string> names;
-        for (const TensorInfo& t : tensors_) names.push_back(t.name);
-        return names;
-    }
 
   private:
     Status MapTensors(const Header& h);
     void Add(std::string name, std::vector<int64_t> shape, const uint8_t* data);
 
     MappedFile file_;
-    std::vector<TensorInfo> tensors_;
-    std::unordered_map<std::string, size_t> index_;
 };
 
 Status CheckHeader(const Header& h, const std::string& path) {
@@ -128,8 +117,8 @@ void Llama2cModel::Add(std::string name, std::vector<int64_t> shape, const uint8
     t.shape = std::move(shape);
     t.data = data;
     t.num_bytes = static_cast<size_t>(t.NumElements()) * sizeof(float);
-    index_.emplace(t.name, tensors_.size());
-    tensors_.push_back(std::move(t));
+    const Status added = AddTensor(std::move(t));  // names come from this file's own table
+    KV_CHECK(added.ok()) << added.ToString();
 }
 
 Status Llama2cModel::MapTensors(const Header& h) {

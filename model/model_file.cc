@@ -111,6 +111,25 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelSpec& spec) {
     return out;
 }
 
+const TensorInfo* TensorListModelFile::FindTensor(std::string_view name) const {
+    auto it = index_.find(std::string(name));
+    return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+std::vector<std::string> TensorListModelFile::TensorNames() const {
+    std::vector<std::string> names;
+    for (const TensorInfo& t : tensors_) names.push_back(t.name);
+    return names;
+}
+
+Status TensorListModelFile::AddTensor(TensorInfo tensor) {
+    if (!index_.emplace(tensor.name, tensors_.size()).second) {
+        return InvalidArgument("two tensors are named " + tensor.name);
+    }
+    tensors_.push_back(std::move(tensor));
+    return Status::Ok();
+}
+
 Result<const TensorInfo*> ModelFile::GetTensor(std::string_view name,
                                                const std::vector<int64_t>& expected_shape) const {
     const TensorInfo* t = FindTensor(name);

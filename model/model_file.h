@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -41,7 +42,7 @@ struct OpenModelOptions {
 };
 
 class ModelFile {
-public:
+  public:
     virtual ~ModelFile() = default;
 
     virtual ModelFormat format() const = 0;
@@ -57,10 +58,26 @@ public:
                                         const std::vector<int64_t>& expected_shape = {}) const;
     virtual std::vector<std::string> TensorNames() const = 0;
 
-protected:
+  protected:
     std::string path_;
     ModelSpec spec_;
     TokenizerData tokenizer_data_;
+};
+
+// A ModelFile whose tensors are a list built when it is opened (llama2.c checkpoints, Hugging
+// Face directories): a name index over it answers FindTensor and TensorNames.
+class TensorListModelFile : public ModelFile {
+  public:
+    const TensorInfo* FindTensor(std::string_view name) const final;
+    std::vector<std::string> TensorNames() const final;
+
+  protected:
+    // InvalidArgument (nothing added) when a tensor of that name is already there.
+    Status AddTensor(TensorInfo tensor);
+
+  private:
+    std::vector<TensorInfo> tensors_;
+    std::unordered_map<std::string, size_t> index_;
 };
 
 // Opens `path`: a .gguf file, a Hugging Face directory (config.json + model.safetensors or
@@ -72,7 +89,8 @@ Result<std::unique_ptr<ModelFile>> OpenModel(const std::string& path,
                                              const OpenModelOptions& options = {});
 
 // Canonical tensor names, built in one place.
-std::string LayerTensorName(int64_t layer, std::string_view suffix);  // ("attn_q") -> blk.L.attn_q.weight
+std::string LayerTensorName(int64_t layer,
+                            std::string_view suffix);  // ("attn_q") -> blk.L.attn_q.weight
 
 struct ExpectedTensor {
     std::string name;

@@ -76,8 +76,7 @@ struct BigramLess {
 
 }  // namespace
 
-SpmTokenizer::SpmTokenizer(TokenizerData data)
-    : Tokenizer(std::move(data)), piece_to_id_(BuildPieceMap(data_.tokens)), specials_(data_) {
+SpmTokenizer::SpmTokenizer(TokenizerData data) : TableTokenizer(std::move(data)), specials_(data_) {
     byte_ids_.fill(-1);
     for (int b = 0; b < 256; ++b) {
         char name[8];
@@ -198,16 +197,6 @@ void SpmTokenizer::AppendBytes(std::string_view bytes, std::vector<int32_t>* out
         return;
     }
     for (char c : bytes) out->push_back(byte_ids_[static_cast<uint8_t>(c)]);
-}
-
-std::string SpmTokenizer::TokenBytes(int32_t id) const {
-    if (id < 0 || id >= vocab_size()) return "";
-    return token_bytes_[static_cast<size_t>(id)];
-}
-
-int32_t SpmTokenizer::PieceToId(std::string_view piece) const {
-    auto it = piece_to_id_.find(piece);
-    return it == piece_to_id_.end() ? -1 : it->second;
 }
 
 }  // namespace kvshard

@@ -19,14 +19,12 @@
 
 namespace kvshard {
 
-class SpmTokenizer final : public Tokenizer {
+class SpmTokenizer final : public TableTokenizer {
   public:
     // REQUIRES: data.kind == kSentencePiece and the checks of Tokenizer::Create passed.
     static Result<std::unique_ptr<Tokenizer>> Create(TokenizerData data);
 
     std::vector<int32_t> Encode(std::string_view text, const EncodeOptions& options) const override;
-    std::string TokenBytes(int32_t id) const override;
-    int32_t PieceToId(std::string_view piece) const override;
 
   private:
     explicit SpmTokenizer(TokenizerData data);
@@ -36,9 +34,7 @@ class SpmTokenizer final : public Tokenizer {
     void AppendBytes(std::string_view bytes, std::vector<int32_t>* out) const;
     float Score(int32_t id) const;
 
-    PieceMap piece_to_id_;
-    std::array<int32_t, 256> byte_ids_;     // byte -> its "<0xXX>" token, -1 if none
-    std::vector<std::string> token_bytes_;  // TokenBytes of every id
+    std::array<int32_t, 256> byte_ids_;  // byte -> its "<0xXX>" token, -1 if none
     SpecialTokenSplitter specials_;
 };
 

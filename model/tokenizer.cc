@@ -84,6 +84,19 @@ bool Tokenizer::IsControl(int32_t id) const {
     return TypeOf(data_, id) == TokenType::kControl;
 }
 
+TableTokenizer::TableTokenizer(TokenizerData data)
+    : Tokenizer(std::move(data)), piece_to_id_(BuildPieceMap(data_.tokens)) {}
+
+std::string TableTokenizer::TokenBytes(int32_t id) const {
+    if (id < 0 || id >= vocab_size()) return "";
+    return token_bytes_[static_cast<size_t>(id)];
+}
+
+int32_t TableTokenizer::PieceToId(std::string_view piece) const {
+    auto it = piece_to_id_.find(piece);
+    return it == piece_to_id_.end() ? -1 : it->second;
+}
+
 PieceMap BuildPieceMap(const std::vector<std::string>& tokens) {
     PieceMap map;
     map.reserve(tokens.size());

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "model/tokenizer.h"
 #include "model/tokenizer_data.h"
 
 namespace kvshard {
@@ -23,6 +24,20 @@ struct PieceHash {
 using PieceMap = std::unordered_map<std::string, int32_t, PieceHash, std::equal_to<>>;
 
 PieceMap BuildPieceMap(const std::vector<std::string>& tokens);
+
+// The lookup tables every tokenizer kind keeps: piece -> id, and the decoded bytes of each id
+// (token_bytes_, filled by the subclass's constructor: the decoding differs by kind).
+class TableTokenizer : public Tokenizer {
+  public:
+    std::string TokenBytes(int32_t id) const final;
+    int32_t PieceToId(std::string_view piece) const final;
+
+  protected:
+    explicit TableTokenizer(TokenizerData data);
+
+    PieceMap piece_to_id_;
+    std::vector<std::string> token_bytes_;  // TokenBytes of every id
+};
 
 // The type of token `id` (kNormal when `data.types` is empty). REQUIRES: id in range.
 inline TokenType TypeOf(const TokenizerData& data, int32_t id) {
