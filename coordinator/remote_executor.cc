@@ -119,12 +119,15 @@ void WorkerRegistry::AcceptLoop() {
 
 void WorkerRegistry::Reject(FrameChannel& channel, const std::string& reason) {
     spdlog::warn("worker registry: refused {}: {}", channel.peer(), reason);
+    {
+        // Recorded before the answer goes out: whoever has seen the refusal sees it here too.
+        std::lock_guard<std::mutex> lock(mu_);
+        rejections_.push_back(channel.peer() + ": " + reason);
+    }
     RegisterAckMessage nack;
     nack.accepted = false;
     nack.error = reason;
     (void)channel.Send(nack);  // best effort: the peer may not be a worker at all
-    std::lock_guard<std::mutex> lock(mu_);
-    rejections_.push_back(channel.peer() + ": " + reason);
 }
 
 void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel> channel) {
