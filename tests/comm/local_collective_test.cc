@@ -1,9 +1,16 @@
 #include "comm/local_collective.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <functional>
+#include <thread>
+#include <vector>
 
 #include "comm/collective.h"
 #include "tests/comm/collective_test_util.h"
@@ -27,7 +34,10 @@ class LocalCollectiveTest : public ::testing::TestWithParam<int> {};
 TEST_P(LocalCollectiveTest, AllReduceSumIsTheRankOrderSumOnEveryRank) {
     const int size = GetParam();
     auto group = LocalGroup::Create(size);
-    const std::vector<int64_t> counts = {0, 1, 7, 1000, 4099};
+    // Small counts go through the staging buffers, large ones split the additions among ranks.
+    constexpr int64_t kStaged = LocalGroup::kMaxStagedFloats;
+    const std::vector<int64_t> counts = {0,    1,       7,           1000,
+                                         4099, kStaged, kStaged + 1, 3 * kStaged + 5};
     std::vector<std::vector<std::vector<float>>> results(  // [rank][case]
         size, std::vector<std::vector<float>>(counts.size()));
     std::vector<int64_t> bytes(size, 0);
@@ -74,22 +84,24 @@ TEST_P(LocalCollectiveTest, AllReduceSumIsDeterministicAcrossRuns) {
 
 TEST_P(LocalCollectiveTest, AllGatherIsRankMajor) {
     const int size = GetParam();
-    auto group = LocalGroup::Create(size);
-    constexpr int64_t kCount = 5;
-    std::vector<std::vector<float>> received(size);
-    ExpectAllOk(RunLocalRanks(group, [&](int rank, Collective& c) -> Status {
-        std::vector<float> send(kCount);
-        for (int64_t i = 0; i < kCount; ++i) send[i] = static_cast<float>(rank * 100 + i);
-        received[rank].assign(kCount * size, -1.0f);
-        return c.AllGather(send.data(), kCount, received[rank].data());
-    }));
-    for (int r = 0; r < size; ++r) {
-        for (int from = 0; from < size; ++from) {
-            for (int64_t i = 0; i < kCount; ++i) {
-                EXPECT_EQ(received[r][from * kCount + i], static_cast<float>(from * 100 + i))
-                    << "rank " << r << " from " << from << " element " << i;
+    for (const int64_t count : {int64_t{5}, LocalGroup::kMaxStagedFloats + 3}) {
+        auto group = LocalGroup::Create(size);
+        std::vector<std::vector<float>> received(size);
+        ExpectAllOk(RunLocalRanks(group, [&](int rank, Collective& c) -> Status {
+            std::vector<float> send(count);
+            for (int64_t i = 0; i < count; ++i) send[i] = static_cast<float>(rank * 100 + i);
+            received[rank].assign(count * size, -1.0f);
+            return c.AllGather(send.data(), count, received[rank].data());
+        }));
+        int64_t wrong = 0;
+        for (int r = 0; r < size; ++r) {
+            for (int from = 0; from < size; ++from) {
+                for (int64_t i = 0; i < count; ++i) {
+                    wrong += received[r][from * count + i] != static_cast<float>(from * 100 + i);
+                }
             }
         }
+        EXPECT_EQ(wrong, 0) << "count " << count;
     }
 }
 
@@ -114,6 +126,54 @@ TEST_P(LocalCollectiveTest, BroadcastFromEveryRoot) {
             EXPECT_EQ(seen[r][root], expected) << "rank " << r;
         }
     }
+}
+
+TEST_P(LocalCollectiveTest, LargeBroadcastFromEveryRoot) {
+    const int size = GetParam();
+    const int64_t bytes = LocalGroup::kMaxStagedFloats * 4 + 1;
+    auto group = LocalGroup::Create(size);
+    std::vector<int64_t> wrong(size, 0);
+    ExpectAllOk(RunLocalRanks(group, [&](int rank, Collective& c) -> Status {
+        for (int root = 0; root < size; ++root) {
+            std::vector<uint8_t> data(bytes, rank == root ? 0 : 0xff);
+            if (rank == root) {
+                for (int64_t i = 0; i < bytes; ++i) data[i] = static_cast<uint8_t>(i * 7 + root);
+            }
+            KV_RETURN_IF_ERROR(c.Broadcast(data.data(), bytes, root));
+            for (int64_t i = 0; i < bytes; ++i) {
+                wrong[rank] += data[i] != static_cast<uint8_t>(i * 7 + root);
+            }
+        }
+        return Status::Ok();
+    }));
+    for (int r = 0; r < size; ++r) EXPECT_EQ(wrong[r], 0) << "rank " << r;
+}
+
+// Small and large all-reduces and the other operations interleaved, as a decode step mixes them:
+// the staging buffers of one operation must not be overwritten while a peer still reads them.
+TEST_P(LocalCollectiveTest, MixedOperationsKeepTheirBits) {
+    const int size = GetParam();
+    auto group = LocalGroup::Create(size);
+    const std::vector<int64_t> counts = {576, 1, LocalGroup::kMaxStagedFloats + 1, 3, 576 * 4};
+    std::vector<std::vector<float>> expected;
+    for (size_t k = 0; k < counts.size(); ++k) expected.push_back(RankOrderSum(size, counts[k], k));
+    std::atomic<int> mismatches{0};
+    ExpectAllOk(RunLocalRanks(group, [&](int rank, Collective& c) -> Status {
+        for (int round = 0; round < 200; ++round) {
+            const size_t k = round % counts.size();
+            std::vector<float> data = RankInput(rank, counts[k], k);
+            KV_RETURN_IF_ERROR(c.AllReduceSum(data.data(), counts[k]));
+            if (!SameBits(data, expected[k])) ++mismatches;
+            if (round % 7 == 0) KV_RETURN_IF_ERROR(c.Barrier());
+            if (round % 11 == 0) {
+                int value = rank == 0 ? round : -1;
+                KV_RETURN_IF_ERROR(c.Broadcast(&value, sizeof(value), 0));
+                if (value != round) ++mismatches;
+            }
+        }
+        return Status::Ok();
+    }));
+    EXPECT_EQ(mismatches.load(), 0);
 }
 
 TEST_P(LocalCollectiveTest, BarrierWaitsForEveryRank) {
@@ -149,6 +209,52 @@ TEST(LocalCollective, AddsInRankOrder) {
         return Status::Ok();
     }));
     for (int r = 0; r < 3; ++r) EXPECT_EQ(out[r], (1e8f + 1.0f) + -1e8f) << "rank " << r;
+}
+
+// Bigger groups than cores (tests run tp 4 on 2 cores): a waiting rank must give its core to the
+// peer it waits for within microseconds, not spin through the peer's time slice (milliseconds
+// per barrier, minutes for this test).
+TEST(LocalCollective, OversubscribedRanksMakeProgress) {
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+    std::vector<int> cpus;
+    for (int cpu = 0; cpu < CPU_SETSIZE && cpus.size() < 2; ++cpu) {
+        if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+    }
+    ASSERT_FALSE(cpus.empty());
+    struct Case {
+        int ranks;
+        int num_cpus;
+    };
+    for (const Case& test : {Case{4, 2}, Case{4, 1}, Case{8, 2}}) {
+        if (test.num_cpus > static_cast<int>(cpus.size())) continue;
+        constexpr int kIterations = 5000;
+        constexpr int64_t kCount = 576;
+        auto group = LocalGroup::Create(test.ranks, /*timeout_ms=*/30'000);
+        const std::vector<float> expected = RankOrderSum(test.ranks, kCount, 5);
+        std::atomic<int> mismatches{0};
+        const auto start = std::chrono::steady_clock::now();
+        ExpectAllOk(RunLocalRanks(group, [&](int rank, Collective& c) -> Status {
+            cpu_set_t one;
+            CPU_ZERO(&one);
+            CPU_SET(cpus[rank % test.num_cpus], &one);
+            EXPECT_EQ(pthread_setaffinity_np(pthread_self(), sizeof(one), &one), 0);
+            const std::vector<float> input = RankInput(rank, kCount, 5);
+            std::vector<float> data;
+            for (int i = 0; i < kIterations; ++i) {
+                data = input;
+                KV_RETURN_IF_ERROR(c.AllReduceSum(data.data(), kCount));
+            }
+            if (!SameBits(data, expected)) ++mismatches;
+            return Status::Ok();
+        }));
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        EXPECT_EQ(mismatches.load(), 0);
+        // About 0.3 s on 2 shared cores; spinning through time slices would take minutes.
+        EXPECT_LT(seconds, 10.0) << test.ranks << " ranks on " << test.num_cpus << " cpu(s)";
+    }
 }
 
 TEST(LocalCollective, TimeoutFailsEveryWaitingRankAndLaterCalls) {
@@ -207,6 +313,12 @@ TEST(LocalCollective, RanksThatDisagreeFailTogether) {
          [](Collective& c, int rank) {
              std::vector<float> data(6);
              return c.AllReduceSum(data.data(), rank == 0 ? 5 : 6);
+         }},
+        {"a staged and a split all-reduce",
+         [](Collective& c, int rank) {
+             const int64_t count = LocalGroup::kMaxStagedFloats + rank;
+             std::vector<float> data(count);
+             return c.AllReduceSum(data.data(), count);
          }},
         {"different operations",
          [](Collective& c, int rank) {
