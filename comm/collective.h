@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "common/device.h"
 #include "common/status.h"
 
 namespace kvshard {
@@ -85,9 +86,9 @@ struct CollectiveConfig {
     int size = 0;
     std::string nccl_unique_id;
     int cuda_device = 0;
-    // kNccl: the cudaStream_t the operations are queued on; nullptr: a stream of the
+    // kNccl: the stream (on cuda_device) the operations are queued on; nullptr: a stream of the
     // communicator's own. Every operation has completed on the stream when the call returns.
-    void* cuda_stream = nullptr;
+    StreamHandle cuda_stream = nullptr;
 };
 
 // Builds the communicator `config` describes. Unimplemented for kMpi or kNccl in a build without

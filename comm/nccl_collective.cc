@@ -39,28 +39,25 @@ class NcclCollective final : public Collective {
                   return aborted_.load() ? AbortStatus(what) : Status::Ok();
               }) {}
 
+    // The stream and the scratch buffer (members) are released after the communicator.
     ~NcclCollective() override {
-        cudaSetDevice(device_);
+        (void)SetDevice(device_);
         if (!aborted_.load()) {
             const Status done = comm_.Finalize(Deadline());
             if (!done.ok()) spdlog::warn("NCCL rank {}: {}", rank_, done.ToString());
         }
         comm_.Abort();
-        if (scratch_ != nullptr) cudaFree(scratch_);
-        if (own_stream_ != nullptr) cudaStreamDestroy(own_stream_);
     }
 
-    Status Init(const std::string& unique_id, void* stream) {
-        KV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    Status Init(const std::string& unique_id, StreamHandle stream) {
+        KV_RETURN_IF_ERROR(SetDevice(device_));
         if (stream != nullptr) {
-            stream_ = static_cast<cudaStream_t>(stream);
+            stream_ = stream;
         } else {
-            KV_RETURN_IF_ERROR(
-                CudaStatus(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking),
-                           "cudaStreamCreate"));
-            stream_ = own_stream_;
+            KV_ASSIGN_OR_RETURN(own_stream_, DeviceStream::Create());
+            stream_ = own_stream_.get();
         }
-        KV_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc"));
+        KV_ASSIGN_OR_RETURN(scratch_, DeviceBuffer::Allocate(sizeof(float)));
         KV_RETURN_IF_ERROR(comm_.StartInit(size_, rank_, unique_id));
         return comm_.PollComm("ncclCommInitRankConfig", Deadline());
     }
@@ -102,7 +99,8 @@ class NcclCollective final : public Collective {
     Status Barrier() override {
         KV_RETURN_IF_ERROR(CheckUsable("Barrier"));
         return Run("ncclAllReduce (barrier)",
-                   ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_.get(), stream_));
+                   ncclAllReduce(scratch_.data(), scratch_.data(), 1, ncclFloat, ncclSum,
+                                 comm_.get(), stream_));
     }
 
     // Only flags the communicator: ncclCommAbort must not race with the owner thread's calls,
@@ -125,7 +123,7 @@ class NcclCollective final : public Collective {
     Status CheckUsable(std::string_view what) {
         if (!comm_.failure().ok()) return comm_.failure();
         if (aborted_.load()) return comm_.Fail(AbortStatus(what));
-        return CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
+        return SetDevice(device_);
     }
 
     Status AbortStatus(std::string_view what) {
@@ -145,10 +143,11 @@ class NcclCollective final : public Collective {
     const int size_;
     const int device_;
     const int64_t timeout_ms_;
-    NcclComm comm_;  // owner thread only
-    cudaStream_t stream_ = nullptr;
-    cudaStream_t own_stream_ = nullptr;
-    float* scratch_ = nullptr;  // device float for Barrier
+    // Declared before comm_, so that they outlive it.
+    DeviceStream own_stream_;  // empty when the config gave a stream
+    DeviceBuffer scratch_;     // one device float for Barrier
+    NcclComm comm_;            // owner thread only
+    StreamHandle stream_ = nullptr;
 
     std::atomic<bool> aborted_{false};
     std::mutex abort_mu_;
@@ -173,7 +172,7 @@ Result<std::unique_ptr<Collective>> MakeNcclCollective(const CollectiveConfig& c
         return InvalidArgument("NCCL collective: timeout_ms " + std::to_string(config.timeout_ms) +
                                " must be > 0");
     }
-    const int devices = VisibleCudaDevices();
+    const int devices = DeviceCount();
     if (config.cuda_device < 0 || config.cuda_device >= devices) {
         return Status(StatusCode::kUnavailable,
                       "NCCL collective: CUDA device " + std::to_string(config.cuda_device) +

@@ -7,28 +7,11 @@
 
 namespace kvshard::internal {
 
-Status CudaStatus(cudaError_t err, std::string_view call) {
-    if (err == cudaSuccess) return Status::Ok();
-    return Status(StatusCode::kUnavailable, std::string(call) + " failed: CUDA error " +
-                                                std::to_string(static_cast<int>(err)) + " (" +
-                                                cudaGetErrorName(err) +
-                                                "): " + cudaGetErrorString(err));
-}
-
 Status NcclStatus(ncclResult_t result, std::string_view call) {
     if (result == ncclSuccess) return Status::Ok();
     return Status(StatusCode::kUnavailable, std::string(call) + " failed: NCCL error " +
                                                 std::to_string(static_cast<int>(result)) + ": " +
                                                 ncclGetErrorString(result));
-}
-
-int VisibleCudaDevices() {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    return count;
 }
 
 NcclComm::NcclComm(ncclComm_t comm, DeadlineMessage deadline_message, WaitCheck check)
@@ -70,13 +53,13 @@ Status NcclComm::PollComm(std::string_view what, Clock::time_point deadline) {
     }
 }
 
-Status NcclComm::WaitStream(std::string_view what, cudaStream_t stream,
+Status NcclComm::WaitStream(std::string_view what, StreamHandle stream,
                             Clock::time_point deadline) {
     KV_RETURN_IF_ERROR(PollComm(what, deadline));
     for (int64_t polls = 0;; ++polls) {
-        const cudaError_t done = cudaStreamQuery(stream);
-        if (done == cudaSuccess) return Status::Ok();
-        if (done != cudaErrorNotReady) return Fail(CudaStatus(done, "cudaStreamQuery"));
+        const Result<bool> done = StreamIsDone(stream);
+        if (!done.ok()) return Fail(done.status());
+        if (*done) return Status::Ok();
         // A peer's failure shows up here, not on the stream.
         ncclResult_t state = ncclSuccess;
         KV_RETURN_IF_ERROR(

@@ -8,7 +8,6 @@
 // owner's extra check fails. One thread at a time (NCCL communicators are not thread-safe).
 #pragma once
 
-#include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <chrono>
@@ -16,16 +15,13 @@
 #include <string>
 #include <string_view>
 
+#include "common/device.h"
 #include "common/status.h"
 
 namespace kvshard::internal {
 
-// Unavailable with the call, the error's number, name and text; Ok for cudaSuccess.
-Status CudaStatus(cudaError_t err, std::string_view call);
 // Unavailable with the call, the result's number and text; Ok for ncclSuccess.
 Status NcclStatus(ncclResult_t result, std::string_view call);
-// cudaGetDeviceCount, 0 when it fails (the error is cleared).
-int VisibleCudaDevices();
 
 class NcclComm {
   public:
@@ -61,7 +57,7 @@ class NcclComm {
 
     // PollComm, then waits until `stream` has run the work, watching the communicator for a
     // peer's failure (it shows up there, not on the stream).
-    Status WaitStream(std::string_view what, cudaStream_t stream, Clock::time_point deadline);
+    Status WaitStream(std::string_view what, StreamHandle stream, Clock::time_point deadline);
 
     // Finalizes and destroys the communicator when nothing failed; when finalizing fails or does
     // not end by the deadline, aborts it and returns why. Ok when there is nothing to do.

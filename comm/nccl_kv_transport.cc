@@ -11,7 +11,6 @@ namespace kvshard {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using internal::CudaStatus;
 using internal::NcclComm;
 using internal::NcclStatus;
 
@@ -29,13 +28,13 @@ class NcclKvChannel::Impl {
                 }),
           device_(device) {}
 
+    // The stream (a member) is released after the communicator.
     ~Impl() {
-        cudaSetDevice(device_);
+        (void)SetDevice(device_);
         const Status done =
             comm_.Finalize(Clock::now() + std::chrono::milliseconds(kFinalizeTimeoutMs));
         if (!done.ok()) spdlog::warn("NCCL KV channel rank {}: {}", rank_, done.ToString());
         comm_.Abort();
-        if (own_stream_ != nullptr) cudaStreamDestroy(own_stream_);
     }
 
     // Starts creating a two-rank communicator (Create; Init waits for it).
@@ -45,17 +44,17 @@ class NcclKvChannel::Impl {
 
     // After the communicator exists (it may still be initializing: non-blocking).
     Status Init(Clock::time_point deadline) {
-        KV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+        KV_RETURN_IF_ERROR(SetDevice(device_));
         KV_RETURN_IF_ERROR(comm_.PollComm("ncclCommInitRankConfig", deadline));
         KV_RETURN_IF_ERROR(
             comm_.Fail(NcclStatus(ncclCommUserRank(comm_.get(), &rank_), "ncclCommUserRank")));
         KV_RETURN_IF_ERROR(
             comm_.Fail(NcclStatus(ncclCommCount(comm_.get(), &size_), "ncclCommCount")));
-        return CudaStatus(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking),
-                          "cudaStreamCreate");
+        KV_ASSIGN_OR_RETURN(own_stream_, DeviceStream::Create());
+        return Status::Ok();
     }
 
-    Status Transfer(bool send, void* buffer, size_t bytes, int peer, void* stream,
+    Status Transfer(bool send, void* buffer, size_t bytes, int peer, StreamHandle stream,
                     Clock::time_point deadline) {
         const std::string_view what = send ? "ncclSend" : "ncclRecv";
         if (!comm_.failure().ok()) return comm_.failure();
@@ -68,8 +67,8 @@ class NcclKvChannel::Impl {
             return InvalidArgument(std::string(what) + ": null buffer for " +
                                    std::to_string(bytes) + " bytes");
         }
-        KV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
-        cudaStream_t s = stream != nullptr ? static_cast<cudaStream_t>(stream) : own_stream_;
+        KV_RETURN_IF_ERROR(SetDevice(device_));
+        const StreamHandle s = stream != nullptr ? stream : own_stream_.get();
         // Inside a group so that NCCL may schedule it with the peer's matching call without the
         // two ranks' calls having to be ordered (and so that later callers can add pieces).
         KV_RETURN_IF_ERROR(comm_.Fail(NcclStatus(ncclGroupStart(), "ncclGroupStart")));
@@ -87,11 +86,11 @@ class NcclKvChannel::Impl {
   private:
     static constexpr int64_t kFinalizeTimeoutMs = 10'000;
 
+    DeviceStream own_stream_;  // declared before comm_, so that it outlives it
     NcclComm comm_;
     const int device_;
     int rank_ = -1;
     int size_ = 0;
-    cudaStream_t own_stream_ = nullptr;
 };
 
 NcclKvChannel::NcclKvChannel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -111,7 +110,7 @@ Result<std::unique_ptr<NcclKvChannel>> NcclKvChannel::Create(const NcclKvChannel
         return InvalidArgument("NCCL KV channel: init_timeout_ms=" +
                                std::to_string(config.init_timeout_ms) + " must be > 0");
     }
-    const int devices = internal::VisibleCudaDevices();
+    const int devices = DeviceCount();
     if (config.cuda_device < 0 || config.cuda_device >= devices) {
         return Status(StatusCode::kUnavailable,
                       "NCCL KV channel: CUDA device " + std::to_string(config.cuda_device) +
@@ -119,28 +118,28 @@ Result<std::unique_ptr<NcclKvChannel>> NcclKvChannel::Create(const NcclKvChannel
     }
     const Clock::time_point deadline =
         Clock::now() + std::chrono::milliseconds(config.init_timeout_ms);
-    KV_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(config.cuda_device), "cudaSetDevice"));
+    KV_RETURN_IF_ERROR(SetDevice(config.cuda_device));
     auto impl = std::make_unique<Impl>(nullptr, config.cuda_device);
     KV_RETURN_IF_ERROR(impl->StartInit(config.rank, config.nccl_unique_id));
     KV_RETURN_IF_ERROR(impl->Init(deadline));
     return std::unique_ptr<NcclKvChannel>(new NcclKvChannel(std::move(impl)));
 }
 
-Result<std::unique_ptr<NcclKvChannel>> NcclKvChannel::Adopt(void* nccl_comm, int cuda_device) {
+Result<std::unique_ptr<NcclKvChannel>> NcclKvChannel::Adopt(ncclComm* nccl_comm, int cuda_device) {
     if (nccl_comm == nullptr) return InvalidArgument("NCCL KV channel: null communicator");
-    auto impl = std::make_unique<Impl>(static_cast<ncclComm_t>(nccl_comm), cuda_device);
+    auto impl = std::make_unique<Impl>(nccl_comm, cuda_device);
     // An adopted communicator is normally initialized already; the deadline covers a
     // non-blocking one still joining its peer.
     KV_RETURN_IF_ERROR(impl->Init(Clock::now() + std::chrono::seconds(60)));
     return std::unique_ptr<NcclKvChannel>(new NcclKvChannel(std::move(impl)));
 }
 
-Status NcclKvChannel::SendBlocks(const void* device_src, size_t bytes, int peer, void* stream,
-                                 Clock::time_point deadline) {
+Status NcclKvChannel::SendBlocks(const void* device_src, size_t bytes, int peer,
+                                 StreamHandle stream, Clock::time_point deadline) {
     return impl_->Transfer(true, const_cast<void*>(device_src), bytes, peer, stream, deadline);
 }
 
-Status NcclKvChannel::RecvBlocks(void* device_dst, size_t bytes, int peer, void* stream,
+Status NcclKvChannel::RecvBlocks(void* device_dst, size_t bytes, int peer, StreamHandle stream,
                                  Clock::time_point deadline) {
     return impl_->Transfer(false, device_dst, bytes, peer, stream, deadline);
 }

@@ -4,9 +4,9 @@
 // order, is agreed beforehand (e.g. the KvPieceHeader sent over a KvTransport), and both sides
 // must call with the same byte count.
 //
-// Built only with KVSHARD_WITH_CUDA (comm/nccl_kv_transport.cc); the header has no CUDA types so
-// host code can include it: streams are `void*` holding a cudaStream_t, communicators `void*`
-// holding an ncclComm_t.
+// Built only with KVSHARD_WITH_CUDA (comm/nccl_kv_transport.cc); the header includes neither CUDA
+// nor NCCL, so host code can include it: streams are the device layer's StreamHandle
+// (common/device.h), communicators `ncclComm*` (an ncclComm_t) through a declared tag.
 //
 // Failure: every call polls ncclCommGetAsyncError and the stream until done or the deadline;
 // on a timeout or an NCCL error the communicator is aborted (ncclCommAbort), which releases GPU
@@ -20,7 +20,11 @@
 #include <memory>
 #include <string>
 
+#include "common/device.h"
 #include "common/status.h"
+
+// ncclComm_t is `ncclComm*`; declaring the tag keeps this header free of NCCL includes.
+struct ncclComm;
 
 namespace kvshard {
 
@@ -41,9 +45,9 @@ class NcclKvChannel {
     // when the device does not exist, DeadlineExceeded when the peer did not join in time.
     static Result<std::unique_ptr<NcclKvChannel>> Create(const NcclKvChannelConfig& config);
 
-    // Takes over `nccl_comm` (an ncclComm_t whose device is `cuda_device`): the channel
-    // destroys it, or aborts it after a failure. It may be blocking or not.
-    static Result<std::unique_ptr<NcclKvChannel>> Adopt(void* nccl_comm, int cuda_device);
+    // Takes over `nccl_comm` (its device is `cuda_device`): the channel destroys it, or aborts
+    // it after a failure. It may be blocking or not.
+    static Result<std::unique_ptr<NcclKvChannel>> Adopt(ncclComm* nccl_comm, int cuda_device);
 
     // Finalizes and destroys the communicator (aborting it when that does not finish promptly).
     ~NcclKvChannel();
@@ -51,11 +55,12 @@ class NcclKvChannel {
     NcclKvChannel& operator=(const NcclKvChannel&) = delete;
 
     // Sends `bytes` from device memory to rank `peer`, which must RecvBlocks the same count.
-    // `stream`: a cudaStream_t, or nullptr for the channel's own. Returns once the stream ran it.
-    Status SendBlocks(const void* device_src, size_t bytes, int peer, void* stream,
+    // `stream`: a stream on the channel's device, or nullptr for the channel's own. Returns once
+    // the stream ran it.
+    Status SendBlocks(const void* device_src, size_t bytes, int peer, StreamHandle stream,
                       std::chrono::steady_clock::time_point deadline);
     // Receives `bytes` from rank `peer` into device memory.
-    Status RecvBlocks(void* device_dst, size_t bytes, int peer, void* stream,
+    Status RecvBlocks(void* device_dst, size_t bytes, int peer, StreamHandle stream,
                       std::chrono::steady_clock::time_point deadline);
 
     int rank() const;

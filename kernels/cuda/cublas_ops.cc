@@ -28,7 +28,7 @@ CublasHandle::~CublasHandle() {
     if (handle_ != nullptr) cublasDestroy(AsCublas(handle_));  // never aborts in a destructor
 }
 
-void CublasHandle::SetStream(Stream stream) {
+void CublasHandle::SetStream(StreamHandle stream) {
     KV_CUBLAS_CHECK(cublasSetStream(AsCublas(handle_), stream));
 }
 

@@ -31,18 +31,6 @@ class NcclComm {
     ncclComm_t comm_ = nullptr;
 };
 
-class StreamHolder {
-  public:
-    StreamHolder() { KV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
-    ~StreamHolder() { cudaStreamDestroy(stream_); }
-    StreamHolder(const StreamHolder&) = delete;
-    StreamHolder& operator=(const StreamHolder&) = delete;
-    cudaStream_t get() const { return stream_; }
-
-  private:
-    cudaStream_t stream_ = nullptr;
-};
-
 }  // namespace
 
 int NcclVersion() {
@@ -52,29 +40,26 @@ int NcclVersion() {
 }
 
 Status AllReduceSumSingleRank(float* host_data, int64_t n) {
-    if (DeviceCount() == 0) return Status(StatusCode::kUnavailable, "no CUDA device");
+    if (DeviceCount() == 0) return Unavailable("no CUDA device");
     if (n < 0) return InvalidArgument("n=" + std::to_string(n) + " must be >= 0");
-    SetDevice(0);
+    KV_RETURN_IF_ERROR(SetDevice(0));
     const size_t bytes = static_cast<size_t>(n) * sizeof(float);
-    DeviceBuffer buffer(bytes);
-    buffer.CopyFromHost(host_data, bytes);
-    StreamHolder stream;
+    KV_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(bytes));
+    KV_RETURN_IF_ERROR(buffer.CopyFromHost(host_data, bytes));
+    KV_ASSIGN_OR_RETURN(DeviceStream stream, DeviceStream::Create());
     NcclComm comm(0);
-    ncclResult_t result = ncclAllReduce(buffer.data(), buffer.data(), static_cast<size_t>(n),
-                                        ncclFloat, ncclSum, comm.get(), stream.get());
-    if (result == ncclSuccess) {
-        const cudaError_t err = cudaStreamSynchronize(stream.get());
-        if (err != cudaSuccess) {
-            comm.Abort();
-            return Internal(std::string("cudaStreamSynchronize after ncclAllReduce: ") +
-                            cudaGetErrorString(err));
-        }
-    } else {
+    const ncclResult_t result = ncclAllReduce(buffer.data(), buffer.data(), static_cast<size_t>(n),
+                                              ncclFloat, ncclSum, comm.get(), stream.get());
+    if (result != ncclSuccess) {
         comm.Abort();
         return Internal(std::string("ncclAllReduce: ") + ncclGetErrorString(result));
     }
-    buffer.CopyToHost(host_data, bytes);
-    return Status::Ok();
+    const Status done = SynchronizeStream(stream.get());
+    if (!done.ok()) {
+        comm.Abort();
+        return done.WithContext("after ncclAllReduce");
+    }
+    return buffer.CopyToHost(host_data, bytes);
 }
 
 }  // namespace kvshard::cuda

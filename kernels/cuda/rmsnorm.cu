@@ -50,7 +50,7 @@ __global__ void RmsNormKernel(const float* x, const float* __restrict__ weight, 
 }  // namespace
 
 void RmsNorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps,
-             Stream stream) {
+             StreamHandle stream) {
     KV_CHECK(rows >= 0 && rows <= std::numeric_limits<int>::max()) << "rows=" << rows;
     KV_CHECK_GT(dim, 0);
     if (rows == 0) return;

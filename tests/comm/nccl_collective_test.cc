@@ -7,13 +7,8 @@
 
 #include "comm/collective.h"
 #include "common/build_config.h"
+#include "common/device.h"
 #include "tests/comm/collective_test_util.h"
-
-#if KVSHARD_WITH_CUDA
-#include <cuda_runtime.h>
-
-#include "tests/comm/cuda_test_util.h"
-#endif
 
 namespace kvshard {
 namespace {
@@ -39,43 +34,43 @@ struct RankOutput {
     int64_t bytes_all_reduced = 0;
 };
 
+// Odd ranks queue their operations on a stream of the caller's, even ranks on the
+// communicator's own.
 Status RunRank(const std::string& id, int rank, int size, int64_t count, RankOutput* out) {
-    if (cudaSetDevice(rank) != cudaSuccess) return Internal("cudaSetDevice");
-    KV_ASSIGN_OR_RETURN(std::unique_ptr<Collective> c,
-                        MakeCollective(NcclConfig(id, rank, size, 60'000)));
+    KV_RETURN_IF_ERROR(SetDevice(rank));
+    DeviceStream stream;
+    if (rank % 2 == 1) {
+        KV_ASSIGN_OR_RETURN(stream, DeviceStream::Create());
+    }
+    CollectiveConfig config = NcclConfig(id, rank, size, 60'000);
+    config.cuda_stream = stream.get();
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<Collective> c, MakeCollective(config));
     const std::vector<float> input = testing::RankInput(rank, count, 3);
     const size_t bytes = input.size() * sizeof(float);
-    float* data = nullptr;
-    float* gathered = nullptr;
-    char* text = nullptr;
-    if (cudaMalloc(&data, bytes) != cudaSuccess ||
-        cudaMalloc(&gathered, bytes * static_cast<size_t>(size)) != cudaSuccess ||
-        cudaMalloc(&text, 16) != cudaSuccess) {
-        return Internal("cudaMalloc");
-    }
-    cudaMemcpy(data, input.data(), bytes, cudaMemcpyHostToDevice);
-    Status status = c->AllGather(data, count, gathered);
-    if (status.ok()) status = c->AllReduceSum(data, count);
+    // Released before the communicator.
+    KV_ASSIGN_OR_RETURN(DeviceBuffer data, DeviceBuffer::Allocate(bytes));
+    KV_ASSIGN_OR_RETURN(DeviceBuffer gathered,
+                        DeviceBuffer::Allocate(bytes * static_cast<size_t>(size)));
+    KV_ASSIGN_OR_RETURN(DeviceBuffer text, DeviceBuffer::Allocate(16));
+    KV_RETURN_IF_ERROR(data.CopyFromHost(input.data(), bytes));
+    Status status = c->AllGather(data.floats(), count, gathered.floats());
+    if (status.ok()) status = c->AllReduceSum(data.floats(), count);
     std::string message = rank == 0 ? "from rank zero.." : std::string(16, '?');
-    cudaMemcpy(text, message.data(), 16, cudaMemcpyHostToDevice);
-    if (status.ok()) status = c->Broadcast(text, 16, 0);
+    KV_RETURN_IF_ERROR(text.CopyFromHost(message.data(), 16));
+    if (status.ok()) status = c->Broadcast(text.data(), 16, 0);
     if (status.ok()) status = c->Barrier();
     out->reduced.resize(input.size());
     out->gathered.resize(input.size() * static_cast<size_t>(size));
-    cudaMemcpy(out->reduced.data(), data, bytes, cudaMemcpyDeviceToHost);
-    cudaMemcpy(out->gathered.data(), gathered, bytes * static_cast<size_t>(size),
-               cudaMemcpyDeviceToHost);
-    cudaMemcpy(message.data(), text, 16, cudaMemcpyDeviceToHost);
+    KV_RETURN_IF_ERROR(data.CopyToHost(out->reduced.data(), bytes));
+    KV_RETURN_IF_ERROR(gathered.CopyToHost(out->gathered.data(), gathered.bytes()));
+    KV_RETURN_IF_ERROR(text.CopyToHost(message.data(), 16));
     out->broadcast = message;
     out->bytes_all_reduced = c->bytes_all_reduced();
-    cudaFree(data);
-    cudaFree(gathered);
-    cudaFree(text);
     return status;
 }
 
 TEST(NcclCollectiveGpu, CollectivesAcrossDevices) {
-    const int devices = testing::CudaDevices();
+    const int devices = DeviceCount();
     if (devices == 0) GTEST_SKIP() << "no CUDA device";
     const int size = std::min(devices, 4);
     constexpr int64_t kCount = 10'001;
@@ -113,7 +108,7 @@ TEST(NcclCollectiveGpu, CollectivesAcrossDevices) {
 // A group of two with only one member never forms: the deadline ends the wait, and the
 // communicator is aborted instead of hanging.
 TEST(NcclCollectiveGpu, MissingPeerTimesOut) {
-    if (testing::CudaDevices() == 0) GTEST_SKIP() << "no CUDA device";
+    if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
     Result<std::string> id = NewNcclUniqueId();
     ASSERT_TRUE(id.ok()) << id.status().ToString();
     const Status status = MakeCollective(NcclConfig(*id, 0, 2, 2'000)).status();

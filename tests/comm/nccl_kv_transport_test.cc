@@ -5,7 +5,6 @@
 
 #if KVSHARD_WITH_CUDA
 
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -13,7 +12,7 @@
 
 #include "comm/collective.h"
 #include "comm/nccl_kv_transport.h"
-#include "tests/comm/cuda_test_util.h"
+#include "common/device.h"
 
 namespace kvshard {
 namespace {
@@ -32,34 +31,40 @@ NcclKvChannelConfig Config(const std::string& id, int rank, int64_t init_timeout
 // Rank 0 sends `bytes` of a pattern to rank 1, then rank 1 sends them back; both copy out what
 // they received.
 Status RunRank(const std::string& id, int rank, size_t bytes, std::vector<uint8_t>* received) {
-    if (cudaSetDevice(rank) != cudaSuccess) return Internal("cudaSetDevice");
+    KV_RETURN_IF_ERROR(SetDevice(rank));
+    // Rank 1 moves its blocks on a stream of its own, rank 0 on the channel's.
+    DeviceStream stream;
+    if (rank == 1) {
+        KV_ASSIGN_OR_RETURN(stream, DeviceStream::Create());
+    }
     KV_ASSIGN_OR_RETURN(std::unique_ptr<NcclKvChannel> channel,
                         NcclKvChannel::Create(Config(id, rank)));
     if (channel->rank() != rank || channel->size() != 2) return Internal("rank or size");
-    void* buffer = nullptr;
-    if (cudaMalloc(&buffer, bytes) != cudaSuccess) return Internal("cudaMalloc");
+    KV_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::Allocate(bytes));
     std::vector<uint8_t> host(bytes);
     for (size_t i = 0; i < bytes; ++i) host[i] = static_cast<uint8_t>(i * 131 + 7);
     if (rank == 1) host.assign(bytes, 0);
-    cudaMemcpy(buffer, host.data(), bytes, cudaMemcpyHostToDevice);
+    KV_RETURN_IF_ERROR(buffer.CopyFromHost(host.data(), bytes));
     const auto deadline = Clock::now() + std::chrono::seconds(60);
     const int peer = 1 - rank;
-    Status status = rank == 0 ? channel->SendBlocks(buffer, bytes, peer, nullptr, deadline)
-                              : channel->RecvBlocks(buffer, bytes, peer, nullptr, deadline);
+    const StreamHandle s = stream.get();
+    Status status = rank == 0 ? channel->SendBlocks(buffer.data(), bytes, peer, s, deadline)
+                              : channel->RecvBlocks(buffer.data(), bytes, peer, s, deadline);
     if (status.ok()) {
-        if (rank == 0) cudaMemset(buffer, 0, bytes);
-        status = rank == 1 ? channel->SendBlocks(buffer, bytes, peer, nullptr, deadline)
-                           : channel->RecvBlocks(buffer, bytes, peer, nullptr, deadline);
+        if (rank == 0) {
+            const std::vector<uint8_t> zeros(bytes, 0);
+            KV_RETURN_IF_ERROR(buffer.CopyFromHost(zeros.data(), bytes));
+        }
+        status = rank == 1 ? channel->SendBlocks(buffer.data(), bytes, peer, s, deadline)
+                           : channel->RecvBlocks(buffer.data(), bytes, peer, s, deadline);
     }
     received->resize(bytes);
-    cudaMemcpy(received->data(), buffer, bytes, cudaMemcpyDeviceToHost);
-    cudaFree(buffer);
+    KV_RETURN_IF_ERROR(buffer.CopyToHost(received->data(), bytes));
     return status;
 }
 
 TEST(NcclKvChannelGpu, SendsBlocksBetweenTwoDevices) {
-    if (testing::CudaDevices() < 2)
-        GTEST_SKIP() << "needs 2 CUDA devices, " << testing::CudaDevices() << " visible";
+    if (DeviceCount() < 2) GTEST_SKIP() << "needs 2 CUDA devices, " << DeviceCount() << " visible";
     Result<std::string> id = NewNcclUniqueId();
     ASSERT_TRUE(id.ok()) << id.status().ToString();
     constexpr size_t kBytes = (size_t{3} << 20) + 5;  // not a multiple of anything NCCL likes
@@ -79,7 +84,7 @@ TEST(NcclKvChannelGpu, SendsBlocksBetweenTwoDevices) {
 // A pair with only one member never forms: the deadline ends the wait and the communicator is
 // aborted instead of hanging.
 TEST(NcclKvChannelGpu, MissingPeerTimesOut) {
-    if (testing::CudaDevices() == 0) GTEST_SKIP() << "no CUDA device";
+    if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
     Result<std::string> id = NewNcclUniqueId();
     ASSERT_TRUE(id.ok()) << id.status().ToString();
     const Clock::time_point start = Clock::now();

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu_ops.h"
@@ -29,25 +30,30 @@ std::vector<float> RandomVector(size_t n, uint32_t seed, float lo = -1.0f, float
     return v;
 }
 
+// The device layer's calls (common/device.h) return a Status; here a failure is a broken test
+// machine, not a result, so it stops the test binary with the error.
+void Check(const Status& status) { KV_CHECK(status.ok()) << status.ToString(); }
+
+DeviceBuffer Allocate(size_t bytes) {
+    Result<DeviceBuffer> buffer = DeviceBuffer::Allocate(bytes);
+    Check(buffer.status());
+    return std::move(buffer).value();
+}
+
 DeviceBuffer Upload(const std::vector<float>& host) {
-    DeviceBuffer buffer(host.size() * sizeof(float));
-    buffer.CopyFromHost(host.data(), host.size() * sizeof(float));
+    DeviceBuffer buffer = Allocate(host.size() * sizeof(float));
+    Check(buffer.CopyFromHost(host.data(), host.size() * sizeof(float)));
     return buffer;
 }
 
 std::vector<float> Download(const DeviceBuffer& buffer, size_t n) {
     std::vector<float> host(n);
-    buffer.CopyToHost(host.data(), n * sizeof(float));
+    Check(buffer.CopyToHost(host.data(), n * sizeof(float)));
     return host;
 }
 
-// These run on every machine: they need the libraries, not a device.
-TEST(CudaRuntimeGpuTest, DeviceCountDoesNotFailWithoutADriver) {
-    const int count = DeviceCount();
-    EXPECT_GE(count, 0);
-    EXPECT_EQ(DeviceCount(), count);
-}
-
+// These run on every machine: they need the libraries, not a device (the device count itself is
+// tested with the device layer, tests/common/device_test.cc).
 TEST(NcclGpuTest, ReportsVersion) {
     const int version = NcclVersion();
     EXPECT_GE(version, 20000) << "NCCL 2.x encodes versions as major*10000 + minor*100 + patch";
@@ -69,7 +75,7 @@ class RmsNormGpuTest : public ::testing::TestWithParam<RmsNormCase> {};
 
 TEST_P(RmsNormGpuTest, MatchesCpuWithin1e5Relative) {
     KV_REQUIRE_GPU();
-    SetDevice(0);
+    Check(SetDevice(0));
     const RmsNormCase c = GetParam();
     const auto x = RandomVector(c.rows * c.dim, 1, -3.0f, 3.0f);
     const auto weight = RandomVector(c.dim, 2, 0.5f, 1.5f);
@@ -77,16 +83,16 @@ TEST_P(RmsNormGpuTest, MatchesCpuWithin1e5Relative) {
     cpu::RmsNorm(x.data(), weight.data(), want.data(), c.rows, c.dim, 1e-5f);
 
     DeviceBuffer dx = Upload(x), dw = Upload(weight);
-    DeviceBuffer dout(x.size() * sizeof(float));
+    DeviceBuffer dout = Allocate(x.size() * sizeof(float));
     RmsNorm(dx.floats(), dw.floats(), dout.floats(), c.rows, c.dim, 1e-5f);
-    Synchronize();
+    Check(SynchronizeDevice());
     const auto got = Download(dout, x.size());
     for (size_t i = 0; i < got.size(); ++i) {
         ASSERT_NEAR(got[i], want[i], 1e-5f * std::abs(want[i]) + 1e-7f) << "at " << i;
     }
     // In place.
     RmsNorm(dx.floats(), dw.floats(), dx.floats(), c.rows, c.dim, 1e-5f);
-    Synchronize();
+    Check(SynchronizeDevice());
     EXPECT_EQ(Download(dx, x.size()), got);
 }
 
@@ -106,7 +112,7 @@ class MatMulWTGpuTest : public ::testing::TestWithParam<MatMulCase> {};
 
 TEST_P(MatMulWTGpuTest, MatchesCpuWithin1e4Relative) {
     KV_REQUIRE_GPU();
-    SetDevice(0);
+    Check(SetDevice(0));
     const MatMulCase c = GetParam();
     const auto x = RandomVector(c.m * c.k, 3);
     const auto w = RandomVector(c.n * c.k, 4);
@@ -117,7 +123,7 @@ TEST_P(MatMulWTGpuTest, MatchesCpuWithin1e4Relative) {
     DeviceBuffer dx = Upload(x), dw = Upload(w), dy = Upload(y0);
     CublasHandle handle;
     MatMulWT(handle, dx.floats(), dw.floats(), dy.floats(), c.m, c.n, c.k, c.accumulate);
-    Synchronize();
+    Check(SynchronizeDevice());
     const auto got = Download(dy, want.size());
     for (int64_t i = 0; i < c.m; ++i) {
         for (int64_t j = 0; j < c.n; ++j) {
