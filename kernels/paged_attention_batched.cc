@@ -1,0 +1,682 @@
+// PagedAttentionBatched: the attention of a whole step over a paged pool, FlashAttention-2 style.
+//
+// Work is cut into tiles: (sequence, KV head, up to kMaxLanes query "lanes"), a lane being one
+// (query row, query head) pair of the KV head's GQA group, lane = row_in_tile * group +
+// head_in_group. A tile walks its KV positions kChunk at a time (several blocks when blocks are
+// small, part of one when they are large), so each K/V row is read, and dequantized, once per tile
+// instead of once per query head and row as in cpu::PagedAttention; scores and the weighted sum of
+// V are register-blocked products over the chunk, with an online softmax (running max and sum per
+// lane) between.
+//
+// Two inner kernels:
+//   wide   (more than kNarrowLanes lanes: prefill): Q is held transposed, [head_dim][lane], so
+//          both products vectorize over lanes and read K and V rows as broadcast scalars in the
+//          pool's own [slot][head_dim] layout; K needs no transpose.
+//   narrow (decode, short chunks): per lane dot products over head_dim, 16 K rows at a time with
+//          one shuffle tree for their 16 sums, on K/V rows that stay in L1 across the group.
+// A long KV walk of a step with few tiles (decode of a few sequences) is split in KV ranges
+// (flash-decoding) so every thread has work; the partial results are merged after the walk.
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "common/check.h"
+#include "kernels/paged_attention.h"
+#include "kernels/vec_math.h"
+
+// Vec never crosses a translation unit (every function taking one is file-local), so GCC's note
+// that its calling convention depends on AVX-512 being enabled does not apply.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+namespace kvshard::cpu {
+namespace {
+
+// 16 floats through the GCC/Clang vector extension: one AVX-512 register with -march=native on the
+// machines we serve on, two AVX2 registers elsewhere; one code path for every target.
+typedef float Vec __attribute__((vector_size(64)));
+constexpr int64_t kVecLanes = 16;
+constexpr int kMaxVecs = 4;
+constexpr int64_t kMaxLanes = kVecLanes * kMaxVecs;  // lanes of one tile
+constexpr int64_t kChunk = 64;                       // KV positions per step of a tile's walk
+// At or below this many lanes the wide kernel would waste most of each vector.
+constexpr int64_t kNarrowLanes = 8;
+// A split of a KV walk covers at least this many positions, so its merge stays cheap.
+constexpr int64_t kMinSplitPositions = 256;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline Vec Load(const float* p) {
+    Vec v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+inline void Store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
+
+inline void DequantInt8(const int8_t* q, float scale, int64_t n, float* out) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(q[i]) * scale;
+}
+
+// Same values as kv_quant's table lookup (every e4m3 value is exact in fp32), but branch-free so it
+// vectorizes: a normal e4m3 number moves its exponent and mantissa into fp32's fields with the bias
+// raised from 7 to 127; subnormals are man * 2^-9; S.1111.111 is NaN.
+inline void DequantFp8(const uint8_t* q, float scale, int64_t n, float* out) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+        const uint32_t v = q[i];
+        const uint32_t mag = v & 0x7F;
+        const float normal = std::bit_cast<float>((mag << 20) + (120u << 23));
+        const float subnormal = static_cast<float>(mag & 0x7) * 0x1p-9f;
+        float f = (mag >> 3) != 0 ? normal : subnormal;
+        f = mag == 0x7F ? std::numeric_limits<float>::quiet_NaN() : f;
+        f = std::bit_cast<float>(std::bit_cast<uint32_t>(f) | ((v & 0x80) << 24));
+        out[i] = f * scale;
+    }
+}
+
+// Points krows[i] / vrows[i] at the K / V row of position p0 + i of KV head `kv_head`, for i < n;
+// 8-bit rows are dequantized into kbuf / vbuf (n × head_dim each).
+void GatherRows(const PagedKvLayer& kv, const int32_t* block_table, int64_t kv_head, int64_t p0,
+                int64_t n, float* kbuf, float* vbuf, const float** krows, const float** vrows) {
+    const int64_t bs = kv.block_size;
+    const int64_t hd = kv.head_dim;
+    int64_t block = p0 / bs;
+    int64_t slot = p0 % bs;
+    for (int64_t i = 0; i < n; ++block, slot = 0) {
+        const uint8_t* b = kv.base + int64_t{block_table[block]} * kv.block_stride;
+        const int64_t run = std::min(bs - slot, n - i);
+        const int64_t index = kv_head * bs + slot;  // [head][slot]
+        switch (kv.storage) {
+            case KvStorage::kF32: {
+                const float* k = reinterpret_cast<const float*>(b + kv.k_offset) + index * hd;
+                const float* v = reinterpret_cast<const float*>(b + kv.v_offset) + index * hd;
+                for (int64_t r = 0; r < run; ++r) {
+                    krows[i + r] = k + r * hd;
+                    vrows[i + r] = v + r * hd;
+                }
+                break;
+            }
+            case KvStorage::kInt8:
+            case KvStorage::kFp8E4M3: {
+                const uint8_t* k = b + kv.k_offset + index * hd;
+                const uint8_t* v = b + kv.v_offset + index * hd;
+                const float* ks = reinterpret_cast<const float*>(b + kv.k_scale_offset) + index;
+                const float* vs = reinterpret_cast<const float*>(b + kv.v_scale_offset) + index;
+                for (int64_t r = 0; r < run; ++r) {
+                    float* kd = kbuf + (i + r) * hd;
+                    float* vd = vbuf + (i + r) * hd;
+                    if (kv.storage == KvStorage::kInt8) {
+                        DequantInt8(reinterpret_cast<const int8_t*>(k) + r * hd, ks[r], hd, kd);
+                        DequantInt8(reinterpret_cast<const int8_t*>(v) + r * hd, vs[r], hd, vd);
+                    } else {
+                        DequantFp8(k + r * hd, ks[r], hd, kd);
+                        DequantFp8(v + r * hd, vs[r], hd, vd);
+                    }
+                    krows[i + r] = kd;
+                    vrows[i + r] = vd;
+                }
+                break;
+            }
+        }
+        i += run;
+    }
+}
+
+// s[n][lane] = scale · Σ_d krows[n][d] · qt[d][lane] for n < num_n and the first kVecLanes · V
+// lanes; rows of qt and s are kMaxLanes floats apart. Four K rows at a time: 4 × V accumulators,
+// each Q vector loaded once per four rows, each K element broadcast once per V vectors.
+template <int V>
+void ScoresWide(const float* qt, const float* const* krows, int64_t num_n, int64_t head_dim,
+                float scale, float* s) {
+    int64_t n = 0;
+    for (; n + 4 <= num_n; n += 4) {
+        const float* k0 = krows[n];
+        const float* k1 = krows[n + 1];
+        const float* k2 = krows[n + 2];
+        const float* k3 = krows[n + 3];
+        Vec acc[4][V] = {};
+        for (int64_t d = 0; d < head_dim; ++d) {
+            const float* qd = qt + d * kMaxLanes;
+#pragma GCC unroll 4
+            for (int j = 0; j < V; ++j) {
+                const Vec q = Load(qd + j * kVecLanes);
+                acc[0][j] += k0[d] * q;
+                acc[1][j] += k1[d] * q;
+                acc[2][j] += k2[d] * q;
+                acc[3][j] += k3[d] * q;
+            }
+        }
+        for (int r = 0; r < 4; ++r) {
+            for (int j = 0; j < V; ++j)
+                Store(s + (n + r) * kMaxLanes + j * kVecLanes, acc[r][j] * scale);
+        }
+    }
+    for (; n < num_n; ++n) {
+        const float* k0 = krows[n];
+        Vec acc[V] = {};
+        for (int64_t d = 0; d < head_dim; ++d) {
+            const float* qd = qt + d * kMaxLanes;
+            for (int j = 0; j < V; ++j) acc[j] += k0[d] * Load(qd + j * kVecLanes);
+        }
+        for (int j = 0; j < V; ++j) Store(s + n * kMaxLanes + j * kVecLanes, acc[j] * scale);
+    }
+}
+
+// ot[d][lane] = ot[d][lane] · alpha[lane] + Σ_n vrows[n][d] · p[n][lane]: four dims at a time,
+// their 4 × V accumulators held over the whole chunk.
+template <int V>
+void AccumulateWide(const float* p, const float* const* vrows, int64_t num_n, int64_t head_dim,
+                    const float* alpha, float* ot) {
+    Vec a[V];
+    for (int j = 0; j < V; ++j) a[j] = Load(alpha + j * kVecLanes);
+    int64_t d = 0;
+    for (; d + 4 <= head_dim; d += 4) {
+        Vec acc[4][V];
+        for (int r = 0; r < 4; ++r) {
+            for (int j = 0; j < V; ++j)
+                acc[r][j] = Load(ot + (d + r) * kMaxLanes + j * kVecLanes) * a[j];
+        }
+        for (int64_t n = 0; n < num_n; ++n) {
+            const float* vn = vrows[n] + d;
+            const float* pn = p + n * kMaxLanes;
+#pragma GCC unroll 4
+            for (int j = 0; j < V; ++j) {
+                const Vec pv = Load(pn + j * kVecLanes);
+                acc[0][j] += vn[0] * pv;
+                acc[1][j] += vn[1] * pv;
+                acc[2][j] += vn[2] * pv;
+                acc[3][j] += vn[3] * pv;
+            }
+        }
+        for (int r = 0; r < 4; ++r) {
+            for (int j = 0; j < V; ++j) Store(ot + (d + r) * kMaxLanes + j * kVecLanes, acc[r][j]);
+        }
+    }
+    for (; d < head_dim; ++d) {
+        Vec acc[V];
+        for (int j = 0; j < V; ++j) acc[j] = Load(ot + d * kMaxLanes + j * kVecLanes) * a[j];
+        for (int64_t n = 0; n < num_n; ++n) {
+            for (int j = 0; j < V; ++j)
+                acc[j] += vrows[n][d] * Load(p + n * kMaxLanes + j * kVecLanes);
+        }
+        for (int j = 0; j < V; ++j) Store(ot + d * kMaxLanes + j * kVecLanes, acc[j]);
+    }
+}
+
+// One unit of scheduled work: lanes (rows [row_begin, row_end) × heads [head_begin, head_end) of KV
+// head kv_head's group) over KV positions [kv_begin, kv_end).
+struct Tile {
+    int32_t seq;
+    int32_t kv_head;
+    int32_t head_begin, head_end;  // indices into the group's list of query heads
+    int32_t row_begin, row_end;    // query rows of the step
+    int32_t kv_begin, kv_end;      // kv_begin is a multiple of kChunk
+    int32_t partial;               // -1: writes out; else the first of its splits' partial results
+    int32_t num_splits;            // of the tile this one was split from (1: not split)
+    int64_t cost;                  // lanes × positions, for ordering
+};
+
+// What every tile of one call reads.
+struct Problem {
+    const float* q;
+    int64_t q_stride;
+    const PagedKvLayer& kv;
+    const PagedAttentionBatch& batch;
+    float* out;
+    int64_t num_heads;
+    float scale;
+    std::vector<int32_t> heads;         // query heads grouped by KV head
+    std::vector<int32_t> group_starts;  // num_kv_heads + 1, into heads
+};
+
+// Per-thread buffers, sized once per call.
+struct Scratch {
+    explicit Scratch(int64_t head_dim)
+        : qt(static_cast<size_t>(head_dim * kMaxLanes)),
+          o(static_cast<size_t>(head_dim * kMaxLanes)),
+          s(static_cast<size_t>(kChunk * kMaxLanes)),
+          kbuf(static_cast<size_t>(kChunk * head_dim)),
+          vbuf(static_cast<size_t>(kChunk * head_dim)),
+          krows(kChunk),
+          vrows(kChunk) {}
+    std::vector<float> qt;  // wide: Q^T [head_dim][kMaxLanes]; narrow: unused
+    std::vector<float> o;   // wide: O^T [head_dim][kMaxLanes]; narrow: O [lane][head_dim]
+    std::vector<float> s;   // wide: [kChunk][kMaxLanes]; narrow: [kChunk]
+    std::vector<float> kbuf, vbuf;
+    std::vector<const float*> krows, vrows;
+    float m[kMaxLanes], l[kMaxLanes], alpha[kMaxLanes], cmax[kMaxLanes];
+    int32_t pos[kMaxLanes];
+    const float* qrow[kMaxLanes];
+    float* orow[kMaxLanes];
+};
+
+// Lanes of a tile: their query rows, output rows and positions; returns the lane count.
+int64_t SetUpLanes(const Problem& p, const Tile& t, Scratch& sc) {
+    const int64_t hd = p.kv.head_dim;
+    const int64_t group = t.head_end - t.head_begin;
+    const int64_t pos_offset =
+        int64_t{p.batch.context_lens[t.seq]} - p.batch.query_starts[t.seq + 1];
+    int64_t lane = 0;
+    for (int64_t r = t.row_begin; r < t.row_end; ++r) {
+        for (int64_t j = 0; j < group; ++j, ++lane) {
+            const int64_t h =
+                p.heads[static_cast<size_t>(p.group_starts[t.kv_head] + t.head_begin + j)];
+            sc.qrow[lane] = p.q + r * p.q_stride + h * hd;
+            sc.orow[lane] = p.out + (r * p.num_heads + h) * hd;
+            sc.pos[lane] = static_cast<int32_t>(pos_offset + r);
+        }
+    }
+    return lane;
+}
+
+template <int V>
+void RunWide(const Problem& p, const Tile& t, int64_t num_lanes, Scratch& sc) {
+    const int64_t hd = p.kv.head_dim;
+    const int64_t lanes = V * kVecLanes;
+    const int32_t* table = p.batch.block_tables + p.batch.block_table_starts[t.seq];
+    const int32_t first_pos = sc.pos[0];
+    // Padding lanes get zero queries and the last position, so they never see a fully masked row.
+    for (int64_t lane = num_lanes; lane < lanes; ++lane) sc.pos[lane] = sc.pos[num_lanes - 1];
+    float* qt = sc.qt.data();
+    float* ot = sc.o.data();
+    for (int64_t d = 0; d < hd; ++d) {
+        for (int64_t lane = 0; lane < lanes; ++lane) {
+            qt[d * kMaxLanes + lane] = lane < num_lanes ? sc.qrow[lane][d] : 0.0f;
+            ot[d * kMaxLanes + lane] = 0.0f;
+        }
+    }
+    std::fill(sc.m, sc.m + lanes, kNegInf);
+    std::fill(sc.l, sc.l + lanes, 0.0f);
+    float* s = sc.s.data();
+    for (int64_t p0 = t.kv_begin; p0 < t.kv_end; p0 += kChunk) {
+        const int64_t n = std::min(kChunk, t.kv_end - p0);
+        GatherRows(p.kv, table, t.kv_head, p0, n, sc.kbuf.data(), sc.vbuf.data(), sc.krows.data(),
+                   sc.vrows.data());
+        ScoresWide<V>(qt, sc.krows.data(), n, hd, p.scale, s);
+        // Causal masking only where the chunk reaches past the tile's first row.
+        const bool masked = p0 + n - 1 > first_pos;
+        if (masked) {
+            for (int64_t i = 0; i < n; ++i) {
+                const int32_t pos = static_cast<int32_t>(p0 + i);
+#pragma omp simd
+                for (int64_t lane = 0; lane < lanes; ++lane) {
+                    if (pos > sc.pos[lane]) s[i * kMaxLanes + lane] = kNegInf;
+                }
+            }
+        }
+        std::fill(sc.cmax, sc.cmax + lanes, kNegInf);
+        for (int64_t i = 0; i < n; ++i) {
+#pragma omp simd
+            for (int64_t lane = 0; lane < lanes; ++lane) {
+                sc.cmax[lane] = std::max(sc.cmax[lane], s[i * kMaxLanes + lane]);
+            }
+        }
+        // Every lane sees position kv_begin (<= its own), so m is finite after the first chunk and
+        // a lane fully masked in a later chunk keeps its max.
+#pragma omp simd
+        for (int64_t lane = 0; lane < lanes; ++lane) {
+            const float m_new = std::max(sc.m[lane], sc.cmax[lane]);
+            sc.alpha[lane] = ExpFast(sc.m[lane] - m_new);
+            sc.m[lane] = m_new;
+            sc.l[lane] *= sc.alpha[lane];
+        }
+        for (int64_t i = 0; i < n; ++i) {
+            float* si = s + i * kMaxLanes;
+#pragma omp simd
+            for (int64_t lane = 0; lane < lanes; ++lane) {
+                // ExpFast saturates instead of reaching 0, so masked weights are zeroed by hand.
+                const float w = si[lane] == kNegInf ? 0.0f : ExpFast(si[lane] - sc.m[lane]);
+                si[lane] = w;
+                sc.l[lane] += w;
+            }
+        }
+        AccumulateWide<V>(s, sc.vrows.data(), n, hd, sc.alpha, ot);
+    }
+    // Lane-major O for the finish, in the narrow layout ([lane][head_dim]) shared with it.
+    for (int64_t lane = 0; lane < num_lanes; ++lane) {
+        for (int64_t d = 0; d < hd; ++d) sc.qt[lane * hd + d] = ot[d * kMaxLanes + lane];
+    }
+    std::swap(sc.qt, sc.o);
+}
+
+// Σ of each of 16 vectors, as the lanes of one: four levels of shuffles and adds, each halving the
+// vectors while folding their halves, instead of 16 horizontal reductions. The tree leaves lane k
+// holding the input at bit-reversed index k, so inputs are taken in that order.
+inline Vec SumEach16(const Vec* acc) {
+    static constexpr int kBitReversed[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+    Vec a[8], b[4], c[2];
+    for (int i = 0; i < 8; ++i) {
+        const Vec x = acc[kBitReversed[2 * i]], y = acc[kBitReversed[2 * i + 1]];
+        a[i] =
+            __builtin_shufflevector(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+            __builtin_shufflevector(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30,
+                                    31);
+    }
+    for (int i = 0; i < 4; ++i) {
+        const Vec x = a[2 * i], y = a[2 * i + 1];
+        b[i] = __builtin_shufflevector(x, y, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26,
+                                       27) +
+               __builtin_shufflevector(x, y, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30,
+                                       31);
+    }
+    for (int i = 0; i < 2; ++i) {
+        const Vec x = b[2 * i], y = b[2 * i + 1];
+        c[i] = __builtin_shufflevector(x, y, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28,
+                                       29) +
+               __builtin_shufflevector(x, y, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30,
+                                       31);
+    }
+    return __builtin_shufflevector(c[0], c[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28,
+                                   14, 30) +
+           __builtin_shufflevector(c[0], c[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29,
+                                   15, 31);
+}
+
+// s[n] = scale · q · krows[n] for n < num_n, 16 rows at a time (head_dim a multiple of 16); s has
+// room for num_n rounded up to 16, and rows past num_n read `zeros`.
+void ScoresNarrow(const float* q, const float* const* krows, int64_t num_n, int64_t head_dim,
+                  float scale, const float* zeros, float* s) {
+    for (int64_t n0 = 0; n0 < num_n; n0 += kVecLanes) {
+        const float* k[kVecLanes];
+        for (int64_t r = 0; r < kVecLanes; ++r) k[r] = n0 + r < num_n ? krows[n0 + r] : zeros;
+        Vec acc[kVecLanes] = {};
+        for (int64_t d = 0; d < head_dim; d += kVecLanes) {
+            const Vec qv = Load(q + d);
+            for (int64_t r = 0; r < kVecLanes; ++r) acc[r] += qv * Load(k[r] + d);
+        }
+        Store(s + n0, SumEach16(acc) * scale);
+    }
+}
+
+// o = o · alpha + Σ_{n < len} p[n] · vrows[n] (head_dim a multiple of 16), 64 dims at a time held
+// in registers over the rows.
+void AccumulateNarrow(const float* p, const float* const* vrows, int64_t len, int64_t head_dim,
+                      float alpha, float* o) {
+    int64_t d = 0;
+    for (; d + 4 * kVecLanes <= head_dim; d += 4 * kVecLanes) {
+        Vec acc[4];
+        for (int j = 0; j < 4; ++j) acc[j] = Load(o + d + j * kVecLanes) * alpha;
+        for (int64_t n = 0; n < len; ++n) {
+            const float* v = vrows[n] + d;
+            for (int j = 0; j < 4; ++j) acc[j] += p[n] * Load(v + j * kVecLanes);
+        }
+        for (int j = 0; j < 4; ++j) Store(o + d + j * kVecLanes, acc[j]);
+    }
+    for (; d < head_dim; d += kVecLanes) {
+        Vec acc = Load(o + d) * alpha;
+        for (int64_t n = 0; n < len; ++n) acc += p[n] * Load(vrows[n] + d);
+        Store(o + d, acc);
+    }
+}
+
+void RunNarrow(const Problem& p, const Tile& t, int64_t num_lanes, Scratch& sc) {
+    const int64_t hd = p.kv.head_dim;
+    const bool vectors = hd % kVecLanes == 0;
+    const int32_t* table = p.batch.block_tables + p.batch.block_table_starts[t.seq];
+    float* o = sc.o.data();
+    std::fill(o, o + num_lanes * hd, 0.0f);
+    std::fill(sc.m, sc.m + num_lanes, kNegInf);
+    std::fill(sc.l, sc.l + num_lanes, 0.0f);
+    std::fill(sc.qt.begin(), sc.qt.begin() + hd,
+              0.0f);  // the zero row for ScoresNarrow
+    float* s = sc.s.data();
+    for (int64_t p0 = t.kv_begin; p0 < t.kv_end; p0 += kChunk) {
+        const int64_t n = std::min(kChunk, t.kv_end - p0);
+        GatherRows(p.kv, table, t.kv_head, p0, n, sc.kbuf.data(), sc.vbuf.data(), sc.krows.data(),
+                   sc.vrows.data());
+        for (int64_t lane = 0; lane < num_lanes; ++lane) {
+            const int64_t len = std::min(n, sc.pos[lane] - p0 + 1);  // causal
+            if (len <= 0) continue;
+            const float* qv = sc.qrow[lane];
+            if (vectors) {
+                ScoresNarrow(qv, sc.krows.data(), len, hd, p.scale, sc.qt.data(), s);
+            } else {
+                for (int64_t i = 0; i < len; ++i) {
+                    s[i] = Dot(qv, sc.krows[static_cast<size_t>(i)], hd) * p.scale;
+                }
+            }
+            float cmax = kNegInf;
+            for (int64_t i = 0; i < len; ++i) cmax = std::max(cmax, s[i]);
+            const float m_new = std::max(sc.m[lane], cmax);
+            const float alpha = ExpFast(sc.m[lane] - m_new);
+            sc.m[lane] = m_new;
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t i = 0; i < len; ++i) {
+                s[i] = ExpFast(s[i] - m_new);
+                sum += s[i];
+            }
+            sc.l[lane] = sc.l[lane] * alpha + sum;
+            float* ol = o + lane * hd;
+            if (vectors) {
+                AccumulateNarrow(s, sc.vrows.data(), len, hd, alpha, ol);
+            } else {
+#pragma omp simd
+                for (int64_t d = 0; d < hd; ++d) ol[d] *= alpha;
+                for (int64_t i = 0; i < len; ++i) {
+                    Axpy(s[i], sc.vrows[static_cast<size_t>(i)], ol, hd);
+                }
+            }
+        }
+    }
+}
+
+// Runs one tile, then writes its lanes normalized to out, or unnormalized with their max and sum to
+// its partial result (lanes × (head_dim + 2) floats) for the merge.
+void RunTile(const Problem& p, const Tile& t, Scratch& sc, float* partials) {
+    const int64_t num_lanes = SetUpLanes(p, t, sc);
+    if (num_lanes <= kNarrowLanes) {
+        RunNarrow(p, t, num_lanes, sc);
+    } else {
+        switch ((num_lanes + kVecLanes - 1) / kVecLanes) {
+            case 1:
+                RunWide<1>(p, t, num_lanes, sc);
+                break;
+            case 2:
+                RunWide<2>(p, t, num_lanes, sc);
+                break;
+            case 3:
+                RunWide<3>(p, t, num_lanes, sc);
+                break;
+            default:
+                RunWide<4>(p, t, num_lanes, sc);
+                break;
+        }
+    }
+    const int64_t hd = p.kv.head_dim;
+    const float* o = sc.o.data();
+    if (t.partial < 0) {
+        for (int64_t lane = 0; lane < num_lanes; ++lane) {
+            const float inv = 1.0f / sc.l[lane];
+#pragma omp simd
+            for (int64_t d = 0; d < hd; ++d) sc.orow[lane][d] = o[lane * hd + d] * inv;
+        }
+        return;
+    }
+    float* dst = partials + t.partial * kMaxLanes * (hd + 2);
+    for (int64_t lane = 0; lane < num_lanes; ++lane) {
+        float* pl = dst + lane * (hd + 2);
+        std::copy(o + lane * hd, o + (lane + 1) * hd, pl);
+        pl[hd] = sc.m[lane];
+        pl[hd + 1] = sc.l[lane];
+    }
+}
+
+// Merges the partial results of the splits of tile t (the first split) into out.
+void MergeSplits(const Problem& p, const Tile& t, Scratch& sc, const float* partials) {
+    const int64_t hd = p.kv.head_dim;
+    const int64_t num_lanes = SetUpLanes(p, t, sc);
+    const int64_t lane_stride = hd + 2;
+    const int64_t split_stride = kMaxLanes * lane_stride;
+    const float* first = partials + t.partial * split_stride;
+    for (int64_t lane = 0; lane < num_lanes; ++lane) {
+        float m = kNegInf;
+        for (int64_t k = 0; k < t.num_splits; ++k) {
+            m = std::max(m, first[k * split_stride + lane * lane_stride + hd]);
+        }
+        float* o = sc.orow[lane];
+        std::fill(o, o + hd, 0.0f);
+        float l = 0.0f;
+        for (int64_t k = 0; k < t.num_splits; ++k) {
+            const float* pl = first + k * split_stride + lane * lane_stride;
+            const float w = ExpFast(pl[hd] - m);
+            l += w * pl[hd + 1];
+            Axpy(w, pl, o, hd);
+        }
+        const float inv = 1.0f / l;
+#pragma omp simd
+        for (int64_t d = 0; d < hd; ++d) o[d] *= inv;
+    }
+}
+
+// Tiles of every sequence and KV head, longest first (for the dynamic schedule), with the longest
+// KV walks split when there are too few tiles for the threads. Returns the number of partial
+// results the splits need.
+int64_t PlanTiles(const Problem& p, int threads, std::vector<Tile>& tiles) {
+    const int64_t num_kv_heads = p.kv.num_kv_heads;
+    const auto& b = p.batch;
+    for (int64_t s = 0; s < b.num_seqs; ++s) {
+        const int64_t rows = b.query_starts[s + 1] - b.query_starts[s];
+        if (rows == 0) continue;
+        const int64_t pos_offset = int64_t{b.context_lens[s]} - b.query_starts[s + 1];
+        for (int64_t g = 0; g < num_kv_heads; ++g) {
+            const int64_t group = p.group_starts[g + 1] - p.group_starts[g];
+            for (int64_t h0 = 0; h0 < group; h0 += kMaxLanes) {
+                const int64_t heads = std::min(kMaxLanes, group - h0);
+                // Rows per tile: as many as fill the lanes, spread evenly over the tiles.
+                const int64_t max_rows = std::max<int64_t>(1, kMaxLanes / heads);
+                const int64_t num_tiles = (rows + max_rows - 1) / max_rows;
+                for (int64_t k = 0; k < num_tiles; ++k) {
+                    Tile t;
+                    t.seq = static_cast<int32_t>(s);
+                    t.kv_head = static_cast<int32_t>(g);
+                    t.head_begin = static_cast<int32_t>(h0);
+                    t.head_end = static_cast<int32_t>(h0 + heads);
+                    t.row_begin = static_cast<int32_t>(b.query_starts[s] + rows * k / num_tiles);
+                    t.row_end =
+                        static_cast<int32_t>(b.query_starts[s] + rows * (k + 1) / num_tiles);
+                    t.kv_begin = 0;
+                    t.kv_end = static_cast<int32_t>(pos_offset + t.row_end);
+                    t.partial = -1;
+                    t.num_splits = 1;
+                    t.cost = (t.row_end - t.row_begin) * heads * t.kv_end;
+                    tiles.push_back(t);
+                }
+            }
+        }
+    }
+    int64_t num_partials = 0;
+    const int64_t target = 4 * int64_t{threads};
+    if (threads > 1 && static_cast<int64_t>(tiles.size()) < target) {
+        int64_t total = 0;
+        for (const Tile& t : tiles) total += t.cost;
+        const size_t unsplit = tiles.size();
+        for (size_t i = 0; i < unsplit; ++i) {
+            Tile t = tiles[i];  // a copy: push_back below may move the vector
+            // A split starts at or before the tile's first position, so every lane sees one
+            // position in each split (the merge then has finite maxima to work with).
+            const int64_t first_pos = t.kv_end - (t.row_end - t.row_begin);
+            const int64_t by_share = (target * t.cost + total - 1) / std::max<int64_t>(total, 1);
+            const int64_t by_length = (first_pos + 1) / kMinSplitPositions;
+            const int64_t splits = std::clamp<int64_t>(std::min(by_share, by_length), 1, 64);
+            if (splits == 1) continue;
+            const int64_t chunks = (first_pos + kChunk) / kChunk;  // chunks starting <= first_pos
+            const int32_t end = t.kv_end;
+            t.partial = static_cast<int32_t>(num_partials);
+            t.num_splits = static_cast<int32_t>(splits);
+            for (int64_t k = 0; k < splits; ++k) {
+                Tile piece = t;
+                piece.partial = static_cast<int32_t>(num_partials++);
+                piece.kv_begin = static_cast<int32_t>(chunks * k / splits * kChunk);
+                piece.kv_end =
+                    k + 1 < splits ? static_cast<int32_t>(chunks * (k + 1) / splits * kChunk) : end;
+                piece.cost = t.cost / splits;
+                if (k == 0) {
+                    tiles[i] = piece;
+                } else {
+                    tiles.push_back(piece);
+                }
+            }
+        }
+    }
+    std::stable_sort(tiles.begin(), tiles.end(),
+                     [](const Tile& a, const Tile& b) { return a.cost > b.cost; });
+    return num_partials;
+}
+
+}  // namespace
+
+void PagedAttentionBatched(const float* q, int64_t q_stride, const PagedKvLayer& kv,
+                           const PagedAttentionBatch& batch, float* out, int64_t num_heads,
+                           const int32_t* kv_head_of_q) {
+    const int64_t num_kv_heads = kv.num_kv_heads;
+    const int64_t hd = kv.head_dim;
+    KV_CHECK_GE(q_stride, num_heads * hd);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    Problem p{q, q_stride, kv, batch, out, num_heads, scale, {}, {}};
+    // Query heads grouped by the KV head they read.
+    p.group_starts.assign(static_cast<size_t>(num_kv_heads + 1), 0);
+    if (kv_head_of_q == nullptr) {
+        KV_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0)
+            << "num_heads=" << num_heads << " num_kv_heads=" << num_kv_heads;
+        const int64_t group = num_heads / num_kv_heads;
+        for (int64_t g = 0; g <= num_kv_heads; ++g) {
+            p.group_starts[g] = static_cast<int32_t>(g * group);
+        }
+        for (int64_t h = 0; h < num_heads; ++h) p.heads.push_back(static_cast<int32_t>(h));
+    } else {
+        for (int64_t h = 0; h < num_heads; ++h) {
+            KV_CHECK(kv_head_of_q[h] >= 0 && kv_head_of_q[h] < num_kv_heads)
+                << "query head " << h << " maps to KV head " << kv_head_of_q[h] << " of "
+                << num_kv_heads;
+            ++p.group_starts[kv_head_of_q[h] + 1];
+        }
+        for (int64_t g = 0; g < num_kv_heads; ++g) p.group_starts[g + 1] += p.group_starts[g];
+        p.heads.resize(static_cast<size_t>(num_heads));
+        std::vector<int32_t> fill(p.group_starts.begin(), p.group_starts.end() - 1);
+        for (int64_t h = 0; h < num_heads; ++h) {
+            p.heads[fill[kv_head_of_q[h]]++] = static_cast<int32_t>(h);
+        }
+    }
+    KV_CHECK_EQ(batch.query_starts[0], 0);
+    for (int64_t s = 0; s < batch.num_seqs; ++s) {
+        const int64_t rows = batch.query_starts[s + 1] - batch.query_starts[s];
+        const int64_t blocks = batch.block_table_starts[s + 1] - batch.block_table_starts[s];
+        KV_CHECK(rows >= 0 && rows <= batch.context_lens[s])
+            << "sequence " << s << ": " << rows << " rows, context " << batch.context_lens[s];
+        KV_CHECK_LE(batch.context_lens[s], blocks * kv.block_size) << "sequence " << s;
+    }
+
+    const int threads = omp_get_max_threads();
+    std::vector<Tile> tiles;
+    const int64_t num_partials = PlanTiles(p, threads, tiles);
+    std::vector<float> partials(static_cast<size_t>(num_partials * kMaxLanes * (hd + 2)));
+    int64_t work = 0;
+    for (const Tile& t : tiles) work += t.cost;
+    // About 20 µs of work on one core; below that the OpenMP fork/join costs more than it saves.
+    const bool parallel = tiles.size() > 1 && work * hd >= (1 << 16);
+    const int64_t num_tiles = static_cast<int64_t>(tiles.size());
+#pragma omp parallel if (parallel)
+    {
+        Scratch sc(hd);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < num_tiles; ++i) RunTile(p, tiles[i], sc, partials.data());
+        if (num_partials > 0) {
+            // nowait: the end of the parallel region is the barrier.
+#pragma omp for schedule(dynamic, 1) nowait
+            for (int64_t i = 0; i < num_tiles; ++i) {
+                const Tile& t = tiles[i];
+                // The first split (kv_begin 0) merges the tile it was split from.
+                if (t.num_splits > 1 && t.kv_begin == 0) MergeSplits(p, t, sc, partials.data());
+            }
+        }
+    }
+}
+
+}  // namespace kvshard::cpu
