@@ -7,19 +7,9 @@
 #include <string_view>
 #include <vector>
 
+#include "common/dtype.h"
+
 namespace kvshard {
-
-// Storage types of tensors in model files. Quantized types are block formats of GGUF:
-// Q8_0: 32 weights = fp16 scale d + 32 int8 (w = d*q); Q4_0: fp16 d + 16 bytes of 4-bit q
-// (w = d*(q-8)); Q4_1: fp16 d, fp16 m + 16 bytes (w = d*q + m). Nibble order: low nibbles are
-// weights 0..15 of the block, high nibbles 16..31.
-enum class DType { kF32, kF16, kBF16, kQ8_0, kQ4_0, kQ4_1 };
-
-std::string_view DTypeName(DType dtype);
-// Bytes of one row of `num_cols` elements (num_cols must be a multiple of the block size).
-size_t RowBytes(DType dtype, int64_t num_cols);
-// Elements per block: 1 for float types, 32 for the Q types.
-int64_t BlockElements(DType dtype);
 
 struct TensorInfo {
     std::string name;  // canonical (GGUF) name, e.g. "blk.3.attn_q.weight"
@@ -44,11 +34,5 @@ void DequantizeRows(const TensorInfo& t, int64_t row_begin, int64_t num_rows, fl
 // types pick each block's scale (and Q4_1 minimum) from its values as llama.cpp's reference
 // quantizers do. For writing synthetic models and test data.
 void QuantizeRows(DType dtype, const float* in, int64_t num_rows, int64_t num_cols, uint8_t* out);
-
-// IEEE half and bfloat16 conversions.
-float HalfToFloat(uint16_t h);
-uint16_t FloatToHalf(float f);
-float BF16ToFloat(uint16_t b);
-uint16_t FloatToBF16(float f);  // round to nearest even
 
 }  // namespace kvshard
