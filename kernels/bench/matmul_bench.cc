@@ -1,0 +1,241 @@
+// kvshard_matmul_bench: MatMulStored (kernels/cpu_matmul.h) on the default model's matrices
+// (SmolLM2-135M: hidden 576, fused qkv n=960, o n=576, fused gate|up n=3072, down k=1536 n=576,
+// classifier n=49152), printing GFLOP/s and the weight bytes streamed per second.
+//
+//   kvshard_matmul_bench [--dtypes Q4_1,Q8_0,F32] [--m 1,16,128] [--threads 1,2]
+//                        [--isa portable|avx2|avx512] [--hot] [--min-ms N]
+//
+// Decode reads every layer's weights once per step from DRAM, so by default each matrix is
+// replicated into copies totalling at least twice the last-level cache and the calls cycle through
+// them (--hot: one copy, cache-resident when it fits). A figure is the best of 5 timed runs that
+// together last at least --min-ms (default 150), after a warm-up. cpu% is the process's CPU time
+// over wall time × threads in that run: below 100 the machine was shared and the figure is low.
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/dtype.h"
+#include "kernels/cpu_matmul.h"
+#include "kernels/cpu_ops.h"
+
+namespace {
+
+using kvshard::DType;
+using kvshard::cpu::StoredMatrix;
+
+struct Shape {
+    const char* name;
+    int64_t n, k;
+};
+
+constexpr Shape kShapes[] = {{"qkv", 960, 576},
+                             {"o", 576, 576},
+                             {"gate_up", 3072, 576},
+                             {"down", 576, 1536},
+                             {"classifier", 49152, 576}};
+
+std::vector<std::string> Split(const std::string& s) {
+    std::vector<std::string> out;
+    size_t start = 0;
+    while (start <= s.size()) {
+        const size_t comma = s.find(',', start);
+        const size_t end = comma == std::string::npos ? s.size() : comma;
+        if (end > start) out.push_back(s.substr(start, end - start));
+        start = end + 1;
+    }
+    return out;
+}
+
+bool ParseDType(const std::string& name, DType* out) {
+    for (DType d :
+         {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+        if (kvshard::DTypeName(d) == name) {
+            *out = d;
+            return true;
+        }
+    }
+    return false;
+}
+
+// Random weights with finite values: floats in [-1, 1], quantized blocks with random quants and
+// small fp16 scales (random bytes as scales could be NaN or inf and slow the FPU down).
+void FillRandom(DType dtype, uint8_t* p, size_t bytes, std::mt19937& gen) {
+    std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+    const size_t block = kvshard::BlockBytes(dtype);
+    for (size_t at = 0; at + block <= bytes; at += block) {
+        uint8_t* b = p + at;
+        switch (dtype) {
+            case DType::kF32: {
+                const float f = unit(gen);
+                std::memcpy(b, &f, sizeof(f));
+                break;
+            }
+            case DType::kF16:
+            case DType::kBF16: {
+                const uint16_t h = dtype == DType::kF16 ? kvshard::FloatToHalf(unit(gen))
+                                                        : kvshard::FloatToBF16(unit(gen));
+                std::memcpy(b, &h, sizeof(h));
+                break;
+            }
+            case DType::kQ8_0:
+            case DType::kQ4_0:
+            case DType::kQ4_1: {
+                const size_t scales = dtype == DType::kQ4_1 ? 2 : 1;
+                for (size_t s = 0; s < scales; ++s) {
+                    const uint16_t h = kvshard::FloatToHalf(0.02f * unit(gen));
+                    std::memcpy(b + 2 * s, &h, sizeof(h));
+                }
+                for (size_t i = 2 * scales; i < block; ++i) b[i] = static_cast<uint8_t>(gen());
+                break;
+            }
+        }
+    }
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// CPU seconds used by the process: against the wall time it shows how much of the cores the
+// benchmark got on a shared machine.
+double ProcessCpuSeconds() {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::vector<std::string> dtype_names = {"Q4_1", "Q8_0", "F32"};
+    std::vector<std::string> m_values = {"1", "16", "128"};
+    std::vector<std::string> thread_values = {"1", "2"};
+    std::string isa_name;
+    bool hot = false;
+    double min_ms = 150;
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        const bool has_value = i + 1 < argc;
+        if (arg == "--dtypes" && has_value) {
+            dtype_names = Split(argv[++i]);
+        } else if (arg == "--m" && has_value) {
+            m_values = Split(argv[++i]);
+        } else if (arg == "--threads" && has_value) {
+            thread_values = Split(argv[++i]);
+        } else if (arg == "--isa" && has_value) {
+            isa_name = argv[++i];
+        } else if (arg == "--hot") {
+            hot = true;
+        } else if (arg == "--min-ms" && has_value) {
+            min_ms = std::atof(argv[++i]);
+        } else {
+            std::fprintf(stderr,
+                         "usage: %s [--dtypes Q4_1,Q8_0,F32] [--m 1,16,128] [--threads 1,2] "
+                         "[--isa portable|avx2|avx512] [--hot] [--min-ms N]\n",
+                         argv[0]);
+            return 2;
+        }
+    }
+    std::vector<DType> dtypes;
+    for (const std::string& name : dtype_names) {
+        DType d;
+        if (!ParseDType(name, &d)) {
+            std::fprintf(stderr, "kvshard_matmul_bench: unknown dtype %s\n", name.c_str());
+            return 2;
+        }
+        dtypes.push_back(d);
+    }
+    if (!isa_name.empty()) {
+        bool found = false;
+        for (auto isa : {kvshard::cpu::KernelIsa::kPortable, kvshard::cpu::KernelIsa::kAvx2,
+                         kvshard::cpu::KernelIsa::kAvx512}) {
+            if (kvshard::cpu::KernelIsaName(isa) == isa_name) {
+                kvshard::cpu::ForceKernelIsa(isa);
+                found = true;
+            }
+        }
+        if (!found) {
+            std::fprintf(stderr, "kvshard_matmul_bench: unknown isa %s\n", isa_name.c_str());
+            return 2;
+        }
+    }
+    const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    const size_t cold_bytes = 2 * static_cast<size_t>(llc > 0 ? llc : 64 << 20);
+    std::printf("isa %s (detected %s), blas core %s, weights %s\n",
+                std::string(kvshard::cpu::KernelIsaName(kvshard::cpu::ActiveKernelIsa())).c_str(),
+                std::string(kvshard::cpu::KernelIsaName(kvshard::cpu::DetectedKernelIsa())).c_str(),
+                kvshard::cpu::BlasCoreName().c_str(),
+                hot ? "hot (one copy)" : "cold (copies > 2x LLC)");
+    std::printf("%-10s %-5s %4s %3s %10s %9s %10s %5s\n", "matrix", "dtype", "m", "thr", "us/call",
+                "GFLOP/s", "weightGB/s", "cpu%");
+    std::mt19937 gen(1);
+    for (const Shape& shape : kShapes) {
+        for (DType dtype : dtypes) {
+            const size_t matrix_bytes = kvshard::RowBytes(dtype, shape.k) * shape.n;
+            const size_t copies = hot ? 1 : std::max<size_t>(2, cold_bytes / matrix_bytes + 1);
+            // 64-byte aligned copies, as GGUF tensor data are (32-byte) aligned in a mapping.
+            const size_t stride = (matrix_bytes + 63) / 64 * 64;
+            std::vector<uint8_t> storage(stride * copies + 64);
+            uint8_t* base =
+                storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64);
+            FillRandom(dtype, base, matrix_bytes, gen);
+            for (size_t c = 1; c < copies; ++c) {
+                std::memcpy(base + c * stride, base, matrix_bytes);
+            }
+            for (const std::string& m_text : m_values) {
+                const int64_t m = std::atoll(m_text.c_str());
+                if (m <= 0) continue;
+                std::vector<float> x(static_cast<size_t>(m * shape.k));
+                std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+                for (float& v : x) v = unit(gen);
+                std::vector<float> y(static_cast<size_t>(m * shape.n));
+                for (const std::string& t_text : thread_values) {
+                    const int threads = std::atoi(t_text.c_str());
+                    if (threads <= 0) continue;
+                    kvshard::cpu::SetNumThreads(threads);
+                    size_t next = 0;
+                    const auto call = [&] {
+                        const StoredMatrix w{dtype, base + next * stride, shape.n, shape.k};
+                        next = (next + 1) % copies;
+                        kvshard::cpu::MatMulStored(x.data(), m, w, y.data());
+                    };
+                    for (size_t c = 0; c < std::min<size_t>(copies, 4); ++c) call();  // warm-up
+                    double best = 1e30;
+                    double best_cpu_share = 0;
+                    for (int run = 0; run < 5; ++run) {
+                        int64_t calls = 0;
+                        const double cpu0 = ProcessCpuSeconds();
+                        const auto t0 = std::chrono::steady_clock::now();
+                        double secs = 0;
+                        do {
+                            call();
+                            ++calls;
+                            secs = SecondsSince(t0);
+                        } while (secs * 1e3 < min_ms / 5);
+                        if (secs / static_cast<double>(calls) < best) {
+                            best = secs / static_cast<double>(calls);
+                            best_cpu_share = (ProcessCpuSeconds() - cpu0) / secs / threads;
+                        }
+                    }
+                    const double flops = 2.0 * static_cast<double>(m * shape.n * shape.k);
+                    std::printf("%-10s %-5s %4lld %3d %10.1f %9.1f %10.2f %5.0f\n", shape.name,
+                                std::string(kvshard::DTypeName(dtype)).c_str(),
+                                static_cast<long long>(m), threads, best * 1e6, flops / best / 1e9,
+                                static_cast<double>(matrix_bytes) / best / 1e9,
+                                100 * best_cpu_share);
+                    std::fflush(stdout);
+                }
+            }
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,282 @@
+// MatMulStored and EmbeddingRows (kernels/cpu_matmul.h): ISA detection and dispatch, the portable
+// kernels, and the large-m path (dequantized panels of weight rows fed to OpenBLAS sgemm).
+//
+// Two regimes:
+//  - m <= kMaxTiledRows (decode, small batches): weights are read once, in their stored format,
+//    by the register-tiled kernels of cpu_matmul_avx512.cc / cpu_matmul_avx2.cc (or the portable
+//    loop here); the product is bound by the weight bytes streamed, which quantization shrinks.
+//  - larger m (prefill): dequantizing a weight row costs O(k) and sgemm amortizes it over m rows
+//    at near-peak FLOP rate, so a panel of rows is dequantized to fp32 and handed to sgemm.
+#include "kernels/cpu_matmul.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+#include "common/check.h"
+#include "kernels/cpu_ops.h"
+
+namespace kvshard::cpu {
+namespace matmul_internal {
+
+// Defined in cpu_matmul_avx512.cc and cpu_matmul_avx2.cc (x86-64 only). MatMulRows* computes
+// y[i, j] for i < m and j in [n0, n1) (y rows of stride w.rows); DequantizeRows* writes rows
+// [r0, r1) of `w` to out (stride w.cols). REQUIRES: the CPU supports the ISA; w.dtype != kF32 for
+// MatMulRows*.
+void MatMulRowsAvx512(const float* x, int64_t m, const StoredMatrix& w, int64_t n0, int64_t n1,
+                      float* y);
+void DequantizeRowsAvx512(const StoredMatrix& w, int64_t r0, int64_t r1, float* out);
+void MatMulRowsAvx2(const float* x, int64_t m, const StoredMatrix& w, int64_t n0, int64_t n1,
+                    float* y);
+void DequantizeRowsAvx2(const StoredMatrix& w, int64_t r0, int64_t r1, float* out);
+
+}  // namespace matmul_internal
+
+namespace {
+
+using matmul_internal::DequantizeRowsAvx2;
+using matmul_internal::DequantizeRowsAvx512;
+using matmul_internal::MatMulRowsAvx2;
+using matmul_internal::MatMulRowsAvx512;
+
+// Above this many activation rows the panel + sgemm path wins over the register-tiled kernels.
+// kvshard_matmul_bench, 1 thread, SmolLM2-135M shapes, Q4_1/Q8_0 (GFLOP/s): tiled 50-64 flat in
+// m; panels 23-35 at m = 16-32, 52-68 at m = 64, 65-90 at m = 128.
+constexpr int64_t kMaxTiledRows = 48;
+// Weight rows per OpenMP work item in the tiled path (a multiple of the kernels' strip of 4).
+constexpr int64_t kChunkRows = 16;
+// Below this many multiply-adds a product runs on the calling thread: the fork/join of a team
+// (~2-5 µs on 2 cores) would cost more than it saves.
+constexpr int64_t kMinParallelMacs = int64_t{1} << 18;
+// Bound of the fp32 panel of dequantized weight rows in the sgemm path.
+constexpr size_t kMaxPanelBytes = size_t{8} << 20;
+
+constexpr int kNotForced = -1;
+std::atomic<int> g_forced_isa{kNotForced};
+
+#if defined(__x86_64__)
+uint64_t ReadXcr0() {
+    uint32_t eax;
+    uint32_t edx;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return (static_cast<uint64_t>(edx) << 32) | eax;
+}
+
+KernelIsa Detect() {
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return KernelIsa::kPortable;
+    const bool fma = ecx & (1u << 12);
+    const bool osxsave = ecx & (1u << 27);
+    const bool avx = ecx & (1u << 28);
+    const bool f16c = ecx & (1u << 29);
+    // Without OSXSAVE, xgetbv faults; without the OS saving ymm/zmm state the registers are
+    // unusable even if cpuid lists the instructions.
+    if (!osxsave || !avx || !fma || !f16c) return KernelIsa::kPortable;
+    const uint64_t xcr0 = ReadXcr0();
+    const bool ymm_state = (xcr0 & 0x6) == 0x6;    // SSE and AVX state
+    const bool zmm_state = (xcr0 & 0xE6) == 0xE6;  // + opmask, ZMM_Hi256, Hi16_ZMM
+    if (!ymm_state || __get_cpuid_max(0, nullptr) < 7) return KernelIsa::kPortable;
+    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    const bool avx2 = ebx & (1u << 5);
+    const bool avx512f = ebx & (1u << 16);
+    const bool avx512dq = ebx & (1u << 17);
+    const bool avx512bw = ebx & (1u << 30);
+    const bool avx512vl = ebx & (1u << 31);
+    if (zmm_state && avx2 && avx512f && avx512dq && avx512bw && avx512vl) return KernelIsa::kAvx512;
+    if (avx2) return KernelIsa::kAvx2;
+    return KernelIsa::kPortable;
+}
+#else
+KernelIsa Detect() { return KernelIsa::kPortable; }
+#endif
+
+// Rows [r0, r1) of `w` dequantized to fp32 (stride w.cols).
+void DequantizeRows(KernelIsa isa, const StoredMatrix& w, int64_t r0, int64_t r1, float* out) {
+#if defined(__x86_64__)
+    switch (isa) {
+        case KernelIsa::kAvx512:
+            return DequantizeRowsAvx512(w, r0, r1, out);
+        case KernelIsa::kAvx2:
+            return DequantizeRowsAvx2(w, r0, r1, out);
+        case KernelIsa::kPortable:
+            break;
+    }
+#endif
+    const size_t row_bytes = RowBytes(w.dtype, w.cols);
+    for (int64_t r = r0; r < r1; ++r) {
+        DequantizeRow(w.dtype, w.data + r * row_bytes, w.cols, out + (r - r0) * w.cols);
+    }
+}
+
+float DotPortable(const float* a, const float* b, int64_t n) {
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+    return sum;
+}
+
+// The portable tiled kernel: each weight row dequantized once into `row` (w.cols floats), then
+// dotted with every activation row.
+void MatMulRowsPortable(const float* x, int64_t m, const StoredMatrix& w, int64_t n0, int64_t n1,
+                        float* y, float* row) {
+    const int64_t k = w.cols;
+    const int64_t n = w.rows;
+    for (int64_t j = n0; j < n1; ++j) {
+        DequantizeRows(KernelIsa::kPortable, w, j, j + 1, row);
+        for (int64_t i = 0; i < m; ++i) y[i * n + j] = DotPortable(x + i * k, row, k);
+    }
+}
+
+void MatMulTiled(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w, float* y) {
+    const int64_t n = w.rows;
+    const int64_t k = w.cols;
+    const int64_t chunks = (n + kChunkRows - 1) / kChunkRows;
+    const bool parallel = chunks > 1 && m * n * k >= kMinParallelMacs;
+#pragma omp parallel if (parallel)
+    {
+        std::vector<float> row(isa == KernelIsa::kPortable ? static_cast<size_t>(k) : 0);
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < chunks; ++c) {
+            const int64_t n0 = c * kChunkRows;
+            const int64_t n1 = std::min(n, n0 + kChunkRows);
+            switch (isa) {
+#if defined(__x86_64__)
+                case KernelIsa::kAvx512:
+                    MatMulRowsAvx512(x, m, w, n0, n1, y);
+                    break;
+                case KernelIsa::kAvx2:
+                    MatMulRowsAvx2(x, m, w, n0, n1, y);
+                    break;
+#else
+                case KernelIsa::kAvx512:  // never active off x86-64
+                case KernelIsa::kAvx2:
+#endif
+                case KernelIsa::kPortable:
+                    MatMulRowsPortable(x, m, w, n0, n1, y, row.data());
+                    break;
+            }
+        }
+    }
+}
+
+// The calling thread's panel of dequantized weights, kept between calls so that the pages are
+// faulted in once (a fresh 8 MB allocation per call costs ~0.5 ms of page faults).
+float* PanelScratch(size_t floats) {
+    thread_local std::unique_ptr<float[]> panel;
+    thread_local size_t capacity = 0;
+    if (floats > capacity) {
+        panel.reset(new float[floats]);
+        capacity = floats;
+    }
+    return panel.get();
+}
+
+void MatMulPanels(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w, float* y) {
+    const int64_t n = w.rows;
+    const int64_t k = w.cols;
+    const int64_t row_floats_bytes = k * static_cast<int64_t>(sizeof(float));
+    const int64_t panel_rows =
+        std::clamp<int64_t>(static_cast<int64_t>(kMaxPanelBytes) / row_floats_bytes, 1, n);
+    float* panel = PanelScratch(static_cast<size_t>(panel_rows * k));
+    for (int64_t p0 = 0; p0 < n; p0 += panel_rows) {
+        const int64_t rows = std::min(panel_rows, n - p0);
+        // On the calling thread: dequantizing costs O(rows·k) against sgemm's O(m·rows·k) (~3%
+        // at m = 64), and an OpenMP team here would fight OpenBLAS's own threads, which spin
+        // between calls (2 threads measured slower than 1).
+        DequantizeRows(isa, w, p0, p0 + rows, panel);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m),
+                    static_cast<blasint>(rows), static_cast<blasint>(k), 1.0f, x,
+                    static_cast<blasint>(k), panel, static_cast<blasint>(k), 0.0f, y + p0,
+                    static_cast<blasint>(n));
+    }
+}
+
+}  // namespace
+
+std::string_view KernelIsaName(KernelIsa isa) {
+    switch (isa) {
+        case KernelIsa::kPortable:
+            return "portable";
+        case KernelIsa::kAvx2:
+            return "avx2";
+        case KernelIsa::kAvx512:
+            return "avx512";
+    }
+    return "?";
+}
+
+KernelIsa DetectedKernelIsa() {
+    static const KernelIsa detected = Detect();
+    return detected;
+}
+
+KernelIsa ActiveKernelIsa() {
+    const KernelIsa detected = DetectedKernelIsa();
+    const int forced = g_forced_isa.load(std::memory_order_relaxed);
+    if (forced == kNotForced) return detected;
+    // The ISAs are ordered: a pinned one the CPU lacks falls back to the best it has.
+    return static_cast<KernelIsa>(std::min(forced, static_cast<int>(detected)));
+}
+
+void ForceKernelIsa(KernelIsa isa) {
+    g_forced_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
+}
+
+void ResetKernelIsa() { g_forced_isa.store(kNotForced, std::memory_order_relaxed); }
+
+void MatMulStored(const float* x, int64_t m, const StoredMatrix& w, float* y) {
+    constexpr int64_t kMaxBlasInt = std::numeric_limits<blasint>::max();
+    KV_CHECK(m >= 1 && w.rows >= 0 && w.cols >= 0 && m <= kMaxBlasInt && w.rows <= kMaxBlasInt &&
+             w.cols <= kMaxBlasInt)
+        << "m=" << m << " n=" << w.rows << " k=" << w.cols;
+    KV_CHECK(w.cols % BlockElements(w.dtype) == 0)
+        << DTypeName(w.dtype) << " matrix of " << w.cols << " columns";
+    const int64_t n = w.rows;
+    const int64_t k = w.cols;
+    if (n == 0) return;
+    if (k == 0) {
+        std::fill(y, y + m * n, 0.0f);
+        return;
+    }
+    const KernelIsa isa = ActiveKernelIsa();
+    if (w.dtype == DType::kF32) {
+        if (reinterpret_cast<uintptr_t>(w.data) % alignof(float) == 0) {
+            MatMulWT(x, reinterpret_cast<const float*>(w.data), y, m, n, k, /*accumulate=*/false);
+        } else {
+            MatMulPanels(isa, x, m, w, y);  // copies the rows to aligned floats first
+        }
+        return;
+    }
+    if (m <= kMaxTiledRows) {
+        MatMulTiled(isa, x, m, w, y);
+    } else {
+        MatMulPanels(isa, x, m, w, y);
+    }
+}
+
+void EmbeddingRows(const StoredMatrix& table, int64_t row_offset, const int32_t* ids, int64_t n,
+                   float* out) {
+    const int64_t cols = table.cols;
+    const KernelIsa isa = ActiveKernelIsa();
+#pragma omp parallel for schedule(static) if (n * cols >= kMinParallelMacs)
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t r = static_cast<int64_t>(ids[i]) - row_offset;
+        float* o = out + i * cols;
+        if (r < 0 || r >= table.rows) {
+            std::fill(o, o + cols, 0.0f);
+        } else {
+            DequantizeRows(isa, table, r, r + 1, o);
+        }
+    }
+}
+
+}  // namespace kvshard::cpu

@@ -1,0 +1,255 @@
+// AVX2+FMA kernels of MatMulStored (kernels/cpu_matmul.h), for CPUs without AVX-512. Same scheme
+// as kernels/cpu_matmul_avx512.cc with 8-lane registers: every function carries the AVX2 target
+// attribute, and kernels/cpu_matmul.cc calls them only when cpuid and xgetbv allow.
+//
+// With 16 ymm registers a tile is at most 4 activation rows × 2 weight rows (or 1 × 4), and a
+// block is processed in two halves of 16 weights to keep the dequantized weights in registers.
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu_matmul.h"
+
+#define KV_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define KV_AVX2_INLINE KV_AVX2 inline __attribute__((always_inline))
+
+namespace kvshard::cpu::matmul_internal {
+
+// Declared in kernels/cpu_matmul.cc, which dispatches to them.
+void MatMulRowsAvx2(const float* x, int64_t m, const StoredMatrix& w, int64_t n0, int64_t n1,
+                    float* y);
+void DequantizeRowsAvx2(const StoredMatrix& w, int64_t r0, int64_t r1, float* out);
+
+namespace {
+
+constexpr int64_t kBlock = 32;
+
+template <DType T>
+constexpr size_t kBlockBytes = T == DType::kQ8_0   ? 34
+                               : T == DType::kQ4_0 ? 18
+                               : T == DType::kQ4_1 ? 20
+                                                   : 64;
+
+template <DType T>
+constexpr bool kIsFloat = T == DType::kF16 || T == DType::kBF16;
+
+KV_AVX2_INLINE float LoadHalf(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, sizeof(h));
+    return _cvtsh_ss(h);
+}
+
+KV_AVX2_INLINE __m128i LoadBytes16(const uint8_t* p) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+
+KV_AVX2_INLINE __m256 BF16ToPs(__m128i h) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+KV_AVX2_INLINE float HorizontalSum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// Weights 16·H .. 16·H+15 of the block at `p`: the first 8 into w0, the next 8 into w1.
+template <DType T, int H>
+KV_AVX2_INLINE void LoadHalfBlock(const uint8_t* p, __m256& w0, __m256& w1) {
+    if constexpr (T == DType::kQ8_0) {
+        const __m256 d = _mm256_set1_ps(LoadHalf(p));
+        const __m128i q = LoadBytes16(p + 2 + 16 * H);
+        w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+        w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), d);
+    } else if constexpr (T == DType::kQ4_0) {
+        const __m256 d = _mm256_set1_ps(LoadHalf(p));
+        __m128i q = LoadBytes16(p + 2);
+        if constexpr (H == 1) q = _mm_srli_epi16(q, 4);
+        q = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(0x0F)), _mm_set1_epi8(8));
+        w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+        w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), d);
+    } else if constexpr (T == DType::kQ4_1) {
+        const __m256 d = _mm256_set1_ps(LoadHalf(p));
+        const __m256 mn = _mm256_set1_ps(LoadHalf(p + 2));
+        __m128i q = LoadBytes16(p + 4);
+        if constexpr (H == 1) q = _mm_srli_epi16(q, 4);
+        q = _mm_and_si128(q, _mm_set1_epi8(0x0F));
+        w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), d, mn);
+        w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8))), d, mn);
+    } else if constexpr (T == DType::kF16) {
+        w0 = _mm256_cvtph_ps(LoadBytes16(p + 32 * H));
+        w1 = _mm256_cvtph_ps(LoadBytes16(p + 32 * H + 16));
+    } else {
+        static_assert(T == DType::kBF16);
+        w0 = BF16ToPs(LoadBytes16(p + 32 * H));
+        w1 = BF16ToPs(LoadBytes16(p + 32 * H + 16));
+    }
+}
+
+float ScalarWeight(DType dtype, const uint8_t* row, int64_t col) {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * col, sizeof(h));
+    return dtype == DType::kF16 ? HalfToFloat(h) : BF16ToFloat(h);
+}
+
+template <DType T, int R, int C, int H>
+KV_AVX2_INLINE void HalfStep(const float* xb, int64_t k, const uint8_t* wb, size_t row_bytes,
+                             __m256 (&acc)[R][C]) {
+    __m256 w0[C];
+    __m256 w1[C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) LoadHalfBlock<T, H>(wb + c * row_bytes, w0[c], w1[c]);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+        const __m256 x0 = _mm256_loadu_ps(xb + r * k + 16 * H);
+        const __m256 x1 = _mm256_loadu_ps(xb + r * k + 16 * H + 8);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            acc[r][c] = _mm256_fmadd_ps(x0, w0[c], acc[r][c]);
+            acc[r][c] = _mm256_fmadd_ps(x1, w1[c], acc[r][c]);
+        }
+    }
+}
+
+// y[r * ldy + c] = x row r · weight row c, for r < R, c < C.
+template <DType T, int R, int C>
+KV_AVX2 void Tile(const float* x, int64_t k, const uint8_t* w, size_t row_bytes, float* y,
+                  int64_t ldy) {
+    __m256 acc[R][C];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+    }
+    const int64_t blocks = k / kBlock;
+    for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* wb = w + b * kBlockBytes<T>;
+        const float* xb = x + b * kBlock;
+        HalfStep<T, R, C, 0>(xb, k, wb, row_bytes, acc);
+        HalfStep<T, R, C, 1>(xb, k, wb, row_bytes, acc);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            float sum = HorizontalSum(acc[r][c]);
+            if constexpr (kIsFloat<T>) {
+                // The < 32 trailing elements of a float-type row.
+                for (int64_t i = blocks * kBlock; i < k; ++i) {
+                    sum += x[r * k + i] * ScalarWeight(T, w + c * row_bytes, i);
+                }
+            }
+            y[r * ldy + c] = sum;
+        }
+    }
+}
+
+constexpr int kMaxTileRows = 4;
+
+template <DType T, int C>
+KV_AVX2 void TileRows(int rows, const float* x, int64_t k, const uint8_t* w, size_t row_bytes,
+                      float* y, int64_t ldy) {
+    switch (rows) {
+        case 1:
+            return Tile<T, 1, C>(x, k, w, row_bytes, y, ldy);
+        case 2:
+            return Tile<T, 2, C>(x, k, w, row_bytes, y, ldy);
+        case 3:
+            return Tile<T, 3, C>(x, k, w, row_bytes, y, ldy);
+        case 4:
+            return Tile<T, 4, C>(x, k, w, row_bytes, y, ldy);
+    }
+}
+
+template <DType T>
+KV_AVX2 void RowsT(const float* x, int64_t m, int64_t k, const uint8_t* w, size_t row_bytes,
+                   int64_t n0, int64_t n1, float* y, int64_t ldy) {
+    int64_t j = n0;
+    if (m == 1) {
+        for (; j + 4 <= n1; j += 4) Tile<T, 1, 4>(x, k, w + j * row_bytes, row_bytes, y + j, ldy);
+    }
+    for (; j + 2 <= n1; j += 2) {
+        for (int64_t i = 0; i < m; i += kMaxTileRows) {
+            const int rows = static_cast<int>(std::min<int64_t>(kMaxTileRows, m - i));
+            TileRows<T, 2>(rows, x + i * k, k, w + j * row_bytes, row_bytes, y + i * ldy + j, ldy);
+        }
+    }
+    for (; j < n1; ++j) {
+        for (int64_t i = 0; i < m; i += kMaxTileRows) {
+            const int rows = static_cast<int>(std::min<int64_t>(kMaxTileRows, m - i));
+            TileRows<T, 1>(rows, x + i * k, k, w + j * row_bytes, row_bytes, y + i * ldy + j, ldy);
+        }
+    }
+}
+
+template <DType T>
+KV_AVX2 void DequantizeRowsT(const uint8_t* w, size_t row_bytes, int64_t k, int64_t r0, int64_t r1,
+                             float* out) {
+    const int64_t blocks = k / kBlock;
+    for (int64_t r = r0; r < r1; ++r) {
+        const uint8_t* row = w + r * row_bytes;
+        float* o = out + (r - r0) * k;
+        for (int64_t b = 0; b < blocks; ++b) {
+            __m256 w0;
+            __m256 w1;
+            LoadHalfBlock<T, 0>(row + b * kBlockBytes<T>, w0, w1);
+            _mm256_storeu_ps(o + b * kBlock, w0);
+            _mm256_storeu_ps(o + b * kBlock + 8, w1);
+            LoadHalfBlock<T, 1>(row + b * kBlockBytes<T>, w0, w1);
+            _mm256_storeu_ps(o + b * kBlock + 16, w0);
+            _mm256_storeu_ps(o + b * kBlock + 24, w1);
+        }
+        if constexpr (kIsFloat<T>) {
+            for (int64_t i = blocks * kBlock; i < k; ++i) o[i] = ScalarWeight(T, row, i);
+        }
+    }
+}
+
+}  // namespace
+
+KV_AVX2 void MatMulRowsAvx2(const float* x, int64_t m, const StoredMatrix& w, int64_t n0,
+                            int64_t n1, float* y) {
+    const size_t row_bytes = RowBytes(w.dtype, w.cols);
+    switch (w.dtype) {
+        case DType::kF32:
+            return;  // the caller uses BLAS
+        case DType::kF16:
+            return RowsT<DType::kF16>(x, m, w.cols, w.data, row_bytes, n0, n1, y, w.rows);
+        case DType::kBF16:
+            return RowsT<DType::kBF16>(x, m, w.cols, w.data, row_bytes, n0, n1, y, w.rows);
+        case DType::kQ8_0:
+            return RowsT<DType::kQ8_0>(x, m, w.cols, w.data, row_bytes, n0, n1, y, w.rows);
+        case DType::kQ4_0:
+            return RowsT<DType::kQ4_0>(x, m, w.cols, w.data, row_bytes, n0, n1, y, w.rows);
+        case DType::kQ4_1:
+            return RowsT<DType::kQ4_1>(x, m, w.cols, w.data, row_bytes, n0, n1, y, w.rows);
+    }
+}
+
+KV_AVX2 void DequantizeRowsAvx2(const StoredMatrix& w, int64_t r0, int64_t r1, float* out) {
+    const size_t row_bytes = RowBytes(w.dtype, w.cols);
+    switch (w.dtype) {
+        case DType::kF32:
+            std::memcpy(out, w.data + r0 * row_bytes, static_cast<size_t>(r1 - r0) * row_bytes);
+            return;
+        case DType::kF16:
+            return DequantizeRowsT<DType::kF16>(w.data, row_bytes, w.cols, r0, r1, out);
+        case DType::kBF16:
+            return DequantizeRowsT<DType::kBF16>(w.data, row_bytes, w.cols, r0, r1, out);
+        case DType::kQ8_0:
+            return DequantizeRowsT<DType::kQ8_0>(w.data, row_bytes, w.cols, r0, r1, out);
+        case DType::kQ4_0:
+            return DequantizeRowsT<DType::kQ4_0>(w.data, row_bytes, w.cols, r0, r1, out);
+        case DType::kQ4_1:
+            return DequantizeRowsT<DType::kQ4_1>(w.data, row_bytes, w.cols, r0, r1, out);
+    }
+}
+
+}  // namespace kvshard::cpu::matmul_internal
+
+#endif  // defined(__x86_64__)

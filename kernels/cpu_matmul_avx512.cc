@@ -1,0 +1,347 @@
+// AVX-512 kernels of MatMulStored (kernels/cpu_matmul.h). Compiled for any x86-64 target: every
+// function carries the AVX-512 target attribute, and kernels/cpu_matmul.cc calls them only after
+// cpuid and xgetbv said the CPU and the OS support the registers.
+//
+// A tile computes R activation rows × C weight rows. Each 32-weight block of the C weight rows is
+// dequantized once into 2·C zmm registers and used by all R activation rows, so the dequantization
+// cost is shared by R rows (batched decode) while the weights stream from memory once per strip.
+// For a single row the dequantization is the bottleneck (it competes with the FMAs for the two
+// 512-bit ports), so the 4-bit formats use a 16-entry lookup table per block (vpermps) instead of
+// mask + int→float convert + scale per weight: ~9 instead of ~17 port-0/5 µops per block.
+#if defined(__x86_64__)
+
+// GCC 12 reports the deliberately undefined pass-through operand of many AVX-512 intrinsics
+// (`__m512 __Y = __Y;` in _mm512_undefined_ps) as uninitialized once they are inlined (GCC bug
+// 105593, fixed in 13).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu_matmul.h"
+
+#define KV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+#define KV_AVX512_INLINE KV_AVX512 inline __attribute__((always_inline))
+
+namespace kvshard::cpu::matmul_internal {
+
+// Declared in kernels/cpu_matmul.cc, which dispatches to them.
+void MatMulRowsAvx512(const float* x, int64_t m, const StoredMatrix& w, int64_t n0, int64_t n1,
+                      float* y);
+void DequantizeRowsAvx512(const StoredMatrix& w, int64_t r0, int64_t r1, float* out);
+
+namespace {
+
+constexpr int64_t kBlock = 32;
+
+// Bytes of 32 consecutive weights of a row (one GGUF block; 32 elements of the float types).
+template <DType T>
+constexpr size_t kBlockBytes = T == DType::kQ8_0   ? 34
+                               : T == DType::kQ4_0 ? 18
+                               : T == DType::kQ4_1 ? 20
+                                                   : 64;
+
+template <DType T>
+constexpr bool kIsFloat = T == DType::kF16 || T == DType::kBF16;
+
+KV_AVX512_INLINE float LoadHalf(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, sizeof(h));
+    return _cvtsh_ss(h);
+}
+
+KV_AVX512_INLINE __m512 Iota() {
+    return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+KV_AVX512_INLINE __m512 IotaMinus8() {
+    return _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+
+// A float in memory broadcast to 16 lanes by the load unit. GCC would otherwise keep a value just
+// converted in a register and broadcast it with shuffles, on the port the dequantization needs.
+KV_AVX512_INLINE __m512 BroadcastFromMemory(const float* f) {
+    __m512 r;
+    __asm__("vbroadcastss %1, %0" : "=v"(r) : "m"(*f));
+    return r;
+}
+
+// The two fp16 values at p, each broadcast: one conversion for both, broadcasts from memory.
+KV_AVX512_INLINE void LoadTwoHalves(const uint8_t* p, __m512& a, __m512& b) {
+    uint32_t bits;
+    std::memcpy(&bits, p, sizeof(bits));
+    alignas(16) float f[4];
+    _mm_store_ps(f, _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(bits))));
+    a = BroadcastFromMemory(&f[0]);
+    b = BroadcastFromMemory(&f[1]);
+}
+
+KV_AVX512_INLINE __m128i LoadBytes16(const uint8_t* p) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+}
+
+KV_AVX512_INLINE __m512 BF16ToPs(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// Weights 0..15 of the block at `p` into w0, 16..31 into w1.
+template <DType T>
+KV_AVX512_INLINE void LoadBlock(const uint8_t* p, __m512& w0, __m512& w1) {
+    if constexpr (T == DType::kQ8_0) {
+        const __m512 d = _mm512_set1_ps(LoadHalf(p));
+        w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(LoadBytes16(p + 2))), d);
+        w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(LoadBytes16(p + 18))), d);
+    } else if constexpr (T == DType::kQ4_0) {
+        // A 16-entry table d·(q - 8) indexed by each nibble: vpermps reads only an index's low 4
+        // bits, so neither the nibble masking nor an int→float conversion per weight is needed.
+        const __m512 table = _mm512_mul_ps(_mm512_set1_ps(LoadHalf(p)), IotaMinus8());
+        const __m512i idx = _mm512_cvtepu8_epi32(LoadBytes16(p + 2));
+        w0 = _mm512_permutexvar_ps(idx, table);
+        w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), table);
+    } else if constexpr (T == DType::kQ4_1) {
+        __m512 d;
+        __m512 mn;
+        LoadTwoHalves(p, d, mn);
+        const __m512 table = _mm512_fmadd_ps(Iota(), d, mn);
+        const __m512i idx = _mm512_cvtepu8_epi32(LoadBytes16(p + 4));
+        w0 = _mm512_permutexvar_ps(idx, table);
+        w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), table);
+    } else if constexpr (T == DType::kF16) {
+        w0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+        w1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+    } else {
+        static_assert(T == DType::kBF16);
+        w0 = BF16ToPs(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+        w1 = BF16ToPs(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+    }
+}
+
+// The last `rem` (< 32) elements of a float-type row: masked loads, zeros beyond the row.
+template <DType T>
+KV_AVX512_INLINE void LoadTail(const uint8_t* p, __mmask16 m0, __mmask16 m1, __m512& w0,
+                               __m512& w1) {
+    const __m256i h0 = _mm256_maskz_loadu_epi16(m0, p);
+    const __m256i h1 = _mm256_maskz_loadu_epi16(m1, p + 32);
+    if constexpr (T == DType::kF16) {
+        w0 = _mm512_cvtph_ps(h0);
+        w1 = _mm512_cvtph_ps(h1);
+    } else {
+        w0 = BF16ToPs(h0);
+        w1 = BF16ToPs(h1);
+    }
+}
+
+KV_AVX512_INLINE void TailMasks(int64_t rem, __mmask16& m0, __mmask16& m1) {
+    m0 = static_cast<__mmask16>(rem >= 16 ? 0xFFFF : (1u << rem) - 1);
+    m1 = static_cast<__mmask16>(rem > 16 ? (1u << (rem - 16)) - 1 : 0);
+}
+
+// y[r * ldy + c] = x row r · weight row c, for r < R, c < C. x rows have stride k; weight row c
+// starts at w + c * row_bytes. With few accumulators, the two halves of a block go to separate
+// ones so that the FMA latency chain does not limit a single-row product.
+template <DType T, int R, int C>
+KV_AVX512 void Tile(const float* x, int64_t k, const uint8_t* w, size_t row_bytes, float* y,
+                    int64_t ldy) {
+    constexpr bool kSplit = R * C <= 8;
+    __m512 acc[R][C];
+    __m512 acc1[R][C];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            acc[r][c] = _mm512_setzero_ps();
+            acc1[r][c] = _mm512_setzero_ps();
+        }
+    }
+    const int64_t blocks = k / kBlock;
+    for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* wb = w + b * kBlockBytes<T>;
+        __m512 w0[C];
+        __m512 w1[C];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) LoadBlock<T>(wb + c * row_bytes, w0[c], w1[c]);
+        const float* xb = x + b * kBlock;
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+            const __m512 x0 = _mm512_loadu_ps(xb + r * k);
+            const __m512 x1 = _mm512_loadu_ps(xb + r * k + 16);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; ++c) {
+                acc[r][c] = _mm512_fmadd_ps(x0, w0[c], acc[r][c]);
+                if constexpr (kSplit) {
+                    acc1[r][c] = _mm512_fmadd_ps(x1, w1[c], acc1[r][c]);
+                } else {
+                    acc[r][c] = _mm512_fmadd_ps(x1, w1[c], acc[r][c]);
+                }
+            }
+        }
+    }
+    if constexpr (kIsFloat<T>) {
+        const int64_t rem = k - blocks * kBlock;
+        if (rem > 0) {
+            __mmask16 m0;
+            __mmask16 m1;
+            TailMasks(rem, m0, m1);
+            const uint8_t* wb = w + blocks * kBlockBytes<T>;
+            __m512 w0[C];
+            __m512 w1[C];
+#pragma GCC unroll 4
+            for (int c = 0; c < C; ++c) LoadTail<T>(wb + c * row_bytes, m0, m1, w0[c], w1[c]);
+            const float* xb = x + blocks * kBlock;
+#pragma GCC unroll 16
+            for (int r = 0; r < R; ++r) {
+                const __m512 x0 = _mm512_maskz_loadu_ps(m0, xb + r * k);
+                const __m512 x1 = _mm512_maskz_loadu_ps(m1, xb + r * k + 16);
+#pragma GCC unroll 4
+                for (int c = 0; c < C; ++c) {
+                    acc[r][c] = _mm512_fmadd_ps(x0, w0[c], acc[r][c]);
+                    acc1[r][c] = _mm512_fmadd_ps(x1, w1[c], acc1[r][c]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            y[r * ldy + c] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][c], acc1[r][c]));
+        }
+    }
+}
+
+// `rows` (1..8) activation rows against C weight rows.
+template <DType T, int C>
+KV_AVX512 void TileRows(int rows, const float* x, int64_t k, const uint8_t* w, size_t row_bytes,
+                        float* y, int64_t ldy) {
+    switch (rows) {
+#define KV_TILE_CASE(r)                            \
+    case r:                                        \
+        Tile<T, r, C>(x, k, w, row_bytes, y, ldy); \
+        return;
+        KV_TILE_CASE(1)
+        KV_TILE_CASE(2)
+        KV_TILE_CASE(3)
+        KV_TILE_CASE(4)
+        KV_TILE_CASE(5)
+        KV_TILE_CASE(6)
+        KV_TILE_CASE(7)
+        KV_TILE_CASE(8)
+#undef KV_TILE_CASE
+    }
+}
+
+// Activation rows per tile, and how many weight rows share them: the register budget (32 zmm)
+// holds R·C accumulators plus 2·C dequantized weight vectors. Fewer activation rows take more
+// weight rows so that there is enough independent work per block.
+constexpr int kMaxTileRows = 8;
+constexpr int kStrip = 4;  // weight rows per strip: C = 4, 2 or 1
+
+template <DType T>
+KV_AVX512 void RowsT(const float* x, int64_t m, int64_t k, const uint8_t* w, size_t row_bytes,
+                     int64_t n0, int64_t n1, float* y, int64_t ldy) {
+    int64_t j = n0;
+    for (; j + kStrip <= n1; j += kStrip) {
+        const uint8_t* wj = w + j * row_bytes;
+        // The strip's rows are contiguous: fetch the next strip while this one computes (the
+        // hardware prefetcher follows each row's stream but starts late on short rows).
+        const uint8_t* next = wj + kStrip * row_bytes;
+        for (size_t off = 0; off < kStrip * row_bytes && j + 2 * kStrip <= n1; off += 256) {
+            _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T0);
+        }
+        for (int64_t i = 0; i < m; i += kMaxTileRows) {
+            const int rows = static_cast<int>(std::min<int64_t>(kMaxTileRows, m - i));
+            const float* xi = x + i * k;
+            float* yi = y + i * ldy + j;
+            if (rows <= 4) {
+                TileRows<T, 4>(rows, xi, k, wj, row_bytes, yi, ldy);
+            } else {
+                TileRows<T, 2>(rows, xi, k, wj, row_bytes, yi, ldy);
+                TileRows<T, 2>(rows, xi, k, wj + 2 * row_bytes, row_bytes, yi + 2, ldy);
+            }
+        }
+    }
+    for (; j < n1; ++j) {
+        for (int64_t i = 0; i < m; i += kMaxTileRows) {
+            const int rows = static_cast<int>(std::min<int64_t>(kMaxTileRows, m - i));
+            TileRows<T, 1>(rows, x + i * k, k, w + j * row_bytes, row_bytes, y + i * ldy + j, ldy);
+        }
+    }
+}
+
+template <DType T>
+KV_AVX512 void DequantizeRowsT(const uint8_t* w, size_t row_bytes, int64_t k, int64_t r0,
+                               int64_t r1, float* out) {
+    const int64_t blocks = k / kBlock;
+    for (int64_t r = r0; r < r1; ++r) {
+        const uint8_t* row = w + r * row_bytes;
+        float* o = out + (r - r0) * k;
+        for (int64_t b = 0; b < blocks; ++b) {
+            __m512 w0;
+            __m512 w1;
+            LoadBlock<T>(row + b * kBlockBytes<T>, w0, w1);
+            _mm512_storeu_ps(o + b * kBlock, w0);
+            _mm512_storeu_ps(o + b * kBlock + 16, w1);
+        }
+        if constexpr (kIsFloat<T>) {
+            const int64_t rem = k - blocks * kBlock;
+            if (rem > 0) {
+                __mmask16 m0;
+                __mmask16 m1;
+                TailMasks(rem, m0, m1);
+                __m512 w0;
+                __m512 w1;
+                LoadTail<T>(row + blocks * kBlockBytes<T>, m0, m1, w0, w1);
+                _mm512_mask_storeu_ps(o + blocks * kBlock, m0, w0);
+                _mm512_mask_storeu_ps(o + blocks * kBlock + 16, m1, w1);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+KV_AVX512 void MatMulRowsAvx512(const float* x, int64_t m, const StoredMatrix& w, int64_t n0,
+                                int64_t n1, float* y) {
+    const size_t row_bytes = RowBytes(w.dtype, w.cols);
+    switch (w.dtype) {
+        case DType::kF32:
+            return;  // the caller uses BLAS
+        case DType::kF16:
+            return RowsT<DType::kF16>(x, m, w.cols, w.data, row_bytes, n0, n1, y, w.rows);
+        case DType::kBF16:
+            return RowsT<DType::kBF16>(x, m, w.cols, w.data, row_bytes, n0, n1, y, w.rows);
+        case DType::kQ8_0:
+            return RowsT<DType::kQ8_0>(x, m, w.cols, w.data, row_bytes, n0, n1, y, w.rows);
+        case DType::kQ4_0:
+            return RowsT<DType::kQ4_0>(x, m, w.cols, w.data, row_bytes, n0, n1, y, w.rows);
+        case DType::kQ4_1:
+            return RowsT<DType::kQ4_1>(x, m, w.cols, w.data, row_bytes, n0, n1, y, w.rows);
+    }
+}
+
+KV_AVX512 void DequantizeRowsAvx512(const StoredMatrix& w, int64_t r0, int64_t r1, float* out) {
+    const size_t row_bytes = RowBytes(w.dtype, w.cols);
+    switch (w.dtype) {
+        case DType::kF32:
+            std::memcpy(out, w.data + r0 * row_bytes, static_cast<size_t>(r1 - r0) * row_bytes);
+            return;
+        case DType::kF16:
+            return DequantizeRowsT<DType::kF16>(w.data, row_bytes, w.cols, r0, r1, out);
+        case DType::kBF16:
+            return DequantizeRowsT<DType::kBF16>(w.data, row_bytes, w.cols, r0, r1, out);
+        case DType::kQ8_0:
+            return DequantizeRowsT<DType::kQ8_0>(w.data, row_bytes, w.cols, r0, r1, out);
+        case DType::kQ4_0:
+            return DequantizeRowsT<DType::kQ4_0>(w.data, row_bytes, w.cols, r0, r1, out);
+        case DType::kQ4_1:
+            return DequantizeRowsT<DType::kQ4_1>(w.data, row_bytes, w.cols, r0, r1, out);
+    }
+}
+
+}  // namespace kvshard::cpu::matmul_internal
+
+#endif  // defined(__x86_64__)

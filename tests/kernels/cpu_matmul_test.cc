@@ -1,0 +1,268 @@
+#include "kernels/cpu_matmul.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+
+namespace kvshard::cpu {
+namespace {
+
+constexpr KernelIsa kAllIsas[] = {KernelIsa::kPortable, KernelIsa::kAvx2, KernelIsa::kAvx512};
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed) {
+    std::mt19937 gen(seed);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<float> v(n);
+    for (float& f : v) f = dist(gen);
+    return v;
+}
+
+void StoreU16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, sizeof(v)); }
+
+// A {rows, cols} matrix of `dtype` with random contents, placed at byte `misalign` of its buffer
+// (the kernels must not assume alignment). Quantized blocks get random bytes for the quants and
+// small finite fp16 scales, like a real model's.
+class RandomStoredMatrix {
+  public:
+    RandomStoredMatrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed, size_t misalign = 1)
+        : bytes_(RowBytes(dtype, cols) * static_cast<size_t>(rows) + misalign) {
+        std::mt19937 gen(seed);
+        std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+        std::uniform_real_distribution<float> scale(0.002f, 0.05f);
+        std::uniform_int_distribution<int> byte(0, 255);
+        uint8_t* p = bytes_.data() + misalign;
+        const int64_t count = rows * cols / BlockElements(dtype);
+        for (int64_t b = 0; b < count; ++b) {
+            switch (dtype) {
+                case DType::kF32: {
+                    const float f = unit(gen);
+                    std::memcpy(p, &f, sizeof(f));
+                    break;
+                }
+                case DType::kF16:
+                    StoreU16(p, FloatToHalf(unit(gen)));
+                    break;
+                case DType::kBF16:
+                    StoreU16(p, FloatToBF16(unit(gen)));
+                    break;
+                case DType::kQ8_0:
+                case DType::kQ4_0:
+                case DType::kQ4_1: {
+                    const float sign = unit(gen) < 0 ? -1.0f : 1.0f;
+                    StoreU16(p, FloatToHalf(sign * scale(gen)));
+                    size_t at = 2;
+                    if (dtype == DType::kQ4_1) {
+                        StoreU16(p + 2, FloatToHalf(0.4f * unit(gen)));
+                        at = 4;
+                    }
+                    for (; at < BlockBytes(dtype); ++at) p[at] = static_cast<uint8_t>(byte(gen));
+                    break;
+                }
+            }
+            p += BlockBytes(dtype);
+        }
+        matrix_ = {dtype, bytes_.data() + misalign, rows, cols};
+    }
+
+    const StoredMatrix& matrix() const { return matrix_; }
+
+    // The dequantize-at-load reference: row r as DequantizeRow gives it.
+    std::vector<float> Row(int64_t r) const {
+        std::vector<float> out(static_cast<size_t>(matrix_.cols));
+        DequantizeRow(matrix_.dtype, matrix_.data + r * RowBytes(matrix_.dtype, matrix_.cols),
+                      matrix_.cols, out.data());
+        return out;
+    }
+
+  private:
+    std::vector<uint8_t> bytes_;
+    StoredMatrix matrix_;
+};
+
+// y = x · W^T from dequantized rows, in double.
+std::vector<double> Reference(const std::vector<float>& x, int64_t m, const RandomStoredMatrix& w) {
+    const int64_t n = w.matrix().rows;
+    const int64_t k = w.matrix().cols;
+    std::vector<double> y(static_cast<size_t>(m * n));
+    for (int64_t j = 0; j < n; ++j) {
+        const std::vector<float> row = w.Row(j);
+        for (int64_t i = 0; i < m; ++i) {
+            double sum = 0.0;
+            for (int64_t l = 0; l < k; ++l) sum += double{x[i * k + l]} * row[l];
+            y[i * n + j] = sum;
+        }
+    }
+    return y;
+}
+
+// max |y - ref| / max |ref|: fp32 accumulation in any order stays far below 1e-5 of the largest
+// output, while a wrong block, nibble or scale shows up as O(1).
+double NormalizedError(const std::vector<float>& y, const std::vector<double>& ref) {
+    double max_diff = 0.0;
+    double max_ref = 0.0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        max_diff = std::max(max_diff, std::abs(double{y[i]} - ref[i]));
+        max_ref = std::max(max_ref, std::abs(ref[i]));
+    }
+    if (!std::isfinite(max_diff)) return max_diff;
+    return max_ref > 0 ? max_diff / max_ref : max_diff;
+}
+
+class KernelIsaScope {
+  public:
+    explicit KernelIsaScope(KernelIsa isa) { ForceKernelIsa(isa); }
+    ~KernelIsaScope() { ResetKernelIsa(); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// MatMulStored against the reference, for every dtype, batch size, shape and ISA.
+
+struct Shape {
+    int64_t n, k;
+};
+
+// Model shapes (SmolLM2-135M's kv projection, its down projection's k), n not a multiple of the
+// kernels' strip of 4 or chunk of 16, the smallest k; k not a multiple of 32 for the float types.
+constexpr Shape kQuantShapes[] = {{192, 576}, {70, 1536}, {37, 32}, {13, 64}, {1, 96}};
+constexpr Shape kFloatOnlyShapes[] = {{7, 45}, {19, 1000}, {5, 1}};
+
+using MatMulParam = std::tuple<DType, int64_t, Shape>;
+
+class MatMulStoredTest : public ::testing::TestWithParam<MatMulParam> {};
+
+TEST_P(MatMulStoredTest, MatchesDequantizedReferenceOnEveryIsa) {
+    const auto [dtype, m, shape] = GetParam();
+    const RandomStoredMatrix w(dtype, shape.n, shape.k, /*seed=*/static_cast<uint32_t>(m * 7 + 1));
+    const std::vector<float> x = RandomFloats(static_cast<size_t>(m * shape.k), 99);
+    const std::vector<double> ref = Reference(x, m, w);
+    for (KernelIsa isa : kAllIsas) {
+        const KernelIsaScope scope(isa);
+        if (ActiveKernelIsa() != isa) continue;  // the CPU lacks it
+        std::vector<float> y(static_cast<size_t>(m * shape.n), std::nanf(""));
+        MatMulStored(x.data(), m, w.matrix(), y.data());
+        EXPECT_LE(NormalizedError(y, ref), 1e-5)
+            << KernelIsaName(isa) << " " << DTypeName(dtype) << " m=" << m << " n=" << shape.n
+            << " k=" << shape.k;
+    }
+}
+
+std::vector<MatMulParam> AllCases() {
+    std::vector<MatMulParam> cases;
+    for (DType dtype :
+         {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+        for (int64_t m : {1, 2, 3, 5, 16, 17, 64, 130}) {
+            for (const Shape& shape : kQuantShapes) cases.emplace_back(dtype, m, shape);
+            if (BlockElements(dtype) > 1) continue;
+            for (const Shape& shape : kFloatOnlyShapes) cases.emplace_back(dtype, m, shape);
+        }
+    }
+    return cases;
+}
+
+std::string MatMulParamName(const ::testing::TestParamInfo<MatMulParam>& info) {
+    const auto [dtype, m, shape] = info.param;
+    return std::string(DTypeName(dtype)) + "_m" + std::to_string(m) + "_n" +
+           std::to_string(shape.n) + "_k" + std::to_string(shape.k);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, MatMulStoredTest, ::testing::ValuesIn(AllCases()), MatMulParamName);
+
+// F32 weights go to sgemm directly when aligned and through the panel copy when not: both agree.
+TEST(MatMulStoredF32Test, AlignedAndUnalignedWeightsAgree) {
+    const int64_t m = 3;
+    const RandomStoredMatrix aligned(DType::kF32, 33, 64, 5, /*misalign=*/0);
+    const RandomStoredMatrix unaligned(DType::kF32, 33, 64, 5, /*misalign=*/2);
+    const std::vector<float> x = RandomFloats(m * 64, 6);
+    std::vector<float> y0(m * 33);
+    std::vector<float> y1(m * 33);
+    MatMulStored(x.data(), m, aligned.matrix(), y0.data());
+    MatMulStored(x.data(), m, unaligned.matrix(), y1.data());
+    EXPECT_LE(NormalizedError(y1, Reference(x, m, aligned)), 1e-5);
+    EXPECT_LE(NormalizedError(y0, Reference(x, m, aligned)), 1e-5);
+}
+
+TEST(MatMulStoredTest, EmptyMatrices) {
+    const std::vector<float> x(4, 1.0f);
+    std::vector<float> y(2, 7.0f);
+    MatMulStored(x.data(), 2, StoredMatrix{DType::kQ4_1, nullptr, 0, 64}, y.data());
+    EXPECT_EQ(y[0], 7.0f);  // n = 0: nothing written
+    MatMulStored(x.data(), 2, StoredMatrix{DType::kQ8_0, nullptr, 1, 0}, y.data());
+    EXPECT_EQ(y[0], 0.0f);  // k = 0: empty sums
+    EXPECT_EQ(y[1], 0.0f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel ISA selection.
+
+TEST(KernelIsaTest, ForcingPicksTheIsaOrTheBestSupportedBelowIt) {
+    const KernelIsa detected = DetectedKernelIsa();
+    EXPECT_EQ(ActiveKernelIsa(), detected);
+    {
+        const KernelIsaScope scope(KernelIsa::kPortable);
+        EXPECT_EQ(ActiveKernelIsa(), KernelIsa::kPortable);
+    }
+    {
+        const KernelIsaScope scope(KernelIsa::kAvx2);
+        EXPECT_EQ(ActiveKernelIsa(),
+                  detected == KernelIsa::kPortable ? KernelIsa::kPortable : KernelIsa::kAvx2);
+    }
+    {
+        const KernelIsaScope scope(KernelIsa::kAvx512);
+        EXPECT_EQ(ActiveKernelIsa(), detected);
+    }
+    EXPECT_EQ(ActiveKernelIsa(), detected);
+}
+
+TEST(KernelIsaTest, Names) {
+    EXPECT_EQ(KernelIsaName(KernelIsa::kPortable), "portable");
+    EXPECT_EQ(KernelIsaName(KernelIsa::kAvx2), "avx2");
+    EXPECT_EQ(KernelIsaName(KernelIsa::kAvx512), "avx512");
+}
+
+// ---------------------------------------------------------------------------------------------
+// EmbeddingRows
+
+class EmbeddingRowsTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(EmbeddingRowsTest, GathersTheSliceAndZeroesIdsOutsideIt) {
+    // This rank holds vocabulary rows [5, 15) of a larger table.
+    const int64_t row_offset = 5;
+    const int64_t cols = 96;
+    const RandomStoredMatrix table(GetParam(), 10, cols, 17);
+    const std::vector<int32_t> ids = {5, 14, 4, 15, 9, -1, 0, 1000, 5};
+    for (KernelIsa isa : kAllIsas) {
+        const KernelIsaScope scope(isa);
+        if (ActiveKernelIsa() != isa) continue;
+        std::vector<float> out(ids.size() * cols, std::nanf(""));
+        EmbeddingRows(table.matrix(), row_offset, ids.data(), static_cast<int64_t>(ids.size()),
+                      out.data());
+        for (size_t i = 0; i < ids.size(); ++i) {
+            const int64_t r = ids[i] - row_offset;
+            const bool inside = r >= 0 && r < 10;
+            const std::vector<float> want =
+                inside ? table.Row(r) : std::vector<float>(static_cast<size_t>(cols), 0.0f);
+            for (int64_t c = 0; c < cols; ++c) {
+                // A fused d*q+m may differ from the reference's rounding by an ulp.
+                ASSERT_NEAR(out[i * cols + c], want[c], 1e-6f * std::abs(want[c]))
+                    << KernelIsaName(isa) << " id " << ids[i] << " col " << c;
+            }
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, EmbeddingRowsTest,
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0,
+                                           DType::kQ4_0, DType::kQ4_1),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                             return std::string(DTypeName(info.param));
+                         });
+
+}  // namespace
+}  // namespace kvshard::cpu
