@@ -32,6 +32,7 @@ struct BenchFlags {
     bool json = false;
     int tp = 1;
     std::string comm = "local";
+    std::string weight_format = "stored";
 };
 
 int RunBench(const BenchFlags& f) {
@@ -70,6 +71,18 @@ int RunBench(const BenchFlags& f) {
     const int threads = f.threads > 0 ? f.threads : hw;  // in all, shared by the ranks
     RunnerOptions runner;
     runner.max_context = f.prompt_tokens + f.decode_tokens;
+    if (Result<WeightFormat> wf = ParseWeightFormat(f.weight_format); wf.ok()) {
+        runner.weight_format = *wf;
+    } else {
+        Fail("--weight-format: " + wf.status().message());
+        return 1;
+    }
+    // Room for the largest batch, each sequence in its own fixed blocks (worker/sequence_slots.h).
+    const int64_t max_batch = *std::max_element(f.batches.begin(), f.batches.end());
+    runner.num_kv_blocks =
+        max_batch * ((runner.max_context + runner.block_size - 1) / runner.block_size);
+    runner.max_step_tokens = max_batch * f.prompt_tokens;
+    runner.max_step_seqs = max_batch;
     // One loaded model: a runner (tp 1, or this MPI rank's) or the group of rank threads.
     std::unique_ptr<LocalModel> local;
     std::unique_ptr<ModelFile> file;
@@ -151,6 +164,8 @@ Command RegisterBenchEngine(CLI::App& app) {
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
     sub->add_option("--comm", f->comm, "local or mpi")->capture_default_str();
+    sub->add_option("--weight-format", f->weight_format, "stored or f32 (dequantized at load)")
+        ->capture_default_str();
     sub->add_flag("--json", f->json, "One JSON object on stdout");
     return [f] { return RunBench(*f); };
 }

@@ -41,7 +41,7 @@ struct GenerateFlags {
     int64_t max_context = 0;
     std::string kv_dtype = "fp32";
     int64_t block_size = 16;
-    bool contiguous_kv = false;
+    std::string weight_format = "stored";
     std::string log_level = "warn";
     int tp = 1;
     std::string comm = "local";
@@ -134,7 +134,12 @@ int RunGenerate(const GenerateFlags& f) {
     RunnerOptions runner;
     runner.max_context = f.max_context;
     runner.block_size = f.block_size;
-    runner.num_kv_blocks = f.contiguous_kv ? 0 : RunnerOptions::kOneSequence;
+    runner.num_kv_blocks = RunnerOptions::kOneSequence;
+    if (Result<WeightFormat> wf = ParseWeightFormat(f.weight_format); wf.ok()) {
+        runner.weight_format = *wf;
+    } else {
+        return fail("--weight-format: " + wf.status().message());
+    }
     if (f.kv_dtype == "fp32") {
         runner.kv_storage = cpu::KvStorage::kF32;
     } else if (f.kv_dtype == "int8") {
@@ -262,8 +267,10 @@ Command RegisterGenerate(CLI::App& app) {
     sub->add_option("--block-size", f->block_size, "Token slots per KV block")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
-    sub->add_flag("--contiguous-kv", f->contiguous_kv,
-                  "Keep KV in one contiguous region (the paged pool's reference)");
+    sub->add_option("--weight-format", f->weight_format,
+                    "stored (matmuls read the file's format) or f32 (dequantized at load: the "
+                    "reference)")
+        ->capture_default_str();
     sub->add_option("--log-level", f->log_level, "trace|debug|info|warn|error|off")
         ->capture_default_str();
     sub->add_option(

@@ -161,6 +161,10 @@ int RunServe(ServeFlags f) {
             runner.block_size = c.kv_cache.block_size;
             runner.num_kv_blocks = BlocksFor(c, spec, ic.tp);
             runner.kv_storage = StorageOf(c.kv_cache.dtype);
+            runner.weight_format =
+                c.weight_format == "f32" ? WeightFormat::kF32 : WeightFormat::kStored;
+            runner.max_step_tokens = c.scheduler.max_num_batched_tokens;
+            runner.max_step_seqs = c.scheduler.max_num_seqs;
             std::vector<std::string> endpoints;
             if (c.workers.mode == WorkersMode::kProcesses) {
                 ProcessInstanceSpec ps;

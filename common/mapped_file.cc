@@ -62,4 +62,13 @@ Result<std::string> ReadFileToString(const std::string& path) {
     return ss.str();
 }
 
+void ReleaseMappedPages(const void* data, size_t bytes) {
+    if (data == nullptr || bytes == 0) return;
+    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const auto begin = reinterpret_cast<uintptr_t>(data) / page * page;
+    const auto end = (reinterpret_cast<uintptr_t>(data) + bytes + page - 1) / page * page;
+    // Read-only MAP_PRIVATE pages that were never written: dropping them loses nothing.
+    ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 }  // namespace kvshard

@@ -11,7 +11,7 @@
 namespace kvshard {
 
 class MappedFile {
-public:
+  public:
     // Maps `path` read-only. A missing or unreadable file is NotFound naming the path.
     static Result<MappedFile> Open(const std::string& path);
 
@@ -26,11 +26,17 @@ public:
     size_t size() const { return size_; }
     const std::string& path() const { return path_; }
 
-private:
+  private:
     std::string path_;
     const uint8_t* data_ = nullptr;
     size_t size_ = 0;
 };
+
+// Tells the kernel that the pages under [data, data + bytes) of a read-only file mapping are not
+// needed now: they leave the process's resident memory and are read from the file again if
+// touched. For weights copied out of a mapping at load. Not an error on memory that is not a
+// file mapping (the advice is then ignored).
+void ReleaseMappedPages(const void* data, size_t bytes);
 
 // Reads a whole (small) file into a string: configs, tokenizer.json.
 Result<std::string> ReadFileToString(const std::string& path);

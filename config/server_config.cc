@@ -52,16 +52,21 @@ std::string_view WorkersLauncherName(WorkersLauncher launcher) {
 
 std::string_view PoolRoleName(PoolRole role) {
     switch (role) {
-        case PoolRole::kMixed: return "mixed";
-        case PoolRole::kPrefill: return "prefill";
-        case PoolRole::kDecode: return "decode";
+        case PoolRole::kMixed:
+            return "mixed";
+        case PoolRole::kPrefill:
+            return "prefill";
+        case PoolRole::kDecode:
+            return "decode";
     }
     return "mixed";
 }
 
 std::vector<PoolConfig> ServerConfig::EffectivePools() const {
     if (!pools.empty()) return pools;
-    return {PoolConfig{.name = "default", .role = PoolRole::kMixed, .instances = {InstanceConfig{.tp = tp, .devices = {}}}}};
+    return {PoolConfig{.name = "default",
+                       .role = PoolRole::kMixed,
+                       .instances = {InstanceConfig{.tp = tp, .devices = {}}}}};
 }
 
 namespace {
@@ -170,6 +175,16 @@ const std::vector<Setting>& Settings() {
         s.push_back(Int<int>(
             "threads", [](ServerConfig& c) -> int& { return c.threads; }, 0, 4096,
             "must be >= 0 (0: all cores)"));
+        s.push_back({"weight_format",
+                     [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                         KV_RETURN_IF_ERROR(RequireScalar(at, n));
+                         const std::string v = ScalarText(n);
+                         if (v != "stored" && v != "f32") {
+                             return BadValue(at, v, "expected stored (the file's format) or f32");
+                         }
+                         c.weight_format = v;
+                         return Status::Ok();
+                     }});
         s.push_back(
             {"log_level",
              [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
@@ -287,7 +302,8 @@ const std::vector<Setting>& Settings() {
                          return Status::Ok();
                      }});
         s.push_back(Int<int64_t>(
-            "kv_transfer.timeout_ms", [](ServerConfig& c) -> int64_t& { return c.kv_transfer.timeout_ms; }, 1,
+            "kv_transfer.timeout_ms",
+            [](ServerConfig& c) -> int64_t& { return c.kv_transfer.timeout_ms; }, 1,
             int64_t{1} << 31, "must be > 0"));
         s.push_back({"workers.mode",
                      [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
@@ -305,9 +321,9 @@ const std::vector<Setting>& Settings() {
                      [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
                          KV_RETURN_IF_ERROR(RequireScalar(at, n));
                          const std::string v = ScalarText(n);
-                         for (WorkersLauncher l : {WorkersLauncher::kDirect,
-                                                   WorkersLauncher::kMpirun,
-                                                   WorkersLauncher::kExternal}) {
+                         for (WorkersLauncher l :
+                              {WorkersLauncher::kDirect, WorkersLauncher::kMpirun,
+                               WorkersLauncher::kExternal}) {
                              if (v == WorkersLauncherName(l)) {
                                  c.workers.launcher = l;
                                  return Status::Ok();
@@ -316,8 +332,7 @@ const std::vector<Setting>& Settings() {
                          return BadValue(at, v, "expected direct, mpirun or external");
                      }});
         s.push_back(String(
-            "workers.host", [](ServerConfig& c) -> std::string& { return c.workers.host; },
-            false));
+            "workers.host", [](ServerConfig& c) -> std::string& { return c.workers.host; }, false));
         s.push_back(Int<int>(
             "workers.port", [](ServerConfig& c) -> int& { return c.workers.port; }, 0, 65535,
             "must be in 0..65535 (0: any free port)"));
@@ -436,7 +451,8 @@ Status ValidateWhole(const ServerConfig& c) {
     KV_RETURN_IF_ERROR(ValidatePools(where, c.pools));
     if (c.workers.mode == WorkersMode::kProcesses &&
         c.workers.launcher == WorkersLauncher::kExternal && c.workers.port == 0) {
-        return InvalidArgument(where + ": workers.port: invalid value '0': workers started by "
+        return InvalidArgument(where +
+                               ": workers.port: invalid value '0': workers started by "
                                "hand (workers.launcher: external) need a fixed port to connect to");
     }
     return Status::Ok();

@@ -62,12 +62,12 @@ std::string_view WorkersLauncherName(WorkersLauncher launcher);  // "direct", "m
 struct ServeWorkersConfig {
     WorkersMode mode = WorkersMode::kEmbedded;
     WorkersLauncher launcher = WorkersLauncher::kDirect;
-    std::string host = "127.0.0.1";      // where workers register; loopback only unless asked
-    int port = 0;                        // 0: a free port (external needs a fixed one)
+    std::string host = "127.0.0.1";         // where workers register; loopback only unless asked
+    int port = 0;                           // 0: a free port (external needs a fixed one)
     int64_t register_timeout_ms = 120'000;  // every rank registered and loaded by then
     int64_t heartbeat_interval_ms = 1'000;
-    int64_t dead_after_ms = 5'000;       // a worker silent this long is dead (>= heartbeat)
-    int64_t step_timeout_ms = 60'000;    // a step not answered by every rank by then fails
+    int64_t dead_after_ms = 5'000;     // a worker silent this long is dead (>= heartbeat)
+    int64_t step_timeout_ms = 60'000;  // a step not answered by every rank by then fails
 };
 
 // The file's pools: list (disaggregated serving, docs/disaggregation.md). Each pool has a role
@@ -91,7 +91,8 @@ struct PoolConfig {
 
 // The file's kv_transfer: section (KV handoff from prefill to decode instances).
 struct KvTransferConfig {
-    bool layerwise = false;       // mode: layerwise (each layer as written) or blockwise (after the step)
+    bool layerwise =
+        false;  // mode: layerwise (each layer as written) or blockwise (after the step)
     int64_t timeout_ms = 10'000;  // per transfer, sending and receiving
 };
 
@@ -103,6 +104,9 @@ struct ServerConfig {
     std::string chat_template;      // "" (the model's), "chatml", "llama2", "llama3", or a file
     int tp = 1;                     // tensor-parallel workers of the instance
     int threads = 0;                // CPU threads per worker; 0 = the cores divided among workers
+    // "stored": matrix products read weights in the file's format; "f32": dequantized at load
+    // (the reference path).
+    std::string weight_format = "stored";
     std::string log_level = "info";
     HttpConfig http;
     ServeSchedulerConfig scheduler;

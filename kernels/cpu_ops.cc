@@ -104,10 +104,10 @@ void RmsNorm(const float* x, const float* weight, float* out, int64_t rows, int6
 }
 
 void Rope(float* x, const int32_t* positions, int64_t rows, int64_t num_heads, int64_t head_dim,
-          const float* inv_freq) {
+          const float* inv_freq, int64_t row_stride) {
     KV_CHECK_EQ(head_dim % 2, 0);
     const int64_t half = head_dim / 2;
-    const int64_t row_floats = num_heads * head_dim;
+    const int64_t row_floats = row_stride > 0 ? row_stride : num_heads * head_dim;
     // A row costs head_dim/2 cos/sin pairs (~1 µs at head_dim 64) plus its rotations.
 #pragma omp parallel if (rows >= 32)
     {

@@ -39,10 +39,11 @@ void MatMulWT(const float* x, const float* w, float* y, int64_t m, int64_t n, in
 void RmsNorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim, float eps);
 
 // Rotary embedding on interleaved pairs (v[2i], v[2i+1]) of every head of every row, in place.
-// x: rows × num_heads × head_dim; positions[r] is the position of row r. inv_freq has head_dim/2
-// entries (theta^(-2i/head_dim), already adjusted for RoPE scaling).
+// x: rows of num_heads × head_dim floats, `row_stride` floats apart (0: dense rows; a larger
+// stride rotates the leading heads of a fused QKV row); positions[r] is the position of row r.
+// inv_freq has head_dim/2 entries (theta^(-2i/head_dim), already adjusted for RoPE scaling).
 void Rope(float* x, const int32_t* positions, int64_t rows, int64_t num_heads, int64_t head_dim,
-          const float* inv_freq);
+          const float* inv_freq, int64_t row_stride = 0);
 
 // out[r, i] = silu(gate[r, i]) * up[r, i]. out may equal gate.
 void SiluMul(const float* gate, const float* up, float* out, int64_t rows, int64_t dim);

@@ -53,4 +53,28 @@ void PagedAttention(const float* q, const PagedKvLayer& kv, const int32_t* block
                     int64_t num_q, int64_t q_pos0, int64_t num_heads,
                     const int32_t* kv_head_of_q = nullptr);
 
+// The attention of a whole step over a paged pool: one call per layer for every sequence of the
+// batch (prefill chunks and decode tokens mixed). Sequence s owns query rows
+// [query_starts[s], query_starts[s + 1]); its new tokens sit at the last positions of its context,
+// so row query_starts[s] + i is at position context_lens[s] - n_s + i (n_s its row count) and
+// attends causally to positions 0 .. that position. Its blocks are
+// block_tables[block_table_starts[s] .. block_table_starts[s + 1]).
+// All arrays are in the backend's memory (host memory on the CPU).
+struct PagedAttentionBatch {
+    int64_t num_seqs = 0;
+    const int32_t* query_starts = nullptr;        // num_seqs + 1, query_starts[0] == 0
+    const int32_t* context_lens = nullptr;        // num_seqs: positions after this step
+    const int32_t* block_table_starts = nullptr;  // num_seqs + 1
+    const int32_t* block_tables = nullptr;
+};
+
+// q: rows × (num_heads × head_dim) floats at row stride q_stride (q may sit inside a fused QKV
+// row); out: rows × num_heads × head_dim, dense. kv_head_of_q as for PagedAttention. The K/V of
+// the step's new tokens must already be written (PagedKvWrite). Over fp32 storage the result
+// equals PagedAttention's per sequence within float rounding (the order of the additions of the
+// online softmax differs).
+void PagedAttentionBatched(const float* q, int64_t q_stride, const PagedKvLayer& kv,
+                           const PagedAttentionBatch& batch, float* out, int64_t num_heads,
+                           const int32_t* kv_head_of_q = nullptr);
+
 }  // namespace kvshard::cpu

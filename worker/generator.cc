@@ -9,26 +9,21 @@
 namespace kvshard {
 namespace {
 
-// Where the sequence's KV lives: the runner's paged pool (blocks from a private BlockManager) or
-// the runner's contiguous cache.
+// Where the sequence's KV lives: the runner's paged pool, blocks from a private BlockManager.
 class SequenceKvPlacement {
-public:
-    SequenceKvPlacement(ModelRunner& runner, int64_t seq_id, bool paged) : runner_(runner), seq_id_(seq_id) {
-        if (paged && runner.pool() != nullptr) {
-            kv::BlockManagerConfig c;
-            c.num_blocks = runner.pool()->config().num_blocks;
-            c.block_size = runner.pool()->config().block_size;
-            c.watermark = 0.0;
-            c.enable_prefix_caching = false;
-            blocks_.emplace(c);
-        }
-        runner_.Release(seq_id_);
+  public:
+    SequenceKvPlacement(ModelRunner& runner, int64_t seq_id) : seq_id_(seq_id) {
+        kv::BlockManagerConfig c;
+        c.num_blocks = runner.pool()->config().num_blocks;
+        c.block_size = runner.pool()->config().block_size;
+        c.watermark = 0.0;
+        c.enable_prefix_caching = false;
+        blocks_.emplace(c);
     }
     ~SequenceKvPlacement() { Reset(); }
 
     void Reset() {
         if (blocks_ && blocks_->HasSequence(seq_id_)) blocks_->Free(seq_id_);
-        runner_.Release(seq_id_);
     }
 
     // Fills `chunk` for computing context[begin..]: allocates or appends slots.
@@ -36,10 +31,10 @@ public:
         chunk->seq_id = seq_id_;
         chunk->tokens = std::span<const int32_t>(context).subspan(static_cast<size_t>(begin));
         chunk->start_pos = begin;
-        if (!blocks_) return Status::Ok();
         if (!blocks_->HasSequence(seq_id_)) {
             kv::SequenceRequest req{.seq_id = seq_id_, .prompt_token_ids = chunk->tokens};
-            if (begin != 0 || !blocks_->CanAllocate(req)) return OutOfRange("the KV pool cannot hold the prompt");
+            if (begin != 0 || !blocks_->CanAllocate(req))
+                return OutOfRange("the KV pool cannot hold the prompt");
             blocks_->Allocate(req);
         } else {
             if (!blocks_->CanAppend(seq_id_, static_cast<int64_t>(chunk->tokens.size()))) {
@@ -54,8 +49,7 @@ public:
         return Status::Ok();
     }
 
-private:
-    ModelRunner& runner_;
+  private:
     int64_t seq_id_;
     std::optional<kv::BlockManager> blocks_;
     std::vector<int32_t> table_;
@@ -65,7 +59,8 @@ private:
 }  // namespace
 
 Result<GenerateResult> Generate(ModelRunner& runner, const Tokenizer& tokenizer,
-                                const std::vector<int32_t>& prompt_ids, const GenerateOptions& options,
+                                const std::vector<int32_t>& prompt_ids,
+                                const GenerateOptions& options,
                                 const std::function<void(std::string_view)>& on_text,
                                 int64_t seq_id) {
     if (prompt_ids.empty()) return InvalidArgument("the prompt has no tokens");
@@ -74,7 +69,8 @@ Result<GenerateResult> Generate(ModelRunner& runner, const Tokenizer& tokenizer,
     const auto prompt_len = static_cast<int64_t>(prompt_ids.size());
     if (prompt_len > runner.max_context()) {
         return OutOfRange("the prompt has " + std::to_string(prompt_len) +
-                          " tokens, more than the context of " + std::to_string(runner.max_context()));
+                          " tokens, more than the context of " +
+                          std::to_string(runner.max_context()));
     }
 
     GenerateResult result;
@@ -88,11 +84,12 @@ Result<GenerateResult> Generate(ModelRunner& runner, const Tokenizer& tokenizer,
     std::vector<int32_t> context = prompt_ids;  // every token so far
     std::vector<float> logits;
     const int64_t processed_before = runner.tokens_processed();
-    SequenceKvPlacement kv(runner, seq_id, options.use_paged_kv);
+    SequenceKvPlacement kv(runner, seq_id);
     int64_t computed = 0;  // positions whose KV is cached
     using Clock = std::chrono::steady_clock;
     for (int64_t step = 0; step < options.max_tokens; ++step) {
-        if (static_cast<int64_t>(context.size()) > runner.max_context()) break;  // context full: "length"
+        if (static_cast<int64_t>(context.size()) > runner.max_context())
+            break;  // context full: "length"
         if (!options.use_kv_cache) {
             kv.Reset();
             computed = 0;

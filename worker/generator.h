@@ -22,8 +22,6 @@ struct GenerateOptions {
     std::vector<int32_t> stop_token_ids;  // e.g. EOS; and BOS for llama2.c models
     // false: recompute the whole context every step (demonstration and verification only).
     bool use_kv_cache = true;
-    // Keep the KV in the runner's paged pool when it has one (else its contiguous cache).
-    bool use_paged_kv = true;
 };
 
 struct GenerateResult {
@@ -39,7 +37,8 @@ struct GenerateResult {
 // becomes final (UTF-8 complete, never part of a stop string); may be empty.
 // `seq_id` names the sequence in the runner's cache; it is released at the end.
 Result<GenerateResult> Generate(ModelRunner& runner, const Tokenizer& tokenizer,
-                                const std::vector<int32_t>& prompt_ids, const GenerateOptions& options,
+                                const std::vector<int32_t>& prompt_ids,
+                                const GenerateOptions& options,
                                 const std::function<void(std::string_view)>& on_text = {},
                                 int64_t seq_id = 0);
 

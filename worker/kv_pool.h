@@ -2,7 +2,9 @@
 // holding every layer of `block_size` token slots for this worker's KV heads (layout in
 // kernels/paged_attention.h). Block ids come from the coordinator's BlockManager and mean the
 // same slots on every rank of an instance.
-// Ownership: owns its memory (allocated untouched; pages are committed as blocks are written).
+// Ownership: owns its memory, allocated through the worker's Backend (which must outlive the pool;
+// on the CPU, untouched: pages are committed as blocks are written). Bytes per block follow
+// kv::KvGeometry, the formula the capacity planner reports.
 // Thread-safety: none; the worker's thread owns it.
 #pragma once
 
@@ -10,6 +12,7 @@
 #include <memory>
 
 #include "common/status.h"
+#include "kernels/backend.h"
 #include "kernels/paged_attention.h"
 
 namespace kvshard {
@@ -26,27 +29,29 @@ struct KvPoolConfig {
 class KvPool {
   public:
     // Validates the numbers (InvalidArgument naming the field).
-    static Result<std::unique_ptr<KvPool>> Create(const KvPoolConfig& config);
+    // The memory comes from `backend`; ResourceExhausted when it cannot be had.
+    static Result<std::unique_ptr<KvPool>> Create(const KvPoolConfig& config, Backend& backend);
 
     const KvPoolConfig& config() const { return config_; }
     int64_t bytes_per_block() const { return bytes_per_block_; }
     int64_t num_bytes() const { return bytes_per_block_ * config_.num_blocks; }
 
     cpu::PagedKvLayer Layer(int64_t layer);
-    // Copies every layer of block `src` to block `dst` (copy-on-write of a shared partial block).
-    // REQUIRES: both in range.
-    void CopyBlock(int32_t src, int32_t dst);
+    // The whole pool's memory (backend memory), for block copies queued on the backend.
+    void* data() { return buffer_.data(); }
     // The region of one block (bytes_per_block() bytes). REQUIRES: ValidBlock(block).
-    const uint8_t* BlockData(int64_t block) const { return data_.get() + block * bytes_per_block_; }
-    uint8_t* MutableBlockData(int64_t block) { return data_.get() + block * bytes_per_block_; }
+    // (Host-addressable on the CPU backend, where the KV handoff packs and unpacks blocks.)
+    const uint8_t* BlockData(int64_t block) const { return base() + block * bytes_per_block_; }
+    uint8_t* MutableBlockData(int64_t block) { return base() + block * bytes_per_block_; }
     bool ValidBlock(int64_t block) const { return block >= 0 && block < config_.num_blocks; }
 
   private:
-    explicit KvPool(const KvPoolConfig& config);
+    KvPool(const KvPoolConfig& config, int64_t bytes_per_block, BackendBuffer buffer);
+    uint8_t* base() const { return buffer_.As<uint8_t>(); }
 
     KvPoolConfig config_;
     int64_t bytes_per_block_ = 0;
-    std::unique_ptr<uint8_t[]> data_;
+    BackendBuffer buffer_;
 };
 
 }  // namespace kvshard

@@ -40,16 +40,17 @@ Result<LocalModel> LoadLocalModel(const std::string& path, const LocalModelOptio
                                std::to_string(options.shard.tp) +
                                " needs a communicator of that rank and size");
     }
-    KV_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(*m.file, options.shard));
-    const size_t weight_bytes = weights.NumBytes();
-    const std::string layout = weights.layout.ToString();
-    m.runner = std::make_unique<ModelRunner>(m.file->spec(), std::move(weights), options.runner,
-                                             options.collective);
+    KV_ASSIGN_OR_RETURN(
+        m.runner, MakeModelRunner(*m.file, options.shard, options.runner, options.collective));
+    const size_t weight_bytes = m.runner->weight_bytes();
+    const std::string layout = m.runner->layout().ToString();
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    spdlog::info("loaded {} ({}) in {:.2f} s: {}; {}; fp32 weights {:.1f} MiB", path,
+    spdlog::info("loaded {} ({}) in {:.2f} s: {}; {}; {} weights {:.1f} MiB on {}", path,
                  ModelFormatName(m.file->format()), secs, m.file->spec().ToString(), layout,
-                 static_cast<double>(weight_bytes) / (1024.0 * 1024.0));
+                 WeightFormatName(options.runner.weight_format),
+                 static_cast<double>(weight_bytes) / (1024.0 * 1024.0),
+                 m.runner->backend().Describe());
     return m;
 }
 

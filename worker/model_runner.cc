@@ -1,5 +1,7 @@
 #include "worker/model_runner.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -26,11 +28,59 @@ class ScopedTimer {
     std::chrono::steady_clock::time_point start_;
 };
 
+constexpr size_t kAlign = 64;
+size_t Aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// Offsets of the sections of a step's packed inputs, for a capacity of rows, sequences and
+// block-table entries. The block tables come last, so a step copies only up to their end.
+struct InputLayout {
+    size_t ids, positions, slots, query_starts, context_lens, table_starts, last_rows, tables;
+    size_t total;
+    InputLayout(int64_t rows, int64_t seqs, int64_t entries) {
+        size_t o = 0;
+        auto take = [&o](size_t bytes) {
+            const size_t at = o;
+            o += Aligned(bytes);
+            return at;
+        };
+        ids = take(rows * sizeof(int32_t));
+        positions = take(rows * sizeof(int32_t));
+        slots = take(rows * sizeof(int64_t));
+        query_starts = take((seqs + 1) * sizeof(int32_t));
+        context_lens = take(seqs * sizeof(int32_t));
+        table_starts = take((seqs + 1) * sizeof(int32_t));
+        last_rows = take(seqs * sizeof(int32_t));
+        tables = take(entries * sizeof(int32_t));
+        total = o;
+    }
+};
+
+cpu::RopeScalingParams RopeParams(const RopeScaling& rs) {
+    cpu::RopeScalingParams params;
+    switch (rs.type) {
+        case RopeScalingType::kNone:
+            params.type = cpu::RopeScalingParams::kNone;
+            break;
+        case RopeScalingType::kLinear:
+            params.type = cpu::RopeScalingParams::kLinear;
+            break;
+        case RopeScalingType::kLlama3:
+            params.type = cpu::RopeScalingParams::kLlama3;
+            break;
+    }
+    params.factor = rs.factor;
+    params.low_freq_factor = rs.low_freq_factor;
+    params.high_freq_factor = rs.high_freq_factor;
+    params.original_max_position = rs.original_max_position;
+    return params;
+}
+
 }  // namespace
 
-ModelRunner::ModelRunner(const ModelSpec& spec, ModelWeights weights, const RunnerOptions& options,
-                         Collective* collective)
+ModelRunner::ModelRunner(const ModelSpec& spec, std::unique_ptr<Backend> backend,
+                         ModelWeights weights, const RunnerOptions& options, Collective* collective)
     : spec_(spec),
+      backend_(std::move(backend)),
       weights_(std::move(weights)),
       collective_(collective),
       max_context_(options.max_context > 0 ? options.max_context
@@ -38,8 +88,10 @@ ModelRunner::ModelRunner(const ModelSpec& spec, ModelWeights weights, const Runn
                                            : 4096),
       q_dim_(weights_.layout.num_q_heads() * spec.head_dim),
       kv_dim_(weights_.layout.num_kv_heads() * spec.head_dim),
+      qkv_dim_(q_dim_ + 2 * kv_dim_),
       ffn_dim_(weights_.layout.ffn.size()),
-      weight_bytes_(weights_.NumBytes()) {
+      options_(options) {
+    KV_CHECK(backend_ != nullptr);
     const ShardSpec& shard = weights_.layout.shard;
     KV_CHECK(shard.tp == 1 || collective_ != nullptr)
         << "tp " << shard.tp << " without a collective";
@@ -48,45 +100,96 @@ ModelRunner::ModelRunner(const ModelSpec& spec, ModelWeights weights, const Runn
             << "collective rank " << collective_->rank() << "/" << collective_->size()
             << " for the weights of rank " << shard.rank << "/" << shard.tp;
     }
-    const RopeScaling& rs = spec.rope_scaling;
-    cpu::RopeScalingParams params;
-    switch (rs.type) {
-        case RopeScalingType::kNone:
-            params.type = 0;
-            break;
-        case RopeScalingType::kLinear:
-            params.type = 1;
-            break;
-        case RopeScalingType::kLlama3:
-            params.type = 2;
-            break;
-    }
-    params.factor = rs.factor;
-    params.low_freq_factor = rs.low_freq_factor;
-    params.high_freq_factor = rs.high_freq_factor;
-    params.original_max_position = rs.original_max_position;
-    inv_freq_.resize(static_cast<size_t>(spec.head_dim / 2));
-    cpu::RopeInvFreq(spec.head_dim, spec.rope_theta, params, inv_freq_.data());
+    // Constants: the RoPE frequencies (computed once on the host, as the model defines them)
+    // and the KV head of each query head, copied to the backend once.
+    const int64_t half = spec.head_dim / 2;
+    std::vector<float> inv_freq(static_cast<size_t>(half));
+    cpu::RopeInvFreq(spec.head_dim, spec.rope_theta, RopeParams(spec.rope_scaling),
+                     inv_freq.data());
+    const std::vector<int32_t>& map = weights_.layout.kv_head_of_q;
+    const size_t freq_bytes = Aligned(inv_freq.size() * sizeof(float));
+    Result<BackendBuffer> constants =
+        backend_->Allocate(freq_bytes + Aligned(map.size() * sizeof(int32_t)));
+    KV_CHECK(constants.ok()) << constants.status().ToString();
+    constants_ = std::move(*constants);
+    auto* base = constants_.As<uint8_t>();
+    KV_CHECK(backend_->CopyToDevice(base, inv_freq.data(), inv_freq.size() * sizeof(float)).ok());
+    KV_CHECK(
+        backend_->CopyToDevice(base + freq_bytes, map.data(), map.size() * sizeof(int32_t)).ok());
+    KV_CHECK(backend_->Synchronize().ok());
+    inv_freq_ = reinterpret_cast<const float*>(base);
+    kv_head_of_q_ = reinterpret_cast<const int32_t*>(base + freq_bytes);
+
     const int64_t num_blocks = options.num_kv_blocks == RunnerOptions::kOneSequence
                                    ? (max_context_ + options.block_size - 1) / options.block_size
                                    : options.num_kv_blocks;
-    if (num_blocks > 0) {
-        KvPoolConfig pc{.num_blocks = num_blocks,
-                        .block_size = options.block_size,
-                        .num_layers = spec.num_layers,
-                        .num_kv_heads = weights_.layout.num_kv_heads(),
-                        .head_dim = spec.head_dim,
-                        .storage = options.kv_storage};
-        Result<std::unique_ptr<KvPool>> pool = KvPool::Create(pc);
-        KV_CHECK(pool.ok()) << pool.status().ToString();
-        pool_ = std::move(*pool);
+    KvPoolConfig pc{.num_blocks = num_blocks,
+                    .block_size = options.block_size,
+                    .num_layers = spec.num_layers,
+                    .num_kv_heads = weights_.layout.num_kv_heads(),
+                    .head_dim = spec.head_dim,
+                    .storage = options.kv_storage};
+    Result<std::unique_ptr<KvPool>> pool = KvPool::Create(pc, *backend_);
+    KV_CHECK(pool.ok()) << pool.status().ToString();
+    pool_ = std::move(*pool);
+    const int64_t tables =
+        options.max_step_seqs * ((max_context_ + pc.block_size - 1) / pc.block_size);
+    KV_CHECK(EnsureWorkspace(std::max<int64_t>(1, options.max_step_tokens),
+                             std::max<int64_t>(1, options.max_step_seqs), tables)
+                 .ok());
+}
+
+Status ModelRunner::EnsureWorkspace(int64_t rows, int64_t num_seqs, int64_t table_entries) {
+    if (rows <= ws_rows_ && num_seqs <= ws_seqs_ && table_entries <= ws_table_entries_) {
+        return Status::Ok();
     }
+    if (ws_rows_ > 0) {
+        spdlog::info(
+            "model runner: step of {} tokens, {} sequences exceeds the workspace of {}, {}:"
+            " growing it",
+            rows, num_seqs, ws_rows_, ws_seqs_);
+    }
+    rows = std::max(rows, ws_rows_);
+    num_seqs = std::max(num_seqs, ws_seqs_);
+    table_entries = std::max(table_entries, ws_table_entries_);
+    const int64_t hidden = spec_.hidden_size;
+    const int tp = weights_.layout.shard.tp;
+    const int64_t pad = tp == 1 ? spec_.vocab_size : weights_.layout.vocab_padded;
+    const std::vector<int64_t> sizes = {
+        rows * hidden, rows * hidden,       rows * qkv_dim_,
+        rows * q_dim_, rows * 2 * ffn_dim_, rows * ffn_dim_,
+        rows * hidden, num_seqs * pad,      tp > 1 ? tp * num_seqs * pad : 0};
+    size_t total = 0;
+    for (int64_t n : sizes) total += Aligned(static_cast<size_t>(n) * sizeof(float));
+    KV_ASSIGN_OR_RETURN(workspace_, backend_->Allocate(total));
+    float** slots[] = {&x_, &xn_, &qkv_, &att_, &gate_up_, &act_, &partial_, &logits_, &gathered_};
+    auto* base = workspace_.As<uint8_t>();
+    size_t o = 0;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+        *slots[i] = reinterpret_cast<float*>(base + o);
+        o += Aligned(static_cast<size_t>(sizes[i]) * sizeof(float));
+    }
+    const InputLayout layout(rows, num_seqs, table_entries);
+    KV_ASSIGN_OR_RETURN(inputs_, backend_->Allocate(layout.total));
+    host_inputs_.assign(layout.total, 0);
+    auto* in = inputs_.As<uint8_t>();
+    ids_ = reinterpret_cast<int32_t*>(in + layout.ids);
+    positions_ = reinterpret_cast<int32_t*>(in + layout.positions);
+    slots_ = reinterpret_cast<int64_t*>(in + layout.slots);
+    query_starts_ = reinterpret_cast<int32_t*>(in + layout.query_starts);
+    context_lens_ = reinterpret_cast<int32_t*>(in + layout.context_lens);
+    table_starts_ = reinterpret_cast<int32_t*>(in + layout.table_starts);
+    last_rows_ = reinterpret_cast<int32_t*>(in + layout.last_rows);
+    tables_ = reinterpret_cast<int32_t*>(in + layout.tables);
+    ws_rows_ = rows;
+    ws_seqs_ = num_seqs;
+    ws_table_entries_ = table_entries;
+    return Status::Ok();
 }
 
 Status ModelRunner::ValidatePaged(const SequenceChunk& c) const {
     const std::string seq = "sequence " + std::to_string(c.seq_id);
-    if (pool_ == nullptr)
-        return InvalidArgument(seq + ": a block table but this runner has no KV pool");
+    if (c.block_table.empty()) return InvalidArgument(seq + ": no block table");
     const int64_t bs = pool_->config().block_size;
     const auto n = static_cast<int64_t>(c.tokens.size());
     if (static_cast<int64_t>(c.slot_mapping.size()) != n) {
@@ -114,14 +217,24 @@ Status ModelRunner::ValidatePaged(const SequenceChunk& c) const {
 }
 
 Status ModelRunner::CopyBlocks(std::span<const std::pair<int32_t, int32_t>> src_dst) {
+    if (src_dst.empty()) return Status::Ok();
+    std::vector<int32_t> pairs;
+    pairs.reserve(2 * src_dst.size());
     for (const auto& [src, dst] : src_dst) {
-        if (pool_ == nullptr || !pool_->ValidBlock(src) || !pool_->ValidBlock(dst)) {
+        if (!pool_->ValidBlock(src) || !pool_->ValidBlock(dst)) {
             return InvalidArgument("block copy " + std::to_string(src) + " -> " +
                                    std::to_string(dst) + " outside the KV pool");
         }
+        pairs.push_back(src);
+        pairs.push_back(dst);
     }
-    for (const auto& [src, dst] : src_dst) pool_->CopyBlock(src, dst);
-    return Status::Ok();
+    KV_ASSIGN_OR_RETURN(BackendBuffer device_pairs,
+                        backend_->Allocate(pairs.size() * sizeof(int32_t)));
+    KV_RETURN_IF_ERROR(
+        backend_->CopyToDevice(device_pairs.data(), pairs.data(), pairs.size() * sizeof(int32_t)));
+    backend_->CopyBlocks(pool_->data(), pool_->bytes_per_block(), device_pairs.As<int32_t>(),
+                         static_cast<int64_t>(src_dst.size()));
+    return backend_->Synchronize();
 }
 
 Status ModelRunner::Validate(std::span<const SequenceChunk> batch) const {
@@ -130,17 +243,13 @@ Status ModelRunner::Validate(std::span<const SequenceChunk> batch) const {
         const std::string seq = "sequence " + std::to_string(c.seq_id);
         if (c.tokens.empty()) return InvalidArgument(seq + ": empty chunk");
         if (!seen.insert(c.seq_id).second) return InvalidArgument(seq + ": twice in one batch");
-        if (!c.block_table.empty()) {
-            KV_RETURN_IF_ERROR(ValidatePaged(c));
-        } else if (const int64_t cached = CachedLength(c.seq_id); c.start_pos != cached) {
-            return InvalidArgument(seq + ": start_pos " + std::to_string(c.start_pos) + " but " +
-                                   std::to_string(cached) + " positions are cached");
-        }
         const int64_t end = c.start_pos + static_cast<int64_t>(c.tokens.size());
+        if (c.start_pos < 0) return InvalidArgument(seq + ": negative start_pos");
         if (end > max_context_) {
             return OutOfRange(seq + ": " + std::to_string(end) +
                               " positions exceed the context of " + std::to_string(max_context_));
         }
+        KV_RETURN_IF_ERROR(ValidatePaged(c));
         for (int32_t t : c.tokens) {
             if (t < 0 || t >= spec_.vocab_size) {
                 return InvalidArgument(seq + ": token id " + std::to_string(t) +
@@ -152,131 +261,99 @@ Status ModelRunner::Validate(std::span<const SequenceChunk> batch) const {
     return Status::Ok();
 }
 
-Status ModelRunner::Embed(std::span<const SequenceChunk> batch) {
-    const int64_t hidden = spec_.hidden_size;
-    const IndexRange& vocab = weights_.layout.vocab;
-    int64_t r = 0;
-    for (const SequenceChunk& c : batch) {
-        for (size_t i = 0; i < c.tokens.size(); ++i, ++r) {
-            float* row = &x_[r * hidden];
-            if (vocab.Contains(c.tokens[i])) {
-                std::memcpy(row, &weights_.embedding[(c.tokens[i] - vocab.begin) * hidden],
-                            static_cast<size_t>(hidden) * sizeof(float));
-            } else {
-                std::fill(row, row + hidden, 0.0f);
-            }
-            positions_[r] = static_cast<int32_t>(c.start_pos + static_cast<int64_t>(i));
+Status ModelRunner::PackInputs(std::span<const SequenceChunk> batch, int64_t rows) {
+    const auto num_seqs = static_cast<int64_t>(batch.size());
+    int64_t entries = 0;
+    for (const SequenceChunk& c : batch) entries += static_cast<int64_t>(c.block_table.size());
+    KV_RETURN_IF_ERROR(EnsureWorkspace(rows, num_seqs, entries));
+    const InputLayout layout(ws_rows_, ws_seqs_, ws_table_entries_);
+    uint8_t* h = host_inputs_.data();
+    auto* ids = reinterpret_cast<int32_t*>(h + layout.ids);
+    auto* positions = reinterpret_cast<int32_t*>(h + layout.positions);
+    auto* slots = reinterpret_cast<int64_t*>(h + layout.slots);
+    auto* query_starts = reinterpret_cast<int32_t*>(h + layout.query_starts);
+    auto* context_lens = reinterpret_cast<int32_t*>(h + layout.context_lens);
+    auto* table_starts = reinterpret_cast<int32_t*>(h + layout.table_starts);
+    auto* last_rows = reinterpret_cast<int32_t*>(h + layout.last_rows);
+    auto* tables = reinterpret_cast<int32_t*>(h + layout.tables);
+    int32_t r = 0;
+    int32_t e = 0;
+    query_starts[0] = 0;
+    table_starts[0] = 0;
+    for (int64_t s = 0; s < num_seqs; ++s) {
+        const SequenceChunk& c = batch[static_cast<size_t>(s)];
+        const auto n = static_cast<int32_t>(c.tokens.size());
+        for (int32_t i = 0; i < n; ++i, ++r) {
+            ids[r] = c.tokens[static_cast<size_t>(i)];
+            positions[r] = static_cast<int32_t>(c.start_pos + i);
+            slots[r] = c.slot_mapping[static_cast<size_t>(i)];
         }
-        if (c.block_table.empty()) {
-            SequenceKv& kv = cache_[c.seq_id];
-            if (kv.k.empty()) {
-                kv.k.resize(static_cast<size_t>(spec_.num_layers));
-                kv.v.resize(static_cast<size_t>(spec_.num_layers));
-            }
-        }
+        std::memcpy(tables + e, c.block_table.data(), c.block_table.size() * sizeof(int32_t));
+        e += static_cast<int32_t>(c.block_table.size());
+        query_starts[s + 1] = r;
+        table_starts[s + 1] = e;
+        context_lens[s] = static_cast<int32_t>(c.start_pos + n);
+        last_rows[s] = r - 1;
     }
-    if (collective_ == nullptr) return Status::Ok();
-    // One rank holds each row; the others add zeros, so the sum is that row exactly.
-    ScopedTimer timer(&comm_stats_.seconds);
-    KV_RETURN_IF_ERROR(collective_->AllReduceSum(x_.data(), r * hidden));
-    comm_stats_.embedding_all_reduce_bytes += r * hidden * int64_t(sizeof(float));
-    return Status::Ok();
+    const size_t used = layout.tables + static_cast<size_t>(e) * sizeof(int32_t);
+    return backend_->CopyToDevice(inputs_.data(), h, used);
 }
 
-void ModelRunner::Attend(std::span<const SequenceChunk> batch, int64_t l) {
-    const int64_t hd = spec_.head_dim;
-    const int64_t num_q_heads = weights_.layout.num_q_heads();
-    const int64_t num_kv_heads = weights_.layout.num_kv_heads();
-    const int32_t* kv_head_of_q = weights_.layout.kv_head_of_q.data();
-    // Write K/V of the new tokens, then attend over everything cached. Every chunk of the step
-    // writes before any reads, so chunks may share blocks (a fork and its parent).
-    cpu::PagedKvLayer paged;
-    if (pool_ != nullptr) paged = pool_->Layer(l);
-    int64_t r = 0;
-    for (const SequenceChunk& c : batch) {
-        const auto n = static_cast<int64_t>(c.tokens.size());
-        if (!c.block_table.empty()) {
-            cpu::PagedKvWrite(paged, &k_[r * kv_dim_], &v_[r * kv_dim_], kv_dim_,
-                              c.slot_mapping.data(), n);
-        }
-        r += n;
-    }
-    r = 0;
-    for (const SequenceChunk& c : batch) {
-        const auto n = static_cast<int64_t>(c.tokens.size());
-        if (!c.block_table.empty()) {
-            cpu::PagedAttention(&q_[r * q_dim_], paged, c.block_table.data(), &att_[r * q_dim_], n,
-                                c.start_pos, num_q_heads, kv_head_of_q);
-            r += n;
-            continue;
-        }
-        SequenceKv& kv = cache_[c.seq_id];
-        std::vector<float>& kc = kv.k[static_cast<size_t>(l)];
-        std::vector<float>& vc = kv.v[static_cast<size_t>(l)];
-        const int64_t total = c.start_pos + n;
-        kc.resize(static_cast<size_t>(total * kv_dim_));
-        vc.resize(static_cast<size_t>(total * kv_dim_));
-        std::memcpy(&kc[c.start_pos * kv_dim_], &k_[r * kv_dim_],
-                    static_cast<size_t>(n * kv_dim_) * sizeof(float));
-        std::memcpy(&vc[c.start_pos * kv_dim_], &v_[r * kv_dim_],
-                    static_cast<size_t>(n * kv_dim_) * sizeof(float));
-        cpu::Attention(&q_[r * q_dim_], kc.data(), vc.data(), &att_[r * q_dim_], n, c.start_pos,
-                       total, num_q_heads, num_kv_heads, hd, kv_dim_, kv_head_of_q);
-        r += n;
-    }
-}
-
-Status ModelRunner::AddRowParallel(const float* in, const std::vector<float>& w, int64_t rows,
-                                   int64_t k) {
+Status ModelRunner::RowParallel(const float* in, const WeightView& w, int64_t rows,
+                                const float* next_norm) {
     const int64_t hidden = spec_.hidden_size;
     const int64_t n = rows * hidden;
-    if (k == 0) {
-        std::fill(partial_.begin(), partial_.begin() + n, 0.0f);  // a rank without MLP columns
+    if (w.cols == 0) {
+        // A rank without MLP columns adds nothing of its own.
+        std::vector<float> zeros(static_cast<size_t>(n), 0.0f);
+        KV_RETURN_IF_ERROR(backend_->CopyToDevice(partial_, zeros.data(), zeros.size() * 4));
+        KV_RETURN_IF_ERROR(backend_->Synchronize());
     } else {
-        cpu::MatMulWT(in, w.data(), partial_.data(), rows, hidden, k);
+        backend_->MatMul(in, rows, w, partial_);
     }
     if (collective_ != nullptr) {
         ScopedTimer timer(&comm_stats_.seconds);
-        KV_RETURN_IF_ERROR(collective_->AllReduceSum(partial_.data(), n));
+        KV_RETURN_IF_ERROR(collective_->AllReduceSum(partial_, n));
         comm_stats_.layer_all_reduce_bytes += n * int64_t(sizeof(float));
     }
-    cpu::Add(x_.data(), partial_.data(), x_.data(), n);
+    if (next_norm != nullptr) {
+        backend_->AddRmsNorm(x_, partial_, next_norm, xn_, rows, hidden, spec_.norm_eps);
+    } else {
+        backend_->Add(x_, partial_, n);
+    }
     return Status::Ok();
 }
 
 Status ModelRunner::Classify(int64_t num_out, std::vector<float>* logits) {
-    const int64_t hidden = spec_.hidden_size;
     const int64_t vocab = spec_.vocab_size;
     logits->resize(static_cast<size_t>(num_out * vocab));
     if (collective_ == nullptr) {
-        cpu::MatMulWT(xn_.data(), weights_.classifier(), logits->data(), num_out, vocab, hidden);
-        return Status::Ok();
+        backend_->MatMul(xn_, num_out, weights_.classifier(), logits_);
+        KV_RETURN_IF_ERROR(
+            backend_->CopyToHost(logits->data(), logits_, logits->size() * sizeof(float)));
+        return backend_->Synchronize();
     }
-    // Each rank's slice, padded to the same length for AllGather, then put in place.
+    // Each rank computes its slice densely (num_out × local) at the start of a buffer of
+    // num_out × pad floats, the same count on every rank, and AllGather hands every rank all of
+    // them; the slices are then put in place.
     const ShardLayout& sl = weights_.layout;
-    const int64_t local = sl.vocab.size();
     const int64_t pad = sl.vocab_padded;
     const int tp = sl.shard.tp;
-    local_logits_.assign(static_cast<size_t>(num_out * pad), 0.0f);
-    gathered_logits_.resize(static_cast<size_t>(tp * num_out * pad));
-    // Computed densely into the gather buffer (free until the gather), then spaced out.
-    float* dense = gathered_logits_.data();
-    cpu::MatMulWT(xn_.data(), weights_.classifier(), dense, num_out, local, hidden);
-    for (int64_t b = 0; b < num_out; ++b) {
-        std::memcpy(&local_logits_[b * pad], dense + b * local,
-                    static_cast<size_t>(local) * sizeof(float));
-    }
+    backend_->MatMul(xn_, num_out, weights_.classifier(), logits_);
     {
         ScopedTimer timer(&comm_stats_.seconds);
-        KV_RETURN_IF_ERROR(
-            collective_->AllGather(local_logits_.data(), num_out * pad, gathered_logits_.data()));
+        KV_RETURN_IF_ERROR(collective_->AllGather(logits_, num_out * pad, gathered_));
     }
     comm_stats_.logits_all_gather_bytes += tp * num_out * pad * int64_t(sizeof(float));
+    host_logits_.resize(static_cast<size_t>(tp * num_out * pad));
+    KV_RETURN_IF_ERROR(
+        backend_->CopyToHost(host_logits_.data(), gathered_, host_logits_.size() * sizeof(float)));
+    KV_RETURN_IF_ERROR(backend_->Synchronize());
     for (int q = 0; q < tp; ++q) {
         const IndexRange range = VocabRange(vocab, q, tp);
+        const float* dense = &host_logits_[static_cast<size_t>(q * num_out * pad)];
         for (int64_t b = 0; b < num_out; ++b) {
-            std::memcpy(logits->data() + b * vocab + range.begin,
-                        &gathered_logits_[(q * num_out + b) * pad],
+            std::memcpy(logits->data() + b * vocab + range.begin, dense + b * range.size(),
                         static_cast<size_t>(range.size()) * sizeof(float));
         }
     }
@@ -290,64 +367,71 @@ Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<fl
     const int64_t hd = spec_.head_dim;
     const int64_t num_q_heads = weights_.layout.num_q_heads();
     const int64_t num_kv_heads = weights_.layout.num_kv_heads();
+    const float eps = spec_.norm_eps;
     int64_t rows = 0;
     for (const SequenceChunk& c : batch) rows += static_cast<int64_t>(c.tokens.size());
-    auto fit = [](std::vector<float>& buf, int64_t n) { buf.resize(static_cast<size_t>(n)); };
-    fit(x_, rows * hidden);
-    fit(xn_, rows * hidden);
-    fit(partial_, rows * hidden);
-    fit(q_, rows * q_dim_);
-    fit(k_, rows * kv_dim_);
-    fit(v_, rows * kv_dim_);
-    fit(att_, rows * q_dim_);
-    fit(gate_, rows * ffn_dim_);
-    fit(up_, rows * ffn_dim_);
-    positions_.resize(static_cast<size_t>(rows));
+    const auto num_seqs = static_cast<int64_t>(batch.size());
+    KV_RETURN_IF_ERROR(PackInputs(batch, rows));
+    const PagedAttentionBatch attention{.num_seqs = num_seqs,
+                                        .query_starts = query_starts_,
+                                        .context_lens = context_lens_,
+                                        .block_table_starts = table_starts_,
+                                        .block_tables = tables_};
 
-    KV_RETURN_IF_ERROR(Embed(batch));
+    backend_->Embedding(weights_.embedding, weights_.layout.vocab.begin, ids_, rows, x_);
+    if (collective_ != nullptr) {
+        // One rank holds each row; the others add zeros, so the sum is that row exactly.
+        ScopedTimer timer(&comm_stats_.seconds);
+        KV_RETURN_IF_ERROR(collective_->AllReduceSum(x_, rows * hidden));
+        comm_stats_.embedding_all_reduce_bytes += rows * hidden * int64_t(sizeof(float));
+    }
+    const auto& layers = weights_.layers;
+    backend_->RmsNorm(x_, static_cast<const float*>(layers[0].attn_norm.data), xn_, rows, hidden,
+                      eps);
     for (int64_t l = 0; l < spec_.num_layers; ++l) {
-        const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
-        cpu::RmsNorm(x_.data(), w.attn_norm.data(), xn_.data(), rows, hidden, spec_.norm_eps);
-        cpu::MatMulWT(xn_.data(), w.wq.data(), q_.data(), rows, q_dim_, hidden);
-        cpu::MatMulWT(xn_.data(), w.wk.data(), k_.data(), rows, kv_dim_, hidden);
-        cpu::MatMulWT(xn_.data(), w.wv.data(), v_.data(), rows, kv_dim_, hidden);
-        cpu::Rope(q_.data(), positions_.data(), rows, num_q_heads, hd, inv_freq_.data());
-        cpu::Rope(k_.data(), positions_.data(), rows, num_kv_heads, hd, inv_freq_.data());
-        Attend(batch, l);
-        if (after_layer_kv) after_layer_kv(l);
-        KV_RETURN_IF_ERROR(AddRowParallel(att_.data(), w.wo, rows, q_dim_));
+        const LayerWeights& w = layers[static_cast<size_t>(l)];
+        backend_->MatMul(xn_, rows, w.qkv, qkv_);
+        backend_->Rope(qkv_, qkv_dim_, positions_, rows, num_q_heads, hd, inv_freq_);
+        backend_->Rope(qkv_ + q_dim_, qkv_dim_, positions_, rows, num_kv_heads, hd, inv_freq_);
+        // Every chunk of the step writes before any reads, so chunks may share blocks (a fork
+        // and its parent).
+        const PagedKvLayer kv = pool_->Layer(l);
+        backend_->KvWrite(kv, qkv_ + q_dim_, qkv_ + q_dim_ + kv_dim_, qkv_dim_, slots_, rows);
+        if (after_layer_kv) {
+            KV_RETURN_IF_ERROR(backend_->Synchronize());
+            after_layer_kv(l);
+        }
+        backend_->PagedAttention(qkv_, qkv_dim_, kv, attention, att_, num_q_heads, kv_head_of_q_);
+        KV_RETURN_IF_ERROR(
+            RowParallel(att_, w.wo, rows, static_cast<const float*>(w.ffn_norm.data)));
 
-        cpu::RmsNorm(x_.data(), w.ffn_norm.data(), xn_.data(), rows, hidden, spec_.norm_eps);
-        cpu::MatMulWT(xn_.data(), w.w_gate.data(), gate_.data(), rows, ffn_dim_, hidden);
-        cpu::MatMulWT(xn_.data(), w.w_up.data(), up_.data(), rows, ffn_dim_, hidden);
-        cpu::SiluMul(gate_.data(), up_.data(), gate_.data(), rows, ffn_dim_);
-        KV_RETURN_IF_ERROR(AddRowParallel(gate_.data(), w.w_down, rows, ffn_dim_));
+        backend_->MatMul(xn_, rows, w.gate_up, gate_up_);
+        backend_->SiluMul(gate_up_, rows, ffn_dim_, act_);
+        const float* next_norm =
+            l + 1 < spec_.num_layers
+                ? static_cast<const float*>(layers[static_cast<size_t>(l + 1)].attn_norm.data)
+                : nullptr;
+        KV_RETURN_IF_ERROR(RowParallel(act_, w.down, rows, next_norm));
     }
 
     // Final norm and classifier on the last row of each chunk only.
-    const auto num_out = static_cast<int64_t>(batch.size());
-    int64_t r = 0;
-    for (int64_t b = 0; b < num_out; ++b) {
-        r += static_cast<int64_t>(batch[static_cast<size_t>(b)].tokens.size());
-        std::memcpy(&xn_[b * hidden], &x_[(r - 1) * hidden],
-                    static_cast<size_t>(hidden) * sizeof(float));
-    }
-    cpu::RmsNorm(xn_.data(), weights_.output_norm.data(), xn_.data(), num_out, hidden,
-                 spec_.norm_eps);
-    KV_RETURN_IF_ERROR(Classify(num_out, logits));
-
-    for (const SequenceChunk& c : batch) {
-        if (c.block_table.empty()) cache_[c.seq_id].length += static_cast<int64_t>(c.tokens.size());
-    }
+    backend_->GatherRows(x_, hidden, last_rows_, num_seqs, xn_);
+    backend_->RmsNorm(xn_, static_cast<const float*>(weights_.output_norm.data), xn_, num_seqs,
+                      hidden, eps);
+    KV_RETURN_IF_ERROR(Classify(num_seqs, logits));
     tokens_processed_ += rows;
     return Status::Ok();
 }
 
-void ModelRunner::Release(int64_t seq_id) { cache_.erase(seq_id); }
-
-int64_t ModelRunner::CachedLength(int64_t seq_id) const {
-    auto it = cache_.find(seq_id);
-    return it == cache_.end() ? 0 : it->second.length;
+Result<std::unique_ptr<ModelRunner>> MakeModelRunner(const ModelFile& model, const ShardSpec& shard,
+                                                     const RunnerOptions& options,
+                                                     Collective* collective) {
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeBackend(options.backend));
+    KV_ASSIGN_OR_RETURN(
+        ModelWeights weights,
+        LoadWeights(model, *backend, {.shard = shard, .format = options.weight_format}));
+    return std::make_unique<ModelRunner>(model.spec(), std::move(backend), std::move(weights),
+                                         options, collective);
 }
 
 }  // namespace kvshard

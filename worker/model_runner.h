@@ -1,11 +1,15 @@
 // ModelRunner: the Llama forward pass of one worker over a batch of sequences, each bringing a
 // chunk of new tokens (a prefill of many tokens or a decode of one) at consecutive positions.
 //
-// The KV of earlier positions lives either in the runner's paged pool (worker/kv_pool.h), located
-// by each chunk's block table and slot mapping as the coordinator's BlockManager assigned them, or
-// — for chunks without a block table — in a contiguous region per sequence kept by the runner (the
-// reference the paged path is checked against). fp32 activations and weights; matrix products
-// through BLAS (kernels/cpu_ops.h).
+// It runs only on its Backend (kernels/backend.h): weights live in backend memory in their stored
+// format (worker/weights.h), the KV of every position lives in the runner's paged pool
+// (worker/kv_pool.h, allocated through the backend) located by each chunk's block table and slot
+// mapping as the coordinator's BlockManager assigned them, and scratch is one workspace sized
+// for the step's token budget. Each step packs its inputs (token ids, positions, slot mapping,
+// block tables, query starts, context lengths) once, copies them to the backend in one copy,
+// queues the ops of every layer (attention batched over the whole step: one call per layer) and
+// copies the logits out. Callers without a coordinator place sequences with
+// worker/sequence_slots.h.
 //
 // Tensor parallelism (DESIGN.md "Tensor-parallel rules", worker/shard.h): a runner holds the
 // weights of one rank and computes its query and KV heads and MLP columns. The attention output
@@ -16,8 +20,7 @@
 // (each rank computes its slice of the logits, AllGather hands every rank all of them): every rank
 // ends a step with the same logits, bit for bit, so every rank samples the same tokens.
 // Every rank of an instance must call Forward with the same batch (the collectives pair up).
-// The KV pool and contiguous cache hold only the rank's KV heads; block ids mean the same slots
-// on every rank.
+// The KV pool holds only the rank's KV heads; block ids mean the same slots on every rank.
 // Thread-safety: not thread-safe; one owner thread drives a runner.
 #pragma once
 
@@ -32,6 +35,7 @@
 #include "comm/collective.h"
 #include "common/status.h"
 #include "config/model_spec.h"
+#include "kernels/backend.h"
 #include "kernels/paged_attention.h"
 #include "worker/kv_pool.h"
 #include "worker/shard.h"
@@ -43,9 +47,7 @@ struct SequenceChunk {
     int64_t seq_id = 0;
     std::span<const int32_t> tokens;  // new tokens, at positions start_pos, start_pos + 1, ...
     int64_t start_pos = 0;
-    // Paged: the blocks holding positions 0 .. start_pos + tokens - 1, and the slot of each new
-    // token. Empty block_table: the contiguous cache, where start_pos must equal the number of
-    // positions already cached for seq_id.
+    // The blocks holding positions 0 .. start_pos + tokens - 1, and the slot of each new token.
     std::span<const int32_t> block_table;
     std::span<const int64_t> slot_mapping;
 };
@@ -53,12 +55,20 @@ struct SequenceChunk {
 struct RunnerOptions {
     // Longest sequence the cache accepts; 0 means the model's max_position (or 4096 if unknown).
     int64_t max_context = 0;
-    // The paged pool; 0 blocks: none (only contiguous chunks are accepted); kOneSequence: enough
-    // blocks for one sequence of max_context (memory is committed only as blocks are written).
+    // The paged pool; kOneSequence: enough blocks for one sequence of max_context (on the CPU,
+    // memory is committed only as blocks are written). REQUIRES: positive or kOneSequence.
     static constexpr int64_t kOneSequence = -1;
-    int64_t num_kv_blocks = 0;
+    int64_t num_kv_blocks = kOneSequence;
     int64_t block_size = 16;
     cpu::KvStorage kv_storage = cpu::KvStorage::kF32;
+    // The workspace is sized once for this many tokens (and sequences) per step; a larger step
+    // grows it (logged), so pass the scheduler's token budget.
+    int64_t max_step_tokens = 512;
+    int64_t max_step_seqs = 64;
+    // Weights as stored in the file (the fast path) or dequantized to F32 (the reference).
+    WeightFormat weight_format = WeightFormat::kStored;
+    // The backend each runner builds (kind, device); CPU threads stay the calling thread's.
+    BackendConfig backend;
 };
 
 // What this rank handed to collectives since construction (payload bytes, count × 4; zero
@@ -76,22 +86,24 @@ struct CommStats {
 
 class ModelRunner {
   public:
-    // `weights` holds the slices of rank weights.layout.shard. `collective` (not owned; must
-    // outlive the runner) connects the ranks of the instance; nullptr at tp 1.
+    // `weights` holds the slices of rank weights.layout.shard, loaded into `backend`'s memory
+    // (which the runner now owns). `collective` (not owned; must outlive the runner) connects the
+    // ranks of the instance; nullptr at tp 1.
     // REQUIRES: a collective of size tp and this rank when tp > 1.
-    ModelRunner(const ModelSpec& spec, ModelWeights weights, const RunnerOptions& options = {},
-                Collective* collective = nullptr);
+    ModelRunner(const ModelSpec& spec, std::unique_ptr<Backend> backend, ModelWeights weights,
+                const RunnerOptions& options = {}, Collective* collective = nullptr);
 
     // Computes the chunks and returns, row by row, the logits (vocab floats) at the last token of
-    // each chunk. The new tokens' K/V are appended to each sequence's cache.
+    // each chunk. The new tokens' K/V are written to the pool at their slots.
     // Errors (nothing is changed; found before any communication, so every rank of an instance
     // returns the same one): InvalidArgument for an empty chunk, a token outside the vocabulary,
-    // a start_pos that is not the cached length, a sequence twice in one batch; OutOfRange when a
-    // sequence would pass max_context. A failed collective returns its error; the step's KV is
-    // then undefined (the instance is broken, see comm/collective.h).
+    // a chunk without a block table or whose blocks or slots do not match its positions, a
+    // sequence twice in one batch; OutOfRange when a sequence would pass max_context. A failed
+    // collective or backend returns its error; the step's KV is then undefined (the instance is
+    // broken, see comm/collective.h).
     //
     // `after_layer_kv`, when given, is called with each layer index as soon as that layer's K/V of
-    // the batch are written to the pool (before the layer's output projection): the hook of
+    // the batch are written to the pool (before the layer's attention): the hook of
     // layer-by-layer KV streaming. An error it returns is recorded by the caller, not here.
     Status Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits,
                    const std::function<void(int64_t layer)>& after_layer_kv = {});
@@ -100,9 +112,6 @@ class ModelRunner {
     // outside the pool.
     Status CopyBlocks(std::span<const std::pair<int32_t, int32_t>> src_dst);
 
-    // Drops the contiguous cache of `seq_id` (no-op if unknown).
-    void Release(int64_t seq_id);
-    int64_t CachedLength(int64_t seq_id) const;
     // Total token positions pushed through the network since construction.
     int64_t tokens_processed() const { return tokens_processed_; }
 
@@ -111,49 +120,66 @@ class ModelRunner {
     int64_t max_context() const { return max_context_; }
     KvPool* pool() { return pool_.get(); }
     const KvPool* pool() const { return pool_.get(); }
-    // Bytes of the fp32 weights this rank holds.
-    size_t weight_bytes() const { return weight_bytes_; }
+    Backend& backend() { return *backend_; }
+    const ModelWeights& weights() const { return weights_; }
+    // Bytes of the weights this rank holds in backend memory.
+    size_t weight_bytes() const { return weights_.NumBytes(); }
     const CommStats& comm_stats() const { return comm_stats_; }
     // The instance's collective (nullptr at tp 1).
     Collective* collective() const { return collective_; }
 
   private:
-    struct SequenceKv {
-        int64_t length = 0;
-        // Per layer: positions × kv_heads × head_dim.
-        std::vector<std::vector<float>> k;
-        std::vector<std::vector<float>> v;
-    };
-
     Status Validate(std::span<const SequenceChunk> batch) const;
     Status ValidatePaged(const SequenceChunk& chunk) const;
-    // x_ = the embeddings of the batch's tokens; positions_ and the contiguous caches set up.
-    Status Embed(std::span<const SequenceChunk> batch);
-    // Writes the new K/V of layer l and attends (q_ -> att_).
-    void Attend(std::span<const SequenceChunk> batch, int64_t l);
-    // x_ += all-reduce(in · w^T): in is rows × k, w is {hidden, k} (a row-parallel slice).
-    Status AddRowParallel(const float* in, const std::vector<float>& w, int64_t rows, int64_t k);
+    // Packs the step's inputs and copies them to the backend in one copy; sizes the workspace.
+    Status PackInputs(std::span<const SequenceChunk> batch, int64_t rows);
+    Status EnsureWorkspace(int64_t rows, int64_t num_seqs, int64_t block_table_entries);
+    // partial_ = all-reduce(in · w^T), then x_ += partial_ and (when `next_norm` is given)
+    // xn_ = RmsNorm(x_): the row-parallel projection, its reduction, the residual and next norm.
+    Status RowParallel(const float* in, const WeightView& w, int64_t rows, const float* next_norm);
     // The logits of the last row of each chunk (xn_ holds the normed rows).
     Status Classify(int64_t num_out, std::vector<float>* logits);
 
     ModelSpec spec_;
+    std::unique_ptr<Backend> backend_;  // before every buffer: destroyed after them
     ModelWeights weights_;
     Collective* collective_;
     int64_t max_context_;
     int64_t q_dim_;    // this rank's query heads × head_dim
     int64_t kv_dim_;   // this rank's KV heads × head_dim
+    int64_t qkv_dim_;  // q_dim_ + 2 kv_dim_: a row of the fused QKV product
     int64_t ffn_dim_;  // this rank's MLP columns
-    size_t weight_bytes_;
     CommStats comm_stats_;
-    std::vector<float> inv_freq_;
-    std::unordered_map<int64_t, SequenceKv> cache_;
     std::unique_ptr<KvPool> pool_;
     int64_t tokens_processed_ = 0;
+    RunnerOptions options_;
 
-    // Scratch, resized per step: rows = tokens in the batch.
-    std::vector<float> x_, xn_, q_, k_, v_, att_, gate_, up_, partial_;
-    std::vector<float> local_logits_, gathered_logits_;
-    std::vector<int32_t> positions_;
+    // Constant inputs in backend memory: RoPE inverse frequencies and the KV head of each query
+    // head.
+    BackendBuffer constants_;
+    const float* inv_freq_ = nullptr;
+    const int32_t* kv_head_of_q_ = nullptr;
+
+    // The workspace (backend memory), sized for ws_rows_ tokens and ws_seqs_ sequences.
+    int64_t ws_rows_ = 0;
+    int64_t ws_seqs_ = 0;
+    int64_t ws_table_entries_ = 0;
+    BackendBuffer workspace_;
+    float *x_ = nullptr, *xn_ = nullptr, *qkv_ = nullptr, *att_ = nullptr, *gate_up_ = nullptr,
+          *act_ = nullptr, *partial_ = nullptr, *logits_ = nullptr, *gathered_ = nullptr;
+    BackendBuffer inputs_;  // the step's packed inputs
+    int32_t *ids_ = nullptr, *positions_ = nullptr, *query_starts_ = nullptr,
+            *context_lens_ = nullptr, *table_starts_ = nullptr, *tables_ = nullptr,
+            *last_rows_ = nullptr;
+    int64_t* slots_ = nullptr;
+    std::vector<uint8_t> host_inputs_;  // staging of the packed inputs
+    std::vector<float> host_logits_;    // the gathered logits at tp > 1
 };
+
+// Builds rank `shard`'s backend (options.backend), loads its weights from `model` into it
+// (options.weight_format) and makes its runner. Errors: the backend's and LoadWeights'.
+Result<std::unique_ptr<ModelRunner>> MakeModelRunner(const ModelFile& model, const ShardSpec& shard,
+                                                     const RunnerOptions& options = {},
+                                                     Collective* collective = nullptr);
 
 }  // namespace kvshard

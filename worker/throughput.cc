@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "worker/sampler.h"
+#include "worker/sequence_slots.h"
 
 namespace kvshard {
 namespace {
@@ -25,6 +26,14 @@ Result<ThroughputFigures> MeasureThroughput(ModelRunner& runner, const Throughpu
                                std::to_string(runner.max_context()));
     }
     const int64_t vocab = runner.spec().vocab_size;
+    FixedBlockTables tables(c.batch, c.prompt_tokens + c.decode_tokens,
+                            runner.pool()->config().block_size);
+    if (tables.num_blocks() > runner.pool()->config().num_blocks) {
+        return InvalidArgument("the KV pool of " +
+                               std::to_string(runner.pool()->config().num_blocks) +
+                               " blocks cannot hold the batch (" +
+                               std::to_string(tables.num_blocks()) + " blocks needed)");
+    }
     using Clock = std::chrono::steady_clock;
     ThroughputFigures f;
     std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(c.batch));
@@ -42,6 +51,7 @@ Result<ThroughputFigures> MeasureThroughput(ModelRunner& runner, const Throughpu
         for (int64_t s = 0; s < c.batch; ++s) {
             batch.push_back(
                 {.seq_id = s, .tokens = prompts[static_cast<size_t>(s)], .start_pos = 0});
+            tables.Place(s, &batch.back());
         }
         auto t0 = Clock::now();
         Status st = runner.Forward(batch, &logits);
@@ -55,12 +65,12 @@ Result<ThroughputFigures> MeasureThroughput(ModelRunner& runner, const Throughpu
                 batch[static_cast<size_t>(s)].tokens =
                     std::span<const int32_t>(&next[static_cast<size_t>(s)], 1);
                 batch[static_cast<size_t>(s)].start_pos = c.prompt_tokens + step;
+                tables.Place(s, &batch[static_cast<size_t>(s)]);
             }
             t0 = Clock::now();
             st = runner.Forward(batch, &logits);
             decode_s += std::chrono::duration<double>(Clock::now() - t0).count();
         }
-        for (int64_t s = 0; s < c.batch; ++s) runner.Release(s);
         KV_RETURN_IF_ERROR(st);
         f.prefill_runs.push_back(static_cast<double>(c.batch * c.prompt_tokens) / prefill_s);
         if (c.decode_tokens > 0) {

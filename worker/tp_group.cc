@@ -41,9 +41,10 @@ Result<std::unique_ptr<TpGroup>> TpGroup::Create(const ModelFile& model,
     for (int r = 0; r < config.tp; ++r) g->threads_.emplace_back(&TpGroup::RankMain, g.get(), r);
     // Each rank loads its slices on its own thread (in parallel, and first-touched there).
     KV_RETURN_IF_ERROR(g->RunJob([&](int rank) -> Status {
-        KV_ASSIGN_OR_RETURN(ModelWeights w, LoadWeights(model, {.rank = rank, .tp = config.tp}));
         Collective* c = config.tp > 1 ? g->collectives_[static_cast<size_t>(rank)].get() : nullptr;
-        auto runner = std::make_unique<ModelRunner>(model.spec(), std::move(w), config.runner, c);
+        KV_ASSIGN_OR_RETURN(
+            std::unique_ptr<ModelRunner> runner,
+            MakeModelRunner(model, {.rank = rank, .tp = config.tp}, config.runner, c));
         g->step_runners_[static_cast<size_t>(rank)] =
             std::make_unique<StepRunner>(*runner, g->transports_[static_cast<size_t>(rank)].get());
         g->runners_[static_cast<size_t>(rank)] = std::move(runner);

@@ -1,54 +1,158 @@
 #include "worker/weights.h"
 
+#include <spdlog/spdlog.h>
+
 #include <cstring>
 #include <string>
+
+#include "common/mapped_file.h"
 
 namespace kvshard {
 namespace {
 
-// Rows `rows` of tensor `name` (all rows when rows is empty and the tensor 1-D).
-Status LoadRows(const ModelFile& model, const std::string& name, const std::vector<int64_t>& shape,
-                IndexRange rows, std::vector<float>* out) {
-    KV_ASSIGN_OR_RETURN(const TensorInfo* t, model.GetTensor(name, shape));
-    out->resize(static_cast<size_t>(rows.size() * t->NumCols()));
-    DequantizeRows(*t, rows.begin, rows.size(), out->data());
-    return Status::Ok();
-}
+// A slice of one file tensor that becomes consecutive rows of a backend matrix: either the rows
+// `rows` (all columns) or, for a column slice, every row's columns `cols`.
+struct Part {
+    const TensorInfo* tensor = nullptr;
+    IndexRange rows;
+    IndexRange cols;
+    // Q/K rows in half-split order, permuted into interleaved order head by head on the way.
+    int64_t permute_head_dim = 0;
 
-Status LoadAll(const ModelFile& model, const std::string& name, const std::vector<int64_t>& shape,
-               std::vector<float>* out) {
-    KV_ASSIGN_OR_RETURN(const TensorInfo* t, model.GetTensor(name, shape));
-    return LoadRows(model, name, shape, {0, t->NumRows()}, out);
-}
+    int64_t NumRows() const { return rows.size(); }
+    int64_t NumCols() const { return cols.size(); }
+};
 
-// Columns `cols` of every row of the 2-D tensor `name`: each row's slice is read through a
-// one-row view starting at the block that holds column cols.begin.
-Status LoadColumns(const ModelFile& model, const std::string& name,
-                   const std::vector<int64_t>& shape, IndexRange cols, std::vector<float>* out) {
-    KV_ASSIGN_OR_RETURN(const TensorInfo* t, model.GetTensor(name, shape));
-    const int64_t block = BlockElements(t->dtype);
-    if (cols.begin % block != 0 || cols.size() % block != 0) {
-        return InvalidArgument(
-            model.path() + ": " + name + " (" + std::string(DTypeName(t->dtype)) + ", blocks of " +
-            std::to_string(block) + "): columns [" + std::to_string(cols.begin) + ", " +
-            std::to_string(cols.end) + ") do not start and end on a block boundary");
+// One matrix of the arena and where its view goes.
+struct Matrix {
+    std::vector<Part> parts;
+    WeightView* view = nullptr;
+    DType dtype = DType::kF32;
+    size_t offset = 0;
+    size_t bytes = 0;
+};
+
+constexpr size_t kAlign = 64;
+
+class ArenaPlan {
+  public:
+    ArenaPlan(const ModelFile& model, WeightFormat format) : model_(model), format_(format) {}
+
+    // Rows `rows` of tensor `name` (expected shape `shape`) as the next part of `*m`.
+    Status AddRows(Matrix* m, const std::string& name, const std::vector<int64_t>& shape,
+                   IndexRange rows, int64_t permute_head_dim = 0) {
+        KV_ASSIGN_OR_RETURN(const TensorInfo* t, Checked(name, shape));
+        m->parts.push_back({.tensor = t,
+                            .rows = rows,
+                            .cols = {0, t->NumCols()},
+                            .permute_head_dim = permute_head_dim});
+        return Status::Ok();
     }
-    const int64_t rows = t->NumRows();
-    out->resize(static_cast<size_t>(rows * cols.size()));
-    if (cols.size() == 0) return Status::Ok();
-    const size_t row_bytes = RowBytes(t->dtype, t->NumCols());
-    const size_t skip_bytes = RowBytes(t->dtype, cols.begin);
-    TensorInfo view;
-    view.name = t->name;
-    view.dtype = t->dtype;
-    view.shape = {cols.size()};
-    view.num_bytes = RowBytes(t->dtype, cols.size());
-    for (int64_t r = 0; r < rows; ++r) {
-        view.data = t->data + static_cast<size_t>(r) * row_bytes + skip_bytes;
-        DequantizeRows(view, 0, 1, out->data() + r * cols.size());
+
+    // Columns `cols` of every row of the 2-D tensor `name`.
+    Status AddColumns(Matrix* m, const std::string& name, const std::vector<int64_t>& shape,
+                      IndexRange cols) {
+        KV_ASSIGN_OR_RETURN(const TensorInfo* t, Checked(name, shape));
+        const int64_t block = BlockElements(t->dtype);
+        if (cols.begin % block != 0 || cols.size() % block != 0) {
+            return InvalidArgument(model_.path() + ": " + name + " (" +
+                                   std::string(DTypeName(t->dtype)) + ", blocks of " +
+                                   std::to_string(block) + "): columns [" +
+                                   std::to_string(cols.begin) + ", " + std::to_string(cols.end) +
+                                   ") do not start and end on a block boundary");
+        }
+        m->parts.push_back({.tensor = t, .rows = {0, t->NumRows()}, .cols = cols});
+        return Status::Ok();
     }
-    return Status::Ok();
-}
+
+    // A vector (norm weight): always F32.
+    Status AddVector(Matrix* m, const std::string& name, int64_t size) {
+        KV_RETURN_IF_ERROR(AddRows(m, name, {size}, {0, 1}));
+        m->dtype = DType::kF32;
+        return Status::Ok();
+    }
+
+    // Places `m` in the arena: its dtype is the parts' common stored format, or F32.
+    void Finish(Matrix m, WeightView* view, bool force_f32 = false) {
+        DType dtype = m.parts.front().tensor->dtype;
+        bool mixed = false;
+        for (const Part& p : m.parts) mixed |= p.tensor->dtype != dtype;
+        if (mixed) {
+            spdlog::info("{}: {} and its fused parts are stored in different formats; kept as F32",
+                         model_.path(), m.parts.front().tensor->name);
+        }
+        if (mixed || force_f32 || format_ == WeightFormat::kF32) dtype = DType::kF32;
+        m.dtype = dtype;
+        int64_t rows = 0;
+        for (const Part& p : m.parts) rows += p.NumRows();
+        const int64_t cols = m.parts.front().NumCols();
+        m.bytes = static_cast<size_t>(rows) * RowBytes(dtype, cols);
+        m.offset = total_;
+        total_ += (m.bytes + kAlign - 1) / kAlign * kAlign;
+        m.view = view;
+        view->dtype = dtype;
+        view->rows = rows;
+        view->cols = cols;
+        matrices_.push_back(std::move(m));
+    }
+
+    size_t total_bytes() const { return total_; }
+
+    // Copies every matrix into `arena` (through a host staging buffer, one matrix at a time).
+    Status Fill(Backend& backend, BackendBuffer& arena) {
+        std::vector<uint8_t> staging;
+        for (Matrix& m : matrices_) {
+            staging.resize(m.bytes);
+            uint8_t* dst = staging.data();
+            const size_t out_row = RowBytes(m.dtype, m.view->cols);
+            for (const Part& p : m.parts) {
+                const TensorInfo& t = *p.tensor;
+                const size_t src_row = RowBytes(t.dtype, t.NumCols());
+                const size_t skip = RowBytes(t.dtype, p.cols.begin);
+                for (int64_t j = 0; j < p.NumRows(); ++j, dst += out_row) {
+                    int64_t r = p.rows.begin + j;
+                    if (p.permute_head_dim > 0) {
+                        // Interleaved row 2i+k of a head is half-split row k*head_dim/2 + i.
+                        const int64_t hd = p.permute_head_dim;
+                        const int64_t within = j % hd;
+                        r = p.rows.begin + (j - within) + (within % 2) * (hd / 2) + within / 2;
+                    }
+                    const uint8_t* src = t.data + static_cast<size_t>(r) * src_row + skip;
+                    if (m.dtype == t.dtype) {
+                        std::memcpy(dst, src, out_row);
+                    } else {
+                        DequantizeRow(t.dtype, src, p.NumCols(), reinterpret_cast<float*>(dst));
+                    }
+                }
+            }
+            auto* base = static_cast<uint8_t*>(arena.data());
+            KV_RETURN_IF_ERROR(backend.CopyToDevice(base + m.offset, staging.data(), m.bytes));
+            // The copy is queued: the staging buffer must live until it ran.
+            KV_RETURN_IF_ERROR(backend.Synchronize());
+            m.view->data = base + m.offset;
+            // The file's pages of these tensors are not read again: give them back.
+            for (const Part& p : m.parts) ReleaseMappedPages(p.tensor->data, p.tensor->num_bytes);
+        }
+        return Status::Ok();
+    }
+
+  private:
+    Result<const TensorInfo*> Checked(const std::string& name, const std::vector<int64_t>& shape) {
+        KV_ASSIGN_OR_RETURN(const TensorInfo* t, model_.GetTensor(name, shape));
+        if (t->NumCols() % BlockElements(t->dtype) != 0 ||
+            RowBytes(t->dtype, t->NumCols()) * static_cast<size_t>(t->NumRows()) > t->num_bytes) {
+            return InvalidArgument(
+                model_.path() + ": tensor " + name + " (" + std::string(DTypeName(t->dtype)) +
+                "): " + std::to_string(t->num_bytes) + " bytes do not hold its shape");
+        }
+        return t;
+    }
+
+    const ModelFile& model_;
+    WeightFormat format_;
+    std::vector<Matrix> matrices_;
+    size_t total_ = 0;
+};
 
 IndexRange Scaled(IndexRange heads, int64_t head_dim) {
     return {heads.begin * head_dim, heads.end * head_dim};
@@ -56,73 +160,95 @@ IndexRange Scaled(IndexRange heads, int64_t head_dim) {
 
 }  // namespace
 
-size_t ModelWeights::NumBytes() const {
-    size_t n = embedding.size() + output_norm.size() + output.size();
-    for (const LayerWeights& l : layers) {
-        n += l.attn_norm.size() + l.wq.size() + l.wk.size() + l.wv.size() + l.wo.size() +
-             l.ffn_norm.size() + l.w_gate.size() + l.w_up.size() + l.w_down.size();
+std::string_view WeightFormatName(WeightFormat format) {
+    switch (format) {
+        case WeightFormat::kStored:
+            return "stored";
+        case WeightFormat::kF32:
+            return "f32";
     }
-    return n * sizeof(float);
+    return "?";
 }
 
-void HalfSplitToInterleaved(float* w, int64_t num_heads, int64_t head_dim, int64_t cols) {
-    const int64_t half = head_dim / 2;
-    std::vector<float> head(static_cast<size_t>(head_dim * cols));
-    for (int64_t h = 0; h < num_heads; ++h) {
-        float* base = w + h * head_dim * cols;
-        std::memcpy(head.data(), base, head.size() * sizeof(float));
-        for (int64_t i = 0; i < half; ++i) {
-            for (int64_t k = 0; k < 2; ++k) {
-                std::memcpy(base + (2 * i + k) * cols, head.data() + (k * half + i) * cols,
-                            static_cast<size_t>(cols) * sizeof(float));
-            }
-        }
-    }
+Result<WeightFormat> ParseWeightFormat(std::string_view name) {
+    if (name == "stored") return WeightFormat::kStored;
+    if (name == "f32") return WeightFormat::kF32;
+    return InvalidArgument("weight format '" + std::string(name) +
+                           "': expected 'stored' (as the file stores them) or 'f32'");
 }
 
-Result<ModelWeights> LoadWeights(const ModelFile& model, const ShardSpec& shard) {
+Result<ModelWeights> LoadWeights(const ModelFile& model, Backend& backend,
+                                 const WeightLoadOptions& options) {
     const ModelSpec& s = model.spec();
     const int64_t q_dim = s.num_heads * s.head_dim;
     const int64_t kv_dim = s.num_kv_heads * s.head_dim;
     ModelWeights w;
-    KV_ASSIGN_OR_RETURN(w.layout, MakeShardLayout(s, shard));
+    w.format = options.format;
+    KV_ASSIGN_OR_RETURN(w.layout, MakeShardLayout(s, options.shard));
     const ShardLayout& sl = w.layout;
     const IndexRange q_rows = Scaled(sl.q_heads, s.head_dim);
     const IndexRange kv_rows = Scaled(sl.kv_heads, s.head_dim);
-    KV_RETURN_IF_ERROR(LoadRows(model, "token_embd.weight", {s.vocab_size, s.hidden_size}, sl.vocab,
-                                &w.embedding));
-    KV_RETURN_IF_ERROR(LoadAll(model, "output_norm.weight", {s.hidden_size}, &w.output_norm));
+    const int64_t permute = s.qk_layout == QkLayout::kHalfSplit ? s.head_dim : 0;
+    ArenaPlan plan(model, options.format);
+    const std::vector<int64_t> embd_shape = {s.vocab_size, s.hidden_size};
+    {
+        Matrix m;
+        KV_RETURN_IF_ERROR(plan.AddRows(&m, "token_embd.weight", embd_shape, sl.vocab));
+        plan.Finish(std::move(m), &w.embedding);
+    }
+    {
+        Matrix m;
+        KV_RETURN_IF_ERROR(plan.AddVector(&m, "output_norm.weight", s.hidden_size));
+        plan.Finish(std::move(m), &w.output_norm, /*force_f32=*/true);
+    }
     if (!s.tied_embeddings) {
-        KV_RETURN_IF_ERROR(
-            LoadRows(model, "output.weight", {s.vocab_size, s.hidden_size}, sl.vocab, &w.output));
+        Matrix m;
+        KV_RETURN_IF_ERROR(plan.AddRows(&m, "output.weight", embd_shape, sl.vocab));
+        plan.Finish(std::move(m), &w.output);
     }
     w.layers.resize(static_cast<size_t>(s.num_layers));
     for (int64_t i = 0; i < s.num_layers; ++i) {
         LayerWeights& l = w.layers[static_cast<size_t>(i)];
         auto name = [&](const char* suffix) { return LayerTensorName(i, suffix); };
-        const std::vector<int64_t> hidden = {s.hidden_size};
-        KV_RETURN_IF_ERROR(LoadAll(model, name("attn_norm"), hidden, &l.attn_norm));
-        KV_RETURN_IF_ERROR(LoadRows(model, name("attn_q"), {q_dim, s.hidden_size}, q_rows, &l.wq));
+        Matrix attn_norm, qkv, wo, ffn_norm, gate_up, down;
+        KV_RETURN_IF_ERROR(plan.AddVector(&attn_norm, name("attn_norm"), s.hidden_size));
         KV_RETURN_IF_ERROR(
-            LoadRows(model, name("attn_k"), {kv_dim, s.hidden_size}, kv_rows, &l.wk));
+            plan.AddRows(&qkv, name("attn_q"), {q_dim, s.hidden_size}, q_rows, permute));
         KV_RETURN_IF_ERROR(
-            LoadRows(model, name("attn_v"), {kv_dim, s.hidden_size}, kv_rows, &l.wv));
+            plan.AddRows(&qkv, name("attn_k"), {kv_dim, s.hidden_size}, kv_rows, permute));
+        KV_RETURN_IF_ERROR(plan.AddRows(&qkv, name("attn_v"), {kv_dim, s.hidden_size}, kv_rows));
         KV_RETURN_IF_ERROR(
-            LoadColumns(model, name("attn_output"), {s.hidden_size, q_dim}, q_rows, &l.wo));
-        KV_RETURN_IF_ERROR(LoadAll(model, name("ffn_norm"), hidden, &l.ffn_norm));
+            plan.AddColumns(&wo, name("attn_output"), {s.hidden_size, q_dim}, q_rows));
+        KV_RETURN_IF_ERROR(plan.AddVector(&ffn_norm, name("ffn_norm"), s.hidden_size));
         KV_RETURN_IF_ERROR(
-            LoadRows(model, name("ffn_gate"), {s.ffn_size, s.hidden_size}, sl.ffn, &l.w_gate));
+            plan.AddRows(&gate_up, name("ffn_gate"), {s.ffn_size, s.hidden_size}, sl.ffn));
         KV_RETURN_IF_ERROR(
-            LoadRows(model, name("ffn_up"), {s.ffn_size, s.hidden_size}, sl.ffn, &l.w_up));
+            plan.AddRows(&gate_up, name("ffn_up"), {s.ffn_size, s.hidden_size}, sl.ffn));
         KV_RETURN_IF_ERROR(
-            LoadColumns(model, name("ffn_down"), {s.hidden_size, s.ffn_size}, sl.ffn, &l.w_down));
-        if (s.qk_layout == QkLayout::kHalfSplit) {
-            // The permutation stays inside a head, and slices are whole heads.
-            HalfSplitToInterleaved(l.wq.data(), sl.num_q_heads(), s.head_dim, s.hidden_size);
-            HalfSplitToInterleaved(l.wk.data(), sl.num_kv_heads(), s.head_dim, s.hidden_size);
-        }
+            plan.AddColumns(&down, name("ffn_down"), {s.hidden_size, s.ffn_size}, sl.ffn));
+        plan.Finish(std::move(attn_norm), &l.attn_norm, true);
+        plan.Finish(std::move(qkv), &l.qkv);
+        plan.Finish(std::move(wo), &l.wo);
+        plan.Finish(std::move(ffn_norm), &l.ffn_norm, true);
+        plan.Finish(std::move(gate_up), &l.gate_up);
+        plan.Finish(std::move(down), &l.down);
     }
+    KV_ASSIGN_OR_RETURN(w.arena, backend.Allocate(plan.total_bytes()));
+    KV_RETURN_IF_ERROR(plan.Fill(backend, w.arena));
     return w;
+}
+
+std::vector<float> ReadWeightRows(Backend& backend, const WeightView& w) {
+    const size_t row_bytes = RowBytes(w.dtype, w.cols);
+    std::vector<uint8_t> bytes(row_bytes * static_cast<size_t>(w.rows));
+    KV_CHECK(backend.CopyToHost(bytes.data(), w.data, bytes.size()).ok());
+    KV_CHECK(backend.Synchronize().ok());
+    std::vector<float> out(static_cast<size_t>(w.rows * w.cols));
+    for (int64_t r = 0; r < w.rows; ++r) {
+        DequantizeRow(w.dtype, bytes.data() + static_cast<size_t>(r) * row_bytes, w.cols,
+                      out.data() + r * w.cols);
+    }
+    return out;
 }
 
 }  // namespace kvshard

@@ -1,53 +1,73 @@
-// Weights of one worker, dequantized to fp32 at load from the memory-mapped model file: the whole
-// model at tp 1, else the rank's slices (worker/shard.h). Shapes below are per rank: heads_r,
-// kv_heads_r, ffn_r, vocab_r are the sizes of the rank's ranges in `layout`.
-// Ownership: ModelWeights owns its buffers; it does not keep the ModelFile alive.
+// Weights of one worker in backend memory (kernels/backend.h), kept in the format the model file
+// stores them in (F32, F16, BF16, Q8_0, Q4_0, Q4_1): the whole model at tp 1, else the rank's
+// slices (worker/shard.h). Norm weights are F32 vectors. Q, K and V are fused into one matrix
+// (rows of Q, then K, then V) and so are gate and up (gate rows, then up rows), so each is one
+// matrix product. Shapes below are per rank: heads_r, kv_heads_r, ffn_r, vocab_r are the sizes of
+// the rank's ranges in `layout`.
+// Ownership: every WeightView points into `arena`, which returns its memory to the backend; the
+// weights do not keep the ModelFile alive.
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
 #include "config/model_spec.h"
+#include "kernels/backend.h"
 #include "model/model_file.h"
 #include "worker/shard.h"
 
 namespace kvshard {
 
+// kStored keeps each matrix as the file stores it (the fast path); kF32 dequantizes every
+// weight at load (the reference path of `--weight-format f32`).
+enum class WeightFormat { kStored, kF32 };
+std::string_view WeightFormatName(WeightFormat format);
+Result<WeightFormat> ParseWeightFormat(std::string_view name);  // "stored" | "f32"
+
 struct LayerWeights {
-    std::vector<float> attn_norm;  // {hidden}
-    std::vector<float> wq;         // {heads_r*head_dim, hidden}, RoPE pairs interleaved
-    std::vector<float> wk;         // {kv_heads_r*head_dim, hidden}, RoPE pairs interleaved
-    std::vector<float> wv;         // {kv_heads_r*head_dim, hidden}
-    std::vector<float> wo;         // {hidden, heads_r*head_dim}: the rank's columns
-    std::vector<float> ffn_norm;   // {hidden}
-    std::vector<float> w_gate;     // {ffn_r, hidden}
-    std::vector<float> w_up;       // {ffn_r, hidden}
-    std::vector<float> w_down;     // {hidden, ffn_r}: the rank's columns
+    WeightView attn_norm;  // F32 {1, hidden}
+    WeightView qkv;        // {(heads_r + 2 kv_heads_r) * head_dim, hidden}, RoPE pairs interleaved
+    WeightView wo;         // {hidden, heads_r * head_dim}: the rank's columns
+    WeightView ffn_norm;   // F32 {1, hidden}
+    WeightView gate_up;    // {2 ffn_r, hidden}
+    WeightView down;       // {hidden, ffn_r}: the rank's columns
 };
 
 struct ModelWeights {
-    ShardLayout layout;            // the slices held (tp 1: everything)
-    std::vector<float> embedding;  // {vocab_r, hidden}: rows of token ids layout.vocab
+    ShardLayout layout;  // the slices held (tp 1: everything)
+    WeightFormat format = WeightFormat::kStored;
+    BackendBuffer arena;   // holds every tensor below
+    WeightView embedding;  // {vocab_r, hidden}: rows of token ids layout.vocab
     std::vector<LayerWeights> layers;
-    std::vector<float> output_norm;  // {hidden}
-    std::vector<float> output;       // {vocab_r, hidden}; empty when tied to `embedding`
+    WeightView output_norm;  // F32 {1, hidden}
+    WeightView output;       // {vocab_r, hidden}; data == nullptr when tied to `embedding`
 
-    const float* classifier() const { return output.empty() ? embedding.data() : output.data(); }
-    size_t NumBytes() const;
+    const WeightView& classifier() const { return output.data == nullptr ? embedding : output; }
+    size_t NumBytes() const { return arena.bytes(); }
 };
 
-// Reads and dequantizes the slices of rank `shard` of every tensor named in model/model_file.h,
-// touching only those bytes of the mapped file: row slices (Q, K, V, gate, up, embedding,
-// classifier) as row ranges, column slices (attention output, down projection) row by row from
-// the block holding the first column. Q/K rows stored in Hugging Face's half-split order are
-// permuted, head by head, into the interleaved order the RoPE kernel uses.
-// Errors: those of MakeShardLayout; InvalidArgument when a column slice of a quantized tensor
-// does not start and end on a block boundary; the file's errors for missing or misshapen tensors.
-Result<ModelWeights> LoadWeights(const ModelFile& model, const ShardSpec& shard = {});
+struct WeightLoadOptions {
+    ShardSpec shard;
+    WeightFormat format = WeightFormat::kStored;
+};
 
-// Permutes the rows of a {heads*head_dim, cols} Q or K weight from half-split order to
-// interleaved order: interleaved row 2i+k of a head is half-split row k*head_dim/2 + i.
-void HalfSplitToInterleaved(float* w, int64_t num_heads, int64_t head_dim, int64_t cols);
+// Reads the slices of rank `options.shard` of every tensor named in model/model_file.h into one
+// arena of `backend`, touching only those bytes of the mapped file: row slices (Q, K, V, gate,
+// up, embedding, classifier) as row ranges, column slices (attention output, down projection) row
+// by row from the block holding the first column. Q/K rows stored in Hugging Face's half-split
+// order are permuted, head by head, into the interleaved order the RoPE kernel uses. When the
+// parts of a fused matrix are stored in different formats, that matrix is dequantized to F32
+// (logged).
+// Errors: those of MakeShardLayout; InvalidArgument when a column slice of a quantized tensor
+// does not start and end on a block boundary; the file's errors for missing or misshapen tensors;
+// the backend's when the arena cannot be allocated.
+Result<ModelWeights> LoadWeights(const ModelFile& model, Backend& backend,
+                                 const WeightLoadOptions& options = {});
+
+// The rows of a weight as floats (copied out of backend memory and dequantized): for tests and
+// tools, not for the forward pass.
+std::vector<float> ReadWeightRows(Backend& backend, const WeightView& w);
 
 }  // namespace kvshard

@@ -24,6 +24,8 @@ constexpr std::string_view kKeyNumKvBlocks = "num_kv_blocks";
 constexpr std::string_view kKeyKvDtype = "kv_dtype";
 constexpr std::string_view kKeyTokenizer = "tokenizer";
 constexpr std::string_view kKeyThreads = "threads";
+constexpr std::string_view kKeyWeightFormat = "weight_format";
+constexpr std::string_view kKeyMaxStepTokens = "max_step_tokens";
 
 std::string_view KvDtypeText(cpu::KvStorage storage) {
     switch (storage) {
@@ -92,9 +94,8 @@ Result<LoadedRank> LoadRank(const WorkerServiceOptions& o, const RegisterAckMess
     OpenModelOptions open;
     open.tokenizer_path = s.tokenizer_path;
     KV_ASSIGN_OR_RETURN(r.file, OpenModel(ack.model_path, open));
-    KV_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(*r.file, {.rank = o.rank, .tp = o.tp}));
-    r.runner = std::make_unique<ModelRunner>(r.file->spec(), std::move(weights), s.runner,
-                                             o.tp > 1 ? o.collective : nullptr);
+    KV_ASSIGN_OR_RETURN(r.runner, MakeModelRunner(*r.file, {.rank = o.rank, .tp = o.tp}, s.runner,
+                                                  o.tp > 1 ? o.collective : nullptr));
     r.steps = std::make_unique<StepRunner>(*r.runner, transport);
     return r;
 }
@@ -118,6 +119,8 @@ std::vector<std::pair<std::string, std::string>> EncodeWorkerSettings(const Work
         {std::string(kKeyKvDtype), std::string(KvDtypeText(s.runner.kv_storage))},
         {std::string(kKeyTokenizer), s.tokenizer_path},
         {std::string(kKeyThreads), std::to_string(s.threads)},
+        {std::string(kKeyWeightFormat), std::string(WeightFormatName(s.runner.weight_format))},
+        {std::string(kKeyMaxStepTokens), std::to_string(s.runner.max_step_tokens)},
     };
 }
 
@@ -146,6 +149,13 @@ Result<WorkerRunSettings> DecodeWorkerSettings(
             }
         } else if (key == kKeyTokenizer) {
             s.tokenizer_path = value;
+        } else if (key == kKeyWeightFormat) {
+            Result<WeightFormat> format = ParseWeightFormat(value);
+            if (!format.ok())
+                return InvalidArgument("worker setting " + key + ": " + format.status().message());
+            s.runner.weight_format = *format;
+        } else if (key == kKeyMaxStepTokens) {
+            KV_ASSIGN_OR_RETURN(s.runner.max_step_tokens, IntSetting(key, value));
         } else if (key == kKeyThreads) {
             KV_ASSIGN_OR_RETURN(const int64_t threads, IntSetting(key, value));
             s.threads = static_cast<int>(threads);

@@ -12,6 +12,7 @@
 #include "tests/test_util.h"
 #include "worker/generator.h"
 #include "worker/local_model.h"
+#include "worker/sequence_slots.h"
 
 namespace kvshard {
 namespace {
@@ -21,12 +22,13 @@ using testing::SharedModel;
 
 // Drives one ModelRunner through a paged pool with its own BlockManager, one sequence per id.
 class PagedDriver {
-public:
+  public:
     PagedDriver(ModelRunner& runner, int64_t num_blocks, int64_t block_size)
-        : runner_(runner), blocks_(kv::BlockManagerConfig{.num_blocks = num_blocks,
-                                                          .block_size = block_size,
-                                                          .watermark = 0.0,
-                                                          .enable_prefix_caching = false}) {}
+        : runner_(runner),
+          blocks_(kv::BlockManagerConfig{.num_blocks = num_blocks,
+                                         .block_size = block_size,
+                                         .watermark = 0.0,
+                                         .enable_prefix_caching = false}) {}
 
     // Computes `tokens` appended to sequence `seq` (allocating it on first use); returns the
     // logits of the last token.
@@ -50,8 +52,11 @@ public:
             const int64_t end = blocks_.NumTokens(seq);
             tables_.emplace_back(blocks_.BlockTable(seq).begin(), blocks_.BlockTable(seq).end());
             slots_.push_back(blocks_.SlotMapping(seq, begin, end));
-            chunks.push_back({.seq_id = seq, .tokens = tokens, .start_pos = begin,
-                              .block_table = tables_.back(), .slot_mapping = slots_.back()});
+            chunks.push_back({.seq_id = seq,
+                              .tokens = tokens,
+                              .start_pos = begin,
+                              .block_table = tables_.back(),
+                              .slot_mapping = slots_.back()});
         }
         std::vector<float> logits;
         Status st = runner_.Forward(chunks, &logits);
@@ -59,7 +64,7 @@ public:
         return logits;
     }
 
-private:
+  private:
     ModelRunner& runner_;
     kv::BlockManager blocks_;
     std::vector<std::vector<int32_t>> tables_;
@@ -81,24 +86,46 @@ std::unique_ptr<LocalModel> Load(const std::string& path, int64_t num_blocks, in
 class PagedVsContiguous : public ::testing::TestWithParam<int64_t> {};
 
 // Three sequences of different lengths, prefilled together then decoded together for 12 steps,
-// through the pool (block size from the parameter) and through the contiguous cache: the logits
-// are equal bit for bit at every step.
+// through blocks scattered over the pool by a BlockManager (block size from the parameter) and
+// through one contiguous run of blocks per sequence: the logits are equal bit for bit at every
+// step (where a position's K/V lives changes nothing).
 TEST_P(PagedVsContiguous, LogitsBitIdenticalOverPrefillAndDecode) {
     const std::string path = SharedModel("stories260K/stories260K.bin");
     KV_REQUIRE_FIXTURE(path, "stories260K.bin");
     const int64_t block_size = GetParam();
-    std::unique_ptr<LocalModel> m = Load(path, 256, block_size);
+    std::unique_ptr<LocalModel> m = Load(path, 512, block_size);
     ASSERT_TRUE(m);
     ModelRunner& runner = *m->runner;
     PagedDriver paged(runner, 256, block_size);
-    std::vector<std::vector<int32_t>> prompts = {m->EncodePrompt("Once upon a time"),
-                                                 m->EncodePrompt("The dog ran to the big red house"),
-                                                 m->EncodePrompt("Sam")};
+    std::vector<std::vector<int32_t>> prompts = {
+        m->EncodePrompt("Once upon a time"), m->EncodePrompt("The dog ran to the big red house"),
+        m->EncodePrompt("Sam")};
     std::vector<std::pair<int64_t, std::vector<int32_t>>> work;
     std::vector<SequenceChunk> contiguous;
+    // Blocks 256.. of the pool: the BlockManager's blocks are 0..255.
+    const int64_t blocks_per_seq = (64 + block_size - 1) / block_size;
+    std::vector<std::vector<int32_t>> tables(prompts.size());
+    std::vector<std::vector<int64_t>> slots(prompts.size());
+    auto place = [&](size_t i) {
+        SequenceChunk& c = contiguous[i];
+        if (tables[i].empty()) {
+            for (int64_t b = 0; b < blocks_per_seq; ++b) {
+                tables[i].push_back(int32_t(256 + int64_t(i) * blocks_per_seq + b));
+            }
+        }
+        slots[i].clear();
+        for (size_t t = 0; t < c.tokens.size(); ++t) {
+            const int64_t pos = c.start_pos + int64_t(t);
+            slots[i].push_back(int64_t(tables[i][pos / block_size]) * block_size +
+                               pos % block_size);
+        }
+        c.block_table = tables[i];
+        c.slot_mapping = slots[i];
+    };
     for (size_t i = 0; i < prompts.size(); ++i) {
         work.push_back({int64_t(i), prompts[i]});
         contiguous.push_back({.seq_id = 100 + int64_t(i), .tokens = prompts[i], .start_pos = 0});
+        place(i);
     }
     const int64_t vocab = runner.spec().vocab_size;
     std::vector<int32_t> next(prompts.size());
@@ -111,28 +138,33 @@ TEST_P(PagedVsContiguous, LogitsBitIdenticalOverPrefillAndDecode) {
         for (size_t i = 0; i < prompts.size(); ++i) {
             next[i] = Sampler::Argmax(&a[i * vocab], vocab);
             work[i].second = {next[i]};
-            contiguous[i].start_pos = runner.CachedLength(contiguous[i].seq_id);
+            contiguous[i].start_pos += int64_t(contiguous[i].tokens.size());
             contiguous[i].tokens = std::span<const int32_t>(&next[i], 1);
+            place(i);
         }
     }
 }
 
 INSTANTIATE_TEST_SUITE_P(BlockSizes, PagedVsContiguous, ::testing::Values(1, 4, 16, 64));
 
-// Greedy generation through the pool equals the contiguous cache on the reference tests' models.
-TEST(PagedKv, GreedyOutputUnchanged) {
+// Greedy generation gives the same tokens whatever the block size (1 slot per block is the
+// contiguous layout's extreme opposite) on the reference tests' models.
+TEST(PagedKv, GreedyOutputUnchangedAcrossBlockSizes) {
     for (const std::string& path : {SharedModel("stories260K/stories260K.bin"), DefaultModel()}) {
         if (path.empty()) continue;
-        std::unique_ptr<LocalModel> m = Load(path, RunnerOptions::kOneSequence, 16);
-        ASSERT_TRUE(m);
-        GenerateOptions o;
-        o.max_tokens = 40;
-        const std::vector<int32_t> prompt = m->EncodePrompt("Once upon a time");
-        Result<GenerateResult> paged = Generate(*m->runner, *m->tokenizer, prompt, o);
-        o.use_paged_kv = false;
-        Result<GenerateResult> contiguous = Generate(*m->runner, *m->tokenizer, prompt, o);
-        ASSERT_TRUE(paged.ok() && contiguous.ok());
-        EXPECT_EQ(paged->token_ids, contiguous->token_ids) << path;
+        std::vector<std::vector<int32_t>> outputs;
+        for (int64_t block_size : {1, 16, 64}) {
+            std::unique_ptr<LocalModel> m = Load(path, RunnerOptions::kOneSequence, block_size);
+            ASSERT_TRUE(m);
+            GenerateOptions o;
+            o.max_tokens = 40;
+            const std::vector<int32_t> prompt = m->EncodePrompt("Once upon a time");
+            Result<GenerateResult> r = Generate(*m->runner, *m->tokenizer, prompt, o);
+            ASSERT_TRUE(r.ok()) << r.status().ToString();
+            outputs.push_back(r->token_ids);
+        }
+        EXPECT_EQ(outputs[0], outputs[1]) << path;
+        EXPECT_EQ(outputs[1], outputs[2]) << path;
     }
 }
 
@@ -148,13 +180,15 @@ TEST(PagedKv, RejectsInconsistentPlans) {
     const std::vector<int64_t> wrong_slots = {8, 9, 12};
     std::vector<float> logits;
     auto run = [&](std::span<const int32_t> t, std::span<const int64_t> s) {
-        SequenceChunk c{.seq_id = 1, .tokens = tokens, .start_pos = 0, .block_table = t, .slot_mapping = s};
+        SequenceChunk c{
+            .seq_id = 1, .tokens = tokens, .start_pos = 0, .block_table = t, .slot_mapping = s};
         return m->runner->Forward(std::span<const SequenceChunk>(&c, 1), &logits).code();
     };
     EXPECT_EQ(run(table, good_slots), StatusCode::kOk);
     EXPECT_EQ(run(outside, good_slots), StatusCode::kInvalidArgument);
     EXPECT_EQ(run(table, wrong_slots), StatusCode::kInvalidArgument);
-    EXPECT_EQ(run(table, std::span<const int64_t>(good_slots).first(2)), StatusCode::kInvalidArgument);
+    EXPECT_EQ(run(table, std::span<const int64_t>(good_slots).first(2)),
+              StatusCode::kInvalidArgument);
     const std::vector<std::pair<int32_t, int32_t>> bad_copy = {{0, 8}};
     EXPECT_EQ(m->runner->CopyBlocks(bad_copy).code(), StatusCode::kInvalidArgument);
 }
@@ -174,11 +208,14 @@ TEST(KvStorage, Int8AndFp8AgainstFp32) {
     const std::string path = DefaultModel();
     KV_REQUIRE_FIXTURE(path, "default model");
     const bool full = std::getenv("KVSHARD_FULL_KV_REPORT") != nullptr;
-    const std::vector<std::string> prompts = {
-        "Once upon a time", "The capital of France is", "def fibonacci(n):",
-        "Q: What is 12 + 35?\nA:", "Les étoiles brillent dans le ciel de la nuit, et",
-        "In machine learning, a transformer is", "The three primary colors are",
-        "Here is a list of fruits:\n-"};
+    const std::vector<std::string> prompts = {"Once upon a time",
+                                              "The capital of France is",
+                                              "def fibonacci(n):",
+                                              "Q: What is 12 + 35?\nA:",
+                                              "Les étoiles brillent dans le ciel de la nuit, et",
+                                              "In machine learning, a transformer is",
+                                              "The three primary colors are",
+                                              "Here is a list of fruits:\n-"};
     const size_t num_prompts = full ? prompts.size() : 2;
     const int tokens = full ? 64 : 12;
     std::unique_ptr<LocalModel> ref = Load(path, 64, 16);
@@ -189,7 +226,8 @@ TEST(KvStorage, Int8AndFp8AgainstFp32) {
     StorageFigures fig[2];
     for (size_t p = 0; p < num_prompts; ++p) {
         PagedDriver dr(*ref->runner, 64, 16), d8(*i8->runner, 64, 16), df(*f8->runner, 64, 16);
-        std::vector<std::pair<int64_t, std::vector<int32_t>>> work = {{1, ref->EncodePrompt(prompts[p])}};
+        std::vector<std::pair<int64_t, std::vector<int32_t>>> work = {
+            {1, ref->EncodePrompt(prompts[p])}};
         for (int t = 0; t < tokens; ++t) {
             const std::vector<float> a = dr.Step(work);
             const std::vector<float> b[2] = {d8.Step(work), df.Step(work)};
@@ -210,9 +248,11 @@ TEST(KvStorage, Int8AndFp8AgainstFp32) {
     const char* names[2] = {"int8", "fp8-e4m3"};
     for (int s = 0; s < 2; ++s) {
         const double agreement = double(fig[s].agree) / double(fig[s].steps);
-        std::printf("KV %-8s vs fp32: greedy agreement %.4f (%lld/%lld steps), logit error max %.4f mean %.5f\n",
-                    names[s], agreement, (long long)fig[s].agree, (long long)fig[s].steps,
-                    fig[s].max_err, fig[s].sum_err / double(fig[s].count));
+        std::printf(
+            "KV %-8s vs fp32: greedy agreement %.4f (%lld/%lld steps), logit error max %.4f mean "
+            "%.5f\n",
+            names[s], agreement, (long long)fig[s].agree, (long long)fig[s].steps, fig[s].max_err,
+            fig[s].sum_err / double(fig[s].count));
         EXPECT_GE(agreement, 0.9) << names[s];
     }
     // int8 keeps 7 bits per value; observed max 1.1 logits (of ~15) over 8 prompts x 64 tokens.

@@ -8,6 +8,7 @@
 #include "tests/test_util.h"
 #include "worker/generator.h"
 #include "worker/local_model.h"
+#include "worker/sequence_slots.h"
 
 namespace kvshard {
 namespace {
@@ -31,7 +32,7 @@ std::string PathOf(const ModelCase& c) {
 }
 
 class RunnerInvariance : public ::testing::TestWithParam<ModelCase> {
-protected:
+  protected:
     void SetUp() override {
         const std::string path = PathOf(GetParam());
         KV_REQUIRE_FIXTURE(path, GetParam().name);
@@ -72,23 +73,27 @@ TEST_P(RunnerInvariance, BatchedAndChunkedEqualAlone) {
         model_->EncodePrompt("Tom"),
         model_->EncodePrompt("Once upon a time there was a big old tree in a quiet forest"),
     };
+    // Each sequence in its own blocks of the runner's pool.
+    FixedBlockTables tables(4, 32, runner.pool()->config().block_size);
+    ASSERT_LE(tables.num_blocks(), runner.pool()->config().num_blocks);
     std::vector<std::vector<float>> alone;
     for (size_t i = 0; i < prompts.size(); ++i) {
         SequenceChunk c{.seq_id = 100 + int64_t(i), .tokens = prompts[i], .start_pos = 0};
+        tables.Place(int64_t(i), &c);
         std::vector<float> logits;
         ASSERT_TRUE(runner.Forward(std::span<const SequenceChunk>(&c, 1), &logits).ok());
-        runner.Release(c.seq_id);
         alone.push_back(logits);
     }
     std::vector<SequenceChunk> batch;
     for (size_t i = 0; i < prompts.size(); ++i) {
         batch.push_back({.seq_id = int64_t(i), .tokens = prompts[i], .start_pos = 0});
+        tables.Place(int64_t(i), &batch.back());
     }
     std::vector<float> batched;
     ASSERT_TRUE(runner.Forward(batch, &batched).ok());
     for (size_t i = 0; i < prompts.size(); ++i) {
-        EXPECT_LT(MaxAbsDiff(&batched[i * vocab], alone[i].data(), vocab), 1e-3f) << "sequence " << i;
-        runner.Release(int64_t(i));
+        EXPECT_LT(MaxAbsDiff(&batched[i * vocab], alone[i].data(), vocab), 1e-3f)
+            << "sequence " << i;
     }
 
     // Chunked prefill: the third prompt in pieces of 3 tokens.
@@ -96,11 +101,12 @@ TEST_P(RunnerInvariance, BatchedAndChunkedEqualAlone) {
     std::vector<float> logits;
     for (size_t pos = 0; pos < p.size(); pos += 3) {
         const size_t n = std::min<size_t>(3, p.size() - pos);
-        SequenceChunk c{.seq_id = 9, .tokens = std::span<const int32_t>(p).subspan(pos, n),
+        SequenceChunk c{.seq_id = 9,
+                        .tokens = std::span<const int32_t>(p).subspan(pos, n),
                         .start_pos = int64_t(pos)};
+        tables.Place(3, &c);
         ASSERT_TRUE(runner.Forward(std::span<const SequenceChunk>(&c, 1), &logits).ok());
     }
-    runner.Release(9);
     EXPECT_LT(MaxAbsDiff(logits.data(), alone[2].data(), vocab), 1e-3f);
 }
 
@@ -108,25 +114,35 @@ TEST_P(RunnerInvariance, RejectsBadChunksWithoutChangingState) {
     if (!model_) return;
     ModelRunner& runner = *model_->runner;
     std::vector<float> logits;
+    const int64_t bs = runner.pool()->config().block_size;
+    FixedBlockTables tables(1, 2 * bs, bs);
     const std::vector<int32_t> good = {1, 2, 3};
     const std::vector<int32_t> bad = {1, int32_t(runner.spec().vocab_size)};
     SequenceChunk c{.seq_id = 1, .tokens = bad, .start_pos = 0};
+    tables.Place(0, &c);
     EXPECT_EQ(runner.Forward(std::span<const SequenceChunk>(&c, 1), &logits).code(),
               StatusCode::kInvalidArgument);
-    c = {.seq_id = 1, .tokens = good, .start_pos = 2};
+    // A chunk without a block table, and one whose slots are not its positions' slots.
+    c = {.seq_id = 1, .tokens = good, .start_pos = 0};
+    EXPECT_EQ(runner.Forward(std::span<const SequenceChunk>(&c, 1), &logits).code(),
+              StatusCode::kInvalidArgument);
+    tables.Place(0, &c);
+    c.start_pos = 2;
     EXPECT_EQ(runner.Forward(std::span<const SequenceChunk>(&c, 1), &logits).code(),
               StatusCode::kInvalidArgument);
     std::vector<int32_t> too_long(static_cast<size_t>(runner.max_context()) + 1, 1);
     c = {.seq_id = 1, .tokens = too_long, .start_pos = 0};
     EXPECT_EQ(runner.Forward(std::span<const SequenceChunk>(&c, 1), &logits).code(),
               StatusCode::kOutOfRange);
-    EXPECT_EQ(runner.CachedLength(1), 0);
+    EXPECT_EQ(runner.tokens_processed(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, RunnerInvariance,
                          ::testing::Values(ModelCase{"stories260K/stories260K.bin", false},
                                            ModelCase{"SmolLM2-135M-Instruct.Q4_1.gguf", true}),
-                         [](const auto& info) { return info.param.is_default ? "SmolLM2" : "Stories260K"; });
+                         [](const auto& info) {
+                             return info.param.is_default ? "SmolLM2" : "Stories260K";
+                         });
 
 }  // namespace
 }  // namespace kvshard

@@ -13,6 +13,7 @@
 #include "tests/test_util.h"
 #include "worker/generator.h"
 #include "worker/local_model.h"
+#include "worker/sequence_slots.h"
 
 namespace kvshard {
 namespace {
@@ -32,10 +33,9 @@ const char kStoriesReference[] =
     "Her mom said, \"Don't worry, Lily. We can help you.";
 
 const std::vector<int32_t> kStoriesPromptIds = {1, 403, 407, 261, 378};
-const std::vector<int32_t> kStoriesFirstIds = {432, 383, 286, 261, 376, 298, 315, 421, 395,
-                                               317, 426, 338, 401, 396, 267, 337, 410, 408,
-                                               419, 292, 411, 322, 265, 282, 295, 433, 426,
-                                               385, 328, 432, 358, 394, 261, 370, 432, 352};
+const std::vector<int32_t> kStoriesFirstIds = {
+    432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408,
+    419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352};
 
 GenerateResult RunPrompt(LocalModel& m, const std::string& prompt, const GenerateOptions& opts) {
     Result<GenerateResult> r = Generate(*m.runner, *m.tokenizer, m.EncodePrompt(prompt), opts);
@@ -119,7 +119,8 @@ struct LogitError {
 };
 
 // Compares kvshard's logits with the recorded llama.cpp values (top 64 and every stride-th id).
-LogitError CompareLogits(const std::vector<float>& logits, const nlohmann::json& c, int64_t stride) {
+LogitError CompareLogits(const std::vector<float>& logits, const nlohmann::json& c,
+                         int64_t stride) {
     LogitError e;
     const std::vector<double> strided = c["last_logits_strided"];
     for (size_t i = 0; i < strided.size(); ++i) {
@@ -134,7 +135,7 @@ LogitError CompareLogits(const std::vector<float>& logits, const nlohmann::json&
 }
 
 class SmolLM2VsLlamaCpp : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override {
         const std::string path = DefaultModel();
         KV_REQUIRE_FIXTURE(path, "default model (scripts/test fetches it)");
@@ -147,9 +148,12 @@ protected:
 
     std::vector<float> LastLogits(const std::vector<int32_t>& ids) {
         SequenceChunk chunk{.seq_id = 7, .tokens = ids, .start_pos = 0};
+        FixedBlockTables tables(1, int64_t(ids.size()),
+                                model_->runner->pool()->config().block_size);
+        tables.Place(0, &chunk);
         std::vector<float> logits;
-        EXPECT_TRUE(model_->runner->Forward(std::span<const SequenceChunk>(&chunk, 1), &logits).ok());
-        model_->runner->Release(7);
+        EXPECT_TRUE(
+            model_->runner->Forward(std::span<const SequenceChunk>(&chunk, 1), &logits).ok());
         return logits;
     }
 
@@ -188,8 +192,9 @@ TEST_F(SmolLM2VsLlamaCpp, SameTokensAndLogitsAsLlamaCppOnF32Weights) {
 }
 
 // llama.cpp on the Q4_1 file multiplies with activations quantized to 8 bits (Q8_1), a different
-// arithmetic: logits differ by up to ~12% of the largest |logit|, so greedy paths part at near-ties. The
-// first token after the prompt must agree where llama.cpp's own f32 and q4_1 runs agree.
+// arithmetic: logits differ by up to ~12% of the largest |logit|, so greedy paths part at
+// near-ties. The first token after the prompt must agree where llama.cpp's own f32 and q4_1 runs
+// agree.
 TEST_F(SmolLM2VsLlamaCpp, CloseToLlamaCppOnQ4_1Arithmetic) {
     if (!model_) return;
     const int64_t stride = golden_["logit_stride"];
@@ -202,7 +207,8 @@ TEST_F(SmolLM2VsLlamaCpp, CloseToLlamaCppOnQ4_1Arithmetic) {
         LogitError e = CompareLogits(logits, c, stride);
         EXPECT_LT(e.max_abs, 0.2 * e.max_ref) << "max |logit - llama.cpp q4_1| " << e.max_abs;
         if (c["greedy_token_ids"][0] == f32["greedy_token_ids"][0]) {
-            EXPECT_EQ(Sampler::Argmax(logits.data(), int64_t(logits.size())), c["greedy_token_ids"][0]);
+            EXPECT_EQ(Sampler::Argmax(logits.data(), int64_t(logits.size())),
+                      c["greedy_token_ids"][0]);
         }
     }
 }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu_backend.h"
 #include "model/hf_export.h"
 #include "model/model_file.h"
 #include "model/synthetic_gguf.h"
@@ -156,47 +157,78 @@ std::vector<float> Block(const std::vector<float>& full, int64_t cols, int64_t r
     return out;
 }
 
-// Each rank's tensors are exactly the corresponding slices of the whole model's (bit for bit).
+// The rows of a weight as floats; sub-ranges of rows of the fused matrices.
+std::vector<float> Floats(Backend& backend, const WeightView& w, int64_t r0 = 0, int64_t r1 = -1) {
+    const std::vector<float> all = ReadWeightRows(backend, w);
+    if (r1 < 0) r1 = w.rows;
+    return std::vector<float>(all.begin() + r0 * w.cols, all.begin() + r1 * w.cols);
+}
+
+// Each rank's tensors are exactly the corresponding slices of the whole model's (bit for bit),
+// whether kept in the file's format or dequantized at load.
 TEST_P(ShardedLoad, SlicesEqualTheWholeModelsSlices) {
     if (!file_) return;
     const ModelSpec& s = file_->spec();
-    Result<ModelWeights> whole = LoadWeights(*file_);
+    CpuBackend backend{BackendConfig{}};
+    Result<ModelWeights> whole = LoadWeights(*file_, backend, {.format = WeightFormat::kF32});
     ASSERT_TRUE(whole.ok()) << whole.status().ToString();
     const int64_t h = s.hidden_size, hd = s.head_dim;
-    for (int tp : {2, 4, 8}) {
-        size_t sum_bytes = 0;
-        int64_t kv_heads_held = 0;
-        for (int r = 0; r < tp; ++r) {
-            Result<ModelWeights> part = LoadWeights(*file_, {.rank = r, .tp = tp});
-            ASSERT_TRUE(part.ok()) << part.status().ToString();
-            const ShardLayout& sl = part->layout;
-            sum_bytes += part->NumBytes();
-            kv_heads_held += sl.num_kv_heads();
-            EXPECT_EQ(part->embedding,
-                      Block(whole->embedding, h, sl.vocab.begin, sl.vocab.end, 0, h));
-            for (size_t l = 0; l < whole->layers.size(); ++l) {
-                const LayerWeights& w = whole->layers[l];
-                const LayerWeights& p = part->layers[l];
-                const int64_t q0 = sl.q_heads.begin * hd, q1 = sl.q_heads.end * hd;
-                const int64_t k0 = sl.kv_heads.begin * hd, k1 = sl.kv_heads.end * hd;
-                EXPECT_EQ(p.wq, Block(w.wq, h, q0, q1, 0, h)) << "tp " << tp << " rank " << r;
-                EXPECT_EQ(p.wk, Block(w.wk, h, k0, k1, 0, h));
-                EXPECT_EQ(p.wv, Block(w.wv, h, k0, k1, 0, h));
-                EXPECT_EQ(p.wo, Block(w.wo, s.num_heads * hd, 0, h, q0, q1));
-                EXPECT_EQ(p.w_gate, Block(w.w_gate, h, sl.ffn.begin, sl.ffn.end, 0, h));
-                EXPECT_EQ(p.w_up, Block(w.w_up, h, sl.ffn.begin, sl.ffn.end, 0, h));
-                EXPECT_EQ(p.w_down, Block(w.w_down, s.ffn_size, 0, h, sl.ffn.begin, sl.ffn.end));
-                EXPECT_EQ(p.attn_norm, w.attn_norm);
+    const int64_t q_all = s.num_heads * hd, kv_all = s.num_kv_heads * hd;
+    for (WeightFormat format : {WeightFormat::kF32, WeightFormat::kStored}) {
+        for (int tp : {2, 4, 8}) {
+            size_t sum_bytes = 0;
+            int64_t kv_heads_held = 0;
+            for (int r = 0; r < tp; ++r) {
+                Result<ModelWeights> part = LoadWeights(
+                    *file_, backend, {.shard = {.rank = r, .tp = tp}, .format = format});
+                ASSERT_TRUE(part.ok()) << part.status().ToString();
+                const ShardLayout& sl = part->layout;
+                sum_bytes += part->NumBytes();
+                kv_heads_held += sl.num_kv_heads();
+                EXPECT_EQ(Floats(backend, part->embedding),
+                          Block(Floats(backend, whole->embedding), h, sl.vocab.begin, sl.vocab.end,
+                                0, h));
+                for (size_t l = 0; l < whole->layers.size(); ++l) {
+                    const LayerWeights& w = whole->layers[l];
+                    const LayerWeights& p = part->layers[l];
+                    const int64_t q0 = sl.q_heads.begin * hd, q1 = sl.q_heads.end * hd;
+                    const int64_t k0 = sl.kv_heads.begin * hd, k1 = sl.kv_heads.end * hd;
+                    const int64_t qr = q1 - q0, kr = k1 - k0;
+                    const std::vector<float> wqkv = Floats(backend, w.qkv);
+                    EXPECT_EQ(Floats(backend, p.qkv, 0, qr), Block(wqkv, h, q0, q1, 0, h))
+                        << "tp " << tp << " rank " << r;
+                    EXPECT_EQ(Floats(backend, p.qkv, qr, qr + kr),
+                              Block(wqkv, h, q_all + k0, q_all + k1, 0, h));
+                    EXPECT_EQ(Floats(backend, p.qkv, qr + kr, qr + 2 * kr),
+                              Block(wqkv, h, q_all + kv_all + k0, q_all + kv_all + k1, 0, h));
+                    EXPECT_EQ(Floats(backend, p.wo),
+                              Block(Floats(backend, w.wo), q_all, 0, h, q0, q1));
+                    const int64_t f = sl.ffn.size();
+                    const std::vector<float> wgu = Floats(backend, w.gate_up);
+                    EXPECT_EQ(Floats(backend, p.gate_up, 0, f),
+                              Block(wgu, h, sl.ffn.begin, sl.ffn.end, 0, h));
+                    EXPECT_EQ(
+                        Floats(backend, p.gate_up, f, 2 * f),
+                        Block(wgu, h, s.ffn_size + sl.ffn.begin, s.ffn_size + sl.ffn.end, 0, h));
+                    EXPECT_EQ(Floats(backend, p.down), Block(Floats(backend, w.down), s.ffn_size, 0,
+                                                             h, sl.ffn.begin, sl.ffn.end));
+                    EXPECT_EQ(Floats(backend, p.attn_norm), Floats(backend, w.attn_norm));
+                    if (format == WeightFormat::kStored) {
+                        EXPECT_EQ(p.qkv.dtype, GetParam());
+                        EXPECT_EQ(p.attn_norm.dtype, DType::kF32);
+                    }
+                }
             }
+            if (format != WeightFormat::kF32) continue;
+            // Each rank holds about 1/tp: only the norms are replicated, and the K/V projections
+            // of KV heads held by several ranks (tp 8: each of the 4 by two ranks).
+            const int64_t layers = static_cast<int64_t>(whole->layers.size());
+            const int64_t norms = (2 * layers + 1) * h * int64_t(sizeof(float));
+            const int64_t kv = layers * 2 * (kv_heads_held - s.num_kv_heads) * hd * h * 4;
+            EXPECT_EQ(kv_heads_held, tp <= 4 ? 4 : tp);
+            EXPECT_EQ(int64_t(sum_bytes), int64_t(whole->NumBytes()) + (tp - 1) * norms + kv)
+                << "tp " << tp;
         }
-        // Each rank holds about 1/tp: only the norms are replicated, and the K/V projections of
-        // KV heads held by several ranks (tp 8: each of the 4 by two ranks).
-        const int64_t layers = static_cast<int64_t>(whole->layers.size());
-        const int64_t norms = (2 * layers + 1) * h * int64_t(sizeof(float));
-        const int64_t kv = layers * 2 * (kv_heads_held - s.num_kv_heads) * hd * h * 4;
-        EXPECT_EQ(kv_heads_held, tp <= 4 ? 4 : tp);
-        EXPECT_EQ(int64_t(sum_bytes), int64_t(whole->NumBytes()) + (tp - 1) * norms + kv)
-            << "tp " << tp;
     }
 }
 
@@ -204,7 +236,8 @@ TEST_P(ShardedLoad, SlicesEqualTheWholeModelsSlices) {
 // half a block of 32.
 TEST_P(ShardedLoad, RefusesColumnSlicesInsideABlock) {
     if (!file_) return;
-    Result<ModelWeights> w = LoadWeights(*file_, {.rank = 1, .tp = 16});
+    CpuBackend backend{BackendConfig{}};
+    Result<ModelWeights> w = LoadWeights(*file_, backend, {.shard = {.rank = 1, .tp = 16}});
     if (GetParam() == DType::kF32) {
         EXPECT_TRUE(w.ok()) << w.status().ToString();
         return;
@@ -233,18 +266,23 @@ TEST(ShardedLoadHf, HalfSplitPermutationPerHead) {
     Result<std::unique_ptr<ModelFile>> hf = OpenModel(dir.path());
     ASSERT_TRUE(hf.ok()) << hf.status().ToString();
     ASSERT_EQ((*hf)->spec().qk_layout, QkLayout::kHalfSplit);
-    Result<ModelWeights> whole = LoadWeights(**original);
+    CpuBackend backend{BackendConfig{}};
+    Result<ModelWeights> whole = LoadWeights(**original, backend);
     ASSERT_TRUE(whole.ok());
     const ModelSpec& s = (*hf)->spec();
     for (int r = 0; r < 4; ++r) {
-        Result<ModelWeights> part = LoadWeights(**hf, {.rank = r, .tp = 4});
+        Result<ModelWeights> part = LoadWeights(**hf, backend, {.shard = {.rank = r, .tp = 4}});
         ASSERT_TRUE(part.ok()) << part.status().ToString();
         const ShardLayout& sl = part->layout;
         const int64_t hd = s.head_dim, h = s.hidden_size;
-        EXPECT_EQ(part->layers[0].wq,
-                  Block(whole->layers[0].wq, h, sl.q_heads.begin * hd, sl.q_heads.end * hd, 0, h));
-        EXPECT_EQ(part->layers[0].wk, Block(whole->layers[0].wk, h, sl.kv_heads.begin * hd,
-                                            sl.kv_heads.end * hd, 0, h));
+        const int64_t qr = sl.num_q_heads() * hd, kr = sl.num_kv_heads() * hd;
+        const std::vector<float> wqkv = Floats(backend, whole->layers[0].qkv);
+        EXPECT_EQ(Floats(backend, part->layers[0].qkv, 0, qr),
+                  Block(wqkv, h, sl.q_heads.begin * hd, sl.q_heads.end * hd, 0, h));
+        const int64_t q_all = s.num_heads * hd;
+        EXPECT_EQ(
+            Floats(backend, part->layers[0].qkv, qr, qr + kr),
+            Block(wqkv, h, q_all + sl.kv_heads.begin * hd, q_all + sl.kv_heads.end * hd, 0, h));
     }
 }
 

@@ -24,6 +24,7 @@
 #include "tests/test_util.h"
 #include "worker/generator.h"
 #include "worker/model_runner.h"
+#include "worker/sequence_slots.h"
 #include "worker/step_runner.h"
 #include "worker/tp_group.h"
 
@@ -69,9 +70,10 @@ Outcome RunAtTp(const ModelFile& model, int tp, const std::vector<int32_t>& prom
     if (!group.ok()) return out;
     Status st = (*group)->RunOnEveryRank([&](int rank, ModelRunner& runner) -> Status {
         SequenceChunk chunk{.seq_id = 9, .tokens = prompt, .start_pos = 0};
+        FixedBlockTables tables(1, int64_t(prompt.size()), 16);
+        tables.Place(0, &chunk);
         std::vector<float> logits;
         KV_RETURN_IF_ERROR(runner.Forward(std::span<const SequenceChunk>(&chunk, 1), &logits));
-        runner.Release(9);
         if (rank == 0) out.prompt_logits = std::move(logits);
         return Status::Ok();
     });
@@ -190,16 +192,22 @@ TEST(TpCommVolume, TwoAllReducesPerLayer) {
     for (int r = 0; r < kTp; ++r) {
         threads.emplace_back([&, r] {
             std::unique_ptr<Collective> c = group->Collective(r);
-            Result<ModelWeights> w = LoadWeights(*f, {.rank = r, .tp = kTp});
-            ASSERT_TRUE(w.ok());
-            ModelRunner runner(s, std::move(*w), {}, c.get());
+            Result<std::unique_ptr<ModelRunner>> made =
+                MakeModelRunner(*f, {.rank = r, .tp = kTp}, {}, c.get());
+            ASSERT_TRUE(made.ok());
+            ModelRunner& runner = **made;
+            FixedBlockTables tables(2, 16, runner.pool()->config().block_size);
             std::vector<float> logits;
             std::vector<SequenceChunk> batch = {{.seq_id = 1, .tokens = a, .start_pos = 0},
                                                 {.seq_id = 2, .tokens = b, .start_pos = 0}};
+            tables.Place(0, &batch[0]);
+            tables.Place(1, &batch[1]);
             ASSERT_TRUE(runner.Forward(batch, &logits).ok());
             prefill[r] = runner.comm_stats();
             batch = {{.seq_id = 1, .tokens = next, .start_pos = 5},
                      {.seq_id = 2, .tokens = next, .start_pos = 2}};
+            tables.Place(0, &batch[0]);
+            tables.Place(1, &batch[1]);
             ASSERT_TRUE(runner.Forward(batch, &logits).ok());
             decode[r] = runner.comm_stats();
             collective_bytes[r] = c->bytes_all_reduced();
@@ -266,10 +274,9 @@ TEST(TpGroupExecutor, StepsMatchOneRunner) {
     std::unique_ptr<ModelFile> f = Open(path);
     ASSERT_NE(f, nullptr);
     RunnerOptions ro{.max_context = 64, .num_kv_blocks = 4, .block_size = 16};
-    Result<ModelWeights> w = LoadWeights(*f);
-    ASSERT_TRUE(w.ok());
-    ModelRunner runner(f->spec(), std::move(*w), ro);
-    StepRunner one(runner);
+    Result<std::unique_ptr<ModelRunner>> runner = MakeModelRunner(*f, {}, ro);
+    ASSERT_TRUE(runner.ok());
+    StepRunner one(**runner);
     const std::vector<std::vector<int32_t>> ref = RunPlans(one, 12);
     for (int tp : {2, 4}) {
         Result<std::unique_ptr<TpGroup>> group = TpGroup::Create(*f, {.tp = tp, .runner = ro});

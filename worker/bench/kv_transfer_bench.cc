@@ -22,6 +22,8 @@
 // ratios are to memcpy's median. Blocks are scattered through pools twice the transfer's size,
 // and every pool is written before the first run, so no run pays for first-touch page faults of
 // the pools (the pieces' buffers are allocated per transfer, as in the workers).
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -33,15 +35,22 @@
 #include <span>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "comm/kv_transport.h"
+#include "kernels/cpu_backend.h"
 #include "worker/kv_handoff.h"
 #include "worker/kv_pool.h"
 #include "worker/shard.h"
 
 namespace kvshard {
+namespace {
+// The pools' memory comes from one CPU backend that outlives them.
+Backend& CpuBackendInstance() {
+    static CpuBackend backend{BackendConfig{}};
+    return backend;
+}
+}  // namespace
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -88,8 +97,8 @@ struct Setup {
     std::unique_ptr<KvPool> src, dst;
     ShardLayout layout;  // one rank holding every KV head (tp 1 on both sides)
     std::vector<int32_t> src_blocks, dst_blocks;
-    int64_t bytes = 0;   // of the whole transfer
-    int64_t cells = 0;   // layers × heads: what Receive waits for
+    int64_t bytes = 0;  // of the whole transfer
+    int64_t cells = 0;  // layers × heads: what Receive waits for
 };
 
 Setup MakeSetup(const Options& o, int64_t tokens) {
@@ -101,9 +110,9 @@ Setup MakeSetup(const Options& o, int64_t tokens) {
                    .num_kv_heads = o.kv_heads,
                    .head_dim = o.head_dim,
                    .storage = o.storage};
-    Result<std::unique_ptr<KvPool>> src = KvPool::Create(c);
+    Result<std::unique_ptr<KvPool>> src = KvPool::Create(c, CpuBackendInstance());
     CheckOk(src.status(), "source pool");
-    Result<std::unique_ptr<KvPool>> dst = KvPool::Create(c);
+    Result<std::unique_ptr<KvPool>> dst = KvPool::Create(c, CpuBackendInstance());
     CheckOk(dst.status(), "destination pool");
     s.src = std::move(*src);
     s.dst = std::move(*dst);
@@ -203,7 +212,8 @@ Row ThroughTransport(const std::string& path, Setup& s, const Options& o, bool l
         });
         Result<std::vector<KvPiece>> got = to.Receive(id, s.cells, deadline);
         if (got.ok()) {
-            for (const KvPiece& piece : *got) CheckOk(UnpackKvPiece(piece, *s.dst, s.layout, s.dst_blocks), "unpack");
+            for (const KvPiece& piece : *got)
+                CheckOk(UnpackKvPiece(piece, *s.dst, s.layout, s.dst_blocks), "unpack");
         }
         const auto t1 = Clock::now();
         sender.join();
@@ -223,7 +233,8 @@ std::pair<double, double> MemcpySeconds(int64_t bytes, int runs) {
         const auto t0 = Clock::now();
         std::memcpy(b.data(), a.data(), a.size());
         secs.push_back(Seconds(t0, Clock::now()));
-        if (b[static_cast<size_t>(r) % b.size()] != static_cast<uint8_t>(r)) Die("memcpy went wrong");
+        if (b[static_cast<size_t>(r) % b.size()] != static_cast<uint8_t>(r))
+            Die("memcpy went wrong");
     }
     return {*std::min_element(secs.begin(), secs.end()), Median(secs)};
 }
@@ -256,9 +267,12 @@ int Main(int argc, char** argv) {
             return Usage(argv[0]);
         } else if (arg == "--dtype") {
             const std::string d = argv[++i];
-            if (d == "f32") o.storage = cpu::KvStorage::kF32;
-            else if (d == "int8") o.storage = cpu::KvStorage::kInt8;
-            else return Usage(argv[0]);
+            if (d == "f32")
+                o.storage = cpu::KvStorage::kF32;
+            else if (d == "int8")
+                o.storage = cpu::KvStorage::kInt8;
+            else
+                return Usage(argv[0]);
         } else if (arg == "--tokens") {
             o.tokens.clear();
             std::string list = argv[++i];
@@ -296,9 +310,11 @@ int Main(int argc, char** argv) {
     KvTransportOptions topt;
     topt.max_staged_bytes = std::max<int64_t>(topt.max_staged_bytes, 2 * max_bytes);
     const std::string tag = std::to_string(getpid());
-    Result<std::unique_ptr<KvTransport>> local_src = MakeLocalKvTransport("xferbench-src-" + tag, topt);
+    Result<std::unique_ptr<KvTransport>> local_src =
+        MakeLocalKvTransport("xferbench-src-" + tag, topt);
     CheckOk(local_src.status(), "local transport");
-    Result<std::unique_ptr<KvTransport>> local_dst = MakeLocalKvTransport("xferbench-dst-" + tag, topt);
+    Result<std::unique_ptr<KvTransport>> local_dst =
+        MakeLocalKvTransport("xferbench-dst-" + tag, topt);
     CheckOk(local_dst.status(), "local transport");
     Result<std::unique_ptr<KvTransport>> tcp_src = MakeTcpKvTransport("127.0.0.1", 0, topt);
     CheckOk(tcp_src.status(), "tcp transport");
@@ -307,18 +323,20 @@ int Main(int argc, char** argv) {
 
     const char* dtype = o.storage == cpu::KvStorage::kF32 ? "f32" : "int8";
     if (o.json) {
-        std::printf("{\"layers\":%lld,\"kv_heads\":%lld,\"head_dim\":%lld,\"block_size\":%lld,"
-                    "\"dtype\":\"%s\",\"runs\":%d,\"hardware_threads\":%u,\"results\":[",
-                    (long long)o.layers, (long long)o.kv_heads, (long long)o.head_dim,
-                    (long long)o.block_size, dtype, o.runs, std::thread::hardware_concurrency());
+        std::printf(
+            "{\"layers\":%lld,\"kv_heads\":%lld,\"head_dim\":%lld,\"block_size\":%lld,"
+            "\"dtype\":\"%s\",\"runs\":%d,\"hardware_threads\":%u,\"results\":[",
+            (long long)o.layers, (long long)o.kv_heads, (long long)o.head_dim,
+            (long long)o.block_size, dtype, o.runs, std::thread::hardware_concurrency());
     } else {
-        std::printf("KV handoff: %lld layers x %lld KV heads x head_dim %lld, %s, block_size %lld; "
-                    "%u hardware threads; medians of %d runs after 1 warm-up; ratios to memcpy's "
-                    "median\n",
-                    (long long)o.layers, (long long)o.kv_heads, (long long)o.head_dim, dtype,
-                    (long long)o.block_size, std::thread::hardware_concurrency(), o.runs);
-        std::printf("%6s %6s %8s  %-12s %-10s %9s %10s %11s\n", "tokens", "blocks", "MB", "path", "mode",
-                    "GB/s", "vs memcpy", "latency ms");
+        std::printf(
+            "KV handoff: %lld layers x %lld KV heads x head_dim %lld, %s, block_size %lld; "
+            "%u hardware threads; medians of %d runs after 1 warm-up; ratios to memcpy's "
+            "median\n",
+            (long long)o.layers, (long long)o.kv_heads, (long long)o.head_dim, dtype,
+            (long long)o.block_size, std::thread::hardware_concurrency(), o.runs);
+        std::printf("%6s %6s %8s  %-12s %-10s %9s %10s %11s\n", "tokens", "blocks", "MB", "path",
+                    "mode", "GB/s", "vs memcpy", "latency ms");
     }
     for (size_t i = 0; i < setups.size(); ++i) {
         Setup& s = setups[i];
@@ -326,7 +344,8 @@ int Main(int argc, char** argv) {
         std::vector<Row> rows;
         for (bool layerwise : {false, true}) rows.push_back(PackUnpack(s, o, layerwise, o.runs));
         for (bool layerwise : {false, true}) {
-            rows.push_back(ThroughTransport("local", s, o, layerwise, o.runs, **local_src, **local_dst));
+            rows.push_back(
+                ThroughTransport("local", s, o, layerwise, o.runs, **local_src, **local_dst));
         }
         for (bool layerwise : {false, true}) {
             rows.push_back(ThroughTransport("tcp", s, o, layerwise, o.runs, **tcp_src, **tcp_dst));
@@ -336,17 +355,19 @@ int Main(int argc, char** argv) {
         const int64_t tokens = o.tokens[i];
         const auto blocks = static_cast<long long>(s.src_blocks.size());
         if (o.json) {
-            std::printf("%s{\"tokens\":%lld,\"blocks\":%lld,\"bytes\":%lld,"
-                        "\"memcpy\":{\"best_gb_per_s\":%.3f,\"median_gb_per_s\":%.3f,"
-                        "\"median_ms\":%.4f},\"rows\":[",
-                        i ? "," : "", (long long)tokens, blocks, (long long)s.bytes, gb / best,
-                        memcpy_gbps, median * 1e3);
+            std::printf(
+                "%s{\"tokens\":%lld,\"blocks\":%lld,\"bytes\":%lld,"
+                "\"memcpy\":{\"best_gb_per_s\":%.3f,\"median_gb_per_s\":%.3f,"
+                "\"median_ms\":%.4f},\"rows\":[",
+                i ? "," : "", (long long)tokens, blocks, (long long)s.bytes, gb / best, memcpy_gbps,
+                median * 1e3);
             for (size_t r = 0; r < rows.size(); ++r) {
                 const double m = Median(rows[r].seconds);
-                std::printf("%s{\"path\":\"%s\",\"mode\":\"%s\",\"gb_per_s\":%.3f,\"vs_memcpy\":%.4f,"
-                            "\"latency_ms\":%.4f,\"runs_ms\":[",
-                            r ? "," : "", rows[r].path.c_str(), rows[r].mode.c_str(), gb / m,
-                            (gb / m) / memcpy_gbps, m * 1e3);
+                std::printf(
+                    "%s{\"path\":\"%s\",\"mode\":\"%s\",\"gb_per_s\":%.3f,\"vs_memcpy\":%.4f,"
+                    "\"latency_ms\":%.4f,\"runs_ms\":[",
+                    r ? "," : "", rows[r].path.c_str(), rows[r].mode.c_str(), gb / m,
+                    (gb / m) / memcpy_gbps, m * 1e3);
                 for (size_t k = 0; k < rows[r].seconds.size(); ++k) {
                     std::printf("%s%.4f", k ? "," : "", rows[r].seconds[k] * 1e3);
                 }
@@ -355,16 +376,16 @@ int Main(int argc, char** argv) {
             std::printf("]}");
         } else {
             const double mb = static_cast<double>(s.bytes) / 1e6;
-            std::printf("%6lld %6lld %8.2f  %-12s %-10s %9.2f %10.2f %11.3f\n", (long long)tokens, blocks,
-                        mb, "memcpy", "best", gb / best, memcpy_gbps > 0 ? (gb / best) / memcpy_gbps : 0.0,
-                        best * 1e3);
-            std::printf("%6lld %6lld %8.2f  %-12s %-10s %9.2f %10.2f %11.3f\n", (long long)tokens, blocks,
-                        mb, "memcpy", "median", memcpy_gbps, 1.0, median * 1e3);
+            std::printf("%6lld %6lld %8.2f  %-12s %-10s %9.2f %10.2f %11.3f\n", (long long)tokens,
+                        blocks, mb, "memcpy", "best", gb / best,
+                        memcpy_gbps > 0 ? (gb / best) / memcpy_gbps : 0.0, best * 1e3);
+            std::printf("%6lld %6lld %8.2f  %-12s %-10s %9.2f %10.2f %11.3f\n", (long long)tokens,
+                        blocks, mb, "memcpy", "median", memcpy_gbps, 1.0, median * 1e3);
             for (const Row& r : rows) {
                 const double m = Median(r.seconds);
-                std::printf("%6lld %6lld %8.2f  %-12s %-10s %9.2f %10.2f %11.3f\n", (long long)tokens,
-                            blocks, mb, r.path.c_str(), r.mode.c_str(), gb / m, (gb / m) / memcpy_gbps,
-                            m * 1e3);
+                std::printf("%6lld %6lld %8.2f  %-12s %-10s %9.2f %10.2f %11.3f\n",
+                            (long long)tokens, blocks, mb, r.path.c_str(), r.mode.c_str(), gb / m,
+                            (gb / m) / memcpy_gbps, m * 1e3);
             }
         }
     }

@@ -1,0 +1,154 @@
+// Backend: the compute seam under the ModelRunner (DESIGN.md "Key interfaces"). One backend
+// object serves one worker (one device: a GPU, or the CPU cores of a rank thread) and owns its
+// memory and its stream. The runner allocates every buffer of a step through it, copies the
+// step's packed inputs in once, queues the ops of the forward pass and copies the logits out;
+// nothing of the forward pass runs outside these calls.
+//
+// Ops are queued on the backend's one stream in call order; pointers passed to them are backend
+// memory (from Allocate, or offsets into it). On the CPU the stream is the calling thread: ops
+// run when called and Synchronize() only reports. Op arguments that break the stated REQUIRES
+// are broken invariants (checked, not returned): the runner validates a plan before it queues
+// anything. Errors that can happen at run time on a device (out of memory, a lost device) come
+// back from Allocate, the copies and Synchronize.
+//
+// Optional, fused ops are separate opt-in interfaces a backend may also implement (found with
+// dynamic_cast), never methods that throw "not implemented".
+//
+// Thread-safety: a backend is used by one thread at a time (its worker's).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "common/dtype.h"
+#include "common/status.h"
+#include "kernels/paged_attention.h"
+
+namespace kvshard {
+
+class Backend;
+
+// Backend memory. Ownership: owns its allocation and returns it to the backend that made it,
+// which must outlive it. Movable, not copyable.
+class BackendBuffer {
+  public:
+    BackendBuffer() = default;
+    ~BackendBuffer();
+    BackendBuffer(BackendBuffer&& other) noexcept;
+    BackendBuffer& operator=(BackendBuffer&& other) noexcept;
+    BackendBuffer(const BackendBuffer&) = delete;
+    BackendBuffer& operator=(const BackendBuffer&) = delete;
+
+    void* data() const { return data_; }
+    size_t bytes() const { return bytes_; }
+    template <typename T>
+    T* As() const {
+        return static_cast<T*>(data_);
+    }
+
+  private:
+    friend class Backend;
+    BackendBuffer(Backend* owner, void* data, size_t bytes)
+        : owner_(owner), data_(data), bytes_(bytes) {}
+    void Reset();
+
+    Backend* owner_ = nullptr;
+    void* data_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+// A weight matrix {rows, cols} kept in its stored format in backend memory: row r at
+// data + r * RowBytes(dtype, cols). Vectors (norm weights) are F32 matrices of one row.
+struct WeightView {
+    DType dtype = DType::kF32;
+    const void* data = nullptr;
+    int64_t rows = 0;
+    int64_t cols = 0;
+};
+
+// One layer of a paged KV pool in backend memory (layout in kernels/paged_attention.h) and the
+// layout of a whole step's attention: the same structs on every backend.
+using PagedKvLayer = cpu::PagedKvLayer;
+using PagedAttentionBatch = cpu::PagedAttentionBatch;
+using KvStorage = cpu::KvStorage;
+
+enum class BackendKind { kCpu, kCuda };
+std::string_view BackendKindName(BackendKind kind);
+
+struct BackendConfig {
+    BackendKind kind = BackendKind::kCpu;
+    int device = 0;  // the GPU ordinal (kCuda)
+    // Threads of this worker's ops (kCpu): the OpenMP team of the calling thread; 0 leaves it.
+    int num_threads = 0;
+};
+
+class Backend {
+  public:
+    virtual ~Backend() = default;
+
+    virtual BackendKind kind() const = 0;
+    // e.g. "cpu (avx512, 2 threads)".
+    virtual std::string Describe() const = 0;
+
+    // ---- memory and stream ----
+    // `bytes` of backend memory, aligned to 64 bytes; contents undefined (on the CPU, pages are
+    // committed as they are first written). ResourceExhausted when it cannot be had.
+    Result<BackendBuffer> Allocate(size_t bytes);
+    // Queued copies between host memory and backend memory. The host side must stay valid until
+    // Synchronize() returns.
+    virtual Status CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
+    virtual Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
+    // Waits for everything queued; returns the first error of queued work.
+    virtual Status Synchronize() = 0;
+
+    // ---- the ops of a step ----
+    // out[i, :] = row ids[i] - row_offset of `table` (dequantized) when inside the table, else
+    // zeros (a rank holding a slice of the vocabulary).
+    virtual void Embedding(const WeightView& table, int64_t row_offset, const int32_t* ids,
+                           int64_t n, float* out) = 0;
+    // y[m, w.rows] = x[m, w.cols] · W^T against the weight in its stored format.
+    virtual void MatMul(const float* x, int64_t m, const WeightView& w, float* y) = 0;
+    // out = x / rms(x) * weight, row by row (out may equal x).
+    virtual void RmsNorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+                         float eps) = 0;
+    // residual += delta, then out = RmsNorm(residual): the residual add and the next norm.
+    virtual void AddRmsNorm(float* residual, const float* delta, const float* weight, float* out,
+                            int64_t rows, int64_t dim, float eps) = 0;
+    // x += y over n floats.
+    virtual void Add(float* x, const float* y, int64_t n) = 0;
+    // Rotary embedding on interleaved pairs of `num_heads` heads that start each row of x (rows
+    // `row_stride` floats apart), in place; inv_freq: head_dim/2 floats (scaling applied).
+    virtual void Rope(float* x, int64_t row_stride, const int32_t* positions, int64_t rows,
+                      int64_t num_heads, int64_t head_dim, const float* inv_freq) = 0;
+    // out[r, i] = silu(gate_up[r, i]) * gate_up[r, dim + i]: gate and up fused in one row.
+    virtual void SiluMul(const float* gate_up, int64_t rows, int64_t dim, float* out) = 0;
+    // Writes n rows of K and V (row stride row_stride floats) at their slots.
+    virtual void KvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_t row_stride,
+                         const int64_t* slots, int64_t n) = 0;
+    // The attention of every sequence of the step for one layer (kernels/paged_attention.h).
+    virtual void PagedAttention(const float* q, int64_t q_stride, const PagedKvLayer& kv,
+                                const PagedAttentionBatch& batch, float* out, int64_t num_heads,
+                                const int32_t* kv_head_of_q) = 0;
+    // Copies whole blocks of a pool (copy-on-write): src_dst holds num_pairs (src, dst) pairs.
+    virtual void CopyBlocks(void* pool, int64_t bytes_per_block, const int32_t* src_dst,
+                            int64_t num_pairs) = 0;
+    // out[i, :] = x[rows[i], :] over `dim` floats: the rows whose logits a step needs.
+    virtual void GatherRows(const float* x, int64_t dim, const int32_t* rows, int64_t n,
+                            float* out) = 0;
+
+  protected:
+    virtual Result<void*> AllocateRaw(size_t bytes) = 0;
+    virtual void FreeRaw(void* data, size_t bytes) = 0;
+
+  private:
+    friend class BackendBuffer;
+};
+
+// The backend `config` names. InvalidArgument naming the setting for a kind this build or this
+// machine cannot run (kCuda without CUDA, or without a device).
+Result<std::unique_ptr<Backend>> MakeBackend(const BackendConfig& config);
+
+}  // namespace kvshard

@@ -1,0 +1,137 @@
+#include "kernels/cpu_backend.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/check.h"
+#include "kernels/cpu_matmul.h"
+#include "kernels/cpu_ops.h"
+#include "kernels/vec_math.h"
+
+namespace kvshard {
+namespace {
+
+// Below this many floats an OpenMP region costs more than it saves (as in cpu_ops.cc).
+constexpr int64_t kMinParallelFloats = 1 << 15;
+
+cpu::StoredMatrix Stored(const WeightView& w) {
+    return {.dtype = w.dtype,
+            .data = static_cast<const uint8_t*>(w.data),
+            .rows = w.rows,
+            .cols = w.cols};
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(const BackendConfig& config) : num_threads_(config.num_threads) {
+    if (num_threads_ > 0) cpu::SetThisThreadNumThreads(num_threads_);
+}
+
+std::string CpuBackend::Describe() const {
+    return "cpu (" + std::string(cpu::KernelIsaName(cpu::ActiveKernelIsa())) + " kernels, " +
+           std::to_string(num_threads_ > 0 ? num_threads_ : cpu::NumThreads()) + " threads)";
+}
+
+Result<void*> CpuBackend::AllocateRaw(size_t bytes) {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    if (p == nullptr) {
+        return Status(StatusCode::kResourceExhausted,
+                      "cpu backend: cannot allocate " + std::to_string(bytes) + " bytes");
+    }
+    return p;
+}
+
+void CpuBackend::FreeRaw(void* data, size_t) { std::free(data); }
+
+Status CpuBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+    return Status::Ok();
+}
+
+Status CpuBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+    return Status::Ok();
+}
+
+void CpuBackend::Embedding(const WeightView& table, int64_t row_offset, const int32_t* ids,
+                           int64_t n, float* out) {
+    cpu::EmbeddingRows(Stored(table), row_offset, ids, n, out);
+}
+
+void CpuBackend::MatMul(const float* x, int64_t m, const WeightView& w, float* y) {
+    if (m == 0 || w.rows == 0) return;
+    cpu::MatMulStored(x, m, Stored(w), y);
+}
+
+void CpuBackend::RmsNorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+                         float eps) {
+    cpu::RmsNorm(x, weight, out, rows, dim, eps);
+}
+
+void CpuBackend::AddRmsNorm(float* residual, const float* delta, const float* weight, float* out,
+                            int64_t rows, int64_t dim, float eps) {
+#pragma omp parallel for if (rows * dim >= kMinParallelFloats && rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        float* xr = residual + r * dim;
+        const float* dr = delta + r * dim;
+#pragma omp simd
+        for (int64_t i = 0; i < dim; ++i) xr[i] += dr[i];
+        // The same arithmetic as cpu::RmsNorm on the summed row.
+        const float ss = cpu::Dot(xr, xr, dim);
+        const float scale = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
+        float* outr = out + r * dim;
+#pragma omp simd
+        for (int64_t i = 0; i < dim; ++i) outr[i] = xr[i] * scale * weight[i];
+    }
+}
+
+void CpuBackend::Add(float* x, const float* y, int64_t n) { cpu::Add(x, y, x, n); }
+
+void CpuBackend::Rope(float* x, int64_t row_stride, const int32_t* positions, int64_t rows,
+                      int64_t num_heads, int64_t head_dim, const float* inv_freq) {
+    cpu::Rope(x, positions, rows, num_heads, head_dim, inv_freq, row_stride);
+}
+
+void CpuBackend::SiluMul(const float* gate_up, int64_t rows, int64_t dim, float* out) {
+#pragma omp parallel for if (rows * dim >= kMinParallelFloats / 8 && rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* g = gate_up + r * 2 * dim;
+        const float* u = g + dim;
+        float* o = out + r * dim;
+#pragma omp simd
+        for (int64_t i = 0; i < dim; ++i) o[i] = g[i] / (1.0f + cpu::ExpFast(-g[i])) * u[i];
+    }
+}
+
+void CpuBackend::KvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_t row_stride,
+                         const int64_t* slots, int64_t n) {
+    cpu::PagedKvWrite(kv, k, v, row_stride, slots, n);
+}
+
+void CpuBackend::PagedAttention(const float* q, int64_t q_stride, const PagedKvLayer& kv,
+                                const PagedAttentionBatch& batch, float* out, int64_t num_heads,
+                                const int32_t* kv_head_of_q) {
+    cpu::PagedAttentionBatched(q, q_stride, kv, batch, out, num_heads, kv_head_of_q);
+}
+
+void CpuBackend::CopyBlocks(void* pool, int64_t bytes_per_block, const int32_t* src_dst,
+                            int64_t num_pairs) {
+    auto* base = static_cast<uint8_t*>(pool);
+    for (int64_t i = 0; i < num_pairs; ++i) {
+        const int64_t src = src_dst[2 * i];
+        const int64_t dst = src_dst[2 * i + 1];
+        std::memcpy(base + dst * bytes_per_block, base + src * bytes_per_block,
+                    static_cast<size_t>(bytes_per_block));
+    }
+}
+
+void CpuBackend::GatherRows(const float* x, int64_t dim, const int32_t* rows, int64_t n,
+                            float* out) {
+    for (int64_t i = 0; i < n; ++i) {
+        std::memcpy(out + i * dim, x + int64_t(rows[i]) * dim, static_cast<size_t>(dim) * 4);
+    }
+}
+
+}  // namespace kvshard

@@ -1,0 +1,54 @@
+// CpuBackend: the Backend on the CPU cores of one worker thread. Memory is host memory (64-byte
+// aligned, committed as written); ops run on the calling thread with its OpenMP team
+// (BackendConfig::num_threads) and are done when they return. Matrix products read weights in
+// their stored format (kernels/cpu_matmul.h); attention is batched over the step
+// (kernels/paged_attention.h). This is the reference other backends are checked against.
+#pragma once
+
+#include <string>
+
+#include "kernels/backend.h"
+
+namespace kvshard {
+
+class CpuBackend final : public Backend {
+  public:
+    explicit CpuBackend(const BackendConfig& config);
+
+    BackendKind kind() const override { return BackendKind::kCpu; }
+    std::string Describe() const override;
+
+    Status CopyToDevice(void* dst, const void* src, size_t bytes) override;
+    Status CopyToHost(void* dst, const void* src, size_t bytes) override;
+    Status Synchronize() override { return Status::Ok(); }
+
+    void Embedding(const WeightView& table, int64_t row_offset, const int32_t* ids, int64_t n,
+                   float* out) override;
+    void MatMul(const float* x, int64_t m, const WeightView& w, float* y) override;
+    void RmsNorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+                 float eps) override;
+    void AddRmsNorm(float* residual, const float* delta, const float* weight, float* out,
+                    int64_t rows, int64_t dim, float eps) override;
+    void Add(float* x, const float* y, int64_t n) override;
+    void Rope(float* x, int64_t row_stride, const int32_t* positions, int64_t rows,
+              int64_t num_heads, int64_t head_dim, const float* inv_freq) override;
+    void SiluMul(const float* gate_up, int64_t rows, int64_t dim, float* out) override;
+    void KvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_t row_stride,
+                 const int64_t* slots, int64_t n) override;
+    void PagedAttention(const float* q, int64_t q_stride, const PagedKvLayer& kv,
+                        const PagedAttentionBatch& batch, float* out, int64_t num_heads,
+                        const int32_t* kv_head_of_q) override;
+    void CopyBlocks(void* pool, int64_t bytes_per_block, const int32_t* src_dst,
+                    int64_t num_pairs) override;
+    void GatherRows(const float* x, int64_t dim, const int32_t* rows, int64_t n,
+                    float* out) override;
+
+  protected:
+    Result<void*> AllocateRaw(size_t bytes) override;
+    void FreeRaw(void* data, size_t bytes) override;
+
+  private:
+    int num_threads_;
+};
+
+}  // namespace kvshard
