@@ -1,8 +1,7 @@
 // kvshard: one binary, one subcommand per role (generate, convert, serve, worker, ...).
-#include <CLI/CLI.hpp>
-
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -29,8 +28,13 @@ namespace {
 
 // Both runtimes read their settings when the process loads them, before main, so kvshard sets its
 // defaults and starts itself again, once:
-// - OMP_WAIT_POLICY=passive: libgomp's idle threads otherwise spin on the cores OpenBLAS's
-//   threads need (measured: prefill of 64 tokens at 2 threads 39 tok/s spinning, 193 passive).
+// - GOMP_SPINCOUNT=10000000 (a few ms): a decode step is ~250 short parallel regions, and a team
+//   thread that fell asleep between two of them costs a wake-up each (batch-1 decode of the
+//   default model at 2 threads: 68-70 tok/s with libgomp's default spin, 61 passive, 78-80 with
+//   this; kvshard_bench numbers in docs/benchmarks.md). After that the threads sleep, so an idle
+//   server does not hold its cores. (BLAS runs one thread inside the OpenMP team, so nothing else
+//   needs the cores the team spins on; until the stored-format kernels it was OMP_WAIT_POLICY=
+//   passive, because libgomp's spinning starved OpenBLAS's own threads.)
 // - OPENBLAS_CORETYPE: Debian's OpenBLAS does not know some current CPUs (virtualized Xeons
 //   among them) and falls back to its SSE3 "Prescott" kernels; the AVX2/AVX-512 kernels the CPU
 //   supports are ~2x faster here and pass the same tests.
@@ -38,8 +42,8 @@ namespace {
 void ApplyRuntimeDefaults(char** argv) {
     if (std::getenv("KVSHARD_NO_REEXEC") != nullptr) return;
     bool changed = false;
-    if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
-        setenv("OMP_WAIT_POLICY", "passive", 1);
+    if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr) {
+        setenv("GOMP_SPINCOUNT", "10000000", 1);
         changed = true;
     }
     if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {

@@ -10,6 +10,7 @@
 #include "kernels/cpu_matmul.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -54,6 +55,8 @@ using matmul_internal::MatMulRowsAvx512;
 constexpr int64_t kMaxTiledRows = 48;
 // Weight rows per OpenMP work item in the tiled path (a multiple of the kernels' strip of 4).
 constexpr int64_t kChunkRows = 16;
+// Activation rows per block of the tiled path (64 rows of 576 floats: 147 KB, inside L2).
+constexpr int64_t kRowBlock = 64;
 // Below this many multiply-adds a product runs on the calling thread: the fork/join of a team
 // (~2-5 µs on 2 cores) would cost more than it saves.
 constexpr int64_t kMinParallelMacs = int64_t{1} << 18;
@@ -144,25 +147,32 @@ void MatMulTiled(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w
 #pragma omp parallel if (parallel)
     {
         std::vector<float> row(isa == KernelIsa::kPortable ? static_cast<size_t>(k) : 0);
+        // Blocks of activation rows that stay in L2 while the team streams the weights past
+        // them once per block (the weights of one matrix stay in the last-level cache).
+        for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
+            const int64_t rows = std::min(kRowBlock, m - i0);
+            const float* xb = x + i0 * k;
+            float* yb = y + i0 * n;
 #pragma omp for schedule(static)
-        for (int64_t c = 0; c < chunks; ++c) {
-            const int64_t n0 = c * kChunkRows;
-            const int64_t n1 = std::min(n, n0 + kChunkRows);
-            switch (isa) {
+            for (int64_t c = 0; c < chunks; ++c) {
+                const int64_t n0 = c * kChunkRows;
+                const int64_t n1 = std::min(n, n0 + kChunkRows);
+                switch (isa) {
 #if defined(__x86_64__)
-                case KernelIsa::kAvx512:
-                    MatMulRowsAvx512(x, m, w, n0, n1, y);
-                    break;
-                case KernelIsa::kAvx2:
-                    MatMulRowsAvx2(x, m, w, n0, n1, y);
-                    break;
+                    case KernelIsa::kAvx512:
+                        MatMulRowsAvx512(xb, rows, w, n0, n1, yb);
+                        break;
+                    case KernelIsa::kAvx2:
+                        MatMulRowsAvx2(xb, rows, w, n0, n1, yb);
+                        break;
 #else
-                case KernelIsa::kAvx512:  // never active off x86-64
-                case KernelIsa::kAvx2:
+                    case KernelIsa::kAvx512:  // never active off x86-64
+                    case KernelIsa::kAvx2:
 #endif
-                case KernelIsa::kPortable:
-                    MatMulRowsPortable(x, m, w, n0, n1, y, row.data());
-                    break;
+                    case KernelIsa::kPortable:
+                        MatMulRowsPortable(xb, rows, w, n0, n1, yb, row.data());
+                        break;
+                }
             }
         }
     }
@@ -180,19 +190,33 @@ float* PanelScratch(size_t floats) {
     return panel.get();
 }
 
+// Panels of weight rows, one per work item of the calling thread's OpenMP team: each thread
+// dequantizes its panel into its own scratch and multiplies it with a single-threaded sgemm
+// (OpenBLAS runs one thread: its own pool would fight the team for the cores).
 void MatMulPanels(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w, float* y) {
     const int64_t n = w.rows;
     const int64_t k = w.cols;
     const int64_t row_floats_bytes = k * static_cast<int64_t>(sizeof(float));
-    const int64_t panel_rows =
-        std::clamp<int64_t>(static_cast<int64_t>(kMaxPanelBytes) / row_floats_bytes, 1, n);
-    float* panel = PanelScratch(static_cast<size_t>(panel_rows * k));
-    for (int64_t p0 = 0; p0 < n; p0 += panel_rows) {
+    const int64_t threads = std::max(1, omp_get_max_threads());
+    // At most the panel bound, and small enough that every thread gets a share.
+    const int64_t share = ((n + threads - 1) / threads + kChunkRows - 1) / kChunkRows * kChunkRows;
+    const int64_t panel_rows = std::clamp<int64_t>(
+        std::min<int64_t>(static_cast<int64_t>(kMaxPanelBytes) / row_floats_bytes, share), 1, n);
+    const int64_t panels = (n + panel_rows - 1) / panel_rows;
+    const bool direct = w.dtype == DType::kF32 && reinterpret_cast<uintptr_t>(w.data) % 4 == 0;
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+#pragma omp parallel for schedule(dynamic, 1) if (panels > 1 && m * n * k >= kMinParallelMacs)
+    for (int64_t p = 0; p < panels; ++p) {
+        const int64_t p0 = p * panel_rows;
         const int64_t rows = std::min(panel_rows, n - p0);
-        // On the calling thread: dequantizing costs O(rows·k) against sgemm's O(m·rows·k) (~3%
-        // at m = 64), and an OpenMP team here would fight OpenBLAS's own threads, which spin
-        // between calls (2 threads measured slower than 1).
-        DequantizeRows(isa, w, p0, p0 + rows, panel);
+        const float* panel;
+        if (direct) {
+            panel = reinterpret_cast<const float*>(w.data) + p0 * k;
+        } else {
+            float* scratch = PanelScratch(static_cast<size_t>(panel_rows * k));
+            DequantizeRows(isa, w, p0, p0 + rows, scratch);
+            panel = scratch;
+        }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m),
                     static_cast<blasint>(rows), static_cast<blasint>(k), 1.0f, x,
                     static_cast<blasint>(k), panel, static_cast<blasint>(k), 0.0f, y + p0,
@@ -248,18 +272,11 @@ void MatMulStored(const float* x, int64_t m, const StoredMatrix& w, float* y) {
         return;
     }
     const KernelIsa isa = ActiveKernelIsa();
-    if (w.dtype == DType::kF32) {
-        if (reinterpret_cast<uintptr_t>(w.data) % alignof(float) == 0) {
-            MatMulWT(x, reinterpret_cast<const float*>(w.data), y, m, n, k, /*accumulate=*/false);
-        } else {
-            MatMulPanels(isa, x, m, w, y);  // copies the rows to aligned floats first
-        }
-        return;
-    }
-    if (m <= kMaxTiledRows) {
-        MatMulTiled(isa, x, m, w, y);
-    } else {
+    if (w.dtype == DType::kF32 || m > kMaxTiledRows) {
+        // F32 rows go to sgemm as they are (unaligned ones through a panel copy).
         MatMulPanels(isa, x, m, w, y);
+    } else if (m <= kMaxTiledRows) {
+        MatMulTiled(isa, x, m, w, y);
     }
 }
 

@@ -30,7 +30,9 @@ constexpr int64_t kMinParallelFloats = 1 << 18;
 
 void SetNumThreads(int num_threads) {
     if (num_threads <= 0) return;
-    openblas_set_num_threads(num_threads);
+    // The matrix products call BLAS from inside their OpenMP team, one BLAS thread each
+    // (kernels/cpu_matmul.cc); BLAS's own pool would fight the team for the cores.
+    openblas_set_num_threads(1);
     omp_set_num_threads(num_threads);
 }
 

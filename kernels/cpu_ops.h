@@ -8,7 +8,8 @@
 
 namespace kvshard::cpu {
 
-// Number of threads BLAS and OpenMP loops use (0: leave the libraries' defaults).
+// Number of threads OpenMP loops use (0: leave the library's default); BLAS is set to one
+// thread, since the matrix products call it from inside their OpenMP teams.
 void SetNumThreads(int num_threads);
 int NumThreads();
 // The two halves of SetNumThreads, for the worker threads of a tensor-parallel group: OpenMP's
