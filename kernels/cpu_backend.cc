@@ -1,19 +1,14 @@
 #include "kernels/cpu_backend.h"
 
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
 #include "common/check.h"
 #include "kernels/cpu_matmul.h"
 #include "kernels/cpu_ops.h"
-#include "kernels/vec_math.h"
 
 namespace kvshard {
 namespace {
-
-// Below this many floats an OpenMP region costs more than it saves (as in cpu_ops.cc).
-constexpr int64_t kMinParallelFloats = 1 << 15;
 
 cpu::StoredMatrix Stored(const WeightView& w) {
     return {.dtype = w.dtype,
@@ -72,19 +67,7 @@ void CpuBackend::RmsNorm(const float* x, const float* weight, float* out, int64_
 
 void CpuBackend::AddRmsNorm(float* residual, const float* delta, const float* weight, float* out,
                             int64_t rows, int64_t dim, float eps) {
-#pragma omp parallel for if (rows * dim >= kMinParallelFloats && rows > 1)
-    for (int64_t r = 0; r < rows; ++r) {
-        float* xr = residual + r * dim;
-        const float* dr = delta + r * dim;
-#pragma omp simd
-        for (int64_t i = 0; i < dim; ++i) xr[i] += dr[i];
-        // The same arithmetic as cpu::RmsNorm on the summed row.
-        const float ss = cpu::Dot(xr, xr, dim);
-        const float scale = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
-        float* outr = out + r * dim;
-#pragma omp simd
-        for (int64_t i = 0; i < dim; ++i) outr[i] = xr[i] * scale * weight[i];
-    }
+    cpu::AddRmsNorm(residual, delta, weight, out, rows, dim, eps);
 }
 
 void CpuBackend::Add(float* x, const float* y, int64_t n) { cpu::Add(x, y, x, n); }
@@ -95,14 +78,7 @@ void CpuBackend::Rope(float* x, int64_t row_stride, const int32_t* positions, in
 }
 
 void CpuBackend::SiluMul(const float* gate_up, int64_t rows, int64_t dim, float* out) {
-#pragma omp parallel for if (rows * dim >= kMinParallelFloats / 8 && rows > 1)
-    for (int64_t r = 0; r < rows; ++r) {
-        const float* g = gate_up + r * 2 * dim;
-        const float* u = g + dim;
-        float* o = out + r * dim;
-#pragma omp simd
-        for (int64_t i = 0; i < dim; ++i) o[i] = g[i] / (1.0f + cpu::ExpFast(-g[i])) * u[i];
-    }
+    cpu::SiluMulFused(gate_up, out, rows, dim);
 }
 
 void CpuBackend::KvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_t row_stride,

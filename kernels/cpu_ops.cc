@@ -105,6 +105,33 @@ void RmsNorm(const float* x, const float* weight, float* out, int64_t rows, int6
     }
 }
 
+void AddRmsNorm(float* residual, const float* delta, const float* weight, float* out, int64_t rows,
+                int64_t dim, float eps) {
+#pragma omp parallel for if (rows * dim >= kMinParallelFloats && rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        float* xr = residual + r * dim;
+        const float* dr = delta + r * dim;
+#pragma omp simd
+        for (int64_t i = 0; i < dim; ++i) xr[i] += dr[i];
+        const float ss = Dot(xr, xr, dim);
+        const float scale = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
+        float* outr = out + r * dim;
+#pragma omp simd
+        for (int64_t i = 0; i < dim; ++i) outr[i] = xr[i] * scale * weight[i];
+    }
+}
+
+void SiluMulFused(const float* gate_up, float* out, int64_t rows, int64_t dim) {
+#pragma omp parallel for if (rows * dim >= kMinParallelFloats / 8 && rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* g = gate_up + r * 2 * dim;
+        const float* u = g + dim;
+        float* o = out + r * dim;
+#pragma omp simd
+        for (int64_t i = 0; i < dim; ++i) o[i] = g[i] / (1.0f + ExpFast(-g[i])) * u[i];
+    }
+}
+
 void Rope(float* x, const int32_t* positions, int64_t rows, int64_t num_heads, int64_t head_dim,
           const float* inv_freq, int64_t row_stride) {
     KV_CHECK_EQ(head_dim % 2, 0);

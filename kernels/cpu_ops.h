@@ -49,6 +49,15 @@ void Rope(float* x, const int32_t* positions, int64_t rows, int64_t num_heads, i
 // out[r, i] = silu(gate[r, i]) * up[r, i]. out may equal gate.
 void SiluMul(const float* gate, const float* up, float* out, int64_t rows, int64_t dim);
 
+// residual[r, :] += delta[r, :], then out[r, :] = RmsNorm(residual[r, :]) with the arithmetic of
+// RmsNorm: the residual add of a layer fused with the next norm.
+void AddRmsNorm(float* residual, const float* delta, const float* weight, float* out, int64_t rows,
+                int64_t dim, float eps);
+
+// out[r, i] = silu(gate_up[r, i]) * gate_up[r, dim + i]: gate and up side by side in one row (the
+// output of the fused gate|up projection).
+void SiluMulFused(const float* gate_up, float* out, int64_t rows, int64_t dim);
+
 // In-place softmax over n values.
 void Softmax(float* x, int64_t n);
 
