@@ -240,6 +240,32 @@ const std::vector<Setting>& Settings() {
             "server.idle_timeout_s",
             [](ServerConfig& c) -> double& { return c.http.idle_timeout_s; }, 0, true,
             "must be > 0"));
+        s.push_back(Int<int>(
+            "server.max_connections",
+            [](ServerConfig& c) -> int& { return c.http.max_connections; }, 1, 1 << 20,
+            "must be in 1..1048576"));
+        s.push_back(Int<int64_t>(
+            "server.max_prompt_bytes",
+            [](ServerConfig& c) -> int64_t& { return c.http.max_prompt_bytes; }, 0,
+            int64_t{1} << 32, "must be in 0..4294967296 (0: what the context could hold)"));
+        s.push_back(Double(
+            "server.drain_timeout_s",
+            [](ServerConfig& c) -> double& { return c.http.drain_timeout_s; }, 0, false,
+            "must be >= 0"));
+        s.push_back({"server.content_special_tokens",
+                     [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                         KV_RETURN_IF_ERROR(RequireScalar(at, n));
+                         const std::string v = ScalarText(n);
+                         using T = HttpConfig::ContentSpecialTokens;
+                         if (v == "text") {
+                             c.http.content_special_tokens = T::kText;
+                         } else if (v == "control") {
+                             c.http.content_special_tokens = T::kControl;
+                         } else {
+                             return BadValue(at, v, "expected text or control");
+                         }
+                         return Status::Ok();
+                     }});
 
         s.push_back(Int<int64_t>(
             "scheduler.max_num_seqs",
@@ -352,6 +378,15 @@ const std::vector<Setting>& Settings() {
             "workers.step_timeout_ms",
             [](ServerConfig& c) -> int64_t& { return c.workers.step_timeout_ms; }, 1,
             int64_t{1} << 40, "must be >= 1"));
+        s.push_back(String("workers.token",
+                           [](ServerConfig& c) -> std::string& { return c.workers.token; }));
+        s.push_back(Int<int>(
+            "workers.restart_limit", [](ServerConfig& c) -> int& { return c.workers.restart_limit; },
+            0, 1'000'000, "must be >= 0 (0: never restart)"));
+        s.push_back(Int<int64_t>(
+            "workers.restart_backoff_ms",
+            [](ServerConfig& c) -> int64_t& { return c.workers.restart_backoff_ms; }, 0,
+            int64_t{1} << 40, "must be >= 0"));
         return s;
     }();
     return kSettings;
@@ -454,6 +489,14 @@ Status ValidateWhole(const ServerConfig& c) {
         return InvalidArgument(where +
                                ": workers.port: invalid value '0': workers started by "
                                "hand (workers.launcher: external) need a fixed port to connect to");
+    }
+    if (c.workers.mode == WorkersMode::kProcesses &&
+        c.workers.launcher == WorkersLauncher::kExternal && c.workers.token.empty()) {
+        return InvalidArgument(
+            where +
+            ": workers.token: required with workers.launcher: external (the secret workers "
+            "started by hand present when they register; give them the same value in "
+            "KVSHARD_WORKER_TOKEN)");
     }
     return Status::Ok();
 }

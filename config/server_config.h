@@ -29,6 +29,17 @@ struct HttpConfig {
     int64_t max_body_bytes = 1 << 20;   // larger request bodies get 413
     double request_timeout_s = 600;     // a request still running after this is aborted; 0: none
     double idle_timeout_s = 60;         // a keep-alive connection idle this long is closed
+    int max_connections = 512;          // open connections beyond this get 503 and are closed
+    // Prompts (completion text, or all chat content) longer than this in bytes get 400 before
+    // they are tokenized. 0: as long as could fit the context (max_model_len times the longest
+    // token's bytes).
+    int64_t max_prompt_bytes = 0;
+    // On SIGTERM/SIGINT: requests in flight may finish for this long; then they end with an error.
+    double drain_timeout_s = 30;
+    // Special-token text (e.g. "<|im_start|>") inside chat message content: kText encodes it as
+    // the plain text it is; kControl makes it the control token (a user could write a turn).
+    enum class ContentSpecialTokens { kText, kControl };
+    ContentSpecialTokens content_special_tokens = ContentSpecialTokens::kText;
 };
 
 // The file's scheduler: section; `kvshard serve` turns it into the engine's own configs
@@ -68,6 +79,13 @@ struct ServeWorkersConfig {
     int64_t heartbeat_interval_ms = 1'000;
     int64_t dead_after_ms = 5'000;     // a worker silent this long is dead (>= heartbeat)
     int64_t step_timeout_ms = 60'000;  // a step not answered by every rank by then fails
+    // The secret a worker presents when it registers. Empty: the coordinator makes one for the
+    // workers it launches; external workers need it set (here and in their KVSHARD_WORKER_TOKEN).
+    std::string token;
+    // A failed instance is re-formed (its launched workers killed and started again, or external
+    // workers' new registrations awaited) at most this many times in a row; 0: never.
+    int restart_limit = 5;
+    int64_t restart_backoff_ms = 1'000;  // wait before the first restart; doubles, at most 30 s
 };
 
 // The file's pools: list (disaggregated serving, docs/disaggregation.md). Each pool has a role
