@@ -131,7 +131,7 @@ class RemoteStepExecutor : public StepExecutor {
     const std::string& instance_id() const;
     int tp() const;
     // The KvTransport endpoint each rank registered with ("" before it registered).
-    std::vector<std::string> kv_endpoints() const;
+    std::vector<std::string> kv_endpoints() const override;
     // The KV blocks each rank's pool holds, from its Ready message (0 before).
     std::vector<int64_t> num_kv_blocks() const;
 
