@@ -287,6 +287,18 @@ void BlockManager::DropRef(BlockId b) {
     }
 }
 
+int64_t BlockManager::DropCachedBlocks() {
+    int64_t dropped = 0;
+    while (cache_.num_evictable() > 0) {
+        const BlockId b = cache_.EvictLru();
+        block_num_tokens_[b] = 0;
+        free_list_.push_back(b);
+        in_free_list_[b] = 1;
+        ++dropped;
+    }
+    return dropped;
+}
+
 // ---- Queries ----
 
 const BlockManager::Sequence& BlockManager::Get(SeqId seq) const {

@@ -148,6 +148,11 @@ class BlockManager {
     // ones other prompts most likely share, are evicted last. REQUIRES: HasSequence(seq).
     void Free(SeqId seq);
 
+    // Forgets every cached block that no sequence references (they become free) and returns how
+    // many. For when the KV those blocks held is gone, e.g. the workers were restarted with
+    // empty pools. Referenced blocks, and the cache entries of referenced blocks, stay.
+    int64_t DropCachedBlocks();
+
     // ---- Queries ----
 
     bool HasSequence(SeqId seq) const { return seqs_.contains(seq); }

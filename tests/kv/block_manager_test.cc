@@ -498,5 +498,28 @@ TEST(BlockManagerDeathTest, CommitWithoutRoomFailsFast) {
     EXPECT_DEATH(bm.Fork(1, 1), "exists");
 }
 
+// Workers restarted with empty KV pools: what the cache held is gone, what a live sequence
+// references stays.
+TEST(BlockManagerTest, DropCachedBlocksFreesOnlyUnreferencedCachedBlocks) {
+    BlockManager bm = Make(8);
+    const std::vector<int32_t> a = Tokens(8), b = Tokens(8, 5000);
+    MustAllocate(bm, 1, a);
+    bm.MarkComputed(1, 8);
+    MustAllocate(bm, 2, b);
+    bm.MarkComputed(2, 8);
+    bm.Free(1);  // its 2 full blocks stay cached
+    ASSERT_EQ(bm.Stats().num_cached_blocks, 2);
+    const int64_t b_hit = bm.CachedPrefixTokens(b);
+    ASSERT_GT(bm.CachedPrefixTokens(a), 0);
+    ASSERT_GT(b_hit, 0);
+
+    EXPECT_EQ(bm.DropCachedBlocks(), 2);
+    EXPECT_TRUE(bm.CheckInvariants().ok()) << bm.CheckInvariants().ToString();
+    EXPECT_EQ(bm.Stats().num_cached_blocks, 0);
+    EXPECT_EQ(bm.CachedPrefixTokens(a), 0);
+    EXPECT_EQ(bm.CachedPrefixTokens(b), b_hit);  // seq 2 still holds its published blocks
+    EXPECT_EQ(MustAllocate(bm, 3, a), 0);     // recomputed, not served from lost KV
+}
+
 }  // namespace
 }  // namespace kvshard::kv
