@@ -1,6 +1,7 @@
 #include "coordinator/openai_protocol.h"
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -43,6 +44,59 @@ struct ValidationError {
 
 [[noreturn]] void Fail(std::string message, std::string param) {
     throw ValidationError{BadRequest(std::move(message), std::move(param))};
+}
+
+// A client's number as a short text: "%g" (1e+308, not its 309 digits).
+std::string Number(double x) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%g", x);
+    return text;
+}
+
+// Finds where a body that is not JSON goes wrong, without the parser's own words: the byte
+// offset, and whether the trouble is a number too large for a double (nlohmann error 406).
+class JsonErrorLocator : public nlohmann::json_sax<json> {
+  public:
+    bool null() override { return true; }
+    bool boolean(bool) override { return true; }
+    bool number_integer(number_integer_t) override { return true; }
+    bool number_unsigned(number_unsigned_t) override { return true; }
+    bool number_float(number_float_t, const string_t&) override { return true; }
+    bool string(string_t&) override { return true; }
+    bool binary(binary_t&) override { return true; }
+    bool start_object(std::size_t) override { return true; }
+    bool key(string_t&) override { return true; }
+    bool end_object() override { return true; }
+    bool start_array(std::size_t) override { return true; }
+    bool end_array() override { return true; }
+    bool parse_error(std::size_t position, const std::string&,
+                     const nlohmann::detail::exception& e) override {
+        position_ = position;
+        number_too_large_ = e.id == 406;
+        return false;
+    }
+
+    std::size_t position() const { return position_; }
+    bool number_too_large() const { return number_too_large_; }
+
+  private:
+    std::size_t position_ = 0;
+    bool number_too_large_ = false;
+};
+
+ApiError NotJson(std::string_view body) {
+    JsonErrorLocator locator;
+    try {
+        json::sax_parse(body, &locator);
+    } catch (const json::exception&) {
+        // The locator never throws; a parser that does still gets the plain answer below.
+    }
+    const std::string at = " (at byte " + std::to_string(locator.position()) + ")";
+    if (locator.number_too_large()) {
+        return BadRequest("the request body holds a number too large for a double" + at, "",
+                          "invalid_json");
+    }
+    return BadRequest("the request body is not valid JSON" + at, "", "invalid_json");
 }
 
 std::string TypeName(const json& v) {
@@ -151,6 +205,8 @@ void ReadPrompt(const json& body, const ServedModel& model, OpenAiRequest& r) {
         p = &(*p)[0];
     if (p->is_string()) {
         r.prompt = p->get<std::string>();
+        // Whatever the model's add_bos, an empty prompt asks for nothing (docs/http_api.md).
+        if (r.prompt.empty()) Fail("'prompt' must not be empty", "prompt");
         return;
     }
     if (p->is_array() && !p->empty()) {
@@ -257,12 +313,11 @@ void ReadSampling(const json& body, OpenAiRequest& r) {
     r.sampling.temperature = 1.0f;
     if (auto t = OptNumber(body, "temperature")) {
         if (*t < 0 || *t > 2)
-            Fail("'temperature' must be in [0, 2], got " + std::to_string(*t), "temperature");
+            Fail("'temperature' must be in [0, 2], got " + Number(*t), "temperature");
         r.sampling.temperature = static_cast<float>(*t);
     }
     if (auto p = OptNumber(body, "top_p")) {
-        if (!(*p > 0 && *p <= 1))
-            Fail("'top_p' must be in (0, 1], got " + std::to_string(*p), "top_p");
+        if (!(*p > 0 && *p <= 1)) Fail("'top_p' must be in (0, 1], got " + Number(*p), "top_p");
         r.sampling.top_p = static_cast<float>(*p);
     }
     if (auto k = OptInt(body, "top_k", -1, std::numeric_limits<int32_t>::max(),
@@ -270,7 +325,7 @@ void ReadSampling(const json& body, OpenAiRequest& r) {
         r.sampling.top_k = *k <= 0 ? 0 : static_cast<int>(*k);
     }
     if (auto m = OptNumber(body, "min_p")) {
-        if (*m < 0 || *m > 1) Fail("'min_p' must be in [0, 1], got " + std::to_string(*m), "min_p");
+        if (*m < 0 || *m > 1) Fail("'min_p' must be in [0, 1], got " + Number(*m), "min_p");
         r.sampling.min_p = static_cast<float>(*m);
     }
     if (auto s = OptInt(body, "seed", std::numeric_limits<int64_t>::min(),
@@ -363,22 +418,22 @@ ParsedRequest ParseOpenAiRequest(ApiEndpoint endpoint, std::string_view body,
                                  const ServedModel& model) {
     if (!IsValidUtf8(body))
         return BadRequest("the request body is not valid UTF-8", "", "invalid_utf8");
-    json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) {
-        // Parse again for the parser's message (where it failed).
-        std::string detail;
-        try {
-            [[maybe_unused]] json again = json::parse(body);
-        } catch (const json::parse_error& e) {
-            detail = e.what();
-        }
-        return BadRequest("the request body is not valid JSON: " + detail, "", "invalid_json");
+    // nlohmann reads a NUL as the end of the input, so "{...}\0junk" would pass; JSON has no
+    // place for a raw NUL (inside strings it must be written \u0000).
+    if (const size_t nul = body.find('\0'); nul != std::string_view::npos) {
+        return BadRequest("the request body holds a NUL byte (at byte " + std::to_string(nul) +
+                              "); JSON text cannot contain one",
+                          "", "invalid_json");
     }
-    if (!j.is_object())
-        return BadRequest("the request body must be a JSON object, got " + TypeName(j));
     OpenAiRequest r;
     r.endpoint = endpoint;
+    // Every nlohmann exception is caught: a value the checks above missed must be a 400 in
+    // kvshard's words, never an exception that ends the process or the library's text.
     try {
+        json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+        if (j.is_discarded()) return NotJson(body);
+        if (!j.is_object())
+            return BadRequest("the request body must be a JSON object, got " + TypeName(j));
         ReadModel(j, model);
         switch (endpoint) {
             case ApiEndpoint::kCompletions:
@@ -391,6 +446,9 @@ ParsedRequest ParseOpenAiRequest(ApiEndpoint endpoint, std::string_view body,
         ReadCommon(j, r);
     } catch (const ValidationError& e) {
         return e.error;
+    } catch (const json::exception&) {
+        return BadRequest("the request body could not be read as an OpenAI request", "",
+                          "invalid_json");
     }
     return r;
 }

@@ -21,13 +21,16 @@ namespace kvshard {
 
 enum class ApiEndpoint { kCompletions, kChatCompletions };
 
-// An error answer. Empty `param` and `code` are written as null.
+// An error answer. Empty `param` and `code` are written as null. The message is kvshard's own
+// words about what the client sent or what the server cannot do now: never a library's text, an
+// internal address or an engine detail (those go to the log with the request id).
 struct ApiError {
     int http_status = 400;
     std::string message;
     std::string type = "invalid_request_error";
     std::string param;
     std::string code;
+    int retry_after_s = 0;  // > 0: the answer carries Retry-After (429, 503)
 };
 
 // {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
@@ -65,8 +68,8 @@ struct OpenAiRequest {
 
 using ParsedRequest = std::variant<OpenAiRequest, ApiError>;
 
-// Parses and validates a request body. `body` may be any bytes: invalid UTF-8 and malformed JSON
-// are 400s like every other mistake.
+// Parses and validates a request body. `body` may be any bytes: invalid UTF-8, a NUL byte,
+// malformed JSON and numbers beyond a double are 400s like every other mistake; nothing throws.
 ParsedRequest ParseOpenAiRequest(ApiEndpoint endpoint, std::string_view body,
                                  const ServedModel& model);
 

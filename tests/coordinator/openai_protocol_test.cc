@@ -45,6 +45,15 @@ TEST(OpenAiProtocol, RejectsBadRequests) {
         {kCmpl, "{\"prompt\": \"\xff\xfe\"}", 400, "", "not valid UTF-8"},
         {kCmpl, "{\"prompt\": \"\xc3\"}", 400, "", "not valid UTF-8"},
         {kCmpl, R"({"prompt": "\ud800"})", 400, "", "not valid JSON"},
+        // Numbers beyond a double, in a known field or an unknown one (once an uncaught
+        // nlohmann::out_of_range that ended the process).
+        {kCmpl, R"({"prompt": "a", "temperature": 1e400})", 400, "", "number too large"},
+        {kCmpl, R"({"prompt": "a", "foo": 1e400})", 400, "", "number too large"},
+        {kCmpl, R"({"prompt": "a", "foo": -1e400})", 400, "", "number too large"},
+        {kChat, "{" + m + R"(, "n": 1e309})", 400, "", "number too large"},
+        // A NUL ends nlohmann's input; what follows must not be silently dropped.
+        {kCmpl, std::string("{\"prompt\": \"a\"}\0junk", 19), 400, "", "NUL byte"},
+        {kCmpl, std::string("{\"prompt\": \"a\0b\"}", 17), 400, "", "NUL byte"},
         // model
         {kCmpl, R"({"model": "gpt-4", "prompt": "hi"})", 404, "model", "'gpt-4' does not exist"},
         {kCmpl, R"({"model": 3, "prompt": "hi"})", 400, "model", "must be a string"},
@@ -52,6 +61,8 @@ TEST(OpenAiProtocol, RejectsBadRequests) {
         {kCmpl, "{}", 400, "prompt", "'prompt' is required"},
         {kCmpl, R"({"prompt": 5})", 400, "prompt", "must be a string or an array"},
         {kCmpl, R"({"prompt": []})", 400, "prompt", "must not be empty"},
+        {kCmpl, R"({"prompt": ""})", 400, "prompt", "must not be empty"},
+        {kCmpl, R"({"prompt": [""]})", 400, "prompt", "must not be empty"},
         {kCmpl, R"({"prompt": ["a", "b"]})", 400, "prompt", "only one prompt"},
         {kCmpl, R"({"prompt": [1, "b"]})", 400, "prompt", "only one prompt"},
         {kCmpl, R"({"prompt": [1, 1000]})", 400, "prompt", "outside the vocabulary"},
@@ -140,12 +151,32 @@ TEST(OpenAiProtocol, RejectsBadRequests) {
         EXPECT_EQ(e->param, c.param) << c.body << " -> " << e->message;
         EXPECT_NE(e->message.find(c.message_part), std::string::npos)
             << c.body << " -> " << e->message;
+        // kvshard's words, not the JSON library's.
+        for (const char* library : {"json.exception", "parse_error", "out_of_range", "syntax"}) {
+            EXPECT_EQ(e->message.find(library), std::string::npos)
+                << c.body << " -> " << e->message;
+        }
         // The body is OpenAI's error shape.
         const json body = json::parse(ApiErrorBody(*e));
         EXPECT_EQ(body["error"]["message"], e->message);
         EXPECT_TRUE(body["error"]["type"].is_string());
         EXPECT_EQ(body["error"]["param"].is_null(), c.param.empty());
         EXPECT_TRUE(body["error"].contains("code"));
+    }
+}
+
+// Out-of-range numbers are echoed as %g does, not as the 309 digits of 1e308.
+TEST(OpenAiProtocol, EchoedNumbersAreShort) {
+    for (const char* body :
+         {R"({"prompt": "a", "temperature": 1e308})", R"({"prompt": "a", "top_p": -1e300})",
+          R"({"prompt": "a", "min_p": 1.7976931348623157e308})"}) {
+        ParsedRequest r = ParseOpenAiRequest(kCmpl, body, kModel);
+        const ApiError* e = std::get_if<ApiError>(&r);
+        ASSERT_NE(e, nullptr) << body;
+        EXPECT_LT(e->message.size(), 80u) << e->message;
+        EXPECT_TRUE(e->message.find("e+308") != std::string::npos ||
+                    e->message.find("e+300") != std::string::npos)
+            << e->message;
     }
 }
 
