@@ -1,5 +1,6 @@
 #include "comm/kv_staging.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace kvshard::internal {
@@ -20,6 +21,26 @@ Status ValidateKvTransportOptions(const KvTransportOptions& options) {
         return InvalidArgument("max_staged_bytes=" + std::to_string(options.max_staged_bytes) +
                                " must be > 0");
     }
+    if (options.max_staged_transfers <= 0) {
+        return InvalidArgument("max_staged_transfers=" +
+                               std::to_string(options.max_staged_transfers) + " must be > 0");
+    }
+    if (options.read_timeout_ms <= 0) {
+        return InvalidArgument("read_timeout_ms=" + std::to_string(options.read_timeout_ms) +
+                               " must be > 0");
+    }
+    if (options.idle_timeout_ms <= 0) {
+        return InvalidArgument("idle_timeout_ms=" + std::to_string(options.idle_timeout_ms) +
+                               " must be > 0");
+    }
+    if (options.max_connections <= 0) {
+        return InvalidArgument("max_connections=" + std::to_string(options.max_connections) +
+                               " must be > 0");
+    }
+    if (options.token.size() > kMaxKvTokenBytes) {
+        return InvalidArgument("token of " + std::to_string(options.token.size()) +
+                               " bytes exceeds " + std::to_string(kMaxKvTokenBytes));
+    }
     if (options.stale_after_ms <= 0) {
         return InvalidArgument("stale_after_ms=" + std::to_string(options.stale_after_ms) +
                                " must be > 0");
@@ -35,33 +56,63 @@ KvStaging::KvStaging(const KvTransportOptions& options, std::string owner,
                      std::function<Clock::time_point()> now)
     : options_(options), owner_(std::move(owner)), now_(std::move(now)) {}
 
-Status KvStaging::Reserve(uint64_t transfer_id, int64_t bytes) {
+Status KvStaging::Reserve(const KvPieceHeader& header) {
+    const uint64_t id = header.transfer_id;
+    const int64_t bytes = KvPieceBytes(header);
     std::lock_guard<std::mutex> lock(mu_);
-    DropStaleLocked(now_());
+    const Clock::time_point now = now_();
+    DropStaleLocked(now);
     if (closed_) return Status(StatusCode::kUnavailable, "KV endpoint " + owner_ + " is closed");
-    if (discarded_.count(transfer_id) != 0) {
-        return Aborted(TransferText(transfer_id) + " was discarded (or went stale) at " + owner_);
+    if (discarded_.count(id) != 0) {
+        return Aborted(TransferText(id) + " was discarded (or went stale) at " + owner_);
     }
-    if (bytes > options_.max_staged_bytes) {
+    if (geometry_.has_value()) KV_RETURN_IF_ERROR(ValidateKvPieceFits(header, *geometry_));
+    const int64_t max_bytes = MaxBytesLocked();
+    if (bytes > max_bytes) {
         return Status(StatusCode::kResourceExhausted,
                       "KV piece of " + std::to_string(bytes) + " bytes exceeds max_staged_bytes=" +
-                          std::to_string(options_.max_staged_bytes) + " of " + owner_);
+                          std::to_string(max_bytes) + " of " + owner_);
     }
-    if (staged_bytes_ + reserved_bytes_ + bytes > options_.max_staged_bytes) {
+    if (staged_bytes_ + reserved_bytes_ + bytes > max_bytes) {
         return Status(StatusCode::kResourceExhausted,
                       "KV staging of " + owner_ + " is full: " + std::to_string(staged_bytes_) +
                           " bytes staged + " + std::to_string(reserved_bytes_) + " arriving + " +
                           std::to_string(bytes) +
-                          " > max_staged_bytes=" + std::to_string(options_.max_staged_bytes));
+                          " > max_staged_bytes=" + std::to_string(max_bytes));
     }
+    auto it = transfers_.find(id);
+    if (it == transfers_.end()) {
+        const int64_t max_transfers = MaxTransfersLocked();
+        if (static_cast<int64_t>(transfers_.size()) >= max_transfers) {
+            return Status(StatusCode::kResourceExhausted,
+                          "KV staging of " + owner_ + " holds " +
+                              std::to_string(transfers_.size()) +
+                              " transfers, max_staged_transfers=" + std::to_string(max_transfers));
+        }
+        it = transfers_.emplace(id, Transfer{}).first;
+    } else if (geometry_.has_value() &&
+               it->second.bytes + it->second.reserved_bytes + bytes > geometry_bytes_) {
+        // Distinct pieces of one transfer never add up to more than the whole pool.
+        return Status(StatusCode::kResourceExhausted,
+                      TransferText(id) + " at " + owner_ + " would exceed the pool's " +
+                          std::to_string(geometry_bytes_) + " bytes");
+    }
+    it->second.reserved_bytes += bytes;
+    it->second.last_arrival = now;
     reserved_bytes_ += bytes;
     return Status::Ok();
 }
 
-void KvStaging::Unreserve(int64_t bytes) {
+void KvStaging::Unreserve(const KvPieceHeader& header) {
+    const int64_t bytes = KvPieceBytes(header);
     std::lock_guard<std::mutex> lock(mu_);
     reserved_bytes_ -= bytes;
     KV_CHECK(reserved_bytes_ >= 0) << reserved_bytes_;
+    auto it = transfers_.find(header.transfer_id);
+    if (it == transfers_.end()) return;  // discarded meanwhile
+    it->second.reserved_bytes -= bytes;
+    KV_CHECK(it->second.reserved_bytes >= 0) << it->second.reserved_bytes;
+    if (it->second.pieces.empty() && it->second.reserved_bytes == 0) transfers_.erase(it);
 }
 
 Status KvStaging::Commit(KvPiece piece) {
@@ -71,11 +122,16 @@ Status KvStaging::Commit(KvPiece piece) {
     reserved_bytes_ -= bytes;
     KV_CHECK(reserved_bytes_ >= 0) << reserved_bytes_;
     const Clock::time_point now = now_();
+    auto it = transfers_.find(id);
+    if (it != transfers_.end()) {
+        it->second.reserved_bytes -= bytes;
+        KV_CHECK(it->second.reserved_bytes >= 0) << it->second.reserved_bytes;
+    }
     if (closed_) return Status(StatusCode::kUnavailable, "KV endpoint " + owner_ + " is closed");
-    if (discarded_.count(id) != 0) {
+    if (discarded_.count(id) != 0 || it == transfers_.end()) {
         return Aborted(TransferText(id) + " was discarded (or went stale) at " + owner_);
     }
-    Transfer& transfer = transfers_[id];
+    Transfer& transfer = it->second;
     transfer.last_arrival = now;
     const KvPieceHeader& h = piece.header;
     for (const KvPiece& staged : transfer.pieces) {
@@ -94,9 +150,26 @@ Status KvStaging::Commit(KvPiece piece) {
 }
 
 Status KvStaging::StageCopy(const KvPiece& piece) {
-    const int64_t bytes = static_cast<int64_t>(piece.data.size());
-    KV_RETURN_IF_ERROR(Reserve(piece.header.transfer_id, bytes));
+    KV_RETURN_IF_ERROR(Reserve(piece.header));
     return Commit(piece);
+}
+
+Status KvStaging::SetGeometry(const KvReceiveGeometry& geometry) {
+    KV_RETURN_IF_ERROR(ValidateKvReceiveGeometry(geometry).WithContext(owner_));
+    std::lock_guard<std::mutex> lock(mu_);
+    geometry_ = geometry;
+    geometry_bytes_ = KvReceiveGeometryBytes(geometry);
+    return Status::Ok();
+}
+
+int64_t KvStaging::MaxBytesLocked() const {
+    return geometry_.has_value() ? std::min(options_.max_staged_bytes, geometry_bytes_)
+                                 : options_.max_staged_bytes;
+}
+
+int64_t KvStaging::MaxTransfersLocked() const {
+    return geometry_.has_value() ? std::min(options_.max_staged_transfers, geometry_->num_blocks)
+                                 : options_.max_staged_transfers;
 }
 
 Result<std::vector<KvPiece>> KvStaging::Receive(uint64_t transfer_id, int64_t expected_cells,
@@ -149,6 +222,11 @@ void KvStaging::Discard(uint64_t transfer_id) {
     arrived_.notify_all();  // a Receive waiting for it returns Aborted
 }
 
+int64_t KvStaging::arriving_bytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reserved_bytes_;
+}
+
 int64_t KvStaging::staged_bytes() const {
     std::lock_guard<std::mutex> lock(mu_);
     // Reading the count also drops stale transfers, so that it never reports abandoned bytes
@@ -166,7 +244,10 @@ void KvStaging::Close() {
 void KvStaging::DropStaleLocked(Clock::time_point now) {
     const auto stale_after = std::chrono::milliseconds(options_.stale_after_ms);
     for (auto it = transfers_.begin(); it != transfers_.end();) {
-        if (now - it->second.last_arrival > stale_after && waiting_.count(it->first) == 0) {
+        // A transfer with a piece mid-delivery is not stale: the transport's read deadline
+        // bounds that delivery, and its Commit or Unreserve settles the transfer.
+        if (now - it->second.last_arrival > stale_after && waiting_.count(it->first) == 0 &&
+            it->second.reserved_bytes == 0) {
             staged_bytes_ -= it->second.bytes;
             RememberDiscardLocked(it->first, now);
             it = transfers_.erase(it);

@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -25,6 +26,9 @@ namespace kvshard::internal {
 // The header checks of ValidateKvPiece (everything but the data size), for a header read off
 // the network before its payload is allocated (kv_transport.cc).
 Status ValidateKvPieceHeader(const KvPieceHeader& header);
+
+// KvTransportOptions::token is at most this long (it travels in the TCP handshake).
+inline constexpr size_t kMaxKvTokenBytes = 256;
 
 // InvalidArgument naming the field.
 Status ValidateKvTransportOptions(const KvTransportOptions& options);
@@ -41,25 +45,32 @@ class KvStaging {
               std::function<Clock::time_point()> now = Clock::now);
 
     // Two phases, so that a transport can refuse a piece before it allocates or reads it:
-    // Reserve counts `bytes` against max_staged_bytes for a piece of `transfer_id` about to be
-    // delivered; Commit stages it, Unreserve gives the bytes back when the delivery failed.
-    // Reserve errors: ResourceExhausted (limit), Aborted (the transfer was discarded or went
-    // stale), Unavailable (closed).
-    Status Reserve(uint64_t transfer_id, int64_t bytes);
-    void Unreserve(int64_t bytes);
-    // REQUIRES: a successful Reserve of KvPieceBytes(piece.header) for this transfer, and a
-    // valid piece. A piece whose layers × heads are already staged for the transfer (a resend)
-    // is dropped and reported OK, so that a sender may retry. Aborted when the transfer was
-    // discarded meanwhile.
+    // Reserve counts KvPieceBytes(header) against the limits for a piece about to be delivered;
+    // Commit stages it, Unreserve gives the bytes back when the delivery failed.
+    // REQUIRES: ValidateKvPieceHeader(header) passed.
+    // Reserve errors: InvalidArgument (the piece does not fit the receive geometry),
+    // ResourceExhausted (a byte or transfer-count limit), Aborted (the transfer was discarded or
+    // went stale), Unavailable (closed).
+    Status Reserve(const KvPieceHeader& header);
+    // REQUIRES: a successful Reserve(header) not yet committed or unreserved.
+    void Unreserve(const KvPieceHeader& header);
+    // REQUIRES: a successful Reserve(piece.header), and a valid piece. A piece whose layers ×
+    // heads are already staged for the transfer (a resend) is dropped and reported OK, so that a
+    // sender may retry. Aborted when the transfer was discarded meanwhile.
     Status Commit(KvPiece piece);
     // Reserve + Commit of a copy of `piece`.
     Status StageCopy(const KvPiece& piece);
 
-    // KvTransport::Receive, ::Discard and ::staged_bytes.
+    // KvTransport::SetReceiveGeometry: from now on pieces must fit `geometry`, and the limits
+    // are at most the pool's (bytes: KvReceiveGeometryBytes; transfers: its blocks).
+    Status SetGeometry(const KvReceiveGeometry& geometry);
+
+    // KvTransport::Receive, ::Discard, ::staged_bytes and ::arriving_bytes.
     Result<std::vector<KvPiece>> Receive(uint64_t transfer_id, int64_t expected_cells,
                                          Clock::time_point deadline);
     void Discard(uint64_t transfer_id);
     int64_t staged_bytes() const;
+    int64_t arriving_bytes() const;
 
     // Later Reserves return Unavailable (the transport is going away).
     void Close();
@@ -68,7 +79,8 @@ class KvStaging {
     struct Transfer {
         std::vector<KvPiece> pieces;  // in arrival order
         int64_t cells = 0;
-        int64_t bytes = 0;
+        int64_t bytes = 0;           // of `pieces`
+        int64_t reserved_bytes = 0;  // of pieces still arriving
         Clock::time_point last_arrival;
     };
 
@@ -76,6 +88,11 @@ class KvStaging {
     // REQUIRES: mu_ held.
     void DropStaleLocked(Clock::time_point now);
     void RememberDiscardLocked(uint64_t transfer_id, Clock::time_point now);
+
+    // The byte and transfer limits in force (the options', lowered to the pool's by a geometry).
+    // REQUIRES: mu_ held.
+    int64_t MaxBytesLocked() const;
+    int64_t MaxTransfersLocked() const;
 
     const KvTransportOptions options_;
     const std::string owner_;
@@ -91,7 +108,9 @@ class KvStaging {
     // Discarded or stale transfer ids, oldest first, bounded in count and age (guarded by mu_).
     std::deque<std::pair<uint64_t, Clock::time_point>> discarded_order_;
     std::unordered_set<uint64_t> discarded_;
-    bool closed_ = false;  // guarded by mu_
+    bool closed_ = false;                        // guarded by mu_
+    std::optional<KvReceiveGeometry> geometry_;  // guarded by mu_
+    int64_t geometry_bytes_ = 0;                 // guarded by mu_: KvReceiveGeometryBytes
 };
 
 }  // namespace kvshard::internal

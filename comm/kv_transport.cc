@@ -91,6 +91,81 @@ Status ValidateKvPieceHeader(const KvPieceHeader& h) {
 
 }  // namespace internal
 
+Status ValidateKvReceiveGeometry(const KvReceiveGeometry& g) {
+    const uint8_t dtype = static_cast<uint8_t>(g.dtype);
+    if (dtype > static_cast<uint8_t>(KvWireDtype::kFp8E4M3)) {
+        return InvalidArgument("KV receive geometry: " + Field("dtype", dtype) +
+                               " is not a KvWireDtype");
+    }
+    if (g.num_layers <= 0)
+        return InvalidArgument("KV receive geometry: " + Field("num_layers", g.num_layers));
+    if (g.head_begin < 0 || g.head_end <= g.head_begin) {
+        return InvalidArgument(
+            "KV receive geometry: empty heads: " + Field("head_begin", g.head_begin) + ", " +
+            Field("head_end", g.head_end));
+    }
+    if (g.block_size <= 0)
+        return InvalidArgument("KV receive geometry: " + Field("block_size", g.block_size));
+    if (g.head_dim <= 0)
+        return InvalidArgument("KV receive geometry: " + Field("head_dim", g.head_dim));
+    if (g.num_blocks <= 0 || g.num_blocks > std::numeric_limits<int32_t>::max())
+        return InvalidArgument("KV receive geometry: " + Field("num_blocks", g.num_blocks));
+    KvPieceHeader whole;
+    whole.layer_end = g.num_layers;
+    whole.head_begin = g.head_begin;
+    whole.head_end = g.head_end;
+    whole.num_blocks = static_cast<int32_t>(g.num_blocks);
+    whole.block_size = g.block_size;
+    whole.head_dim = g.head_dim;
+    whole.dtype = g.dtype;
+    return internal::ValidateKvPieceHeader(whole).WithContext("KV receive geometry");
+}
+
+int64_t KvReceiveGeometryBytes(const KvReceiveGeometry& g) {
+    KvPieceHeader whole;
+    whole.layer_end = g.num_layers;
+    whole.head_begin = g.head_begin;
+    whole.head_end = g.head_end;
+    whole.num_blocks = static_cast<int32_t>(g.num_blocks);
+    whole.block_size = g.block_size;
+    whole.head_dim = g.head_dim;
+    whole.dtype = g.dtype;
+    return KvPieceBytes(whole);
+}
+
+Status ValidateKvPieceFits(const KvPieceHeader& h, const KvReceiveGeometry& g) {
+    const std::string what = "KV piece of transfer " + std::to_string(h.transfer_id) + ": ";
+    if (h.dtype != g.dtype) {
+        return InvalidArgument(what + Field("dtype", static_cast<uint8_t>(h.dtype)) +
+                               ", this pool stores " +
+                               Field("dtype", static_cast<uint8_t>(g.dtype)));
+    }
+    if (h.block_size != g.block_size) {
+        return InvalidArgument(what + Field("block_size", h.block_size) + ", this pool's is " +
+                               std::to_string(g.block_size));
+    }
+    if (h.head_dim != g.head_dim) {
+        return InvalidArgument(what + Field("head_dim", h.head_dim) + ", this pool's is " +
+                               std::to_string(g.head_dim));
+    }
+    if (h.layer_begin < 0 || h.layer_end > g.num_layers || h.layer_end <= h.layer_begin) {
+        return InvalidArgument(what + "layers [" + std::to_string(h.layer_begin) + ", " +
+                               std::to_string(h.layer_end) + ") outside this pool's [0, " +
+                               std::to_string(g.num_layers) + ")");
+    }
+    if (h.head_begin < g.head_begin || h.head_end > g.head_end || h.head_end <= h.head_begin) {
+        return InvalidArgument(what + "heads [" + std::to_string(h.head_begin) + ", " +
+                               std::to_string(h.head_end) + ") outside this rank's [" +
+                               std::to_string(g.head_begin) + ", " + std::to_string(g.head_end) +
+                               ")");
+    }
+    if (h.num_blocks <= 0 || h.num_blocks > g.num_blocks) {
+        return InvalidArgument(what + Field("num_blocks", h.num_blocks) + ", this pool has " +
+                               std::to_string(g.num_blocks));
+    }
+    return Status::Ok();
+}
+
 Status ValidateKvPiece(const KvPiece& piece) {
     KV_RETURN_IF_ERROR(internal::ValidateKvPieceHeader(piece.header));
     const int64_t expected = KvPieceBytes(piece.header);

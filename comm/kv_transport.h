@@ -61,13 +61,52 @@ int64_t KvWireElementBytes(KvWireDtype dtype);  // 4, 1, 1
 // wrong size.
 Status ValidateKvPiece(const KvPiece& piece);
 
+// What a receiving rank's KV pool can hold: every arriving piece is checked against it before
+// anything is allocated for it (KvTransport::SetReceiveGeometry).
+struct KvReceiveGeometry {
+    int32_t num_layers = 0;  // layers of the model
+    int32_t head_begin = 0;  // global KV heads this rank holds: [head_begin, head_end)
+    int32_t head_end = 0;
+    int32_t block_size = 0;  // token slots per block
+    int32_t head_dim = 0;
+    KvWireDtype dtype = KvWireDtype::kF32;
+    int64_t num_blocks = 0;  // blocks of this rank's pool
+};
+// InvalidArgument naming the field: non-positive sizes, an empty head range, a bad dtype.
+Status ValidateKvReceiveGeometry(const KvReceiveGeometry& geometry);
+// Bytes of every block of the pool with all of its layers and heads: the most one transfer, or
+// everything staged, can usefully be. REQUIRES: a valid geometry.
+int64_t KvReceiveGeometryBytes(const KvReceiveGeometry& geometry);
+// Whether a piece with this (otherwise valid) header can be written into such a pool:
+// InvalidArgument naming the field otherwise (dtype, block_size, head_dim other than the pool's;
+// layers or heads outside it; more blocks than the pool has).
+Status ValidateKvPieceFits(const KvPieceHeader& header, const KvReceiveGeometry& geometry);
+
 struct KvTransportOptions {
     // Bytes staged (received, not yet taken by Receive) at most; a piece beyond it is refused and
     // its sender gets ResourceExhausted, so a receiver that stopped taking cannot exhaust memory.
+    // With a receive geometry the limit is also at most the pool's bytes.
     int64_t max_staged_bytes = int64_t{1} << 30;
+    // Transfers staged at once at most (with a receive geometry also at most the pool's blocks,
+    // as each transfer fills one block at least); a piece of one more is ResourceExhausted.
+    int64_t max_staged_transfers = 4'096;
     // A transfer no piece arrived for within this long, and no Receive waits for, is dropped
     // (it was abandoned) and treated as discarded. Checked lazily, on any call.
     int64_t stale_after_ms = 120'000;
+
+    // TCP only. The secret of this deployment: a sender presents it when it opens a connection
+    // and a receiver closes connections that present another. Empty: any sender is accepted
+    // (loopback and tests); the handshake is still required.
+    std::string token;
+    // TCP only. A frame (the handshake, a piece's header and payload) must arrive whole within
+    // this long once its first bytes did; a stalled connection is closed and what it had
+    // reserved is given back.
+    int64_t read_timeout_ms = 30'000;
+    // TCP only. A connection that sends nothing for this long between frames is closed (it holds
+    // no staging; a sender reopens its connection on the next Send).
+    int64_t idle_timeout_ms = 600'000;
+    // TCP only. Accepted connections at once at most; more are closed as they arrive.
+    int64_t max_connections = 1'024;
 };
 
 class KvTransport {
@@ -101,6 +140,16 @@ class KvTransport {
 
     // Bytes currently staged (for tests and metrics).
     virtual int64_t staged_bytes() const = 0;
+    // Bytes reserved for pieces still arriving (TCP: a header was accepted, its payload is being
+    // read), for tests and metrics. 0 whenever no piece is mid-delivery.
+    virtual int64_t arriving_bytes() const = 0;
+
+    // Tells the receiving side what its KV pool can hold, once the pool exists; from then on a
+    // piece that does not fit it (ValidateKvPieceFits) is refused before anything is allocated
+    // for it (TCP: the connection is closed with the reason logged and acknowledged), and the
+    // staging limits shrink to the pool's (KvTransportOptions). Until then only the options'
+    // limits and the piece's own consistency are checked. InvalidArgument for a bad geometry.
+    virtual Status SetReceiveGeometry(const KvReceiveGeometry& geometry) = 0;
 };
 
 // In-process transport: registers `name` so that Send("local:" + name, ...) from any transport of
@@ -111,9 +160,13 @@ Result<std::unique_ptr<KvTransport>> MakeLocalKvTransport(const std::string& nam
 
 // TCP transport: listens on host:port (0: a free port; endpoint() then names the real one) with an
 // I/O thread that stages arriving pieces. Connections to peers are opened on first Send and kept.
-// A piece travels as one frame: magic "KVSP", a version, the header fields, the payload length
+// Each connection opens with a handshake (magic "KVSH", a version, options.token) that the
+// receiver acknowledges; before the pieces of a transfer the sender names the transfer ("KVST");
+// a piece travels as one frame: magic "KVSP", a version, the header fields, the payload length
 // and a CRC-32 of the payload; the receiver answers each with an acknowledgement frame carrying
-// its status. A malformed frame closes that connection (never crashes). Sends to one
+// its status. A malformed frame, a wrong token, a piece of a transfer not named on that
+// connection, a piece that does not fit the receive geometry, or a connection stalled
+// mid-frame past read_timeout_ms closes that connection (never crashes). Sends to one
 // destination are serialized; a Send that misses its deadline closes that connection.
 // Endpoints are "HOST:PORT" (InvalidArgument otherwise).
 Result<std::unique_ptr<KvTransport>> MakeTcpKvTransport(const std::string& host, uint16_t port,

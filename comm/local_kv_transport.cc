@@ -91,6 +91,12 @@ class LocalKvTransport final : public KvTransport {
 
     int64_t staged_bytes() const override { return staging_->staged_bytes(); }
 
+    int64_t arriving_bytes() const override { return staging_->arriving_bytes(); }
+
+    Status SetReceiveGeometry(const KvReceiveGeometry& geometry) override {
+        return staging_->SetGeometry(geometry);
+    }
+
   private:
     const std::string name_;
     const std::string endpoint_;

@@ -12,6 +12,7 @@
 #include <charconv>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -32,6 +33,12 @@ using internal::KvStaging;
 
 // Refused payloads are read off the socket in chunks of this size (never allocated whole).
 constexpr size_t kDrainChunkBytes = 64 * 1024;
+// Accepted payloads are read in chunks of this size, so that the memory a piece takes grows with
+// the bytes that arrived, not with what its header claims.
+constexpr size_t kPayloadChunkBytes = 1 << 20;
+// After a failed accept (e.g. out of file descriptors), wait this long before the next, rather
+// than spinning on the error.
+constexpr int64_t kAcceptRetryMs = 100;
 
 struct HostPort {
     std::string host;
@@ -76,14 +83,25 @@ bool RunUntil(asio::io_context& io, const bool& done, Clock::time_point deadline
     return false;
 }
 
-class TcpKvTransport;
-
-// One accepted connection, on the I/O thread. Reads piece frames one after another; each is
-// answered before the next is read, since the sender waits for the answer.
+// One accepted connection, on the I/O thread: the hello, then frames one after another; each
+// piece is answered before the next frame is read, since the sender waits for the answer.
+//
+// Nothing the peer claims is trusted before it is checked: the hello's token length is bounded,
+// a piece's header is validated (ValidateKvPieceHeader, its length against its fields, the
+// receive geometry and the staging limits in KvStaging::Reserve) before its payload is read, and
+// the payload is then read in chunks, so memory grows only with bytes that actually arrived.
+// Deadlines: the hello, and every frame once its magic arrived, must be complete within
+// read_timeout_ms; between frames a connection may be idle for idle_timeout_ms (it holds no
+// reservation then). Either way a stalled connection is closed and its reservation given back.
 class Session : public std::enable_shared_from_this<Session> {
   public:
-    Session(tcp::socket socket, KvStaging* staging, std::set<std::shared_ptr<Session>>* live)
-        : socket_(std::move(socket)), staging_(staging), live_(live) {
+    Session(tcp::socket socket, KvStaging* staging, const KvTransportOptions* options,
+            std::set<std::shared_ptr<Session>>* live)
+        : socket_(std::move(socket)),
+          timer_(socket_.get_executor()),
+          staging_(staging),
+          options_(options),
+          live_(live) {
         boost::system::error_code ec;
         const tcp::endpoint remote = socket_.remote_endpoint(ec);
         peer_ = ec ? "unknown peer"
@@ -91,123 +109,236 @@ class Session : public std::enable_shared_from_this<Session> {
         socket_.set_option(tcp::no_delay(true), ec);
     }
 
-    void Start() { ReadHeader(); }
+    void Start() {
+        Arm(options_->read_timeout_ms, "no complete hello within read_timeout_ms");
+        ReadHello();
+    }
 
-    // I/O thread: ends the connection (pending reads complete with operation_aborted).
+    // I/O thread: ends the connection (pending operations complete with operation_aborted).
     void Close() {
         boost::system::error_code ignored;
+        timer_.cancel();
         socket_.close(ignored);
     }
 
   private:
-    void ReadHeader() {
-        asio::async_read(socket_, asio::buffer(header_),
+    // Closes the connection with `why` unless the next Arm (or End) comes first.
+    void Arm(int64_t ms, const char* why) {
+        const uint64_t generation = ++timer_generation_;
+        timer_.expires_after(std::chrono::milliseconds(ms));
+        timer_.async_wait(
+            [self = shared_from_this(), generation, why](const boost::system::error_code& ec) {
+                if (ec || generation != self->timer_generation_) return;
+                self->End(std::string(why) + " (" +
+                          std::to_string(self->reserved_ ? self->piece_.data.size() : 0) +
+                          " payload bytes in)");
+            });
+    }
+
+    void ReadHello() {
+        asio::async_read(socket_, asio::buffer(hello_),
                          [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
-                             if (ec) {
-                                 // Closed between frames: the sender is done with us.
-                                 self->End(ec == asio::error::eof ? "" : ec.message());
-                                 return;
-                             }
-                             self->OnHeader();
+                             if (ec) return self->End("closed during the hello: " + ec.message());
+                             self->OnHelloHeader();
                          });
     }
 
-    void OnHeader() {
-        Result<internal::DecodedKvPieceFrame> frame = internal::DecodeKvPieceFrameHeader(header_);
+    void OnHelloHeader() {
+        Result<uint16_t> token_bytes = internal::DecodeKvHelloHeader(hello_);
+        if (!token_bytes.ok()) return End("malformed hello: " + token_bytes.status().ToString());
+        token_.assign(*token_bytes, '\0');
+        asio::async_read(socket_, asio::buffer(token_),
+                         [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                             if (ec) return self->End("closed during the hello: " + ec.message());
+                             self->OnHello();
+                         });
+    }
+
+    void OnHello() {
+        const bool accepted =
+            options_->token.empty() || internal::KvTokensEqual(options_->token, token_);
+        std::string().swap(token_);
+        if (!accepted) {
+            // Refused as an ordinary answer, so the sender can say why; then closed.
+            return Refuse(0, InvalidArgument("KV transport: the hello's token is not this "
+                                             "deployment's"));
+        }
+        WriteAck(0, Status::Ok(), /*then_close=*/false);
+    }
+
+    // Between frames: the connection holds nothing, so it may idle for idle_timeout_ms.
+    void ReadFrame() {
+        Arm(options_->idle_timeout_ms, "idle for idle_timeout_ms");
+        asio::async_read(socket_, asio::buffer(frame_.data(), internal::kKvFrameMagicBytes),
+                         [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                             if (ec) {
+                                 // Closed between frames: the sender is done with us.
+                                 return self->End(ec == asio::error::eof ? "" : ec.message());
+                             }
+                             self->OnMagic();
+                         });
+    }
+
+    void OnMagic() {
+        Result<internal::KvFrameKind> kind = internal::DecodeKvFrameKind(frame_.data());
+        if (!kind.ok()) return End("malformed KV frame: " + kind.status().ToString());
+        Arm(options_->read_timeout_ms, "stalled mid-frame for read_timeout_ms");
+        const size_t rest = internal::KvFrameHeaderBytes(*kind) - internal::kKvFrameMagicBytes;
+        asio::async_read(socket_, asio::buffer(frame_.data() + internal::kKvFrameMagicBytes, rest),
+                         [self = shared_from_this(), kind = *kind](
+                             const boost::system::error_code& ec, size_t n) {
+                             if (ec) {
+                                 return self->End("closed mid-header after " + std::to_string(n) +
+                                                  " bytes: " + ec.message());
+                             }
+                             if (kind == internal::KvFrameKind::kTransfer) {
+                                 self->OnTransferFrame();
+                             } else {
+                                 self->OnPieceHeader();
+                             }
+                         });
+    }
+
+    void OnTransferFrame() {
+        internal::KvTransferFrame bytes{};
+        std::copy_n(frame_.begin(), bytes.size(), bytes.begin());
+        Result<uint64_t> id = internal::DecodeKvTransferFrame(bytes);
+        if (!id.ok()) return End("malformed KV frame: " + id.status().ToString());
+        transfer_id_ = *id;
+        ReadFrame();
+    }
+
+    void OnPieceHeader() {
+        Result<internal::DecodedKvPieceFrame> frame = internal::DecodeKvPieceFrameHeader(frame_);
         if (!frame.ok()) {
-            End("malformed KV frame: " + frame.status().ToString());
-            return;
+            // A header that contradicts itself: nothing after it can be trusted.
+            return Refuse(internal::KvPieceFrameTransferId(frame_), frame.status());
         }
-        frame_ = *frame;
-        const int64_t bytes = static_cast<int64_t>(frame_.payload_bytes);
-        Status admitted = staging_->Reserve(frame_.header.transfer_id, bytes);
+        decoded_ = *frame;
+        const uint64_t id = decoded_.header.transfer_id;
+        if (!transfer_id_.has_value() || *transfer_id_ != id) {
+            return Refuse(
+                id, Status(StatusCode::kNotFound, "KV piece of transfer " + std::to_string(id) +
+                                                      ", which this connection did not name"));
+        }
+        Status admitted = staging_->Reserve(decoded_.header);
+        if (admitted.code() == StatusCode::kInvalidArgument) {
+            // Does not fit this pool: a sender that means well never sends it.
+            return Refuse(id, admitted);
+        }
         if (!admitted.ok()) {
-            // The stream stays in step: read the payload off without keeping it, then refuse.
+            // A verdict on the transfer (full, discarded): the stream stays in step, so read the
+            // payload off without keeping it, then answer.
             refusal_ = std::move(admitted);
-            drain_left_ = frame_.payload_bytes;
+            drain_left_ = decoded_.payload_bytes;
             scratch_.resize(std::min<uint64_t>(drain_left_, kDrainChunkBytes));
-            Drain();
-            return;
+            return Drain();
         }
-        reserved_bytes_ = bytes;
-        piece_.header = frame_.header;
-        piece_.data.resize(static_cast<size_t>(bytes));
+        reserved_ = true;
+        piece_ = KvPiece();
+        piece_.header = decoded_.header;
+        // Capacity only (address space; pages are touched as bytes arrive), bounded by Reserve.
+        piece_.data.reserve(static_cast<size_t>(decoded_.payload_bytes));
+        ReadPayload();
+    }
+
+    void ReadPayload() {
+        const size_t have = piece_.data.size();
+        const size_t total = static_cast<size_t>(decoded_.payload_bytes);
+        if (have == total) return OnPayload();
+        const size_t chunk = std::min(total - have, kPayloadChunkBytes);
+        piece_.data.resize(have + chunk);
         asio::async_read(
-            socket_, asio::buffer(piece_.data),
-            [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
+            socket_, asio::buffer(piece_.data.data() + have, chunk),
+            [self = shared_from_this(), have](const boost::system::error_code& ec, size_t n) {
                 if (ec) {
-                    self->End("closed mid-frame after " + std::to_string(n) +
-                              " payload bytes: " + ec.message());
-                    return;
+                    return self->End("closed mid-payload after " + std::to_string(have + n) +
+                                     " of " + std::to_string(self->decoded_.payload_bytes) +
+                                     " bytes: " + ec.message());
                 }
-                self->OnPayload();
+                self->ReadPayload();
             });
     }
 
     void OnPayload() {
-        if (internal::KvPayloadCrc(piece_.data) != frame_.payload_crc) {
-            End("malformed KV frame: payload CRC mismatch (transfer " +
-                std::to_string(frame_.header.transfer_id) + ")");
-            return;
+        if (internal::KvPayloadCrc(piece_.data) != decoded_.payload_crc) {
+            return End("malformed KV frame: payload CRC mismatch (transfer " +
+                       std::to_string(decoded_.header.transfer_id) + ")");
         }
-        reserved_bytes_ = 0;  // Commit takes the reservation over, whatever it answers
+        reserved_ = false;  // Commit takes the reservation over, whatever it answers
         Status staged = staging_->Commit(std::move(piece_));
         piece_ = KvPiece();
-        Acknowledge(staged);
+        WriteAck(decoded_.header.transfer_id, staged, /*then_close=*/false);
     }
 
     void Drain() {
         if (drain_left_ == 0) {
             std::vector<uint8_t>().swap(scratch_);
-            Acknowledge(refusal_);
-            return;
+            return WriteAck(decoded_.header.transfer_id, refusal_, /*then_close=*/false);
         }
         const size_t chunk = static_cast<size_t>(std::min<uint64_t>(drain_left_, scratch_.size()));
         socket_.async_read_some(
             asio::buffer(scratch_.data(), chunk),
             [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
-                if (ec) {
-                    self->End("closed while a refused payload was read: " + ec.message());
-                    return;
-                }
+                if (ec)
+                    return self->End("closed while a refused payload was read: " + ec.message());
                 self->drain_left_ -= n;
                 self->Drain();
             });
     }
 
-    void Acknowledge(const Status& status) {
-        ack_ = internal::EncodeKvAckFrame(frame_.header.transfer_id, status);
-        asio::async_write(socket_, asio::buffer(ack_),
-                          [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
-                              if (ec) {
-                                  self->End("acknowledgement not written: " + ec.message());
-                                  return;
-                              }
-                              self->ReadHeader();
-                          });
+    // A protocol violation: answers with the reason, then closes (the stream cannot be trusted
+    // to be in step). Logged, since a working sender never causes it.
+    void Refuse(uint64_t transfer_id, const Status& why) {
+        spdlog::warn("KV transport: refusing the connection from {}: {}", peer_, why.ToString());
+        WriteAck(transfer_id, why, /*then_close=*/true);
+    }
+
+    void WriteAck(uint64_t transfer_id, const Status& status, bool then_close) {
+        ack_ = internal::EncodeKvAckFrame(transfer_id, status);
+        asio::async_write(
+            socket_, asio::buffer(ack_),
+            [self = shared_from_this(), then_close](const boost::system::error_code& ec, size_t) {
+                if (ec) {
+                    return self->End("acknowledgement not written: " + ec.message());
+                }
+                if (then_close) return self->End("");
+                self->ReadFrame();
+            });
     }
 
     // The connection is over: gives back a reservation, closes, and leaves the live set.
     void End(const std::string& why) {
-        if (reserved_bytes_ != 0) {
-            staging_->Unreserve(reserved_bytes_);
-            reserved_bytes_ = 0;
+        if (ended_) return;
+        ended_ = true;
+        ++timer_generation_;
+        if (reserved_) {
+            staging_->Unreserve(decoded_.header);
+            reserved_ = false;
         }
-        if (!why.empty() && socket_.is_open()) {
-            spdlog::warn("KV transport: connection from {} closed: {}", peer_, why);
-        }
+        piece_ = KvPiece();
+        std::vector<uint8_t>().swap(scratch_);
+        if (!why.empty()) spdlog::warn("KV transport: connection from {} closed: {}", peer_, why);
         Close();
         live_->erase(shared_from_this());
     }
 
     tcp::socket socket_;
+    asio::steady_timer timer_;
+    uint64_t timer_generation_ = 0;  // a wait armed under another generation is stale
     KvStaging* const staging_;
+    const KvTransportOptions* const options_;         // the transport's
     std::set<std::shared_ptr<Session>>* const live_;  // the transport's, I/O thread only
     std::string peer_;
-    internal::KvPieceFrameHeader header_{};
-    internal::DecodedKvPieceFrame frame_;
+    bool ended_ = false;
+    std::array<uint8_t, internal::kKvHelloHeaderBytes> hello_{};
+    std::string token_;
+    // The transfer this connection named last (its pieces are the only ones accepted).
+    std::optional<uint64_t> transfer_id_;
+    internal::KvPieceFrameHeader frame_{};  // also holds a transfer frame
+    internal::DecodedKvPieceFrame decoded_;
     KvPiece piece_;
-    int64_t reserved_bytes_ = 0;
+    bool reserved_ = false;  // staging holds a reservation for decoded_.header
     Status refusal_;
     uint64_t drain_left_ = 0;
     std::vector<uint8_t> scratch_;
@@ -222,18 +353,24 @@ struct Peer {
     const HostPort address;
     asio::io_context io;
     tcp::socket socket{io};
+    // The transfer this connection named last (guarded by mu; reset with the connection).
+    std::optional<uint64_t> named_transfer;
 };
 
 class TcpKvTransport final : public KvTransport {
   public:
     explicit TcpKvTransport(const KvTransportOptions& options)
-        : options_(options), acceptor_(io_), work_(asio::make_work_guard(io_)) {}
+        : options_(options),
+          acceptor_(io_),
+          work_(asio::make_work_guard(io_)),
+          accept_retry_(io_) {}
 
     ~TcpKvTransport() override {
         if (io_thread_.joinable()) {
             asio::post(io_, [this] {
                 boost::system::error_code ignored;
                 acceptor_.close(ignored);
+                accept_retry_.cancel();
                 for (const std::shared_ptr<Session>& session : sessions_) session->Close();
             });
             work_.reset();
@@ -291,6 +428,12 @@ class TcpKvTransport final : public KvTransport {
 
     int64_t staged_bytes() const override { return staging_->staged_bytes(); }
 
+    int64_t arriving_bytes() const override { return staging_->arriving_bytes(); }
+
+    Status SetReceiveGeometry(const KvReceiveGeometry& geometry) override {
+        return staging_->SetGeometry(geometry);
+    }
+
   private:
     struct Attempt {
         Status status;
@@ -301,13 +444,32 @@ class TcpKvTransport final : public KvTransport {
     void Accept() {
         acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
             if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-            if (!ec) {
-                auto session =
-                    std::make_shared<Session>(std::move(socket), staging_.get(), &sessions_);
+            if (ec) {
+                // Out of descriptors, say: not again at once (that would spin and flood the log).
+                spdlog::warn("KV transport {}: accept failed: {}; retrying in {} ms", endpoint_,
+                             ec.message(), kAcceptRetryMs);
+                accept_retry_.expires_after(std::chrono::milliseconds(kAcceptRetryMs));
+                accept_retry_.async_wait([this](const boost::system::error_code& wait_ec) {
+                    if (!wait_ec && acceptor_.is_open()) Accept();
+                });
+                return;
+            }
+            if (static_cast<int64_t>(sessions_.size()) >= options_.max_connections) {
+                // Logged for the first refusal and then every 1,000th, so a flood cannot fill
+                // the log.
+                if (refused_connections_++ % 1'000 == 0) {
+                    spdlog::warn(
+                        "KV transport {}: {} connections open (max_connections); "
+                        "closing new ones ({} so far)",
+                        endpoint_, sessions_.size(), refused_connections_);
+                }
+                boost::system::error_code ignored;
+                socket.close(ignored);
+            } else {
+                auto session = std::make_shared<Session>(std::move(socket), staging_.get(),
+                                                         &options_, &sessions_);
                 sessions_.insert(session);
                 session->Start();
-            } else {
-                spdlog::warn("KV transport {}: accept failed: {}", endpoint_, ec.message());
             }
             Accept();
         });
@@ -321,6 +483,7 @@ class TcpKvTransport final : public KvTransport {
     }
 
     static void CloseSocket(Peer& peer) {
+        peer.named_transfer.reset();
         boost::system::error_code ignored;
         peer.socket.shutdown(tcp::socket::shutdown_both, ignored);
         peer.socket.close(ignored);
@@ -372,18 +535,35 @@ class TcpKvTransport final : public KvTransport {
         }
         boost::system::error_code ignored;
         peer.socket.set_option(tcp::no_delay(true), ignored);
-        return Status::Ok();
+        const std::string hello = internal::EncodeKvHello(options_.token);
+        Attempt greeted =
+            Exchange(peer, {asio::buffer(hello)}, 0, "KV handshake with " + dst, deadline);
+        return greeted.status;
     }
 
-    // REQUIRES: peer.mu held. Writes the frame and waits for its acknowledgement.
+    // REQUIRES: peer.mu held. Writes the frame (naming its transfer first when this connection
+    // last named another) and waits for its acknowledgement.
     Attempt SendOnce(Peer& peer, const std::string& dst, const internal::KvPieceFrameHeader& header,
                      const KvPiece& piece, Clock::time_point deadline) {
         if (!peer.socket.is_open()) {
             Status connected = Connect(peer, dst, deadline);
             if (!connected.ok()) return {connected, false};
         }
-        const std::string what =
-            "KV send of transfer " + std::to_string(piece.header.transfer_id) + " to " + dst;
+        const uint64_t id = piece.header.transfer_id;
+        const internal::KvTransferFrame transfer = internal::EncodeKvTransferFrame(id);
+        std::vector<asio::const_buffer> frame;
+        if (peer.named_transfer != id) frame.push_back(asio::buffer(transfer));
+        frame.push_back(asio::buffer(header));
+        frame.push_back(asio::buffer(piece.data.data(), piece.data.size()));
+        peer.named_transfer = id;  // reset with the connection if this exchange fails
+        return Exchange(peer, frame, id, "KV send of transfer " + std::to_string(id) + " to " + dst,
+                        deadline);
+    }
+
+    // REQUIRES: peer.mu held, peer.socket connected. Writes `frame`, reads one acknowledgement
+    // for `transfer_id` and returns its verdict; any failure closes the connection.
+    Attempt Exchange(Peer& peer, const std::vector<asio::const_buffer>& frame, uint64_t transfer_id,
+                     const std::string& what, Clock::time_point deadline) {
         bool done = false;
         Status io_error;  // OK while the exchange is healthy
         std::array<uint8_t, internal::kKvAckFrameHeaderBytes> ack_header{};
@@ -414,17 +594,19 @@ class TcpKvTransport final : public KvTransport {
                         internal::DecodeKvAckFrameHeader(ack_header);
                     if (!decoded.ok()) return fail(decoded.status().WithContext(what));
                     ack = *decoded;
-                    if (ack.transfer_id != piece.header.transfer_id) {
+                    if (ack.transfer_id != transfer_id) {
                         return fail(DataLoss(what + ": acknowledgement names transfer " +
                                              std::to_string(ack.transfer_id)));
                     }
                     read_message();
                 });
         };
-        const std::array<asio::const_buffer, 2> frame = {
-            asio::buffer(header), asio::buffer(piece.data.data(), piece.data.size())};
         asio::async_write(peer.socket, frame, [&](const boost::system::error_code& ec, size_t) {
-            if (ec) return fail(Unavailable(what + ": write failed: " + ec.message()));
+            // The receiver may answer and close before it read everything (a refusal): its
+            // answer is then still there to read.
+            if (ec && ec != asio::error::broken_pipe && ec != asio::error::connection_reset) {
+                return fail(Unavailable(what + ": write failed: " + ec.message()));
+            }
             read_ack();
         });
         const bool in_time = RunUntil(peer.io, done, deadline, [&] { CloseSocket(peer); });
@@ -440,6 +622,12 @@ class TcpKvTransport final : public KvTransport {
             return {io_error, io_error.code() == StatusCode::kUnavailable};
         }
         if (ack.code == StatusCode::kOk) return {Status::Ok(), false};
+        // A refusal the receiver closes the connection after (a protocol violation) leaves it
+        // unusable; a verdict on the transfer (full, discarded) does not. Either way a fresh
+        // connection is right for the next send, and costs only a handshake.
+        if (ack.code != StatusCode::kResourceExhausted && ack.code != StatusCode::kAborted) {
+            CloseSocket(peer);
+        }
         return {Status(ack.code, ack_message).WithContext(what), false};
     }
 
@@ -450,7 +638,9 @@ class TcpKvTransport final : public KvTransport {
     std::thread io_thread_;
     std::string endpoint_;
     std::unique_ptr<KvStaging> staging_;
+    asio::steady_timer accept_retry_;              // I/O thread only
     std::set<std::shared_ptr<Session>> sessions_;  // I/O thread only (and the destructor)
+    uint64_t refused_connections_ = 0;             // I/O thread only: over max_connections
 
     std::mutex peers_mu_;
     std::map<std::string, std::shared_ptr<Peer>> peers_;  // guarded by peers_mu_

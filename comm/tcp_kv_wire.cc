@@ -11,6 +11,8 @@ namespace kvshard::internal {
 
 namespace {
 
+constexpr char kHelloMagic[4] = {'K', 'V', 'S', 'H'};
+constexpr char kTransferMagic[4] = {'K', 'V', 'S', 'T'};
 constexpr char kPieceMagic[4] = {'K', 'V', 'S', 'P'};
 constexpr char kAckMagic[4] = {'K', 'V', 'S', 'A'};
 
@@ -74,6 +76,85 @@ constexpr StatusCode kCodesByWire[] = {
 
 }  // namespace
 
+std::string EncodeKvHello(const std::string& token) {
+    const std::string_view t = std::string_view(token).substr(0, kMaxKvTokenBytes);
+    std::string out(kKvHelloHeaderBytes + t.size(), '\0');
+    auto* p = reinterpret_cast<uint8_t*>(out.data());
+    std::memcpy(p, kHelloMagic, 4);
+    Put<uint16_t>(p + 4, kKvWireVersion);
+    Put<uint16_t>(p + 6, static_cast<uint16_t>(t.size()));
+    std::memcpy(p + kKvHelloHeaderBytes, t.data(), t.size());
+    return out;
+}
+
+Result<uint16_t> DecodeKvHelloHeader(const std::array<uint8_t, kKvHelloHeaderBytes>& in) {
+    if (std::memcmp(in.data(), kHelloMagic, 4) != 0) {
+        return DataLoss("not a KV transport hello (bad magic)");
+    }
+    const uint16_t version = Get<uint16_t>(&in[4]);
+    if (version != kKvWireVersion) {
+        return Unimplemented("KV transport hello version " + std::to_string(version) +
+                             ", this build speaks " + std::to_string(kKvWireVersion));
+    }
+    const uint16_t token_bytes = Get<uint16_t>(&in[6]);
+    if (token_bytes > kMaxKvTokenBytes) {
+        return DataLoss("KV transport hello: token of " + std::to_string(token_bytes) +
+                        " bytes exceeds " + std::to_string(kMaxKvTokenBytes));
+    }
+    return token_bytes;
+}
+
+bool KvTokensEqual(const std::string& expected, const std::string& presented) {
+    // The length is not secret (it is on the wire); the bytes are compared all the way.
+    if (expected.size() != presented.size()) return false;
+    unsigned char diff = 0;
+    for (size_t i = 0; i < expected.size(); ++i) {
+        diff |= static_cast<unsigned char>(expected[i] ^ presented[i]);
+    }
+    return diff == 0;
+}
+
+Result<KvFrameKind> DecodeKvFrameKind(const uint8_t* magic) {
+    if (std::memcmp(magic, kTransferMagic, 4) == 0) return KvFrameKind::kTransfer;
+    if (std::memcmp(magic, kPieceMagic, 4) == 0) return KvFrameKind::kPiece;
+    return DataLoss("not a KV transfer or piece frame (bad magic)");
+}
+
+size_t KvFrameHeaderBytes(KvFrameKind kind) {
+    switch (kind) {
+        case KvFrameKind::kTransfer:
+            return kKvTransferFrameBytes;
+        case KvFrameKind::kPiece:
+            return kKvPieceFrameHeaderBytes;
+    }
+    return kKvPieceFrameHeaderBytes;
+}
+
+KvTransferFrame EncodeKvTransferFrame(uint64_t transfer_id) {
+    KvTransferFrame out{};
+    std::memcpy(out.data(), kTransferMagic, 4);
+    Put<uint16_t>(&out[4], kKvWireVersion);
+    Put<uint16_t>(&out[6], 0);
+    Put<uint64_t>(&out[8], transfer_id);
+    return out;
+}
+
+Result<uint64_t> DecodeKvTransferFrame(const KvTransferFrame& in) {
+    if (std::memcmp(in.data(), kTransferMagic, 4) != 0) {
+        return DataLoss("not a KV transfer frame (bad magic)");
+    }
+    const uint16_t version = Get<uint16_t>(&in[4]);
+    if (version != kKvWireVersion) {
+        return Unimplemented("KV transfer frame version " + std::to_string(version) +
+                             ", this build speaks " + std::to_string(kKvWireVersion));
+    }
+    const uint16_t reserved = Get<uint16_t>(&in[6]);
+    if (reserved != 0) {
+        return DataLoss("KV transfer frame: reserved bytes 6-7 are " + std::to_string(reserved));
+    }
+    return Get<uint64_t>(&in[8]);
+}
+
 KvPieceFrameHeader EncodeKvPieceFrameHeader(const KvPieceHeader& h, uint64_t payload_bytes,
                                             uint32_t payload_crc) {
     KvPieceFrameHeader out{};
@@ -93,6 +174,8 @@ KvPieceFrameHeader EncodeKvPieceFrameHeader(const KvPieceHeader& h, uint64_t pay
     Put<uint32_t>(&out[52], payload_crc);
     return out;
 }
+
+uint64_t KvPieceFrameTransferId(const KvPieceFrameHeader& in) { return Get<uint64_t>(&in[8]); }
 
 Result<DecodedKvPieceFrame> DecodeKvPieceFrameHeader(const KvPieceFrameHeader& in) {
     if (std::memcmp(in.data(), kPieceMagic, 4) != 0) {

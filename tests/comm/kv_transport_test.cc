@@ -9,6 +9,9 @@
 #include <utility>
 #include <boost/asio.hpp>
 // clang-format on
+#include <sys/resource.h>
+
+#include <functional>
 #include <map>
 #include <thread>
 
@@ -135,7 +138,7 @@ TEST(KvPiece, WireHeaderRoundTripsAndRejectsCorruption) {
     };
     const Case cases[] = {
         {0, 'X', StatusCode::kDataLoss},        // magic
-        {4, 2, StatusCode::kUnimplemented},     // version
+        {4, 1, StatusCode::kUnimplemented},     // version (1: before the handshake)
         {6, 3, StatusCode::kInvalidArgument},   // dtype
         {7, 1, StatusCode::kDataLoss},          // reserved
         {20, 0, StatusCode::kInvalidArgument},  // layer_end 0 < layer_begin
@@ -146,6 +149,39 @@ TEST(KvPiece, WireHeaderRoundTripsAndRejectsCorruption) {
         bad[c.offset] = c.value;
         EXPECT_EQ(internal::DecodeKvPieceFrameHeader(bad).status().code(), c.code) << c.offset;
     }
+}
+
+TEST(KvPiece, HelloAndTransferFramesRoundTripAndRejectCorruption) {
+    const std::string hello = internal::EncodeKvHello("tok");
+    ASSERT_EQ(hello.size(), internal::kKvHelloHeaderBytes + 3);
+    std::array<uint8_t, internal::kKvHelloHeaderBytes> h{};
+    std::copy_n(hello.begin(), h.size(), h.begin());
+    ASSERT_EQ(internal::DecodeKvHelloHeader(h).value(), 3);
+    auto bad_hello = [&](size_t offset, uint8_t value) {
+        auto b = h;
+        b[offset] = value;
+        return internal::DecodeKvHelloHeader(b).status().code();
+    };
+    EXPECT_EQ(bad_hello(0, 'X'), StatusCode::kDataLoss);
+    EXPECT_EQ(bad_hello(4, 1), StatusCode::kUnimplemented);
+    EXPECT_EQ(bad_hello(7, 0xff), StatusCode::kDataLoss);  // a 65 KB token
+    EXPECT_TRUE(internal::KvTokensEqual("abc", "abc"));
+    EXPECT_FALSE(internal::KvTokensEqual("abc", "abd"));
+    EXPECT_FALSE(internal::KvTokensEqual("abc", "ab"));
+
+    const internal::KvTransferFrame t = internal::EncodeKvTransferFrame(0x1122334455667788ull);
+    EXPECT_EQ(internal::DecodeKvFrameKind(t.data()).value(), internal::KvFrameKind::kTransfer);
+    EXPECT_EQ(internal::DecodeKvTransferFrame(t).value(), 0x1122334455667788ull);
+    auto bad_transfer = [&](size_t offset, uint8_t value) {
+        auto b = t;
+        b[offset] = value;
+        return internal::DecodeKvTransferFrame(b).status().code();
+    };
+    EXPECT_EQ(bad_transfer(0, 'X'), StatusCode::kDataLoss);
+    EXPECT_EQ(bad_transfer(5, 1), StatusCode::kUnimplemented);
+    EXPECT_EQ(bad_transfer(6, 1), StatusCode::kDataLoss);
+    const uint8_t garbage[4] = {'K', 'V', 'S', 'X'};
+    EXPECT_EQ(internal::DecodeKvFrameKind(garbage).status().code(), StatusCode::kDataLoss);
 }
 
 // ---- staging (shared by the transports) ----
@@ -170,6 +206,60 @@ TEST(KvStaging, StaleTransfersAreDroppedAndRememberedAsDiscarded) {
     // The memory of the drop expires too, after which the id is an ordinary new transfer.
     now += milliseconds(1'001);
     EXPECT_TRUE(staging.StageCopy(Piece(5, 2, 3, 0, 1)).ok());
+}
+
+TEST(KvStaging, GeometryBoundsTransfersBytesAndCount) {
+    KvReceiveGeometry g;
+    g.num_layers = 4;
+    g.head_begin = 0;
+    g.head_end = 2;
+    g.block_size = 4;
+    g.head_dim = 8;
+    g.num_blocks = 3;
+    ASSERT_TRUE(ValidateKvReceiveGeometry(g).ok());
+    // A whole piece (4 layers × 2 heads × 2 blocks) is 2/3 of the pool.
+    EXPECT_EQ(KvReceiveGeometryBytes(g), 3 * 4 * KvPieceLayerBytes(Header(0, 0, 1, 0, 2)));
+    internal::KvStaging staging({}, "test");
+    ASSERT_TRUE(staging.SetGeometry(g).ok());
+    ASSERT_TRUE(staging.StageCopy(Piece(1, 0, 4, 0, 2)).ok());
+    // Staged bytes stay within the pool's, whatever max_staged_bytes allows.
+    EXPECT_EQ(staging.StageCopy(Piece(2, 0, 4, 0, 2)).code(), StatusCode::kResourceExhausted);
+    EXPECT_EQ(staging.staged_bytes(), KvPieceBytes(Piece(1, 0, 4, 0, 2).header));
+    ASSERT_TRUE(staging.Receive(1, 8, In(1'000)).ok());
+    // Transfers at most the pool's blocks (each fills one at least).
+    for (uint64_t id = 10; id < 13; ++id)
+        EXPECT_TRUE(staging.StageCopy(Piece(id, 0, 1, 0, 1)).ok());
+    const Status fourth = staging.StageCopy(Piece(13, 0, 1, 0, 1));
+    EXPECT_EQ(fourth.code(), StatusCode::kResourceExhausted) << fourth.ToString();
+    EXPECT_NE(fourth.message().find("max_staged_transfers=3"), std::string::npos)
+        << fourth.message();
+    EXPECT_TRUE(staging.StageCopy(Piece(12, 1, 2, 0, 1)).ok());  // an existing one still grows
+    EXPECT_EQ(staging.arriving_bytes(), 0);
+
+    KvReceiveGeometry bad = g;
+    bad.head_end = 0;
+    EXPECT_EQ(staging.SetGeometry(bad).code(), StatusCode::kInvalidArgument);
+    bad = g;
+    bad.num_blocks = 0;
+    EXPECT_EQ(ValidateKvReceiveGeometry(bad).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(KvStaging, TransferCountLimitWithoutGeometry) {
+    KvTransportOptions options;
+    options.max_staged_transfers = 2;
+    internal::KvStaging staging(options, "test");
+    EXPECT_TRUE(staging.StageCopy(Piece(1, 0, 1, 0, 1)).ok());
+    EXPECT_TRUE(staging.StageCopy(Piece(2, 0, 1, 0, 1)).ok());
+    EXPECT_EQ(staging.StageCopy(Piece(3, 0, 1, 0, 1)).code(), StatusCode::kResourceExhausted);
+    staging.Discard(1);
+    EXPECT_TRUE(staging.StageCopy(Piece(3, 0, 1, 0, 1)).ok());
+    // A failed delivery's reservation leaves no empty transfer behind to count.
+    ASSERT_TRUE(staging.Receive(2, 1, In(1'000)).ok());
+    ASSERT_TRUE(staging.Reserve(Piece(4, 0, 1, 0, 1).header).ok());
+    EXPECT_GT(staging.arriving_bytes(), 0);
+    staging.Unreserve(Piece(4, 0, 1, 0, 1).header);
+    EXPECT_EQ(staging.arriving_bytes(), 0);
+    EXPECT_TRUE(staging.StageCopy(Piece(5, 0, 1, 0, 1)).ok());
 }
 
 // ---- in-process transport ----
@@ -324,6 +414,20 @@ TEST(LocalKvTransport, SendRacingDestructionIsSafe) {
 
 // ---- TCP transport ----
 
+// The pool Header()/Piece() pieces are cut from: 4 layers, KV heads [0, 6), blocks of 4 slots ×
+// 8 dims in f32, 16 blocks.
+KvReceiveGeometry TestGeometry() {
+    KvReceiveGeometry g;
+    g.num_layers = 4;
+    g.head_begin = 0;
+    g.head_end = 6;
+    g.block_size = 4;
+    g.head_dim = 8;
+    g.dtype = KvWireDtype::kF32;
+    g.num_blocks = 16;
+    return g;
+}
+
 std::unique_ptr<KvTransport> Tcp(KvTransportOptions options = {}) {
     Result<std::unique_ptr<KvTransport>> t = MakeTcpKvTransport("127.0.0.1", 0, options);
     KV_CHECK(t.ok()) << t.status().ToString();
@@ -332,6 +436,7 @@ std::unique_ptr<KvTransport> Tcp(KvTransportOptions options = {}) {
 
 TEST(TcpKvTransport, SeveralPiecesFromConcurrentSenders) {
     auto r = Tcp();
+    ASSERT_TRUE(r->SetReceiveGeometry(TestGeometry()).ok());
     auto s0 = Tcp();
     auto s1 = Tcp();
     EXPECT_NE(r->endpoint().find("127.0.0.1:"), std::string::npos);
@@ -390,53 +495,340 @@ TEST(TcpKvTransport, SilentReceiverIsDeadlineExceeded) {
     EXPECT_LT(Clock::now(), deadline + milliseconds(2'000));
 }
 
-// Writes `bytes` on a raw connection to `port` and reports whether the transport closed it.
-bool ClosesConnectionAfter(uint16_t port, const std::vector<uint8_t>& bytes) {
-    asio::io_context io;
-    tcp::socket socket(io);
-    socket.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
-    asio::write(socket, asio::buffer(bytes));
-    std::array<uint8_t, 64> buffer{};
-    bool closed = false;
-    socket.async_read_some(asio::buffer(buffer),
-                           [&](const boost::system::error_code& ec, size_t) { closed = bool(ec); });
-    io.run_for(milliseconds(5'000));  // a bound against a hang, not a synchronization
-    return closed;
+uint16_t PortOf(const KvTransport& t) {
+    return static_cast<uint16_t>(std::stoi(t.endpoint().substr(t.endpoint().rfind(':') + 1)));
+}
+
+std::vector<uint8_t> Bytes(const void* data, size_t n) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    return std::vector<uint8_t>(p, p + n);
+}
+
+std::vector<uint8_t> Concat(std::initializer_list<std::vector<uint8_t>> parts) {
+    std::vector<uint8_t> out;
+    for (const std::vector<uint8_t>& p : parts) out.insert(out.end(), p.begin(), p.end());
+    return out;
+}
+
+std::vector<uint8_t> HelloBytes(const std::string& token = "") {
+    const std::string hello = internal::EncodeKvHello(token);
+    return Bytes(hello.data(), hello.size());
+}
+
+std::vector<uint8_t> TransferBytes(uint64_t id) {
+    const internal::KvTransferFrame f = internal::EncodeKvTransferFrame(id);
+    return Bytes(f.data(), f.size());
+}
+
+std::vector<uint8_t> HeaderBytes(const KvPieceHeader& h, uint64_t payload_bytes, uint32_t crc = 0) {
+    const internal::KvPieceFrameHeader f =
+        internal::EncodeKvPieceFrameHeader(h, payload_bytes, crc);
+    return Bytes(f.data(), f.size());
+}
+
+std::vector<uint8_t> PieceBytes(const KvPiece& piece) {
+    return Concat({HeaderBytes(piece.header, piece.data.size(), internal::KvPayloadCrc(piece.data)),
+                   piece.data});
+}
+
+// A hand-written sender on a raw socket: what a hostile or broken peer can do.
+class RawPeer {
+  public:
+    explicit RawPeer(uint16_t port) : socket_(io_) {
+        socket_.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+    }
+
+    void Write(const std::vector<uint8_t>& bytes) {
+        boost::system::error_code ignored;  // a receiver that already closed is what tests check
+        asio::write(socket_, asio::buffer(bytes), ignored);
+    }
+
+    // The next acknowledgement's status (Internal when none came, e.g. the connection closed).
+    Status ReadAck() {
+        std::array<uint8_t, internal::kKvAckFrameHeaderBytes> header{};
+        if (!ReadExactly(header.data(), header.size())) {
+            return Status(StatusCode::kInternal, "no acknowledgement");
+        }
+        Result<internal::DecodedKvAckHeader> ack = internal::DecodeKvAckFrameHeader(header);
+        if (!ack.ok()) return Status(StatusCode::kInternal, ack.status().ToString());
+        std::string message(ack->message_bytes, '\0');
+        if (!ReadExactly(message.data(), message.size())) {
+            return Status(StatusCode::kInternal, "acknowledgement cut short");
+        }
+        return ack->code == StatusCode::kOk ? Status::Ok() : Status(ack->code, message);
+    }
+
+    // Whether the transport closed the connection (reads and drops anything before the end).
+    bool Closed() {
+        std::array<uint8_t, 256> buffer{};
+        bool closed = false;
+        std::function<void()> read = [&] {
+            socket_.async_read_some(asio::buffer(buffer),
+                                    [&](const boost::system::error_code& ec, size_t) {
+                                        if (ec) {
+                                            closed = true;
+                                            return;
+                                        }
+                                        read();
+                                    });
+        };
+        read();
+        io_.restart();
+        io_.run_for(milliseconds(10'000));  // a bound against a hang, not a synchronization
+        return closed;
+    }
+
+  private:
+    bool ReadExactly(void* data, size_t n) {
+        bool ok = false;
+        asio::async_read(socket_, asio::buffer(data, n),
+                         [&](const boost::system::error_code& ec, size_t) { ok = !ec; });
+        io_.restart();
+        io_.run_for(milliseconds(10'000));  // a bound against a hang
+        return ok;
+    }
+
+    asio::io_context io_;
+    tcp::socket socket_;
+};
+
+int64_t MaxRssBytes() {
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    return int64_t{usage.ru_maxrss} * 1024;
+}
+
+// A header that passes every check of its own, claiming 0.96 GiB: 1 layer × 1 head of 4-slot,
+// 8-dim f32 blocks is 256 bytes a block.
+KvPieceHeader HugeHeader(uint64_t transfer_id) {
+    KvPieceHeader h = Header(transfer_id, 0, 1, 0, 1);
+    h.num_blocks = static_cast<int32_t>((int64_t{1} << 30) * 96 / 100 / 256);
+    return h;
 }
 
 TEST(TcpKvTransport, MalformedFrameClosesOnlyThatConnection) {
     auto r = Tcp();
     auto s = Tcp();
-    const uint16_t port =
-        static_cast<uint16_t>(std::stoi(r->endpoint().substr(r->endpoint().rfind(':') + 1)));
     const KvPiece piece = Piece(4, 0, 1, 0, 1);
-    const internal::KvPieceFrameHeader good = internal::EncodeKvPieceFrameHeader(
-        piece.header, piece.data.size(), internal::KvPayloadCrc(piece.data));
-    auto frame = [&](internal::KvPieceFrameHeader header, bool corrupt_payload) {
-        std::vector<uint8_t> bytes(header.size() + piece.data.size());
-        std::copy(header.begin(), header.end(), bytes.begin());
-        std::copy(piece.data.begin(), piece.data.end(), bytes.begin() + header.size());
-        if (corrupt_payload) bytes.back() ^= 1;
+    const std::vector<uint8_t> good = PieceBytes(piece);
+    auto corrupt = [&](size_t offset, uint8_t value) {
+        std::vector<uint8_t> bytes = good;
+        bytes[offset] = value;
         return bytes;
     };
-    internal::KvPieceFrameHeader bad_magic = good, bad_version = good, bad_length = good;
-    bad_magic[1] = 'X';
-    bad_version[4] = 9;
-    bad_length[45] ^= 1;
+    const std::vector<uint8_t> hello = HelloBytes();
+    const std::vector<uint8_t> named = Concat({hello, TransferBytes(4)});
     const std::vector<uint8_t> cases[] = {
-        std::vector<uint8_t>(100, 0xAB),  // garbage
-        frame(bad_magic, false),         frame(bad_version, false),
-        frame(bad_length, false),        frame(good, true),  // CRC mismatch
+        std::vector<uint8_t>(100, 0xAB),                             // garbage instead of a hello
+        Concat({hello, std::vector<uint8_t>(100, 0xAB)}),            // garbage after it
+        Concat({named, corrupt(1, 'X')}),                            // magic
+        Concat({named, corrupt(4, 9)}),                              // version
+        Concat({named, corrupt(45, good[45] ^ 1)}),                  // length vs header
+        Concat({named, corrupt(good.size() - 1, good.back() ^ 1)}),  // CRC mismatch
     };
     for (const std::vector<uint8_t>& bytes : cases) {
-        EXPECT_TRUE(ClosesConnectionAfter(port, bytes));
+        RawPeer peer(PortOf(*r));
+        peer.Write(bytes);
+        EXPECT_TRUE(peer.Closed());
         EXPECT_EQ(r->staged_bytes(), 0);
+        EXPECT_EQ(r->arriving_bytes(), 0);
     }
     // Still serving: a proper sender gets through.
     ASSERT_TRUE(s->Send(r->endpoint(), piece, In(5'000)).ok());
     Result<std::vector<KvPiece>> got = r->Receive(4, 1, In(5'000));
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     EXPECT_EQ((*got)[0].data, piece.data);
+}
+
+TEST(TcpKvTransport, HugeClaimedPieceIsRefusedBeforeAnythingIsAllocated) {
+    auto r = Tcp();
+    ASSERT_TRUE(r->SetReceiveGeometry(TestGeometry()).ok());
+    const KvPieceHeader huge = HugeHeader(30);
+    ASSERT_GT(KvPieceBytes(huge), int64_t{900} << 20);
+    const int64_t rss_before = MaxRssBytes();
+    RawPeer peer(PortOf(*r));
+    peer.Write(HelloBytes());
+    ASSERT_TRUE(peer.ReadAck().ok());
+    peer.Write(Concat({TransferBytes(30), HeaderBytes(huge, KvPieceBytes(huge))}));
+    const Status refused = peer.ReadAck();
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.ToString();
+    EXPECT_NE(refused.message().find("num_blocks"), std::string::npos) << refused.message();
+    EXPECT_TRUE(peer.Closed());
+    EXPECT_EQ(r->arriving_bytes(), 0);
+    EXPECT_EQ(r->staged_bytes(), 0);
+    EXPECT_LT(MaxRssBytes() - rss_before, int64_t{64} << 20);
+}
+
+TEST(TcpKvTransport, WithoutGeometryAClaimCostsOnlyWhatArrivesUntilTheReadDeadline) {
+    KvTransportOptions options;
+    options.read_timeout_ms = 300;
+    auto r = Tcp(options);
+    const KvPieceHeader huge = HugeHeader(31);
+    const int64_t rss_before = MaxRssBytes();
+    RawPeer peer(PortOf(*r));
+    peer.Write(HelloBytes());
+    ASSERT_TRUE(peer.ReadAck().ok());
+    // The header and 1 MiB of its 0.96 GiB, then nothing.
+    peer.Write(Concat({TransferBytes(31), HeaderBytes(huge, KvPieceBytes(huge)),
+                       std::vector<uint8_t>(1 << 20, 0x5A)}));
+    EXPECT_TRUE(peer.Closed());
+    EXPECT_EQ(r->arriving_bytes(), 0);  // the reservation was given back
+    EXPECT_EQ(r->staged_bytes(), 0);
+    EXPECT_LT(MaxRssBytes() - rss_before, int64_t{64} << 20);
+}
+
+TEST(TcpKvTransport, PiecesThatDoNotFitThePoolAreRefused) {
+    struct Case {
+        const char* name;
+        void (*mutate)(KvPieceHeader&);
+        StatusCode code;
+        const char* message_part;
+    };
+    const Case cases[] = {
+        {"block size", [](KvPieceHeader& h) { h.block_size = 8; }, StatusCode::kInvalidArgument,
+         "block_size=8"},
+        {"head dim", [](KvPieceHeader& h) { h.head_dim = 16; }, StatusCode::kInvalidArgument,
+         "head_dim=16"},
+        {"dtype", [](KvPieceHeader& h) { h.dtype = KvWireDtype::kInt8; },
+         StatusCode::kInvalidArgument, "dtype=1"},
+        {"layers", [](KvPieceHeader& h) { h.layer_end = 5; }, StatusCode::kInvalidArgument,
+         "layers"},
+        {"heads", [](KvPieceHeader& h) { h.head_end = 7; }, StatusCode::kInvalidArgument, "heads"},
+        {"blocks", [](KvPieceHeader& h) { h.num_blocks = 17; }, StatusCode::kInvalidArgument,
+         "num_blocks=17"},
+    };
+    auto r = Tcp();
+    ASSERT_TRUE(r->SetReceiveGeometry(TestGeometry()).ok());
+    auto local = Local("fit-r");
+    ASSERT_TRUE(local->SetReceiveGeometry(TestGeometry()).ok());
+    auto local_sender = Local("fit-s");
+    for (const Case& c : cases) {
+        KvPieceHeader h = Header(40, 0, 4, 0, 6);
+        c.mutate(h);
+        ASSERT_TRUE(internal::ValidateKvPieceHeader(h).ok()) << c.name;
+        RawPeer peer(PortOf(*r));
+        peer.Write(Concat({HelloBytes(), TransferBytes(40), HeaderBytes(h, KvPieceBytes(h))}));
+        ASSERT_TRUE(peer.ReadAck().ok()) << c.name;  // the hello's
+        const Status refused = peer.ReadAck();
+        EXPECT_EQ(refused.code(), c.code) << c.name << ": " << refused.ToString();
+        EXPECT_NE(refused.message().find(c.message_part), std::string::npos)
+            << c.name << ": " << refused.message();
+        EXPECT_TRUE(peer.Closed()) << c.name;
+        EXPECT_EQ(r->arriving_bytes(), 0) << c.name;
+
+        // The in-process transport applies the same geometry.
+        KvPiece piece;
+        piece.header = h;
+        piece.data.resize(static_cast<size_t>(KvPieceBytes(h)));
+        EXPECT_EQ(local_sender->Send("local:fit-r", piece, In(1'000)).code(), c.code) << c.name;
+    }
+    // A byte count that does not match the header's blocks × layers × heads.
+    const KvPieceHeader h = Header(41, 0, 1, 0, 1);
+    RawPeer peer(PortOf(*r));
+    peer.Write(Concat({HelloBytes(), TransferBytes(41), HeaderBytes(h, KvPieceBytes(h) + 1)}));
+    ASSERT_TRUE(peer.ReadAck().ok());
+    EXPECT_EQ(peer.ReadAck().code(), StatusCode::kDataLoss);
+    EXPECT_TRUE(peer.Closed());
+    EXPECT_EQ(r->staged_bytes(), 0);
+    EXPECT_EQ(local->staged_bytes(), 0);
+    // What fits is still staged.
+    EXPECT_TRUE(local_sender->Send("local:fit-r", Piece(42, 0, 4, 0, 6), In(1'000)).ok());
+}
+
+TEST(TcpKvTransport, PieceOfATransferTheConnectionDidNotNameIsRefused) {
+    auto r = Tcp();
+    const KvPiece piece = Piece(50, 0, 1, 0, 1);
+    const std::vector<uint8_t> cases[] = {
+        Concat({HelloBytes(), PieceBytes(piece)}),                     // no transfer named
+        Concat({HelloBytes(), TransferBytes(51), PieceBytes(piece)}),  // another one named
+    };
+    for (const std::vector<uint8_t>& bytes : cases) {
+        RawPeer peer(PortOf(*r));
+        peer.Write(bytes);
+        ASSERT_TRUE(peer.ReadAck().ok());
+        const Status refused = peer.ReadAck();
+        EXPECT_EQ(refused.code(), StatusCode::kNotFound) << refused.ToString();
+        EXPECT_NE(refused.message().find("transfer 50"), std::string::npos) << refused.message();
+        EXPECT_TRUE(peer.Closed());
+        EXPECT_EQ(r->staged_bytes(), 0);
+        EXPECT_EQ(r->arriving_bytes(), 0);
+    }
+    // Named, it is staged.
+    RawPeer peer(PortOf(*r));
+    peer.Write(Concat({HelloBytes(), TransferBytes(50), PieceBytes(piece)}));
+    ASSERT_TRUE(peer.ReadAck().ok());
+    EXPECT_TRUE(peer.ReadAck().ok());
+    EXPECT_EQ(r->staged_bytes(), static_cast<int64_t>(piece.data.size()));
+}
+
+TEST(TcpKvTransport, StalledOrIdleConnectionsAreClosedAndTheirStagingFreed) {
+    KvTransportOptions options;
+    options.read_timeout_ms = 200;
+    options.idle_timeout_ms = 200;
+    auto r = Tcp(options);
+    ASSERT_TRUE(r->SetReceiveGeometry(TestGeometry()).ok());
+    const KvPiece piece = Piece(60, 0, 4, 0, 6);
+    const std::vector<uint8_t> frame = PieceBytes(piece);
+    const std::vector<uint8_t> named = Concat({HelloBytes(), TransferBytes(60)});
+    struct Case {
+        const char* name;
+        std::vector<uint8_t> bytes;
+    };
+    const Case cases[] = {
+        {"silent", {}},
+        {"mid-hello", std::vector<uint8_t>(named.begin(), named.begin() + 5)},
+        {"idle after the hello", HelloBytes()},
+        {"mid-header", Concat({named, std::vector<uint8_t>(frame.begin(), frame.begin() + 30)})},
+        {"mid-payload",
+         Concat({named, std::vector<uint8_t>(frame.begin(), frame.begin() + frame.size() / 2)})},
+    };
+    for (const Case& c : cases) {
+        RawPeer peer(PortOf(*r));
+        peer.Write(c.bytes);
+        EXPECT_TRUE(peer.Closed()) << c.name;
+        EXPECT_EQ(r->arriving_bytes(), 0) << c.name;
+        EXPECT_EQ(r->staged_bytes(), 0) << c.name;
+    }
+    // The transfer is not poisoned: a whole delivery of the same piece is staged.
+    auto s = Tcp();
+    ASSERT_TRUE(s->Send(r->endpoint(), piece, In(5'000)).ok());
+    EXPECT_TRUE(r->Receive(60, 4 * 6, In(5'000)).ok());
+}
+
+TEST(TcpKvTransport, TokenIsCheckedAtTheHandshake) {
+    KvTransportOptions secret;
+    secret.token = "s3cret-token";
+    auto r = Tcp(secret);
+    {
+        RawPeer peer(PortOf(*r));
+        peer.Write(
+            Concat({HelloBytes("guess"), TransferBytes(70), PieceBytes(Piece(70, 0, 1, 0, 1))}));
+        EXPECT_EQ(peer.ReadAck().code(), StatusCode::kInvalidArgument);
+        EXPECT_TRUE(peer.Closed());
+    }
+    auto stranger = Tcp();
+    const Status refused = stranger->Send(r->endpoint(), Piece(71, 0, 1, 0, 1), In(5'000));
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.ToString();
+    EXPECT_NE(refused.message().find("token"), std::string::npos) << refused.message();
+    EXPECT_EQ(r->staged_bytes(), 0);
+    auto member = Tcp(secret);
+    ASSERT_TRUE(member->Send(r->endpoint(), Piece(72, 0, 1, 0, 1), In(5'000)).ok());
+    EXPECT_TRUE(r->Receive(72, 1, In(5'000)).ok());
+}
+
+TEST(TcpKvTransport, IdleClosedConnectionIsReopenedBySender) {
+    KvTransportOptions options;
+    options.idle_timeout_ms = 100;
+    auto r = Tcp(options);
+    auto s = Tcp();
+    ASSERT_TRUE(s->Send(r->endpoint(), Piece(80, 0, 1, 0, 1), In(5'000)).ok());
+    // Whether or not the receiver closed the cached connection meanwhile, the next Send works.
+    RawPeer witness(PortOf(*r));
+    witness.Write(HelloBytes());
+    ASSERT_TRUE(witness.ReadAck().ok());
+    EXPECT_TRUE(witness.Closed());  // the idle deadline has passed for the sender's too
+    ASSERT_TRUE(s->Send(r->endpoint(), Piece(80, 1, 2, 0, 1), In(5'000)).ok());
+    EXPECT_TRUE(r->Receive(80, 2, In(5'000)).ok());
 }
 
 TEST(TcpKvTransport, OversizedPieceIsRefusedAndTheConnectionStaysUsable) {
