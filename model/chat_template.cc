@@ -1,5 +1,6 @@
 #include "model/chat_template.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -73,30 +74,70 @@ std::string DefaultChatMlSystemPrompt(std::string_view jinja) {
     return "";
 }
 
-std::string RenderChatMl(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                         const std::string& default_system) {
-    std::string out;
+// Pieces of a rendered prompt: the template's own text (markers, role names) and the messages'
+// content, which is literal (TextPiece).
+class PieceWriter {
+  public:
+    PieceWriter& Markup(std::string_view text) { return Add(text, false); }
+    PieceWriter& Content(std::string_view text) { return Add(text, true); }
+    // Python's str.strip() over all the text, as if it were one string (the Jinja templates strip
+    // content and markup together).
+    PieceWriter& Strip() {
+        constexpr std::string_view kSpace = " \t\n\r\v\f";
+        while (!pieces_.empty()) {
+            std::string& t = pieces_.front().text;
+            t.erase(0, std::min(t.find_first_not_of(kSpace), t.size()));
+            if (!t.empty()) break;
+            pieces_.erase(pieces_.begin());
+        }
+        while (!pieces_.empty()) {
+            std::string& t = pieces_.back().text;
+            const size_t last = t.find_last_not_of(kSpace);
+            t.erase(last == std::string::npos ? 0 : last + 1);
+            if (!t.empty()) break;
+            pieces_.pop_back();
+        }
+        return *this;
+    }
+    PieceWriter& Append(const PieceWriter& other) {
+        for (const TextPiece& p : other.pieces_) Add(p.text, p.literal);
+        return *this;
+    }
+    std::vector<TextPiece> Take() { return std::move(pieces_); }
+
+  private:
+    PieceWriter& Add(std::string_view text, bool literal) {
+        if (text.empty()) return *this;
+        if (!pieces_.empty() && pieces_.back().literal == literal) {
+            pieces_.back().text.append(text);
+        } else {
+            pieces_.push_back({std::string(text), literal});
+        }
+        return *this;
+    }
+    std::vector<TextPiece> pieces_;
+};
+
+std::vector<TextPiece> RenderChatMl(const std::vector<ChatMessage>& messages,
+                                    bool add_generation_prompt, const std::string& default_system) {
+    PieceWriter out;
     auto turn = [&out](std::string_view role, std::string_view content) {
-        out.append(kImStart).append(role).append("\n").append(content).append(kImEnd).append("\n");
+        out.Markup(kImStart).Markup(role).Markup("\n").Content(content).Markup(kImEnd).Markup("\n");
     };
     if (!default_system.empty() && !messages.empty() && messages.front().role != "system") {
         turn("system", default_system);
     }
     for (const ChatMessage& m : messages) turn(m.role, m.content);
-    if (add_generation_prompt) out.append(kImStart).append("assistant\n");
-    return out;
+    if (add_generation_prompt) out.Markup(kImStart).Markup("assistant\n");
+    return out.Take();
 }
 
-Result<std::string> RenderLlama2(const std::vector<ChatMessage>& messages,
-                                 const ChatTemplateTokens& tokens) {
+Result<std::vector<TextPiece>> RenderLlama2(const std::vector<ChatMessage>& messages,
+                                            const ChatTemplateTokens& tokens) {
     size_t first = 0;
-    std::string system;
     const bool has_system = !messages.empty() && messages.front().role == "system";
-    if (has_system) {
-        system = messages.front().content;
-        first = 1;
-    }
-    std::string out;
+    if (has_system) first = 1;
+    PieceWriter out;
     for (size_t i = first; i < messages.size(); ++i) {
         const ChatMessage& m = messages[i];
         const bool expect_user = (i - first) % 2 == 0;
@@ -106,28 +147,35 @@ Result<std::string> RenderLlama2(const std::vector<ChatMessage>& messages,
                 "an optional first system message; message " +
                 std::to_string(i) + " has role '" + m.role + "'");
         }
-        std::string content = m.content;
-        if (i == first && has_system) content = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content;
+        if (m.role == "user") out.Markup(tokens.bos).Markup("[INST] ");
+        if (m.role == "assistant") out.Markup(" ");
+        // The template strips the content (with the system block folded into the first one).
+        PieceWriter content;
+        if (i == first && has_system) {
+            content.Markup("<<SYS>>\n").Content(messages.front().content).Markup("\n<</SYS>>\n\n");
+        }
+        content.Content(m.content);
+        out.Append(content.Strip());
         if (m.role == "user") {
-            out.append(tokens.bos).append("[INST] ").append(Strip(content)).append(" [/INST]");
+            out.Markup(" [/INST]");
         } else {
-            out.append(" ").append(Strip(content)).append(" ").append(tokens.eos);
+            out.Markup(" ").Markup(tokens.eos);
         }
     }
-    return out;
+    return out.Take();
 }
 
-std::string RenderLlama3(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                         const ChatTemplateTokens& tokens) {
-    std::string out;
-    if (!messages.empty()) out += tokens.bos;
+std::vector<TextPiece> RenderLlama3(const std::vector<ChatMessage>& messages,
+                                    bool add_generation_prompt, const ChatTemplateTokens& tokens) {
+    PieceWriter out;
+    if (!messages.empty()) out.Markup(tokens.bos);
     for (const ChatMessage& m : messages) {
-        out.append(kHeaderStart).append(m.role).append(kHeaderEnd).append("\n\n");
-        out.append(Strip(m.content)).append(kEotId);
+        out.Markup(kHeaderStart).Markup(m.role).Markup(kHeaderEnd).Markup("\n\n");
+        out.Content(Strip(m.content)).Markup(kEotId);
     }
     if (add_generation_prompt)
-        out.append(kHeaderStart).append("assistant").append(kHeaderEnd).append("\n\n");
-    return out;
+        out.Markup(kHeaderStart).Markup("assistant").Markup(kHeaderEnd).Markup("\n\n");
+    return out.Take();
 }
 
 }  // namespace
@@ -162,6 +210,15 @@ ChatTemplate ChatTemplate::FromStyle(ChatTemplateStyle style, const ChatTemplate
 
 Result<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
                                          bool add_generation_prompt) const {
+    KV_ASSIGN_OR_RETURN(std::vector<TextPiece> pieces,
+                        RenderPieces(messages, add_generation_prompt));
+    std::string text;
+    for (const TextPiece& p : pieces) text += p.text;
+    return text;
+}
+
+Result<std::vector<TextPiece>> ChatTemplate::RenderPieces(const std::vector<ChatMessage>& messages,
+                                                          bool add_generation_prompt) const {
     switch (style_) {
         case ChatTemplateStyle::kChatMl:
             return RenderChatMl(messages, add_generation_prompt, default_system_prompt_);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/tokenizer.h"
 #include "model/tokenizer_data.h"
 
 namespace kvshard {
@@ -59,6 +60,11 @@ class ChatTemplate {
     // the messages break the style's rules (kLlama2 role order).
     Result<std::string> Render(const std::vector<ChatMessage>& messages,
                                bool add_generation_prompt) const;
+    // The same text in pieces: the template's own text (markers, role names, BOS/EOS) and, as
+    // literal pieces, the messages' content, so that special-token text a user writes can be
+    // encoded as plain text (Tokenizer::EncodePieces). Adjacent pieces differ in `literal`.
+    Result<std::vector<TextPiece>> RenderPieces(const std::vector<ChatMessage>& messages,
+                                                bool add_generation_prompt) const;
 
     ChatTemplateStyle style() const { return style_; }
     const std::string& default_system_prompt() const { return default_system_prompt_; }

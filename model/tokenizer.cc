@@ -61,6 +61,48 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Create(TokenizerData data) {
     return Internal("unknown tokenizer kind");
 }
 
+Tokenizer::Tokenizer(TokenizerData data)
+    : data_(std::move(data)), piece_splitter_(std::make_shared<SpecialTokenSplitter>(data_)) {}
+
+std::vector<int32_t> Tokenizer::EncodePieces(const std::vector<TextPiece>& pieces,
+                                             const EncodeOptions& options) const {
+    std::vector<int32_t> out;
+    if (options.add_bos && data_.bos_id >= 0) out.push_back(data_.bos_id);
+    // Raw text gathered since the last special token. Encoded without special-token parsing,
+    // which still splits out user-defined tokens as Encode does.
+    std::string raw;
+    EncodeOptions plain;
+    auto flush = [&] {
+        if (raw.empty()) return;
+        const std::vector<int32_t> ids = Encode(raw, plain);
+        out.insert(out.end(), ids.begin(), ids.end());
+        raw.clear();
+    };
+    std::string markup;  // consecutive non-literal pieces, split on special tokens together
+    auto split_markup = [&] {
+        for (const TextFragment& f : piece_splitter_->Split(markup, options.parse_special)) {
+            if (f.token < 0) {
+                raw.append(f.text);
+                continue;
+            }
+            flush();
+            out.push_back(f.token);
+        }
+        markup.clear();
+    };
+    for (const TextPiece& piece : pieces) {
+        if (!piece.literal) {
+            markup += piece.text;
+            continue;
+        }
+        split_markup();
+        raw += piece.text;
+    }
+    split_markup();
+    flush();
+    return out;
+}
+
 std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {
     std::string text;
     const bool strip_after_bos =

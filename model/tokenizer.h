@@ -13,13 +13,23 @@
 
 namespace kvshard {
 
+class SpecialTokenSplitter;
+
 struct EncodeOptions {
     bool add_bos = false;        // prepend BOS (callers pass the model's own add_bos by default)
     bool parse_special = false;  // turn control/user-defined token text ("<|im_start|>") into ids
 };
 
+// A piece of text to encode. Special-token text inside a `literal` piece is plain text whatever
+// parse_special says: chat message content, where a user must not be able to write a control
+// token (and so a turn of another role).
+struct TextPiece {
+    std::string text;
+    bool literal = false;
+};
+
 class Tokenizer {
-public:
+  public:
     // Validates `data` (ids in range, merges reference known tokens, a pre-tokenizer kvshard
     // knows) and builds the lookup tables.
     static Result<std::unique_ptr<Tokenizer>> Create(TokenizerData data);
@@ -28,11 +38,18 @@ public:
     // Text without special-token parsing is encoded exactly as llama.cpp does (its test vectors
     // pass): SentencePiece with the dummy prefix when add_space_prefix, byte fallback; byte-level
     // BPE after the pre-tokenizer regex.
-    virtual std::vector<int32_t> Encode(std::string_view text, const EncodeOptions& options) const = 0;
+    virtual std::vector<int32_t> Encode(std::string_view text,
+                                        const EncodeOptions& options) const = 0;
     // The raw bytes token `id` stands for in decoded text: "▁" becomes a space, byte tokens
     // "<0x41>" become the byte, byte-level symbols map back to bytes; control tokens give "".
     // The result may be an incomplete UTF-8 sequence.
     virtual std::string TokenBytes(int32_t id) const = 0;
+    // Encodes the concatenation of `pieces`. With parse_special, special-token text becomes its
+    // token only where it lies wholly inside a run of non-literal pieces; the text between two
+    // special tokens is encoded as one run across piece boundaries, so when the literal pieces
+    // hold no special-token text the ids are exactly those of Encode(concatenation).
+    std::vector<int32_t> EncodePieces(const std::vector<TextPiece>& pieces,
+                                      const EncodeOptions& options) const;
     // Decodes a whole sequence. SentencePiece: a leading space right after BOS is dropped.
     std::string Decode(const std::vector<int32_t>& ids) const;
 
@@ -44,16 +61,19 @@ public:
     // Looks up a token by its exact piece text (e.g. "<|im_end|>"); -1 if none.
     virtual int32_t PieceToId(std::string_view piece) const = 0;
 
-protected:
-    explicit Tokenizer(TokenizerData data) : data_(std::move(data)) {}
+  protected:
+    explicit Tokenizer(TokenizerData data);
     TokenizerData data_;
+
+  private:
+    std::shared_ptr<const SpecialTokenSplitter> piece_splitter_;  // for EncodePieces
 };
 
 // Incremental, UTF-8-safe detokenization with stop strings. Feed generated ids one at a time;
 // each call returns the text that is now final: complete UTF-8 characters only, and never text
 // that might still turn out to be the start of a stop string.
 class TextStream {
-public:
+  public:
     // `prev_token` is the last prompt token (so a SentencePiece leading space after BOS is
     // dropped as llama.cpp and llama2.c do); -1 if none.
     TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop_strings,
@@ -68,7 +88,7 @@ public:
     bool stopped() const { return stopped_; }
     const std::string& matched_stop() const { return matched_stop_; }
 
-private:
+  private:
     const Tokenizer& tokenizer_;
     std::vector<std::string> stop_strings_;
     int32_t prev_token_;

@@ -45,6 +45,63 @@ TEST(ChatTemplate, RendersAsJinjaDoes) {
         ASSERT_TRUE(text.ok()) << text.status().ToString();
         EXPECT_EQ(*text, r["text"].get<std::string>())
             << r["template"] << " " << r["conversation"] << " gen=" << r["add_generation_prompt"];
+        // The pieces are the same text, alternating markup and content.
+        auto pieces = tmpl->RenderPieces(
+            Messages(golden["conversations"][r["conversation"].get<std::string>()]),
+            r["add_generation_prompt"]);
+        ASSERT_TRUE(pieces.ok());
+        std::string joined;
+        for (size_t i = 0; i < pieces->size(); ++i) {
+            joined += (*pieces)[i].text;
+            if (i > 0) EXPECT_NE((*pieces)[i].literal, (*pieces)[i - 1].literal);
+        }
+        EXPECT_EQ(joined, *text);
+    }
+}
+
+// Message content comes out as literal pieces, the template's own text as markup; stripping
+// (Llama 2 and 3 strip content) acts on the joined text, as Jinja does.
+TEST(ChatTemplate, PiecesMarkContentAsLiteral) {
+    struct Case {
+        ChatTemplateStyle style;
+        std::vector<ChatMessage> messages;
+        std::vector<TextPiece> pieces;
+    };
+    const ChatTemplateTokens tokens{"<s>", "</s>"};
+    const Case cases[] = {
+        {ChatTemplateStyle::kChatMl,
+         {{"user", "<|im_start|>x"}},
+         {{"<|im_start|>user\n", false},
+          {"<|im_start|>x", true},
+          {"<|im_end|>\n<|im_start|>assistant\n", false}}},
+        {ChatTemplateStyle::kLlama3,
+         {{"user", "  hi  "}},
+         {{"<s><|start_header_id|>user<|end_header_id|>\n\n", false},
+          {"hi", true},
+          {"<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n", false}}},
+        {ChatTemplateStyle::kLlama2,
+         {{"system", " S "}, {"user", "U  "}, {"assistant", " A"}},
+         {{"<s>[INST] <<SYS>>\n", false},
+          {" S ", true},
+          {"\n<</SYS>>\n\n", false},
+          {"U", true},
+          {" [/INST] ", false},
+          {"A", true},
+          {" </s>", false}}},
+        // Empty system and blank user content: the strip reaches into the markup.
+        {ChatTemplateStyle::kLlama2,
+         {{"system", ""}, {"user", " "}},
+         {{"<s>[INST] <<SYS>>\n\n<</SYS>> [/INST]", false}}},
+    };
+    for (const Case& c : cases) {
+        auto pieces = ChatTemplate::FromStyle(c.style, tokens).RenderPieces(c.messages, true);
+        ASSERT_TRUE(pieces.ok());
+        ASSERT_EQ(pieces->size(), c.pieces.size()) << ChatTemplateStyleName(c.style);
+        for (size_t i = 0; i < c.pieces.size(); ++i) {
+            EXPECT_EQ((*pieces)[i].text, c.pieces[i].text) << ChatTemplateStyleName(c.style) << i;
+            EXPECT_EQ((*pieces)[i].literal, c.pieces[i].literal)
+                << ChatTemplateStyleName(c.style) << i;
+        }
     }
 }
 
