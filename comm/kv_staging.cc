@@ -128,9 +128,12 @@ Status KvStaging::Commit(KvPiece piece) {
         KV_CHECK(it->second.reserved_bytes >= 0) << it->second.reserved_bytes;
     }
     if (closed_) return Status(StatusCode::kUnavailable, "KV endpoint " + owner_ + " is closed");
-    if (discarded_.count(id) != 0 || it == transfers_.end()) {
+    if (discarded_.count(id) != 0) {
         return Aborted(TransferText(id) + " was discarded (or went stale) at " + owner_);
     }
+    // A Receive may have taken the transfer while this piece arrived (a resend whose first copy
+    // completed it): staged anew, as any late piece, it goes stale unclaimed.
+    if (it == transfers_.end()) it = transfers_.emplace(id, Transfer{}).first;
     Transfer& transfer = it->second;
     transfer.last_arrival = now;
     const KvPieceHeader& h = piece.header;

@@ -262,6 +262,18 @@ TEST(KvStaging, TransferCountLimitWithoutGeometry) {
     EXPECT_TRUE(staging.StageCopy(Piece(5, 0, 1, 0, 1)).ok());
 }
 
+TEST(KvStaging, APieceArrivingWhileReceiveTakesItsTransferIsStillAccepted) {
+    // A resend whose first copy completed the transfer: the sender must not hear Aborted (it would
+    // take the transfer for failed while the receiver has it).
+    internal::KvStaging staging({}, "test");
+    const KvPiece piece = Piece(3, 0, 1, 0, 1);
+    ASSERT_TRUE(staging.Reserve(piece.header).ok());  // the resend, still arriving
+    ASSERT_TRUE(staging.StageCopy(piece).ok());       // the first copy
+    ASSERT_TRUE(staging.Receive(3, 1, In(1'000)).ok());
+    EXPECT_TRUE(staging.Commit(piece).ok());
+    EXPECT_EQ(staging.arriving_bytes(), 0);
+}
+
 // ---- in-process transport ----
 
 std::unique_ptr<KvTransport> Local(const std::string& name, KvTransportOptions options = {}) {
