@@ -44,10 +44,32 @@ InstanceEngine::InstanceEngine(const InstanceEngineConfig& config, const Tokeniz
       tokenizer_(tokenizer),
       executor_(executor),
       blocks_(config.blocks),
-      scheduler_(config.scheduler, blocks_) {
+      scheduler_(config.scheduler, blocks_),
+      epoch_(executor.epoch()),
+      first_epoch_(epoch_) {
     KV_CHECK(ValidateConfig(config).ok()) << ValidateConfig(config).ToString();
     PublishStats();
 }
+
+namespace {
+
+// What a client is told when its request failed on the workers: the code, in kvshard's words.
+// The cause (ranks, peer addresses, the worker's own message) goes to the log.
+Status ClientStatus(const std::string& instance, const Status& cause) {
+    switch (cause.code()) {
+        case StatusCode::kUnavailable:
+            return Status(StatusCode::kUnavailable,
+                          "instance '" + instance + "' lost its workers while running the request");
+        case StatusCode::kDeadlineExceeded:
+            return Status(StatusCode::kUnavailable,
+                          "instance '" + instance + "' did not finish a step in time");
+        default:
+            return Status(StatusCode::kInternal,
+                          "instance '" + instance + "' failed to run the request's step");
+    }
+}
+
+}  // namespace
 
 InstanceEngine::~InstanceEngine() { Stop(); }
 
@@ -84,6 +106,10 @@ Status InstanceEngine::SubmitWithHandoff(GenerationRequest request,
         if (t < 0 || t >= tokenizer_.vocab_size())
             return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary");
     }
+    if (!executor_.Health().ok()) {
+        return Status(StatusCode::kUnavailable,
+                      "instance '" + config_.name + "' cannot serve now: its workers are down");
+    }
     auto state = std::make_unique<RequestState>();
     state->request = std::move(request);
     state->sink = std::move(sink);
@@ -119,13 +145,37 @@ int64_t InstanceEngine::CachedPrefixTokens(std::span<const int32_t> token_ids) c
 }
 
 Status InstanceEngine::Health() const {
+    if (!executor_.Health().ok()) {
+        return Status(StatusCode::kUnavailable,
+                      "instance '" + config_.name + "': its workers are down");
+    }
     std::lock_guard<std::mutex> lock(stats_mu_);
+    // A failure of workers that have since been re-formed says nothing about the new ones.
+    if (last_step_epoch_ != executor_.epoch()) return Status::Ok();
     return last_step_status_;
+}
+
+std::vector<std::string> InstanceEngine::kv_endpoints() const {
+    // As configured until the workers are re-formed; then where the new workers listen.
+    if (executor_.epoch() == first_epoch_) return config_.kv_endpoints;
+    std::vector<std::string> now = executor_.kv_endpoints();
+    return now.empty() ? config_.kv_endpoints : now;
+}
+
+void InstanceEngine::CheckEpoch() {
+    const uint64_t now = executor_.epoch();
+    if (now == epoch_) return;
+    const int64_t dropped = blocks_.DropCachedBlocks();
+    spdlog::info("[{}] workers re-formed (epoch {} -> {}): {} cached KV blocks forgotten",
+                 config_.name, epoch_, now, dropped);
+    epoch_ = now;
 }
 
 EngineStats InstanceEngine::Stats() const {
     std::lock_guard<std::mutex> lock(stats_mu_);
-    return stats_;
+    EngineStats s = stats_;
+    s.instances[0].up = executor_.Health().ok();  // now, not as of the last step
+    return s;
 }
 
 kv::BlockManagerStats InstanceEngine::BlockStats() const {
@@ -137,6 +187,7 @@ void InstanceEngine::PublishStats() {
     const SchedulerStats s = scheduler_.Stats();
     const kv::BlockManagerStats b = blocks_.Stats();
     std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.instances = {{config_.name, config_.pool, executor_.Health().ok()}};
     stats_.num_running = s.num_running;
     stats_.num_waiting = s.num_waiting;
     stats_.kv_cache_usage =
@@ -284,11 +335,13 @@ void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result
     for (const std::string& id : to_hand_off) HandOff(*requests_.at(id));
 }
 
-void InstanceEngine::FailAll(const StepPlan& plan, const Status& status) {
+void InstanceEngine::FailAll(const StepPlan& plan, const Status& cause, bool stopping) {
     if (requests_.empty()) return;
     std::lock_guard<std::mutex> lock(blocks_mu_);
-    spdlog::error("step {}: {}; failing {} requests", plan.step_id, status.ToString(),
-                  requests_.size());
+    spdlog::error("[{}] step {}: {}; failing {} requests", config_.name, plan.step_id,
+                  cause.ToString(), requests_.size());
+    // What the clients are told: the cause in kvshard's words, or the shutdown as it is.
+    const Status status = stopping ? cause : ClientStatus(config_.name, cause);
     std::vector<std::string> ids;
     for (const auto& [id, r] : requests_) ids.push_back(id);
     for (const std::string& id : ids) {
@@ -323,6 +376,8 @@ void InstanceEngine::Loop() {
             if (stopping_) break;
         }
         std::unique_lock<std::mutex> blocks_lock(blocks_mu_);
+        CheckEpoch();
+        const uint64_t plan_epoch = epoch_;
         DrainInbox();
         bool has_discards = false;
         {
@@ -347,11 +402,18 @@ void InstanceEngine::Loop() {
         }
         Result<StepResult> result = executor_.Execute(plan);
         num_steps_++;
+        if (result.ok() && executor_.epoch() != plan_epoch) {
+            // Re-formed between planning and running: the plan's cached blocks are not on the
+            // new workers.
+            result = Status(StatusCode::kUnavailable, "the workers were re-formed during the step");
+        }
         {
             std::lock_guard<std::mutex> lock(stats_mu_);
-            last_step_status_ = !result.ok()             ? result.status()
-                                : !result->error.empty() ? Internal(result->error)
-                                                         : Status::Ok();
+            const Status st = !result.ok()             ? result.status()
+                              : !result->error.empty() ? Internal(result->error)
+                                                       : Status::Ok();
+            last_step_status_ = st.ok() ? st : ClientStatus(config_.name, st);
+            last_step_epoch_ = plan_epoch;
         }
         if (!result.ok()) {
             FailAll(plan, result.status());
@@ -369,7 +431,8 @@ void InstanceEngine::Loop() {
         DrainInbox();
     }
     StepPlan none;
-    FailAll(none, Status(StatusCode::kUnavailable, "the engine stopped"));
+    FailAll(none, Status(StatusCode::kUnavailable, "the server is shutting down"),
+            /*stopping=*/true);
     PublishStats();
 }
 

@@ -115,9 +115,13 @@ class InstanceEngine : public Engine {
     const InstanceEngineConfig& config() const { return config_; }
     void Abort(const std::string& request_id) override;
     EngineStats Stats() const override;
-    // The error of the last step if it failed (its workers are gone: every step fails until
-    // one succeeds), else OK.
+    // Unavailable while the executor cannot run steps (a worker died or stalled: noticed by its
+    // heartbeats, also while idle, until the workers are re-formed); else the error of the last
+    // step if it failed, else OK. The message is for clients: no addresses (the log has them).
     Status Health() const override;
+    // The KV endpoints of this instance's ranks: config().kv_endpoints, until the workers are
+    // re-formed; then the new workers' (StepExecutor::kv_endpoints).
+    std::vector<std::string> kv_endpoints() const;
     int64_t max_context() const override { return config_.max_context; }
 
     // Block-manager stats as of the last step (for tests: every block free or cached when idle).
@@ -142,7 +146,12 @@ class InstanceEngine : public Engine {
     void HandleResult(const StepPlan& plan, const StepResult& result);
     void FinishChoice(RequestState& r, int index, FinishReason reason, GenerationDelta* delta);
     void CompleteIfDone(const std::string& request_id);
-    void FailAll(const StepPlan& plan, const Status& status);
+    // Ends every request with an error: `cause` is logged; clients get it in kvshard's words
+    // (ClientStatus), or as it is when `stopping`.
+    void FailAll(const StepPlan& plan, const Status& cause, bool stopping = false);
+    // Workers re-formed since the last step (a new executor epoch): their KV pools are empty, so
+    // the prefix cache forgets its blocks. Engine thread; REQUIRES blocks_mu_.
+    void CheckEpoch();
     void PublishStats();
 
     const InstanceEngineConfig config_;
@@ -156,6 +165,8 @@ class InstanceEngine : public Engine {
     std::unordered_map<int64_t, std::pair<RequestState*, int>>
         by_seq_;  // seq id -> (request, choice)
     int64_t next_seq_id_ = 1;
+    uint64_t epoch_ = 0;  // the executor epoch whose workers hold this engine's cached KV
+    const uint64_t first_epoch_;  // the executor's epoch when the engine was made
     std::unordered_map<uint64_t, int64_t> handed_off_;  // transfer id -> detached seq id
     std::deque<std::string>
         unknown_aborts_;  // recent aborts of ids not here (a handoff in transit)
@@ -184,6 +195,7 @@ class InstanceEngine : public Engine {
     mutable std::mutex stats_mu_;
     EngineStats stats_;
     Status last_step_status_;
+    uint64_t last_step_epoch_ = 0;  // the epoch last_step_status_ was seen in
     kv::BlockManagerStats block_stats_;
     std::atomic<int64_t> num_steps_{0};
 

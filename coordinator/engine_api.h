@@ -53,7 +53,15 @@ public:
     virtual void OnFinish(const GenerationUsage& usage, const Status& status) = 0;
 };
 
+// Whether one instance can serve now (kvshard:instance_up).
+struct InstanceUp {
+    std::string instance;
+    std::string pool;
+    bool up = true;
+};
+
 struct EngineStats {
+    std::vector<InstanceUp> instances;  // one per instance behind this engine
     int64_t num_running = 0;
     int64_t num_waiting = 0;
     double kv_cache_usage = 0.0;  // used blocks / all blocks, 0..1

@@ -84,7 +84,7 @@ void InstanceEngine::AddTransferOps(StepPlan* plan) {
                                       .block_table = s.block_table,
                                       .num_tokens = seq.num_prompt_tokens,
                                       .dst_tp = dst.tp,
-                                      .dst_endpoints = dst.kv_endpoints,
+                                      .dst_endpoints = r.handoff_to->kv_endpoints(),
                                       .layerwise = config_.handoff.layerwise,
                                       .timeout_ms = config_.handoff.timeout_ms});
         }
@@ -177,7 +177,10 @@ void InstanceEngine::AdmitHandoff(std::unique_ptr<Handoff> h) {
         it != unknown_aborts_.end()) {
         // The client went away while the request was on its way here.
         unknown_aborts_.erase(it);
-        discards_.push_back(h->transfer_id);
+        {
+            std::lock_guard<std::mutex> lock(mu_);  // DiscardTransfer pushes from other threads
+            discards_.push_back(h->transfer_id);
+        }
         h->source->FinishHandoff(h->transfer_id, nullptr, Status::Ok());
         GenerationDelta d;
         d.finish_reason = FinishReason::kAbort;

@@ -127,6 +127,25 @@ Gauge& MetricsRegistry::AddGauge(const std::string& name, const std::string& hel
     return *f.series.back().gauge;
 }
 
+Gauge& MetricsRegistry::LabeledGauge(
+    const std::string& name, const std::string& help,
+    const std::vector<std::pair<std::string, std::string>>& labels) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Family* family = FindFamily(name);
+    if (family == nullptr) family = &NewFamily(name, help, Kind::kGauge);
+    KV_CHECK(family->kind == Kind::kGauge) << name;
+    std::string text;
+    for (const auto& [label, value] : labels) {
+        if (!text.empty()) text += ",";
+        text += label + "=\"" + Escape(value, true) + "\"";
+    }
+    for (Series& s : family->series) {
+        if (s.label == text) return *s.gauge;
+    }
+    family->series.push_back({text, nullptr, std::make_unique<Gauge>(), nullptr});
+    return *family->series.back().gauge;
+}
+
 Histogram& MetricsRegistry::AddHistogram(const std::string& name, const std::string& help,
                                          std::vector<double> upper_bounds) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -297,6 +316,14 @@ std::string ServerMetrics::Render(const EngineStats& stats) {
     kv_usage_.Set(stats.kv_cache_usage);
     prefix_queries_.SetTotal(static_cast<double>(stats.prefix_cache_queries_tokens));
     prefix_hits_.SetTotal(static_cast<double>(stats.prefix_cache_hits_tokens));
+    for (const InstanceUp& i : stats.instances) {
+        registry_
+            .LabeledGauge("kvshard:instance_up",
+                          "1 while the instance's workers can serve, 0 while they are down "
+                          "(restarting, or given up).",
+                          {{"instance", i.instance}, {"pool", i.pool}})
+            .Set(i.up ? 1.0 : 0.0);
+    }
     return registry_.Render();
 }
 

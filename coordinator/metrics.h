@@ -13,6 +13,8 @@
 //   kvshard:prompt_tokens_total            counter    prompt tokens of finished requests
 //   kvshard:generation_tokens_total        counter    generated tokens of finished requests
 //   kvshard:request_success_total          counter    finished requests, by finished_reason
+//   kvshard:instance_up                    gauge      per instance and pool: 1 while its workers
+//                                                     can serve, 0 while they are down
 // ServerMetrics is also the engines' EngineObserver (engine threads of every instance call it):
 //   kvshard:pool_time_to_first_token_seconds  histogram  per pool: arrival -> first token
 //   kvshard:pool_inter_token_latency_seconds  histogram  per pool: between consecutive tokens
@@ -93,6 +95,9 @@ class MetricsRegistry {
     Counter& LabeledCounter(const std::string& name, const std::string& help,
                             const std::string& label, const std::string& value);
     Gauge& AddGauge(const std::string& name, const std::string& help);
+    // A gauge family with extra labels; each set of values gets its own Gauge on first use.
+    Gauge& LabeledGauge(const std::string& name, const std::string& help,
+                        const std::vector<std::pair<std::string, std::string>>& labels);
     Histogram& AddHistogram(const std::string& name, const std::string& help,
                             std::vector<double> upper_bounds);
     // A histogram family with one extra label; each value gets its own Histogram on first use.

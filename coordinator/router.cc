@@ -11,6 +11,16 @@ int64_t Load(const InstanceEngine* e) {
     return s.num_running + s.num_waiting;
 }
 
+// The instances that can serve now (their workers are up); an instance whose workers died is
+// skipped until they are re-formed, so no request pays for its failure.
+std::vector<InstanceEngine*> Up(const std::vector<InstanceEngine*>& instances) {
+    std::vector<InstanceEngine*> up;
+    for (InstanceEngine* e : instances) {
+        if (e->Health().code() != StatusCode::kUnavailable) up.push_back(e);
+    }
+    return up;
+}
+
 InstanceEngine* LeastLoaded(const std::vector<InstanceEngine*>& candidates) {
     InstanceEngine* best = nullptr;
     int64_t best_load = std::numeric_limits<int64_t>::max();
@@ -97,13 +107,22 @@ InstanceEngine* Router::PickPrefix(const std::vector<InstanceEngine*>& candidate
 }
 
 Status Router::Submit(GenerationRequest request, std::shared_ptr<RequestSink> sink) {
+    const std::vector<InstanceEngine*> serving = Up(disaggregated() ? prefill_ : mixed_);
+    if (serving.empty()) {
+        return Status(StatusCode::kUnavailable,
+                      disaggregated() ? "no prefill instance can serve now: their workers are down"
+                                      : "no instance can serve now: their workers are down");
+    }
     if (!disaggregated()) {
-        return PickPrefix(mixed_, request.prompt_token_ids)
+        return PickPrefix(serving, request.prompt_token_ids)
             ->Submit(std::move(request), std::move(sink));
     }
-    InstanceEngine* prefill = PickPrefix(prefill_, request.prompt_token_ids);
-    if (request.n != 1) return prefill->Submit(std::move(request), std::move(sink));
-    InstanceEngine* decode = LeastLoaded(decode_);
+    InstanceEngine* prefill = PickPrefix(serving, request.prompt_token_ids);
+    const std::vector<InstanceEngine*> decoding = Up(decode_);
+    // With every decode instance down, the prefill instance decodes the request itself.
+    if (request.n != 1 || decoding.empty())
+        return prefill->Submit(std::move(request), std::move(sink));
+    InstanceEngine* decode = LeastLoaded(decoding);
     return prefill->SubmitWithHandoff(std::move(request), std::move(sink), decode,
                                       next_transfer_id_++);
 }
@@ -117,6 +136,7 @@ EngineStats Router::Stats() const {
     int64_t used = 0, total = 0;
     for (const InstanceEngine* e : all_) {
         const EngineStats s = e->Stats();
+        out.instances.insert(out.instances.end(), s.instances.begin(), s.instances.end());
         out.num_running += s.num_running;
         out.num_waiting += s.num_waiting;
         out.prefix_cache_queries_tokens += s.prefix_cache_queries_tokens;

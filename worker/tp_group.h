@@ -67,7 +67,7 @@ class TpGroup : public StepExecutor {
     Result<StepResult> Execute(const StepPlan& plan) override;
 
     // Each rank's KV transport endpoint (empty without kv_transport_name).
-    std::vector<std::string> kv_endpoints() const;
+    std::vector<std::string> kv_endpoints() const override;
     // Bytes the ranks' KV transports hold staged (received, not yet written to a pool).
     int64_t kv_staged_bytes() const;
 

@@ -338,5 +338,20 @@ TEST(Metrics, ServerMetricsObserverConcurrent) {
     EXPECT_EQ(e.samples.at("kvshard:kv_transfer_failures_total" + l), kThreads * kIterations / 10);
 }
 
+// kvshard:instance_up follows each instance's state at scrape time, one series per instance.
+TEST(Metrics, InstanceUpPerInstanceAndPool) {
+    ServerMetrics m("smol");
+    EngineStats stats;
+    stats.instances = {{"prefill", "prefill", true}, {"decode-0", "decode", false}};
+    Exposition e = Parse(m.Render(stats));
+    const std::string p = "kvshard:instance_up{model_name=\"smol\",instance=\"prefill\",pool=\"prefill\"}";
+    const std::string d = "kvshard:instance_up{model_name=\"smol\",instance=\"decode-0\",pool=\"decode\"}";
+    EXPECT_EQ(e.samples.at(p), 1.0);
+    EXPECT_EQ(e.samples.at(d), 0.0);
+    stats.instances[1].up = true;
+    e = Parse(m.Render(stats));
+    EXPECT_EQ(e.samples.at(d), 1.0);
+}
+
 }  // namespace
 }  // namespace kvshard

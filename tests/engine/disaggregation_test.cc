@@ -41,8 +41,28 @@ class RecordingObserver : public EngineObserver {
     std::vector<std::string> first_token_pools;  // guarded by mu
 };
 
+// Lets a test take an instance's workers down (as a dead worker process would) and up again.
+class DownableExecutor : public StepExecutor {
+  public:
+    explicit DownableExecutor(StepExecutor& inner) : inner_(inner) {}
+    Result<StepResult> Execute(const StepPlan& plan) override {
+        if (down.load()) return Status(StatusCode::kUnavailable, "rank 0: dead");
+        return inner_.Execute(plan);
+    }
+    Status Health() const override {
+        return down.load() ? Status(StatusCode::kUnavailable, "rank 0: dead") : Status::Ok();
+    }
+    uint64_t epoch() const override { return inner_.epoch(); }
+    std::vector<std::string> kv_endpoints() const override { return inner_.kv_endpoints(); }
+    std::atomic<bool> down{false};
+
+  private:
+    StepExecutor& inner_;
+};
+
 struct Instance {
     std::unique_ptr<TpGroup> group;
+    std::unique_ptr<DownableExecutor> gate;  // between the group and the engine, when asked
     std::unique_ptr<InstanceEngine> engine;
 };
 
@@ -60,7 +80,7 @@ class Disaggregation : public ::testing::Test {
     // An instance with `tp` rank threads and a KV transport named `name`.
     Instance Make(const std::string& name, InstanceRole role, int tp, int64_t timeout_ms = 10'000,
                   bool layerwise = false, std::vector<std::string> endpoints_override = {},
-                  const std::string& pool = "") {
+                  const std::string& pool = "", bool downable = false) {
         TpGroupConfig tc;
         tc.tp = tp;
         tc.threads_per_rank = 1;
@@ -88,7 +108,12 @@ class Disaggregation : public ::testing::Test {
         c.blocks.block_size = 16;
         c.max_context = 512;
         c.stop_token_ids = StopIds();
-        out.engine = std::make_unique<InstanceEngine>(c, *tokenizer_, *out.group);
+        StepExecutor* executor = out.group.get();
+        if (downable) {
+            out.gate = std::make_unique<DownableExecutor>(*out.group);
+            executor = out.gate.get();
+        }
+        out.engine = std::make_unique<InstanceEngine>(c, *tokenizer_, *executor);
         out.engine->Start();
         return out;
     }
@@ -241,6 +266,53 @@ TEST_F(Disaggregation, UnreachableDecodeFallsBackToThePrefillInstance) {
     EXPECT_EQ(Run(**router, prompts, 16, true), expected);
     EXPECT_EQ(observer_.failures.load(), 8);
     EXPECT_EQ(observer_.transfers.load(), 0);
+    ExpectClean(prefill);
+    ExpectClean(decode);
+}
+
+// A decode instance whose workers are down is not given handoffs (no request pays a failed KV
+// connect): the prefill instance decodes alone, and metrics say which instance is down. With the
+// prefill instance down too, nothing can serve: Submit and Health say Unavailable.
+TEST_F(Disaggregation, DownInstancesAreSkippedAndShownDown) {
+    const std::string path = testing::SharedModel("stories260K/stories260K.bin");
+    KV_REQUIRE_FIXTURE(path, "stories260K.bin");
+    Load(path);
+    const auto prompts = Prompts(4);
+    const auto expected = Colocated(prompts, 8);
+    Instance decode = Make("decode", InstanceRole::kDecode, 1, 10'000, false, {}, "", true);
+    Instance prefill = Make("prefill", InstanceRole::kPrefill, 1, 10'000, false, {}, "", true);
+    Result<std::unique_ptr<Router>> router =
+        Router::Create({prefill.engine.get(), decode.engine.get()});
+    ASSERT_TRUE(router.ok());
+    auto up = [&](const std::string& name) {
+        for (const InstanceUp& i : (*router)->Stats().instances) {
+            if (i.instance == name) return i.up;
+        }
+        ADD_FAILURE() << name;
+        return false;
+    };
+
+    decode.gate->down = true;
+    EXPECT_FALSE(up("decode"));
+    EXPECT_TRUE(up("prefill"));
+    EXPECT_TRUE((*router)->Health().ok());
+    EXPECT_EQ(Run(**router, prompts, 8, true), expected);
+    EXPECT_EQ(observer_.failures.load(), 0);
+    EXPECT_EQ(observer_.transfers.load(), 0);
+
+    prefill.gate->down = true;
+    EXPECT_EQ((*router)->Health().code(), StatusCode::kUnavailable);
+    GenerationRequest r;
+    r.request_id = "nowhere";
+    r.prompt_token_ids = prompts[0];
+    r.max_tokens = 4;
+    EXPECT_EQ((*router)->Submit(r, std::make_shared<CollectingSink>(1)).code(),
+              StatusCode::kUnavailable);
+
+    decode.gate->down = false;
+    prefill.gate->down = false;
+    EXPECT_EQ(Run(**router, prompts, 8, true), expected);
+    EXPECT_EQ(observer_.transfers.load(), 4);
     ExpectClean(prefill);
     ExpectClean(decode);
 }

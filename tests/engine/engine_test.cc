@@ -3,6 +3,7 @@
 // and every KV block is free or cached afterwards.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <future>
 #include <mutex>
@@ -201,6 +202,98 @@ TEST_F(EngineTest, RejectsWhatCannotFit) {
     EXPECT_EQ(engine->Submit(Request("big", Prompts(1)[0], 1000), sink).code(), StatusCode::kOutOfRange);
     EXPECT_EQ(engine->Submit(Request("empty", {}, 10), sink).code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(engine->Submit(Request("bad", {1, 99999}, 10), sink).code(), StatusCode::kInvalidArgument);
+}
+
+// An executor whose workers can die and be re-formed, as the process-mode executor's: dead,
+// Health is Unavailable and every step fails at once; re-formed, the epoch moves on.
+class RestartableExecutor : public StepExecutor {
+  public:
+    explicit RestartableExecutor(StepExecutor& inner) : inner_(inner) {}
+    Result<StepResult> Execute(const StepPlan& plan) override {
+        if (down_.load()) return Status(StatusCode::kUnavailable, "rank 0 (127.0.0.1:4711): gone");
+        steps_++;
+        if (kill_at_step_ > 0 && steps_ == kill_at_step_) {
+            down_ = true;
+            return Status(StatusCode::kUnavailable, "rank 0 (127.0.0.1:4711): connection reset");
+        }
+        return inner_.Execute(plan);
+    }
+    Status Health() const override {
+        return down_.load() ? Status(StatusCode::kUnavailable, "rank 0 (127.0.0.1:4711): dead")
+                            : Status::Ok();
+    }
+    uint64_t epoch() const override { return epoch_.load(); }
+    void Kill() { down_ = true; }
+    void Reform() {
+        epoch_++;
+        down_ = false;
+    }
+    std::atomic<bool> down_{false};
+    std::atomic<uint64_t> epoch_{1};
+    int steps_ = 0;         // engine thread
+    int kill_at_step_ = 0;  // the step (1-based) at which the workers die; 0: never
+
+  private:
+    StepExecutor& inner_;
+};
+
+TEST_F(EngineTest, DeadWorkersShowAtOnceAndReformedOnesServeWithoutStaleCache) {
+    if (!model_) return;
+    RestartableExecutor executor(*executor_);
+    InstanceEngineConfig c;
+    c.name = "mixed";
+    c.pool = "default";
+    c.blocks.num_blocks = 512;
+    c.blocks.block_size = 16;
+    c.max_context = 512;
+    c.stop_token_ids = model_->StopTokenIds();
+    InstanceEngine engine(c, *model_->tokenizer, executor);
+    engine.Start();
+    const std::vector<int32_t> prompt = model_->EncodePrompt(
+        "Once upon a time there was a little girl named Lily who loved to play in the park");
+    ASSERT_GT(prompt.size(), 17u);
+    auto run = [&](const std::string& id) {
+        auto sink = std::make_shared<CollectingSink>(1);
+        EXPECT_TRUE(engine.Submit(Request(id, prompt, 8), sink).ok());
+        sink->Wait();
+        return sink;
+    };
+    ASSERT_TRUE(run("warm")->status_.ok());
+    ASSERT_TRUE(engine.Health().ok());
+    ASSERT_EQ(engine.Stats().instances.size(), 1u);
+    EXPECT_TRUE(engine.Stats().instances[0].up);
+
+    // The workers die while the engine is idle: no request has to find out.
+    executor.Kill();
+    EXPECT_EQ(engine.Health().code(), StatusCode::kUnavailable);
+    EXPECT_FALSE(engine.Stats().instances[0].up);
+    auto refused = std::make_shared<CollectingSink>(1);
+    const Status st = engine.Submit(Request("while-down", prompt, 8), refused);
+    EXPECT_EQ(st.code(), StatusCode::kUnavailable);
+    EXPECT_EQ(st.message().find("127.0.0.1"), std::string::npos) << st.message();
+
+    // Re-formed workers hold no KV: the prompt is computed again, not read from the old cache.
+    executor.Reform();
+    EXPECT_TRUE(engine.Health().ok());
+    auto again = run("after-reform");
+    EXPECT_TRUE(again->status_.ok()) << again->status_.ToString();
+    EXPECT_EQ(again->usage_.cached_tokens, 0);
+    EXPECT_EQ(again->ids_[0], Alone(prompt, 8));
+    // ... and the new workers' KV is cached again.
+    EXPECT_GT(run("cached-again")->usage_.cached_tokens, 0);
+
+    // Dying under a step: the request fails with a message in kvshard's words, blocks come back.
+    executor.kill_at_step_ = executor.steps_ + 2;
+    auto failed = run("dies-mid-request");
+    EXPECT_EQ(failed->status_.code(), StatusCode::kUnavailable);
+    EXPECT_EQ(failed->status_.message().find("127.0.0.1"), std::string::npos)
+        << failed->status_.message();
+    EXPECT_EQ(engine.Health().code(), StatusCode::kUnavailable);
+    executor.Reform();
+    EXPECT_TRUE(engine.Health().ok());
+    EXPECT_TRUE(run("served-again")->status_.ok());
+    engine.Stop();
+    ExpectAllBlocksFreeOrCached(engine);
 }
 
 }  // namespace
