@@ -1,0 +1,305 @@
+// The receiving side of one TCP KV connection (comm/tcp_kv_session.h).
+// Boost 1.74's asio/awaitable.hpp uses std::exchange without including <utility>.
+// clang-format off
+#include <utility>
+#include <boost/asio.hpp>
+// clang-format on
+#include "comm/tcp_kv_session.h"
+
+#include <algorithm>
+#include <array>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/tcp_kv_wire.h"
+#include "common/logging.h"
+
+namespace kvshard::internal {
+
+namespace {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+// Refused payloads are read off the socket in chunks of this size (never allocated whole).
+constexpr size_t kDrainChunkBytes = 64 * 1024;
+// Accepted payloads are read in chunks of this size, so that the memory a piece takes grows with
+// the bytes that arrived, not with what its header claims.
+constexpr size_t kPayloadChunkBytes = 1 << 20;
+
+}  // namespace
+
+// One accepted connection, on the I/O thread: the hello, then frames one after another; each
+// piece is answered before the next frame is read, since the sender waits for the answer.
+//
+// Nothing the peer claims is trusted before it is checked: the hello's token length is bounded,
+// a piece's header is validated (ValidateKvPieceHeader, its length against its fields, the
+// receive geometry and the staging limits in KvStaging::Reserve) before its payload is read, and
+// the payload is then read in chunks, so memory grows only with bytes that actually arrived.
+// Deadlines: the hello, and every frame once its magic arrived, must be complete within
+// read_timeout_ms; between frames a connection may be idle for idle_timeout_ms (it holds no
+// reservation then). Either way a stalled connection is closed and its reservation given back.
+class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
+  public:
+    TcpKvSession(tcp::socket socket, KvStaging* staging, const KvTransportOptions* options,
+                 TcpKvSessions* live)
+        : socket_(std::move(socket)),
+          timer_(socket_.get_executor()),
+          staging_(staging),
+          options_(options),
+          live_(live) {
+        boost::system::error_code ec;
+        const tcp::endpoint remote = socket_.remote_endpoint(ec);
+        peer_ = ec ? "unknown peer"
+                   : remote.address().to_string() + ":" + std::to_string(remote.port());
+        socket_.set_option(tcp::no_delay(true), ec);
+    }
+
+    void Start() {
+        Arm(options_->read_timeout_ms, "no complete hello within read_timeout_ms");
+        ReadHello();
+    }
+
+    // I/O thread: ends the connection (pending operations complete with operation_aborted).
+    void Close() {
+        boost::system::error_code ignored;
+        timer_.cancel();
+        socket_.close(ignored);
+    }
+
+  private:
+    // Closes the connection with `why` unless the next Arm (or End) comes first.
+    void Arm(int64_t ms, const char* why) {
+        const uint64_t generation = ++timer_generation_;
+        timer_.expires_after(std::chrono::milliseconds(ms));
+        timer_.async_wait(
+            [self = shared_from_this(), generation, why](const boost::system::error_code& ec) {
+                if (ec || generation != self->timer_generation_) return;
+                self->End(std::string(why) + " (" +
+                          std::to_string(self->reserved_ ? self->piece_.data.size() : 0) +
+                          " payload bytes in)");
+            });
+    }
+
+    void ReadHello() {
+        asio::async_read(socket_, asio::buffer(hello_),
+                         [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                             if (ec) return self->End("closed during the hello: " + ec.message());
+                             self->OnHelloHeader();
+                         });
+    }
+
+    void OnHelloHeader() {
+        Result<uint16_t> token_bytes = DecodeKvHelloHeader(hello_);
+        if (!token_bytes.ok()) return End("malformed hello: " + token_bytes.status().ToString());
+        token_.assign(*token_bytes, '\0');
+        asio::async_read(socket_, asio::buffer(token_),
+                         [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                             if (ec) return self->End("closed during the hello: " + ec.message());
+                             self->OnHello();
+                         });
+    }
+
+    void OnHello() {
+        const bool accepted = options_->token.empty() || KvTokensEqual(options_->token, token_);
+        std::string().swap(token_);
+        if (!accepted) {
+            // Refused as an ordinary answer, so the sender can say why; then closed.
+            return Refuse(0, InvalidArgument("KV transport: the hello's token is not this "
+                                             "deployment's"));
+        }
+        WriteAck(0, Status::Ok(), /*then_close=*/false);
+    }
+
+    // Between frames: the connection holds nothing, so it may idle for idle_timeout_ms.
+    void ReadFrame() {
+        Arm(options_->idle_timeout_ms, "idle for idle_timeout_ms");
+        asio::async_read(socket_, asio::buffer(frame_.data(), kKvFrameMagicBytes),
+                         [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                             if (ec) {
+                                 // Closed between frames: the sender is done with us.
+                                 return self->End(ec == asio::error::eof ? "" : ec.message());
+                             }
+                             self->OnMagic();
+                         });
+    }
+
+    void OnMagic() {
+        Result<KvFrameKind> kind = DecodeKvFrameKind(frame_.data());
+        if (!kind.ok()) return End("malformed KV frame: " + kind.status().ToString());
+        Arm(options_->read_timeout_ms, "stalled mid-frame for read_timeout_ms");
+        const size_t rest = KvFrameHeaderBytes(*kind) - kKvFrameMagicBytes;
+        asio::async_read(socket_, asio::buffer(frame_.data() + kKvFrameMagicBytes, rest),
+                         [self = shared_from_this(), kind = *kind](
+                             const boost::system::error_code& ec, size_t n) {
+                             if (ec) {
+                                 return self->End("closed mid-header after " + std::to_string(n) +
+                                                  " bytes: " + ec.message());
+                             }
+                             if (kind == KvFrameKind::kTransfer) {
+                                 self->OnTransferFrame();
+                             } else {
+                                 self->OnPieceHeader();
+                             }
+                         });
+    }
+
+    void OnTransferFrame() {
+        KvTransferFrame bytes{};
+        std::copy_n(frame_.begin(), bytes.size(), bytes.begin());
+        Result<uint64_t> id = DecodeKvTransferFrame(bytes);
+        if (!id.ok()) return End("malformed KV frame: " + id.status().ToString());
+        transfer_id_ = *id;
+        ReadFrame();
+    }
+
+    void OnPieceHeader() {
+        Result<DecodedKvPieceFrame> frame = DecodeKvPieceFrameHeader(frame_);
+        if (!frame.ok()) {
+            // A header that contradicts itself: nothing after it can be trusted.
+            return Refuse(KvPieceFrameTransferId(frame_), frame.status());
+        }
+        decoded_ = *frame;
+        const uint64_t id = decoded_.header.transfer_id;
+        if (!transfer_id_.has_value() || *transfer_id_ != id) {
+            return Refuse(
+                id, Status(StatusCode::kNotFound, "KV piece of transfer " + std::to_string(id) +
+                                                      ", which this connection did not name"));
+        }
+        Status admitted = staging_->Reserve(decoded_.header);
+        if (admitted.code() == StatusCode::kInvalidArgument) {
+            // Does not fit this pool: a sender that means well never sends it.
+            return Refuse(id, admitted);
+        }
+        if (!admitted.ok()) {
+            // A verdict on the transfer (full, discarded): the stream stays in step, so read the
+            // payload off without keeping it, then answer.
+            refusal_ = std::move(admitted);
+            drain_left_ = decoded_.payload_bytes;
+            scratch_.resize(std::min<uint64_t>(drain_left_, kDrainChunkBytes));
+            return Drain();
+        }
+        reserved_ = true;
+        piece_ = KvPiece();
+        piece_.header = decoded_.header;
+        // Capacity only (address space; pages are touched as bytes arrive), bounded by Reserve.
+        piece_.data.reserve(static_cast<size_t>(decoded_.payload_bytes));
+        ReadPayload();
+    }
+
+    void ReadPayload() {
+        const size_t have = piece_.data.size();
+        const size_t total = static_cast<size_t>(decoded_.payload_bytes);
+        if (have == total) return OnPayload();
+        const size_t chunk = std::min(total - have, kPayloadChunkBytes);
+        piece_.data.resize(have + chunk);
+        asio::async_read(
+            socket_, asio::buffer(piece_.data.data() + have, chunk),
+            [self = shared_from_this(), have](const boost::system::error_code& ec, size_t n) {
+                if (ec) {
+                    return self->End("closed mid-payload after " + std::to_string(have + n) +
+                                     " of " + std::to_string(self->decoded_.payload_bytes) +
+                                     " bytes: " + ec.message());
+                }
+                self->ReadPayload();
+            });
+    }
+
+    void OnPayload() {
+        if (KvPayloadCrc(piece_.data) != decoded_.payload_crc) {
+            return End("malformed KV frame: payload CRC mismatch (transfer " +
+                       std::to_string(decoded_.header.transfer_id) + ")");
+        }
+        reserved_ = false;  // Commit takes the reservation over, whatever it answers
+        Status staged = staging_->Commit(std::move(piece_));
+        piece_ = KvPiece();
+        WriteAck(decoded_.header.transfer_id, staged, /*then_close=*/false);
+    }
+
+    void Drain() {
+        if (drain_left_ == 0) {
+            std::vector<uint8_t>().swap(scratch_);
+            return WriteAck(decoded_.header.transfer_id, refusal_, /*then_close=*/false);
+        }
+        const size_t chunk = static_cast<size_t>(std::min<uint64_t>(drain_left_, scratch_.size()));
+        socket_.async_read_some(
+            asio::buffer(scratch_.data(), chunk),
+            [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
+                if (ec)
+                    return self->End("closed while a refused payload was read: " + ec.message());
+                self->drain_left_ -= n;
+                self->Drain();
+            });
+    }
+
+    // A protocol violation: answers with the reason, then closes (the stream cannot be trusted
+    // to be in step). Logged, since a working sender never causes it.
+    void Refuse(uint64_t transfer_id, const Status& why) {
+        spdlog::warn("KV transport: refusing the connection from {}: {}", peer_, why.ToString());
+        WriteAck(transfer_id, why, /*then_close=*/true);
+    }
+
+    void WriteAck(uint64_t transfer_id, const Status& status, bool then_close) {
+        ack_ = EncodeKvAckFrame(transfer_id, status);
+        asio::async_write(
+            socket_, asio::buffer(ack_),
+            [self = shared_from_this(), then_close](const boost::system::error_code& ec, size_t) {
+                if (ec) {
+                    return self->End("acknowledgement not written: " + ec.message());
+                }
+                if (then_close) return self->End("");
+                self->ReadFrame();
+            });
+    }
+
+    // The connection is over: gives back a reservation, closes, and leaves the live set.
+    void End(const std::string& why) {
+        if (ended_) return;
+        ended_ = true;
+        ++timer_generation_;
+        if (reserved_) {
+            staging_->Unreserve(decoded_.header);
+            reserved_ = false;
+        }
+        piece_ = KvPiece();
+        std::vector<uint8_t>().swap(scratch_);
+        if (!why.empty()) spdlog::warn("KV transport: connection from {} closed: {}", peer_, why);
+        Close();
+        live_->erase(shared_from_this());
+    }
+
+    tcp::socket socket_;
+    asio::steady_timer timer_;
+    uint64_t timer_generation_ = 0;  // a wait armed under another generation is stale
+    KvStaging* const staging_;
+    const KvTransportOptions* const options_;  // the transport's
+    TcpKvSessions* const live_;                // the transport's, I/O thread only
+    std::string peer_;
+    bool ended_ = false;
+    std::array<uint8_t, kKvHelloHeaderBytes> hello_{};
+    std::string token_;
+    // The transfer this connection named last (its pieces are the only ones accepted).
+    std::optional<uint64_t> transfer_id_;
+    KvPieceFrameHeader frame_{};  // also holds a transfer frame
+    DecodedKvPieceFrame decoded_;
+    KvPiece piece_;
+    bool reserved_ = false;  // staging holds a reservation for decoded_.header
+    Status refusal_;
+    uint64_t drain_left_ = 0;
+    std::vector<uint8_t> scratch_;
+    std::string ack_;
+};
+
+void StartTcpKvSession(tcp::socket socket, KvStaging* staging, const KvTransportOptions* options,
+                       TcpKvSessions* live) {
+    auto session = std::make_shared<TcpKvSession>(std::move(socket), staging, options, live);
+    live->insert(session);
+    session->Start();
+}
+
+void CloseTcpKvSessions(const TcpKvSessions& live) {
+    for (const std::shared_ptr<TcpKvSession>& session : live) session->Close();
+}
+
+}  // namespace kvshard::internal
