@@ -1,9 +1,12 @@
 #include "coordinator/api_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
+
+#include "common/logging.h"
 
 namespace kvshard {
 
@@ -26,6 +29,26 @@ bool SameKey(std::string_view a, std::string_view b) {
     return diff == 0;
 }
 
+// Every token's text is at most this many bytes: its decoded bytes, or the piece of a special
+// token that prompt text may name. At least 4 (one UTF-8 character a SentencePiece model without
+// byte fallback maps to <unk>).
+int64_t LongestTokenBytes(const Tokenizer& tokenizer) {
+    int64_t longest = 4;
+    for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
+        const std::string bytes = tokenizer.TokenBytes(id);
+        const size_t n = bytes.empty() ? tokenizer.data().tokens[id].size() : bytes.size();
+        longest = std::max<int64_t>(longest, static_cast<int64_t>(n));
+    }
+    return longest;
+}
+
+int64_t PromptBytes(const OpenAiRequest& r) {
+    if (r.endpoint == ApiEndpoint::kCompletions) return static_cast<int64_t>(r.prompt.size());
+    int64_t bytes = 0;
+    for (const ChatMessage& m : r.messages) bytes += static_cast<int64_t>(m.content.size());
+    return bytes;
+}
+
 int64_t UnixSeconds() {
     return std::chrono::duration_cast<std::chrono::seconds>(
                std::chrono::system_clock::now().time_since_epoch())
@@ -40,14 +63,26 @@ ApiService::ApiService(Engine& engine, const Tokenizer& tokenizer,
       tokenizer_(tokenizer),
       metrics_(std::move(metrics)),
       options_(std::move(options)),
+      max_prompt_bytes_(options_.max_prompt_bytes > 0
+                            ? options_.max_prompt_bytes
+                            : engine_.max_context() * LongestTokenBytes(tokenizer_)),
       created_(UnixSeconds()),
       boot_nonce_((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) {}
 
 bool ApiService::Authorized(std::string_view authorization) const {
     if (options_.api_keys.empty()) return true;
-    constexpr std::string_view kBearer = "Bearer ";
-    if (authorization.substr(0, kBearer.size()) != kBearer) return false;
-    const std::string_view key = authorization.substr(kBearer.size());
+    // credentials = auth-scheme 1*SP token68; the scheme is case-insensitive.
+    constexpr std::string_view kBearer = "bearer";
+    if (authorization.size() <= kBearer.size()) return false;
+    for (size_t i = 0; i < kBearer.size(); ++i) {
+        const char c = authorization[i];
+        if ((c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c) != kBearer[i]) {
+            return false;
+        }
+    }
+    std::string_view key = authorization.substr(kBearer.size());
+    if (key.front() != ' ') return false;
+    while (!key.empty() && key.front() == ' ') key.remove_prefix(1);
     bool ok = false;
     for (const std::string& k : options_.api_keys) ok |= SameKey(key, k);
     return ok;
@@ -92,21 +127,48 @@ std::variant<std::vector<int32_t>, ApiError> ApiService::Tokenize(
             "--chat-template chatml|llama2|llama3",
             "messages", "chat_template_missing");
     }
-    Result<std::string> text =
-        options_.chat_template->Render(request.messages, request.add_generation_prompt);
-    if (!text.ok()) return BadRequest(text.status().message(), "messages");
+    Result<std::vector<TextPiece>> pieces =
+        options_.chat_template->RenderPieces(request.messages, request.add_generation_prompt);
+    if (!pieces.ok()) return BadRequest(pieces.status().message(), "messages");
     // Templates that write the BOS text themselves (Llama 2 and 3) must not get a second one.
     const ChatTemplateTokens special = ChatTemplateTokensOf(data);
-    if (!special.bos.empty() && text->rfind(special.bos, 0) == 0) encode.add_bos = false;
-    return tokenizer_.Encode(*text, encode);
+    if (!special.bos.empty() && !pieces->empty() && !pieces->front().literal &&
+        pieces->front().text.rfind(special.bos, 0) == 0) {
+        encode.add_bos = false;
+    }
+    if (options_.content_special_tokens == HttpConfig::ContentSpecialTokens::kControl) {
+        for (TextPiece& p : *pieces) p.literal = false;
+    }
+    return tokenizer_.EncodePieces(*pieces, encode);
+}
+
+std::variant<OpenAiRequest, ApiError> ApiService::Parse(ApiEndpoint endpoint,
+                                                        std::string_view body) const {
+    ParsedRequest parsed = ParseOpenAiRequest(endpoint, body, options_.model);
+    if (auto* r = std::get_if<OpenAiRequest>(&parsed)) {
+        // A prompt longer than this can never fit (or the operator allows no more): refuse it
+        // before it costs a tokenization.
+        const int64_t bytes = PromptBytes(*r);
+        if (bytes > max_prompt_bytes_) {
+            const bool chat = endpoint == ApiEndpoint::kChatCompletions;
+            return BadRequest(std::string(chat ? "the messages' content is " : "the prompt is ") +
+                                  std::to_string(bytes) + " bytes; this server accepts at most " +
+                                  std::to_string(max_prompt_bytes_) + " bytes",
+                              chat ? "messages" : "prompt", "prompt_too_large");
+        }
+    }
+    return parsed;
 }
 
 std::variant<PreparedGeneration, ApiError> ApiService::Prepare(ApiEndpoint endpoint,
                                                                std::string_view body) const {
-    ParsedRequest parsed = ParseOpenAiRequest(endpoint, body, options_.model);
+    auto parsed = Parse(endpoint, body);
     if (auto* error = std::get_if<ApiError>(&parsed)) return *error;
-    const OpenAiRequest& r = std::get<OpenAiRequest>(parsed);
+    return Prepare(std::get<OpenAiRequest>(parsed));
+}
 
+std::variant<PreparedGeneration, ApiError> ApiService::Prepare(const OpenAiRequest& r) const {
+    const ApiEndpoint endpoint = r.endpoint;
     auto tokens = Tokenize(r);
     if (auto* error = std::get_if<ApiError>(&tokens)) return *error;
     std::vector<int32_t>& prompt = std::get<std::vector<int32_t>>(tokens);
@@ -160,33 +222,43 @@ std::pair<int, std::string> ApiService::Health() const {
 
 std::string ApiService::MetricsBody() const { return metrics_->Render(engine_.Stats()); }
 
-ApiError ApiService::ErrorFromStatus(const Status& status) {
+ApiError ApiService::ErrorFromStatus(const Status& status, std::string_view request_id) {
     ApiError e;
-    e.message = status.message();
+    const std::string id = request_id.empty() ? "" : " (request " + std::string(request_id) + ")";
     switch (status.code()) {
         case StatusCode::kInvalidArgument:
         case StatusCode::kOutOfRange:
+            // The engine's checks of the request itself (prompt length, ids): about what the
+            // client sent, in kvshard's words already.
             e.http_status = 400;
+            e.message = status.message();
             break;
         case StatusCode::kNotFound:
             e.http_status = 404;
+            e.message = "not found" + id;
             break;
         case StatusCode::kResourceExhausted:
             e.http_status = 429;
             e.type = "server_overloaded";
             e.code = "queue_full";
+            e.message = "the server's request queue is full; retry later";
+            e.retry_after_s = 1;
             break;
         case StatusCode::kUnavailable:
             e.http_status = 503;
             e.type = "server_unavailable";
+            e.message = "the model is not available right now; retry later" + id;
+            e.retry_after_s = 1;
             break;
         case StatusCode::kDeadlineExceeded:
             e.http_status = 504;
             e.type = "timeout";
+            e.message = "the server did not finish the request in time" + id;
             break;
         case StatusCode::kUnimplemented:
             e.http_status = 501;
             e.type = "not_implemented";
+            e.message = "the server cannot do what this request asks" + id;
             break;
         case StatusCode::kOk:
         case StatusCode::kAborted:
@@ -194,7 +266,12 @@ ApiError ApiService::ErrorFromStatus(const Status& status) {
         case StatusCode::kInternal:
             e.http_status = 500;
             e.type = "server_error";
+            e.message = "the server failed while generating" + id;
             break;
+    }
+    if (e.http_status >= 500) {
+        spdlog::warn("http: {} failed: {}", request_id.empty() ? "request" : request_id,
+                     status.ToString());
     }
     return e;
 }

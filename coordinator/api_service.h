@@ -1,6 +1,8 @@
 // ApiService: what the HTTP endpoints do, without the sockets. It turns a request body into a
-// GenerationRequest for the engine (validate, apply the chat template, tokenize, check the
-// context), and answers the small GET endpoints. HttpSession (http_session.h) does the I/O.
+// GenerationRequest for the engine in two stages: Parse (validate the JSON, check the prompt's
+// bytes; cheap, may run on an I/O thread) and Prepare (apply the chat template, tokenize, check
+// the context; costs CPU in proportion to the prompt, so the HTTP server runs it on a pool of its
+// own). It also answers the small GET endpoints. HttpSession (http_session.h) does the I/O.
 //
 // Thread-safety: every method may be called from any HTTP thread at once; the service holds no
 // mutable state besides the metrics (thread-safe) and an atomic request counter.
@@ -15,6 +17,7 @@
 #include <variant>
 #include <vector>
 
+#include "config/server_config.h"
 #include "coordinator/engine_api.h"
 #include "coordinator/metrics.h"
 #include "coordinator/openai_protocol.h"
@@ -28,6 +31,15 @@ struct ApiServiceOptions {
     ServedModel model;                          // name, path, vocabulary size
     std::optional<ChatTemplate> chat_template;  // nullopt: chat requests get 400
     std::vector<std::string> api_keys;          // empty: no authentication
+    // http.max_prompt_bytes: prompt text (completions) or all message content (chat) longer than
+    // this is a 400 before tokenizing. 0: the longest prompt that could fit the context,
+    // max_context() times the longest token's bytes.
+    int64_t max_prompt_bytes = 0;
+    // http.content_special_tokens: kText encodes special-token text inside chat message content
+    // as plain text; kControl lets it become the control token. The template's own markers are
+    // control tokens either way.
+    HttpConfig::ContentSpecialTokens content_special_tokens =
+        HttpConfig::ContentSpecialTokens::kText;
 };
 
 // A request ready for Engine::Submit, and what its answer needs.
@@ -42,20 +54,32 @@ class ApiService {
     ApiService(Engine& engine, const Tokenizer& tokenizer, std::shared_ptr<ServerMetrics> metrics,
                ApiServiceOptions options);
 
-    // True when no keys are configured or `authorization` is "Bearer <one of the keys>".
+    // True when no keys are configured or `authorization` is "Bearer <one of the keys>" (the
+    // scheme in any case, as RFC 7235 says).
     bool Authorized(std::string_view authorization) const;
 
+    // Stage 1: the validated request, or the 4xx a client gets; prompts over max_prompt_bytes()
+    // are refused here, before anything is tokenized.
+    std::variant<OpenAiRequest, ApiError> Parse(ApiEndpoint endpoint, std::string_view body) const;
+    // Stage 2: the chat template, tokenization and the context check.
+    std::variant<PreparedGeneration, ApiError> Prepare(const OpenAiRequest& request) const;
+    // Both stages.
     std::variant<PreparedGeneration, ApiError> Prepare(ApiEndpoint endpoint,
                                                        std::string_view body) const;
+    // The prompt-bytes cap in force (options.max_prompt_bytes, or the automatic one).
+    int64_t max_prompt_bytes() const { return max_prompt_bytes_; }
 
-    std::string ModelsBody() const;   // GET /v1/models
+    std::string ModelsBody() const;  // GET /v1/models
     // GET /health: 200 {"status":"ok"}, or 503 {"status":"unavailable","error":"..."} when the
     // engine cannot serve (Engine::Health).
     std::pair<int, std::string> Health() const;
     std::string MetricsBody() const;  // GET /metrics
 
-    // The error a client sees for a failed Submit or a request that ended in failure.
-    static ApiError ErrorFromStatus(const Status& status);
+    // The error a client sees for a failed Submit or a request that ended in failure, in
+    // kvshard's words: engine messages can hold worker addresses and step numbers, so only the
+    // request-validation codes (InvalidArgument, OutOfRange) pass their message through. The
+    // full status goes to the log with `request_id`. 429 and 503 carry a Retry-After.
+    static ApiError ErrorFromStatus(const Status& status, std::string_view request_id = "");
 
     Engine& engine() const { return engine_; }
     const std::shared_ptr<ServerMetrics>& metrics() const { return metrics_; }
@@ -71,6 +95,7 @@ class ApiService {
     const Tokenizer& tokenizer_;
     std::shared_ptr<ServerMetrics> metrics_;
     ApiServiceOptions options_;
+    int64_t max_prompt_bytes_ = 0;
     int64_t created_ = 0;  // server start, Unix seconds (for /v1/models)
     uint64_t boot_nonce_ = 0;
     mutable std::atomic<uint64_t> counter_{0};

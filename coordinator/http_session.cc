@@ -21,8 +21,12 @@ using tcp = net::ip::tcp;
 namespace {
 
 constexpr char kServerName[] = "kvshard";
-constexpr size_t kHeaderLimitBytes = 16 * 1024;
 constexpr auto kDrainTime = std::chrono::seconds(2);
+// A client this far behind a stream is treated as gone (bounds a session's memory).
+constexpr size_t kMaxPendingStreamBytes = 4 << 20;
+// Connections being refused at once beyond which the next ones are closed unanswered.
+constexpr int64_t kMaxRefusing = 64;
+constexpr auto kRefusalTime = std::chrono::seconds(1);
 
 std::chrono::steady_clock::duration SecondsToDuration(double s) {
     return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -36,15 +40,27 @@ std::string ChunkFrame(const std::string& data) {
     return size + data + "\r\n";
 }
 
-ApiError RouteError(unsigned status, std::string message, std::string code) {
-    ApiError e;
-    e.http_status = static_cast<int>(status);
-    e.message = std::move(message);
-    e.code = std::move(code);
-    return e;
+}  // namespace
+
+void HttpServerState::GenerationStarted() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++in_flight_;
 }
 
-}  // namespace
+void HttpServerState::GenerationEnded() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--in_flight_ == 0) idle_.notify_all();
+}
+
+int64_t HttpServerState::num_in_flight() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return in_flight_;
+}
+
+bool HttpServerState::WaitIdle(std::chrono::milliseconds timeout) const {
+    std::unique_lock<std::mutex> lock(mu_);
+    return idle_.wait_for(lock, timeout, [this] { return in_flight_ == 0; });
+}
 
 struct HttpSession::Generation {
     std::string request_id;
@@ -61,28 +77,38 @@ struct HttpSession::Generation {
 };
 
 HttpSession::HttpSession(tcp::socket socket, const ApiService& api, const HttpConfig& config,
-                         std::shared_ptr<PostGate> gate)
+                         std::shared_ptr<HttpServerState> state, net::thread_pool& prepare_pool)
     : stream_(std::move(socket)),
       api_(api),
       config_(config),
-      gate_(std::move(gate)),
-      timeout_timer_(stream_.get_executor()) {}
+      state_(std::move(state)),
+      prepare_(prepare_pool.get_executor()),
+      timeout_timer_(stream_.get_executor()) {
+    state_->num_connections.fetch_add(1);
+}
 
 HttpSession::~HttpSession() {
     if (generation_ && !generation_->finished) {
         generation_->sink->Detach();
         api_.engine().Abort(generation_->request_id);
     }
+    EndInFlight();
+    state_->num_connections.fetch_sub(1);
 }
 
 void HttpSession::Start() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->DoRead(); });
 }
 
+void HttpSession::EndInFlight() {
+    if (!in_flight_) return;
+    in_flight_ = false;
+    state_->GenerationEnded();
+}
+
 void HttpSession::DoRead() {
     parser_.emplace();
-    parser_->body_limit(static_cast<uint64_t>(config_.max_body_bytes));
-    parser_->header_limit(kHeaderLimitBytes);
+    ConfigureRequestParser(*parser_, config_);
     stream_.expires_after(SecondsToDuration(config_.idle_timeout_s));
     http::async_read_header(
         stream_, buffer_, *parser_,
@@ -94,6 +120,11 @@ void HttpSession::DoRead() {
 // already failed), so say yes and read on.
 void HttpSession::OnHeader(beast::error_code ec) {
     if (ec) return OnRead(ec);
+    if (std::optional<HttpAnswer> refused = CheckRequestHeader(parser_->get())) {
+        keep_alive_ = false;
+        version_ = parser_->get().version();
+        return SendAnswer(std::move(*refused));
+    }
     auto read_body = [self = shared_from_this()](beast::error_code ec, size_t) {
         if (ec) return self->OnRead(ec);
         http::async_read(self->stream_, self->buffer_, *self->parser_,
@@ -109,96 +140,45 @@ void HttpSession::OnHeader(beast::error_code ec) {
 }
 
 void HttpSession::OnRead(beast::error_code ec) {
-    if (ec == http::error::end_of_stream || ec == http::error::partial_message ||
-        ec == beast::error::timeout) {
-        return Close();
-    }
-    if (ec == http::error::body_limit) {
+    if (ec) {
+        std::optional<HttpAnswer> answer = AnswerReadError(ec, config_);
+        if (!answer) return Close();
         keep_alive_ = false;
         version_ = 11;
-        return SendError(RouteError(413,
-                                    "the request body is larger than " +
-                                        std::to_string(config_.max_body_bytes) + " bytes",
-                                    "request_too_large"),
-                         /*close=*/true);
+        return SendAnswer(std::move(*answer));
     }
-    if (ec && ec.category() == http::make_error_code(http::error::bad_target).category()) {
-        keep_alive_ = false;
-        version_ = 11;
-        return SendError(BadRequest("malformed HTTP request: " + ec.message()), /*close=*/true);
-    }
-    if (ec) return Close();
-    Route(parser_->release());
+    HandleRequest(parser_->release());
 }
 
-void HttpSession::Route(Request request) {
+void HttpSession::HandleRequest(HttpRequest request) {
     arrival_ = std::chrono::steady_clock::now();
     version_ = request.version();
-    keep_alive_ = request.keep_alive();
-    std::string_view target(request.target().data(), request.target().size());
-    target = target.substr(0, target.find('?'));
-    const http::verb method = request.method();
-
-    struct RouteEntry {
-        std::string_view path;
-        http::verb method;
-    };
-    static constexpr RouteEntry kRoutes[] = {
-        {"/v1/completions", http::verb::post}, {"/v1/chat/completions", http::verb::post},
-        {"/v1/models", http::verb::get},       {"/health", http::verb::get},
-        {"/metrics", http::verb::get},
-    };
-    const RouteEntry* route = nullptr;
-    for (const RouteEntry& r : kRoutes) {
-        if (r.path == target) route = &r;
+    // A draining server closes connections after their answer.
+    keep_alive_ = request.keep_alive() && !state_->draining.load();
+    RouteResult route = RouteRequest(request, api_, state_->draining.load());
+    if (auto* endpoint = std::get_if<ApiEndpoint>(&route)) {
+        return StartGeneration(*endpoint, request.body());
     }
-    if (route == nullptr) {
-        return SendError(RouteError(
-            404, "no route for " + std::string(request.method_string()) + " " + std::string(target),
-            "not_found"));
-    }
-    if (method != route->method) {
-        const char* allow = route->method == http::verb::post ? "POST" : "GET";
-        return SendError(RouteError(405,
-                                    std::string(target) + " accepts " + allow + ", not " +
-                                        std::string(request.method_string()),
-                                    "method_not_allowed"),
-                         false, allow);
-    }
-    if (target.substr(0, 4) == "/v1/") {
-        auto auth = request.find(http::field::authorization);
-        std::string_view value;
-        if (auth != request.end())
-            value = std::string_view(auth->value().data(), auth->value().size());
-        if (!api_.Authorized(value)) {
-            ApiError e = RouteError(401, "a valid API key is required: Authorization: Bearer <key>",
-                                    "invalid_api_key");
-            return SendError(e);
-        }
-    }
-    if (target == "/v1/completions")
-        return StartGeneration(ApiEndpoint::kCompletions, request.body());
-    if (target == "/v1/chat/completions") {
-        return StartGeneration(ApiEndpoint::kChatCompletions, request.body());
-    }
-    if (target == "/v1/models") return SendResponse(200, "application/json", api_.ModelsBody());
-    if (target == "/health") {
-        auto [status, body] = api_.Health();
-        return SendResponse(static_cast<unsigned>(status), "application/json", std::move(body));
-    }
-    SendResponse(200, "text/plain; version=0.0.4; charset=utf-8", api_.MetricsBody());
+    SendAnswer(std::move(std::get<HttpAnswer>(route)));
 }
 
-void HttpSession::SendResponse(unsigned status, const char* content_type, std::string body,
-                               bool close, const char* allow) {
+void HttpSession::SendAnswer(HttpAnswer answer) {
     auto res = std::make_shared<http::response<http::string_body>>(
-        static_cast<http::status>(status), version_);
+        static_cast<http::status>(answer.status), version_);
     res->set(http::field::server, kServerName);
-    res->set(http::field::content_type, content_type);
-    if (allow != nullptr) res->set(http::field::allow, allow);
-    res->keep_alive(keep_alive_ && !close);
-    res->body() = std::move(body);
-    res->prepare_payload();
+    res->set(http::field::content_type, answer.content_type);
+    if (!answer.allow.empty()) res->set(http::field::allow, answer.allow);
+    if (answer.retry_after_s > 0)
+        res->set(http::field::retry_after, std::to_string(answer.retry_after_s));
+    if (answer.www_authenticate) res->set(http::field::www_authenticate, "Bearer");
+    res->keep_alive(keep_alive_ && !answer.close);
+    if (answer.head) {
+        // What GET would answer, without the body.
+        res->content_length(answer.body.size());
+    } else {
+        res->body() = std::move(answer.body);
+        res->prepare_payload();
+    }
     const bool close_after = !res->keep_alive();
     stream_.expires_after(SecondsToDuration(config_.idle_timeout_s));
     http::async_write(stream_, *res,
@@ -207,19 +187,20 @@ void HttpSession::SendResponse(unsigned status, const char* content_type, std::s
                       });
 }
 
-void HttpSession::SendError(const ApiError& error, bool close, const char* allow) {
+void HttpSession::SendError(const ApiError& error, bool close) {
     spdlog::debug("http: {} {}", error.http_status, error.message);
-    SendResponse(static_cast<unsigned>(error.http_status), "application/json", ApiErrorBody(error),
-                 close, allow);
+    SendAnswer(ErrorAnswer(error, close));
 }
 
 void HttpSession::OnResponseWritten(bool close, beast::error_code ec) {
+    EndInFlight();
     if (ec) return Close();
     if (close) return DrainAndClose();
     DoRead();
 }
 
 void HttpSession::Close() {
+    EndInFlight();
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.socket().close(ec);
@@ -236,16 +217,33 @@ void HttpSession::DrainAndClose() {
 }
 
 void HttpSession::DrainSome() {
-    // The bytes land in prepared (uncommitted) space of buffer_ and are dropped.
-    stream_.async_read_some(buffer_.prepare(4096),
+    stream_.async_read_some(net::buffer(drain_buffer_),
                             [self = shared_from_this()](beast::error_code ec, size_t) {
                                 if (ec) return self->Close();
                                 self->DrainSome();
                             });
 }
 
+// Parsing stays on the strand (bounded by the body limit); the template and the tokenizer, whose
+// cost grows with the prompt, run on the prepare pool so that an I/O thread is never held by
+// them (GET /health answers while megabyte prompts tokenize).
 void HttpSession::StartGeneration(ApiEndpoint endpoint, const std::string& body) {
-    auto prepared = api_.Prepare(endpoint, body);
+    in_flight_ = true;
+    state_->GenerationStarted();
+    auto parsed = api_.Parse(endpoint, body);
+    if (auto* error = std::get_if<ApiError>(&parsed)) return SendError(*error);
+    net::post(prepare_, [self = shared_from_this(), executor = stream_.get_executor(),
+                         request = std::move(std::get<OpenAiRequest>(parsed))]() mutable {
+        auto prepared = self->api_.Prepare(request);
+        self->state_->gate.Run([&] {
+            net::post(executor, [self, prepared = std::move(prepared)]() mutable {
+                self->OnPrepared(std::move(prepared));
+            });
+        });
+    });
+}
+
+void HttpSession::OnPrepared(std::variant<PreparedGeneration, ApiError> prepared) {
     if (auto* error = std::get_if<ApiError>(&prepared)) return SendError(*error);
     PreparedGeneration& p = std::get<PreparedGeneration>(prepared);
 
@@ -259,9 +257,9 @@ void HttpSession::StartGeneration(ApiEndpoint endpoint, const std::string& body)
         g->accumulator.emplace(p.context, api_.token_bytes());
     }
     std::weak_ptr<HttpSession> weak = weak_from_this();
-    std::shared_ptr<PostGate> gate = gate_;
-    g->sink = std::make_shared<StreamSink>(api_.metrics(), arrival_, p.request.n, [weak, gate] {
-        gate->Run([&weak] {
+    std::shared_ptr<HttpServerState> state = state_;
+    g->sink = std::make_shared<StreamSink>(api_.metrics(), arrival_, p.request.n, [weak, state] {
+        state->gate.Run([&weak] {
             if (auto self = weak.lock()) {
                 net::post(self->stream_.get_executor(), [self] { self->OnSinkEvents(); });
             }
@@ -270,13 +268,14 @@ void HttpSession::StartGeneration(ApiEndpoint endpoint, const std::string& body)
     const std::shared_ptr<StreamSink> sink = g->sink;
     generation_ = std::move(g);
     ++generation_seq_;
+    const std::string request_id = generation_->request_id;
     Status submitted = api_.engine().Submit(std::move(p.request), sink);
     if (!submitted.ok()) {
         generation_->sink->Detach();
         generation_.reset();
-        return SendError(ApiService::ErrorFromStatus(submitted));
+        return SendError(ApiService::ErrorFromStatus(submitted, request_id));
     }
-    spdlog::debug("http: {} submitted", generation_->request_id);
+    spdlog::debug("http: {} submitted", request_id);
     if (config_.request_timeout_s > 0) {
         timeout_timer_.expires_after(SecondsToDuration(config_.request_timeout_s));
         timeout_timer_.async_wait(
@@ -312,6 +311,11 @@ void HttpSession::OnSinkEvents() {
         if (e.delta) {
             if (generation_->stream) {
                 QueueStreamBytes(generation_->formatter->Delta(*e.delta));
+                if (generation_->pending.size() > kMaxPendingStreamBytes) {
+                    spdlog::info("http: {} client reads too slowly; aborting",
+                                 generation_->request_id);
+                    return OnClientGone();
+                }
             } else {
                 generation_->accumulator->Add(*e.delta);
             }
@@ -326,20 +330,23 @@ void HttpSession::OnGenerationFinished(const GenerationUsage& usage, const Statu
     timeout_timer_.cancel();
     std::optional<ApiError> error;
     if (g.timed_out) {
-        error = RouteError(
-            504,
-            "the request did not finish within " + std::to_string(config_.request_timeout_s) + " s",
-            "timeout");
+        error.emplace();
+        error->http_status = 504;
+        error->message =
+            "the request did not finish within " + std::to_string(config_.request_timeout_s) + " s";
+        error->code = "timeout";
         error->type = "timeout";
     } else if (!status.ok()) {
-        error = ApiService::ErrorFromStatus(status);
+        error = ApiService::ErrorFromStatus(status, g.request_id);
     }
     spdlog::debug("http: {} finished{}", g.request_id, error ? ": " + error->message : "");
     if (!g.stream) {
         std::string body = error ? "" : g.accumulator->Body(usage);
         generation_.reset();
         if (error) return SendError(*error);
-        return SendResponse(200, "application/json", std::move(body));
+        HttpAnswer answer;
+        answer.body = std::move(body);
+        return SendAnswer(std::move(answer));
     }
     QueueStreamBytes(error ? g.formatter->Error(*error) : g.formatter->Finish(usage));
     if (g.chunked) g.pending += "0\r\n\r\n";
@@ -376,6 +383,7 @@ void HttpSession::OnStreamWritten(beast::error_code ec) {
     if (!g.finished) return;
     const bool keep = g.chunked && keep_alive_;
     generation_.reset();
+    EndInFlight();
     if (keep) return DoRead();
     Close();
 }
@@ -418,6 +426,52 @@ void HttpSession::OnTimeout() {
                  config_.request_timeout_s);
     generation_->timed_out = true;
     api_.engine().Abort(generation_->request_id);
+}
+
+namespace {
+
+// A connection beyond the limit: the 503, then a short drain so that the answer is not lost to
+// a reset, then close.
+class Refusal : public std::enable_shared_from_this<Refusal> {
+  public:
+    Refusal(tcp::socket socket, std::shared_ptr<HttpServerState> state)
+        : stream_(std::move(socket)), state_(std::move(state)) {}
+    ~Refusal() { state_->num_refusing.fetch_sub(1); }
+
+    void Start() {
+        stream_.expires_after(kRefusalTime);
+        net::async_write(stream_, net::buffer(state_->refusal),
+                         [self = shared_from_this()](beast::error_code ec, size_t) {
+                             if (ec) return;
+                             beast::error_code ignored;
+                             self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+                             self->Drain();
+                         });
+    }
+
+  private:
+    void Drain() {
+        stream_.async_read_some(net::buffer(buffer_),
+                                [self = shared_from_this()](beast::error_code ec, size_t) {
+                                    if (!ec) self->Drain();
+                                });
+    }
+
+    beast::tcp_stream stream_;
+    std::shared_ptr<HttpServerState> state_;
+    std::array<char, 1024> buffer_;
+};
+
+}  // namespace
+
+void RefuseConnection(tcp::socket socket, std::shared_ptr<HttpServerState> state) {
+    if (state->num_refusing.fetch_add(1) >= kMaxRefusing) {
+        state->num_refusing.fetch_sub(1);
+        beast::error_code ec;
+        socket.close(ec);
+        return;
+    }
+    std::make_shared<Refusal>(std::move(socket), std::move(state))->Start();
 }
 
 }  // namespace kvshard

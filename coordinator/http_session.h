@@ -1,62 +1,96 @@
 // HttpSession: one client connection of the HTTP server (Boost.Beast, HTTP/1.1, keep-alive).
 //
-// A session reads a request, routes it, and answers. A generation request is handed to the engine
-// with a StreamSink; the session then waits for the sink's events on its strand and either streams
-// them as server-sent events (chunked transfer encoding) or collects them into one JSON answer.
-// While a request generates, the session watches the socket: a client that goes away (EOF, reset,
-// a write that fails or stalls past the idle timeout) gets its request aborted at once, so the
+// A session reads a request and routes it (http_routes.h). A generation request is parsed on the
+// session's strand, prepared (chat template, tokenization, context check) on the server's prepare
+// pool, and handed back to the strand, which submits it to the engine with a StreamSink; the
+// session then waits for the sink's events and either streams them as server-sent events (chunked
+// transfer encoding) or collects them into one JSON answer. While a request generates, the
+// session watches the socket: a client that goes away (EOF, reset, a write that fails or stalls
+// past the idle timeout, a stream backlog past 4 MiB) gets its request aborted at once, so the
 // engine frees its blocks.
 //
-// Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-// GET /metrics. Unknown paths 404, wrong methods 405, bodies over the limit 413, malformed HTTP or
-// JSON 400, a missing or wrong API key on /v1/* 401, a full engine queue 429.
+// Memory per connection is bounded: the read buffer (kHttpReadBufferBytes), the body
+// (max_body_bytes), the unwritten stream bytes (4 MiB).
 //
-// Thread-safety: every handler runs on the session's strand (the executor of its socket); the only
-// cross-thread entry is the sink's wake-up, which posts to that strand through the PostGate.
+// Thread-safety: every handler runs on the session's strand (the executor of its socket); the
+// cross-thread entries are the sink's wake-up and the prepare pool's result, which post to that
+// strand through the PostGate.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <variant>
 
 #include "config/server_config.h"
 #include "coordinator/api_service.h"
+#include "coordinator/http_routes.h"
 #include "coordinator/stream_sink.h"
 
 namespace kvshard {
 
+// What the sessions of one server share with it. Held by shared_ptr, since an engine callback
+// may still hold it after the server is gone.
+// Thread-safety: every member may be used from any thread.
+class HttpServerState {
+  public:
+    PostGate gate;                            // closed before the server's io_context goes
+    std::atomic<bool> draining{false};        // BeginDrain was called
+    std::atomic<int64_t> num_connections{0};  // sessions alive
+    std::atomic<int64_t> num_refusing{0};     // connections being answered 503 and closed
+    std::string refusal;                      // the whole 503 answer to a connection too many
+
+    // A generation request is being answered / its answer was written (or the client is gone).
+    void GenerationStarted();
+    void GenerationEnded();
+    int64_t num_in_flight() const;
+    // True once no generation is in flight; false when `timeout` passes first.
+    bool WaitIdle(std::chrono::milliseconds timeout) const;
+
+  private:
+    mutable std::mutex mu_;
+    mutable std::condition_variable idle_;
+    int64_t in_flight_ = 0;  // guarded by mu_
+};
+
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
   public:
-    // REQUIRES: `socket`'s executor is a strand. `api` and `gate` outlive every handler.
+    // REQUIRES: `socket`'s executor is a strand. `api`, `config` and `prepare_pool` outlive
+    // every handler of the session (the server joins its threads before they go).
     HttpSession(boost::asio::ip::tcp::socket socket, const ApiService& api,
-                const HttpConfig& config, std::shared_ptr<PostGate> gate);
+                const HttpConfig& config, std::shared_ptr<HttpServerState> state,
+                boost::asio::thread_pool& prepare_pool);
     // Aborts a request still generating.
     ~HttpSession();
 
     void Start();
 
   private:
-    using Request = boost::beast::http::request<boost::beast::http::string_body>;
     struct Generation;
 
     void DoRead();
     void OnHeader(boost::beast::error_code ec);
     void OnRead(boost::beast::error_code ec);
-    void Route(Request request);
-    void SendResponse(unsigned status, const char* content_type, std::string body,
-                      bool close = false, const char* allow = nullptr);
-    void SendError(const ApiError& error, bool close = false, const char* allow = nullptr);
+    void HandleRequest(HttpRequest request);
+    void SendAnswer(HttpAnswer answer);
+    void SendError(const ApiError& error, bool close = false);
     void OnResponseWritten(bool close, boost::beast::error_code ec);
     void Close();
     void DrainAndClose();  // reads and drops what the client still sends, then closes
     void DrainSome();
 
     void StartGeneration(ApiEndpoint endpoint, const std::string& body);
+    void OnPrepared(std::variant<PreparedGeneration, ApiError> prepared);
     void OnSinkEvents();
     void OnGenerationFinished(const GenerationUsage& usage, const Status& status);
     void WatchForDisconnect();
@@ -65,21 +99,29 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     void QueueStreamBytes(const std::string& data);
     void WriteStream();
     void OnStreamWritten(boost::beast::error_code ec);
+    void EndInFlight();
 
     boost::beast::tcp_stream stream_;
-    boost::beast::flat_buffer buffer_;
-    std::optional<boost::beast::http::request_parser<boost::beast::http::string_body>> parser_;
+    boost::beast::flat_buffer buffer_{kHttpReadBufferBytes};
+    std::optional<HttpRequestParser> parser_;
     const ApiService& api_;
     const HttpConfig& config_;
-    std::shared_ptr<PostGate> gate_;
+    std::shared_ptr<HttpServerState> state_;
+    boost::asio::thread_pool::executor_type prepare_;
     boost::asio::steady_timer timeout_timer_;
+    std::array<char, 4096> drain_buffer_;
 
     // The request being answered.
     unsigned version_ = 11;
     bool keep_alive_ = false;
+    bool in_flight_ = false;  // counted in state_'s generations in flight
     std::chrono::steady_clock::time_point arrival_;
     std::unique_ptr<Generation> generation_;
     uint64_t generation_seq_ = 0;  // tells stale socket watches from the current one
 };
+
+// Answers a connection beyond http.max_connections with state->refusal (503, Retry-After) and
+// closes it; at most a few dozen at a time, beyond which they are closed unanswered.
+void RefuseConnection(boost::asio::ip::tcp::socket socket, std::shared_ptr<HttpServerState> state);
 
 }  // namespace kvshard

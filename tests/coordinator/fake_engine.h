@@ -5,7 +5,8 @@
 // Token i of a choice has id kFirstTokenId + i, text script[i % script.size()], and (when asked)
 // log probability -0.5 with top alternatives kFirstTokenId..+k-1 at -1, -2, ... A request stops
 // with "length" after max_tokens tokens. With hold_after >= 0 a request parks after that many
-// tokens until it is aborted (to test disconnects and timeouts).
+// tokens until it is aborted or Release()d (to test disconnects, timeouts and draining).
+// FailAll ends every request with an error status, as the real engine's Stop() does.
 #pragma once
 
 #include <chrono>
@@ -85,6 +86,21 @@ class FakeEngine : public Engine {
     int64_t max_context() const override { return options_.max_context; }
     Status Health() const override { return options_.health; }
 
+    // Held requests go on, and later ones are not held.
+    void Release() {
+        std::lock_guard<std::mutex> lock(mu_);
+        options_.hold_after = -1;
+        cv_.notify_all();
+    }
+
+    // Every active request finishes with `status` (no further deltas), from the engine thread.
+    void FailAll(Status status) {
+        std::lock_guard<std::mutex> lock(mu_);
+        fail_status_ = std::move(status);
+        fail_all_ = true;
+        cv_.notify_all();
+    }
+
     // Waits until `request_id` (or, with "", any request) is aborted; false after `timeout`.
     bool WaitForAbort(const std::string& request_id, std::chrono::milliseconds timeout) {
         std::unique_lock<std::mutex> lock(mu_);
@@ -124,6 +140,7 @@ class FakeEngine : public Engine {
                aborted_.count(a.request.request_id) == 0;
     }
     bool CanAdvance() const {
+        if (fail_all_ && !active_.empty()) return true;
         for (const Active& a : active_) {
             if (!Held(a)) return true;
         }
@@ -136,6 +153,18 @@ class FakeEngine : public Engine {
         while (true) {
             cv_.wait(lock, [&] { return stop_ || CanAdvance(); });
             if (stop_) return;
+            if (fail_all_) {
+                std::vector<std::shared_ptr<RequestSink>> failed;
+                for (Active& a : active_) failed.push_back(a.sink);
+                active_.clear();
+                fail_all_ = false;
+                const Status status = fail_status_;
+                lock.unlock();
+                for (auto& sink : failed) sink->OnFinish(GenerationUsage{}, status);
+                lock.lock();
+                cv_.notify_all();
+                continue;
+            }
             std::vector<std::pair<std::shared_ptr<RequestSink>, std::vector<GenerationDelta>>> out;
             std::vector<std::pair<std::shared_ptr<RequestSink>, GenerationUsage>> finished;
             for (Active& a : active_) {
@@ -194,6 +223,8 @@ class FakeEngine : public Engine {
     std::vector<GenerationRequest> submitted_;
     std::set<std::string> aborted_;
     bool stop_ = false;
+    bool fail_all_ = false;
+    Status fail_status_;
     std::thread thread_;
 };
 

@@ -178,7 +178,7 @@ TEST(HttpServer, FullQueueIs429) {
     TestServer server(options);
     auto reply = Post(server.port(), "/v1/completions", kCompletion);
     EXPECT_EQ(reply.status, 429);
-    EXPECT_NE(json::parse(reply.body)["error"]["message"].get<std::string>().find("queue full"),
+    EXPECT_NE(json::parse(reply.body)["error"]["message"].get<std::string>().find("queue is full"),
               std::string::npos);
 }
 

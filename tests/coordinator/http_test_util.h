@@ -3,6 +3,8 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -44,13 +46,17 @@ struct TestServerOptions {
     HttpConfig http;
     std::vector<std::string> api_keys;
     bool chat_template = true;
+    std::shared_ptr<Tokenizer> tokenizer;  // null: ByteTokenizer()
+    int64_t max_prompt_bytes = 0;
+    HttpConfig::ContentSpecialTokens content_special_tokens =
+        HttpConfig::ContentSpecialTokens::kText;
 };
 
 // FakeEngine + ApiService + HttpServer on 127.0.0.1, an ephemeral port.
 class TestServer {
   public:
     explicit TestServer(TestServerOptions options = {}) : engine_(options.engine) {
-        tokenizer_ = ByteTokenizer();
+        tokenizer_ = options.tokenizer ? options.tokenizer : ByteTokenizer();
         metrics_ = std::make_shared<ServerMetrics>("test-model");
         ApiServiceOptions api;
         api.model = {"test-model", "/models/test-model.gguf", tokenizer_->vocab_size()};
@@ -59,6 +65,8 @@ class TestServer {
                 ChatTemplate::FromStyle(ChatTemplateStyle::kChatMl, {"", "<|im_end|>"});
         }
         api.api_keys = options.api_keys;
+        api.max_prompt_bytes = options.max_prompt_bytes;
+        api.content_special_tokens = options.content_special_tokens;
         api_ = std::make_unique<ApiService>(engine_, *tokenizer_, metrics_, api);
         HttpConfig http = options.http;
         http.host = "127.0.0.1";
@@ -75,7 +83,7 @@ class TestServer {
 
   private:
     FakeEngine engine_;  // outlives the server: sessions abort into it when they close
-    std::unique_ptr<Tokenizer> tokenizer_;
+    std::shared_ptr<Tokenizer> tokenizer_;
     std::shared_ptr<ServerMetrics> metrics_;
     std::unique_ptr<ApiService> api_;
     std::unique_ptr<HttpServer> server_;
@@ -108,19 +116,28 @@ class TestClient {
         }
         for (const auto& [name, value] : headers) req.set(name, value);
         http::write(socket_, req);
-        return Read();
+        return Read(method == http::verb::head);
     }
 
-    HttpReply Read() {
+    // `head`: the answer to a HEAD request (headers only, whatever Content-Length says).
+    HttpReply Read(bool head = false) {
         namespace http = boost::beast::http;
         HttpReply reply;
         http::response_parser<http::string_body> parser;
         parser.body_limit(64 << 20);
+        parser.skip(head);
         http::read(socket_, buffer_, parser);
         reply.message = parser.release();
         reply.status = static_cast<int>(reply.message.result_int());
         reply.body = reply.message.body();
         return reply;
+    }
+
+    // Blocking reads give up (throw) after `seconds`, so a server that never answers fails the
+    // test instead of hanging it.
+    void SetReceiveTimeout(int seconds) {
+        timeval tv{seconds, 0};
+        ::setsockopt(socket_.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     }
 
     boost::asio::ip::tcp::socket& socket() { return socket_; }

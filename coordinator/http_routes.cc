@@ -1,0 +1,192 @@
+#include "coordinator/http_routes.h"
+
+#include <boost/beast/core/string.hpp>
+#include <boost/beast/http/rfc7230.hpp>
+#include <string_view>
+
+namespace kvshard {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+
+namespace {
+
+ApiError RouteError(unsigned status, std::string message, std::string code) {
+    ApiError e;
+    e.http_status = static_cast<int>(status);
+    e.message = std::move(message);
+    e.code = std::move(code);
+    return e;
+}
+
+// Beast's parse errors in kvshard's words (the library's text names its internals).
+std::string MalformedHttpMessage(http::error e) {
+    switch (e) {
+        case http::error::bad_method:
+            return "the request method is malformed";
+        case http::error::bad_target:
+            return "the request target is malformed";
+        case http::error::bad_version:
+            return "the request is not HTTP/1.0 or HTTP/1.1";
+        case http::error::bad_field:
+            return "a header field name is malformed";
+        case http::error::bad_value:
+            return "a header field value is malformed";
+        case http::error::bad_content_length:
+            return "Content-Length is malformed or given twice with different values";
+        case http::error::bad_transfer_encoding:
+            return "Transfer-Encoding is malformed or conflicts with Content-Length";
+        case http::error::bad_chunk:
+        case http::error::bad_chunk_extension:
+            return "the chunked body is malformed";
+        case http::error::bad_line_ending:
+            return "a line of the request does not end in CRLF";
+        case http::error::bad_obs_fold:
+            return "folded header lines are not accepted";
+        default:
+            return "the request is not valid HTTP/1.1";
+    }
+}
+
+}  // namespace
+
+HttpAnswer ErrorAnswer(const ApiError& error, bool close) {
+    HttpAnswer a;
+    a.status = static_cast<unsigned>(error.http_status);
+    a.body = ApiErrorBody(error);
+    a.retry_after_s = error.retry_after_s;
+    a.www_authenticate = error.http_status == 401;
+    a.close = close;
+    return a;
+}
+
+void ConfigureRequestParser(HttpRequestParser& parser, const HttpConfig& config) {
+    parser.body_limit(static_cast<uint64_t>(config.max_body_bytes));
+    parser.header_limit(kHttpHeaderLimitBytes);
+}
+
+std::optional<HttpAnswer> CheckRequestHeader(const HttpRequest& header) {
+    const auto codings = header.equal_range(http::field::transfer_encoding);
+    for (auto it = codings.first; it != codings.second; ++it) {
+        bool any = false;
+        for (const auto coding : http::token_list(it->value())) {
+            any = true;
+            if (beast::iequals(coding, "chunked")) continue;
+            return ErrorAnswer(RouteError(501,
+                                          "only the chunked transfer coding is supported; send "
+                                          "the body as is (Content-Length) or chunked",
+                                          "unsupported_transfer_encoding"),
+                               /*close=*/true);
+        }
+        if (!any) {
+            return ErrorAnswer(
+                RouteError(400, "Transfer-Encoding is empty", "invalid_transfer_encoding"),
+                /*close=*/true);
+        }
+    }
+    return std::nullopt;
+}
+
+std::optional<HttpAnswer> AnswerReadError(beast::error_code ec, const HttpConfig& config) {
+    if (ec == http::error::body_limit) {
+        return ErrorAnswer(RouteError(413,
+                                      "the request body is larger than " +
+                                          std::to_string(config.max_body_bytes) + " bytes",
+                                      "request_too_large"),
+                           /*close=*/true);
+    }
+    if (ec == http::error::header_limit) {
+        return ErrorAnswer(RouteError(431,
+                                      "the request line and header fields are larger than " +
+                                          std::to_string(kHttpHeaderLimitBytes) + " bytes",
+                                      "header_too_large"),
+                           /*close=*/true);
+    }
+    if (ec == http::error::end_of_stream || ec == http::error::partial_message) {
+        return std::nullopt;
+    }
+    if (ec.category() == http::make_error_code(http::error::bad_target).category()) {
+        return ErrorAnswer(BadRequest("malformed HTTP request: " +
+                                      MalformedHttpMessage(static_cast<http::error>(ec.value()))),
+                           /*close=*/true);
+    }
+    return std::nullopt;
+}
+
+RouteResult RouteRequest(const HttpRequest& request, const ApiService& api, bool draining) {
+    std::string_view target(request.target().data(), request.target().size());
+    target = target.substr(0, target.find('?'));
+    const http::verb method = request.method();
+
+    struct RouteEntry {
+        std::string_view path;
+        http::verb method;
+    };
+    static constexpr RouteEntry kRoutes[] = {
+        {"/v1/completions", http::verb::post}, {"/v1/chat/completions", http::verb::post},
+        {"/v1/models", http::verb::get},       {"/health", http::verb::get},
+        {"/metrics", http::verb::get},
+    };
+    const RouteEntry* route = nullptr;
+    for (const RouteEntry& r : kRoutes) {
+        if (r.path == target) route = &r;
+    }
+    if (route == nullptr) {
+        return ErrorAnswer(RouteError(
+            404, "no route for " + std::string(request.method_string()) + " " + std::string(target),
+            "not_found"));
+    }
+    const bool get_route = route->method == http::verb::get;
+    const bool head = get_route && method == http::verb::head;
+    if (method != route->method && !head) {
+        const char* allow = get_route ? "GET, HEAD" : "POST";
+        HttpAnswer a = ErrorAnswer(RouteError(405,
+                                              std::string(target) + " accepts " + allow + ", not " +
+                                                  std::string(request.method_string()),
+                                              "method_not_allowed"));
+        a.allow = allow;
+        return a;
+    }
+    if (target.substr(0, 4) == "/v1/") {
+        auto auth = request.find(http::field::authorization);
+        std::string_view value;
+        if (auth != request.end())
+            value = std::string_view(auth->value().data(), auth->value().size());
+        if (!api.Authorized(value)) {
+            return ErrorAnswer(
+                RouteError(401, "a valid API key is required: Authorization: Bearer <key>",
+                           "invalid_api_key"));
+        }
+    }
+    if (!get_route) {
+        if (draining) {
+            ApiError e = RouteError(503, "the server is shutting down; retry on another server",
+                                    "shutting_down");
+            e.type = "server_unavailable";
+            e.retry_after_s = 5;
+            return ErrorAnswer(e);
+        }
+        return target == "/v1/completions" ? ApiEndpoint::kCompletions
+                                           : ApiEndpoint::kChatCompletions;
+    }
+    HttpAnswer a;
+    a.head = head;
+    if (target == "/v1/models") {
+        a.body = api.ModelsBody();
+    } else if (target == "/health") {
+        if (draining) {
+            a.status = 503;
+            a.body = R"({"status":"draining"})";
+        } else {
+            auto [status, body] = api.Health();
+            a.status = static_cast<unsigned>(status);
+            a.body = std::move(body);
+        }
+    } else {
+        a.content_type = "text/plain; version=0.0.4; charset=utf-8";
+        a.body = api.MetricsBody();
+    }
+    return a;
+}
+
+}  // namespace kvshard
