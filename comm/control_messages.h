@@ -16,7 +16,8 @@ namespace kvshard {
 
 // Bumped whenever a message's encoding changes; both sides must speak the same version.
 // 2: RegisterMessage.kv_endpoint, ReadyMessage, KV transfer ops in StepPlan and StepResult.
-inline constexpr uint32_t kControlProtocolVersion = 2;
+// 3: RegisterMessage.token.
+inline constexpr uint32_t kControlProtocolVersion = 3;
 
 // Worker -> coordinator, the first frame on a new connection.
 struct RegisterMessage {
@@ -27,6 +28,11 @@ struct RegisterMessage {
     // Where this rank's KvTransport (comm/kv_transport.h) receives KV pieces ("HOST:PORT"); ""
     // when it has none.
     std::string kv_endpoint;
+    // The registry's shared secret (workers.token; KVSHARD_WORKER_TOKEN in the worker's
+    // environment). Sent as it is: the control channel is not encrypted, so whoever can read it
+    // already reads the prompts; the token keeps those who can only reach the port from taking
+    // a rank. The registry compares it in constant time.
+    std::string token;
     friend bool operator==(const RegisterMessage&, const RegisterMessage&) = default;
 };
 

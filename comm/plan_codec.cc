@@ -133,6 +133,7 @@ void Encode(Writer& w, const RegisterMessage& m) {
     w.String(m.instance_id);
     w.Fixed(m.protocol_version);
     w.String(m.kv_endpoint);
+    w.String(m.token);
 }
 
 void Encode(Writer& w, const RegisterAckMessage& m) {
@@ -368,6 +369,7 @@ RegisterMessage DecodeRegister(Reader& r) {
     m.instance_id = r.String("Register.instance_id");
     m.protocol_version = r.Fixed<uint32_t>("Register.protocol_version");
     m.kv_endpoint = r.String("Register.kv_endpoint");
+    m.token = r.String("Register.token");
     return m;
 }
 

@@ -44,8 +44,8 @@ MessageType TypeOf(const Message& message);
 
 inline constexpr std::string_view kFrameMagic = "KVSF";
 // 2: KV transfer ops (StepPlan.kv_recvs/kv_sends, StepResult transfer fields), Register's
-// kv_endpoint, the Ready message.
-inline constexpr uint16_t kWireVersion = 2;
+// kv_endpoint, the Ready message. 3: Register's token.
+inline constexpr uint16_t kWireVersion = 3;
 inline constexpr size_t kFrameHeaderBytes = 16;
 inline constexpr uint32_t kDefaultMaxFramePayloadBytes = 64u << 20;
 

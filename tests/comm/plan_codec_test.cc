@@ -109,8 +109,12 @@ class Generator {
             case 1:
                 return Result();
             case 2:
-                return RegisterMessage{static_cast<int32_t>(rng_()), static_cast<int32_t>(rng_()),
-                                       Bytes(20), static_cast<uint32_t>(rng_()), Bytes(24)};
+                return RegisterMessage{static_cast<int32_t>(rng_()),
+                                       static_cast<int32_t>(rng_()),
+                                       Bytes(20),
+                                       static_cast<uint32_t>(rng_()),
+                                       Bytes(24),
+                                       Bytes(32)};
             case 3: {
                 RegisterAckMessage ack{
                     Int(0, 1) == 1, Bytes(30), Bytes(30), static_cast<int32_t>(rng_()), {}};
@@ -159,7 +163,7 @@ TEST(PlanCodec, HeaderLayout) {
     const std::string frame = EncodeFrame(plan);
     ASSERT_GE(frame.size(), kFrameHeaderBytes);
     EXPECT_EQ(frame.substr(0, 4), "KVSF");
-    EXPECT_EQ(frame[4], 2);  // version, little-endian
+    EXPECT_EQ(frame[4], 3);  // version, little-endian
     EXPECT_EQ(frame[5], 0);
     EXPECT_EQ(frame[6], 1);  // MessageType::kStepPlan
     EXPECT_EQ(frame[7], 0);
@@ -200,6 +204,7 @@ TEST(PlanCodec, RoundTripsEveryMessageType) {
         transfers,
         RegisterMessage{1, 2, "instance-0", kControlProtocolVersion, ""},
         RegisterMessage{1, 2, "instance-0", kControlProtocolVersion, "127.0.0.1:40123"},
+        RegisterMessage{0, 1, "i", kControlProtocolVersion, "h:1", "3f9a0c"},
         ReadyMessage{true, "", 512},
         ReadyMessage{false, "model.gguf: no such file", 0},
         RegisterAckMessage{true, "", "/models/a.gguf", 2, {{"block_size", "16"}, {"k", ""}}},
@@ -266,7 +271,7 @@ TEST(PlanCodec, RejectsEveryTruncationOfTransferFields) {
     result.failed_transfers = {{7, "receiver gone"}};
     result.kv_bytes_sent = 3;
     const std::vector<Message> messages = {
-        plan, result, RegisterMessage{0, 1, "i", kControlProtocolVersion, "h:1"},
+        plan, result, RegisterMessage{0, 1, "i", kControlProtocolVersion, "h:1", "secret"},
         ReadyMessage{false, "bad", 4}};
     for (const Message& message : messages) {
         const std::string frame = EncodeFrame(message);
@@ -319,7 +324,8 @@ TEST(PlanCodec, RejectsBadHeaders) {
     const std::vector<Case> cases = {
         {"magic", 0, 'X', StatusCode::kDataLoss},
         {"version 1", 4, 1, StatusCode::kUnimplemented},
-        {"version 3", 4, 3, StatusCode::kUnimplemented},
+        {"version 2", 4, 2, StatusCode::kUnimplemented},
+        {"version 4", 4, 4, StatusCode::kUnimplemented},
         {"type 0", 6, 0, StatusCode::kDataLoss},
         {"type 8", 6, 8, StatusCode::kDataLoss},
         {"type high byte", 7, 1, StatusCode::kDataLoss},
