@@ -1,8 +1,13 @@
 #include "comm/frame_channel.h"
 
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <array>
 #include <atomic>
 #include <boost/asio.hpp>
+#include <cerrno>
 #include <condition_variable>
 #include <deque>
 #include <future>
@@ -227,8 +232,8 @@ class FrameChannel::Impl {
         }
         if (ec == asio::error::eof) {
             return Unavailable("peer " + peer_ + " closed the connection mid-frame (" +
-                                    std::to_string(got) + " of " + std::to_string(wanted) + " " +
-                                    part + " bytes received)");
+                               std::to_string(got) + " of " + std::to_string(wanted) + " " + part +
+                               " bytes received)");
         }
         return Unavailable("receive from " + peer_ + " failed: " + ec.message());
     }
@@ -307,8 +312,8 @@ class FrameChannel::Impl {
                     .count();
             if (silent_ms > options_.dead_after_ms) {
                 Shutdown(Unavailable("peer " + peer_ + " sent nothing for " +
-                                          std::to_string(silent_ms) + " ms (dead after " +
-                                          std::to_string(options_.dead_after_ms) + " ms)"));
+                                     std::to_string(silent_ms) + " ms (dead after " +
+                                     std::to_string(options_.dead_after_ms) + " ms)"));
                 return;
             }
             // Heartbeats are not piled up behind a slow write; the write itself is news enough.
@@ -371,6 +376,8 @@ class FrameListener::Impl {
     Status Listen(const std::string& host, uint16_t port) {
         KV_RETURN_IF_ERROR(internal::ListenOn(acceptor_, host, port));
         boost::system::error_code ec;
+        acceptor_.non_blocking(true, ec);
+        if (ec) return Unavailable("listen on " + host + ": " + ec.message());
         port_ = acceptor_.local_endpoint(ec).port();
         return Status::Ok();
     }
@@ -382,32 +389,38 @@ class FrameListener::Impl {
         KV_RETURN_IF_ERROR(ValidateFrameChannelOptions(options));
         if (closed_.load())
             return Unavailable("listener on port " + std::to_string(port_) + " is closed");
-        auto channel = std::make_unique<FrameChannel::Impl>(options);
-        bool done = false;
-        boost::system::error_code result;
-        acceptor_.async_accept(channel->socket(), [&](const boost::system::error_code& ec) {
-            done = true;
-            result = ec;
-        });
+        PendingAccept pending;
+        WaitAndAccept(pending);
         io_.restart();
         io_.run_for(timeout);
-        if (!done) {
+        if (!pending.done) {
+            pending.cancelled = true;
             boost::system::error_code ignored;
             acceptor_.cancel(ignored);
             io_.restart();
-            io_.run();  // the cancelled accept's handler
+            io_.run();  // the cancelled wait's handler
         }
         if (closed_.load()) {
+            if (pending.fd >= 0) ::close(pending.fd);
             return Unavailable("listener on port " + std::to_string(port_) + " is closed");
         }
-        if (!done || result == asio::error::operation_aborted) {
-            return Status(StatusCode::kDeadlineExceeded,
-                          "no connection on port " + std::to_string(port_) + " within " +
-                              std::to_string(timeout.count()) + " ms");
+        if (pending.fd < 0) {
+            if (!pending.done || pending.result == asio::error::operation_aborted) {
+                return Status(StatusCode::kDeadlineExceeded,
+                              "no connection on port " + std::to_string(port_) + " within " +
+                                  std::to_string(timeout.count()) + " ms");
+            }
+            // EMFILE and the like: the listener stays usable once descriptors are free again.
+            return Status(
+                StatusCode::kResourceExhausted,
+                "accept on port " + std::to_string(port_) + ": " + pending.result.message());
         }
-        if (result) {
-            return Unavailable("accept on port " + std::to_string(port_) + ": " +
-                                    result.message());
+        auto channel = std::make_unique<FrameChannel::Impl>(options);
+        boost::system::error_code ec;
+        channel->socket().assign(acceptor_.local_endpoint(ec).protocol(), pending.fd, ec);
+        if (ec) {
+            ::close(pending.fd);
+            return Internal("accept on port " + std::to_string(port_) + ": " + ec.message());
         }
         channel->Start();
         return std::make_unique<FrameChannel>(std::move(channel));
@@ -423,6 +436,45 @@ class FrameListener::Impl {
     }
 
   private:
+    struct PendingAccept {
+        bool done = false;
+        bool cancelled = false;  // the caller gave up: do not wait again
+        int fd = -1;
+        boost::system::error_code result;
+    };
+
+    // accept4 with SOCK_CLOEXEC rather than asio's accept, which leaves the new socket
+    // inheritable: a worker spawned while this connection is open must not hold it (the peer
+    // would not see it close when this process closes it). The acceptor is non-blocking, so a
+    // connection reset between the wake-up and accept4 only means waiting again.
+    void WaitAndAccept(PendingAccept& pending) {
+        acceptor_.async_wait(
+            tcp::acceptor::wait_read, [this, &pending](const boost::system::error_code& ec) {
+                if (ec) {
+                    pending.done = true;
+                    pending.result = ec;
+                    return;
+                }
+                const int fd = ::accept4(acceptor_.native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
+                if (fd >= 0) {
+                    pending.done = true;
+                    pending.fd = fd;
+                    return;
+                }
+                const int err = errno;
+                if ((err == EAGAIN || err == EWOULDBLOCK || err == ECONNABORTED || err == EINTR) &&
+                    !pending.cancelled) {
+                    WaitAndAccept(pending);
+                    return;
+                }
+                pending.done = true;
+                pending.result =
+                    err == EAGAIN || err == EWOULDBLOCK
+                        ? asio::error::operation_aborted
+                        : boost::system::error_code(err, boost::system::system_category());
+            });
+    }
+
     asio::io_context io_;
     tcp::acceptor acceptor_;
     uint16_t port_ = 0;
@@ -493,6 +545,8 @@ Result<std::unique_ptr<FrameChannel>> ConnectFrameChannel(const std::string& hos
                                                          std::to_string(timeout.count()) + " ms");
     }
     if (result) return Unavailable("connect to " + target + ": " + result.message());
+    // Not inherited by processes this one spawns (see FrameListener's accept).
+    ::fcntl(channel->socket().native_handle(), F_SETFD, FD_CLOEXEC);
     channel->Start();
     return std::make_unique<FrameChannel>(std::move(channel));
 }

@@ -86,7 +86,9 @@ class FrameListener {
     uint16_t port() const;
 
     // The next connection, as a channel with `options`; DeadlineExceeded when none came within
-    // `timeout`, Unavailable after Close().
+    // `timeout`, Unavailable after Close(), ResourceExhausted when the accept itself failed (out
+    // of file descriptors: the caller should pause before trying again). Listening and accepted
+    // sockets are close-on-exec: processes this one spawns do not inherit them.
     Result<std::unique_ptr<FrameChannel>> Accept(std::chrono::milliseconds timeout,
                                                  const FrameChannelOptions& options = {});
 

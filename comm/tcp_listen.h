@@ -14,9 +14,9 @@
 
 namespace kvshard::internal {
 
-// Resolves `host` (passive), then opens, binds (SO_REUSEADDR) and listens on `acceptor` at
-// `port` (0: a free port; acceptor.local_endpoint() tells which). Unavailable, naming host and
-// port, when any step fails.
+// Resolves `host` (passive), then opens (close-on-exec), binds (SO_REUSEADDR) and listens on
+// `acceptor` at `port` (0: a free port; acceptor.local_endpoint() tells which). Unavailable, naming
+// host and port, when any step fails.
 Status ListenOn(boost::asio::ip::tcp::acceptor& acceptor, const std::string& host, uint16_t port);
 
 }  // namespace kvshard::internal

@@ -1,9 +1,14 @@
 #include "comm/frame_channel.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <boost/asio.hpp>
+#include <map>
 #include <set>
+#include <string>
 #include <thread>
 
 namespace kvshard {
@@ -100,7 +105,7 @@ TEST(FrameChannel, ExchangesPlansAndResults) {
 TEST(FrameChannel, RegistersAndShutsDown) {
     Pair pair = Connect();
     ASSERT_TRUE(pair.server && pair.client);
-    const RegisterMessage hello{1, 2, "mixed-0", kControlProtocolVersion, "127.0.0.1:9"};
+    const RegisterMessage hello{1, 2, "mixed-0", kControlProtocolVersion, "127.0.0.1:9", "tok"};
     ASSERT_TRUE(pair.client->Send(hello).ok());
     Result<Message> got = pair.server->Receive(In(milliseconds(10'000)));
     ASSERT_TRUE(got.ok());
@@ -256,6 +261,44 @@ TEST(FrameChannel, RefusesMessagesOverTheLimitWithoutClosing) {
     const Result<Message> got = pair.server->Receive(In(milliseconds(10'000)));
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     EXPECT_EQ(std::get<ShutdownMessage>(*got).reason, "small");
+}
+
+// This process's socket descriptors, by fd, each with its "socket:[inode]" link.
+std::map<int, std::string> OpenSockets() {
+    std::map<int, std::string> out;
+    DIR* dir = opendir("/proc/self/fd");
+    if (dir == nullptr) return out;
+    while (dirent* e = readdir(dir)) {
+        const std::string name = e->d_name;
+        if (name == "." || name == "..") continue;
+        char target[256];
+        const std::string link = "/proc/self/fd/" + name;
+        const ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
+        if (n <= 0) continue;
+        target[n] = '\0';
+        if (std::string(target).rfind("socket:", 0) == 0) out[std::stoi(name)] = target;
+    }
+    closedir(dir);
+    return out;
+}
+
+// A process spawned by the coordinator must not inherit its listening socket or its workers'
+// connections (it would hold them open after the coordinator closed them).
+TEST(FrameListener, ListeningAcceptedAndConnectedSocketsAreCloseOnExec) {
+    const std::map<int, std::string> before = OpenSockets();
+    Pair pair = Connect();
+    ASSERT_NE(pair.server, nullptr);
+    ASSERT_NE(pair.client, nullptr);
+    int checked = 0;
+    for (const auto& [fd, what] : OpenSockets()) {
+        if (before.count(fd) != 0 && before.at(fd) == what) continue;
+        const int flags = fcntl(fd, F_GETFD);
+        ASSERT_GE(flags, 0) << "fd " << fd;
+        EXPECT_TRUE(flags & FD_CLOEXEC) << "fd " << fd << " (" << what << ") is inheritable";
+        ++checked;
+    }
+    // The listener, the accepted and the connected socket at least (asio may add its own).
+    EXPECT_GE(checked, 3);
 }
 
 TEST(FrameListener, AcceptTimesOut) {
