@@ -7,10 +7,26 @@
 
 namespace kvshard::cli {
 
+namespace {
+
+constexpr int64_t kMaxRestartBackoffMs = 30'000;
+// How often the supervisor looks at the executor's health and the launched processes: the
+// executor notices a dead channel itself; this only bounds how late the supervisor reacts.
+constexpr int64_t kSupervisePollMs = 20;
+
+int64_t BackoffMs(int64_t first_ms, int failed_attempts) {
+    int64_t ms = std::max<int64_t>(first_ms, 0);
+    for (int i = 0; i < failed_attempts && ms < kMaxRestartBackoffMs; ++i) ms *= 2;
+    return std::min(ms, kMaxRestartBackoffMs);
+}
+
+}  // namespace
+
 WorkerRegistryOptions RegistryOptionsFrom(const ServerConfig& config) {
     WorkerRegistryOptions o;
     o.host = config.workers.host;
     o.port = static_cast<uint16_t>(config.workers.port);
+    o.token = config.workers.token;
     o.channel.heartbeat_interval_ms = config.workers.heartbeat_interval_ms;
     o.channel.dead_after_ms = config.workers.dead_after_ms;
     return o;
@@ -18,19 +34,143 @@ WorkerRegistryOptions RegistryOptionsFrom(const ServerConfig& config) {
 
 ProcessInstance::ProcessInstance(std::shared_ptr<WorkerRegistry> registry,
                                  std::unique_ptr<RemoteStepExecutor> executor,
-                                 std::unique_ptr<WorkerLauncher> launcher, int64_t shutdown_wait_ms)
+                                 std::unique_ptr<WorkerLauncher> launcher,
+                                 ProcessInstanceOptions options)
     : registry_(std::move(registry)),
       executor_(std::move(executor)),
-      launcher_(std::move(launcher)),
-      shutdown_wait_ms_(shutdown_wait_ms) {}
+      options_(std::move(options)),
+      launcher_(std::move(launcher)) {}
 
 ProcessInstance::~ProcessInstance() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        stopping_ = true;
+    }
+    stop_cv_.notify_all();
+    if (supervisor_.joinable()) supervisor_.join();
     executor_->Shutdown("the coordinator is shutting the instance down");
-    if (launcher_ != nullptr) {
-        launcher_->WaitForExit(std::chrono::milliseconds(shutdown_wait_ms_));
-        launcher_.reset();  // SIGTERM/SIGKILL whatever did not exit
+    std::unique_ptr<WorkerLauncher> launcher;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        launcher = std::move(launcher_);
+    }
+    if (launcher != nullptr) {
+        launcher->WaitForExit(std::chrono::milliseconds(options_.shutdown_wait_ms));
+        launcher.reset();  // SIGTERM/SIGKILL whatever did not exit
     }
     executor_.reset();
+}
+
+void ProcessInstance::StartSupervisor() {
+    supervisor_ = std::thread([this] { Supervise(); });
+}
+
+std::vector<pid_t> ProcessInstance::worker_pids() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return launcher_ != nullptr ? launcher_->pids() : std::vector<pid_t>{};
+}
+
+Status ProcessInstance::last_failure() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_failure_;
+}
+
+bool ProcessInstance::stopping() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stopping_;
+}
+
+bool ProcessInstance::WaitStopping(int64_t ms) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return stop_cv_.wait_for(lock, std::chrono::milliseconds(ms), [&] { return stopping_; });
+}
+
+Status ProcessInstance::CheckLaunched() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return launcher_ != nullptr ? launcher_->CheckExited() : Status::Ok();
+}
+
+void ProcessInstance::KillLaunched() {
+    std::unique_ptr<WorkerLauncher> old;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        old = std::move(launcher_);
+    }
+    if (old != nullptr) old->Kill();
+}
+
+void ProcessInstance::Supervise() {
+    const std::string who = "instance " + executor_->instance_id();
+    int failed_attempts = 0;  // in a row
+    for (;;) {
+        // Watch until something fails.
+        Status why;
+        for (;;) {
+            if (WaitStopping(kSupervisePollMs)) return;
+            why = executor_->Health();
+            if (why.ok()) why = CheckLaunched();
+            if (!why.ok()) break;
+        }
+        spdlog::error("{}: down: {}", who, why.message());
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            last_failure_ = why;
+        }
+        // Re-form, with backoff, until it works or the attempts run out.
+        for (;;) {
+            if (failed_attempts >= options_.restart_limit) {
+                spdlog::error(
+                    "{}: giving up after {} failed attempts to re-form (restart_limit "
+                    "{}); the instance stays down: {}",
+                    who, failed_attempts, options_.restart_limit, why.message());
+                KillLaunched();
+                gave_up_.store(true);
+                if (options_.on_gave_up) options_.on_gave_up(why);
+                return;
+            }
+            // First, so that replacements (external ones may already be on their way) are
+            // accepted, and the old workers' channels are closed.
+            executor_->BeginReform(why.message());
+            KillLaunched();
+            const int64_t backoff_ms = BackoffMs(options_.restart_backoff_ms, failed_attempts);
+            spdlog::warn("{}: re-forming in {} ms (attempt {} of {})", who, backoff_ms,
+                         failed_attempts + 1, options_.restart_limit);
+            if (WaitStopping(backoff_ms)) return;
+            Status formed;
+            if (options_.launch.has_value()) {
+                Result<std::unique_ptr<WorkerLauncher>> launched =
+                    WorkerLauncher::Launch(*options_.launch);
+                if (launched.ok()) {
+                    std::lock_guard<std::mutex> lock(mu_);
+                    launcher_ = std::move(*launched);
+                } else {
+                    formed = launched.status();
+                }
+            } else {
+                spdlog::info("{}: waiting for the replacement workers to register", who);
+            }
+            if (formed.ok()) {
+                formed = executor_->Reform(
+                    std::chrono::milliseconds(options_.register_timeout_ms), [this]() -> Status {
+                        if (stopping()) return Status(StatusCode::kAborted, "shutting down");
+                        return CheckLaunched();
+                    });
+            }
+            if (stopping()) return;
+            if (formed.ok()) {
+                failed_attempts = 0;
+                restarts_.fetch_add(1);
+                spdlog::info("{}: re-formed (epoch {}), serving again", who, executor_->epoch());
+                break;
+            }
+            ++failed_attempts;
+            failed_restarts_.fetch_add(1);
+            why = formed;
+            spdlog::error("{}: re-forming failed: {}", who, why.message());
+            std::lock_guard<std::mutex> lock(mu_);
+            last_failure_ = why;
+        }
+    }
 }
 
 Result<std::unique_ptr<ProcessInstance>> StartProcessInstance(
@@ -68,6 +208,12 @@ Result<std::unique_ptr<ProcessInstance>> StartProcessInstance(
     ro.step_timeout_ms = w.step_timeout_ms;
     KV_ASSIGN_OR_RETURN(std::unique_ptr<RemoteStepExecutor> executor, registry->AddInstance(ro));
 
+    ProcessInstanceOptions po;
+    po.restart_limit = w.restart_limit;
+    po.restart_backoff_ms = w.restart_backoff_ms;
+    po.register_timeout_ms = w.register_timeout_ms;
+    po.shutdown_wait_ms = w.dead_after_ms;
+    po.on_gave_up = spec.on_gave_up;
     std::unique_ptr<WorkerLauncher> launcher;
     if (w.launcher != WorkersLauncher::kExternal) {
         WorkerLauncherOptions lo;
@@ -81,11 +227,13 @@ Result<std::unique_ptr<ProcessInstance>> StartProcessInstance(
         lo.coordinator_port = registry->port();
         lo.instance_id = spec.instance_id;
         lo.tp = spec.tp;
+        lo.token = registry->token();
         lo.extra_args = {"--heartbeat-ms",       std::to_string(w.heartbeat_interval_ms),
                          "--dead-after-ms",      std::to_string(w.dead_after_ms),
                          "--connect-timeout-ms", std::to_string(w.register_timeout_ms),
                          "--log-level",          config.log_level};
         KV_ASSIGN_OR_RETURN(launcher, WorkerLauncher::Launch(lo));
+        po.launch = lo;
     } else {
         spdlog::info("{}: waiting for {} workers to register at {}:{}", who, spec.tp,
                      registry->host(), registry->port());
@@ -95,8 +243,9 @@ Result<std::unique_ptr<ProcessInstance>> StartProcessInstance(
         executor->WaitReady(std::chrono::milliseconds(w.register_timeout_ms),
                             [l]() { return l != nullptr ? l->CheckExited() : Status::Ok(); });
     auto instance = std::make_unique<ProcessInstance>(std::move(registry), std::move(executor),
-                                                      std::move(launcher), w.dead_after_ms);
+                                                      std::move(launcher), std::move(po));
     if (!ready.ok()) return ready;  // the instance's destructor ends the workers
+    instance->StartSupervisor();
     return instance;
 }
 

@@ -5,11 +5,28 @@
 //
 //   auto instance = StartProcessInstance(config, spec);    // returns once every rank is Ready
 //   InstanceEngine engine(ec, tokenizer, (*instance)->executor());
+//
+// Supervision: a thread of the instance watches executor().Health() (and the launched processes).
+// When the instance fails it logs why, re-opens the executor to registrations (BeginReform),
+// kills what the coordinator launched (SIGKILL, also a stopped worker; every child reaped), waits
+// workers.restart_backoff_ms (doubling after each failed attempt, at most 30 s), launches the
+// workers again with the same token and waits for them (Reform, workers.register_timeout_ms);
+// for external workers it only waits for the replacements' registrations. After
+// workers.restart_limit failed attempts in a row (0: at the first failure) it gives up: the
+// instance stays down, gave_up() turns true and spec.on_gave_up runs.
 #pragma once
 
+#include <sys/types.h>
+
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/worker_launcher.h"
@@ -30,40 +47,86 @@ struct ProcessInstanceSpec {
     WorkerRunSettings worker;
     // The kvshard binary the workers run ("/proc/self/exe" from kvshard itself; tests name it).
     std::string worker_executable = "/proc/self/exe";
+    // Runs once, on the supervisor thread, when the supervisor gives up on the instance (why: the
+    // last failure). E.g. the serve command exits non-zero when no instance can serve any more.
+    std::function<void(const Status& why)> on_gave_up;
 };
 
-// The registry settings of config.workers (host, port, heartbeats), for a registry shared by
-// several instances.
+// The registry settings of config.workers (host, port, token, heartbeats), for a registry shared
+// by several instances. An empty workers.token stays empty: the registry then makes one.
 WorkerRegistryOptions RegistryOptionsFrom(const ServerConfig& config);
 
-// Ownership: owns its executor and launcher; shares the registry. Destroying it tells the workers
-// to shut down, waits for them (workers.dead_after_ms at most), then ends what is left.
+struct ProcessInstanceOptions {
+    // How to start the workers again; nullopt for external workers.
+    std::optional<WorkerLauncherOptions> launch;
+    int restart_limit = 5;                  // failed attempts in a row before giving up; 0: never
+    int64_t restart_backoff_ms = 1'000;     // before the first attempt; doubles, at most 30 s
+    int64_t register_timeout_ms = 120'000;  // each attempt's Reform
+    int64_t shutdown_wait_ms = 5'000;       // destruction: how long workers may take to exit
+    std::function<void(const Status&)> on_gave_up;
+};
+
+// Ownership: owns its executor and launcher; shares the registry. Destroying it stops the
+// supervisor, tells the workers to shut down, waits for them (shutdown_wait_ms at most), then
+// ends what is left. Thread-safety: the accessors from any thread.
 class ProcessInstance {
   public:
     ProcessInstance(std::shared_ptr<WorkerRegistry> registry,
                     std::unique_ptr<RemoteStepExecutor> executor,
-                    std::unique_ptr<WorkerLauncher> launcher, int64_t shutdown_wait_ms);
+                    std::unique_ptr<WorkerLauncher> launcher, ProcessInstanceOptions options);
     ~ProcessInstance();
     ProcessInstance(const ProcessInstance&) = delete;
     ProcessInstance& operator=(const ProcessInstance&) = delete;
 
+    // Starts the supervisor thread (StartProcessInstance does, once the workers are Ready).
+    // REQUIRES: called at most once.
+    void StartSupervisor();
+
     RemoteStepExecutor& executor() { return *executor_; }
     WorkerRegistry& registry() { return *registry_; }
-    // nullptr when the workers were started by someone else.
-    WorkerLauncher* launcher() { return launcher_.get(); }
+    // The pids of the processes launched now (one per rank, or mpirun's); empty for external
+    // workers and while none run.
+    std::vector<pid_t> worker_pids() const;
+
+    // The supervisor gave up: the instance stays down until the serve process is restarted.
+    bool gave_up() const { return gave_up_.load(); }
+    // Successful re-formations so far.
+    int restarts() const { return restarts_.load(); }
+    // Attempts to re-form that failed so far (consecutive or not).
+    int failed_restarts() const { return failed_restarts_.load(); }
+    // The last failure the supervisor saw (OK before any).
+    Status last_failure() const;
 
   private:
+    void Supervise();
+    // Sleeps up to `ms`; true when the instance is being destroyed.
+    bool WaitStopping(int64_t ms);
+    bool stopping() const;
+    // The launched processes' exit, or OK (also when none were launched).
+    Status CheckLaunched();
+    void KillLaunched();
+
     std::shared_ptr<WorkerRegistry> registry_;
     std::unique_ptr<RemoteStepExecutor> executor_;
-    std::unique_ptr<WorkerLauncher> launcher_;
-    int64_t shutdown_wait_ms_;
+    const ProcessInstanceOptions options_;
+
+    mutable std::mutex mu_;
+    std::condition_variable stop_cv_;
+    bool stopping_ = false;                     // guarded by mu_
+    std::unique_ptr<WorkerLauncher> launcher_;  // guarded by mu_ (replaced by the supervisor)
+    Status last_failure_;                       // guarded by mu_
+    std::atomic<bool> gave_up_{false};
+    std::atomic<int> restarts_{0};
+    std::atomic<int> failed_restarts_{0};
+    std::thread supervisor_;
 };
 
 // Registers the instance with `registry` (nullptr: a registry of its own, from config.workers),
-// launches its workers as config.workers.launcher says, and waits until every rank is Ready
-// (workers.register_timeout_ms). Errors name the instance and, for a worker, its rank and why:
-// a refused launch (tp > 1 with the direct launcher), a worker that exited (its exit status), a
-// load error (the worker's message), or the ranks still missing at the deadline.
+// launches its workers as config.workers.launcher says (passing the registry's token), waits
+// until every rank is Ready (workers.register_timeout_ms), then starts the supervisor with
+// workers.restart_limit and restart_backoff_ms. Errors name the instance and, for a worker, its
+// rank and why: a refused launch (tp > 1 with the direct launcher), a worker that exited (its
+// exit status), a load error (the worker's message), or the ranks still missing at the deadline.
 // REQUIRES: config.workers.mode is processes.
 Result<std::unique_ptr<ProcessInstance>> StartProcessInstance(
     const ServerConfig& config, const ProcessInstanceSpec& spec,

@@ -2,9 +2,14 @@
 // with the coordinator at --coordinator and running the steps it sends (worker/worker_service.h).
 // Under mpirun (`mpirun -np N kvshard worker ...`) rank and tp come from MPI and the ranks
 // all-reduce over MPI; otherwise --rank/--tp say them (tp 1 only: no collective between
-// independent processes).
+// independent processes). The registry's token comes from the environment
+// (KVSHARD_WORKER_TOKEN, which is how the coordinator's launcher passes it) or --token-file,
+// never from the command line, which every local user can read.
 #include <charconv>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "cli/commands.h"
@@ -28,7 +33,23 @@ struct WorkerFlags {
     int64_t connect_timeout_ms = 60'000;
     int64_t collective_timeout_ms = 60'000;
     std::string log_level = "info";
+    std::string token_file;
 };
+
+// The token: --token-file's first line if given, else KVSHARD_WORKER_TOKEN.
+Result<std::string> ReadToken(const WorkerFlags& f) {
+    if (!f.token_file.empty()) {
+        std::ifstream in(f.token_file);
+        if (!in) return InvalidArgument("--token-file: cannot read '" + f.token_file + "'");
+        std::string token;
+        std::getline(in, token);
+        while (!token.empty() && (token.back() == '\r' || token.back() == ' ')) token.pop_back();
+        if (token.empty()) return InvalidArgument("--token-file: '" + f.token_file + "' is empty");
+        return token;
+    }
+    const char* env = std::getenv("KVSHARD_WORKER_TOKEN");
+    return std::string(env != nullptr ? env : "");
+}
 
 // "HOST:PORT" (the last colon splits, so "[::1]:9000"-style hosts keep their colons).
 Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& text) {
@@ -54,7 +75,11 @@ int RunWorker(const WorkerFlags& f) {
     Result<std::pair<std::string, uint16_t>> address = ParseHostPort(f.coordinator);
     if (!address.ok()) return Fail(address.status().message());
 
+    Result<std::string> token = ReadToken(f);
+    if (!token.ok()) return Fail(token.status().message());
+
     WorkerServiceOptions o;
+    o.token = std::move(*token);
     o.coordinator_host = address->first;
     o.coordinator_port = address->second;
     o.instance_id = f.instance;
@@ -143,6 +168,9 @@ Command RegisterWorker(CLI::App& app) {
         ->check(CLI::PositiveNumber);
     sub->add_option("--log-level", f->log_level, "trace|debug|info|warn|error|off")
         ->capture_default_str();
+    sub->add_option("--token-file", f->token_file,
+                    "File whose first line is the coordinator's workers.token (default: the "
+                    "KVSHARD_WORKER_TOKEN environment variable)");
     return [f] { return RunWorker(*f); };
 }
 

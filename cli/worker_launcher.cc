@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
 #include <thread>
 
 #include "common/logging.h"
@@ -26,13 +27,30 @@ std::string DescribeWaitStatus(int wait_status) {
     return "wait status " + std::to_string(wait_status);
 }
 
-Status WorkerLauncher::Spawn(Child& child) {
+Status WorkerLauncher::Spawn(Child& child, char* const envp[]) {
     std::vector<char*> argv;
     for (std::string& a : child.argv) argv.push_back(a.data());
     argv.push_back(nullptr);
     pid_t pid = -1;
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    // A process group of its own (the child's pid), so Kill() reaches what mpirun started.
+    // And the default signal mask and dispositions: the serve command blocks SIGTERM/SIGINT to
+    // sigwait for them, and a child would inherit that (the launcher's SIGTERM would not end it).
+    sigset_t none, defaults;
+    sigemptyset(&none);
+    sigemptyset(&defaults);
+    sigaddset(&defaults, SIGTERM);
+    sigaddset(&defaults, SIGINT);
+    sigaddset(&defaults, SIGPIPE);
+    posix_spawnattr_setflags(
+        &attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    posix_spawnattr_setpgroup(&attr, 0);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setsigdefault(&attr, &defaults);
     // posix_spawnp: mpirun is looked up on PATH; the kvshard path is absolute anyway.
-    const int err = posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), environ);
+    const int err = posix_spawnp(&pid, argv[0], nullptr, &attr, argv.data(), envp);
+    posix_spawnattr_destroy(&attr);
     if (err != 0) {
         return Status(StatusCode::kUnavailable,
                       "cannot start " + child.name + " (" + child.argv[0] + "): " + strerror(err));
@@ -55,7 +73,8 @@ Result<std::unique_ptr<WorkerLauncher>> WorkerLauncher::Launch(const WorkerLaunc
     // "/proc/self/exe" means this binary only to this process: mpirun would resolve it to itself.
     std::string executable = o.executable;
     std::error_code ec;
-    if (const auto real = std::filesystem::read_symlink(executable, ec); !ec) executable = real.string();
+    if (const auto real = std::filesystem::read_symlink(executable, ec); !ec)
+        executable = real.string();
     auto worker_args = [&](std::vector<std::string>& argv) {
         argv.insert(argv.end(), {executable, "worker", "--coordinator",
                                  o.coordinator_host + ":" + std::to_string(o.coordinator_port),
@@ -76,12 +95,24 @@ Result<std::unique_ptr<WorkerLauncher>> WorkerLauncher::Launch(const WorkerLaunc
         c.name = "mpirun of " + std::to_string(o.tp) + " workers";
         c.argv = {o.mpirun, "--oversubscribe"};
         if (geteuid() == 0) c.argv.push_back("--allow-run-as-root");
-        c.argv.insert(c.argv.end(), {"-np", std::to_string(o.tp)});
+        c.argv.insert(c.argv.end(), {"-np", std::to_string(o.tp), "-x", kWorkerTokenEnv});
         worker_args(c.argv);
         c.argv.insert(c.argv.end(), o.extra_args.begin(), o.extra_args.end());
         l->children_.push_back(std::move(c));
     }
-    for (Child& c : l->children_) KV_RETURN_IF_ERROR(l->Spawn(c));  // the destructor ends the rest
+    // This process's environment, with the token in place of any KVSHARD_WORKER_TOKEN of its own.
+    const std::string prefix = std::string(kWorkerTokenEnv) + "=";
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+        if (std::string_view(*e).substr(0, prefix.size()) != prefix) env.emplace_back(*e);
+    }
+    env.push_back(prefix + o.token);
+    std::vector<char*> envp;
+    for (std::string& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    for (Child& c : l->children_) {
+        KV_RETURN_IF_ERROR(l->Spawn(c, envp.data()));  // the destructor ends the rest
+    }
     return l;
 }
 
@@ -105,15 +136,33 @@ bool WorkerLauncher::WaitForExit(std::chrono::milliseconds timeout) {
     }
 }
 
+void WorkerLauncher::Kill() {
+    for (Child& c : children_) {
+        if (c.pid <= 0) continue;
+        // Its group: mpirun's ranks too, even after mpirun itself was reaped (a group id is not
+        // reused while any member lives).
+        kill(-c.pid, SIGKILL);
+        if (c.reaped) continue;
+        kill(c.pid, SIGKILL);
+        while (waitpid(c.pid, &c.wait_status, 0) < 0 && errno == EINTR) {
+        }
+        c.reaped = true;
+        spdlog::info("{} (pid {}) killed", c.name, c.pid);
+    }
+}
+
 WorkerLauncher::~WorkerLauncher() {
     for (Child& c : children_) {
-        if (!Reap(c)) kill(c.pid, SIGTERM);
+        if (Reap(c)) continue;
+        kill(c.pid, SIGTERM);
+        kill(c.pid, SIGCONT);  // a stopped worker handles its SIGTERM too
     }
     if (WaitForExit(std::chrono::milliseconds(options_.terminate_grace_ms))) return;
     for (Child& c : children_) {
         if (c.reaped) continue;
         spdlog::warn("{} (pid {}) did not stop within {} ms of SIGTERM: SIGKILL", c.name, c.pid,
                      options_.terminate_grace_ms);
+        kill(-c.pid, SIGKILL);
         kill(c.pid, SIGKILL);
         while (waitpid(c.pid, &c.wait_status, 0) < 0 && errno == EINTR) {
         }

@@ -3,13 +3,17 @@
 //   direct:  one `kvshard worker --coordinator H:P --instance ID --rank r --tp N ...` per rank
 //            (posix_spawn). tp 1 only: ranks of a tensor-parallel group need a collective between
 //            them, and between processes only MPI provides one here.
-//   mpirun:  one `mpirun --oversubscribe [--allow-run-as-root] -np N kvshard worker ...`; the
-//            ranks take rank and tp from MPI and all-reduce over it.
+//   mpirun:  one `mpirun --oversubscribe [--allow-run-as-root] -np N -x KVSHARD_WORKER_TOKEN
+//            kvshard worker ...`; the ranks take rank and tp from MPI and all-reduce over it.
+//
+// The registry's token reaches the workers in their environment (KVSHARD_WORKER_TOKEN), never
+// on a command line, where every local user could read it. Each child leads a process group of
+// its own, so Kill() ends mpirun's ranks with it.
 //
 // RAII: the destructor ends the children (SIGTERM, then SIGKILL after the grace period) and
 // reaps them. CheckExited notices a child that ended early, so the coordinator can fail at once
 // instead of waiting for the registration timeout.
-// Thread-safety: CheckExited and the destructor from one thread at a time.
+// Thread-safety: one thread at a time for every method.
 #pragma once
 
 #include <sys/types.h>
@@ -37,6 +41,8 @@ struct WorkerLauncherOptions {
     int tp = 1;
     // Appended to every worker's command line (e.g. --heartbeat-ms 500).
     std::vector<std::string> extra_args;
+    // The registry's token, put in each child's environment as KVSHARD_WORKER_TOKEN.
+    std::string token;
     int64_t terminate_grace_ms = 3'000;
 };
 
@@ -57,6 +63,10 @@ class WorkerLauncher {
     // shut down) and reaps them; true when all did.
     bool WaitForExit(std::chrono::milliseconds timeout);
 
+    // SIGKILL to every child's process group (a stopped worker too, and mpirun's ranks), then
+    // reaps every child: no zombies. Idempotent.
+    void Kill();
+
     // The spawned processes: one per rank (direct) or mpirun's.
     std::vector<pid_t> pids() const;
     // The command line of child i, for logs.
@@ -71,13 +81,16 @@ class WorkerLauncher {
         int wait_status = 0;
     };
     WorkerLauncher() = default;
-    Status Spawn(Child& child);
+    Status Spawn(Child& child, char* const envp[]);
     // Reaps `child` if it exited; true when it has been reaped.
     bool Reap(Child& child);
 
     WorkerLauncherOptions options_;
     std::vector<Child> children_;
 };
+
+// The environment variable that carries the token to a worker.
+inline constexpr const char* kWorkerTokenEnv = "KVSHARD_WORKER_TOKEN";
 
 // "exit code 3" or "killed by signal 9 (Killed)", from a waitpid status.
 std::string DescribeWaitStatus(int wait_status);

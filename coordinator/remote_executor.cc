@@ -1,38 +1,63 @@
 #include "coordinator/remote_executor.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <unordered_set>
 #include <variant>
 
+#include "common/check.h"
 #include "common/logging.h"
 
 namespace kvshard {
 
 using Clock = std::chrono::steady_clock;
 
-// One instance's ranks. The registry fills a rank's slot (channel, peer, kv_endpoint) once; the
-// executor reads them after WaitReady and owns the channels' use from then on.
+// One instance's ranks. The registry fills a rank's slot (channel, peer, kv_endpoint) while the
+// instance takes registrations (before its first formation, and while re-forming); the executor
+// reads them and owns the channels' use from then on.
 struct WorkerRegistry::Slots {
-    explicit Slots(const RemoteInstanceOptions& o)
-        : options(o),
-          channels(static_cast<size_t>(o.tp)),
-          peers(static_cast<size_t>(o.tp)),
-          kv_endpoints(static_cast<size_t>(o.tp)),
-          ready(static_cast<size_t>(o.tp), false),
-          num_kv_blocks(static_cast<size_t>(o.tp), 0) {}
+    explicit Slots(const RemoteInstanceOptions& o) : options(o) { Reset(); }
+
+    // REQUIRES: mu held. Empties every rank's slot (the caller keeps the old channels).
+    void Reset() {
+        const auto n = static_cast<size_t>(options.tp);
+        channels.clear();
+        channels.resize(n);
+        peers.assign(n, "");
+        kv_endpoints.assign(n, "");
+        ready.assign(n, false);
+        num_kv_blocks.assign(n, 0);
+        num_registered = 0;
+    }
+
+    // REQUIRES: mu held. Whether a Register for this instance may take a free rank now.
+    bool TakesRegistrations() const {
+        return !closed && !shut_down && (reforming || (failed.ok() && !formed));
+    }
 
     const RemoteInstanceOptions options;
     mutable std::mutex mu;
     std::condition_variable cv;  // a rank registered, or the instance failed
-    // Guarded by mu. A channel, once set, is never replaced until the executor is destroyed.
+    // Guarded by mu. A channel, once set, is only taken out by BeginReform and the destructor.
     std::vector<std::unique_ptr<FrameChannel>> channels;
     std::vector<std::string> peers;
     std::vector<std::string> kv_endpoints;
     std::vector<bool> ready;
     std::vector<int64_t> num_kv_blocks;
     int num_registered = 0;
-    Status failed;        // first failure; later calls return it
-    bool closed = false;  // the executor is gone: no more registrations
+    // The state of the current formation, guarded by mu:
+    //   forming (initial) ─WaitReady OK→ formed ─failure→ failed ─BeginReform→ reforming
+    //   reforming ─Reform OK→ formed;  reforming ─failure→ failed;  any ─Shutdown→ shut down
+    Status failed;           // why the current formation cannot run steps; OK otherwise
+    bool formed = false;     // every rank Ready and nothing failed since
+    bool reforming = false;  // BeginReform ran and its Reform has not ended yet
+    bool shut_down = false;
+    bool closed = false;      // the executor is gone: no more registrations
+    uint64_t epoch = 0;       // formations so far
+    uint64_t generation = 0;  // BeginReforms so far: tells a stale failure from a current one
 };
 
 namespace {
@@ -43,7 +68,37 @@ std::string RankList(const std::vector<int>& ranks) {
     return out;
 }
 
+// Compares in time that depends on the expected token's length only, not on where the first
+// difference is.
+bool TokenMatches(std::string_view presented, std::string_view expected) {
+    unsigned diff = presented.size() == expected.size() ? 0u : 1u;
+    for (size_t i = 0; i < expected.size(); ++i) {
+        const unsigned char p =
+            i < presented.size() ? static_cast<unsigned char>(presented[i]) : 0u;
+        diff |= p ^ static_cast<unsigned char>(expected[i]);
+    }
+    return diff == 0;
+}
+
 }  // namespace
+
+std::string RandomWorkerToken() {
+    unsigned char bytes[32];
+    size_t got = 0;
+    while (got < sizeof(bytes)) {
+        const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+        if (n < 0 && errno == EINTR) continue;
+        KV_CHECK(n > 0) << "getrandom failed: " << std::strerror(errno);
+        got += static_cast<size_t>(n);
+    }
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string out;
+    for (unsigned char b : bytes) {
+        out.push_back(kHex[b >> 4]);
+        out.push_back(kHex[b & 15]);
+    }
+    return out;
+}
 
 // ---- WorkerRegistry ----
 
@@ -52,10 +107,16 @@ WorkerRegistry::WorkerRegistry(const WorkerRegistryOptions& options) : options_(
 Result<std::unique_ptr<WorkerRegistry>> WorkerRegistry::Start(
     const WorkerRegistryOptions& options) {
     KV_RETURN_IF_ERROR(ValidateFrameChannelOptions(options.channel));
-    std::unique_ptr<WorkerRegistry> registry(new WorkerRegistry(options));
-    KV_ASSIGN_OR_RETURN(registry->listener_, FrameListener::Listen(options.host, options.port));
+    if (options.max_pending_handshakes < 1) {
+        return InvalidArgument("max_pending_handshakes=" +
+                               std::to_string(options.max_pending_handshakes) + " must be >= 1");
+    }
+    WorkerRegistryOptions o = options;
+    if (o.token.empty()) o.token = RandomWorkerToken();
+    std::unique_ptr<WorkerRegistry> registry(new WorkerRegistry(o));
+    KV_ASSIGN_OR_RETURN(registry->listener_, FrameListener::Listen(o.host, o.port));
     registry->accept_thread_ = std::thread([r = registry.get()] { r->AcceptLoop(); });
-    spdlog::info("worker registry listening on {}:{}", options.host, registry->port());
+    spdlog::info("worker registry listening on {}:{}", o.host, registry->port());
     return registry;
 }
 
@@ -66,6 +127,15 @@ WorkerRegistry::~WorkerRegistry() {
     }
     listener_->Close();
     if (accept_thread_.joinable()) accept_thread_.join();
+    std::vector<std::thread> threads;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (Handshake& h : handshakes_) {
+            if (h.channel != nullptr) h.channel->Close();  // its Receive returns at once
+            threads.push_back(std::move(h.thread));
+        }
+    }
+    for (std::thread& t : threads) t.join();
 }
 
 uint16_t WorkerRegistry::port() const { return listener_->port(); }
@@ -96,24 +166,66 @@ Result<std::unique_ptr<RemoteStepExecutor>> WorkerRegistry::AddInstance(
 
 std::vector<std::string> WorkerRegistry::rejections() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return rejections_;
+    return {rejections_.begin(), rejections_.end()};
+}
+
+void WorkerRegistry::ReapHandshakes() {
+    std::vector<std::thread> finished;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto it = handshakes_.begin(); it != handshakes_.end();) {
+            if (!it->done) {
+                ++it;
+                continue;
+            }
+            finished.push_back(std::move(it->thread));
+            it = handshakes_.erase(it);
+        }
+    }
+    for (std::thread& t : finished) t.join();  // each has only its return left
 }
 
 void WorkerRegistry::AcceptLoop() {
     for (;;) {
+        ReapHandshakes();
         {
             std::lock_guard<std::mutex> lock(mu_);
             if (stopping_) return;
         }
         Result<std::unique_ptr<FrameChannel>> channel =
             listener_->Accept(std::chrono::milliseconds(250), options_.channel);
-        if (channel.ok()) {
-            HandleConnection(std::move(*channel));
-        } else if (channel.status().code() == StatusCode::kUnavailable) {
-            return;  // closed
-        } else if (channel.status().code() != StatusCode::kDeadlineExceeded) {
+        if (!channel.ok()) {
+            const StatusCode code = channel.status().code();
+            if (code == StatusCode::kUnavailable) return;  // closed
+            if (code == StatusCode::kDeadlineExceeded) continue;
+            // Out of descriptors, say: the listener stays readable, so pause instead of spinning.
             spdlog::warn("worker registry: accept: {}", channel.status().ToString());
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            continue;
         }
+        std::unique_lock<std::mutex> lock(mu_);
+        if (pending_handshakes_ >= options_.max_pending_handshakes) {
+            lock.unlock();
+            Reject(**channel, "too many connections waiting to register (" +
+                                  std::to_string(options_.max_pending_handshakes) + ")");
+            continue;
+        }
+        ++pending_handshakes_;
+        auto handshake = handshakes_.emplace(handshakes_.end());
+        handshake->channel = channel->get();
+        handshake->thread = std::thread([this, handshake, c = std::move(*channel)]() mutable {
+            HandleConnection(c, handshake);
+            std::unique_ptr<FrameChannel> refused;
+            {
+                std::lock_guard<std::mutex> done_lock(mu_);
+                handshake->channel = nullptr;
+                refused = std::move(c);  // null when handed to a slot
+                --pending_handshakes_;
+            }
+            refused.reset();  // joins its I/O thread, outside the lock
+            std::lock_guard<std::mutex> done_lock(mu_);
+            handshake->done = true;
+        });
     }
 }
 
@@ -123,6 +235,7 @@ void WorkerRegistry::Reject(FrameChannel& channel, const std::string& reason) {
         // Recorded before the answer goes out: whoever has seen the refusal sees it here too.
         std::lock_guard<std::mutex> lock(mu_);
         rejections_.push_back(channel.peer() + ": " + reason);
+        if (rejections_.size() > kMaxRejections) rejections_.pop_front();
     }
     RegisterAckMessage nack;
     nack.accepted = false;
@@ -130,9 +243,10 @@ void WorkerRegistry::Reject(FrameChannel& channel, const std::string& reason) {
     (void)channel.Send(nack);  // best effort: the peer may not be a worker at all
 }
 
-void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel> channel) {
-    // One connection at a time: a worker sends Register right after connecting, and a silent
-    // peer holds the loop for register_message_timeout_ms at most.
+void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel>& channel,
+                                      std::list<Handshake>::iterator handshake) {
+    // A thread of its own per connection: a silent peer holds only this one, for
+    // register_message_timeout_ms at most.
     Result<Message> first = channel->Receive(
         Clock::now() + std::chrono::milliseconds(options_.register_message_timeout_ms));
     if (!first.ok()) {
@@ -150,6 +264,12 @@ void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel> channel) {
     if (reg->protocol_version != kControlProtocolVersion) {
         Reject(*channel, who + ": protocol version " + std::to_string(reg->protocol_version) +
                              ", the coordinator speaks " + std::to_string(kControlProtocolVersion));
+        return;
+    }
+    // Before anything about the instances is said: a peer without the token learns nothing.
+    if (!TokenMatches(reg->token, options_.token)) {
+        Reject(*channel, std::string(reg->token.empty() ? "no token" : "wrong token") +
+                             " (set KVSHARD_WORKER_TOKEN to the coordinator's workers.token)");
         return;
     }
     std::shared_ptr<Slots> slots;
@@ -170,14 +290,17 @@ void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel> channel) {
         std::lock_guard<std::mutex> lock(slots->mu);
         const int tp = slots->options.tp;
         std::string problem;
-        if (slots->closed || !slots->failed.ok()) {
-            problem = "the instance is shut down or failed";
+        if (slots->closed || slots->shut_down) {
+            problem = "the instance is shut down";
+        } else if (!slots->TakesRegistrations()) {
+            problem = slots->formed ? "the instance is formed: every rank is registered"
+                                    : "the instance failed and is not re-forming yet";
         } else if (reg->tp != tp) {
             problem =
                 "tp " + std::to_string(reg->tp) + ", but the instance has tp " + std::to_string(tp);
         } else if (reg->worker_rank < 0 || reg->worker_rank >= tp) {
             problem = "rank out of range [0, " + std::to_string(tp) + ")";
-        } else if (slots->channels[static_cast<size_t>(reg->worker_rank)] != nullptr) {
+        } else if (!slots->peers[static_cast<size_t>(reg->worker_rank)].empty()) {
             problem =
                 "rank already registered by " + slots->peers[static_cast<size_t>(reg->worker_rank)];
         }
@@ -186,6 +309,8 @@ void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel> channel) {
             ack.error = who + ": " + problem;
         } else {
             const auto r = static_cast<size_t>(reg->worker_rank);
+            // Claimed now, under the lock, so a concurrent handshake for the same rank is
+            // refused; the channel follows once the ack is out.
             slots->peers[r] = channel->peer();
             slots->kv_endpoints[r] = reg->kv_endpoint;
             ack.accepted = true;
@@ -204,8 +329,19 @@ void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel> channel) {
     if (!sent.ok()) spdlog::warn("worker registry: {}: RegisterAck: {}", who, sent.ToString());
     spdlog::info("worker registry: {} registered from {} (kv endpoint '{}')", who, channel->peer(),
                  reg->kv_endpoint);
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        handshake->channel = nullptr;  // no longer ours to close
+    }
     std::lock_guard<std::mutex> lock(slots->mu);
-    slots->channels[static_cast<size_t>(reg->worker_rank)] = std::move(channel);
+    const auto r = static_cast<size_t>(reg->worker_rank);
+    if (!slots->TakesRegistrations() || slots->channels[r] != nullptr ||
+        slots->peers[r] != channel->peer()) {
+        // Shut down, failed or re-formed again while the ack was going out: the worker sees its
+        // channel close when the caller destroys it.
+        return;
+    }
+    slots->channels[r] = std::move(channel);
     slots->num_registered++;
     slots->cv.notify_all();
 }
@@ -222,7 +358,7 @@ RemoteStepExecutor::~RemoteStepExecutor() {
         std::lock_guard<std::mutex> lock(slots_->mu);
         slots_->closed = true;
         channels = std::move(slots_->channels);
-        slots_->channels.resize(static_cast<size_t>(slots_->options.tp));  // moved-from: nulls
+        slots_->Reset();
     }
     channels.clear();  // joins their I/O threads, outside the lock
 }
@@ -233,6 +369,34 @@ int RemoteStepExecutor::tp() const { return slots_->options.tp; }
 Status RemoteStepExecutor::status() const {
     std::lock_guard<std::mutex> lock(slots_->mu);
     return slots_->failed;
+}
+
+uint64_t RemoteStepExecutor::epoch() const {
+    std::lock_guard<std::mutex> lock(slots_->mu);
+    return slots_->epoch;
+}
+
+Status RemoteStepExecutor::Health() const {
+    uint64_t generation = 0;
+    int dead_rank = -1;
+    Status dead;
+    {
+        std::lock_guard<std::mutex> lock(slots_->mu);
+        if (!slots_->failed.ok()) return slots_->failed;
+        if (!slots_->formed)
+            return Unavailable("instance " + instance_id() + ": workers not ready");
+        generation = slots_->generation;
+        for (int r = 0; r < tp() && dead_rank < 0; ++r) {
+            const FrameChannel* c = slots_->channels[static_cast<size_t>(r)].get();
+            const Status s = c != nullptr ? c->status() : Unavailable("no channel");
+            if (!s.ok()) {
+                dead_rank = r;
+                dead = s;
+            }
+        }
+    }
+    if (dead_rank < 0) return Status::Ok();
+    return Fail(generation, RankError(dead_rank, "connection lost", dead));
 }
 
 std::vector<std::string> RemoteStepExecutor::kv_endpoints() const {
@@ -256,12 +420,15 @@ Status RemoteStepExecutor::RankError(int rank, const std::string& what, const St
                        why.message());
 }
 
-Status RemoteStepExecutor::Fail(Status status) {
+Status RemoteStepExecutor::Fail(uint64_t generation, Status status) const {
     std::vector<FrameChannel*> channels;
     {
         std::lock_guard<std::mutex> lock(slots_->mu);
-        if (!slots_->failed.ok()) return slots_->failed;
+        if (generation != slots_->generation) return status;  // a formation already replaced
+        if (!slots_->failed.ok() && !slots_->reforming) return slots_->failed;
         slots_->failed = status;
+        slots_->formed = false;
+        slots_->reforming = false;
         for (auto& c : slots_->channels) {
             if (c != nullptr) channels.push_back(c.get());
         }
@@ -269,7 +436,8 @@ Status RemoteStepExecutor::Fail(Status status) {
     }
     spdlog::error("{}", status.message());
     // The surviving workers see their connection close and exit; the channels stay allocated
-    // until the executor is destroyed, so a concurrent Execute's Receive returns Unavailable.
+    // until the next BeginReform (after any Execute let go) or the executor's destruction, so a
+    // concurrent Execute's Receive returns Unavailable.
     for (FrameChannel* c : channels) c->Close();
     return status;
 }
@@ -278,9 +446,12 @@ void RemoteStepExecutor::Shutdown(const std::string& reason) {
     std::vector<FrameChannel*> channels;
     {
         std::lock_guard<std::mutex> lock(slots_->mu);
-        if (slots_->failed.ok()) {
+        if (slots_->failed.ok() || slots_->reforming) {
             slots_->failed = Unavailable("instance " + instance_id() + ": shut down: " + reason);
         }
+        slots_->shut_down = true;
+        slots_->formed = false;
+        slots_->reforming = false;
         for (auto& c : slots_->channels) {
             if (c != nullptr) channels.push_back(c.get());
         }
@@ -292,36 +463,93 @@ void RemoteStepExecutor::Shutdown(const std::string& reason) {
     }
 }
 
+void RemoteStepExecutor::BeginReform(const std::string& reason) {
+    std::vector<std::unique_ptr<FrameChannel>> old;
+    {
+        std::lock_guard<std::mutex> lock(slots_->mu);
+        if (slots_->shut_down || slots_->closed) return;
+        slots_->generation++;
+        slots_->failed = Unavailable("instance " + instance_id() + ": re-forming: " + reason);
+        slots_->formed = false;
+        slots_->reforming = true;
+        old = std::move(slots_->channels);
+        slots_->Reset();
+        slots_->cv.notify_all();
+    }
+    spdlog::warn("instance {}: re-forming: {}", instance_id(), reason);
+    for (auto& c : old) {
+        if (c != nullptr) c->Close();  // an Execute waiting on it returns now
+    }
+    // The channels die only once no Execute refers to them.
+    std::lock_guard<std::mutex> execute_lock(execute_mu_);
+    old.clear();
+}
+
+Status RemoteStepExecutor::Reform(std::chrono::milliseconds timeout,
+                                  const std::function<Status()>& check_workers) {
+    bool begun = false;
+    {
+        std::lock_guard<std::mutex> lock(slots_->mu);
+        begun = slots_->reforming;
+    }
+    if (!begun) BeginReform("re-forming requested");
+    uint64_t generation = 0;
+    {
+        std::lock_guard<std::mutex> lock(slots_->mu);
+        if (!slots_->reforming) return slots_->failed;  // shut down meanwhile
+        generation = slots_->generation;
+    }
+    return WaitFormed(generation, timeout, check_workers);
+}
+
 Status RemoteStepExecutor::WaitReady(std::chrono::milliseconds timeout,
                                      const std::function<Status()>& check_workers) {
+    uint64_t generation = 0;
+    {
+        std::lock_guard<std::mutex> lock(slots_->mu);
+        generation = slots_->generation;
+    }
+    return WaitFormed(generation, timeout, check_workers);
+}
+
+Status RemoteStepExecutor::WaitFormed(uint64_t generation, std::chrono::milliseconds timeout,
+                                      const std::function<Status()>& check_workers) {
     const auto deadline = Clock::now() + timeout;
     const int n = tp();
     for (;;) {
         std::vector<FrameChannel*> pending(static_cast<size_t>(n), nullptr);
         {
             std::lock_guard<std::mutex> lock(slots_->mu);
-            if (!slots_->failed.ok()) return slots_->failed;
+            if (slots_->generation != generation) {
+                return Unavailable("instance " + instance_id() + ": re-formed meanwhile");
+            }
+            if (!slots_->failed.ok() && !slots_->reforming) return slots_->failed;
+            if (slots_->formed) return Status::Ok();
             for (int r = 0; r < n; ++r) {
                 const auto i = static_cast<size_t>(r);
                 if (!slots_->ready[i]) pending[i] = slots_->channels[i].get();
             }
         }
-        // Take whatever Ready messages have arrived, without waiting on any one rank.
+        // Take whatever Ready messages have arrived, without waiting on any one rank. The
+        // channels stay alive: only this thread's BeginReform or the destructor takes them out.
         for (int r = 0; r < n; ++r) {
             FrameChannel* c = pending[static_cast<size_t>(r)];
             if (c == nullptr) continue;
             Result<Message> m = c->Receive(Clock::now());
             if (!m.ok()) {
                 if (m.status().code() == StatusCode::kDeadlineExceeded) continue;
-                return Fail(RankError(r, "connection lost before Ready", m.status()));
+                return Fail(generation, RankError(r, "connection lost before Ready", m.status()));
             }
             const auto* ready = std::get_if<ReadyMessage>(&*m);
             if (ready == nullptr) {
-                return Fail(RankError(
-                    r, "protocol error",
-                    Internal("expected Ready, got " + std::string(MessageTypeName(TypeOf(*m))))));
+                return Fail(generation,
+                            RankError(r, "protocol error",
+                                      Internal("expected Ready, got " +
+                                               std::string(MessageTypeName(TypeOf(*m))))));
             }
-            if (!ready->ok) return Fail(RankError(r, "failed to load", Internal(ready->error)));
+            if (!ready->ok) {
+                return Fail(generation, RankError(r, "failed to load", Internal(ready->error)));
+            }
             std::lock_guard<std::mutex> lock(slots_->mu);
             slots_->ready[static_cast<size_t>(r)] = true;
             slots_->num_kv_blocks[static_cast<size_t>(r)] = ready->num_kv_blocks;
@@ -337,16 +565,22 @@ Status RemoteStepExecutor::WaitReady(std::chrono::milliseconds timeout,
                     loading.push_back(r);
                 }
             }
-        }
-        if (unregistered.empty() && loading.empty()) {
-            ready_ = true;
-            spdlog::info("instance {}: all {} worker ranks ready", instance_id(), n);
-            return Status::Ok();
+            if (unregistered.empty() && loading.empty() && slots_->generation == generation &&
+                (slots_->failed.ok() || slots_->reforming)) {
+                slots_->formed = true;
+                slots_->reforming = false;
+                slots_->failed = Status::Ok();
+                slots_->epoch++;
+                spdlog::info("instance {}: all {} worker ranks ready (epoch {})", instance_id(), n,
+                             slots_->epoch);
+                return Status::Ok();
+            }
         }
         if (check_workers) {
             const Status alive = check_workers();
             if (!alive.ok()) {
-                return Fail(Unavailable("instance " + instance_id() + ": " + alive.message()));
+                return Fail(generation,
+                            Unavailable("instance " + instance_id() + ": " + alive.message()));
             }
         }
         if (Clock::now() >= deadline) {
@@ -356,7 +590,8 @@ Status RemoteStepExecutor::WaitReady(std::chrono::milliseconds timeout,
                 missing += std::string(missing.empty() ? "" : "; ") +
                            "ranks registered but not ready: " + RankList(loading);
             }
-            return Fail(Status(StatusCode::kDeadlineExceeded,
+            return Fail(generation,
+                        Status(StatusCode::kDeadlineExceeded,
                                "instance " + instance_id() + ": workers not ready after " +
                                    std::to_string(timeout.count()) + " ms (" + missing + ")"));
         }
@@ -364,18 +599,26 @@ Status RemoteStepExecutor::WaitReady(std::chrono::milliseconds timeout,
         std::unique_lock<std::mutex> lock(slots_->mu);
         const int registered = slots_->num_registered;
         slots_->cv.wait_until(
-            lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(20)),
-            [&] { return slots_->num_registered != registered || !slots_->failed.ok(); });
+            lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(20)), [&] {
+                return slots_->num_registered != registered ||
+                       (!slots_->failed.ok() && !slots_->reforming) ||
+                       slots_->generation != generation;
+            });
     }
 }
 
 Result<StepResult> RemoteStepExecutor::Execute(const StepPlan& plan) {
+    std::lock_guard<std::mutex> execute_lock(execute_mu_);
     const int n = tp();
     std::vector<FrameChannel*> channels(static_cast<size_t>(n));
+    uint64_t generation = 0;
     {
         std::lock_guard<std::mutex> lock(slots_->mu);
         if (!slots_->failed.ok()) return slots_->failed;
-        if (!ready_) return Internal("instance " + instance_id() + ": Execute before WaitReady");
+        if (!slots_->formed) {
+            return Internal("instance " + instance_id() + ": Execute before WaitReady");
+        }
+        generation = slots_->generation;
         for (int r = 0; r < n; ++r) {
             channels[static_cast<size_t>(r)] = slots_->channels[static_cast<size_t>(r)].get();
         }
@@ -383,7 +626,7 @@ Result<StepResult> RemoteStepExecutor::Execute(const StepPlan& plan) {
     const std::string step = "step " + std::to_string(plan.step_id);
     for (int r = 0; r < n; ++r) {
         const Status sent = channels[static_cast<size_t>(r)]->Send(plan);
-        if (!sent.ok()) return Fail(RankError(r, "sending " + step, sent));
+        if (!sent.ok()) return Fail(generation, RankError(r, "sending " + step, sent));
     }
     const auto timeout = std::chrono::milliseconds(slots_->options.step_timeout_ms);
     const auto deadline = Clock::now() + timeout;
@@ -392,21 +635,23 @@ Result<StepResult> RemoteStepExecutor::Execute(const StepPlan& plan) {
         Result<Message> m = channels[static_cast<size_t>(r)]->Receive(deadline);
         if (!m.ok()) {
             if (m.status().code() == StatusCode::kDeadlineExceeded) {
-                return Fail(RankError(
-                    r, step,
-                    Status(StatusCode::kDeadlineExceeded,
-                           "no StepResult within " + std::to_string(timeout.count()) + " ms")));
+                return Fail(generation,
+                            RankError(r, step,
+                                      Status(StatusCode::kDeadlineExceeded,
+                                             "no StepResult within " +
+                                                 std::to_string(timeout.count()) + " ms")));
             }
-            return Fail(RankError(r, step, m.status()));
+            return Fail(generation, RankError(r, step, m.status()));
         }
         auto* result = std::get_if<StepResult>(&*m);
         if (result == nullptr || result->step_id != plan.step_id) {
-            return Fail(RankError(
-                r, step,
-                Internal("protocol error: expected its StepResult, got " +
-                         (result == nullptr
-                              ? std::string(MessageTypeName(TypeOf(*m)))
-                              : "the result of step " + std::to_string(result->step_id)))));
+            return Fail(
+                generation,
+                RankError(r, step,
+                          Internal("protocol error: expected its StepResult, got " +
+                                   (result == nullptr ? std::string(MessageTypeName(TypeOf(*m)))
+                                                      : "the result of step " +
+                                                            std::to_string(result->step_id)))));
         }
         results[static_cast<size_t>(r)] = std::move(*result);
     }
@@ -423,10 +668,11 @@ Result<StepResult> RemoteStepExecutor::Execute(const StepPlan& plan) {
         return Internal("instance " + instance_id() + ": " + step + ": " + results[0].error);
     }
     if (num_failed > 0) {
-        return Fail(Internal("instance " + instance_id() + ": tensor-parallel group broken: " +
-                             step + " failed on " + std::to_string(num_failed) + " of " +
-                             std::to_string(n) + " ranks; rank " + std::to_string(first_failed) +
-                             ": " + results[static_cast<size_t>(first_failed)].error));
+        return Fail(generation, Internal("instance " + instance_id() +
+                                         ": tensor-parallel group broken: " + step + " failed on " +
+                                         std::to_string(num_failed) + " of " + std::to_string(n) +
+                                         " ranks; rank " + std::to_string(first_failed) + ": " +
+                                         results[static_cast<size_t>(first_failed)].error));
     }
     StepResult merged = std::move(results[0]);
     std::unordered_set<uint64_t> failed_ids;
@@ -435,7 +681,8 @@ Result<StepResult> RemoteStepExecutor::Execute(const StepPlan& plan) {
         StepResult& other = results[static_cast<size_t>(r)];
         // Ranks sample alike; a rank that sent tokens must agree with rank 0 (cheap to check).
         if (!other.tokens.empty() && other.tokens != merged.tokens) {
-            return Fail(Internal("instance " + instance_id() + ": " + step + ": rank " +
+            return Fail(generation,
+                        Internal("instance " + instance_id() + ": " + step + ": rank " +
                                  std::to_string(r) + " sampled other tokens than rank 0"));
         }
         merged.kv_bytes_sent += other.kv_bytes_sent;

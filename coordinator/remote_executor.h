@@ -4,21 +4,28 @@
 // that executor as it would through the embedded TpGroup.
 //
 //   WorkerRegistry::Start ─ AddInstance("0", tp) → RemoteStepExecutor
-//        accept thread: Register → validate → RegisterAck{model, settings} → slot of (instance,
-//        rank)
-//   executor.WaitReady(timeout)   every rank registered and Ready (or why not)
+//        accept thread → one handshake thread per connection (each with its own deadline):
+//        Register → token and fields checked → RegisterAck{model, settings} → slot of
+//        (instance, rank)
+//   executor.WaitReady(timeout)   every rank registered and Ready (or why not); epoch 1
 //   executor.Execute(plan)        plan to every rank, every rank's StepResult back, merged
+//   executor.Health()             OK while every rank's channel is alive, also between steps
+//   executor.Reform(timeout)      after a failure: new registrations, every rank Ready; epoch+1
 //
 // Failure: a dead worker is noticed by its channel's heartbeats (FrameChannelOptions
-// dead_after_ms) or by the step deadline, whichever comes first. The executor then fails for
-// good: that Execute and every later one return Unavailable naming the instance, the rank, its
-// peer address and the reason, at once, so the engine fails its requests and never hangs.
+// dead_after_ms; they run while idle too, so Health() turns non-OK without a step) or by the
+// step deadline, whichever comes first. The executor is then failed: Execute and Health return
+// Unavailable naming the instance, the rank, its peer address and the reason, at once, so the
+// engine fails its requests and never hangs, until someone (cli/process_instance.h) re-forms it
+// with new workers.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,11 +44,20 @@ namespace kvshard {
 struct WorkerRegistryOptions {
     std::string host = "127.0.0.1";  // where workers connect; "0.0.0.0" for other machines
     uint16_t port = 0;               // 0: a free port (see WorkerRegistry::port())
+    // The secret every Register must carry (workers.token). Empty: Start makes a random one
+    // (see WorkerRegistry::token()), so the registry is never open to whoever reaches the port.
+    std::string token;
     // Heartbeats and dead-peer detection of every worker channel.
     FrameChannelOptions channel;
-    // A connection that sends no Register within this long is dropped.
+    // A connection that sends no Register within this long is dropped. Each connection has its
+    // own deadline: silent connections never delay another's registration.
     int64_t register_message_timeout_ms = 5'000;
+    // Connections accepted but not yet registered or refused, at most; more are refused at once.
+    int max_pending_handshakes = 64;
 };
+
+// A random token for workers.token: 32 bytes from the kernel's random source, as 64 hex digits.
+std::string RandomWorkerToken();
 
 struct RemoteInstanceOptions {
     std::string instance_id;
@@ -56,33 +72,54 @@ struct RemoteInstanceOptions {
 
 class RemoteStepExecutor;
 
-// Accepts worker connections on one TCP port for any number of instances.
-// Thread-safety: every method may be called from any thread.
+// Accepts worker connections on one TCP port for any number of instances. A registration is
+// refused (RegisterAck{accepted: false}, logged, recorded in rejections()) without the right
+// token (compared in constant time), for another protocol version, an unknown instance, a tp
+// other than the instance's, a rank outside [0, tp) or already registered, or an instance that
+// failed and is not re-forming. Thread-safety: every method may be called from any thread.
 class WorkerRegistry {
   public:
     static Result<std::unique_ptr<WorkerRegistry>> Start(const WorkerRegistryOptions& options);
-    // Stops accepting and joins the accept thread. Executors made by this registry stay usable
-    // (they own their channels).
+    // Stops accepting, closes the connections still in their handshake and joins every thread.
+    // Executors made by this registry stay usable (they own their channels).
     ~WorkerRegistry();
     WorkerRegistry(const WorkerRegistry&) = delete;
     WorkerRegistry& operator=(const WorkerRegistry&) = delete;
 
     const std::string& host() const { return options_.host; }
     uint16_t port() const;
+    // What workers must present (given, or made by Start); the launcher passes it to the
+    // workers it starts in their environment (KVSHARD_WORKER_TOKEN).
+    const std::string& token() const { return options_.token; }
 
     // Declares an instance whose `tp` ranks may now register and returns its executor.
     // InvalidArgument for an empty id, tp < 1, or an id in use by a live executor.
     Result<std::unique_ptr<RemoteStepExecutor>> AddInstance(const RemoteInstanceOptions& options);
 
-    // The registrations refused so far, each "peer: reason" (for logs and tests).
+    // The registrations refused so far, each "peer: reason" (for logs and tests); the latest
+    // kMaxRejections only.
     std::vector<std::string> rejections() const;
+    static constexpr size_t kMaxRejections = 1'024;
 
     struct Slots;  // one instance's ranks, shared with its executor
 
   private:
+    // One connection between accept and its registration (or refusal).
+    struct Handshake {
+        std::thread thread;
+        // Valid while non-null: the handshake thread nulls it (under mu_) before it hands the
+        // channel over or destroys it, so the destructor can Close a pending one.
+        FrameChannel* channel = nullptr;
+        bool done = false;  // the thread is about to end: join it
+    };
+
     explicit WorkerRegistry(const WorkerRegistryOptions& options);
     void AcceptLoop();
-    void HandleConnection(std::unique_ptr<FrameChannel> channel);
+    // Joins the handshake threads that finished.
+    void ReapHandshakes();
+    // Reads the Register (its own deadline), checks it and hands the channel to its slot.
+    void HandleConnection(std::unique_ptr<FrameChannel>& channel,
+                          std::list<Handshake>::iterator handshake);
     // Sends RegisterAck{accepted=false, reason} and records the refusal.
     void Reject(FrameChannel& channel, const std::string& reason);
 
@@ -93,12 +130,16 @@ class WorkerRegistry {
     mutable std::mutex mu_;
     bool stopping_ = false;                                    // guarded by mu_
     std::map<std::string, std::shared_ptr<Slots>> instances_;  // guarded by mu_
-    std::vector<std::string> rejections_;                      // guarded by mu_
+    std::deque<std::string> rejections_;                       // guarded by mu_
+    std::list<Handshake> handshakes_;                          // guarded by mu_
+    int pending_handshakes_ = 0;                               // guarded by mu_
 };
 
 // The StepExecutor of one instance of worker processes. Ownership: owns the channels of its
 // ranks once they registered. Thread-safety: Execute from one thread at a time (the engine
-// thread); WaitReady before the first Execute; Shutdown, status and kv_endpoints from any thread.
+// thread); WaitReady, BeginReform and Reform from one thread at a time (the one that forms the
+// instance: StartProcessInstance, then its supervisor), concurrently with Execute; Health,
+// Shutdown and the accessors from any thread.
 class RemoteStepExecutor : public StepExecutor {
   public:
     explicit RemoteStepExecutor(std::shared_ptr<WorkerRegistry::Slots> slots);
@@ -111,9 +152,24 @@ class RemoteStepExecutor : public StepExecutor {
     // a worker reports a load error, its connection fails, or `check_workers` (called every few
     // milliseconds; e.g. the launcher noticing a worker process exited) returns an error;
     // DeadlineExceeded naming the ranks still missing after `timeout`. Any error fails the
-    // executor for good.
+    // executor (until the next Reform). OK: Health() OK and epoch() 1.
     Status WaitReady(std::chrono::milliseconds timeout,
                      const std::function<Status()>& check_workers = {});
+
+    // Starts re-forming a failed (or healthy: the caller knows better, e.g. a worker process
+    // exited) instance: closes every rank's channel (the old workers see it and exit; an
+    // Execute in flight returns Unavailable), empties the slots and takes new registrations for
+    // them. Until Reform succeeds, Execute and Health return Unavailable "re-forming: reason" at
+    // once. No-op after Shutdown. Call it before starting the replacement workers, so their
+    // registrations are not refused.
+    void BeginReform(const std::string& reason);
+
+    // BeginReform (unless already begun since the last failure), then waits as WaitReady does
+    // for every rank to register and report Ready. OK: Health() OK, epoch() one more,
+    // kv_endpoints() and num_kv_blocks() those of the new workers. An error leaves the executor
+    // failed; Reform may be called again.
+    Status Reform(std::chrono::milliseconds timeout,
+                  const std::function<Status()>& check_workers = {});
 
     // Sends the plan to every rank and waits for each rank's StepResult: returns rank 0's, with
     // kv_bytes_sent/received summed over the ranks and failed_transfers merged. A step error on
@@ -126,7 +182,16 @@ class RemoteStepExecutor : public StepExecutor {
     // channels; later Execute calls return Unavailable. Idempotent.
     void Shutdown(const std::string& reason);
 
-    // OK while usable; otherwise why not.
+    // OK while every rank of the current formation is registered, Ready and its channel alive
+    // (a channel closes on a dead peer after dead_after_ms, idle or not; noticing it here fails
+    // the executor at once); otherwise why not: the failure, "re-forming", "shut down", or
+    // "workers not ready" before the first WaitReady. Cheap: the engine polls it.
+    Status Health() const override;
+    // The formations so far: 0 before WaitReady succeeded, 1 after, one more per Reform.
+    uint64_t epoch() const override;
+
+    // The recorded failure (OK before any, and after a successful Reform); unlike Health it
+    // does not look at the channels.
     Status status() const;
     const std::string& instance_id() const;
     int tp() const;
@@ -136,12 +201,19 @@ class RemoteStepExecutor : public StepExecutor {
     std::vector<int64_t> num_kv_blocks() const;
 
   private:
-    // Records the first failure (and closes every channel) and returns it.
-    Status Fail(Status status);
+    // Records the first failure of formation `generation` (and closes every channel) and
+    // returns it; a stale generation's failure (an Execute that ran into a Reform) is returned
+    // without being recorded.
+    Status Fail(uint64_t generation, Status status) const;
     Status RankError(int rank, const std::string& what, const Status& why) const;
+    // WaitReady's body, for the formation `generation`.
+    Status WaitFormed(uint64_t generation, std::chrono::milliseconds timeout,
+                      const std::function<Status()>& check_workers);
 
     std::shared_ptr<WorkerRegistry::Slots> slots_;
-    bool ready_ = false;  // Execute thread only, after WaitReady
+    // Held by Execute for the whole step, so BeginReform destroys the old channels only after an
+    // Execute in flight has let go of them.
+    std::mutex execute_mu_;
 };
 
 }  // namespace kvshard

@@ -188,6 +188,7 @@ Status RunWorkerService(const WorkerServiceOptions& o) {
     reg.tp = o.tp;
     reg.instance_id = o.instance_id;
     reg.kv_endpoint = kv_endpoint;
+    reg.token = o.token;
     KV_RETURN_IF_ERROR(channel->Send(reg).WithContext(who + ": Register"));
     Result<Message> answer =
         channel->Receive(Clock::now() + std::chrono::milliseconds(o.register_timeout_ms));

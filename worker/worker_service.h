@@ -43,6 +43,8 @@ struct WorkerServiceOptions {
     std::string instance_id;
     int rank = 0;
     int tp = 1;
+    // The registry's secret (KVSHARD_WORKER_TOKEN), sent in Register.
+    std::string token;
     // Address this rank's KV transport listens on (other instances send KV there).
     std::string kv_host = "127.0.0.1";
     // > 0: overrides the coordinator's threads setting.

@@ -2,18 +2,28 @@
 // launcher, registered with a WorkerRegistry and driven through a RemoteStepExecutor by the
 // instance engine, on stories260K. Greedy outputs match the embedded TpGroup; a killed or frozen
 // worker fails the in-flight requests with Unavailable and later ones at once; bad registrations
-// are refused with the reason. The MPI case (suite ProcessModeMpi) needs mpirun and skips
-// without it.
+// (and those without the token) are refused with the reason, silent connections delay nobody;
+// a killed or stopped worker is relaunched by the instance's supervisor and the instance serves
+// again with a new epoch. The MPI cases need mpirun and skip without it.
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <mutex>
+#include <set>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/process_instance.h"
@@ -88,6 +98,54 @@ bool HaveMpirun() {
     return std::system("mpirun --version > /dev/null 2>&1") == 0;
 }
 
+// Polls `condition` until it holds or a generous deadline passes (a regression fails instead of
+// hanging; no test depends on how soon).
+bool WaitFor(const std::function<bool()>& condition, milliseconds timeout = milliseconds(90'000)) {
+    const auto deadline = Clock::now() + timeout;
+    while (!condition()) {
+        if (Clock::now() >= deadline) return false;
+        std::this_thread::sleep_for(milliseconds(10));
+    }
+    return true;
+}
+
+// Gone and reaped: neither running nor a zombie (kill(pid, 0) succeeds on a zombie).
+bool Reaped(pid_t pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
+
+// The "socket:[inode]" descriptors of a process.
+std::set<std::string> SocketsOf(const std::string& pid) {
+    std::set<std::string> out;
+    const std::string dir_path = "/proc/" + pid + "/fd";
+    DIR* dir = opendir(dir_path.c_str());
+    if (dir == nullptr) return out;
+    while (dirent* e = readdir(dir)) {
+        char target[256];
+        const std::string link = dir_path + "/" + e->d_name;
+        const ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
+        if (n <= 0) continue;
+        target[n] = '\0';
+        if (std::string(target).rfind("socket:", 0) == 0) out.insert(target);
+    }
+    closedir(dir);
+    return out;
+}
+
+// The children of `pid` (mpirun's ranks).
+std::vector<pid_t> ChildrenOf(pid_t pid) {
+    std::vector<pid_t> out;
+    const std::string task_dir = "/proc/" + std::to_string(pid) + "/task";
+    DIR* dir = opendir(task_dir.c_str());
+    if (dir == nullptr) return out;
+    while (dirent* e = readdir(dir)) {
+        if (e->d_name[0] == '.') continue;
+        std::ifstream in(task_dir + "/" + e->d_name + "/children");
+        pid_t child = 0;
+        while (in >> child) out.push_back(child);
+    }
+    closedir(dir);
+    return out;
+}
+
 constexpr int64_t kBlocks = 256;
 constexpr int64_t kBlockSize = 16;
 constexpr int64_t kMaxContext = 512;
@@ -104,12 +162,16 @@ class ProcessModeTest : public ::testing::Test {
         model_ = std::make_unique<LocalModel>(std::move(*m));
     }
 
-    ServerConfig Config(const std::string& launcher = "direct", int64_t dead_after_ms = 1'000) {
+    // restart_limit 0: the supervisor never relaunches (the failure tests look at the failed
+    // instance); the recovery tests ask for restarts with a short backoff.
+    ServerConfig Config(const std::string& launcher = "direct", int64_t dead_after_ms = 1'000,
+                        int restart_limit = 0) {
         const std::string yaml =
             "model: " + model_path_ +
             "\nlog_level: warn\nworkers:\n  mode: processes\n  launcher: " + launcher +
             "\n  heartbeat_interval_ms: 200\n  dead_after_ms: " + std::to_string(dead_after_ms) +
-            "\n  step_timeout_ms: 30000\n  register_timeout_ms: 60000\n";
+            "\n  step_timeout_ms: 30000\n  register_timeout_ms: 60000\n  restart_limit: " +
+            std::to_string(restart_limit) + "\n  restart_backoff_ms: 100\n";
         Result<ServerConfig> c = ParseServerConfig(yaml, "test.yaml");
         EXPECT_TRUE(c.ok()) << c.status().ToString();
         return *c;
@@ -225,8 +287,8 @@ TEST_P(ProcessModeFailureTest, InFlightRequestsFailWithUnavailableAndLaterOnesAt
     Result<std::unique_ptr<cli::ProcessInstance>> instance =
         cli::StartProcessInstance(Config("direct", dead_after_ms), Spec(1));
     ASSERT_TRUE(instance.ok()) << instance.status().ToString();
-    ASSERT_NE((*instance)->launcher(), nullptr);
-    const pid_t worker = (*instance)->launcher()->pids().at(0);
+    ASSERT_EQ((*instance)->worker_pids().size(), 1u);
+    const pid_t worker = (*instance)->worker_pids().at(0);
     auto engine = Engine((*instance)->executor());
 
     auto sink = std::make_shared<Sink>();
@@ -241,8 +303,11 @@ TEST_P(ProcessModeFailureTest, InFlightRequestsFailWithUnavailableAndLaterOnesAt
     ASSERT_TRUE(sink->WaitDone(milliseconds(30'000))) << "the request hangs";
     const Status failed = sink->status();
     EXPECT_EQ(failed.code(), StatusCode::kUnavailable) << failed.ToString();
-    EXPECT_NE(failed.message().find("instance test: worker rank 0"), std::string::npos)
-        << failed.ToString();
+    // The client hears that the instance lost its workers; which rank and why is the
+    // executor's (and the log's).
+    const Status why = (*instance)->executor().status();
+    EXPECT_NE(why.message().find("instance test: worker rank 0"), std::string::npos)
+        << why.ToString();
     EXPECT_LT(sink->ids().size(), 400u);
     const auto detect_ms =
         std::chrono::duration_cast<milliseconds>(sink->finished_at() - stopped_at).count();
@@ -268,7 +333,9 @@ TEST_P(ProcessModeFailureTest, InFlightRequestsFailWithUnavailableAndLaterOnesAt
     // GET /health reports it (503 with this status).
     EXPECT_EQ(engine->Health().code(), StatusCode::kUnavailable) << engine->Health().ToString();
     engine->Stop();
-    if (!GetParam().kill) kill(worker, SIGCONT);  // so the launcher's SIGTERM can end it
+    // restart_limit 0: the supervisor gave up at once and killed the worker, stopped or not.
+    ASSERT_TRUE(WaitFor([&] { return (*instance)->gave_up(); }));
+    EXPECT_TRUE(Reaped(worker));
 }
 
 INSTANTIATE_TEST_SUITE_P(Workers, ProcessModeFailureTest,
@@ -334,8 +401,16 @@ RegisterAckMessage RegisterAs(uint16_t port, const RegisterMessage& reg,
     return out;
 }
 
+constexpr const char* kToken = "registry-test-token";
+
+WorkerRegistryOptions RegistryOptions() {
+    WorkerRegistryOptions o;
+    o.token = kToken;
+    return o;
+}
+
 TEST(WorkerRegistryTest, RefusesBadRegistrationsWithTheReason) {
-    Result<std::unique_ptr<WorkerRegistry>> registry = WorkerRegistry::Start({});
+    Result<std::unique_ptr<WorkerRegistry>> registry = WorkerRegistry::Start(RegistryOptions());
     ASSERT_TRUE(registry.ok()) << registry.status().ToString();
     const uint16_t port = (*registry)->port();
     RemoteInstanceOptions o;
@@ -349,7 +424,7 @@ TEST(WorkerRegistryTest, RefusesBadRegistrationsWithTheReason) {
 
     std::unique_ptr<FrameChannel> rank0;
     const RegisterAckMessage ok =
-        RegisterAs(port, {0, 2, "a", kControlProtocolVersion, "h:1"}, &rank0);
+        RegisterAs(port, {0, 2, "a", kControlProtocolVersion, "h:1", kToken}, &rank0);
     EXPECT_TRUE(ok.accepted) << ok.error;
     EXPECT_EQ(ok.model_path, "/models/m.gguf");
     EXPECT_EQ(ok.tp, 2);
@@ -361,14 +436,25 @@ TEST(WorkerRegistryTest, RefusesBadRegistrationsWithTheReason) {
         const char* reason;
     };
     const std::vector<Case> cases = {
-        {"unknown instance", {0, 2, "b", kControlProtocolVersion, ""}, "unknown instance"},
-        {"duplicate rank", {0, 2, "a", kControlProtocolVersion, ""}, "already registered by"},
-        {"rank out of range", {2, 2, "a", kControlProtocolVersion, ""}, "out of range"},
-        {"negative rank", {-1, 2, "a", kControlProtocolVersion, ""}, "out of range"},
+        {"unknown instance", {0, 2, "b", kControlProtocolVersion, "", kToken}, "unknown instance"},
+        {"duplicate rank",
+         {0, 2, "a", kControlProtocolVersion, "", kToken},
+         "already registered by"},
+        {"rank out of range", {2, 2, "a", kControlProtocolVersion, "", kToken}, "out of range"},
+        {"negative rank", {-1, 2, "a", kControlProtocolVersion, "", kToken}, "out of range"},
         {"tp mismatch",
-         {1, 4, "a", kControlProtocolVersion, ""},
+         {1, 4, "a", kControlProtocolVersion, "", kToken},
          "tp 4, but the instance has tp 2"},
-        {"old protocol", {1, 2, "a", 1, ""}, "protocol version 1"},
+        {"old protocol", {1, 2, "a", 1, "", kToken}, "protocol version 1"},
+        // Rank 1 is free: only the token is wrong.
+        {"no token", {1, 2, "a", kControlProtocolVersion, "", ""}, "no token"},
+        {"wrong token",
+         {1, 2, "a", kControlProtocolVersion, "", "registry-test-tokeN"},
+         "wrong token"},
+        {"token prefix", {1, 2, "a", kControlProtocolVersion, "", "registry-test"}, "wrong token"},
+        {"token and more",
+         {1, 2, "a", kControlProtocolVersion, "", std::string(kToken) + "x"},
+         "wrong token"},
     };
     for (const Case& c : cases) {
         const RegisterAckMessage ack = RegisterAs(port, c.reg);
@@ -379,7 +465,8 @@ TEST(WorkerRegistryTest, RefusesBadRegistrationsWithTheReason) {
 
     // Rank 1 is still free; with both registered, a load error from rank 1 fails WaitReady.
     std::unique_ptr<FrameChannel> rank1;
-    EXPECT_TRUE(RegisterAs(port, {1, 2, "a", kControlProtocolVersion, "h:2"}, &rank1).accepted);
+    EXPECT_TRUE(
+        RegisterAs(port, {1, 2, "a", kControlProtocolVersion, "h:2", kToken}, &rank1).accepted);
     EXPECT_EQ((*executor)->kv_endpoints(), (std::vector<std::string>{"h:1", "h:2"}));
     ASSERT_TRUE(rank0->Send(ReadyMessage{true, "", 64}).ok());
     ASSERT_TRUE(rank1->Send(ReadyMessage{false, "out of memory", 0}).ok());
@@ -393,7 +480,7 @@ TEST(WorkerRegistryTest, RefusesBadRegistrationsWithTheReason) {
 }
 
 TEST(WorkerRegistryTest, WaitReadyNamesTheMissingRanksAtTheDeadline) {
-    Result<std::unique_ptr<WorkerRegistry>> registry = WorkerRegistry::Start({});
+    Result<std::unique_ptr<WorkerRegistry>> registry = WorkerRegistry::Start(RegistryOptions());
     ASSERT_TRUE(registry.ok());
     RemoteInstanceOptions o;
     o.instance_id = "x";
@@ -402,13 +489,200 @@ TEST(WorkerRegistryTest, WaitReadyNamesTheMissingRanksAtTheDeadline) {
     ASSERT_TRUE(executor.ok());
     std::unique_ptr<FrameChannel> rank1;
     ASSERT_TRUE(
-        RegisterAs((*registry)->port(), {1, 3, "x", kControlProtocolVersion, ""}, &rank1).accepted);
+        RegisterAs((*registry)->port(), {1, 3, "x", kControlProtocolVersion, "", kToken}, &rank1)
+            .accepted);
     const Status ready = (*executor)->WaitReady(milliseconds(300));
     EXPECT_EQ(ready.code(), StatusCode::kDeadlineExceeded);
     EXPECT_NE(ready.message().find("ranks not registered: 0, 2"), std::string::npos)
         << ready.ToString();
     EXPECT_NE(ready.message().find("registered but not ready: 1"), std::string::npos)
         << ready.ToString();
+}
+
+// Silent connections (a port scanner, a stuck client) each hold only their own handshake: a real
+// worker registers while they are all still open, long before their deadline.
+TEST(WorkerRegistryTest, SilentConnectionsDoNotDelayARegistration) {
+    WorkerRegistryOptions ro = RegistryOptions();
+    ro.register_message_timeout_ms = 120'000;  // far beyond RegisterAs's 10 s wait
+    ro.channel.heartbeat_interval_ms = 1'000;
+    ro.channel.dead_after_ms = 120'000;
+    Result<std::unique_ptr<WorkerRegistry>> registry = WorkerRegistry::Start(ro);
+    ASSERT_TRUE(registry.ok()) << registry.status().ToString();
+    RemoteInstanceOptions o;
+    o.instance_id = "a";
+    Result<std::unique_ptr<RemoteStepExecutor>> executor = (*registry)->AddInstance(o);
+    ASSERT_TRUE(executor.ok());
+    std::vector<std::unique_ptr<FrameChannel>> silent;
+    for (int i = 0; i < 20; ++i) {
+        Result<std::unique_ptr<FrameChannel>> c =
+            ConnectFrameChannel("127.0.0.1", (*registry)->port(), milliseconds(5'000));
+        ASSERT_TRUE(c.ok()) << c.status().ToString();
+        silent.push_back(std::move(*c));
+    }
+    std::unique_ptr<FrameChannel> worker;
+    const RegisterAckMessage ack = RegisterAs(
+        (*registry)->port(), {0, 1, "a", kControlProtocolVersion, "h:1", kToken}, &worker);
+    EXPECT_TRUE(ack.accepted) << ack.error;
+    EXPECT_TRUE((*registry)->rejections().empty());
+    for (auto& c : silent) EXPECT_TRUE(c->status().ok()) << "dropped before its deadline";
+}
+
+TEST(WorkerRegistryTest, RefusesConnectionsBeyondThePendingHandshakeCap) {
+    WorkerRegistryOptions ro = RegistryOptions();
+    ro.register_message_timeout_ms = 120'000;
+    ro.max_pending_handshakes = 3;
+    Result<std::unique_ptr<WorkerRegistry>> registry = WorkerRegistry::Start(ro);
+    ASSERT_TRUE(registry.ok());
+    std::vector<std::unique_ptr<FrameChannel>> silent;
+    for (int i = 0; i < 3; ++i) {
+        Result<std::unique_ptr<FrameChannel>> c =
+            ConnectFrameChannel("127.0.0.1", (*registry)->port(), milliseconds(5'000));
+        ASSERT_TRUE(c.ok());
+        silent.push_back(std::move(*c));
+    }
+    // The 4th is answered at once (the cap counts only once the three were accepted).
+    ASSERT_TRUE(WaitFor([&] {
+        const RegisterAckMessage ack =
+            RegisterAs((*registry)->port(), {0, 1, "z", kControlProtocolVersion, "", ""});
+        return !ack.accepted && ack.error.find("too many connections") != std::string::npos;
+    }));
+}
+
+// A worker process holds no socket of the coordinator: not the registry's listener, not another
+// worker's connection.
+TEST_F(ProcessModeTest, WorkersInheritNoSocketOfTheCoordinator) {
+    Result<std::unique_ptr<cli::ProcessInstance>> instance =
+        cli::StartProcessInstance(Config(), Spec(1));
+    ASSERT_TRUE(instance.ok()) << instance.status().ToString();
+    ASSERT_EQ((*instance)->worker_pids().size(), 1u);
+    const std::set<std::string> ours = SocketsOf("self");
+    const std::set<std::string> theirs = SocketsOf(std::to_string((*instance)->worker_pids()[0]));
+    EXPECT_FALSE(theirs.empty());  // its own connection and KV listener
+    for (const std::string& s : theirs) EXPECT_EQ(ours.count(s), 0u) << s << " is shared";
+}
+
+// ---- recovery: the supervisor relaunches dead workers and the instance re-forms ----
+
+struct IdleFailureCase {
+    const char* name;
+    int signal;
+};
+
+class ProcessModeRecoveryTest : public ProcessModeTest,
+                                public ::testing::WithParamInterface<IdleFailureCase> {};
+
+TEST_P(ProcessModeRecoveryTest, AnIdleWorkerThatDiesIsRelaunchedAndStepsRunAgain) {
+    Result<std::unique_ptr<cli::ProcessInstance>> instance =
+        cli::StartProcessInstance(Config("direct", 1'000, /*restart_limit=*/3), Spec(1));
+    ASSERT_TRUE(instance.ok()) << instance.status().ToString();
+    RemoteStepExecutor& executor = (*instance)->executor();
+    ASSERT_TRUE(executor.Health().ok()) << executor.Health().ToString();
+    EXPECT_EQ(executor.epoch(), 1u);
+    const pid_t old_worker = (*instance)->worker_pids().at(0);
+
+    // No step runs: only the channel's heartbeats (or its reset) can tell.
+    ASSERT_EQ(kill(old_worker, GetParam().signal), 0);
+    ASSERT_TRUE(WaitFor([&] { return !executor.Health().ok() || executor.epoch() > 1; }))
+        << "Health stayed OK";
+    // Re-formed with a new worker process; the old one killed (stopped or not) and reaped.
+    ASSERT_TRUE(WaitFor([&] { return executor.Health().ok() && executor.epoch() == 2; }))
+        << executor.Health().ToString() << "; last failure "
+        << (*instance)->last_failure().ToString();
+    EXPECT_EQ((*instance)->restarts(), 1);
+    EXPECT_FALSE((*instance)->gave_up());
+    EXPECT_NE((*instance)->last_failure().message().find("worker rank 0"), std::string::npos)
+        << (*instance)->last_failure().ToString();
+    EXPECT_TRUE(Reaped(old_worker)) << "pid " << old_worker;
+    ASSERT_EQ((*instance)->worker_pids().size(), 1u);
+    EXPECT_NE((*instance)->worker_pids()[0], old_worker);
+    ASSERT_EQ(executor.kv_endpoints().size(), 1u);
+    EXPECT_NE(executor.kv_endpoints()[0], "");  // the new worker's KV transport
+
+    // Steps run again, with the same greedy outputs.
+    EXPECT_EQ(Run(executor), EmbeddedReference());
+    EXPECT_TRUE(executor.Health().ok()) << executor.Health().ToString();
+}
+
+INSTANTIATE_TEST_SUITE_P(Workers, ProcessModeRecoveryTest,
+                         ::testing::Values(IdleFailureCase{"killed", SIGKILL},
+                                           IdleFailureCase{"stopped", SIGSTOP}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// The relaunched workers cannot load (the model is gone): after restart_limit failed attempts the
+// supervisor gives up, says so, and leaves no worker behind.
+TEST_F(ProcessModeTest, TheSupervisorGivesUpAfterRestartLimitFailedAttempts) {
+    const std::string model = (std::filesystem::temp_directory_path() /
+                               ("kvshard-gives-up-" + std::to_string(getpid()) + ".bin"))
+                                  .string();
+    std::filesystem::copy_file(model_path_, model,
+                               std::filesystem::copy_options::overwrite_existing);
+    std::atomic<int> gave_up_calls{0};
+    cli::ProcessInstanceSpec spec = Spec(1, model);
+    spec.worker.tokenizer_path =
+        (std::filesystem::path(model_path_).parent_path() / "tok512.bin").string();
+    spec.on_gave_up = [&](const Status&) { gave_up_calls.fetch_add(1); };
+    Result<std::unique_ptr<cli::ProcessInstance>> instance =
+        cli::StartProcessInstance(Config("direct", 1'000, /*restart_limit=*/2), spec);
+    ASSERT_TRUE(instance.ok()) << instance.status().ToString();
+    std::filesystem::remove(model);
+    const pid_t worker = (*instance)->worker_pids().at(0);
+    ASSERT_EQ(kill(worker, SIGKILL), 0);
+    ASSERT_TRUE(WaitFor([&] { return (*instance)->gave_up(); }));
+    EXPECT_EQ(gave_up_calls.load(), 1);
+    EXPECT_EQ((*instance)->failed_restarts(), 2);
+    EXPECT_EQ((*instance)->restarts(), 0);
+    // The worker's Ready{error} or, when its exit is seen first, its exit status.
+    const std::string last = (*instance)->last_failure().message();
+    EXPECT_TRUE(last.find("failed to load") != std::string::npos ||
+                last.find("exited: exit code") != std::string::npos)
+        << last;
+    EXPECT_FALSE((*instance)->executor().Health().ok());
+    EXPECT_TRUE((*instance)->worker_pids().empty());
+    EXPECT_TRUE(Reaped(worker));
+}
+
+// A re-registering worker is accepted once the instance re-forms (external workers' way back).
+TEST(WorkerRegistryTest, AFailedInstanceTakesNewRegistrationsWhenReforming) {
+    Result<std::unique_ptr<WorkerRegistry>> registry = WorkerRegistry::Start(RegistryOptions());
+    ASSERT_TRUE(registry.ok());
+    const uint16_t port = (*registry)->port();
+    RemoteInstanceOptions o;
+    o.instance_id = "e";
+    Result<std::unique_ptr<RemoteStepExecutor>> executor = (*registry)->AddInstance(o);
+    ASSERT_TRUE(executor.ok());
+    RemoteStepExecutor& ex = **executor;
+    std::unique_ptr<FrameChannel> worker;
+    ASSERT_TRUE(
+        RegisterAs(port, {0, 1, "e", kControlProtocolVersion, "h:1", kToken}, &worker).accepted);
+    ASSERT_TRUE(worker->Send(ReadyMessage{true, "", 8}).ok());
+    ASSERT_TRUE(ex.WaitReady(milliseconds(10'000)).ok());
+    EXPECT_TRUE(ex.Health().ok());
+    EXPECT_EQ(ex.epoch(), 1u);
+
+    worker->Close();  // the worker dies
+    ASSERT_TRUE(WaitFor([&] { return !ex.Health().ok(); }));
+    EXPECT_NE(ex.Health().message().find("instance e: worker rank 0 (127.0.0.1:"),
+              std::string::npos)
+        << ex.Health().ToString();
+    EXPECT_EQ(ex.Execute(StepPlan{}).status().code(), StatusCode::kUnavailable);
+    // Failed and not re-forming: refused.
+    const RegisterAckMessage early =
+        RegisterAs(port, {0, 1, "e", kControlProtocolVersion, "h:2", kToken});
+    EXPECT_FALSE(early.accepted);
+    EXPECT_NE(early.error.find("not re-forming"), std::string::npos) << early.error;
+
+    ex.BeginReform("test");
+    EXPECT_NE(ex.Health().message().find("re-forming"), std::string::npos);
+    EXPECT_EQ(ex.Execute(StepPlan{}).status().code(), StatusCode::kUnavailable);
+    std::unique_ptr<FrameChannel> replacement;
+    ASSERT_TRUE(RegisterAs(port, {0, 1, "e", kControlProtocolVersion, "h:3", kToken}, &replacement)
+                    .accepted);
+    ASSERT_TRUE(replacement->Send(ReadyMessage{true, "", 16}).ok());
+    ASSERT_TRUE(ex.Reform(milliseconds(10'000)).ok());
+    EXPECT_TRUE(ex.Health().ok()) << ex.Health().ToString();
+    EXPECT_EQ(ex.epoch(), 2u);
+    EXPECT_EQ(ex.kv_endpoints(), std::vector<std::string>{"h:3"});
+    EXPECT_EQ(ex.num_kv_blocks(), std::vector<int64_t>{16});
 }
 
 // ---- MPI: tp 2 worker processes under mpirun ----
@@ -423,6 +697,39 @@ TEST_F(ProcessModeTest, MpiTp2WorkersGiveTheSameTokens) {
     const auto embedded = EmbeddedReference();
     ASSERT_EQ(remote.size(), embedded.size());
     for (size_t i = 0; i < remote.size(); ++i) EXPECT_EQ(remote[i], embedded[i]) << "request " << i;
+}
+
+// A rank of a tp-2 instance killed under a step: the request fails, the supervisor kills mpirun's
+// group, starts it again, and the re-formed instance gives the same tokens.
+TEST_F(ProcessModeTest, MpiTp2InstanceKilledUnderAStepIsReformed) {
+    if (!HaveMpirun()) GTEST_SKIP() << "no MPI build or no mpirun";
+    Result<std::unique_ptr<cli::ProcessInstance>> instance =
+        cli::StartProcessInstance(Config("mpirun", 1'000, /*restart_limit=*/3), Spec(2));
+    ASSERT_TRUE(instance.ok()) << instance.status().ToString();
+    RemoteStepExecutor& executor = (*instance)->executor();
+    const pid_t mpirun = (*instance)->worker_pids().at(0);
+    std::vector<pid_t> ranks;
+    ASSERT_TRUE(WaitFor([&] {
+        ranks = ChildrenOf(mpirun);
+        return ranks.size() >= 2;
+    }));
+    {
+        auto engine = Engine(executor);
+        auto sink = std::make_shared<Sink>();
+        ASSERT_TRUE(engine->Submit(Request("long", "Once upon a time", 400, true), sink).ok());
+        ASSERT_TRUE(sink->WaitFirstToken());
+        ASSERT_EQ(kill(ranks.back(), SIGKILL), 0);
+        ASSERT_TRUE(sink->WaitDone(milliseconds(60'000))) << "the request hangs";
+        EXPECT_FALSE(sink->status().ok());
+        engine->Stop();
+    }
+    ASSERT_TRUE(WaitFor([&] { return executor.Health().ok() && executor.epoch() == 2; }))
+        << executor.Health().ToString() << "; last failure "
+        << (*instance)->last_failure().ToString();
+    EXPECT_EQ((*instance)->restarts(), 1);
+    EXPECT_TRUE(Reaped(mpirun));
+    EXPECT_EQ(executor.kv_endpoints().size(), 2u);
+    EXPECT_EQ(Run(executor), EmbeddedReference());
 }
 
 }  // namespace
