@@ -49,6 +49,7 @@ struct ProcessInstanceSpec {
     std::string worker_executable = "/proc/self/exe";
     // Runs once, on the supervisor thread, when the supervisor gives up on the instance (why: the
     // last failure). E.g. the serve command exits non-zero when no instance can serve any more.
+    // It must not destroy the ProcessInstance (the destructor joins that thread).
     std::function<void(const Status& why)> on_gave_up;
 };
 

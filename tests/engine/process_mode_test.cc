@@ -215,15 +215,21 @@ class ProcessModeTest : public ::testing::Test {
 
     // Greedy tokens of a few concurrent requests through `executor`.
     std::vector<std::vector<int32_t>> Run(StepExecutor& executor) {
+        auto engine = Engine(executor);
+        std::vector<std::vector<int32_t>> out = RunOn(*engine);
+        engine->Stop();
+        return out;
+    }
+
+    // The same requests on a running engine; `tag` keeps request ids unique across calls.
+    std::vector<std::vector<int32_t>> RunOn(InstanceEngine& engine, const std::string& tag = "r") {
         const std::vector<std::string> prompts = {"Once upon a time", "The little dog",
                                                   "Lily and Tom went", "One day, a big bird"};
-        auto engine = Engine(executor);
         std::vector<std::shared_ptr<Sink>> sinks;
         for (size_t i = 0; i < prompts.size(); ++i) {
             sinks.push_back(std::make_shared<Sink>());
             EXPECT_TRUE(
-                engine->Submit(Request("r" + std::to_string(i), prompts[i], 48), sinks.back())
-                    .ok());
+                engine.Submit(Request(tag + std::to_string(i), prompts[i], 48), sinks.back()).ok());
         }
         std::vector<std::vector<int32_t>> out;
         for (auto& s : sinks) {
@@ -231,7 +237,6 @@ class ProcessModeTest : public ::testing::Test {
             EXPECT_TRUE(s->status().ok()) << s->status().ToString();
             out.push_back(s->ids());
         }
-        engine->Stop();
         return out;
     }
 
@@ -585,10 +590,11 @@ TEST_P(ProcessModeRecoveryTest, AnIdleWorkerThatDiesIsRelaunchedAndStepsRunAgain
     ASSERT_TRUE(WaitFor([&] { return !executor.Health().ok() || executor.epoch() > 1; }))
         << "Health stayed OK";
     // Re-formed with a new worker process; the old one killed (stopped or not) and reaped.
-    ASSERT_TRUE(WaitFor([&] { return executor.Health().ok() && executor.epoch() == 2; }))
-        << executor.Health().ToString() << "; last failure "
-        << (*instance)->last_failure().ToString();
-    EXPECT_EQ((*instance)->restarts(), 1);
+    // (restarts() counts once Reform returned, a moment after the epoch changed.)
+    ASSERT_TRUE(WaitFor([&] {
+        return executor.Health().ok() && executor.epoch() == 2 && (*instance)->restarts() == 1;
+    })) << executor.Health().ToString()
+        << "; last failure " << (*instance)->last_failure().ToString();
     EXPECT_FALSE((*instance)->gave_up());
     EXPECT_NE((*instance)->last_failure().message().find("worker rank 0"), std::string::npos)
         << (*instance)->last_failure().ToString();
@@ -607,6 +613,32 @@ INSTANTIATE_TEST_SUITE_P(Workers, ProcessModeRecoveryTest,
                          ::testing::Values(IdleFailureCase{"killed", SIGKILL},
                                            IdleFailureCase{"stopped", SIGSTOP}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// The engine keeps running through the failure: the request in flight fails, the instance is
+// down (engine Health non-OK), the supervisor re-forms it, and the same engine serves again with
+// the tokens it gave before (its prefix cache forgotten: the new workers' pools are empty).
+TEST_F(ProcessModeTest, TheSameEngineServesAgainAfterItsWorkerIsRelaunched) {
+    Result<std::unique_ptr<cli::ProcessInstance>> instance =
+        cli::StartProcessInstance(Config("direct", 1'000, /*restart_limit=*/3), Spec(1));
+    ASSERT_TRUE(instance.ok()) << instance.status().ToString();
+    RemoteStepExecutor& executor = (*instance)->executor();
+    auto engine = Engine(executor);
+    const auto before = RunOn(*engine, "before");  // also fills the prefix cache
+
+    auto sink = std::make_shared<Sink>();
+    ASSERT_TRUE(engine->Submit(Request("long", "Once upon a time", 400, true), sink).ok());
+    ASSERT_TRUE(sink->WaitFirstToken());
+    ASSERT_EQ(kill((*instance)->worker_pids().at(0), SIGKILL), 0);
+    ASSERT_TRUE(sink->WaitDone(milliseconds(30'000))) << "the request hangs";
+    EXPECT_EQ(sink->status().code(), StatusCode::kUnavailable) << sink->status().ToString();
+
+    ASSERT_TRUE(WaitFor([&] { return executor.Health().ok() && executor.epoch() == 2; }))
+        << executor.Health().ToString();
+    ASSERT_TRUE(WaitFor([&] { return engine->Health().ok(); })) << engine->Health().ToString();
+    EXPECT_EQ(RunOn(*engine, "after"), before);
+    EXPECT_EQ(before, EmbeddedReference());
+    engine->Stop();
+}
 
 // The relaunched workers cannot load (the model is gone): after restart_limit failed attempts the
 // supervisor gives up, says so, and leaves no worker behind.
@@ -627,7 +659,8 @@ TEST_F(ProcessModeTest, TheSupervisorGivesUpAfterRestartLimitFailedAttempts) {
     std::filesystem::remove(model);
     const pid_t worker = (*instance)->worker_pids().at(0);
     ASSERT_EQ(kill(worker, SIGKILL), 0);
-    ASSERT_TRUE(WaitFor([&] { return (*instance)->gave_up(); }));
+    // gave_up() turns true just before the callback runs.
+    ASSERT_TRUE(WaitFor([&] { return (*instance)->gave_up() && gave_up_calls.load() > 0; }));
     EXPECT_EQ(gave_up_calls.load(), 1);
     EXPECT_EQ((*instance)->failed_restarts(), 2);
     EXPECT_EQ((*instance)->restarts(), 0);
@@ -723,10 +756,11 @@ TEST_F(ProcessModeTest, MpiTp2InstanceKilledUnderAStepIsReformed) {
         EXPECT_FALSE(sink->status().ok());
         engine->Stop();
     }
-    ASSERT_TRUE(WaitFor([&] { return executor.Health().ok() && executor.epoch() == 2; }))
-        << executor.Health().ToString() << "; last failure "
-        << (*instance)->last_failure().ToString();
-    EXPECT_EQ((*instance)->restarts(), 1);
+    // (restarts() counts once Reform returned, a moment after the epoch changed.)
+    ASSERT_TRUE(WaitFor([&] {
+        return executor.Health().ok() && executor.epoch() == 2 && (*instance)->restarts() == 1;
+    })) << executor.Health().ToString()
+        << "; last failure " << (*instance)->last_failure().ToString();
     EXPECT_TRUE(Reaped(mpirun));
     EXPECT_EQ(executor.kv_endpoints().size(), 2u);
     EXPECT_EQ(Run(executor), EmbeddedReference());
