@@ -8,7 +8,9 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -34,6 +36,8 @@
 #include "tests/test_util.h"
 #include "worker/local_model.h"
 #include "worker/tp_group.h"
+
+extern char** environ;
 
 namespace kvshard {
 namespace {
@@ -638,6 +642,98 @@ TEST_F(ProcessModeTest, TheSameEngineServesAgainAfterItsWorkerIsRelaunched) {
     EXPECT_EQ(RunOn(*engine, "after"), before);
     EXPECT_EQ(before, EmbeddedReference());
     engine->Stop();
+}
+
+// External workers (started by hand): one without the token is refused and exits; one with
+// --token-file registers; killed, its replacement's registration re-forms the instance.
+TEST_F(ProcessModeTest, ExternalWorkersNeedTheTokenAndTheirReplacementReformsTheInstance) {
+    const std::string token = "external-test-token";
+    const std::string token_file = (std::filesystem::temp_directory_path() /
+                                    ("kvshard-token-" + std::to_string(getpid()) + ".txt"))
+                                       .string();
+    {
+        std::ofstream out(token_file);
+        out << token << "\n";
+    }
+    WorkerRegistryOptions ro;
+    ro.token = token;
+    ro.channel.heartbeat_interval_ms = 200;
+    ro.channel.dead_after_ms = 1'000;
+    Result<std::unique_ptr<WorkerRegistry>> started = WorkerRegistry::Start(ro);
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    std::shared_ptr<WorkerRegistry> registry = std::move(*started);
+    // The environment without any KVSHARD_WORKER_TOKEN of the test's own.
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) {
+        if (std::string_view(*e).rfind("KVSHARD_WORKER_TOKEN=", 0) != 0) env_strings.push_back(*e);
+    }
+    std::vector<char*> envp;
+    for (std::string& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    auto spawn = [&](bool with_token) {
+        std::vector<std::string> args = {
+            binary_,           "worker",
+            "--coordinator",   "127.0.0.1:" + std::to_string(registry->port()),
+            "--instance",      "test",
+            "--heartbeat-ms",  "200",
+            "--dead-after-ms", "1000",
+            "--log-level",     "warn"};
+        if (with_token) args.insert(args.end(), {"--token-file", token_file});
+        std::vector<char*> argv;
+        for (std::string& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        pid_t pid = -1;
+        EXPECT_EQ(posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), envp.data()), 0);
+        return pid;
+    };
+    auto wait_exit = [](pid_t pid) {
+        int status = 0;
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+        }
+        return status;
+    };
+
+    // external needs a fixed port and the token; the registry given below is the one used.
+    Result<ServerConfig> parsed = ParseServerConfig(
+        "model: " + model_path_ +
+            "\nlog_level: warn\nworkers:\n  mode: processes\n  launcher: external\n  port: "
+            "1\n  token: " +
+            token +
+            "\n  heartbeat_interval_ms: 200\n  dead_after_ms: 1000\n  register_timeout_ms: "
+            "60000\n  restart_limit: 2\n  restart_backoff_ms: 100\n",
+        "test.yaml");
+    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+    const ServerConfig config = *parsed;
+    Result<std::unique_ptr<cli::ProcessInstance>> instance = Internal("not started");
+    std::thread start([&] { instance = cli::StartProcessInstance(config, Spec(1), registry); });
+
+    const pid_t refused = spawn(false);
+    const int refused_status = wait_exit(refused);
+    EXPECT_TRUE(WIFEXITED(refused_status) && WEXITSTATUS(refused_status) != 0) << refused_status;
+    const pid_t first = spawn(true);
+    start.join();
+    ASSERT_TRUE(instance.ok()) << instance.status().ToString();
+    bool saw_no_token = false;
+    for (const std::string& r : registry->rejections()) {
+        saw_no_token = saw_no_token || r.find("no token") != std::string::npos;
+    }
+    EXPECT_TRUE(saw_no_token);
+    RemoteStepExecutor& executor = (*instance)->executor();
+    EXPECT_EQ(executor.epoch(), 1u);
+    EXPECT_TRUE((*instance)->worker_pids().empty());  // none of its own
+
+    ASSERT_EQ(kill(first, SIGKILL), 0);
+    wait_exit(first);
+    ASSERT_TRUE(WaitFor([&] { return !executor.Health().ok(); }));
+    const pid_t second = spawn(true);
+    ASSERT_TRUE(WaitFor([&] {
+        return executor.Health().ok() && executor.epoch() == 2 && (*instance)->restarts() == 1;
+    })) << executor.Health().ToString();
+    EXPECT_EQ(Run(executor), EmbeddedReference());
+    instance->reset();  // tells the worker to shut down
+    const int second_status = wait_exit(second);
+    EXPECT_TRUE(WIFEXITED(second_status) && WEXITSTATUS(second_status) == 0) << second_status;
+    std::filesystem::remove(token_file);
 }
 
 // The relaunched workers cannot load (the model is gone): after restart_limit failed attempts the
