@@ -332,8 +332,9 @@ void HttpSession::OnGenerationFinished(const GenerationUsage& usage, const Statu
     if (g.timed_out) {
         error.emplace();
         error->http_status = 504;
-        error->message =
-            "the request did not finish within " + std::to_string(config_.request_timeout_s) + " s";
+        char limit[32];
+        std::snprintf(limit, sizeof(limit), "%g", config_.request_timeout_s);
+        error->message = std::string("the request did not finish within ") + limit + " s";
         error->code = "timeout";
         error->type = "timeout";
     } else if (!status.ok()) {
