@@ -4,8 +4,12 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -72,7 +76,36 @@ struct ServedInstance {
     std::unique_ptr<InstanceEngine> engine;
 };
 
-sig_atomic_t volatile g_signal = 0;
+// SIGTERM/SIGINT: stop admitting (503 with Retry-After, /health "draining"), let requests in
+// flight finish for up to `drain_timeout_s`, then stop the engines (what is left ends with an
+// error event and [DONE]), give those answers a moment to be written, and exit 0. A second
+// signal meanwhile exits at once.
+int Drain(HttpServer& server, const std::function<void()>& stop_engines, const sigset_t& signals,
+          int sig, double drain_timeout_s) {
+    spdlog::info("signal {}: draining: {} requests in flight, waiting up to {} s (a second signal "
+                 "exits at once)",
+                 sig, server.num_in_flight(), drain_timeout_s);
+    server.BeginDrain();
+    std::thread second([signals] {
+        int again = 0;
+        sigwait(&signals, &again);
+        spdlog::warn("signal {} while draining: exiting now", again);
+        spdlog::default_logger()->flush();
+        std::_Exit(128 + again);
+    });
+    second.detach();
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(drain_timeout_s * 1000));
+    if (!server.WaitIdle(timeout)) {
+        spdlog::warn("drain: {} requests still running after {} s; ending them",
+                     server.num_in_flight(), drain_timeout_s);
+    }
+    stop_engines();
+    if (!server.WaitIdle(std::chrono::seconds(2)))
+        spdlog::warn("drain: {} answers not fully written; closing", server.num_in_flight());
+    server.Stop();
+    spdlog::info("drained; stopping the workers");
+    return 0;
+}
 
 int RunServe(ServeFlags f) {
     auto add = [&](const std::string& key, const std::string& value, const std::string& flag) {
@@ -134,6 +167,8 @@ int RunServe(ServeFlags f) {
     }
     const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const int threads_per_worker = c.threads > 0 ? c.threads : std::max(1, hw / total_workers);
+    // Instances whose supervisor gave up re-forming their workers (process mode).
+    std::atomic<int> num_gave_up{0};
     std::shared_ptr<WorkerRegistry> registry;
     if (c.workers.mode == WorkersMode::kProcesses) {
         Result<std::unique_ptr<WorkerRegistry>> r = WorkerRegistry::Start(RegistryOptionsFrom(c));
@@ -174,6 +209,7 @@ int RunServe(ServeFlags f) {
                 ps.worker.runner = runner;
                 ps.worker.tokenizer_path = c.tokenizer_path;
                 ps.worker.threads = c.threads > 0 ? c.threads : threads_per_worker;
+                ps.on_gave_up = [&num_gave_up](const Status&) { num_gave_up++; };
                 Result<std::unique_ptr<ProcessInstance>> pi = StartProcessInstance(c, ps, registry);
                 if (!pi.ok()) return Fail(pi.status().message());
                 inst.process = std::move(*pi);
@@ -239,6 +275,8 @@ int RunServe(ServeFlags f) {
     ao.model.vocab_size = spec.vocab_size;
     ao.chat_template = *chat;
     ao.api_keys = c.http.api_keys;
+    ao.max_prompt_bytes = c.http.max_prompt_bytes;
+    ao.content_special_tokens = c.http.content_special_tokens;
     ApiService api(engine, *stop_ids_of.tokenizer, metrics, ao);
 
     // Block SIGINT/SIGTERM in every thread started from here on; this thread waits for them.
@@ -256,12 +294,23 @@ int RunServe(ServeFlags f) {
                  ao.model.name, c.http.host, (*server)->port(), instances.size(), max_context);
     std::fprintf(stderr, "kvshard: listening on http://%s:%d\n", c.http.host.c_str(),
                  (*server)->port());
-    int sig = 0;
-    sigwait(&signals, &sig);
-    spdlog::info("signal {}: shutting down", sig);
-    (*server)->Stop();
-    stop_all();
-    return 0;
+    // Waits for a signal; meanwhile, when workers that were given up on leave nothing that can
+    // serve, exits non-zero so that a supervisor (systemd, Kubernetes) restarts the server.
+    for (;;) {
+        timespec tick{0, 200'000'000};
+        const int sig = sigtimedwait(&signals, nullptr, &tick);
+        if (sig > 0) return Drain(**server, stop_all, signals, sig, c.http.drain_timeout_s);
+        if (num_gave_up.load() > 0 && !engine.Health().ok()) {
+            spdlog::error("no instance can serve and their workers will not be restarted "
+                          "(workers.restart_limit {}): exiting",
+                          c.workers.restart_limit);
+            (*server)->BeginDrain();
+            stop_all();
+            (*server)->WaitIdle(std::chrono::seconds(2));
+            (*server)->Stop();
+            return 3;
+        }
+    }
 }
 
 }  // namespace

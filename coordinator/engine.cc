@@ -338,8 +338,13 @@ void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result
 void InstanceEngine::FailAll(const StepPlan& plan, const Status& cause, bool stopping) {
     if (requests_.empty()) return;
     std::lock_guard<std::mutex> lock(blocks_mu_);
-    spdlog::error("[{}] step {}: {}; failing {} requests", config_.name, plan.step_id,
-                  cause.ToString(), requests_.size());
+    if (stopping) {
+        spdlog::warn("[{}] {}: ending {} requests", config_.name, cause.message(),
+                     requests_.size());
+    } else {
+        spdlog::error("[{}] step {}: {}; failing {} requests", config_.name, plan.step_id,
+                      cause.ToString(), requests_.size());
+    }
     // What the clients are told: the cause in kvshard's words, or the shutdown as it is.
     const Status status = stopping ? cause : ClientStatus(config_.name, cause);
     std::vector<std::string> ids;
