@@ -158,6 +158,10 @@ void ProcessInstance::Supervise() {
             }
             if (stopping()) return;
             if (formed.ok()) {
+                {
+                    std::lock_guard<std::mutex> lock(mu_);
+                    if (launcher_ != nullptr) launcher_->NoteDescendants();
+                }
                 failed_attempts = 0;
                 restarts_.fetch_add(1);
                 spdlog::info("{}: re-formed (epoch {}), serving again", who, executor_->epoch());
@@ -245,6 +249,7 @@ Result<std::unique_ptr<ProcessInstance>> StartProcessInstance(
     auto instance = std::make_unique<ProcessInstance>(std::move(registry), std::move(executor),
                                                       std::move(launcher), std::move(po));
     if (!ready.ok()) return ready;  // the instance's destructor ends the workers
+    if (l != nullptr) l->NoteDescendants();
     instance->StartSupervisor();
     return instance;
 }

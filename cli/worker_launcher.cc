@@ -9,14 +9,64 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string_view>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "common/logging.h"
 
 extern char** environ;
 
 namespace kvshard::cli {
+namespace {
+
+// Every live descendant of `root` (children, their children, ...), from /proc. mpirun's ranks
+// put themselves in process groups of their own, so killing mpirun's group misses them, and
+// a rank orphaned by mpirun's SIGKILL can sit in a collective forever.
+// Field 22 of /proc/<pid>/stat (clock ticks after boot), 0 when the process is gone.
+uint64_t StartTime(pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) return 0;
+    std::istringstream rest(stat.substr(paren + 1));
+    std::string field;
+    for (int i = 3; i <= 22 && rest >> field; ++i) {
+        if (i == 22) return std::stoull(field);
+    }
+    return 0;
+}
+
+std::vector<pid_t> Descendants(pid_t root) {
+    std::vector<std::pair<pid_t, pid_t>> procs;  // (pid, parent)
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+        std::ifstream in(entry.path() / "stat");
+        std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        const size_t paren = stat.rfind(')');  // the command may hold spaces and parentheses
+        if (paren == std::string::npos) continue;
+        std::istringstream rest(stat.substr(paren + 1));
+        std::string state;
+        pid_t parent = 0;
+        if (rest >> state >> parent) procs.emplace_back(static_cast<pid_t>(std::stol(name)), parent);
+    }
+    std::vector<pid_t> out{root};
+    for (size_t i = 0; i < out.size(); ++i) {
+        for (const auto& [pid, parent] : procs) {
+            if (parent == out[i]) out.push_back(pid);
+        }
+    }
+    out.erase(out.begin());
+    return out;
+}
+
+}  // namespace
 
 std::string DescribeWaitStatus(int wait_status) {
     if (WIFEXITED(wait_status)) return "exit code " + std::to_string(WEXITSTATUS(wait_status));
@@ -136,13 +186,29 @@ bool WorkerLauncher::WaitForExit(std::chrono::milliseconds timeout) {
     }
 }
 
+void WorkerLauncher::NoteDescendants() {
+    descendants_.clear();
+    for (const Child& c : children_) {
+        if (c.pid <= 0 || c.reaped) continue;
+        for (pid_t d : Descendants(c.pid)) descendants_.push_back({d, StartTime(d)});
+    }
+}
+
+void WorkerLauncher::KillNotedDescendants() {
+    for (const Process& p : descendants_) {
+        if (p.start_time != 0 && StartTime(p.pid) == p.start_time) kill(p.pid, SIGKILL);
+    }
+}
+
 void WorkerLauncher::Kill() {
+    KillNotedDescendants();
     for (Child& c : children_) {
         if (c.pid <= 0) continue;
         // Its group: mpirun's ranks too, even after mpirun itself was reaped (a group id is not
         // reused while any member lives).
         kill(-c.pid, SIGKILL);
         if (c.reaped) continue;
+        for (pid_t d : Descendants(c.pid)) kill(d, SIGKILL);
         kill(c.pid, SIGKILL);
         while (waitpid(c.pid, &c.wait_status, 0) < 0 && errno == EINTR) {
         }
@@ -157,12 +223,15 @@ WorkerLauncher::~WorkerLauncher() {
         kill(c.pid, SIGTERM);
         kill(c.pid, SIGCONT);  // a stopped worker handles its SIGTERM too
     }
-    if (WaitForExit(std::chrono::milliseconds(options_.terminate_grace_ms))) return;
+    const bool exited = WaitForExit(std::chrono::milliseconds(options_.terminate_grace_ms));
+    KillNotedDescendants();  // a rank mpirun left behind
+    if (exited) return;
     for (Child& c : children_) {
         if (c.reaped) continue;
         spdlog::warn("{} (pid {}) did not stop within {} ms of SIGTERM: SIGKILL", c.name, c.pid,
                      options_.terminate_grace_ms);
         kill(-c.pid, SIGKILL);
+        for (pid_t d : Descendants(c.pid)) kill(d, SIGKILL);
         kill(c.pid, SIGKILL);
         while (waitpid(c.pid, &c.wait_status, 0) < 0 && errno == EINTR) {
         }

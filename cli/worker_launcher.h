@@ -67,6 +67,11 @@ class WorkerLauncher {
     // reaps every child: no zombies. Idempotent.
     void Kill();
 
+    // Remembers the processes the children started (mpirun's ranks), once they run: Kill and
+    // the destructor end them too, even after mpirun itself is gone (a rank orphaned when mpirun
+    // died keeps running, in a process group of its own, often spinning in a collective).
+    void NoteDescendants();
+
     // The spawned processes: one per rank (direct) or mpirun's.
     std::vector<pid_t> pids() const;
     // The command line of child i, for logs.
@@ -82,11 +87,18 @@ class WorkerLauncher {
     };
     WorkerLauncher() = default;
     Status Spawn(Child& child, char* const envp[]);
+    // SIGKILL to the noted descendants that are still the processes noted.
+    void KillNotedDescendants();
     // Reaps `child` if it exited; true when it has been reaped.
     bool Reap(Child& child);
 
     WorkerLauncherOptions options_;
     std::vector<Child> children_;
+    struct Process {
+        pid_t pid = 0;
+        uint64_t start_time = 0;  // /proc/<pid>/stat field 22: tells a reused pid apart
+    };
+    std::vector<Process> descendants_;
 };
 
 // The environment variable that carries the token to a worker.
