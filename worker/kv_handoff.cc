@@ -77,6 +77,17 @@ KvWireDtype WireDtypeOf(cpu::KvStorage storage) {
     return KvWireDtype::kF32;
 }
 
+KvReceiveGeometry ReceiveGeometryOf(const KvPool& pool, const ShardLayout& layout) {
+    const KvPoolConfig& c = pool.config();
+    return {.num_layers = static_cast<int32_t>(c.num_layers),
+            .head_begin = static_cast<int32_t>(layout.kv_heads.begin),
+            .head_end = static_cast<int32_t>(layout.kv_heads.end),
+            .block_size = static_cast<int32_t>(c.block_size),
+            .head_dim = static_cast<int32_t>(c.head_dim),
+            .dtype = WireDtypeOf(c.storage),
+            .num_blocks = c.num_blocks};
+}
+
 void PackKvPiece(const KvPool& pool, const ShardLayout& layout, uint64_t transfer_id,
                  std::span<const int32_t> blocks, int64_t layer_begin, int64_t layer_end,
                  IndexRange heads, KvPiece* out_piece) {

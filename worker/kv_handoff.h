@@ -28,6 +28,10 @@ IndexRange KvHeadsToSend(const ModelSpec& spec, int src_rank, int src_tp, int ds
 // The wire dtype of a pool's storage.
 KvWireDtype WireDtypeOf(cpu::KvStorage storage);
 
+// What a rank's pool can receive (KvTransport::SetReceiveGeometry): its layers, block size, head
+// dim, dtype and blocks, and the global KV heads the rank holds.
+KvReceiveGeometry ReceiveGeometryOf(const KvPool& pool, const ShardLayout& layout);
+
 // Packs layers [layer_begin, layer_end) of global KV heads `heads` (a subset of layout.kv_heads)
 // of `blocks` from `pool` into `out`, reusing its buffer (a fresh multi-MB buffer per piece costs
 // page faults and zero-filling comparable to the copy itself). REQUIRES: every block valid.

@@ -5,6 +5,7 @@
 
 #include "kernels/cpu_ops.h"
 #include "worker/generator.h"
+#include "worker/kv_handoff.h"
 
 namespace kvshard {
 
@@ -45,8 +46,13 @@ Result<std::unique_ptr<TpGroup>> TpGroup::Create(const ModelFile& model,
         KV_ASSIGN_OR_RETURN(
             std::unique_ptr<ModelRunner> runner,
             MakeModelRunner(model, {.rank = rank, .tp = config.tp}, config.runner, c));
-        g->step_runners_[static_cast<size_t>(rank)] =
-            std::make_unique<StepRunner>(*runner, g->transports_[static_cast<size_t>(rank)].get());
+        KvTransport* transport = g->transports_[static_cast<size_t>(rank)].get();
+        // Pieces that cannot fit this rank's pool are refused before anything is allocated.
+        if (transport != nullptr) {
+            KV_RETURN_IF_ERROR(
+                transport->SetReceiveGeometry(ReceiveGeometryOf(*runner->pool(), runner->layout())));
+        }
+        g->step_runners_[static_cast<size_t>(rank)] = std::make_unique<StepRunner>(*runner, transport);
         g->runners_[static_cast<size_t>(rank)] = std::move(runner);
         return Status::Ok();
     }));

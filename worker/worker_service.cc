@@ -10,6 +10,7 @@
 #include "common/logging.h"
 #include "kernels/cpu_ops.h"
 #include "model/model_file.h"
+#include "worker/kv_handoff.h"
 #include "worker/step_runner.h"
 #include "worker/weights.h"
 
@@ -96,6 +97,9 @@ Result<LoadedRank> LoadRank(const WorkerServiceOptions& o, const RegisterAckMess
     KV_ASSIGN_OR_RETURN(r.file, OpenModel(ack.model_path, open));
     KV_ASSIGN_OR_RETURN(r.runner, MakeModelRunner(*r.file, {.rank = o.rank, .tp = o.tp}, s.runner,
                                                   o.tp > 1 ? o.collective : nullptr));
+    // Pieces that cannot fit this rank's pool are refused before anything is allocated.
+    KV_RETURN_IF_ERROR(
+        transport->SetReceiveGeometry(ReceiveGeometryOf(*r.runner->pool(), r.runner->layout())));
     r.steps = std::make_unique<StepRunner>(*r.runner, transport);
     return r;
 }
@@ -177,7 +181,10 @@ Status RunWorkerService(const WorkerServiceOptions& o) {
     KV_RETURN_IF_ERROR(ValidateFrameChannelOptions(o.channel));
 
     // This rank's KV transport: the coordinator hands its endpoint to the ranks that send KV here.
-    Result<std::unique_ptr<KvTransport>> transport = MakeTcpKvTransport(o.kv_host, 0);
+    // Every worker of the deployment shares the registration token: KV senders present it too.
+    KvTransportOptions kv_options;
+    kv_options.token = o.token;
+    Result<std::unique_ptr<KvTransport>> transport = MakeTcpKvTransport(o.kv_host, 0, kv_options);
     if (!transport.ok()) return transport.status().WithContext(who + ": KV transport");
     const std::string kv_endpoint = (*transport)->endpoint();
 
