@@ -126,8 +126,11 @@ setup_sanitizer() {
       # region run on the thread that enters it (omp_set_num_threads cannot raise it), so the
       # reports left are about kvshard's own threads: the engine loop, ranks, HTTP, KV transfer.
       export OMP_THREAD_LIMIT=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-      # The engine, disaggregation and process-mode tests (tests/engine/*, label "engine").
-      KVSHARD_SANITIZE_CTEST_ARGS=(-L engine)
+      # The engine, disaggregation and process-mode tests (tests/engine/*, label "engine"), less
+      # Disaggregation.DefaultModelEqualsColocatedForEveryPairing: 30 s of the 135M model's
+      # arithmetic in a Release build, well over the time limit under TSan; the same handoff runs
+      # in DisaggregationPairs/* on stories260K.
+      KVSHARD_SANITIZE_CTEST_ARGS=(-L engine -E 'Disaggregation.DefaultModel')
       KVSHARD_SANITIZE_MPI_CTEST_ARGS=()
       ;;
     *) log "--sanitize expects address or thread, not '$mode'"; return 1 ;;
