@@ -120,11 +120,12 @@ Result<std::unique_ptr<WorkerLauncher>> WorkerLauncher::Launch(const WorkerLaunc
     }
     std::unique_ptr<WorkerLauncher> l(new WorkerLauncher());
     l->options_ = o;
-    // "/proc/self/exe" means this binary only to this process: mpirun would resolve it to itself.
+    // "/proc/self/exe" means this binary only to this process (mpirun would resolve it to
+    // itself), and its target path may name another build by now (the binary was rebuilt or
+    // upgraded while serving: the old file is deleted, the new one speaks another version).
+    // /proc/<this pid>/exe is this process's own binary, deleted or not, to any process here.
     std::string executable = o.executable;
-    std::error_code ec;
-    if (const auto real = std::filesystem::read_symlink(executable, ec); !ec)
-        executable = real.string();
+    if (executable == "/proc/self/exe") executable = "/proc/" + std::to_string(getpid()) + "/exe";
     auto worker_args = [&](std::vector<std::string>& argv) {
         argv.insert(argv.end(), {executable, "worker", "--coordinator",
                                  o.coordinator_host + ":" + std::to_string(o.coordinator_port),

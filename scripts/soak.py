@@ -194,6 +194,7 @@ def main():
                    help="allowed growth of the server's RSS from the first sample after warm-up")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--server-log", default="", help="write the server's log (info level) here")
     a = p.parse_args()
 
     server = kvshard_server.Server(a.kvshard, a.model, [
@@ -201,7 +202,7 @@ def main():
         "--set", "workers.heartbeat_interval_ms=250", "--set", "workers.dead_after_ms=2000",
         "--set", "workers.restart_backoff_ms=500", "--set", "workers.restart_limit=1000",
         "--set", "kv_transfer.timeout_ms=3000", "--set", "server.max_body_bytes=1048576"],
-        log_level="warn")
+        log_level="info" if a.server_log else "warn")
     tally, stop, chaos_log, rss = Tally(), threading.Event(), [], []
     rng = random.Random(a.seed)
 
@@ -232,7 +233,15 @@ def main():
     alive = server.proc.poll() is None
     idle = alive and server.wait_idle(timeout=60)
     kv_usage = server.metric("kvshard:kv_cache_usage_perc") if alive else None
+    # Every instance must be serving again once the chaos stops (restarts take seconds).
+    deadline = time.time() + 120
+    while alive and time.time() < deadline and server.metric("kvshard:instance_up") < 2:
+        time.sleep(1)
+    instances_up = server.metric("kvshard:instance_up") if alive else 0
     server.stop()
+    if a.server_log:
+        with open(a.server_log, "w") as f:
+            f.writelines(server.log)
 
     lat = sorted(tally.latencies)
     warm = [s for t, s, _ in rss if t >= 60] or [s for _, s, _ in rss]
@@ -252,6 +261,7 @@ def main():
         "server_alive_at_end": alive,
         "idle_at_end": idle,
         "kv_cache_usage_when_idle": kv_usage,
+        "instances_up_at_end": instances_up,
         "examples": tally.examples,
     }
     failures = []
@@ -261,6 +271,8 @@ def main():
         failures.append(f"server RSS grew {growth_mib:.0f} MiB (> {a.rss_growth_mib})")
     if not alive:
         failures.append("kvshard serve exited")
+    if instances_up < 2:
+        failures.append(f"{2 - instances_up:.0f} instance(s) still down 2 minutes after the chaos")
     if kv_usage not in (0, 0.0):
         failures.append(f"KV blocks in use when idle ({kv_usage})")
     report["failures"] = failures

@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -177,14 +178,16 @@ class Recovery(unittest.TestCase):
             except Exception as e:  # a hang shows up as a timeout here
                 results.append(("exception", repr(e)))
 
-    def recover(self, extra, instance, kill, expect_workers):
-        server = kvshard_server.Server(ARGS.kvshard, ARGS.model, [
+    def recover(self, extra, instance, kill, expect_workers, kvshard=None, after_start=None):
+        server = kvshard_server.Server(kvshard or ARGS.kvshard, ARGS.model, [
             "--set", "workers.mode=processes", "--set", "workers.heartbeat_interval_ms=200",
             "--set", "workers.dead_after_ms=1000", "--set", "workers.restart_backoff_ms=200",
             *extra])
         try:
             status, expected = server.complete("Once upon a time", max_tokens=24)
             self.assertEqual(status, 200, expected)
+            if after_start:
+                after_start()
             before = worker_pids(server.proc.pid, instance)
             self.assertEqual(len(before), expect_workers, before)
             stop, results = threading.Event(), []
@@ -231,6 +234,14 @@ class Recovery(unittest.TestCase):
 
     def test_stalled_worker_is_killed_and_relaunched(self):
         self.recover(["--tp", "1"], "default", lambda pid: os.kill(pid, signal.SIGSTOP), 1)
+
+    def test_relaunch_runs_the_servers_own_binary_after_it_was_replaced(self):
+        # A rebuild or an upgrade while serving deletes the file the server runs from.
+        with tempfile.TemporaryDirectory() as d:
+            copy = os.path.join(d, "kvshard")
+            shutil.copy2(ARGS.kvshard, copy)
+            self.recover(["--tp", "1"], "default", lambda pid: os.kill(pid, signal.SIGKILL), 1,
+                         kvshard=copy, after_start=lambda: os.remove(copy))
 
     def test_without_restarts_serve_exits_nonzero(self):
         server = kvshard_server.Server(ARGS.kvshard, ARGS.model, [
