@@ -100,6 +100,8 @@ setup_sanitizer() {
                              kvshard_kernels_tests kvshard_model_tests kvshard_comm_tests
                              kvshard_worker_tests kvshard_coordinator_tests kvshard_loadgen_tests
                              kvshard kvshard_cli_tests kvshard_engine_tests)
+      # The MPI collective tests (ctest comm.mpi_collective.*) run this binary under mpirun.
+      command -v mpirun >/dev/null && KVSHARD_BUILD_TARGETS+=(kvshard_comm_mpi_tests)
       # Every finding fails the test: ASan and UBSan stop at the first report (UBSan is also
       # built with -fno-sanitize-recover), LeakSanitizer reports at exit.
       export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:check_initialization_order=1:strict_init_order=1:detect_odr_violation=2:suppressions=$suppressions/asan.supp"
