@@ -1,5 +1,7 @@
 #include "coordinator/http_server.h"
 
+#include <fcntl.h>
+
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -67,6 +69,9 @@ struct HttpServer::Impl {
     void OnAccept(boost::system::error_code ec, tcp::socket socket) {
         if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
         if (ec) return Backoff(ec);
+        // Worker processes the coordinator spawns must not hold client connections (asio
+        // accepts without SOCK_CLOEXEC).
+        ::fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
         if (accept_failing) {
             accept_failing = false;
             spdlog::info("http: accepting connections again");
@@ -126,6 +131,9 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpConfig& config,
     }
     const tcp::endpoint endpoint = resolved.begin()->endpoint();
     impl->acceptor.open(endpoint.protocol(), ec);
+    // Nor the listening socket: a worker outliving the server would keep its port bound (and
+    // `ss -p` would show the workers as listening on it).
+    if (!ec) ::fcntl(impl->acceptor.native_handle(), F_SETFD, FD_CLOEXEC);
     if (!ec) impl->acceptor.set_option(net::socket_base::reuse_address(true), ec);
     if (!ec) impl->acceptor.bind(endpoint, ec);
     if (!ec) impl->acceptor.listen(net::socket_base::max_listen_connections, ec);

@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -190,6 +191,7 @@ class Recovery(unittest.TestCase):
                 after_start()
             before = worker_pids(server.proc.pid, instance)
             self.assertEqual(len(before), expect_workers, before)
+
             stop, results = threading.Event(), []
             with concurrent.futures.ThreadPoolExecutor(4) as pool:
                 for _ in range(4):
@@ -200,6 +202,12 @@ class Recovery(unittest.TestCase):
                 wait_for(lambda: len(set(worker_pids(server.proc.pid, instance)) - set(before))
                          == expect_workers, 60, "workers relaunched")
                 wait_for(lambda: server.http("GET", "/health")[0] == 200, 60, "/health 200 again")
+                # Relaunched while the server listens, the workers hold none of its sockets.
+                http_port = server.url.rsplit(":", 1)[1]
+                listeners = subprocess.run(["ss", "-tlnpH", f"sport = :{http_port}"],
+                                           capture_output=True, text=True).stdout
+                for pid in worker_pids(server.proc.pid, instance):
+                    self.assertNotIn(f"pid={pid},", listeners)
                 served_after = len(results)
                 wait_for(lambda: len([r for r in results[served_after:] if r[0] == 200]) >= 8, 60,
                          "requests served after the restart")
