@@ -604,6 +604,15 @@ class RawPeer {
     tcp::socket socket_;
 };
 
+// How much peak RSS may grow while a claim is refused or read in pieces. AddressSanitizer keeps
+// freed chunks in its quarantine (256 MiB by default), so its builds get more room: the
+// reservation counters asserted next to this bound are what show nothing was held.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr int64_t kRssSlack = int64_t{320} << 20;
+#else
+constexpr int64_t kRssSlack = int64_t{64} << 20;
+#endif
+
 int64_t MaxRssBytes() {
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);
@@ -668,7 +677,7 @@ TEST(TcpKvTransport, HugeClaimedPieceIsRefusedBeforeAnythingIsAllocated) {
     EXPECT_TRUE(peer.Closed());
     EXPECT_EQ(r->arriving_bytes(), 0);
     EXPECT_EQ(r->staged_bytes(), 0);
-    EXPECT_LT(MaxRssBytes() - rss_before, int64_t{64} << 20);
+    EXPECT_LT(MaxRssBytes() - rss_before, kRssSlack);
 }
 
 TEST(TcpKvTransport, WithoutGeometryAClaimCostsOnlyWhatArrivesUntilTheReadDeadline) {
@@ -686,7 +695,7 @@ TEST(TcpKvTransport, WithoutGeometryAClaimCostsOnlyWhatArrivesUntilTheReadDeadli
     EXPECT_TRUE(peer.Closed());
     EXPECT_EQ(r->arriving_bytes(), 0);  // the reservation was given back
     EXPECT_EQ(r->staged_bytes(), 0);
-    EXPECT_LT(MaxRssBytes() - rss_before, int64_t{64} << 20);
+    EXPECT_LT(MaxRssBytes() - rss_before, kRssSlack);
 }
 
 TEST(TcpKvTransport, PiecesThatDoNotFitThePoolAreRefused) {
