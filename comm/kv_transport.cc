@@ -91,6 +91,23 @@ Status ValidateKvPieceHeader(const KvPieceHeader& h) {
 
 }  // namespace internal
 
+namespace {
+
+// A piece holding every layer, head and block of the pool `g` describes.
+KvPieceHeader WholePool(const KvReceiveGeometry& g) {
+    KvPieceHeader whole;
+    whole.layer_end = g.num_layers;
+    whole.head_begin = g.head_begin;
+    whole.head_end = g.head_end;
+    whole.num_blocks = static_cast<int32_t>(g.num_blocks);
+    whole.block_size = g.block_size;
+    whole.head_dim = g.head_dim;
+    whole.dtype = g.dtype;
+    return whole;
+}
+
+}  // namespace
+
 Status ValidateKvReceiveGeometry(const KvReceiveGeometry& g) {
     const uint8_t dtype = static_cast<uint8_t>(g.dtype);
     if (dtype > static_cast<uint8_t>(KvWireDtype::kFp8E4M3)) {
@@ -110,27 +127,10 @@ Status ValidateKvReceiveGeometry(const KvReceiveGeometry& g) {
         return InvalidArgument("KV receive geometry: " + Field("head_dim", g.head_dim));
     if (g.num_blocks <= 0 || g.num_blocks > std::numeric_limits<int32_t>::max())
         return InvalidArgument("KV receive geometry: " + Field("num_blocks", g.num_blocks));
-    KvPieceHeader whole;
-    whole.layer_end = g.num_layers;
-    whole.head_begin = g.head_begin;
-    whole.head_end = g.head_end;
-    whole.num_blocks = static_cast<int32_t>(g.num_blocks);
-    whole.block_size = g.block_size;
-    whole.head_dim = g.head_dim;
-    whole.dtype = g.dtype;
-    return internal::ValidateKvPieceHeader(whole).WithContext("KV receive geometry");
+    return internal::ValidateKvPieceHeader(WholePool(g)).WithContext("KV receive geometry");
 }
 
-int64_t KvReceiveGeometryBytes(const KvReceiveGeometry& g) {
-    KvPieceHeader whole;
-    whole.layer_end = g.num_layers;
-    whole.head_begin = g.head_begin;
-    whole.head_end = g.head_end;
-    whole.num_blocks = static_cast<int32_t>(g.num_blocks);
-    whole.block_size = g.block_size;
-    whole.head_dim = g.head_dim;
-    whole.dtype = g.dtype;
-    return KvPieceBytes(whole);
+int64_t KvReceiveGeometryBytes(const KvReceiveGeometry& g) { return KvPieceBytes(WholePool(g)); }
 }
 
 Status ValidateKvPieceFits(const KvPieceHeader& h, const KvReceiveGeometry& g) {
