@@ -131,7 +131,6 @@ Status ValidateKvReceiveGeometry(const KvReceiveGeometry& g) {
 }
 
 int64_t KvReceiveGeometryBytes(const KvReceiveGeometry& g) { return KvPieceBytes(WholePool(g)); }
-}
 
 Status ValidateKvPieceFits(const KvPieceHeader& h, const KvReceiveGeometry& g) {
     const std::string what = "KV piece of transfer " + std::to_string(h.transfer_id) + ": ";
