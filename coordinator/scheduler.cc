@@ -108,9 +108,11 @@ StepPlan Scheduler::Schedule() {
         ++i;
     }
     // Admissions, first come first served: stop at the first prompt that does not fit.
-    while (!waiting_.empty() && budget > 0 &&
-           static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
+    while (!waiting_.empty() && budget > 0) {
         Sequence* seq = waiting_.front();
+        // A request with n choices runs as n sequences once its children fork.
+        const auto width = static_cast<int64_t>(1 + seq->fork_children.size());
+        if (static_cast<int64_t>(running_.size()) + width > config_.max_num_seqs) break;
         kv::SequenceRequest req{.seq_id = seq->seq_id, .prompt_token_ids = seq->token_ids};
         if (!blocks_.CanAllocate(req)) break;
         waiting_.pop_front();
@@ -185,7 +187,11 @@ void Scheduler::Detach(Sequence* seq) {
 void Scheduler::Reattach(Sequence* seq) {
     KV_CHECK(blocks_.HasSequence(seq->seq_id)) << "seq " << seq->seq_id;
     seq->status = SequenceStatus::kRunning;
-    running_.push_back(seq);
+    // Back in admission order (ids grow with admission), so its decodes come before the chunks
+    // of prompts admitted while it was away.
+    auto at = std::find_if(running_.begin(), running_.end(),
+                           [&](const Sequence* s) { return s->seq_id > seq->seq_id; });
+    running_.insert(at, seq);
 }
 
 void Scheduler::ReleaseDetached(int64_t seq_id) {

@@ -487,12 +487,11 @@ TEST(SchedulerTest, ForksShareThePromptAndSampleFromItsLastToken) {
     for (const Scenario& c : cases) RunScenario(c);
 }
 
-// scheduler.h: max_num_seqs is "running sequences at once". Admission checks it for the parent
-// only; its fork children then join running_ past it (here 3 running with max_num_seqs = 2), so
-// this test of the documented contract fails today and is disabled until the scheduler (or the
-// header) is settled. Harness::CheckPlan asserts num_running <= max_num_seqs after every
-// Schedule(); the policy for when the request may start is left open.
-TEST(SchedulerTest, DISABLED_ForkChildrenCountTowardMaxNumSeqs) {
+// scheduler.h: max_num_seqs is "running sequences at once", fork children included: a request of
+// n choices is admitted only when n more sequences may run (here seq 2, n = 2, waits for seq 1 to
+// finish, as 1 + 2 > max_num_seqs = 2). Harness::CheckPlan asserts num_running <= max_num_seqs
+// after every Schedule(). (The engine refuses n > max_num_seqs at Submit.)
+TEST(SchedulerTest, ForkChildrenCountTowardMaxNumSeqs) {
     Harness h({.max_num_seqs = 2, .max_num_batched_tokens = 8}, 64, true);
     h.Add(1, PromptTokens(1, 3), 3);
     h.Add(2, PromptTokens(2, 3), 2, /*n=*/2);
@@ -692,6 +691,24 @@ TEST(SchedulerTest, DetachedSequenceKeepsItsBlocksUntilReattachOrRelease) {
         EXPECT_FALSE(h.scheduler().HasWork());
         ExpectNoBlockHeld(h.blocks());
     }
+}
+
+// A sequence back from a failed handoff resumes in admission order: its decode comes before the
+// chunk of a prompt admitted while it was away, which would otherwise take the whole budget
+// (budget 8: seq 3's 20-token prompt needs three chunks).
+TEST(SchedulerTest, ReattachedSequenceDecodesBeforeLaterPrefills) {
+    Harness h({.max_num_seqs = 4, .max_num_batched_tokens = 8}, 16, true);
+    Sequence* s1 = h.Add(1, PromptTokens(1, 4), 4);
+    h.Compute(h.Schedule());  // seq 1 prefilled, first token sampled
+    h.scheduler().Detach(s1);
+    h.Add(3, PromptTokens(3, 20), 1);
+    const StepPlan first = h.Schedule();
+    EXPECT_EQ(Chunks(first), (std::vector<Chunk>{{3, 0, 8, F}}));
+    h.Compute(first);
+    h.scheduler().Reattach(s1);
+    const StepPlan next = h.Schedule();
+    // seq 1 decodes its position 4, then seq 3 takes the 7 tokens left of the budget.
+    EXPECT_EQ(Chunks(next), (std::vector<Chunk>{{1, 4, 1, T}, {3, 8, 7, F}}));
 }
 
 }  // namespace
