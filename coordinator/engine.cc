@@ -41,6 +41,7 @@ Status InstanceEngine::ValidateConfig(const InstanceEngineConfig& c) {
 InstanceEngine::InstanceEngine(const InstanceEngineConfig& config, const Tokenizer& tokenizer,
                                StepExecutor& executor)
     : config_(config),
+      clock_(config.clock != nullptr ? *config.clock : Clock::Real()),
       tokenizer_(tokenizer),
       executor_(executor),
       blocks_(config.blocks),
@@ -79,12 +80,18 @@ void InstanceEngine::Start() {
 }
 
 void InstanceEngine::Stop() {
+    bool was_stopping = false;
     {
         std::lock_guard<std::mutex> lock(mu_);
+        was_stopping = stopping_;
         stopping_ = true;
     }
     cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
+    if (thread_.joinable()) {
+        thread_.join();
+    } else if (!was_stopping) {
+        Shutdown();  // stepped by a driver: end its requests here
+    }
 }
 
 Status InstanceEngine::SubmitWithHandoff(GenerationRequest request,
@@ -96,6 +103,12 @@ Status InstanceEngine::SubmitWithHandoff(GenerationRequest request,
     if (prompt_len == 0) return InvalidArgument("the prompt has no tokens");
     if (request.max_tokens <= 0) return InvalidArgument("max_tokens must be positive");
     if (request.n < 1) return InvalidArgument("n must be at least 1");
+    if (request.n > config_.scheduler.max_num_seqs) {
+        // Its n sequences must run at once, and a step runs at most max_num_seqs.
+        return InvalidArgument("n (" + std::to_string(request.n) +
+                               ") exceeds the instance's scheduler.max_num_seqs (" +
+                               std::to_string(config_.scheduler.max_num_seqs) + ")");
+    }
     if (prompt_len + request.max_tokens > config_.max_context) {
         return OutOfRange("the prompt (" + std::to_string(prompt_len) +
                           " tokens) plus max_tokens (" + std::to_string(request.max_tokens) +
@@ -113,7 +126,7 @@ Status InstanceEngine::SubmitWithHandoff(GenerationRequest request,
     auto state = std::make_unique<RequestState>();
     state->request = std::move(request);
     state->sink = std::move(sink);
-    state->arrival = std::chrono::steady_clock::now();
+    state->arrival = clock_.Now();
     state->handoff_to = decode;
     state->transfer_id = transfer_id;
     {
@@ -137,6 +150,11 @@ void InstanceEngine::Abort(const std::string& request_id) {
         aborts_.push_back(request_id);
     }
     cv_.notify_one();
+}
+
+int64_t InstanceEngine::NumRequests() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return num_queued_;
 }
 
 int64_t InstanceEngine::CachedPrefixTokens(std::span<const int32_t> token_ids) const {
@@ -194,6 +212,7 @@ void InstanceEngine::PublishStats() {
         b.num_blocks > 0 ? double(b.num_used_blocks) / double(b.num_blocks) : 0.0;
     stats_.prefix_cache_queries_tokens = b.prompt_tokens;
     stats_.prefix_cache_hits_tokens = b.prompt_tokens_from_cache;
+    stats_.num_preemptions = s.num_preemptions;
     block_stats_ = b;
 }
 
@@ -370,67 +389,88 @@ void InstanceEngine::FailAll(const StepPlan& plan, const Status& cause, bool sto
     }
 }
 
+bool InstanceEngine::HasWorkLocked() const {
+    return !inbox_.empty() || !aborts_.empty() || !handoffs_in_.empty() ||
+           !handoffs_done_.empty() || !discards_.empty() || scheduler_.HasWork();
+}
+
+bool InstanceEngine::HasWork() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return HasWorkLocked();
+}
+
+std::optional<StepPlan> InstanceEngine::PlanStep() {
+    std::lock_guard<std::mutex> blocks_lock(blocks_mu_);
+    CheckEpoch();
+    plan_epoch_ = epoch_;
+    DrainInbox();
+    bool has_discards = false;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        has_discards = !discards_.empty();
+    }
+    if (!scheduler_.HasWork() && !has_discards) return std::nullopt;
+    StepPlan plan = scheduler_.Schedule();
+    AddTransferOps(&plan);
+    // Nothing fits now (every waiting prompt needs blocks that running sequences hold and nothing
+    // is running): cannot happen with a validated config, but the caller must not spin on it.
+    if (plan.sequences.empty() && plan.block_copies.empty() && plan.kv_discards.empty())
+        return std::nullopt;
+    return plan;
+}
+
+void InstanceEngine::CompleteStep(const StepPlan& plan, Result<StepResult> result) {
+    num_steps_++;
+    if (result.ok() && executor_.epoch() != plan_epoch_) {
+        // Re-formed between planning and running: the plan's cached blocks are not on the new
+        // workers.
+        result = Status(StatusCode::kUnavailable, "the workers were re-formed during the step");
+    }
+    const Status status = !result.ok()             ? result.status()
+                          : !result->error.empty() ? Internal(result->error)
+                                                   : Status::Ok();
+    {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        last_step_status_ = status.ok() ? status : ClientStatus(config_.name, status);
+        last_step_epoch_ = plan_epoch_;
+    }
+    if (!status.ok()) {
+        FailAll(plan, status);
+    } else {
+        std::lock_guard<std::mutex> lock(blocks_mu_);
+        HandleResult(plan, *result);
+    }
+    PublishStats();
+}
+
+bool InstanceEngine::RunStep() {
+    std::optional<StepPlan> plan = PlanStep();
+    if (!plan) {
+        PublishStats();
+        return false;
+    }
+    CompleteStep(*plan, executor_.Execute(*plan));
+    return true;
+}
+
 void InstanceEngine::Loop() {
     for (;;) {
         {
             std::unique_lock<std::mutex> lock(mu_);
-            cv_.wait(lock, [&] {
-                return stopping_ || !inbox_.empty() || !aborts_.empty() || !handoffs_in_.empty() ||
-                       !handoffs_done_.empty() || !discards_.empty() || scheduler_.HasWork();
-            });
+            cv_.wait(lock, [&] { return stopping_ || HasWorkLocked(); });
             if (stopping_) break;
         }
-        std::unique_lock<std::mutex> blocks_lock(blocks_mu_);
-        CheckEpoch();
-        const uint64_t plan_epoch = epoch_;
-        DrainInbox();
-        bool has_discards = false;
-        {
-            std::lock_guard<std::mutex> lock(mu_);
-            has_discards = !discards_.empty();
-        }
-        if (!scheduler_.HasWork() && !has_discards) {
-            blocks_lock.unlock();
-            PublishStats();
-            continue;
-        }
-        StepPlan plan = scheduler_.Schedule();
-        AddTransferOps(&plan);
-        blocks_lock.unlock();
-        if (plan.sequences.empty() && plan.block_copies.empty() && plan.kv_discards.empty()) {
-            // Nothing fits now (every waiting prompt needs blocks that running sequences hold
-            // and nothing is running): cannot happen with a validated config, but never spin.
-            PublishStats();
+        if (!RunStep() && scheduler_.HasWork()) {
+            // Work that cannot run now: wait for something to change rather than spin.
             std::unique_lock<std::mutex> lock(mu_);
             cv_.wait_for(lock, std::chrono::milliseconds(10));
-            continue;
         }
-        Result<StepResult> result = executor_.Execute(plan);
-        num_steps_++;
-        if (result.ok() && executor_.epoch() != plan_epoch) {
-            // Re-formed between planning and running: the plan's cached blocks are not on the
-            // new workers.
-            result = Status(StatusCode::kUnavailable, "the workers were re-formed during the step");
-        }
-        {
-            std::lock_guard<std::mutex> lock(stats_mu_);
-            const Status st = !result.ok()             ? result.status()
-                              : !result->error.empty() ? Internal(result->error)
-                                                       : Status::Ok();
-            last_step_status_ = st.ok() ? st : ClientStatus(config_.name, st);
-            last_step_epoch_ = plan_epoch;
-        }
-        if (!result.ok()) {
-            FailAll(plan, result.status());
-        } else if (!result->error.empty()) {
-            FailAll(plan, Internal(result->error));
-        } else {
-            std::lock_guard<std::mutex> lock(blocks_mu_);
-            HandleResult(plan, *result);
-        }
-        PublishStats();
     }
-    // Shutting down: finish what is left.
+    Shutdown();
+}
+
+void InstanceEngine::Shutdown() {
+    // Finish what is left.
     {
         std::lock_guard<std::mutex> lock(blocks_mu_);
         DrainInbox();

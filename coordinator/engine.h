@@ -3,8 +3,14 @@
 // StepExecutor, turns sampled tokens into text (UTF-8 safe, stop strings) and reports to each
 // request's sink. The step loop never waits on HTTP I/O: sinks only enqueue.
 //
-//   loop: drain inbox → plan = scheduler.Schedule() → result = executor.Execute(plan)
-//         → scheduler.OnStepComputed(plan) → per sampled token: detokenize, stop checks, deltas
+//   step: plan = PlanStep()              take the inbox (requests, aborts, handoffs), then
+//                                         scheduler.Schedule() and the plan's transfer ops
+//         result = executor.Execute(plan)
+//         CompleteStep(plan, result)      scheduler.OnStepComputed(plan), then per sampled token:
+//                                         detokenize, stop checks, deltas, latency observations
+// Start() runs steps on the engine's own thread whenever there is work. Without Start(), a driver
+// runs them itself (RunStep, or PlanStep / CompleteStep around its own executor): `kvshard
+// simulate` does, on a VirtualClock, and so do tests that must not sleep.
 //
 // Disaggregated serving (DESIGN.md data flow, step 6; docs/disaggregation.md). An instance has a
 // role. A prefill instance takes requests that the router gave a decode instance to hand off to:
@@ -27,6 +33,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -35,6 +42,7 @@
 #include <vector>
 
 #include "comm/step_executor.h"
+#include "common/clock.h"
 #include "coordinator/engine_api.h"
 #include "coordinator/scheduler.h"
 #include "kv/block_manager.h"
@@ -67,6 +75,8 @@ struct InstanceEngineConfig {
     int64_t max_context = 2048;           // prompt + generated tokens of one sequence
     int64_t max_waiting_requests = 256;   // Submit returns ResourceExhausted beyond this
     std::vector<int32_t> stop_token_ids;  // EOS (and the like); ignored with ignore_eos
+    // What arrival, token and handoff times are read from; null: Clock::Real(). Not owned.
+    const Clock* clock = nullptr;
 };
 
 // Latency observations, called from engine threads (must be thread-safe and quick).
@@ -93,8 +103,20 @@ class InstanceEngine : public Engine {
     static Status ValidateConfig(const InstanceEngineConfig& config);
 
     void Start();
-    // Finishes every request with an Unavailable status and joins the thread.
+    // Finishes every request with an Unavailable status and joins the thread. Without Start(),
+    // finishes them on the calling thread.
     void Stop();
+
+    // One step, for a driver that did not Start() the engine (and by the engine thread).
+    // PlanStep takes what arrived (requests, aborts, handoffs) and plans the next step; it
+    // returns nothing when no step can run now (idle, or nothing fits until something finishes).
+    // The plan must then be run and given to CompleteStep with its result before the next
+    // PlanStep. RunStep does all three on the engine's executor; false when no step ran.
+    std::optional<StepPlan> PlanStep();
+    void CompleteStep(const StepPlan& plan, Result<StepResult> result);
+    bool RunStep();
+    // Requests queued or running, or a handoff or discard to take in (the stepping thread).
+    bool HasWork() const;
 
     Status Submit(GenerationRequest request, std::shared_ptr<RequestSink> sink) override;
     // Submit, and after prefill hand the request to `decode` (a decode instance of this process,
@@ -110,6 +132,9 @@ class InstanceEngine : public Engine {
                        const Status& status);
     // The KV of `transfer_id` will never be received here: drop what the workers staged.
     void DiscardTransfer(uint64_t transfer_id);
+    // Requests on this instance now: submitted or handed over and not yet finished or handed on,
+    // including those not yet taken from the inbox (any thread; the router's load).
+    int64_t NumRequests() const;
     // Prompt tokens of `token_ids` this instance's prefix cache holds (any thread).
     int64_t CachedPrefixTokens(std::span<const int32_t> token_ids) const;
     const InstanceEngineConfig& config() const { return config_; }
@@ -132,6 +157,8 @@ class InstanceEngine : public Engine {
     struct RequestState;
 
     void Loop();
+    void Shutdown();  // after the last step: ends what is left
+    bool HasWorkLocked() const;  // REQUIRES mu_
     void DrainInbox();
     void Admit(std::unique_ptr<RequestState> state);
     // Handoff steps (engine_handoff.cc), all on the engine thread.
@@ -155,6 +182,7 @@ class InstanceEngine : public Engine {
     void PublishStats();
 
     const InstanceEngineConfig config_;
+    const Clock& clock_;
     const Tokenizer& tokenizer_;
     StepExecutor& executor_;
     kv::BlockManager blocks_;
@@ -166,6 +194,7 @@ class InstanceEngine : public Engine {
         by_seq_;  // seq id -> (request, choice)
     int64_t next_seq_id_ = 1;
     uint64_t epoch_ = 0;  // the executor epoch whose workers hold this engine's cached KV
+    uint64_t plan_epoch_ = 0;  // epoch_ when the plan in flight was made
     const uint64_t first_epoch_;  // the executor's epoch when the engine was made
     std::unordered_map<uint64_t, int64_t> handed_off_;  // transfer id -> detached seq id
     std::deque<std::string>

@@ -67,6 +67,7 @@ struct EngineStats {
     double kv_cache_usage = 0.0;  // used blocks / all blocks, 0..1
     int64_t prefix_cache_queries_tokens = 0;
     int64_t prefix_cache_hits_tokens = 0;
+    int64_t num_preemptions = 0;  // sequences preempted (their KV recomputed later), since start
 };
 
 class Engine {

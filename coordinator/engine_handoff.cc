@@ -8,14 +8,6 @@
 #include "coordinator/engine_state.h"
 
 namespace kvshard {
-namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-}  // namespace
-
 void InstanceEngine::AcceptHandoff(std::unique_ptr<Handoff> handoff) {
     {
         std::lock_guard<std::mutex> lock(mu_);
@@ -140,7 +132,7 @@ void InstanceEngine::HandleTransfers(const StepPlan& plan, const StepResult& res
         }
         r.choices[0]->num_incoming_tokens = 0;
         if (config_.observer != nullptr) {
-            config_.observer->OnKvTransfer(result.kv_bytes_received, SecondsSince(r.handoff_ready));
+            config_.observer->OnKvTransfer(result.kv_bytes_received, clock_.SecondsSince(r.handoff_ready));
         }
         r.handoff_from->FinishHandoff(r.transfer_id, nullptr, Status::Ok());
     }
@@ -155,7 +147,7 @@ void InstanceEngine::HandOff(RequestState& r) {
     h->transfer_id = r.transfer_id;
     h->source = this;
     h->src_seq_id = seq->seq_id;
-    h->ready = std::chrono::steady_clock::now();
+    h->ready = clock_.Now();
     InstanceEngine* decode = r.handoff_to;
     const std::string id = r.request.request_id;
     h->state = std::move(requests_.at(id));
@@ -276,7 +268,7 @@ void InstanceEngine::ResumeHandoff(uint64_t transfer_id, std::unique_ptr<Handoff
 
 void InstanceEngine::ObserveToken(RequestState& r, int index) {
     if (config_.observer == nullptr || index != 0) return;
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = clock_.Now();
     if (r.choices[0]->num_generated == 0 && r.handoff_from == nullptr) {
         config_.observer->OnFirstToken(config_.pool,
                                        std::chrono::duration<double>(now - r.arrival).count());

@@ -248,6 +248,9 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
                                            "Prompt tokens looked up in the prefix cache.")),
       prefix_hits_(registry_.AddCounter("kvshard:prefix_cache_hits_total",
                                         "Prompt tokens found in the prefix cache.")),
+      preemptions_(registry_.AddCounter("kvshard:num_preemptions_total",
+                                        "Sequences preempted for lack of KV blocks (their KV is "
+                                        "recomputed when they resume).")),
       prompt_tokens_(registry_.AddCounter("kvshard:prompt_tokens_total",
                                           "Prompt tokens of finished requests.")),
       generation_tokens_(registry_.AddCounter("kvshard:generation_tokens_total",
@@ -316,6 +319,7 @@ std::string ServerMetrics::Render(const EngineStats& stats) {
     kv_usage_.Set(stats.kv_cache_usage);
     prefix_queries_.SetTotal(static_cast<double>(stats.prefix_cache_queries_tokens));
     prefix_hits_.SetTotal(static_cast<double>(stats.prefix_cache_hits_tokens));
+    preemptions_.SetTotal(static_cast<double>(stats.num_preemptions));
     for (const InstanceUp& i : stats.instances) {
         registry_
             .LabeledGauge("kvshard:instance_up",

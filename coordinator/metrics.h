@@ -174,6 +174,7 @@ class ServerMetrics : public EngineObserver {
     Gauge& kv_usage_;
     Counter& prefix_queries_;
     Counter& prefix_hits_;
+    Counter& preemptions_;
     Counter& prompt_tokens_;
     Counter& generation_tokens_;
     Counter& kv_transfer_bytes_;

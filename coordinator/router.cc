@@ -6,10 +6,9 @@
 namespace kvshard {
 namespace {
 
-int64_t Load(const InstanceEngine* e) {
-    const EngineStats s = e->Stats();
-    return s.num_running + s.num_waiting;
-}
+// Requests on the instance now, those in its inbox included: the counts of its last step would
+// send a burst of arrivals between two steps all to the same instance.
+int64_t Load(const InstanceEngine* e) { return e->NumRequests(); }
 
 // The instances that can serve now (their workers are up); an instance whose workers died is
 // skipped until they are re-formed, so no request pays for its failure.
@@ -141,6 +140,7 @@ EngineStats Router::Stats() const {
         out.num_waiting += s.num_waiting;
         out.prefix_cache_queries_tokens += s.prefix_cache_queries_tokens;
         out.prefix_cache_hits_tokens += s.prefix_cache_hits_tokens;
+        out.num_preemptions += s.num_preemptions;
         const int64_t blocks = e->config().blocks.num_blocks;
         used += static_cast<int64_t>(s.kv_cache_usage * static_cast<double>(blocks) + 0.5);
         total += blocks;

@@ -3,7 +3,7 @@
 // instance for it (the handoff itself is InstanceEngine's, see engine.h).
 //
 // Placement:
-//   - mixed instances only (colocated): the least loaded instance (running + waiting requests),
+//   - mixed instances only (colocated): the least loaded instance (its requests not yet finished),
 //     ties broken by the longest prefix of the prompt in its prefix cache;
 //   - prefill and decode instances: prefill = among instances whose load is within
 //     prefix_load_slack of the least loaded, the one whose prefix cache holds the longest prefix

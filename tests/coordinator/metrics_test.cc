@@ -126,6 +126,7 @@ TEST(Metrics, ServerMetricsNames) {
     stats.kv_cache_usage = 0.75;
     stats.prefix_cache_queries_tokens = 100;
     stats.prefix_cache_hits_tokens = 60;
+    stats.num_preemptions = 7;
     const Exposition e = Parse(m.Render(stats));
     const std::string l = "{model_name=\"smol\"}";
     for (const char* h :
@@ -141,6 +142,8 @@ TEST(Metrics, ServerMetricsNames) {
     EXPECT_EQ(e.types.at("kvshard:prefix_cache_queries_total"), "counter");
     EXPECT_EQ(e.samples.at("kvshard:prefix_cache_queries_total" + l), 100);
     EXPECT_EQ(e.samples.at("kvshard:prefix_cache_hits_total" + l), 60);
+    EXPECT_EQ(e.types.at("kvshard:num_preemptions_total"), "counter");
+    EXPECT_EQ(e.samples.at("kvshard:num_preemptions_total" + l), 7);
     EXPECT_EQ(e.samples.at("kvshard:prompt_tokens_total" + l), 10);
     EXPECT_EQ(e.samples.at("kvshard:generation_tokens_total" + l), 5);
     EXPECT_EQ(e.samples.at(
