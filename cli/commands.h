@@ -17,6 +17,7 @@ Command RegisterPlan(CLI::App& app);
 Command RegisterServe(CLI::App& app);
 Command RegisterBench(CLI::App& app);
 Command RegisterWorker(CLI::App& app);
+Command RegisterSimulate(CLI::App& app);
 
 // Prints "kvshard: error: <message>" as one line on stderr and returns 1.
 int Fail(const std::string& message);

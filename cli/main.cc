@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
     commands["serve"] = kvshard::cli::RegisterServe(app);
     commands["bench"] = kvshard::cli::RegisterBench(app);
     commands["worker"] = kvshard::cli::RegisterWorker(app);
+    commands["simulate"] = kvshard::cli::RegisterSimulate(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
