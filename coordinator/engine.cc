@@ -46,6 +46,7 @@ InstanceEngine::InstanceEngine(const InstanceEngineConfig& config, const Tokeniz
       executor_(executor),
       blocks_(config.blocks),
       scheduler_(config.scheduler, blocks_),
+      output_(config.stop_token_ids, config.max_context),
       epoch_(executor.epoch()),
       first_epoch_(epoch_) {
     KV_CHECK(ValidateConfig(config).ok()) << ValidateConfig(config).ToString();
@@ -317,29 +318,12 @@ void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result
         ObserveToken(r, index);
         // A sampler created for this sequence elsewhere (after a handoff) continues this stream.
         if (t.rng_state != 0) seq->sampling.seed = t.rng_state;
-        GenerationDelta d;
-        d.index = index;
-        const bool is_stop_token =
-            !r.request.ignore_eos &&
-            std::find(config_.stop_token_ids.begin(), config_.stop_token_ids.end(), t.token_id) !=
-                config_.stop_token_ids.end();
-        if (is_stop_token) {
-            FinishChoice(r, index, FinishReason::kStop, &d);
-        } else {
-            TextStream& stream = *r.streams[static_cast<size_t>(index)];
-            d.text = stream.Push(t.token_id);
-            d.token_ids.push_back(t.token_id);
-            if (r.request.num_top_logprobs >= 0) d.logprobs.push_back(t);
-            scheduler_.AppendToken(seq, t.token_id);
-            if (stream.stopped()) {
-                FinishChoice(r, index, FinishReason::kStop, &d);
-            } else if (seq->num_generated >= r.request.max_tokens ||
-                       seq->num_tokens() >= config_.max_context) {
-                d.text += stream.Finish();
-                FinishChoice(r, index, FinishReason::kLength, &d);
-            }
-        }
-        r.sink->OnDelta(d);
+        TokenOutcome out =
+            output_.OnToken(r.request, index, t, *r.streams[static_cast<size_t>(index)],
+                            seq->num_generated, seq->num_tokens());
+        if (out.append) scheduler_.AppendToken(seq, t.token_id);
+        if (out.finish) FinishChoice(r, index, *out.finish, &out.delta);
+        r.sink->OnDelta(out.delta);
         if (r.handoff_to != nullptr) {
             if (r.num_finished == 0) {
                 to_hand_off.push_back(r.request.request_id);

@@ -44,6 +44,7 @@
 #include "comm/step_executor.h"
 #include "common/clock.h"
 #include "coordinator/engine_api.h"
+#include "coordinator/output_stage.h"
 #include "coordinator/scheduler.h"
 #include "kv/block_manager.h"
 #include "model/tokenizer.h"
@@ -187,6 +188,7 @@ class InstanceEngine : public Engine {
     StepExecutor& executor_;
     kv::BlockManager blocks_;
     Scheduler scheduler_;
+    const OutputStage output_;
 
     // Engine-thread state.
     std::unordered_map<std::string, std::unique_ptr<RequestState>> requests_;

@@ -1,0 +1,32 @@
+#include "coordinator/output_stage.h"
+
+#include <algorithm>
+
+namespace kvshard {
+
+TokenOutcome OutputStage::OnToken(const GenerationRequest& request, int index,
+                                  const SampledToken& token, TextStream& stream,
+                                  int64_t num_generated, int64_t num_tokens) const {
+    TokenOutcome out;
+    out.delta.index = index;
+    const bool is_stop_token =
+        !request.ignore_eos && std::find(stop_token_ids_.begin(), stop_token_ids_.end(),
+                                         token.token_id) != stop_token_ids_.end();
+    if (is_stop_token) {
+        out.finish = FinishReason::kStop;
+        return out;
+    }
+    out.append = true;
+    out.delta.text = stream.Push(token.token_id);
+    out.delta.token_ids.push_back(token.token_id);
+    if (request.num_top_logprobs >= 0) out.delta.logprobs.push_back(token);
+    if (stream.stopped()) {
+        out.finish = FinishReason::kStop;
+    } else if (num_generated + 1 >= request.max_tokens || num_tokens + 1 >= max_context_) {
+        out.delta.text += stream.Finish();
+        out.finish = FinishReason::kLength;
+    }
+    return out;
+}
+
+}  // namespace kvshard
