@@ -110,8 +110,10 @@ setup_sanitizer() {
       # The unit and engine tests. Left out: the Python integration tests (label "integration"):
       # they drive `kvshard serve` over HTTP, where a sanitizer report kills the server and
       # surfaces only as a refused connection; the engine tests cover the same serving path
-      # in-process and with worker processes.
-      KVSHARD_SANITIZE_CTEST_ARGS=(-LE 'integration|mpi' -E Mpi)
+      # in-process and with worker processes. Also left out: SmolLM2VsLlamaCpp's f32-weights
+      # comparison, the 135M model's 538 MB of fp32 weights through instrumented kernels (over the
+      # 900 s limit on 2 cores); its Q4_1 twin runs the same forward pass on the same model.
+      KVSHARD_SANITIZE_CTEST_ARGS=(-LE 'integration|mpi' -E 'Mpi|SmolLM2VsLlamaCpp.SameTokensAndLogitsAsLlamaCppOnF32Weights')
       # The tests under mpirun (label "mpi", and the process-mode tests named Mpi*) run after, with
       # leak detection off: Open MPI leaks its plugins' allocations at MPI_Finalize, in modules it
       # has unloaded by then, so LeakSanitizer sees "<unknown module>" frames that no suppression
