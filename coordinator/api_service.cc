@@ -49,6 +49,26 @@ int64_t PromptBytes(const OpenAiRequest& r) {
     return bytes;
 }
 
+// Text a client sent (a model name) or a tokenizer made may hold bytes that are not UTF-8:
+// those become U+FFFD.
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// One entry of GET /v1/models, and the answer of GET /v1/models/{id}.
+json ModelObject(const ServedModel& model, int64_t created, int64_t max_model_len) {
+    return {{"id", model.name},
+            {"object", "model"},
+            {"created", created},
+            {"owned_by", "kvshard"},
+            {"max_model_len", max_model_len}};
+}
+
+ApiError PromptTooLarge(int64_t bytes, int64_t limit, bool chat) {
+    return BadRequest(std::string(chat ? "the messages' content is " : "the prompt is ") +
+                          std::to_string(bytes) + " bytes; this server accepts at most " +
+                          std::to_string(limit) + " bytes",
+                      chat ? "messages" : "prompt", "prompt_too_large");
+}
+
 int64_t UnixSeconds() {
     return std::chrono::duration_cast<std::chrono::seconds>(
                std::chrono::system_clock::now().time_since_epoch())
@@ -111,16 +131,21 @@ TokenBytesFn ApiService::token_bytes() const {
     };
 }
 
-std::variant<std::vector<int32_t>, ApiError> ApiService::Tokenize(
-    const OpenAiRequest& request) const {
+std::vector<int32_t> ApiService::EncodeText(const std::string& text,
+                                            bool add_special_tokens) const {
+    EncodeOptions encode;
+    encode.parse_special = true;
+    encode.add_bos = add_special_tokens && tokenizer_.data().add_bos;
+    return tokenizer_.Encode(text, encode);
+}
+
+std::variant<std::vector<int32_t>, ApiError> ApiService::EncodeChat(
+    const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+    bool add_special_tokens) const {
     const TokenizerData& data = tokenizer_.data();
     EncodeOptions encode;
     encode.parse_special = true;
-    encode.add_bos = data.add_bos;
-    if (request.endpoint == ApiEndpoint::kCompletions) {
-        if (request.prompt_is_token_ids) return request.prompt_token_ids;
-        return tokenizer_.Encode(request.prompt, encode);
-    }
+    encode.add_bos = add_special_tokens && data.add_bos;
     if (!options_.chat_template) {
         return BadRequest(
             "this model has no chat template: use /v1/completions, or restart the server with "
@@ -128,7 +153,7 @@ std::variant<std::vector<int32_t>, ApiError> ApiService::Tokenize(
             "messages", "chat_template_missing");
     }
     Result<std::vector<TextPiece>> pieces =
-        options_.chat_template->RenderPieces(request.messages, request.add_generation_prompt);
+        options_.chat_template->RenderPieces(messages, add_generation_prompt);
     if (!pieces.ok()) return BadRequest(pieces.status().message(), "messages");
     // Templates that write the BOS text themselves (Llama 2 and 3) must not get a second one.
     const ChatTemplateTokens special = ChatTemplateTokensOf(data);
@@ -142,6 +167,16 @@ std::variant<std::vector<int32_t>, ApiError> ApiService::Tokenize(
     return tokenizer_.EncodePieces(*pieces, encode);
 }
 
+std::variant<std::vector<int32_t>, ApiError> ApiService::Tokenize(
+    const OpenAiRequest& request) const {
+    if (request.endpoint == ApiEndpoint::kCompletions) {
+        if (request.prompt_is_token_ids) return request.prompt_token_ids;
+        return EncodeText(request.prompt, /*add_special_tokens=*/true);
+    }
+    return EncodeChat(request.messages, request.add_generation_prompt,
+                      /*add_special_tokens=*/true);
+}
+
 std::variant<OpenAiRequest, ApiError> ApiService::Parse(ApiEndpoint endpoint,
                                                         std::string_view body) const {
     ParsedRequest parsed = ParseOpenAiRequest(endpoint, body, options_.model);
@@ -150,11 +185,8 @@ std::variant<OpenAiRequest, ApiError> ApiService::Parse(ApiEndpoint endpoint,
         // before it costs a tokenization.
         const int64_t bytes = PromptBytes(*r);
         if (bytes > max_prompt_bytes_) {
-            const bool chat = endpoint == ApiEndpoint::kChatCompletions;
-            return BadRequest(std::string(chat ? "the messages' content is " : "the prompt is ") +
-                                  std::to_string(bytes) + " bytes; this server accepts at most " +
-                                  std::to_string(max_prompt_bytes_) + " bytes",
-                              chat ? "messages" : "prompt", "prompt_too_large");
+            return PromptTooLarge(bytes, max_prompt_bytes_,
+                                  endpoint == ApiEndpoint::kChatCompletions);
         }
     }
     return parsed;
@@ -205,13 +237,82 @@ std::variant<PreparedGeneration, ApiError> ApiService::Prepare(const OpenAiReque
 }
 
 std::string ApiService::ModelsBody() const {
-    json model = {{"id", options_.model.name},
-                  {"object", "model"},
-                  {"created", created_},
-                  {"owned_by", "kvshard"},
-                  {"max_model_len", engine_.max_context()}};
-    return json{{"object", "list"}, {"data", json::array({model})}}.dump(
-        -1, ' ', false, json::error_handler_t::replace);
+    return Dump(json{
+        {"object", "list"},
+        {"data", json::array({ModelObject(options_.model, created_, engine_.max_context())})}});
+}
+
+std::variant<std::string, ApiError> ApiService::ModelBody(std::string_view id) const {
+    if (!ServesModel(options_.model, id)) return ModelNotFound(options_.model, id);
+    return Dump(ModelObject(options_.model, created_, engine_.max_context()));
+}
+
+std::variant<std::string, ApiError> ApiService::TokenizerAnswer(TokenizerEndpoint endpoint,
+                                                                std::string_view body) const {
+    switch (endpoint) {
+        case TokenizerEndpoint::kTokenize: {
+            auto parsed = ParseTokenizeRequest(body, options_.model);
+            if (auto* error = std::get_if<ApiError>(&parsed)) return *error;
+            return TokenizeAnswer(std::get<TokenizeRequest>(parsed));
+        }
+        case TokenizerEndpoint::kDetokenize: {
+            auto parsed = ParseDetokenizeRequest(body, options_.model);
+            if (auto* error = std::get_if<ApiError>(&parsed)) return *error;
+            return DetokenizeAnswer(std::get<DetokenizeRequest>(parsed));
+        }
+    }
+    return BadRequest("unknown tokenizer route");
+}
+
+std::variant<std::string, ApiError> ApiService::TokenizeAnswer(const TokenizeRequest& r) const {
+    // The same cap as the generation routes: what costs a tokenization is bounded the same way.
+    int64_t bytes = static_cast<int64_t>(r.prompt.size());
+    for (const ChatMessage& m : r.messages) bytes += static_cast<int64_t>(m.content.size());
+    if (bytes > max_prompt_bytes_) return PromptTooLarge(bytes, max_prompt_bytes_, r.chat);
+    std::vector<int32_t> ids;
+    if (r.chat) {
+        auto encoded = EncodeChat(r.messages, r.add_generation_prompt, r.add_special_tokens);
+        if (auto* error = std::get_if<ApiError>(&encoded)) return *error;
+        ids = std::move(std::get<std::vector<int32_t>>(encoded));
+    } else {
+        ids = EncodeText(r.prompt, r.add_special_tokens);
+    }
+    json answer = {
+        {"count", ids.size()}, {"max_model_len", engine_.max_context()}, {"tokens", ids}};
+    if (r.return_token_strs) {
+        // The vocabulary's pieces, as vLLM's convert_ids_to_tokens gives them ("Ġworld", "▁the").
+        json strs = json::array();
+        for (int32_t id : ids) strs.push_back(tokenizer_.data().tokens[static_cast<size_t>(id)]);
+        answer["token_strs"] = std::move(strs);
+    }
+    return Dump(answer);
+}
+
+// Control tokens come back as their text ("<|im_end|>"), as vLLM's detokenize (no
+// skip_special_tokens) writes them, so tokenize -> detokenize -> tokenize gives the same ids.
+// Each run of other tokens is decoded with the token before it, so SentencePiece drops the
+// space after BOS as Decode does.
+std::string ApiService::DetokenizeAnswer(const DetokenizeRequest& r) const {
+    std::string text;
+    size_t i = 0;
+    while (i < r.tokens.size()) {
+        const int32_t id = r.tokens[i];
+        if (tokenizer_.IsControl(id) && tokenizer_.TokenBytes(id).empty()) {
+            text += tokenizer_.data().tokens[static_cast<size_t>(id)];
+            ++i;
+            continue;
+        }
+        // The token before the run, if any, is a control token: it adds no bytes.
+        std::vector<int32_t> run;
+        if (i > 0) run.push_back(r.tokens[i - 1]);
+        while (i < r.tokens.size() &&
+               !(tokenizer_.IsControl(r.tokens[i]) && tokenizer_.TokenBytes(r.tokens[i]).empty())) {
+            run.push_back(r.tokens[i++]);
+        }
+        text += tokenizer_.Decode(run);
+    }
+    // Bytes that are not UTF-8 (a token split inside a character) become U+FFFD.
+    return Dump(json{{"prompt", text}});
 }
 
 std::pair<int, std::string> ApiService::Health() const {

@@ -2,7 +2,9 @@
 // GenerationRequest for the engine in two stages: Parse (validate the JSON, check the prompt's
 // bytes; cheap, may run on an I/O thread) and Prepare (apply the chat template, tokenize, check
 // the context; costs CPU in proportion to the prompt, so the HTTP server runs it on a pool of its
-// own). It also answers the small GET endpoints. HttpSession (http_session.h) does the I/O.
+// own). It also answers the small GET endpoints and vLLM's tokenizer routes (POST /tokenize,
+// POST /detokenize), which cost CPU like Prepare and run where it runs. HttpSession
+// (http_session.h) does the I/O.
 //
 // Thread-safety: every method may be called from any HTTP thread at once; the service holds no
 // mutable state besides the metrics (thread-safe) and an atomic request counter.
@@ -70,6 +72,13 @@ class ApiService {
     int64_t max_prompt_bytes() const { return max_prompt_bytes_; }
 
     std::string ModelsBody() const;  // GET /v1/models
+    // GET /v1/models/{id}: the model object (one entry of ModelsBody's list) when `id` names the
+    // served model as a request's "model" may, else the 404 naming `id`.
+    std::variant<std::string, ApiError> ModelBody(std::string_view id) const;
+    // POST /tokenize ({"count", "max_model_len", "tokens"[, "token_strs"]}) and POST /detokenize
+    // ({"prompt"}): the answer body, or the 4xx. Tokenizes: run off the I/O threads, as Prepare.
+    std::variant<std::string, ApiError> TokenizerAnswer(TokenizerEndpoint endpoint,
+                                                        std::string_view body) const;
     // GET /health: 200 {"status":"ok"}, or 503 {"status":"unavailable","error":"..."} when the
     // engine cannot serve (Engine::Health).
     std::pair<int, std::string> Health() const;
@@ -88,6 +97,14 @@ class ApiService {
 
   private:
     std::variant<std::vector<int32_t>, ApiError> Tokenize(const OpenAiRequest& request) const;
+    // The prompt's ids as the generation routes make them (add_special_tokens: the BOS when the
+    // tokenizer asks for one; chat never adds a BOS that the template writes itself).
+    std::vector<int32_t> EncodeText(const std::string& text, bool add_special_tokens) const;
+    std::variant<std::vector<int32_t>, ApiError> EncodeChat(
+        const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+        bool add_special_tokens) const;
+    std::variant<std::string, ApiError> TokenizeAnswer(const TokenizeRequest& request) const;
+    std::string DetokenizeAnswer(const DetokenizeRequest& request) const;
     std::string NewRequestId(ApiEndpoint endpoint) const;
     uint64_t RandomSeed() const;
 

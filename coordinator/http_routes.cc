@@ -4,6 +4,8 @@
 #include <boost/beast/http/rfc7230.hpp>
 #include <string_view>
 
+#include "common/build_config.h"
+
 namespace kvshard {
 
 namespace beast = boost::beast;
@@ -113,6 +115,43 @@ std::optional<HttpAnswer> AnswerReadError(beast::error_code ec, const HttpConfig
     return std::nullopt;
 }
 
+namespace {
+
+enum class Route {
+    kCompletions,
+    kChatCompletions,
+    kTokenize,
+    kDetokenize,
+    kModels,
+    kModel,  // /v1/models/{id}
+    kHealth,
+    kMetrics,
+    kVersion,
+};
+
+// %XX escapes decoded (a client library may write a model id's "/" as %2F); a malformed escape
+// stays as it is.
+std::string PercentDecode(std::string_view s) {
+    auto hex = [](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        return -1;
+    };
+    std::string out;
+    for (size_t i = 0; i < s.size(); ++i) {
+        if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+            out += static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2]));
+            i += 2;
+        } else {
+            out += s[i];
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
 RouteResult RouteRequest(const HttpRequest& request, const ApiService& api, bool draining) {
     std::string_view target(request.target().data(), request.target().size());
     target = target.substr(0, target.find('?'));
@@ -121,15 +160,27 @@ RouteResult RouteRequest(const HttpRequest& request, const ApiService& api, bool
     struct RouteEntry {
         std::string_view path;
         http::verb method;
+        Route route;
+        bool prefix;  // the path is followed by an id
+        bool authenticated;
     };
     static constexpr RouteEntry kRoutes[] = {
-        {"/v1/completions", http::verb::post}, {"/v1/chat/completions", http::verb::post},
-        {"/v1/models", http::verb::get},       {"/health", http::verb::get},
-        {"/metrics", http::verb::get},
+        {"/v1/completions", http::verb::post, Route::kCompletions, false, true},
+        {"/v1/chat/completions", http::verb::post, Route::kChatCompletions, false, true},
+        {"/tokenize", http::verb::post, Route::kTokenize, false, true},
+        {"/detokenize", http::verb::post, Route::kDetokenize, false, true},
+        {"/v1/models", http::verb::get, Route::kModels, false, true},
+        {"/v1/models/", http::verb::get, Route::kModel, true, true},
+        {"/health", http::verb::get, Route::kHealth, false, false},
+        {"/metrics", http::verb::get, Route::kMetrics, false, false},
+        {"/version", http::verb::get, Route::kVersion, false, false},
     };
     const RouteEntry* route = nullptr;
     for (const RouteEntry& r : kRoutes) {
-        if (r.path == target) route = &r;
+        const bool match =
+            r.prefix ? target.size() > r.path.size() && target.substr(0, r.path.size()) == r.path
+                     : target == r.path;
+        if (match) route = &r;
     }
     if (route == nullptr) {
         return ErrorAnswer(RouteError(
@@ -147,7 +198,7 @@ RouteResult RouteRequest(const HttpRequest& request, const ApiService& api, bool
         a.allow = allow;
         return a;
     }
-    if (target.substr(0, 4) == "/v1/") {
+    if (route->authenticated) {
         auto auth = request.find(http::field::authorization);
         std::string_view value;
         if (auth != request.end())
@@ -158,33 +209,54 @@ RouteResult RouteRequest(const HttpRequest& request, const ApiService& api, bool
                            "invalid_api_key"));
         }
     }
-    if (!get_route) {
-        if (draining) {
-            ApiError e = RouteError(503, "the server is shutting down; retry on another server",
-                                    "shutting_down");
-            e.type = "server_unavailable";
-            e.retry_after_s = 5;
-            return ErrorAnswer(e);
-        }
-        return target == "/v1/completions" ? ApiEndpoint::kCompletions
-                                           : ApiEndpoint::kChatCompletions;
+    if (!get_route && draining) {
+        ApiError e = RouteError(503, "the server is shutting down; retry on another server",
+                                "shutting_down");
+        e.type = "server_unavailable";
+        e.retry_after_s = 5;
+        return ErrorAnswer(e);
     }
     HttpAnswer a;
     a.head = head;
-    if (target == "/v1/models") {
-        a.body = api.ModelsBody();
-    } else if (target == "/health") {
-        if (draining) {
-            a.status = 503;
-            a.body = R"({"status":"draining"})";
-        } else {
-            auto [status, body] = api.Health();
-            a.status = static_cast<unsigned>(status);
-            a.body = std::move(body);
+    switch (route->route) {
+        case Route::kCompletions:
+            return ApiEndpoint::kCompletions;
+        case Route::kChatCompletions:
+            return ApiEndpoint::kChatCompletions;
+        case Route::kTokenize:
+            return TokenizerEndpoint::kTokenize;
+        case Route::kDetokenize:
+            return TokenizerEndpoint::kDetokenize;
+        case Route::kModels:
+            a.body = api.ModelsBody();
+            break;
+        case Route::kModel: {
+            auto body = api.ModelBody(PercentDecode(target.substr(route->path.size())));
+            if (auto* error = std::get_if<ApiError>(&body)) {
+                HttpAnswer e = ErrorAnswer(*error);
+                e.head = head;
+                return e;
+            }
+            a.body = std::move(std::get<std::string>(body));
+            break;
         }
-    } else {
-        a.content_type = "text/plain; version=0.0.4; charset=utf-8";
-        a.body = api.MetricsBody();
+        case Route::kHealth:
+            if (draining) {
+                a.status = 503;
+                a.body = R"({"status":"draining"})";
+            } else {
+                auto [status, body] = api.Health();
+                a.status = static_cast<unsigned>(status);
+                a.body = std::move(body);
+            }
+            break;
+        case Route::kMetrics:
+            a.content_type = "text/plain; version=0.0.4; charset=utf-8";
+            a.body = api.MetricsBody();
+            break;
+        case Route::kVersion:
+            a.body = R"({"version":")" KVSHARD_VERSION R"("})";
+            break;
     }
     return a;
 }

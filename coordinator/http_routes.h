@@ -3,11 +3,12 @@
 // whole request (paths, methods, API keys, draining, the GET endpoints). HttpSession
 // (http_session.h) does the I/O around these; coordinator/fuzz/http_fuzz.cc feeds them raw bytes.
 //
-// Routes: POST /v1/completions, POST /v1/chat/completions, GET (and HEAD) /v1/models, /health,
-// /metrics. Unknown paths 404, wrong methods 405 with Allow, bodies over the limit 413, a header
-// block over 16 KiB 431, malformed HTTP 400, a transfer coding other than chunked 501, a missing
-// or wrong API key on /v1/* 401 with WWW-Authenticate, generation while draining 503 with
-// Retry-After.
+// Routes: POST /v1/completions, POST /v1/chat/completions, POST /tokenize, POST /detokenize
+// (vLLM's), GET (and HEAD) /v1/models, /v1/models/{id}, /health, /metrics, /version. Unknown
+// paths 404, wrong methods 405 with Allow, bodies over the limit 413, a header block over 16 KiB
+// 431, malformed HTTP 400, a transfer coding other than chunked 501, a missing or wrong API key
+// on /v1/*, /tokenize and /detokenize 401 with WWW-Authenticate, every POST while draining 503
+// with Retry-After.
 //
 // Thread-safety: free functions over their arguments; RouteRequest calls only const ApiService
 // methods.
@@ -63,8 +64,10 @@ std::optional<HttpAnswer> CheckRequestHeader(const HttpRequest& header);
 // words), or nullopt when the connection is simply closed (EOF, timeout, reset).
 std::optional<HttpAnswer> AnswerReadError(boost::beast::error_code ec, const HttpConfig& config);
 
-// A whole request: answered at once, or the generation endpoint whose body goes to ApiService.
-using RouteResult = std::variant<HttpAnswer, ApiEndpoint>;
+// A whole request: answered at once, or the endpoint whose body goes to ApiService (a generation,
+// or a tokenizer route: both cost CPU in proportion to the body, so the session runs them on
+// its prepare pool).
+using RouteResult = std::variant<HttpAnswer, ApiEndpoint, TokenizerEndpoint>;
 RouteResult RouteRequest(const HttpRequest& request, const ApiService& api, bool draining);
 
 }  // namespace kvshard

@@ -159,6 +159,9 @@ void HttpSession::HandleRequest(HttpRequest request) {
     if (auto* endpoint = std::get_if<ApiEndpoint>(&route)) {
         return StartGeneration(*endpoint, request.body());
     }
+    if (auto* endpoint = std::get_if<TokenizerEndpoint>(&route)) {
+        return StartTokenizerRequest(*endpoint, std::move(request.body()));
+    }
     SendAnswer(std::move(std::get<HttpAnswer>(route)));
 }
 
@@ -238,6 +241,25 @@ void HttpSession::StartGeneration(ApiEndpoint endpoint, const std::string& body)
         self->state_->gate.Run([&] {
             net::post(executor, [self, prepared = std::move(prepared)]() mutable {
                 self->OnPrepared(std::move(prepared));
+            });
+        });
+    });
+}
+
+// The tokenizer routes run on the prepare pool as the tokenization of a generation does, and
+// count as in flight until answered, so a drain waits for them.
+void HttpSession::StartTokenizerRequest(TokenizerEndpoint endpoint, std::string body) {
+    in_flight_ = true;
+    state_->GenerationStarted();
+    net::post(prepare_, [self = shared_from_this(), executor = stream_.get_executor(), endpoint,
+                         body = std::move(body)]() mutable {
+        auto answer = self->api_.TokenizerAnswer(endpoint, body);
+        self->state_->gate.Run([&] {
+            net::post(executor, [self, answer = std::move(answer)]() mutable {
+                if (auto* error = std::get_if<ApiError>(&answer)) return self->SendError(*error);
+                HttpAnswer a;
+                a.body = std::move(std::get<std::string>(answer));
+                self->SendAnswer(std::move(a));
             });
         });
     });

@@ -1,6 +1,7 @@
 // HttpSession: one client connection of the HTTP server (Boost.Beast, HTTP/1.1, keep-alive).
 //
-// A session reads a request and routes it (http_routes.h). A generation request is parsed on the
+// A session reads a request and routes it (http_routes.h). A tokenizer request (POST /tokenize,
+// /detokenize) is answered from the server's prepare pool. A generation request is parsed on the
 // session's strand, prepared (chat template, tokenization, context check) on the server's prepare
 // pool, and handed back to the strand, which submits it to the engine with a StreamSink; the
 // session then waits for the sink's events and either streams them as server-sent events (chunked
@@ -90,6 +91,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     void DrainSome();
 
     void StartGeneration(ApiEndpoint endpoint, const std::string& body);
+    void StartTokenizerRequest(TokenizerEndpoint endpoint, std::string body);
     void OnPrepared(std::variant<PreparedGeneration, ApiError> prepared);
     void OnSinkEvents();
     void OnGenerationFinished(const GenerationUsage& usage, const Status& status);

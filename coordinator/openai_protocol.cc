@@ -187,13 +187,7 @@ void ReadModel(const json& body, const ServedModel& model) {
     const json* v = OptString(body, "model");
     if (v == nullptr) return;  // absent: the one model served
     const std::string& name = v->get_ref<const std::string&>();
-    if (name == model.name || (!model.path.empty() && name == BaseName(model.path))) return;
-    ApiError e;
-    e.http_status = 404;
-    e.message = "The model '" + name + "' does not exist; this server serves '" + model.name + "'";
-    e.param = "model";
-    e.code = "model_not_found";
-    throw ValidationError{e};
+    if (!ServesModel(model, name)) throw ValidationError{ModelNotFound(model, name)};
 }
 
 // prompt: "text", ["text"], [1, 2, 3] or [[1, 2, 3]] (one prompt per request).
@@ -262,7 +256,7 @@ std::string MessageContent(const json& content, const std::string& param) {
     return text;
 }
 
-void ReadMessages(const json& body, OpenAiRequest& r) {
+void ReadMessages(const json& body, std::vector<ChatMessage>& messages) {
     const json* v = Field(body, "messages");
     if (v == nullptr) Fail("'messages' is required", "messages");
     if (!v->is_array()) Fail("'messages' must be an array, got " + TypeName(*v), "messages");
@@ -282,7 +276,7 @@ void ReadMessages(const json& body, OpenAiRequest& r) {
         }
         auto content = m.find("content");
         if (content == m.end()) Fail("'" + param + ".content' is required", param + ".content");
-        r.messages.push_back({name, MessageContent(*content, param + ".content")});
+        messages.push_back({name, MessageContent(*content, param + ".content")});
     }
 }
 
@@ -385,7 +379,7 @@ void ReadCompletion(const json& body, const ServedModel& model, OpenAiRequest& r
 }
 
 void ReadChat(const json& body, OpenAiRequest& r) {
-    ReadMessages(body, r);
+    ReadMessages(body, r.messages);
     r.max_tokens = OptInt(body, "max_completion_tokens", 1, std::numeric_limits<int64_t>::max(),
                           "must be > 0");
     if (auto legacy =
@@ -412,10 +406,10 @@ void ReadChat(const json& body, OpenAiRequest& r) {
     }
 }
 
-}  // namespace
-
-ParsedRequest ParseOpenAiRequest(ApiEndpoint endpoint, std::string_view body,
-                                 const ServedModel& model) {
+// The body checks every route shares, then `read` on the JSON object; the error a client gets
+// when any of it fails.
+template <typename ReadFn>
+std::optional<ApiError> ReadBody(std::string_view body, const ServedModel& model, ReadFn&& read) {
     if (!IsValidUtf8(body))
         return BadRequest("the request body is not valid UTF-8", "", "invalid_utf8");
     // nlohmann reads a NUL as the end of the input, so "{...}\0junk" would pass; JSON has no
@@ -425,16 +419,63 @@ ParsedRequest ParseOpenAiRequest(ApiEndpoint endpoint, std::string_view body,
                               "); JSON text cannot contain one",
                           "", "invalid_json");
     }
-    OpenAiRequest r;
-    r.endpoint = endpoint;
-    // Every nlohmann exception is caught: a value the checks above missed must be a 400 in
-    // kvshard's words, never an exception that ends the process or the library's text.
+    // Every nlohmann exception is caught: a value the checks missed must be a 400 in kvshard's
+    // words, never an exception that ends the process or the library's text.
     try {
         json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
         if (j.is_discarded()) return NotJson(body);
         if (!j.is_object())
             return BadRequest("the request body must be a JSON object, got " + TypeName(j));
         ReadModel(j, model);
+        read(j);
+    } catch (const ValidationError& e) {
+        return e.error;
+    } catch (const json::exception&) {
+        return BadRequest("the request body could not be read", "", "invalid_json");
+    }
+    return std::nullopt;
+}
+
+// POST /tokenize with messages: the chat template options kvshard cannot honour are refused,
+// never ignored (the count would not be the one the client asked about).
+void RefuseTokenizeChatOptions(const json& body) {
+    if (OptBool(body, "continue_final_message").value_or(false)) {
+        Fail("'continue_final_message' is not supported", "continue_final_message");
+    }
+    if (Field(body, "chat_template") != nullptr) {
+        Fail("'chat_template' is not supported: the server applies the model's own template",
+             "chat_template");
+    }
+    if (const json* kw = Field(body, "chat_template_kwargs");
+        kw && !(kw->is_object() && kw->empty())) {
+        Fail("'chat_template_kwargs' is not supported", "chat_template_kwargs");
+    }
+    if (const json* tools = Field(body, "tools"); tools && !(tools->is_array() && tools->empty())) {
+        Fail("'tools' are not supported", "tools");
+    }
+}
+
+}  // namespace
+
+bool ServesModel(const ServedModel& model, std::string_view name) {
+    return name == model.name || (!model.path.empty() && name == BaseName(model.path));
+}
+
+ApiError ModelNotFound(const ServedModel& model, std::string_view name) {
+    ApiError e;
+    e.http_status = 404;
+    e.message = "The model '" + std::string(name) + "' does not exist; this server serves '" +
+                model.name + "'";
+    e.param = "model";
+    e.code = "model_not_found";
+    return e;
+}
+
+ParsedRequest ParseOpenAiRequest(ApiEndpoint endpoint, std::string_view body,
+                                 const ServedModel& model) {
+    OpenAiRequest r;
+    r.endpoint = endpoint;
+    std::optional<ApiError> error = ReadBody(body, model, [&](const json& j) {
         switch (endpoint) {
             case ApiEndpoint::kCompletions:
                 ReadCompletion(j, model, r);
@@ -444,12 +485,69 @@ ParsedRequest ParseOpenAiRequest(ApiEndpoint endpoint, std::string_view body,
                 break;
         }
         ReadCommon(j, r);
-    } catch (const ValidationError& e) {
-        return e.error;
-    } catch (const json::exception&) {
-        return BadRequest("the request body could not be read as an OpenAI request", "",
-                          "invalid_json");
-    }
+    });
+    if (error) return *std::move(error);
+    return r;
+}
+
+std::variant<TokenizeRequest, ApiError> ParseTokenizeRequest(std::string_view body,
+                                                             const ServedModel& model) {
+    TokenizeRequest r;
+    std::optional<ApiError> error = ReadBody(body, model, [&](const json& j) {
+        const json* prompt = Field(j, "prompt");
+        const bool chat = Field(j, "messages") != nullptr;
+        if (prompt != nullptr && chat) {
+            Fail("give either 'prompt' or 'messages', not both", "prompt");
+        }
+        if (prompt == nullptr && !chat) Fail("'prompt' or 'messages' is required", "prompt");
+        r.chat = chat;
+        if (chat) {
+            ReadMessages(j, r.messages);
+            r.add_generation_prompt = OptBool(j, "add_generation_prompt").value_or(true);
+            RefuseTokenizeChatOptions(j);
+        } else {
+            // vLLM takes one string here; an empty one is a valid question (its answer: BOS or
+            // nothing).
+            r.prompt = OptString(j, "prompt")->get<std::string>();
+            if (Field(j, "add_generation_prompt") != nullptr) {
+                Fail("'add_generation_prompt' needs 'messages'", "add_generation_prompt");
+            }
+        }
+        r.add_special_tokens = OptBool(j, "add_special_tokens").value_or(true);
+        r.return_token_strs = OptBool(j, "return_token_strs").value_or(false);
+    });
+    if (error) return *std::move(error);
+    return r;
+}
+
+std::variant<DetokenizeRequest, ApiError> ParseDetokenizeRequest(std::string_view body,
+                                                                 const ServedModel& model) {
+    DetokenizeRequest r;
+    std::optional<ApiError> error = ReadBody(body, model, [&](const json& j) {
+        const json* tokens = Field(j, "tokens");
+        if (tokens == nullptr) Fail("'tokens' is required", "tokens");
+        if (!tokens->is_array()) {
+            Fail("'tokens' must be an array of token ids, got " + TypeName(*tokens), "tokens");
+        }
+        for (size_t i = 0; i < tokens->size(); ++i) {
+            const json& t = (*tokens)[i];
+            const std::string param = "tokens[" + std::to_string(i) + "]";
+            if (!t.is_number_integer()) {
+                Fail("'" + param + "' must be a token id, got " + TypeName(t), param);
+            }
+            const bool negative =
+                t.is_number_integer() && !t.is_number_unsigned() && t.get<int64_t>() < 0;
+            if (negative || t.get<uint64_t>() >= static_cast<uint64_t>(model.vocab_size)) {
+                const std::string id =
+                    negative ? std::to_string(t.get<int64_t>()) : std::to_string(t.get<uint64_t>());
+                Fail("token id " + id + " in 'tokens' is outside the vocabulary (0.." +
+                         std::to_string(model.vocab_size - 1) + ")",
+                     param);
+            }
+            r.tokens.push_back(static_cast<int32_t>(t.get<int64_t>()));
+        }
+    });
+    if (error) return *std::move(error);
     return r;
 }
 

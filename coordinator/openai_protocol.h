@@ -1,6 +1,7 @@
 // The request half of the OpenAI HTTP API: parsing and validating the JSON bodies of
-// POST /v1/completions and POST /v1/chat/completions, and the error bodies every 4xx/5xx answer
-// carries: {"error": {"message", "type", "param", "code"}}.
+// POST /v1/completions and POST /v1/chat/completions (and of vLLM's POST /tokenize and
+// POST /detokenize), and the error bodies every 4xx/5xx answer carries:
+// {"error": {"message", "type", "param", "code"}}.
 //
 // Validation is complete before anything reaches the engine: a wrong type, an out-of-range value or
 // an unsupported option is a 400 naming the parameter; an unknown model is a 404. Unknown fields
@@ -20,6 +21,8 @@
 namespace kvshard {
 
 enum class ApiEndpoint { kCompletions, kChatCompletions };
+// vLLM's tokenizer routes: no generation, only the tokenizer (and the chat template).
+enum class TokenizerEndpoint { kTokenize, kDetokenize };
 
 // An error answer. Empty `param` and `code` are written as null. The message is kvshard's own
 // words about what the client sent or what the server cannot do now: never a library's text, an
@@ -43,6 +46,11 @@ struct ServedModel {
     std::string path;        // the model file; its base name is accepted as "model" too
     int64_t vocab_size = 0;  // token-id prompts must be below it
 };
+
+// True when a request's "model" names the served model: its name, or the model file's base name.
+bool ServesModel(const ServedModel& model, std::string_view name);
+// The 404 for a model this server does not serve (param "model", code "model_not_found").
+ApiError ModelNotFound(const ServedModel& model, std::string_view name);
 
 // A validated request, before tokenization.
 struct OpenAiRequest {
@@ -72,6 +80,32 @@ using ParsedRequest = std::variant<OpenAiRequest, ApiError>;
 // malformed JSON and numbers beyond a double are 400s like every other mistake; nothing throws.
 ParsedRequest ParseOpenAiRequest(ApiEndpoint endpoint, std::string_view body,
                                  const ServedModel& model);
+
+// POST /tokenize: {"prompt": "text"} or {"messages": [...]}, exactly one of them.
+struct TokenizeRequest {
+    bool chat = false;  // messages (through the chat template) rather than prompt
+    std::string prompt;
+    std::vector<ChatMessage> messages;
+    bool add_generation_prompt = true;
+    // The special tokens the tokenizer adds (its BOS, when it asks for one), as the generation
+    // routes add them; false: none beyond what the chat template writes. vLLM's chat default is
+    // false; kvshard's is true for both, so that a chat count is the chat route's prompt_tokens.
+    bool add_special_tokens = true;
+    bool return_token_strs = false;  // also the token pieces ("token_strs")
+};
+
+// POST /detokenize: {"tokens": [ids]}, every id inside the vocabulary.
+struct DetokenizeRequest {
+    std::vector<int32_t> tokens;
+};
+
+// Parse and validate the tokenizer routes' bodies as ParseOpenAiRequest does (the same body
+// checks, the same "model" rule; unknown fields ignored, vLLM options kvshard cannot honour
+// refused with the param named).
+std::variant<TokenizeRequest, ApiError> ParseTokenizeRequest(std::string_view body,
+                                                             const ServedModel& model);
+std::variant<DetokenizeRequest, ApiError> ParseDetokenizeRequest(std::string_view body,
+                                                                 const ServedModel& model);
 
 // The number of tokens to generate once the prompt is tokenized: max_tokens when given (400 when
 // prompt + max_tokens exceeds the context), else 16 for completions (the OpenAI default) and the

@@ -131,6 +131,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             CheckAnswer(*answer);
             continue;
         }
+        if (auto* tokenizer_route = std::get_if<TokenizerEndpoint>(&route)) {
+            KVSHARD_FUZZ_CHECK(!draining);
+            auto answer = api.TokenizerAnswer(*tokenizer_route, request.body());
+            if (auto* e = std::get_if<ApiError>(&answer)) {
+                CheckAnswer(ErrorAnswer(*e));
+            } else {
+                HttpAnswer a;
+                a.body = std::get<std::string>(answer);
+                CheckAnswer(a);
+            }
+            continue;
+        }
         const ApiEndpoint endpoint = std::get<ApiEndpoint>(route);
         KVSHARD_FUZZ_CHECK(!draining);
         auto parsed = api.Parse(endpoint, request.body());
