@@ -2,10 +2,13 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "common/build_config.h"
@@ -58,12 +61,64 @@ void ApplyRuntimeDefaults(char** argv) {
     execv("/proc/self/exe", argv);  // returns only on failure: carry on with the defaults
 }
 
+// Edits (insert, delete, substitute) between two words.
+size_t EditDistance(const std::string& a, const std::string& b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+        size_t diagonal = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= b.size(); ++j) {
+            const size_t above = row[j];
+            row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+            diagonal = above;
+        }
+    }
+    return row[b.size()];
+}
+
+// CLI11 would answer a mistyped subcommand with "The following arguments were not expected" or
+// "A subcommand is required"; say what went wrong, and the command that was probably meant.
+// The first argument that is not an option is the subcommand (kvshard has no global options
+// that take a value). Returns the exit code (2, a usage error) when `argv` names none known.
+std::optional<int> CheckCommandName(int argc, char** argv,
+                                    const std::map<std::string, kvshard::cli::Command>& commands) {
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        if (!arg.empty() && arg[0] == '-') continue;
+        if (commands.count(arg) != 0) return std::nullopt;
+        std::string closest;
+        size_t best = arg.size() / 2 + 1;  // beyond this many edits it is a different word
+        std::string names;
+        for (const auto& [name, command] : commands) {
+            names += (names.empty() ? "" : ", ") + name;
+            const size_t d = EditDistance(arg, name);
+            const bool prefix = arg.size() >= 2 && name.rfind(arg, 0) == 0;
+            if (d < best || (prefix && closest.empty())) {
+                best = std::min(best, d);
+                closest = name;
+            }
+        }
+        if (!closest.empty()) {
+            std::fprintf(stderr, "kvshard: error: unknown command '%s'; did you mean '%s'?\n",
+                         arg.c_str(), closest.c_str());
+        } else {
+            std::fprintf(stderr, "kvshard: error: unknown command '%s'; the commands are %s\n",
+                         arg.c_str(), names.c_str());
+        }
+        std::fprintf(stderr, "Run 'kvshard --help' for more information.\n");
+        return 2;
+    }
+    return std::nullopt;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     ApplyRuntimeDefaults(argv);
     CLI::App app{"kvshard: a tensor-parallel LLM serving cluster (version " KVSHARD_VERSION ")"};
     app.require_subcommand(1);
+    app.set_version_flag("--version", "kvshard " KVSHARD_VERSION, "Print the version and exit");
     std::map<std::string, kvshard::cli::Command> commands;
     commands["generate"] = kvshard::cli::RegisterGenerate(app);
     commands["convert"] = kvshard::cli::RegisterConvert(app);
@@ -73,6 +128,7 @@ int main(int argc, char** argv) {
     commands["bench"] = kvshard::cli::RegisterBench(app);
     commands["worker"] = kvshard::cli::RegisterWorker(app);
     commands["simulate"] = kvshard::cli::RegisterSimulate(app);
+    if (std::optional<int> code = CheckCommandName(argc, argv, commands)) return *code;
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
