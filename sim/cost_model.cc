@@ -260,6 +260,15 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
                 static_cast<double>(p.kv_tokens)};
         y[i] = p.seconds;
     }
+    // Relative least squares: each point's row is divided by its measured time, so a 20 ms decode
+    // step counts as much as a 2 s prefill (plain least squares fits the prefill points and leaves
+    // decode steps, which set the inter-token latency, to the constant term).
+    const std::vector<double> y_seconds = y;
+    for (size_t i = 0; i < n; ++i) {
+        if (!(y[i] > 0)) continue;
+        for (double& v : x[i]) v /= y[i];
+        y[i] = 1.0;
+    }
     // Columns scaled to a unit maximum so that the elimination's pivot test is scale-free.
     std::array<double, kTerms> scale{};
     for (int j = 0; j < kTerms; ++j) {
@@ -334,7 +343,13 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
     p.c = best[2];
     p.d = best[3];
     p.num_points = static_cast<int64_t>(n);
-    p.rms_error_s = std::sqrt(best_sse / static_cast<double>(n));
+    double sse_seconds = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const CpuProfilePoint& q = points[i];
+        const double e = p.Seconds(q.prefill_tokens, q.decode_seqs, q.kv_tokens) - y_seconds[i];
+        sse_seconds += e * e;
+    }
+    p.rms_error_s = std::sqrt(sse_seconds / static_cast<double>(n));
     return p;
 }
 

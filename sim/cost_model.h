@@ -73,7 +73,8 @@ struct CpuProfile {
     }
 };
 
-// Non-negative least squares over the points (exact: every subset of the four terms is solved
+// Non-negative least squares of the relative error over the points (each row divided by its
+// measured seconds; exact: every subset of the four terms is solved
 // and the best feasible one kept). InvalidArgument when there are no points, a point is negative
 // or not finite, or no subset of terms can be fitted.
 Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points);
