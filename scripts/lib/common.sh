@@ -99,7 +99,7 @@ setup_sanitizer() {
       KVSHARD_BUILD_TARGETS=(kvshard_common_tests kvshard_kv_tests kvshard_config_tests
                              kvshard_kernels_tests kvshard_model_tests kvshard_comm_tests
                              kvshard_worker_tests kvshard_coordinator_tests kvshard_loadgen_tests
-                             kvshard kvshard_cli_tests kvshard_engine_tests)
+                             kvshard_sim_tests kvshard kvshard_cli_tests kvshard_engine_tests)
       # The MPI collective tests (ctest comm.mpi_collective.*) run this binary under mpirun.
       command -v mpirun >/dev/null && KVSHARD_BUILD_TARGETS+=(kvshard_comm_mpi_tests)
       # Every finding fails the test: ASan and UBSan stop at the first report (UBSan is also

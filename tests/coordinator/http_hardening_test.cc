@@ -242,6 +242,12 @@ TEST(HttpHardening, ConnectionsBeyondTheLimitGet503) {
 // Out of file descriptors, accept fails at once and forever: the server must wait between tries
 // (not spin), and answer once descriptors are free again.
 TEST(HttpHardening, AcceptBacksOffWhenOutOfDescriptors) {
+#if defined(__SANITIZE_ADDRESS__)
+    // The address mode also builds UBSan, whose vptr check tests that an object's memory is
+    // readable by writing it to a pipe: with every descriptor taken it cannot make one, and
+    // reports a valid shared_ptr control block as "invalid vptr / memory cannot be printed".
+    GTEST_SKIP() << "needs every file descriptor taken, which the sanitizer runtime cannot bear";
+#endif
     TestServer server;
     net::io_context io;
     // Opened (so holding their descriptors) before the limit bites; connected after.
