@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <limits>
 #include <memory>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -63,7 +64,68 @@ struct SimulateFlags {
     bool search = false;
     int64_t gpus = 0;
     int max_tp = 8;
+    std::set<std::string> given;  // the flags given on the command line
 };
+
+// A flag that the rest of the command line makes meaningless is refused by name, never ignored.
+Status CheckFlagsApply(const SimulateFlags& f) {
+    auto given = [&](const char* name) { return f.given.count(name) > 0; };
+    auto refuse = [&](const char* flag, const std::string& why) -> Status {
+        if (!given(flag)) return Status::Ok();
+        return InvalidArgument(std::string(flag) + " " + why);
+    };
+    if (!f.config.empty()) {
+        // The file's settings are the deployment's; a flag beside them would be one or the other.
+        for (const char* flag :
+             {"--placement", "--tp", "--instances", "--max-num-seqs", "--max-num-batched-tokens",
+              "--max-model-len", "--block-size", "--no-prefix-caching", "--layerwise",
+              "--num-kv-blocks"}) {
+            KV_RETURN_IF_ERROR(refuse(flag, "conflicts with --config (set it in the file)"));
+        }
+    }
+    if (!f.placement.empty()) {
+        KV_RETURN_IF_ERROR(refuse("--tp", "conflicts with --placement (give tp there)"));
+        KV_RETURN_IF_ERROR(refuse("--instances", "conflicts with --placement"));
+    }
+    if (f.search) {
+        for (const char* flag : {"--config", "--placement", "--tp", "--instances"})
+            KV_RETURN_IF_ERROR(refuse(flag, "conflicts with --search (it tries every placement)"));
+    } else {
+        KV_RETURN_IF_ERROR(refuse("--gpus", "applies to --search only"));
+        KV_RETURN_IF_ERROR(refuse("--max-tp", "applies to --search only"));
+    }
+    if (!f.search && !f.sweep_rate)
+        KV_RETURN_IF_ERROR(refuse("--slo-attainment", "applies to --sweep-rate and --search only"));
+    if (f.sweep_rate || f.search)
+        KV_RETURN_IF_ERROR(refuse("--request-rate", "conflicts with --sweep-rate and --search"));
+    if (f.request_rate == "inf")
+        KV_RETURN_IF_ERROR(refuse("--burstiness", "needs a finite --request-rate"));
+    const bool trace = f.dataset == "trace";
+    if (!trace) KV_RETURN_IF_ERROR(refuse("--dataset-path", "applies to --dataset trace only"));
+    if (trace) {
+        for (const char* flag :
+             {"--num-requests", "--input-len", "--output-len", "--range-ratio", "--length-dist",
+              "--request-rate", "--burstiness"}) {
+            KV_RETURN_IF_ERROR(refuse(flag, "conflicts with --dataset trace (the trace has them)"));
+        }
+    }
+    if (f.dataset != "shared-prefix") {
+        for (const char* flag : {"--num-groups", "--prefix-len", "--suffix-len"})
+            KV_RETURN_IF_ERROR(refuse(flag, "applies to --dataset shared-prefix only"));
+    }
+    if (f.dataset == "shared-prefix") {
+        KV_RETURN_IF_ERROR(refuse("--input-len", "does not apply to --dataset shared-prefix "
+                                                 "(--prefix-len + --suffix-len)"));
+        KV_RETURN_IF_ERROR(refuse("--range-ratio", "does not apply to --dataset shared-prefix"));
+    }
+    if (f.dataset == "chat")
+        KV_RETURN_IF_ERROR(refuse("--range-ratio", "does not apply to --dataset chat"));
+    if (f.length_dist == "fixed" || f.length_dist == "lognormal")
+        KV_RETURN_IF_ERROR(refuse("--range-ratio", "applies to --length-dist uniform only"));
+    if (f.length_dist != "lognormal")
+        KV_RETURN_IF_ERROR(refuse("--sigma", "applies to --length-dist lognormal only"));
+    return Status::Ok();
+}
 
 // "mixed=2x4" or "prefill=1x4,decode=2x2": pools of COUNT instances of tp TP.
 Result<std::vector<PoolConfig>> ParsePlacement(const std::string& text) {
@@ -337,6 +399,7 @@ std::vector<std::vector<PoolConfig>> Placements(int64_t gpus, int max_tp) {
 
 int RunSimulate(const SimulateFlags& f) {
     InitLogging("simulate", "warn");
+    if (Status st = CheckFlagsApply(f); !st.ok()) return Fail(st.message());
     Result<ArchConfig> arch = ReadArchConfig(f.model_config);
     if (!arch.ok()) return Fail(arch.status().message());
     Result<kv::KvDtype> kv_dtype = kv::ParseKvDtype(f.kv_dtype);
@@ -399,6 +462,14 @@ int RunSimulate(const SimulateFlags& f) {
         options.enable_prefix_caching = config->kv_cache.enable_prefix_caching;
         options.handoff.layerwise = config->kv_transfer.layerwise;
         if (config->kv_cache.num_blocks > 0) options.num_kv_blocks = config->kv_cache.num_blocks;
+        if (config->kv_cache.dtype != KvCacheDtype::kAuto) {
+            return Fail(f.config + ": kv_cache.dtype: simulate takes the KV dtype from --kv-dtype");
+        }
+        std::fprintf(stderr,
+                     "simulate: from %s: pools, scheduler, kv_cache (block_size, num_blocks, "
+                     "enable_prefix_caching) and kv_transfer.layerwise; not simulated: model, "
+                     "server, workers, kv_cache.memory_mib, pools' devices\n",
+                     f.config.c_str());
     } else if (!f.placement.empty()) {
         Result<std::vector<PoolConfig>> pools = ParsePlacement(f.placement);
         if (!pools.ok()) return Fail(pools.status().message());
@@ -566,7 +637,12 @@ Command RegisterSimulate(CLI::App& app) {
     sub->add_option("--gpus", f->gpus, "--search: the GPU budget");
     sub->add_option("--max-tp", f->max_tp, "--search: largest tp tried")->capture_default_str();
     sub->add_flag("--json", f->json, "Print JSON");
-    return [f] { return RunSimulate(*f); };
+    return [f, sub] {
+        for (const CLI::Option* o : sub->get_options()) {
+            if (o->count() > 0) f->given.insert(o->get_name());
+        }
+        return RunSimulate(*f);
+    };
 }
 
 }  // namespace kvshard::cli

@@ -6,17 +6,10 @@
 
 #include <cmath>
 
-#include "common/build_config.h"
+#include "tests/sim/sim_test_util.h"
 
 namespace kvshard::sim {
 namespace {
-
-ArchConfig Config(const std::string& name) {
-    Result<ArchConfig> a =
-        ReadArchConfig(std::string(KVSHARD_SOURCE_DIR) + "/tests/kv/configs/" + name);
-    KV_CHECK(a.ok()) << a.status().ToString();
-    return *a;
-}
 
 Accelerator Gpu(const char* name) { return *FindAccelerator(name); }
 

@@ -9,18 +9,11 @@
 
 #include <algorithm>
 
-#include "common/build_config.h"
+#include "tests/sim/sim_test_util.h"
 #include "loadgen/bench_report.h"
 
 namespace kvshard::sim {
 namespace {
-
-ArchConfig Config(const std::string& name) {
-    Result<ArchConfig> a =
-        ReadArchConfig(std::string(KVSHARD_SOURCE_DIR) + "/tests/kv/configs/" + name);
-    KV_CHECK(a.ok()) << a.status().ToString();
-    return *a;
-}
 
 PoolConfig Pool(const std::string& name, PoolRole role, int count, int tp) {
     PoolConfig p;
