@@ -12,6 +12,7 @@ KVSHARD_DEBIAN_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libpcre2-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
   libxxhash-dev zlib1g-dev libyaml-cpp-dev libboost-dev libopenmpi-dev openmpi-bin
+  libgloo-dev libucx-dev yamllint
   python3 python3-pip python3-venv curl
 )
 
@@ -62,9 +63,11 @@ ensure_python_venv() {
     log "creating $venv"
     python3 -m venv "$venv" >&2
   fi
-  if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
-    log "installing the openai package into $venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai >&2
+  # openai and anthropic: the clients the integration tests drive the server with;
+  # kubernetes-validate: the Kubernetes schemas the k8s/ manifests are checked against.
+  if ! "$venv/bin/python" -c "import openai, anthropic, kubernetes_validate" 2>/dev/null; then
+    log "installing openai, anthropic and kubernetes-validate into $venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai anthropic kubernetes-validate >&2
   fi
   echo "$venv/bin/python"
 }
