@@ -18,6 +18,16 @@
 
 namespace kvshard {
 
+// A prompt-caching breakpoint (Anthropic's cache_control, and the same extension field on the
+// OpenAI routes; docs/prompt-caching.md): the full KV blocks of the prompt's first
+// `prefix_tokens` tokens stay in the instance's prefix cache until `ttl_ms` after this request
+// last read or wrote them (the engine's clock), instead of being left to LRU eviction.
+struct CacheBreakpoint {
+    int64_t prefix_tokens = 0;  // 1..prompt length: where the cached prefix ends
+    int64_t ttl_ms = 300'000;   // 5 minutes, or 3,600,000 for Anthropic's "1h"
+    friend bool operator==(const CacheBreakpoint&, const CacheBreakpoint&) = default;
+};
+
 struct GenerationRequest {
     std::string request_id;
     std::vector<int32_t> prompt_token_ids;  // tokenized by the front end (chat template applied)
@@ -27,6 +37,8 @@ struct GenerationRequest {
     bool ignore_eos = false;
     int n = 1;                       // choices sharing the prompt (blocks shared, copy on write)
     int32_t num_top_logprobs = -1;   // -1: none; 0: the chosen token's; k: also the top k
+    // At most 4, in increasing prefix_tokens order (the front end checks both).
+    std::vector<CacheBreakpoint> cache_breakpoints;
 };
 
 // Some new output of one choice. Text is UTF-8 complete and never part of a stop string.
@@ -42,6 +54,9 @@ struct GenerationUsage {
     int64_t prompt_tokens = 0;
     int64_t completion_tokens = 0;  // over all choices
     int64_t cached_tokens = 0;      // prompt tokens served from the prefix cache
+    // Prompt tokens this request wrote to the cache up to its cache breakpoints (computed here,
+    // then pinned). The prompt's tokens = uncached input + cache_creation_tokens + cached_tokens.
+    int64_t cache_creation_tokens = 0;
 };
 
 class RequestSink {
@@ -68,6 +83,11 @@ struct EngineStats {
     int64_t prefix_cache_queries_tokens = 0;
     int64_t prefix_cache_hits_tokens = 0;
     int64_t num_preemptions = 0;  // sequences preempted (their KV recomputed later), since start
+    // Prompt-caching pins (CacheBreakpoint), summed over instances.
+    int64_t pinned_blocks = 0;       // blocks pinned now
+    int64_t pin_hits_total = 0;      // requests that read a pinned prefix
+    int64_t pins_expired_total = 0;  // pins that lapsed at their TTL
+    int64_t pins_refused_total = 0;  // pins not made, or lapsed early, for lack of room
 };
 
 class Engine {
