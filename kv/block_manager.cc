@@ -34,6 +34,13 @@ Status BlockManagerConfig::Validate() const {
     if (!(watermark >= 0.0 && watermark < 1.0)) {
         return InvalidArgument("watermark must be in [0, 1), got " + std::to_string(watermark));
     }
+    if (!(max_pinned_fraction >= 0.0 && max_pinned_fraction <= 1.0)) {
+        return InvalidArgument("max_pinned_fraction must be in [0, 1], got " +
+                               std::to_string(max_pinned_fraction));
+    }
+    if (min_pinned_tokens < 0) {
+        return InvalidArgument("min_pinned_tokens must be >= 0, got " + Str(min_pinned_tokens));
+    }
     return Status::Ok();
 }
 
@@ -41,8 +48,11 @@ BlockManager::BlockManager(const BlockManagerConfig& config)
     : config_(Checked(config)), cache_(config.num_blocks, config.block_size) {
     watermark_blocks_ =
         static_cast<int64_t>(std::floor(config.watermark * static_cast<double>(config.num_blocks)));
+    max_pinned_blocks_ = static_cast<int64_t>(
+        std::floor(config.max_pinned_fraction * static_cast<double>(config.num_blocks)));
     const auto n = static_cast<size_t>(config.num_blocks);
     ref_counts_.assign(n, 0);
+    pin_counts_.assign(n, 0);
     block_num_tokens_.assign(n, 0);
     in_free_list_.assign(n, 1);
     free_list_.reserve(n);
@@ -76,7 +86,8 @@ BlockManager::PrefixMatch BlockManager::MatchPrefix(std::span<const int32_t> tok
         parent_hash = hash;
         parent_content = cache_.ContentId(*hit);
         m.content_ids.push_back(parent_content);
-        if (ref_counts_[*hit] == 0) ++m.num_cached_unreferenced;
+        // A pinned unreferenced block is not among the available blocks to begin with.
+        if (ref_counts_[*hit] == 0 && cache_.IsEvictable(*hit)) ++m.num_cached_unreferenced;
     }
     return m;
 }
@@ -122,6 +133,14 @@ int64_t BlockManager::Allocate(const SequenceRequest& request) {
     if (config_.enable_prefix_caching) {
         prompt_tokens_ += len;
         prompt_tokens_from_cache_ += s.num_cached_tokens;
+        // A read of a pinned prefix: the pins it covers whole start their TTL again.
+        bool read_pinned = false;
+        for (size_t i = 0; i < m.blocks.size(); ++i) {
+            read_pinned = read_pinned || pin_counts_[m.blocks[i]] > 0;
+            auto pin = pins_.find(m.content_ids[i]);
+            if (pin != pins_.end()) TouchPin(pin->first, pin->second.ttl);
+        }
+        if (read_pinned) ++pin_hits_;
     }
     const int64_t cached = s.num_cached_tokens;
     seqs_.emplace(request.seq_id, std::move(s));
@@ -130,6 +149,16 @@ int64_t BlockManager::Allocate(const SequenceRequest& request) {
 
 int64_t BlockManager::CachedPrefixTokens(std::span<const int32_t> token_ids) const {
     return static_cast<int64_t>(MatchPrefix(token_ids).blocks.size()) * config_.block_size;
+}
+
+int64_t BlockManager::PinnedPrefixTokens(std::span<const int32_t> token_ids) const {
+    if (pins_.empty()) return 0;
+    const PrefixMatch m = MatchPrefix(token_ids);
+    int64_t pinned = 0;
+    for (size_t i = 0; i < m.blocks.size(); ++i) {
+        if (pin_counts_[m.blocks[i]] > 0) pinned = static_cast<int64_t>(i + 1);
+    }
+    return pinned * config_.block_size;
 }
 
 // ---- Decode ----
@@ -266,6 +295,7 @@ BlockId BlockManager::TakeBlock() {
 void BlockManager::AddRef(BlockId b) {
     if (ref_counts_[b] == 0) {
         if (cache_.IsEvictable(b)) cache_.Acquire(b);
+        if (pin_counts_[b] > 0) --num_pinned_idle_blocks_;
         KV_CHECK(!in_free_list_[b]) << "block " << b;
         ++num_used_blocks_;
         stored_tokens_ += block_num_tokens_[b];
@@ -278,7 +308,9 @@ void BlockManager::DropRef(BlockId b) {
     if (--ref_counts_[b] > 0) return;
     --num_used_blocks_;
     stored_tokens_ -= block_num_tokens_[b];
-    if (cache_.IsCached(b)) {
+    if (pin_counts_[b] > 0) {
+        ++num_pinned_idle_blocks_;  // stays out of the LRU list while pinned
+    } else if (cache_.IsCached(b)) {
         cache_.Release(b);
     } else {
         block_num_tokens_[b] = 0;
@@ -288,6 +320,7 @@ void BlockManager::DropRef(BlockId b) {
 }
 
 int64_t BlockManager::DropCachedBlocks() {
+    while (!pins_.empty()) Unpin(pins_.begin()->first);
     int64_t dropped = 0;
     while (cache_.num_evictable() > 0) {
         const BlockId b = cache_.EvictLru();
@@ -297,6 +330,146 @@ int64_t BlockManager::DropCachedBlocks() {
         ++dropped;
     }
     return dropped;
+}
+
+// ---- Pins ----
+
+int64_t BlockManager::SetTime(Clock::time_point now) {
+    if (now > now_) now_ = now;
+    int64_t lapsed = 0;
+    while (!pins_by_expiry_.empty() && pins_by_expiry_.begin()->first <= now_) {
+        Unpin(pins_by_expiry_.begin()->second);
+        ++pins_expired_;
+        ++lapsed;
+    }
+    return lapsed;
+}
+
+PinResult BlockManager::Pin(SeqId seq, int64_t prefix_tokens, Clock::duration ttl) {
+    KV_CHECK(ttl > Clock::duration::zero()) << "seq " << seq;
+    PinResult r;
+    if (!config_.enable_prefix_caching || max_pinned_blocks_ == 0) return r;  // kDisabled
+    if (prefix_tokens < config_.min_pinned_tokens) {
+        r.outcome = PinResult::Outcome::kTooShort;
+        return r;
+    }
+    const Sequence& s = Get(seq);
+    const int64_t bs = config_.block_size;
+    const auto want =
+        std::min({prefix_tokens / bs, static_cast<int64_t>(s.token_ids.size()) / bs,
+                  static_cast<int64_t>(s.chain_content_ids.size())});
+    // The published block of each position of the chain: this sequence's own, or the twin that
+    // was published first.
+    std::vector<BlockId> blocks;
+    blocks.reserve(static_cast<size_t>(std::max<int64_t>(want, 0)));
+    for (int64_t i = 0; i < want; ++i) {
+        const uint64_t content = s.chain_content_ids[static_cast<size_t>(i)];
+        const BlockId own = s.blocks[static_cast<size_t>(i)];
+        if (cache_.IsCached(own) && cache_.ContentId(own) == content) {
+            blocks.push_back(own);
+            continue;
+        }
+        std::span<const int32_t> tokens(s.token_ids.data() + i * bs, static_cast<size_t>(bs));
+        const uint64_t parent = i == 0 ? kRootContentId : s.chain_content_ids[i - 1];
+        std::optional<BlockId> twin = cache_.Find(s.chain_hashes[i], parent, tokens);
+        if (!twin || cache_.ContentId(*twin) != content) break;  // the published twin is gone
+        blocks.push_back(*twin);
+    }
+    if (blocks.empty()) {
+        r.outcome = PinResult::Outcome::kNothingCached;
+        return r;
+    }
+    const auto n = static_cast<int64_t>(blocks.size());
+    const uint64_t key = s.chain_content_ids[static_cast<size_t>(n - 1)];
+    if (auto it = pins_.find(key); it != pins_.end()) {
+        TouchPin(key, std::max(it->second.ttl, ttl));
+        r.outcome = PinResult::Outcome::kRefreshed;
+        r.pinned_tokens = n * bs;
+        return r;
+    }
+    if (n > max_pinned_blocks_) {
+        ++pins_refused_;
+        r.outcome = PinResult::Outcome::kNoRoom;
+        return r;
+    }
+    auto new_blocks = [&] {
+        int64_t k = 0;
+        for (BlockId b : blocks) k += pin_counts_[b] == 0 ? 1 : 0;
+        return k;
+    };
+    // Make room: the least recently used pins lapse first, except the pins of a prefix of this
+    // one (their blocks are this pin's too: letting them lapse frees nothing).
+    std::set<uint64_t> own_prefixes(s.chain_content_ids.begin(),
+                                    s.chain_content_ids.begin() + static_cast<ptrdiff_t>(n));
+    for (auto it = pins_by_use_.begin();
+         num_pinned_blocks_ + new_blocks() > max_pinned_blocks_ && it != pins_by_use_.end();) {
+        const uint64_t victim = it->second;
+        ++it;
+        if (own_prefixes.contains(victim)) continue;
+        Unpin(victim);  // erases only the victim's entry: `it` stays valid
+        ++pins_refused_;
+    }
+    KV_CHECK_LE(num_pinned_blocks_ + new_blocks(), max_pinned_blocks_);
+    for (BlockId b : blocks) PinBlock(b);
+    PinState& p = pins_[key];
+    p.blocks = std::move(blocks);
+    p.ttl = ttl;
+    p.expiry = now_ + ttl;
+    p.last_used = now_;
+    pins_by_expiry_.emplace(p.expiry, key);
+    pins_by_use_.emplace(p.last_used, key);
+    r.outcome = PinResult::Outcome::kPinned;
+    r.pinned_tokens = n * bs;
+    return r;
+}
+
+bool BlockManager::LapseOldestPin() {
+    if (pins_by_use_.empty()) return false;
+    Unpin(pins_by_use_.begin()->second);
+    ++pins_refused_;
+    return true;
+}
+
+void BlockManager::TouchPin(uint64_t key, Clock::duration ttl) {
+    PinState& p = pins_.at(key);
+    pins_by_expiry_.erase({p.expiry, key});
+    pins_by_use_.erase({p.last_used, key});
+    p.ttl = ttl;
+    p.expiry = std::max(p.expiry, now_ + ttl);
+    p.last_used = now_;
+    pins_by_expiry_.emplace(p.expiry, key);
+    pins_by_use_.emplace(p.last_used, key);
+}
+
+void BlockManager::Unpin(uint64_t key) {
+    auto it = pins_.find(key);
+    KV_CHECK(it != pins_.end()) << "pin " << key;
+    PinState p = std::move(it->second);
+    pins_.erase(it);
+    pins_by_expiry_.erase({p.expiry, key});
+    pins_by_use_.erase({p.last_used, key});
+    // Last block first, as Free does: the prefix's first blocks are evicted last.
+    for (auto b = p.blocks.rbegin(); b != p.blocks.rend(); ++b) UnpinBlock(*b);
+}
+
+void BlockManager::PinBlock(BlockId b) {
+    KV_CHECK(cache_.IsCached(b)) << "block " << b;
+    if (pin_counts_[b]++ > 0) return;
+    ++num_pinned_blocks_;
+    if (ref_counts_[b] == 0) {
+        cache_.Acquire(b);  // out of the LRU list
+        ++num_pinned_idle_blocks_;
+    }
+}
+
+void BlockManager::UnpinBlock(BlockId b) {
+    KV_CHECK_GT(pin_counts_[b], 0) << "block " << b;
+    if (--pin_counts_[b] > 0) return;
+    --num_pinned_blocks_;
+    if (ref_counts_[b] == 0) {
+        --num_pinned_idle_blocks_;
+        cache_.Release(b);  // back to LRU, most recently released; still cached
+    }
 }
 
 // ---- Queries ----
@@ -363,6 +536,12 @@ BlockManagerStats BlockManager::Stats() const {
                                       : static_cast<double>(prompt_tokens_from_cache_) /
                                             static_cast<double>(prompt_tokens_);
     st.num_evictions = num_evictions_;
+    st.num_pinned_blocks = num_pinned_blocks_;
+    st.num_pinned_idle_blocks = num_pinned_idle_blocks_;
+    st.num_pins = static_cast<int64_t>(pins_.size());
+    st.pin_hits = pin_hits_;
+    st.pins_expired = pins_expired_;
+    st.pins_refused = pins_refused_;
     return st;
 }
 
@@ -423,6 +602,37 @@ Status BlockManager::CheckInvariants() const {
         }
     }
 
+    // Pins: the counts their block lists give, the orders, the share.
+    std::vector<int32_t> pins_on(static_cast<size_t>(nb), 0);
+    for (const auto& [key, p] : pins_) {
+        if (p.blocks.empty()) return fail("pin " + Str(static_cast<int64_t>(key)) + " is empty");
+        for (BlockId b : p.blocks) {
+            if (b < 0 || b >= nb || !cache_.IsCached(b)) {
+                return fail("pin " + Str(static_cast<int64_t>(key)) + " covers block " + Str(b) +
+                            ", not cached");
+            }
+            ++pins_on[b];
+        }
+        if (cache_.ContentId(p.blocks.back()) != key) return fail("pin key is not its last block");
+        if (!pins_by_expiry_.contains({p.expiry, key}) || !pins_by_use_.contains({p.last_used, key}))
+            return fail("pin missing from its orders");
+    }
+    if (pins_by_expiry_.size() != pins_.size() || pins_by_use_.size() != pins_.size())
+        return fail("pin orders disagree with the pins");
+    int64_t pinned = 0, pinned_idle = 0;
+    for (BlockId b = 0; b < nb; ++b) {
+        if (pins_on[b] != pin_counts_[b]) return fail("block " + Str(b) + " pin count");
+        pinned += pin_counts_[b] > 0;
+        pinned_idle += pin_counts_[b] > 0 && ref_counts_[b] == 0;
+    }
+    if (pinned != num_pinned_blocks_ || pinned_idle != num_pinned_idle_blocks_)
+        return fail("pinned block counts " + Str(num_pinned_blocks_) + "/" +
+                    Str(num_pinned_idle_blocks_) + ", blocks say " + Str(pinned) + "/" +
+                    Str(pinned_idle));
+    if (pinned > max_pinned_blocks_)
+        return fail(Str(pinned) + " pinned blocks, more than the share of " +
+                    Str(max_pinned_blocks_));
+
     int64_t used = 0, free = 0, evictable = 0, stored = 0;
     for (BlockId b = 0; b < nb; ++b) {
         const std::string what = "block " + Str(b);
@@ -433,10 +643,11 @@ Status BlockManager::CheckInvariants() const {
         const bool is_used = ref_counts_[b] > 0;
         const bool is_free = in_free_list_[b] != 0;
         const bool is_evictable = cache_.IsEvictable(b);
-        if (is_used + is_free + is_evictable != 1) {
-            return fail(what + " is in " + Str(is_used + is_free + is_evictable) +
+        const bool is_pinned = !is_used && pin_counts_[b] > 0;
+        if (is_used + is_free + is_evictable + is_pinned != 1) {
+            return fail(what + " is in " + Str(is_used + is_free + is_evictable + is_pinned) +
                         " states (used " + Str(is_used) + ", free " + Str(is_free) + ", cached " +
-                        Str(is_evictable) + ")");
+                        Str(is_evictable) + ", pinned " + Str(is_pinned) + ")");
         }
         if (is_evictable && !cache_.IsCached(b)) return fail(what + " evictable but not cached");
         if (is_free && cache_.IsCached(b)) return fail(what + " free but cached");
@@ -464,7 +675,8 @@ Status BlockManager::CheckInvariants() const {
         evictable != static_cast<int64_t>(cache_.EvictionOrder().size())) {  // walks the list
         return fail("evictable count mismatch");
     }
-    if (used + free + evictable != nb) return fail("free + used + cached != num_blocks");
+    if (used + free + evictable + pinned_idle != nb)
+        return fail("free + used + pinned + cached != num_blocks");
     if (stored != stored_tokens_) {
         return fail("stored tokens " + Str(stored_tokens_) + ", blocks say " + Str(stored));
     }

@@ -4,12 +4,22 @@
 // a common prompt prefix (PrefixCache). It never touches device memory: the worker's KV pool holds
 // the bytes, and the ids and copy ops this class returns travel in the StepPlan.
 //
-// A block is in exactly one of three states:
+// A block is in exactly one of four states:
 //   used    referenced by at least one sequence (ref count > 0);
+//   pinned  unreferenced, published in the prefix cache and covered by a pin (not evictable);
 //   cached  unreferenced, but its full block of tokens is in the prefix cache (evictable, LRU);
 //   free    unreferenced and holding nothing worth keeping.
-// free + used + cached == num_blocks at all times. A block is taken from the free list first, and
-// only when that is empty is the least recently released cached block evicted.
+// free + used + pinned + cached == num_blocks at all times. A block is taken from the free list
+// first, and only when that is empty is the least recently released cached block evicted.
+//
+// Pins (prompt caching, docs/prompt-caching.md): Pin(seq, prefix_tokens, ttl) keeps the published
+// full blocks of a sequence's first prefix_tokens tokens out of LRU eviction until ttl after the
+// last write (Pin) or read (an Allocate whose prefix hit covers the pin). Time is what SetTime was
+// last given (the engine's clock); SetTime lets pins past their TTL lapse: their blocks go back to
+// the LRU list, most recently released, still cached. The blocks covered by pins (referenced or
+// not) never exceed max_pinned_fraction of the pool: a new pin past it makes the least recently
+// used pins lapse first, and a pin longer than the whole share is refused. Prefixes shorter than
+// min_pinned_tokens are not pinned.
 //
 // The calls: query, then commit (the query is const; the commit REQUIRES that the query said yes):
 //   CanAllocate(request)  -> Allocate(request)       admit a prompt; returns tokens served from
@@ -31,10 +41,13 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "kv/kv_types.h"
 #include "kv/prefix_cache.h"
@@ -48,6 +61,10 @@ struct BlockManagerConfig {
     // can grow for a while before anyone must be preempted. [0, 1).
     double watermark = 0.01;
     bool enable_prefix_caching = true;
+    // Pins: the most of the pool that pinned blocks may cover, [0, 1] (0: no pins), and the
+    // shortest prefix (in tokens) that is pinned.
+    double max_pinned_fraction = 0.5;
+    int64_t min_pinned_tokens = 1024;
 
     // Names the bad field and its value.
     Status Validate() const;
@@ -83,6 +100,21 @@ struct BlockManagerStats {
     int64_t prompt_tokens_from_cache = 0;
     double hit_rate = 0.0;  // prompt_tokens_from_cache / prompt_tokens
     int64_t num_evictions = 0;
+    // Pins.
+    int64_t num_pinned_blocks = 0;       // covered by a pin, referenced or not
+    int64_t num_pinned_idle_blocks = 0;  // covered by a pin and unreferenced (state "pinned")
+    int64_t num_pins = 0;
+    int64_t pin_hits = 0;       // Allocate calls whose prefix hit read a pinned block
+    int64_t pins_expired = 0;   // pins that lapsed at their TTL
+    int64_t pins_refused = 0;   // pins not made, or lapsed before their TTL, for lack of room
+};
+
+// What Pin did: the prompt tokens now covered by the pin (a multiple of block_size; 0 when no pin
+// was made), and why not when none was.
+struct PinResult {
+    enum class Outcome { kPinned, kRefreshed, kTooShort, kNothingCached, kNoRoom, kDisabled };
+    Outcome outcome = Outcome::kDisabled;
+    int64_t pinned_tokens = 0;
 };
 
 class BlockManager {
@@ -106,6 +138,9 @@ class BlockManager {
     // The number of tokens of `token_ids` Allocate would serve from the cache now (the router asks
     // this of each instance). Allocates nothing.
     int64_t CachedPrefixTokens(std::span<const int32_t> token_ids) const;
+    // The tokens of `token_ids` that a prefix hit would read from pinned blocks now (the router
+    // prefers the instance holding a request's pins). Allocates nothing.
+    int64_t PinnedPrefixTokens(std::span<const int32_t> token_ids) const;
 
     // ---- Decode ----
 
@@ -151,7 +186,28 @@ class BlockManager {
     // Forgets every cached block that no sequence references (they become free) and returns how
     // many. For when the KV those blocks held is gone, e.g. the workers were restarted with
     // empty pools. Referenced blocks, and the cache entries of referenced blocks, stay.
+    // Pins are dropped first (their KV is gone too), without counting as expired or refused.
     int64_t DropCachedBlocks();
+
+    // ---- Pins ----
+
+    // Moves the manager's time to `now` (never back) and lets every pin whose TTL has passed
+    // lapse. Returns how many lapsed.
+    int64_t SetTime(Clock::time_point now);
+    Clock::time_point now() const { return now_; }
+    // Pins the published full blocks of the first `prefix_tokens` tokens of `seq` (a block whose
+    // KV was computed twice pins the published twin; the pin stops where the published chain
+    // does) until `ttl` after now, or refreshes the pin of that same prefix. Makes room by letting
+    // the least recently used other pins lapse (counted as refused); refused when the prefix alone
+    // exceeds the pinned share. REQUIRES: HasSequence(seq), ttl > 0.
+    PinResult Pin(SeqId seq, int64_t prefix_tokens, Clock::duration ttl);
+    // Lets the least recently used pin lapse (counted as refused): when the pinned blocks are all
+    // that keep work from running (nothing else would ever free a block). False when none.
+    bool LapseOldestPin();
+    int64_t max_pinned_blocks() const { return max_pinned_blocks_; }
+    int64_t num_pinned_blocks() const { return num_pinned_blocks_; }
+    int64_t num_pins() const { return static_cast<int64_t>(pins_.size()); }
+    int64_t PinCount(BlockId block) const { return pin_counts_[block]; }
 
     // ---- Queries ----
 
@@ -205,7 +261,22 @@ class BlockManager {
         int64_t num_cached_unreferenced = 0;  // hits on blocks no sequence references
     };
 
+    // A pin: the blocks of one prefix (in order), keyed by the content id of its last block.
+    struct PinState {
+        std::vector<BlockId> blocks;
+        Clock::duration ttl{};
+        Clock::time_point expiry{};
+        Clock::time_point last_used{};
+    };
+    using PinOrder = std::set<std::pair<Clock::time_point, uint64_t>>;  // (time, key)
+
     PrefixMatch MatchPrefix(std::span<const int32_t> token_ids) const;
+    // The pin `key` is read or written now: its TTL starts again.
+    void TouchPin(uint64_t key, Clock::duration ttl);
+    // Removes pin `key`; its blocks no other pin covers become cached (evictable) if unreferenced.
+    void Unpin(uint64_t key);
+    void PinBlock(BlockId block);
+    void UnpinBlock(BlockId block);
     int64_t NumNewBlocksToAppend(const Sequence& s, int64_t num_tokens) const;
     bool NeedsBlockForNextToken(const Sequence& s) const;
     // Takes a block from the free list, else evicts the least recently released cached block.
@@ -229,6 +300,18 @@ class BlockManager {
     int64_t prompt_tokens_ = 0;
     int64_t prompt_tokens_from_cache_ = 0;
     int64_t num_evictions_ = 0;
+    // Pins.
+    int64_t max_pinned_blocks_ = 0;
+    Clock::time_point now_{};
+    std::vector<int32_t> pin_counts_;  // by block id: pins covering it
+    std::unordered_map<uint64_t, PinState> pins_;
+    PinOrder pins_by_expiry_;
+    PinOrder pins_by_use_;
+    int64_t num_pinned_blocks_ = 0;       // pin count > 0
+    int64_t num_pinned_idle_blocks_ = 0;  // pin count > 0 and unreferenced
+    int64_t pin_hits_ = 0;
+    int64_t pins_expired_ = 0;
+    int64_t pins_refused_ = 0;
 };
 
 }  // namespace kvshard::kv
