@@ -1,7 +1,10 @@
 #include "comm/kv_staging.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
+
+#include "comm/shm_region.h"
 
 namespace kvshard::internal {
 
@@ -40,6 +43,12 @@ Status ValidateKvTransportOptions(const KvTransportOptions& options) {
     if (options.token.size() > kMaxKvTokenBytes) {
         return InvalidArgument("token of " + std::to_string(options.token.size()) +
                                " bytes exceeds " + std::to_string(kMaxKvTokenBytes));
+    }
+    if (options.shm_region_bytes < kMinKvShmRegionBytes ||
+        options.shm_region_bytes > kMaxKvShmRegionBytes) {
+        return InvalidArgument("shm_region_bytes=" + std::to_string(options.shm_region_bytes) +
+                               " outside [" + std::to_string(kMinKvShmRegionBytes) + ", " +
+                               std::to_string(kMaxKvShmRegionBytes) + "]");
     }
     if (options.stale_after_ms <= 0) {
         return InvalidArgument("stale_after_ms=" + std::to_string(options.stale_after_ms) +
@@ -154,7 +163,54 @@ Status KvStaging::Commit(KvPiece piece) {
 
 Status KvStaging::StageCopy(const KvPiece& piece) {
     KV_RETURN_IF_ERROR(Reserve(piece.header));
-    return Commit(piece);
+    KvPiece copy;
+    copy.header = piece.header;
+    std::optional<std::vector<uint8_t>> pooled = TakePooledBuffer(piece.data.size());
+    if (pooled.has_value()) {
+        copy.data = std::move(*pooled);
+        if (!piece.data.empty())
+            std::memcpy(copy.data.data(), piece.data.data(), piece.data.size());
+    } else {
+        copy.data.assign(piece.data.begin(), piece.data.end());
+    }
+    return Commit(std::move(copy));
+}
+
+std::optional<std::vector<uint8_t>> KvStaging::TakePooledBuffer(size_t bytes) {
+    std::vector<uint8_t> out;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = pool_.lower_bound(bytes);
+        if (it == pool_.end()) return std::nullopt;
+        out = std::move(it->second);
+        pooled_bytes_ -= static_cast<int64_t>(it->first);
+        pool_.erase(it);
+    }
+    out.resize(bytes);  // within capacity: no allocation; zero-fills only what it never held
+    return out;
+}
+
+void KvStaging::Recycle(std::vector<KvPiece> pieces) {
+    std::vector<std::vector<uint8_t>> evicted;  // freed outside the lock
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t max_bytes = std::min(kMaxPooledBytes, MaxBytesLocked());
+    for (KvPiece& piece : pieces) {
+        const size_t capacity = piece.data.capacity();
+        if (capacity == 0 || static_cast<int64_t>(capacity) > max_bytes) continue;
+        pooled_bytes_ += static_cast<int64_t>(capacity);
+        pool_.emplace(capacity, std::move(piece.data));
+        // Over a limit: the smallest go first (a large buffer serves small pieces too).
+        while (!pool_.empty() && (pool_.size() > kMaxPooledBuffers || pooled_bytes_ > max_bytes)) {
+            pooled_bytes_ -= static_cast<int64_t>(pool_.begin()->first);
+            evicted.push_back(std::move(pool_.begin()->second));
+            pool_.erase(pool_.begin());
+        }
+    }
+}
+
+int64_t KvStaging::pooled_bytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pooled_bytes_;
 }
 
 Status KvStaging::SetGeometry(const KvReceiveGeometry& geometry) {

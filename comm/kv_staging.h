@@ -27,6 +27,10 @@ namespace kvshard::internal {
 // the network before its payload is allocated (kv_transport.cc).
 Status ValidateKvPieceHeader(const KvPieceHeader& header);
 
+// The buffer pool of a staging keeps at most this many buffers and bytes.
+inline constexpr size_t kMaxPooledBuffers = 16;
+inline constexpr int64_t kMaxPooledBytes = int64_t{512} << 20;
+
 // KvTransportOptions::token is at most this long (it travels in the TCP handshake).
 inline constexpr size_t kMaxKvTokenBytes = 256;
 
@@ -58,8 +62,17 @@ class KvStaging {
     // heads are already staged for the transfer (a resend) is dropped and reported OK, so that a
     // sender may retry. Aborted when the transfer was discarded meanwhile.
     Status Commit(KvPiece piece);
-    // Reserve + Commit of a copy of `piece`.
+    // Reserve + Commit of a copy of `piece` (into a pooled buffer when one is big enough).
     Status StageCopy(const KvPiece& piece);
+
+    // The buffer pool (KvTransport::Recycle): a buffer of capacity >= `bytes`, resized to
+    // `bytes` (pages already touched, nothing zero-filled when it held as much before), or
+    // nullopt when the pool has none. Pooled capacity is bounded (kMaxPooledBuffers buffers,
+    // and no more bytes than the staging limit or kMaxPooledBytes, the largest kept).
+    std::optional<std::vector<uint8_t>> TakePooledBuffer(size_t bytes);
+    // Gives the buffers of received pieces back to the pool (what does not fit is freed).
+    void Recycle(std::vector<KvPiece> pieces);
+    int64_t pooled_bytes() const;  // capacity held by the pool (tests)
 
     // KvTransport::SetReceiveGeometry: from now on pieces must fit `geometry`, and the limits
     // are at most the pool's (bytes: KvReceiveGeometryBytes; transfers: its blocks).
@@ -108,6 +121,9 @@ class KvStaging {
     // Discarded or stale transfer ids, oldest first, bounded in count and age (guarded by mu_).
     std::deque<std::pair<uint64_t, Clock::time_point>> discarded_order_;
     std::unordered_set<uint64_t> discarded_;
+    // Idle piece buffers by capacity (guarded by mu_), and their total capacity.
+    std::multimap<size_t, std::vector<uint8_t>> pool_;
+    int64_t pooled_bytes_ = 0;  // guarded by mu_
     bool closed_ = false;                        // guarded by mu_
     std::optional<KvReceiveGeometry> geometry_;  // guarded by mu_
     int64_t geometry_bytes_ = 0;                 // guarded by mu_: KvReceiveGeometryBytes

@@ -9,8 +9,11 @@
 // never waits for the sender's step either, only for bytes already on their way.
 //
 // Implementations: LocalKvTransport (ranks of this process: one memcpy into the receiver's
-// staging) and TcpKvTransport (worker processes: Boost.Asio, one listening port per rank). GPUs:
-// comm/nccl_kv_transport.h (ncclSend/ncclRecv between paired ranks).
+// staging) and TcpKvTransport (worker processes: Boost.Asio, one listening port per rank; between
+// processes of one host the payloads go through a shared-memory region named over the TCP
+// session, comm/shm_region.h). GPUs: comm/nccl_kv_transport.h (ncclSend/ncclRecv between paired
+// ranks). Staging buffers are pooled: a receiver that gives its received pieces back (Recycle)
+// has later pieces land in memory that is already mapped, with no allocation per piece.
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once
@@ -107,6 +110,15 @@ struct KvTransportOptions {
     int64_t idle_timeout_ms = 600'000;
     // TCP only. Accepted connections at once at most; more are closed as they arrive.
     int64_t max_connections = 1'024;
+    // TCP only. Between processes of one host (the receiver's boot id, sent in the handshake,
+    // equals the sender's, and the receiver can open the sender's /dev/shm object), payloads go
+    // through a shared-memory region of shm_region_bytes per connection instead of the socket;
+    // otherwise, or when false on either side, over the socket. Set false where the peers share a
+    // kernel but must not share memory.
+    bool shared_memory = true;
+    // TCP only. The sender's region per destination, in [64 KiB, 256 MiB]: split in 4 slots that
+    // the sender fills while the receiver copies out the previous ones.
+    int64_t shm_region_bytes = int64_t{16} << 20;
 };
 
 class KvTransport {
@@ -138,6 +150,11 @@ class KvTransport {
     // Drops whatever is staged for `transfer_id`, and pieces of it that arrive later.
     virtual void Discard(uint64_t transfer_id) = 0;
 
+    // Gives the buffers of pieces that Receive returned back to this transport, to stage later
+    // pieces in (bounded pool; see KvStaging). Optional: pieces simply dropped are freed. The
+    // default frees them.
+    virtual void Recycle(std::vector<KvPiece> pieces) { (void)pieces; }
+
     // Bytes currently staged (for tests and metrics).
     virtual int64_t staged_bytes() const = 0;
     // Bytes reserved for pieces still arriving (TCP: a header was accepted, its payload is being
@@ -163,8 +180,14 @@ Result<std::unique_ptr<KvTransport>> MakeLocalKvTransport(const std::string& nam
 // Each connection opens with a handshake (magic "KVSH", a version, options.token) that the
 // receiver acknowledges; before the pieces of a transfer the sender names the transfer ("KVST");
 // a piece travels as one frame: magic "KVSP", a version, the header fields, the payload length
-// and a CRC-32 of the payload; the receiver answers each with an acknowledgement frame carrying
-// its status. A malformed frame, a wrong token, a piece of a transfer not named on that
+// and an XXH3-64 hash of the payload; the receiver answers each with an acknowledgement frame
+// carrying its status. Same host (options.shared_memory): the handshake's answer carries the
+// receiver's boot id; when it is the sender's, the sender offers a shared-memory region by name
+// and size ("KVSM"), the receiver opens it read-only (refusing a claim over the agreed maximum or
+// other than the object's real size) and the name is unlinked; pieces' payloads then go through
+// it in chunks ("KVSC", each with its own hash), each credited back ("KVSF") once copied out, so
+// that the sender never overwrites what the receiver still reads. A receiver that cannot open the
+// region (another /dev/shm) refuses the offer and the connection carries payloads itself. A malformed frame, a wrong token, a piece of a transfer not named on that
 // connection, a piece that does not fit the receive geometry, or a connection stalled
 // mid-frame past read_timeout_ms closes that connection (never crashes). Sends to one
 // destination are serialized; a Send that misses its deadline closes that connection.

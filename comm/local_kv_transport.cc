@@ -1,5 +1,6 @@
 // LocalKvTransport: ranks of this process. A process-wide registry maps names to the staging of
-// each live transport; Send copies the piece straight into the destination's staging.
+// each live transport; Send copies the piece straight into the destination's staging (a pooled
+// buffer once the receiver recycles what it received: one memcpy, no allocation).
 //
 // The registry holds the staging by shared_ptr, so a Send that looked a destination up just
 // before that transport was destroyed still writes into valid memory: the staging is closed
@@ -88,6 +89,8 @@ class LocalKvTransport final : public KvTransport {
     }
 
     void Discard(uint64_t transfer_id) override { staging_->Discard(transfer_id); }
+
+    void Recycle(std::vector<KvPiece> pieces) override { staging_->Recycle(std::move(pieces)); }
 
     int64_t staged_bytes() const override { return staging_->staged_bytes(); }
 

@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include <xxhash.h>
+
+#include "comm/shm_region.h"
 #include "comm/tcp_kv_wire.h"
 #include "common/logging.h"
 
@@ -25,7 +28,8 @@ using tcp = asio::ip::tcp;
 // Refused payloads are read off the socket in chunks of this size (never allocated whole).
 constexpr size_t kDrainChunkBytes = 64 * 1024;
 // Accepted payloads are read in chunks of this size, so that the memory a piece takes grows with
-// the bytes that arrived, not with what its header claims.
+// the bytes that arrived, not with what its header claims (unless a pooled buffer, memory this
+// side already holds, takes the whole piece); each chunk is hashed while it is in cache.
 constexpr size_t kPayloadChunkBytes = 1 << 20;
 
 }  // namespace
@@ -77,7 +81,7 @@ class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
             [self = shared_from_this(), generation, why](const boost::system::error_code& ec) {
                 if (ec || generation != self->timer_generation_) return;
                 self->End(std::string(why) + " (" +
-                          std::to_string(self->reserved_ ? self->piece_.data.size() : 0) +
+                          std::to_string(self->reserved_ ? self->have_ : 0) +
                           " payload bytes in)");
             });
     }
@@ -109,7 +113,9 @@ class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
             return Refuse(0, InvalidArgument("KV transport: the hello's token is not this "
                                              "deployment's"));
         }
-        WriteAck(0, Status::Ok(), /*then_close=*/false);
+        // The boot id tells the sender whether a shared-memory region could reach this side.
+        WriteAck(0, Status(StatusCode::kOk, options_->shared_memory ? KvHostBootId() : ""),
+                 /*then_close=*/false);
     }
 
     // Between frames: the connection holds nothing, so it may idle for idle_timeout_ms.
@@ -137,10 +143,16 @@ class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
                                  return self->End("closed mid-header after " + std::to_string(n) +
                                                   " bytes: " + ec.message());
                              }
-                             if (kind == KvFrameKind::kTransfer) {
-                                 self->OnTransferFrame();
-                             } else {
-                                 self->OnPieceHeader();
+                             switch (kind) {
+                                 case KvFrameKind::kTransfer:
+                                     return self->OnTransferFrame();
+                                 case KvFrameKind::kPiece:
+                                     return self->OnPieceHeader();
+                                 case KvFrameKind::kOffer:
+                                     return self->OnOfferHeader();
+                                 case KvFrameKind::kChunk:
+                                     // Chunks belong to a piece; between pieces one is garbage.
+                                     return self->End("malformed KV frame: a chunk outside a piece");
                              }
                          });
     }
@@ -167,6 +179,11 @@ class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
                 id, Status(StatusCode::kNotFound, "KV piece of transfer " + std::to_string(id) +
                                                       ", which this connection did not name"));
         }
+        if (decoded_.in_region && !region_.valid()) {
+            return Refuse(id, InvalidArgument("KV piece through a shared-memory region, but this "
+                                              "connection has none"));
+        }
+        have_ = 0;
         Status admitted = staging_->Reserve(decoded_.header);
         if (admitted.code() == StatusCode::kInvalidArgument) {
             // Does not fit this pool: a sender that means well never sends it.
@@ -176,39 +193,154 @@ class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
             // A verdict on the transfer (full, discarded): the stream stays in step, so read the
             // payload off without keeping it, then answer.
             refusal_ = std::move(admitted);
+            if (decoded_.in_region) {
+                discarding_ = true;
+                return ReadChunk();
+            }
             drain_left_ = decoded_.payload_bytes;
             scratch_.resize(std::min<uint64_t>(drain_left_, kDrainChunkBytes));
             return Drain();
         }
         reserved_ = true;
+        discarding_ = false;
         piece_ = KvPiece();
         piece_.header = decoded_.header;
-        // Capacity only (address space; pages are touched as bytes arrive), bounded by Reserve.
-        piece_.data.reserve(static_cast<size_t>(decoded_.payload_bytes));
+        std::optional<std::vector<uint8_t>> pooled =
+            staging_->TakePooledBuffer(static_cast<size_t>(decoded_.payload_bytes));
+        if (pooled.has_value()) {
+            piece_.data = std::move(*pooled);
+        } else {
+            // Capacity only (address space; pages are touched as bytes arrive), bounded by
+            // Reserve.
+            piece_.data.reserve(static_cast<size_t>(decoded_.payload_bytes));
+        }
+        if (decoded_.in_region) return ReadChunk();
+        XXH3_64bits_reset(hash_.get());
         ReadPayload();
     }
 
+    // Makes room for `n` more payload bytes at have_ (a pooled buffer has it already).
+    uint8_t* PayloadAt(size_t n) {
+        if (piece_.data.size() < have_ + n) piece_.data.resize(have_ + n);
+        return piece_.data.data() + have_;
+    }
+
     void ReadPayload() {
-        const size_t have = piece_.data.size();
         const size_t total = static_cast<size_t>(decoded_.payload_bytes);
-        if (have == total) return OnPayload();
-        const size_t chunk = std::min(total - have, kPayloadChunkBytes);
-        piece_.data.resize(have + chunk);
+        if (have_ == total) return OnPayload(XXH3_64bits_digest(hash_.get()));
+        const size_t chunk = std::min(total - have_, kPayloadChunkBytes);
+        uint8_t* at = PayloadAt(chunk);
         asio::async_read(
-            socket_, asio::buffer(piece_.data.data() + have, chunk),
-            [self = shared_from_this(), have](const boost::system::error_code& ec, size_t n) {
+            socket_, asio::buffer(at, chunk),
+            [self = shared_from_this(), at](const boost::system::error_code& ec, size_t n) {
                 if (ec) {
-                    return self->End("closed mid-payload after " + std::to_string(have + n) +
+                    return self->End("closed mid-payload after " + std::to_string(self->have_ + n) +
                                      " of " + std::to_string(self->decoded_.payload_bytes) +
                                      " bytes: " + ec.message());
                 }
+                XXH3_64bits_update(self->hash_.get(), at, n);
+                self->have_ += n;
                 self->ReadPayload();
             });
     }
 
-    void OnPayload() {
-        if (KvPayloadCrc(piece_.data) != decoded_.payload_crc) {
-            return End("malformed KV frame: payload CRC mismatch (transfer " +
+    // A piece through the region: chunk frames until the payload is complete. Each chunk is
+    // checked against the piece (no more than its payload) and the region (inside its announced
+    // size), copied out with one pread, hashed while in cache, and credited, so the sender may
+    // overwrite it; the last one is answered by the piece's acknowledgement. A refused piece's
+    // chunks are credited without being read.
+    void ReadChunk() {
+        asio::async_read(socket_, asio::buffer(chunk_frame_),
+                         [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                             if (ec) return self->End("closed mid-piece: " + ec.message());
+                             self->OnChunk();
+                         });
+    }
+
+    void OnChunk() {
+        Result<KvChunk> chunk = DecodeKvChunkFrame(chunk_frame_);
+        if (!chunk.ok()) return End("malformed KV chunk frame: " + chunk.status().ToString());
+        const uint64_t total = decoded_.payload_bytes;
+        if (chunk->bytes > total - have_) {
+            return End("malformed KV chunk frame: " + std::to_string(chunk->bytes) +
+                       " bytes where the piece has " + std::to_string(total - have_) + " left");
+        }
+        if (chunk->region_offset > static_cast<uint64_t>(region_.bytes()) ||
+            chunk->bytes > static_cast<uint64_t>(region_.bytes()) - chunk->region_offset) {
+            return End("malformed KV chunk frame: bytes [" + std::to_string(chunk->region_offset) +
+                       ", +" + std::to_string(chunk->bytes) + ") outside the region of " +
+                       std::to_string(region_.bytes()));
+        }
+        const auto n = static_cast<size_t>(chunk->bytes);
+        if (!discarding_) {
+            uint8_t* at = PayloadAt(n);
+            Status read = region_.Read(static_cast<int64_t>(chunk->region_offset),
+                                       static_cast<int64_t>(n), at);
+            if (!read.ok()) return End(read.ToString());
+            if (XXH3_64bits(at, n) != chunk->hash) {
+                return End("malformed KV chunk frame: hash mismatch (transfer " +
+                           std::to_string(decoded_.header.transfer_id) + ")");
+            }
+        }
+        have_ += n;
+        if (have_ < total) {
+            credit_ = EncodeKvCreditFrame(chunk->region_offset);
+            asio::async_write(socket_, asio::buffer(credit_),
+                              [self = shared_from_this()](const boost::system::error_code& ec,
+                                                          size_t) {
+                                  if (ec) return self->End("credit not written: " + ec.message());
+                                  self->ReadChunk();
+                              });
+            return;
+        }
+        if (discarding_) {
+            discarding_ = false;
+            return WriteAck(decoded_.header.transfer_id, refusal_, /*then_close=*/false);
+        }
+        OnPayload(std::nullopt);
+    }
+
+    // An offer of a shared-memory region: its name follows the fixed header.
+    void OnOfferHeader() {
+        std::array<uint8_t, kKvOfferFrameHeaderBytes> bytes{};
+        std::copy_n(frame_.begin(), bytes.size(), bytes.begin());
+        Result<DecodedKvOfferHeader> offer = DecodeKvOfferFrameHeader(bytes);
+        if (!offer.ok()) return Refuse(0, offer.status());
+        offer_ = *offer;
+        token_.assign(offer_.name_bytes, '\0');  // the hello's buffer, free since then
+        asio::async_read(socket_, asio::buffer(token_),
+                         [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                             if (ec) return self->End("closed during an offer: " + ec.message());
+                             self->OnOffer();
+                         });
+    }
+
+    void OnOffer() {
+        const std::string name = std::move(token_);
+        token_.clear();
+        if (!options_->shared_memory || KvHostBootId().empty()) {
+            return WriteAck(0, Unimplemented("KV transport: shared memory is off at this receiver"),
+                            /*then_close=*/false);
+        }
+        Result<KvShmReceiverRegion> region =
+            KvShmReceiverRegion::Open(name, static_cast<int64_t>(offer_.region_bytes));
+        if (!region.ok()) {
+            // A claim outside the agreement is a protocol violation; a region this side cannot
+            // open (another /dev/shm) just means the socket carries the payloads.
+            if (region.status().code() == StatusCode::kInvalidArgument) {
+                return Refuse(0, region.status());
+            }
+            return WriteAck(0, region.status(), /*then_close=*/false);
+        }
+        region_ = std::move(*region);
+        WriteAck(0, Status::Ok(), /*then_close=*/false);
+    }
+
+    // `hash`: of the payload read off the socket (checked against the header's); none for a
+    // piece through the region (each chunk was checked).
+    void OnPayload(std::optional<uint64_t> hash) {
+        if (hash.has_value() && *hash != decoded_.payload_hash) {
+            return End("malformed KV frame: payload hash mismatch (transfer " +
                        std::to_string(decoded_.header.transfer_id) + ")");
         }
         reserved_ = false;  // Commit takes the reservation over, whatever it answers
@@ -263,6 +395,7 @@ class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
             reserved_ = false;
         }
         piece_ = KvPiece();
+        region_ = KvShmReceiverRegion();
         std::vector<uint8_t>().swap(scratch_);
         if (!why.empty()) spdlog::warn("KV transport: connection from {} closed: {}", peer_, why);
         Close();
@@ -281,9 +414,18 @@ class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
     std::string token_;
     // The transfer this connection named last (its pieces are the only ones accepted).
     std::optional<uint64_t> transfer_id_;
-    KvPieceFrameHeader frame_{};  // also holds a transfer frame
+    KvPieceFrameHeader frame_{};  // also holds a transfer or offer frame's header
     DecodedKvPieceFrame decoded_;
     KvPiece piece_;
+    size_t have_ = 0;            // payload bytes of piece_ arrived
+    // Of the payload read off the socket so far (libxxhash's opaque streaming state).
+    std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> hash_{XXH3_createState(),
+                                                                          XXH3_freeState};
+    bool discarding_ = false;    // a refused region piece: its chunks are credited unread
+    DecodedKvOfferHeader offer_;
+    KvShmReceiverRegion region_;  // the region this connection's sender offered, if any
+    KvChunkFrame chunk_frame_{};
+    KvCreditFrame credit_{};
     bool reserved_ = false;  // staging holds a reservation for decoded_.header
     Status refusal_;
     uint64_t drain_left_ = 0;

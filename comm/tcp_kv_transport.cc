@@ -2,22 +2,31 @@
 // (Boost.Asio) whose connections (comm/tcp_kv_session.h) read piece frames, stage them and answer
 // each with an acknowledgement; senders keep one connection per destination and wait for the
 // acknowledgement, so Send's status is the receiver's verdict (staged, refused as full,
-// discarded) or a transport error. Frame layout: comm/tcp_kv_wire.h and docs/comm.md.
+// discarded) or a transport error. Frame layout: comm/tcp_kv_wire.h and docs/comm.md. Between
+// processes of one host the payloads go through a shared-memory region per connection
+// (comm/shm_region.h), a ring of slots the sender fills while the receiver copies the previous
+// ones out; the socket then carries only headers, chunk frames and credits.
 // Boost 1.74's asio/awaitable.hpp uses std::exchange without including <utility>.
 // clang-format off
 #include <utility>
 #include <boost/asio.hpp>
 // clang-format on
+#include <algorithm>
 #include <array>
 #include <charconv>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
 
+#include <cstring>
+#include <deque>
+
 #include "comm/kv_staging.h"
 #include "comm/kv_transport.h"
+#include "comm/shm_region.h"
 #include "comm/tcp_kv_session.h"
 #include "comm/tcp_kv_wire.h"
 #include "comm/tcp_listen.h"
@@ -35,6 +44,12 @@ using internal::KvStaging;
 // After a failed accept (e.g. out of file descriptors), wait this long before the next, rather
 // than spinning on the error.
 constexpr int64_t kAcceptRetryMs = 100;
+// A region is this many slots; a piece goes in chunks of at most one slot, at least
+// kMinChunkBytes, and about kChunksPerPiece of them for a piece smaller than the region, so that
+// even a small piece's copies into and out of the region overlap.
+constexpr int64_t kRegionSlots = 4;
+constexpr int64_t kMinChunkBytes = 64 << 10;
+constexpr int64_t kChunksPerPiece = 8;
 
 struct HostPort {
     std::string host;
@@ -89,6 +104,10 @@ struct Peer {
     tcp::socket socket{io};
     // The transfer this connection named last (guarded by mu; reset with the connection).
     std::optional<uint64_t> named_transfer;
+    // The shared-memory region the receiver accepted on this connection (guarded by mu; dropped
+    // with the connection), and whether it refused one before (then none is offered again).
+    internal::KvShmSenderRegion region;
+    bool region_refused = false;
 };
 
 class TcpKvTransport final : public KvTransport {
@@ -136,19 +155,18 @@ class TcpKvTransport final : public KvTransport {
                           "KV send to " + dst_endpoint + ": deadline passed before it began");
         }
         std::shared_ptr<Peer> peer = FindPeer(dst_endpoint, std::move(address));
-        const internal::KvPieceFrameHeader header = internal::EncodeKvPieceFrameHeader(
-            piece.header, piece.data.size(), internal::KvPayloadCrc(piece.data));
         std::lock_guard<std::mutex> lock(peer->mu);
         bool reused = peer->socket.is_open();
         if (reused && LooksClosed(*peer)) {
             CloseSocket(*peer);
             reused = false;
         }
-        Attempt attempt = SendOnce(*peer, dst_endpoint, header, piece, deadline);
+        std::optional<uint64_t> hash;  // of the payload, once a socket-borne attempt needs it
+        Attempt attempt = SendOnce(*peer, dst_endpoint, piece, &hash, deadline);
         if (attempt.connection_failed && reused) {
             // The cached connection died while idle (e.g. the receiver restarted): one fresh
             // try. A resend of a piece that was staged after all is dropped as a duplicate.
-            attempt = SendOnce(*peer, dst_endpoint, header, piece, deadline);
+            attempt = SendOnce(*peer, dst_endpoint, piece, &hash, deadline);
         }
         return attempt.status;
     }
@@ -159,6 +177,8 @@ class TcpKvTransport final : public KvTransport {
     }
 
     void Discard(uint64_t transfer_id) override { staging_->Discard(transfer_id); }
+
+    void Recycle(std::vector<KvPiece> pieces) override { staging_->Recycle(std::move(pieces)); }
 
     int64_t staged_bytes() const override { return staging_->staged_bytes(); }
 
@@ -216,6 +236,7 @@ class TcpKvTransport final : public KvTransport {
 
     static void CloseSocket(Peer& peer) {
         peer.named_transfer.reset();
+        peer.region = internal::KvShmSenderRegion();  // the receiver's descriptor outlives it
         boost::system::error_code ignored;
         peer.socket.shutdown(tcp::socket::shutdown_both, ignored);
         peer.socket.close(ignored);
@@ -268,34 +289,204 @@ class TcpKvTransport final : public KvTransport {
         boost::system::error_code ignored;
         peer.socket.set_option(tcp::no_delay(true), ignored);
         const std::string hello = internal::EncodeKvHello(options_.token);
-        Attempt greeted =
-            Exchange(peer, {asio::buffer(hello)}, 0, "KV handshake with " + dst, deadline);
-        return greeted.status;
+        std::string boot_id;
+        Attempt greeted = Exchange(peer, {asio::buffer(hello)}, 0, "KV handshake with " + dst,
+                                   deadline, &boot_id);
+        if (!greeted.status.ok()) return greeted.status;
+        if (options_.shared_memory && !peer.region_refused && !boot_id.empty() &&
+            boot_id == internal::KvHostBootId()) {
+            return OfferRegion(peer, dst, deadline);
+        }
+        return Status::Ok();
+    }
+
+    // Same host: creates a region and offers it. Its name goes as soon as the receiver answered
+    // (opened or not), so nothing stays in /dev/shm. A refusal the connection survives (the
+    // receiver cannot open it: another /dev/shm) leaves the socket to carry payloads, and no
+    // region is offered to this peer again. REQUIRES: peer.mu held, connected.
+    Status OfferRegion(Peer& peer, const std::string& dst, Clock::time_point deadline) {
+        Result<internal::KvShmSenderRegion> region =
+            internal::KvShmSenderRegion::Create(options_.shm_region_bytes);
+        if (!region.ok()) {
+            spdlog::warn("KV transport {}: no shared memory towards {} (over TCP): {}", endpoint_,
+                         dst, region.status().ToString());
+            peer.region_refused = true;
+            return Status::Ok();
+        }
+        const std::string offer =
+            internal::EncodeKvOfferFrame(region->name(), static_cast<uint64_t>(region->bytes()));
+        Attempt offered = Exchange(peer, {asio::buffer(offer)}, 0,
+                                   "KV shared-memory offer to " + dst, deadline, nullptr,
+                                   /*keep_open_on_refusal=*/true);
+        region->Unlink();
+        if (offered.status.ok()) {
+            peer.region = std::move(*region);
+            return Status::Ok();
+        }
+        if (!peer.socket.is_open()) {  // an I/O error, a deadline, or a refusal that closed it
+            peer.region_refused = true;
+            return offered.status;
+        }
+        spdlog::info("KV transport {}: {} declined shared memory (over TCP): {}", endpoint_, dst,
+                     offered.status.ToString());
+        peer.region_refused = true;
+        return Status::Ok();
     }
 
     // REQUIRES: peer.mu held. Writes the frame (naming its transfer first when this connection
-    // last named another) and waits for its acknowledgement.
-    Attempt SendOnce(Peer& peer, const std::string& dst, const internal::KvPieceFrameHeader& header,
-                     const KvPiece& piece, Clock::time_point deadline) {
+    // last named another) and waits for its acknowledgement. `hash` caches the payload's hash
+    // across attempts.
+    Attempt SendOnce(Peer& peer, const std::string& dst, const KvPiece& piece,
+                     std::optional<uint64_t>* hash, Clock::time_point deadline) {
         if (!peer.socket.is_open()) {
             Status connected = Connect(peer, dst, deadline);
             if (!connected.ok()) return {connected, false};
         }
         const uint64_t id = piece.header.transfer_id;
+        const std::string what = "KV send of transfer " + std::to_string(id) + " to " + dst;
         const internal::KvTransferFrame transfer = internal::EncodeKvTransferFrame(id);
         std::vector<asio::const_buffer> frame;
         if (peer.named_transfer != id) frame.push_back(asio::buffer(transfer));
+        peer.named_transfer = id;  // reset with the connection if this exchange fails
+        if (peer.region.valid()) return SendThroughRegion(peer, frame, piece, what, deadline);
+        if (!hash->has_value()) *hash = internal::KvPayloadHash(piece.data);
+        const internal::KvPieceFrameHeader header =
+            internal::EncodeKvPieceFrameHeader(piece.header, piece.data.size(), **hash);
         frame.push_back(asio::buffer(header));
         frame.push_back(asio::buffer(piece.data.data(), piece.data.size()));
-        peer.named_transfer = id;  // reset with the connection if this exchange fails
-        return Exchange(peer, frame, id, "KV send of transfer " + std::to_string(id) + " to " + dst,
-                        deadline);
+        return Exchange(peer, frame, id, what, deadline);
+    }
+
+    // The payload through peer.region: each chunk is hashed (bringing it into cache), copied
+    // into a free slot and announced; the receiver's credit frees its slot for the next chunk,
+    // and its acknowledgement ends the piece. So at most kRegionSlots chunks are in flight and
+    // none is overwritten before the receiver copied it out. The frames written here are small
+    // and bounded by the slots in flight, so the synchronous writes cannot block on a receiver
+    // that stopped reading; the waiting for credits runs under the deadline.
+    // REQUIRES: peer.mu held, connected, peer.region valid; `prefix`: the transfer frame if due.
+    Attempt SendThroughRegion(Peer& peer, std::vector<asio::const_buffer> prefix,
+                              const KvPiece& piece, const std::string& what,
+                              Clock::time_point deadline) {
+        const uint64_t id = piece.header.transfer_id;
+        const auto total = static_cast<int64_t>(piece.data.size());
+        const int64_t slot_bytes = peer.region.bytes() / kRegionSlots / 4096 * 4096;
+        const int64_t per_piece = (total + kChunksPerPiece - 1) / kChunksPerPiece;
+        const int64_t chunk_bytes =
+            std::clamp((per_piece + 4095) / 4096 * 4096, std::min(kMinChunkBytes, slot_bytes),
+                       slot_bytes);
+        std::deque<int64_t> free_slots;
+        for (int64_t i = 0; i < kRegionSlots; ++i) free_slots.push_back(i * slot_bytes);
+        std::deque<int64_t> in_flight;  // region offsets, oldest first
+        int64_t sent = 0;
+
+        bool done = false;
+        Status io_error;
+        const auto fail = [&](Status status) {
+            io_error = std::move(status);
+            done = true;
+        };
+        const auto write = [&](const std::vector<asio::const_buffer>& buffers) {
+            boost::system::error_code ec;
+            asio::write(peer.socket, buffers, ec);
+            // A receiver that refused and closed has its answer waiting to be read.
+            if (ec && ec != asio::error::broken_pipe && ec != asio::error::connection_reset) {
+                fail(Unavailable(what + ": write failed: " + ec.message()));
+            }
+            return !ec;
+        };
+        const auto pump = [&] {
+            while (!done && sent < total && !free_slots.empty()) {
+                const int64_t at = free_slots.front();
+                free_slots.pop_front();
+                const int64_t n = std::min(chunk_bytes, total - sent);
+                const uint8_t* from = piece.data.data() + sent;
+                internal::KvChunk chunk{.region_offset = static_cast<uint64_t>(at),
+                                        .bytes = static_cast<uint64_t>(n),
+                                        .hash = internal::KvPayloadHash(from, size_t(n))};
+                std::memcpy(peer.region.data() + at, from, static_cast<size_t>(n));
+                in_flight.push_back(at);
+                sent += n;
+                const internal::KvChunkFrame frame = internal::EncodeKvChunkFrame(chunk);
+                if (!write({asio::buffer(frame)})) return;
+            }
+        };
+
+        std::array<uint8_t, internal::kKvAckFrameHeaderBytes> reply{};
+        internal::DecodedKvAckHeader ack;
+        std::string ack_message;
+        std::function<void()> read_reply = [&] {
+            asio::async_read(peer.socket, asio::buffer(reply), [&](const boost::system::error_code&
+                                                                       ec,
+                                                                   size_t) {
+                if (ec) {
+                    return fail(Unavailable(what +
+                                            ": connection closed before the receiver "
+                                            "acknowledged (" +
+                                            ec.message() + ")"));
+                }
+                if (internal::IsKvCreditFrame(reply.data())) {
+                    internal::KvCreditFrame credit{};
+                    std::copy_n(reply.begin(), credit.size(), credit.begin());
+                    Result<uint64_t> offset = internal::DecodeKvCreditFrame(credit);
+                    if (!offset.ok()) return fail(offset.status().WithContext(what));
+                    if (in_flight.empty() || static_cast<uint64_t>(in_flight.front()) != *offset) {
+                        return fail(DataLoss(what + ": credit for region offset " +
+                                             std::to_string(*offset) + " out of order"));
+                    }
+                    free_slots.push_back(in_flight.front());
+                    in_flight.pop_front();
+                    pump();
+                    if (!done) read_reply();
+                    return;
+                }
+                Result<internal::DecodedKvAckHeader> decoded =
+                    internal::DecodeKvAckFrameHeader(reply);
+                if (!decoded.ok()) return fail(decoded.status().WithContext(what));
+                ack = *decoded;
+                if (ack.transfer_id != id) {
+                    return fail(DataLoss(what + ": acknowledgement names transfer " +
+                                         std::to_string(ack.transfer_id)));
+                }
+                ack_message.resize(ack.message_bytes);
+                asio::async_read(peer.socket, asio::buffer(ack_message),
+                                 [&](const boost::system::error_code& read_ec, size_t) {
+                                     if (read_ec) {
+                                         return fail(Unavailable(what + ": " + read_ec.message()));
+                                     }
+                                     done = true;
+                                 });
+            });
+        };
+
+        const internal::KvPieceFrameHeader header = internal::EncodeKvPieceFrameHeader(
+            piece.header, piece.data.size(), 0, internal::kKvPieceInRegion);
+        prefix.push_back(asio::buffer(header));
+        if (write(prefix)) pump();
+        if (!done) read_reply();
+        const bool in_time = RunUntil(peer.io, done, deadline, [&] { CloseSocket(peer); });
+        if (!in_time) {
+            CloseSocket(peer);
+            return {
+                Status(StatusCode::kDeadlineExceeded, what + ": not acknowledged by the deadline"),
+                false};
+        }
+        if (!io_error.ok()) {
+            CloseSocket(peer);
+            return {io_error, io_error.code() == StatusCode::kUnavailable};
+        }
+        if (ack.code == StatusCode::kOk) return {Status::Ok(), false};
+        if (ack.code != StatusCode::kResourceExhausted && ack.code != StatusCode::kAborted) {
+            CloseSocket(peer);
+        }
+        return {Status(ack.code, ack_message).WithContext(what), false};
     }
 
     // REQUIRES: peer.mu held, peer.socket connected. Writes `frame`, reads one acknowledgement
-    // for `transfer_id` and returns its verdict; any failure closes the connection.
+    // for `transfer_id` and returns its verdict (its message, when OK, into `ok_message`); any
+    // failure closes the connection, and so does a refusal unless `keep_open_on_refusal`.
     Attempt Exchange(Peer& peer, const std::vector<asio::const_buffer>& frame, uint64_t transfer_id,
-                     const std::string& what, Clock::time_point deadline) {
+                     const std::string& what, Clock::time_point deadline,
+                     std::string* ok_message = nullptr, bool keep_open_on_refusal = false) {
         bool done = false;
         Status io_error;  // OK while the exchange is healthy
         std::array<uint8_t, internal::kKvAckFrameHeaderBytes> ack_header{};
@@ -353,10 +544,19 @@ class TcpKvTransport final : public KvTransport {
             CloseSocket(peer);
             return {io_error, io_error.code() == StatusCode::kUnavailable};
         }
-        if (ack.code == StatusCode::kOk) return {Status::Ok(), false};
+        if (ack.code == StatusCode::kOk) {
+            if (ok_message != nullptr) *ok_message = std::move(ack_message);
+            return {Status::Ok(), false};
+        }
         // A refusal the receiver closes the connection after (a protocol violation) leaves it
         // unusable; a verdict on the transfer (full, discarded) does not. Either way a fresh
         // connection is right for the next send, and costs only a handshake.
+        const bool survivable = ack.code == StatusCode::kNotFound ||
+                                ack.code == StatusCode::kUnavailable ||
+                                ack.code == StatusCode::kUnimplemented;
+        if (keep_open_on_refusal && survivable) {
+            return {Status(ack.code, ack_message).WithContext(what), false};
+        }
         if (ack.code != StatusCode::kResourceExhausted && ack.code != StatusCode::kAborted) {
             CloseSocket(peer);
         }

@@ -4,8 +4,10 @@
 #include <string_view>
 #include <type_traits>
 
+#include <xxhash.h>
+
 #include "comm/kv_staging.h"
-#include "comm/plan_codec.h"
+#include "comm/shm_region.h"
 
 namespace kvshard::internal {
 
@@ -15,6 +17,9 @@ constexpr char kHelloMagic[4] = {'K', 'V', 'S', 'H'};
 constexpr char kTransferMagic[4] = {'K', 'V', 'S', 'T'};
 constexpr char kPieceMagic[4] = {'K', 'V', 'S', 'P'};
 constexpr char kAckMagic[4] = {'K', 'V', 'S', 'A'};
+constexpr char kOfferMagic[4] = {'K', 'V', 'S', 'M'};
+constexpr char kChunkMagic[4] = {'K', 'V', 'S', 'C'};
+constexpr char kCreditMagic[4] = {'K', 'V', 'S', 'F'};
 
 template <typename T>
 void Put(uint8_t* at, T value) {
@@ -117,7 +122,9 @@ bool KvTokensEqual(const std::string& expected, const std::string& presented) {
 Result<KvFrameKind> DecodeKvFrameKind(const uint8_t* magic) {
     if (std::memcmp(magic, kTransferMagic, 4) == 0) return KvFrameKind::kTransfer;
     if (std::memcmp(magic, kPieceMagic, 4) == 0) return KvFrameKind::kPiece;
-    return DataLoss("not a KV transfer or piece frame (bad magic)");
+    if (std::memcmp(magic, kOfferMagic, 4) == 0) return KvFrameKind::kOffer;
+    if (std::memcmp(magic, kChunkMagic, 4) == 0) return KvFrameKind::kChunk;
+    return DataLoss("not a KV transfer, piece, offer or chunk frame (bad magic)");
 }
 
 size_t KvFrameHeaderBytes(KvFrameKind kind) {
@@ -126,6 +133,10 @@ size_t KvFrameHeaderBytes(KvFrameKind kind) {
             return kKvTransferFrameBytes;
         case KvFrameKind::kPiece:
             return kKvPieceFrameHeaderBytes;
+        case KvFrameKind::kOffer:
+            return kKvOfferFrameHeaderBytes;
+        case KvFrameKind::kChunk:
+            return kKvChunkFrameBytes;
     }
     return kKvPieceFrameHeaderBytes;
 }
@@ -156,12 +167,12 @@ Result<uint64_t> DecodeKvTransferFrame(const KvTransferFrame& in) {
 }
 
 KvPieceFrameHeader EncodeKvPieceFrameHeader(const KvPieceHeader& h, uint64_t payload_bytes,
-                                            uint32_t payload_crc) {
+                                            uint64_t payload_hash, uint8_t flags) {
     KvPieceFrameHeader out{};
     std::memcpy(out.data(), kPieceMagic, 4);
     Put<uint16_t>(&out[4], kKvWireVersion);
     out[6] = static_cast<uint8_t>(h.dtype);
-    out[7] = 0;
+    out[7] = flags;
     Put<uint64_t>(&out[8], h.transfer_id);
     Put<int32_t>(&out[16], h.layer_begin);
     Put<int32_t>(&out[20], h.layer_end);
@@ -171,7 +182,7 @@ KvPieceFrameHeader EncodeKvPieceFrameHeader(const KvPieceHeader& h, uint64_t pay
     Put<int32_t>(&out[36], h.block_size);
     Put<int32_t>(&out[40], h.head_dim);
     Put<uint64_t>(&out[44], payload_bytes);
-    Put<uint32_t>(&out[52], payload_crc);
+    Put<uint64_t>(&out[52], payload_hash);
     return out;
 }
 
@@ -186,7 +197,9 @@ Result<DecodedKvPieceFrame> DecodeKvPieceFrameHeader(const KvPieceFrameHeader& i
         return Unimplemented("KV piece frame version " + std::to_string(version) +
                              ", this build speaks " + std::to_string(kKvWireVersion));
     }
-    if (in[7] != 0) return DataLoss("KV piece frame: reserved byte 7 is " + std::to_string(in[7]));
+    if ((in[7] & ~kKvPieceInRegion) != 0) {
+        return DataLoss("KV piece frame: unknown flags " + std::to_string(in[7]));
+    }
     DecodedKvPieceFrame out;
     KvPieceHeader& h = out.header;
     h.dtype = static_cast<KvWireDtype>(in[6]);
@@ -199,7 +212,8 @@ Result<DecodedKvPieceFrame> DecodeKvPieceFrameHeader(const KvPieceFrameHeader& i
     h.block_size = Get<int32_t>(&in[36]);
     h.head_dim = Get<int32_t>(&in[40]);
     out.payload_bytes = Get<uint64_t>(&in[44]);
-    out.payload_crc = Get<uint32_t>(&in[52]);
+    out.payload_hash = Get<uint64_t>(&in[52]);
+    out.in_region = (in[7] & kKvPieceInRegion) != 0;
     KV_RETURN_IF_ERROR(ValidateKvPieceHeader(h));  // bounds KvPieceBytes, so no overflow below
     const int64_t expected = KvPieceBytes(h);
     if (out.payload_bytes != static_cast<uint64_t>(expected)) {
@@ -246,8 +260,84 @@ Result<DecodedKvAckHeader> DecodeKvAckFrameHeader(
     return out;
 }
 
-uint32_t KvPayloadCrc(const std::vector<uint8_t>& payload) {
-    return Crc32(std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()));
+std::string EncodeKvOfferFrame(const std::string& name, uint64_t region_bytes) {
+    const std::string_view n = std::string_view(name).substr(0, kMaxKvShmNameBytes);
+    std::string out(kKvOfferFrameHeaderBytes + n.size(), '\0');
+    auto* p = reinterpret_cast<uint8_t*>(out.data());
+    std::memcpy(p, kOfferMagic, 4);
+    Put<uint16_t>(p + 4, kKvWireVersion);
+    Put<uint16_t>(p + 6, static_cast<uint16_t>(n.size()));
+    Put<uint64_t>(p + 8, region_bytes);
+    std::memcpy(p + kKvOfferFrameHeaderBytes, n.data(), n.size());
+    return out;
 }
+
+Result<DecodedKvOfferHeader> DecodeKvOfferFrameHeader(
+    const std::array<uint8_t, kKvOfferFrameHeaderBytes>& in) {
+    if (std::memcmp(in.data(), kOfferMagic, 4) != 0) {
+        return DataLoss("not a KV shared-memory offer (bad magic)");
+    }
+    const uint16_t version = Get<uint16_t>(&in[4]);
+    if (version != kKvWireVersion) {
+        return Unimplemented("KV offer frame version " + std::to_string(version));
+    }
+    DecodedKvOfferHeader out;
+    out.name_bytes = Get<uint16_t>(&in[6]);
+    out.region_bytes = Get<uint64_t>(&in[8]);
+    if (out.name_bytes == 0 || out.name_bytes > kMaxKvShmNameBytes) {
+        return DataLoss("KV offer frame: a name of " + std::to_string(out.name_bytes) +
+                        " bytes (1 to " + std::to_string(kMaxKvShmNameBytes) + ")");
+    }
+    return out;
+}
+
+KvChunkFrame EncodeKvChunkFrame(const KvChunk& chunk) {
+    KvChunkFrame out{};
+    std::memcpy(out.data(), kChunkMagic, 4);
+    Put<uint16_t>(&out[4], kKvWireVersion);
+    Put<uint64_t>(&out[8], chunk.region_offset);
+    Put<uint64_t>(&out[16], chunk.bytes);
+    Put<uint64_t>(&out[24], chunk.hash);
+    return out;
+}
+
+Result<KvChunk> DecodeKvChunkFrame(const KvChunkFrame& in) {
+    if (std::memcmp(in.data(), kChunkMagic, 4) != 0) return DataLoss("not a KV chunk frame");
+    const uint16_t version = Get<uint16_t>(&in[4]);
+    if (version != kKvWireVersion) {
+        return Unimplemented("KV chunk frame version " + std::to_string(version));
+    }
+    if (Get<uint16_t>(&in[6]) != 0) return DataLoss("KV chunk frame: reserved bytes 6-7");
+    KvChunk out;
+    out.region_offset = Get<uint64_t>(&in[8]);
+    out.bytes = Get<uint64_t>(&in[16]);
+    out.hash = Get<uint64_t>(&in[24]);
+    if (out.bytes == 0) return DataLoss("KV chunk frame: an empty chunk");
+    return out;
+}
+
+KvCreditFrame EncodeKvCreditFrame(uint64_t region_offset) {
+    KvCreditFrame out{};
+    std::memcpy(out.data(), kCreditMagic, 4);
+    Put<uint16_t>(&out[4], kKvWireVersion);
+    Put<uint64_t>(&out[8], region_offset);
+    return out;
+}
+
+bool IsKvCreditFrame(const uint8_t* magic) { return std::memcmp(magic, kCreditMagic, 4) == 0; }
+
+Result<uint64_t> DecodeKvCreditFrame(const KvCreditFrame& in) {
+    if (!IsKvCreditFrame(in.data())) return DataLoss("not a KV credit frame");
+    const uint16_t version = Get<uint16_t>(&in[4]);
+    if (version != kKvWireVersion) {
+        return Unimplemented("KV credit frame version " + std::to_string(version));
+    }
+    if (Get<uint16_t>(&in[6]) != 0 || Get<uint32_t>(&in[16]) != 0) {
+        return DataLoss("KV credit frame: reserved bytes");
+    }
+    return Get<uint64_t>(&in[8]);
+}
+
+uint64_t KvPayloadHash(const uint8_t* data, size_t bytes) { return XXH3_64bits(data, bytes); }
 
 }  // namespace kvshard::internal

@@ -160,13 +160,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             named = *id;
             continue;
         }
+        if (*kind == internal::KvFrameKind::kOffer) {
+            // The decoders of the shared-memory frames are total too; a receiver opens no
+            // region for the fuzzer, so the stream ends here.
+            std::array<uint8_t, internal::kKvOfferFrameHeaderBytes> o{};
+            std::copy_n(frame.begin(), o.size(), o.begin());
+            (void)internal::DecodeKvOfferFrameHeader(o);
+            break;
+        }
+        if (*kind == internal::KvFrameKind::kChunk) {
+            internal::KvChunkFrame c{};
+            std::copy_n(frame.begin(), c.size(), c.begin());
+            kvshard::Result<internal::KvChunk> chunk = internal::DecodeKvChunkFrame(c);
+            if (chunk.ok() && internal::EncodeKvChunkFrame(*chunk) != c) {
+                Fail("a chunk frame does not re-encode to its bytes");
+            }
+            break;  // outside a piece: the receiver closes
+        }
         kvshard::Result<internal::DecodedKvPieceFrame> piece =
             internal::DecodeKvPieceFrameHeader(frame);
         if (!piece.ok()) break;
         const KvPieceHeader& h = piece->header;
         if (internal::KvPieceFrameTransferId(frame) != h.transfer_id) Fail("transfer id differs");
-        if (internal::EncodeKvPieceFrameHeader(h, piece->payload_bytes, piece->payload_crc) !=
-            frame) {
+        if (internal::EncodeKvPieceFrameHeader(
+                h, piece->payload_bytes, piece->payload_hash,
+                piece->in_region ? internal::kKvPieceInRegion : uint8_t{0}) != frame) {
             Fail("a piece header does not re-encode to its bytes");
         }
         if (piece->payload_bytes != static_cast<uint64_t>(kvshard::KvPieceBytes(h))) {
@@ -176,6 +194,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const bool fits = kvshard::ValidateKvPieceFits(h, geometry).ok();
         if (fits && kvshard::KvPieceBytes(h) > pool_bytes) Fail("a fitting piece exceeds the pool");
         if (named != h.transfer_id) break;  // the receiver refuses it and closes
+        if (piece->in_region) break;        // no region offered: refused and closed
         const Status reserved = staging.Reserve(h);
         if (reserved.ok() && !fits) Fail("a piece that does not fit was reserved");
         if (staging.staged_bytes() + staging.arriving_bytes() > pool_bytes) {
@@ -195,7 +214,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         whole.data.assign(in.here(), in.here() + n);
         in.Skip(n);
-        if (internal::KvPayloadCrc(whole.data) != piece->payload_crc) {
+        if (internal::KvPayloadHash(whole.data) != piece->payload_hash) {
             staging.Unreserve(h);  // closed as malformed
             break;
         }

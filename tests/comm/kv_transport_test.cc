@@ -124,12 +124,13 @@ TEST(KvPiece, ValidateRejectsEachBadField) {
 TEST(KvPiece, WireHeaderRoundTripsAndRejectsCorruption) {
     const KvPiece piece = Piece(0x0102030405060708ull, 3, 5, 1, 2);
     const internal::KvPieceFrameHeader bytes =
-        internal::EncodeKvPieceFrameHeader(piece.header, piece.data.size(), 0xdeadbeef);
+        internal::EncodeKvPieceFrameHeader(piece.header, piece.data.size(), 0xdeadbeef01234567ull);
     Result<internal::DecodedKvPieceFrame> decoded = internal::DecodeKvPieceFrameHeader(bytes);
     ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
     EXPECT_EQ(decoded->header, piece.header);
     EXPECT_EQ(decoded->payload_bytes, piece.data.size());
-    EXPECT_EQ(decoded->payload_crc, 0xdeadbeefu);
+    EXPECT_EQ(decoded->payload_hash, 0xdeadbeef01234567ull);
+    EXPECT_FALSE(decoded->in_region);
 
     struct Case {
         size_t offset;
@@ -140,7 +141,7 @@ TEST(KvPiece, WireHeaderRoundTripsAndRejectsCorruption) {
         {0, 'X', StatusCode::kDataLoss},        // magic
         {4, 1, StatusCode::kUnimplemented},     // version (1: before the handshake)
         {6, 3, StatusCode::kInvalidArgument},   // dtype
-        {7, 1, StatusCode::kDataLoss},          // reserved
+        {7, 2, StatusCode::kDataLoss},          // unknown flag
         {20, 0, StatusCode::kInvalidArgument},  // layer_end 0 < layer_begin
         {44, 0xff, StatusCode::kDataLoss},      // payload length vs header
     };
@@ -295,6 +296,43 @@ TEST(LocalKvTransport, RoundTrip) {
     EXPECT_EQ((*got)[0].header, piece.header);
     EXPECT_EQ((*got)[0].data, piece.data);
     EXPECT_EQ(b->staged_bytes(), 0);
+}
+
+TEST(LocalKvTransport, RecycledBuffersAreReusedWithoutAllocating) {
+    auto a = Local("recycle-a");
+    auto b = Local("recycle-b");
+    const KvPiece piece = Piece(90, 0, 3, 0, 2);
+    ASSERT_TRUE(a->Send(b->endpoint(), piece, In(1'000)).ok());
+    Result<std::vector<KvPiece>> first = b->Receive(90, 3 * 2, In(1'000));
+    ASSERT_TRUE(first.ok());
+    const uint8_t* buffer = (*first)[0].data.data();
+    b->Recycle(std::move(*first));
+    // The next piece of that size (or smaller) lands in the same memory, byte for byte.
+    const KvPiece next = Piece(91, 0, 2, 0, 2);
+    ASSERT_TRUE(a->Send(b->endpoint(), next, In(1'000)).ok());
+    Result<std::vector<KvPiece>> second = b->Receive(91, 2 * 2, In(1'000));
+    ASSERT_TRUE(second.ok());
+    EXPECT_EQ((*second)[0].data.data(), buffer);
+    EXPECT_EQ((*second)[0].data, next.data);
+}
+
+TEST(KvStaging, BufferPoolIsBoundedInCountAndBytes) {
+    KvTransportOptions options;
+    options.max_staged_bytes = 1 << 20;
+    internal::KvStaging staging(options, "pool");
+    std::vector<KvPiece> pieces(40);
+    for (KvPiece& p : pieces) p.data.resize(64 << 10);
+    staging.Recycle(std::move(pieces));
+    EXPECT_LE(staging.pooled_bytes(), int64_t{1} << 20);  // 16 x 64 KiB = the staging limit
+    EXPECT_GT(staging.pooled_bytes(), 0);
+    std::vector<KvPiece> huge(1);
+    huge[0].data.resize(2 << 20);  // more than the limit on its own: not kept
+    staging.Recycle(std::move(huge));
+    EXPECT_LE(staging.pooled_bytes(), int64_t{1} << 20);
+    EXPECT_FALSE(staging.TakePooledBuffer(2 << 20).has_value());
+    std::optional<std::vector<uint8_t>> taken = staging.TakePooledBuffer(1000);
+    ASSERT_TRUE(taken.has_value());
+    EXPECT_EQ(taken->size(), 1000u);
 }
 
 TEST(LocalKvTransport, ReceiveWaitsForPiecesFromTwoSenders) {
@@ -481,6 +519,21 @@ TEST(TcpKvTransport, SeveralPiecesFromConcurrentSenders) {
     EXPECT_EQ(r->staged_bytes(), 0);
 }
 
+TEST(TcpKvTransport, OverTheSocketWhenSharedMemoryIsOff) {
+    KvTransportOptions off;
+    off.shared_memory = false;
+    auto r = Tcp();
+    auto s = Tcp(off);
+    for (uint64_t id : {100u, 101u}) {
+        const KvPiece piece = Piece(id, 0, 4, 0, 6);
+        ASSERT_TRUE(s->Send(r->endpoint(), piece, In(5'000)).ok());
+        Result<std::vector<KvPiece>> got = r->Receive(id, 4 * 6, In(5'000));
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        EXPECT_EQ((*got)[0].data, piece.data);
+        r->Recycle(std::move(*got));  // the second lands in the first's buffer
+    }
+}
+
 TEST(TcpKvTransport, ClosedReceiverIsAnErrorWithinTheDeadline) {
     auto s = Tcp();
     auto r = Tcp();
@@ -532,14 +585,15 @@ std::vector<uint8_t> TransferBytes(uint64_t id) {
     return Bytes(f.data(), f.size());
 }
 
-std::vector<uint8_t> HeaderBytes(const KvPieceHeader& h, uint64_t payload_bytes, uint32_t crc = 0) {
+std::vector<uint8_t> HeaderBytes(const KvPieceHeader& h, uint64_t payload_bytes, uint64_t hash = 0,
+                                 uint8_t flags = 0) {
     const internal::KvPieceFrameHeader f =
-        internal::EncodeKvPieceFrameHeader(h, payload_bytes, crc);
+        internal::EncodeKvPieceFrameHeader(h, payload_bytes, hash, flags);
     return Bytes(f.data(), f.size());
 }
 
 std::vector<uint8_t> PieceBytes(const KvPiece& piece) {
-    return Concat({HeaderBytes(piece.header, piece.data.size(), internal::KvPayloadCrc(piece.data)),
+    return Concat({HeaderBytes(piece.header, piece.data.size(), internal::KvPayloadHash(piece.data)),
                    piece.data});
 }
 

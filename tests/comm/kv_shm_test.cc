@@ -1,0 +1,390 @@
+// The TCP KV transport's shared-memory path between processes of one host (comm/shm_region.h,
+// docs/disaggregation.md): payloads arrive intact through the region, corruption and claims
+// outside the agreement are refused, a deadline passes cleanly, and neither /dev/shm entries nor
+// descriptors outlive their connection. Loopback in one process: the receiver opens the region by
+// name exactly as another process would.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+// Boost 1.74's asio/awaitable.hpp uses std::exchange without including <utility>.
+// clang-format off
+#include <utility>
+#include <boost/asio.hpp>
+// clang-format on
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/kv_transport.h"
+#include "comm/shm_region.h"
+#include "comm/tcp_kv_wire.h"
+#include "common/check.h"
+
+namespace kvshard {
+namespace {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+Clock::time_point In(int64_t ms) { return Clock::now() + milliseconds(ms); }
+
+// `blocks` blocks of 4 layers x 6 heads x 4 slots x 8 dims of f32: 1.5 KiB a block-layer.
+KvPiece Piece(uint64_t transfer_id, int32_t blocks) {
+    KvPiece piece;
+    piece.header = {.transfer_id = transfer_id,
+                    .layer_begin = 0,
+                    .layer_end = 4,
+                    .head_begin = 0,
+                    .head_end = 6,
+                    .num_blocks = blocks,
+                    .block_size = 4,
+                    .head_dim = 8,
+                    .dtype = KvWireDtype::kF32};
+    piece.data.resize(static_cast<size_t>(KvPieceBytes(piece.header)));
+    for (size_t i = 0; i < piece.data.size(); ++i) {
+        piece.data[i] = static_cast<uint8_t>((i * 2654435761u) >> 13 ^ transfer_id);
+    }
+    return piece;
+}
+
+std::unique_ptr<KvTransport> Tcp(KvTransportOptions options = {}) {
+    Result<std::unique_ptr<KvTransport>> t = MakeTcpKvTransport("127.0.0.1", 0, options);
+    KV_CHECK(t.ok()) << t.status().ToString();
+    return std::move(t).value();
+}
+
+KvTransportOptions SmallRegion() {
+    KvTransportOptions options;
+    options.shm_region_bytes = internal::kMinKvShmRegionBytes;  // 4 slots of 16 KiB
+    return options;
+}
+
+// Descriptors of this process open on a region (the receiver's, and the sender's).
+int ShmDescriptors() {
+    int n = 0;
+    DIR* dir = opendir("/proc/self/fd");
+    KV_CHECK(dir != nullptr);
+    while (dirent* e = readdir(dir)) {
+        char target[512] = {};
+        const std::string path = std::string("/proc/self/fd/") + e->d_name;
+        const ssize_t len = readlink(path.c_str(), target, sizeof(target) - 1);
+        if (len > 0 && std::string(target, len).find("/dev/shm/kvshard-kv-") != std::string::npos)
+            ++n;
+    }
+    closedir(dir);
+    return n;
+}
+
+// /dev/shm entries of regions this process created.
+int ShmEntries() {
+    char prefix[64];
+    std::snprintf(prefix, sizeof(prefix), "kvshard-kv-%x-", static_cast<unsigned>(getpid()));
+    int n = 0;
+    DIR* dir = opendir("/dev/shm");
+    if (dir == nullptr) return 0;
+    while (dirent* e = readdir(dir)) {
+        if (std::string(e->d_name).rfind(prefix, 0) == 0) ++n;
+    }
+    closedir(dir);
+    return n;
+}
+
+bool SameHostPathAvailable() {
+    if (internal::KvHostBootId().empty()) return false;
+    Result<internal::KvShmSenderRegion> probe =
+        internal::KvShmSenderRegion::Create(internal::kMinKvShmRegionBytes);
+    return probe.ok();
+}
+
+#define SKIP_WITHOUT_SHM()                                                       \
+    if (!SameHostPathAvailable()) GTEST_SKIP() << "no boot id or no /dev/shm here"
+
+TEST(KvShm, ManyChunkPiecesArriveIntactThroughTheRegionAndNothingOutlivesIt) {
+    SKIP_WITHOUT_SHM();
+    const int descriptors_before = ShmDescriptors();
+    {
+        auto r = Tcp();
+        auto s = Tcp(SmallRegion());
+        // 64 blocks: 384 KiB, 24 chunks through 4 slots of 16 KiB, the ring wrapping 6 times.
+        for (uint64_t id = 1; id <= 3; ++id) {
+            const KvPiece piece = Piece(id, 64);
+            ASSERT_TRUE(s->Send(r->endpoint(), piece, In(10'000)).ok());
+            Result<std::vector<KvPiece>> got = r->Receive(id, 4 * 6, In(10'000));
+            ASSERT_TRUE(got.ok()) << got.status().ToString();
+            ASSERT_EQ(got->size(), 1u);
+            EXPECT_EQ((*got)[0].header, piece.header);
+            EXPECT_TRUE((*got)[0].data == piece.data) << "transfer " << id;
+            r->Recycle(std::move(*got));
+        }
+        // It went through the region: the receiver and the sender each hold one descriptor of
+        // it, and its name is already gone from /dev/shm.
+        EXPECT_EQ(ShmDescriptors() - descriptors_before, 2);
+        EXPECT_EQ(ShmEntries(), 0);
+    }
+    EXPECT_EQ(ShmDescriptors(), descriptors_before);
+    EXPECT_EQ(ShmEntries(), 0);
+}
+
+TEST(KvShm, EitherSideSwitchedOffCarriesPayloadsOverTheSocket) {
+    SKIP_WITHOUT_SHM();
+    KvTransportOptions off;
+    off.shared_memory = false;
+    const int descriptors_before = ShmDescriptors();
+    struct Case {
+        const char* name;
+        KvTransportOptions sender, receiver;
+    };
+    const Case cases[] = {{"sender off", off, {}}, {"receiver off", {}, off}};
+    for (const Case& c : cases) {
+        auto r = Tcp(c.receiver);
+        auto s = Tcp(c.sender);
+        const KvPiece piece = Piece(9, 40);
+        ASSERT_TRUE(s->Send(r->endpoint(), piece, In(10'000)).ok()) << c.name;
+        Result<std::vector<KvPiece>> got = r->Receive(9, 4 * 6, In(10'000));
+        ASSERT_TRUE(got.ok()) << c.name << ": " << got.status().ToString();
+        EXPECT_TRUE((*got)[0].data == piece.data) << c.name;
+        EXPECT_EQ(ShmDescriptors(), descriptors_before) << c.name;
+        EXPECT_EQ(ShmEntries(), 0) << c.name;
+    }
+}
+
+// A hand-written sender on a raw socket that offers a region of its own making.
+class RawSender {
+  public:
+    explicit RawSender(const KvTransport& receiver) : socket_(io_) {
+        const std::string& e = receiver.endpoint();
+        const auto port = static_cast<uint16_t>(std::stoi(e.substr(e.rfind(':') + 1)));
+        socket_.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port));
+    }
+
+    void Write(const void* data, size_t n) {
+        boost::system::error_code ignored;  // a receiver that already closed is what tests check
+        asio::write(socket_, asio::buffer(data, n), ignored);
+    }
+    void Write(const std::string& s) { Write(s.data(), s.size()); }
+    template <size_t N>
+    void Write(const std::array<uint8_t, N>& a) {
+        Write(a.data(), a.size());
+    }
+
+    // The next frame from the receiver: an acknowledgement's status, or OK for a credit;
+    // Internal when the connection closed first.
+    Status Read(bool* was_credit = nullptr) {
+        std::array<uint8_t, internal::kKvAckFrameHeaderBytes> header{};
+        boost::system::error_code ec;
+        asio::read(socket_, asio::buffer(header), ec);
+        if (ec) return Status(StatusCode::kInternal, "closed: " + ec.message());
+        if (was_credit != nullptr) *was_credit = internal::IsKvCreditFrame(header.data());
+        if (internal::IsKvCreditFrame(header.data())) return Status::Ok();
+        Result<internal::DecodedKvAckHeader> ack = internal::DecodeKvAckFrameHeader(header);
+        if (!ack.ok()) return Status(StatusCode::kInternal, ack.status().ToString());
+        std::string message(ack->message_bytes, '\0');
+        asio::read(socket_, asio::buffer(message), ec);
+        if (ec) return Status(StatusCode::kInternal, "cut short");
+        last_message_ = message;
+        return Status(ack->code, message);
+    }
+
+    // Whether the receiver closed the connection (anything before the end is dropped).
+    bool Closed() {
+        std::array<uint8_t, 256> buffer{};
+        boost::system::error_code ec;
+        while (!ec) socket_.read_some(asio::buffer(buffer), ec);
+        return ec == asio::error::eof || ec == asio::error::connection_reset;
+    }
+
+    // Hello, then an offer of `name` claiming `claimed` bytes; the offer's answer.
+    Status HelloAndOffer(const std::string& name, uint64_t claimed) {
+        Write(internal::EncodeKvHello(""));
+        Status hello = Read();
+        if (!hello.ok()) return hello.WithContext("hello");
+        EXPECT_EQ(last_message_, internal::KvHostBootId());
+        Write(internal::EncodeKvOfferFrame(name, claimed));
+        return Read();
+    }
+
+    const std::string& last_message() const { return last_message_; }
+
+  private:
+    asio::io_context io_;
+    tcp::socket socket_;
+    std::string last_message_;
+};
+
+TEST(KvShm, AClaimOutsideTheAgreementIsRefusedAndTheConnectionClosed) {
+    SKIP_WITHOUT_SHM();
+    auto r = Tcp();
+    Result<internal::KvShmSenderRegion> region =
+        internal::KvShmSenderRegion::Create(internal::kMinKvShmRegionBytes * 2);
+    ASSERT_TRUE(region.ok()) << region.status().ToString();
+    struct Case {
+        const char* name;
+        std::string region_name;
+        uint64_t claimed;
+    };
+    const Case cases[] = {
+        {"larger than the agreed maximum", region->name(),
+         static_cast<uint64_t>(internal::kMaxKvShmRegionBytes) + 4096},
+        {"larger than the object", region->name(),
+         static_cast<uint64_t>(region->bytes()) + 4096},
+        {"smaller than the object", region->name(), static_cast<uint64_t>(region->bytes()) / 2},
+        {"a name outside /dev/shm/kvshard-kv-*", "/../etc/passwd",
+         static_cast<uint64_t>(region->bytes())},
+    };
+    for (const Case& c : cases) {
+        RawSender peer(*r);
+        const Status answer = peer.HelloAndOffer(c.region_name, c.claimed);
+        EXPECT_EQ(answer.code(), StatusCode::kInvalidArgument) << c.name << ": " << answer.ToString();
+        EXPECT_TRUE(peer.Closed()) << c.name;
+    }
+    // A region the receiver cannot find (another /dev/shm) is declined, not a violation: the
+    // connection stays, and carries the payload itself.
+    RawSender peer(*r);
+    const Status missing = peer.HelloAndOffer("/kvshard-kv-0-0-0000000000000000", 1 << 20);
+    EXPECT_EQ(missing.code(), StatusCode::kNotFound) << missing.ToString();
+    const KvPiece piece = Piece(11, 2);
+    peer.Write(internal::EncodeKvTransferFrame(11));
+    peer.Write(internal::EncodeKvPieceFrameHeader(piece.header, piece.data.size(),
+                                                  internal::KvPayloadHash(piece.data)));
+    peer.Write(piece.data.data(), piece.data.size());
+    EXPECT_TRUE(peer.Read().ok());
+    EXPECT_TRUE(r->Receive(11, 4 * 6, In(5'000)).ok());
+}
+
+TEST(KvShm, CorruptOrOutOfBoundsChunksCloseTheConnectionAndStageNothing) {
+    SKIP_WITHOUT_SHM();
+    auto r = Tcp();
+    const KvPiece piece = Piece(12, 16);  // 96 KiB
+    const uint64_t n = piece.data.size();
+    struct Case {
+        const char* name;
+        internal::KvChunk chunk;
+        bool corrupt_region;
+    };
+    const uint64_t region_bytes = 128 << 10;
+    const Case cases[] = {
+        {"bytes changed after hashing", {0, n, internal::KvPayloadHash(piece.data)}, true},
+        {"wrong hash", {0, n, internal::KvPayloadHash(piece.data) ^ 1}, false},
+        {"past the region's end", {region_bytes - 4096, 8192, 0}, false},
+        {"more than the piece", {0, n + 4096, 0}, false},
+    };
+    for (const Case& c : cases) {
+        Result<internal::KvShmSenderRegion> region =
+            internal::KvShmSenderRegion::Create(region_bytes);
+        ASSERT_TRUE(region.ok());
+        std::memcpy(region->data(), piece.data.data(), n);
+        if (c.corrupt_region) region->data()[n / 2] ^= 0x40;
+        RawSender peer(*r);
+        ASSERT_TRUE(peer.HelloAndOffer(region->name(), region_bytes).ok()) << c.name;
+        region->Unlink();
+        peer.Write(internal::EncodeKvTransferFrame(12));
+        peer.Write(internal::EncodeKvPieceFrameHeader(piece.header, n, 0,
+                                                      internal::kKvPieceInRegion));
+        peer.Write(internal::EncodeKvChunkFrame(c.chunk));
+        EXPECT_TRUE(peer.Closed()) << c.name;
+        EXPECT_EQ(r->staged_bytes(), 0) << c.name;
+        EXPECT_EQ(r->arriving_bytes(), 0) << c.name;
+    }
+    // A region piece on a connection that was offered no region is a violation too.
+    RawSender bare(*r);
+    bare.Write(internal::EncodeKvHello(""));
+    ASSERT_TRUE(bare.Read().ok());
+    bare.Write(internal::EncodeKvTransferFrame(12));
+    bare.Write(
+        internal::EncodeKvPieceFrameHeader(piece.header, n, 0, internal::kKvPieceInRegion));
+    EXPECT_EQ(bare.Read().code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(bare.Closed());
+    // Chunk by chunk with credits, as the transport does, it is staged.
+    Result<internal::KvShmSenderRegion> region = internal::KvShmSenderRegion::Create(region_bytes);
+    ASSERT_TRUE(region.ok());
+    RawSender good(*r);
+    ASSERT_TRUE(good.HelloAndOffer(region->name(), region_bytes).ok());
+    good.Write(internal::EncodeKvTransferFrame(12));
+    good.Write(internal::EncodeKvPieceFrameHeader(piece.header, n, 0, internal::kKvPieceInRegion));
+    const uint64_t half = n / 2;
+    for (uint64_t at : {uint64_t{0}, half}) {
+        std::memcpy(region->data(), piece.data.data() + at, half);
+        good.Write(internal::EncodeKvChunkFrame(
+            {0, half, internal::KvPayloadHash(piece.data.data() + at, half)}));
+        bool credit = false;
+        ASSERT_TRUE(good.Read(&credit).ok());
+        EXPECT_EQ(credit, at == 0);  // the last chunk is answered by the acknowledgement
+    }
+    Result<std::vector<KvPiece>> got = r->Receive(12, 4 * 6, In(5'000));
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_TRUE((*got)[0].data == piece.data);
+}
+
+// A receiver that accepts the region and then never credits a chunk: the sender's deadline
+// passes, and its region goes with the connection.
+TEST(KvShm, ADeadlinePassesCleanlyAndTheRegionGoesWithTheConnection) {
+    SKIP_WITHOUT_SHM();
+    asio::io_context io;
+    tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    const std::string endpoint = "127.0.0.1:" + std::to_string(acceptor.local_endpoint().port());
+    std::thread receiver([&] {
+        tcp::socket socket(io);
+        acceptor.accept(socket);
+        boost::system::error_code ec;
+        std::array<uint8_t, internal::kKvHelloHeaderBytes> hello{};
+        asio::read(socket, asio::buffer(hello), ec);
+        asio::write(socket,
+                    asio::buffer(internal::EncodeKvAckFrame(
+                        0, Status(StatusCode::kOk, internal::KvHostBootId()))),
+                    ec);
+        std::array<uint8_t, internal::kKvOfferFrameHeaderBytes> offer{};
+        asio::read(socket, asio::buffer(offer), ec);
+        Result<internal::DecodedKvOfferHeader> decoded = internal::DecodeKvOfferFrameHeader(offer);
+        if (!decoded.ok()) return;
+        std::string name(decoded->name_bytes, '\0');
+        asio::read(socket, asio::buffer(name), ec);
+        asio::write(socket, asio::buffer(internal::EncodeKvAckFrame(0, Status::Ok())), ec);
+        std::array<uint8_t, 4096> sink{};
+        while (!ec) socket.read_some(asio::buffer(sink), ec);  // until the sender gives up
+    });
+    const int descriptors_before = ShmDescriptors();
+    auto s = Tcp(SmallRegion());
+    const Clock::time_point deadline = In(300);
+    const Status status = s->Send(endpoint, Piece(13, 64), deadline);
+    EXPECT_EQ(status.code(), StatusCode::kDeadlineExceeded) << status.ToString();
+    EXPECT_GE(Clock::now(), deadline);
+    EXPECT_LT(Clock::now(), deadline + milliseconds(2'000));
+    receiver.join();
+    EXPECT_EQ(ShmDescriptors(), descriptors_before);
+    EXPECT_EQ(ShmEntries(), 0);
+}
+
+TEST(KvShm, RegionReadsStayInsideTheAnnouncedSize) {
+    SKIP_WITHOUT_SHM();
+    Result<internal::KvShmSenderRegion> region =
+        internal::KvShmSenderRegion::Create(internal::kMinKvShmRegionBytes);
+    ASSERT_TRUE(region.ok());
+    for (int i = 0; i < 256; ++i) region->data()[i] = static_cast<uint8_t>(i);
+    Result<internal::KvShmReceiverRegion> opened =
+        internal::KvShmReceiverRegion::Open(region->name(), region->bytes());
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    std::vector<uint8_t> out(256);
+    ASSERT_TRUE(opened->Read(0, 256, out.data()).ok());
+    EXPECT_EQ(out[200], 200);
+    EXPECT_EQ(opened->Read(region->bytes() - 8, 16, out.data()).code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_EQ(opened->Read(-1, 8, out.data()).code(), StatusCode::kInvalidArgument);
+    const std::string name = region->name();
+    EXPECT_TRUE(internal::IsKvShmName(name));
+    region->Unlink();
+    EXPECT_EQ(ShmEntries(), 0);
+    EXPECT_EQ(internal::KvShmReceiverRegion::Open(name, region->bytes()).status().code(),
+              StatusCode::kNotFound);
+    EXPECT_TRUE(opened->Read(0, 8, out.data()).ok());  // an open descriptor outlives the name
+    EXPECT_FALSE(internal::IsKvShmName("/kvshard-kv-"));
+    EXPECT_FALSE(internal::IsKvShmName("/kvshard-kv-ab/c"));
+}
+
+}  // namespace
+}  // namespace kvshard
