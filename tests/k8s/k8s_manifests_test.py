@@ -947,6 +947,28 @@ BREAKAGES = [
 ]
 
 
+def check_readme_examples(root, registry):
+    """The YAML examples of k8s/README.md whose kinds have a schema here (the HPA; KEDA's
+    ScaledObject has none offline and is only parsed), strictly."""
+    out = Problems()
+    path = os.path.join(root, "README.md")
+    if not os.path.exists(path):
+        return ["k8s/README.md is missing"]
+    with open(path) as f:
+        text = f.read()
+    for n, block in enumerate(re.findall(r"```yaml\n(.*?)```", text, re.S)):
+        try:
+            obj = yaml.safe_load(block)
+        except yaml.YAMLError as e:
+            out.add_text("k8s/README.md: yaml example %d does not parse: %s" % (n + 1, e))
+            continue
+        doc = Doc(obj, "k8s/README.md (yaml example %d)" % (n + 1))
+        if obj.get("apiVersion", "").startswith("keda.sh/"):
+            continue
+        check_schema(doc, registry, out)
+    return out.items
+
+
 def check_probe_tool(root):
     """kvshard-connected (the workers' probe) on real sockets: 0 with an established connection to
     the port, 1 without. Returns problems."""
@@ -1013,6 +1035,7 @@ def main():
         shutil.copytree(source, root, ignore=shutil.ignore_patterns(".render"))
         problems = check_tree(root, a.kvshard, kubectl, helps, registry)
         problems += check_probe_tool(root)
+        problems += check_readme_examples(root, registry)
         for p in problems:
             print("PROBLEM: " + p)
         print("k8s/: %d problems" % len(problems))
