@@ -59,6 +59,25 @@ Result<std::unique_ptr<Collective>> MakeCollective(const CollectiveConfig& confi
                 "MPI collective: this kvshard was built without MPI "
                 "(KVSHARD_WITH_MPI=OFF)");
 #endif
+        case CollectiveConfig::Kind::kGloo:
+            if (config.gloo_store == nullptr) {
+                return InvalidArgument("Gloo collective: no store given to meet in");
+            }
+            if (config.size < 1 || config.rank < 0 || config.rank >= config.size) {
+                return InvalidArgument("Gloo collective: rank " + std::to_string(config.rank) +
+                                       " of a group of " + std::to_string(config.size));
+            }
+            if (config.timeout_ms <= 0) {
+                return InvalidArgument("Gloo collective: timeout_ms " +
+                                       std::to_string(config.timeout_ms) + " must be > 0");
+            }
+#if KVSHARD_WITH_GLOO
+            return internal::MakeGlooCollective(config);
+#else
+            return Unimplemented(
+                "Gloo collective: this kvshard was built without Gloo "
+                "(KVSHARD_WITH_GLOO=OFF; Debian: libgloo-dev)");
+#endif
         case CollectiveConfig::Kind::kNccl:
 #if KVSHARD_WITH_CUDA
             if (!config.nccl_unique_id.empty()) {
@@ -79,6 +98,20 @@ Result<std::unique_ptr<Collective>> MakeCollective(const CollectiveConfig& confi
 #endif
     }
     return InvalidArgument("unknown collective kind");
+}
+
+std::string_view CollectiveKindName(CollectiveConfig::Kind kind) {
+    switch (kind) {
+        case CollectiveConfig::Kind::kLocal:
+            return "local";
+        case CollectiveConfig::Kind::kMpi:
+            return "mpi";
+        case CollectiveConfig::Kind::kGloo:
+            return "gloo";
+        case CollectiveConfig::Kind::kNccl:
+            return "nccl";
+    }
+    return "unknown";
 }
 
 Result<std::string> NewNcclUniqueId() {

@@ -1,13 +1,17 @@
 // Collective: the communicator a worker of a tensor-parallel instance uses to combine partial
-// results with the other ranks of its instance. Three implementations, built by MakeCollective:
+// results with the other ranks of its instance. Four implementations, built by MakeCollective:
 //
 //   kLocal  worker threads of one process (comm/local_collective.h); host memory.
 //   kMpi    one process per rank, launched by `mpirun` (Open MPI); host memory.
+//   kGloo   one process per rank, started any way at all (by the coordinator, by hand, as pods):
+//           the ranks meet in a key-value store (comm/collective_store.h; the coordinator's, over
+//           the registration channel) and talk over Gloo's TCP pairs; host memory.
 //   kNccl   one process or thread per GPU; device memory on the communicator's device.
 //
 // Determinism: AllReduceSum leaves bit-identical results on every rank, and the result does not
-// depend on timing. Local and Mpi both add the ranks' values element by element in rank order
-// 0, 1, ..., size-1, so a thread group and an MPI job of the same size produce the same bits. Nccl
+// depend on timing. Local, Mpi and Gloo all add the ranks' values element by element in rank
+// order 0, 1, ..., size-1, so a thread group, an MPI job and a Gloo group of the same size produce
+// the same bits. Nccl
 // uses NCCL's reduction (identical on every rank, stable for a fixed topology, not in rank order).
 // Why it matters: tensor parallelism must not change greedy tokens (docs/comm.md).
 //
@@ -19,12 +23,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "common/device.h"
 #include "common/status.h"
 
 namespace kvshard {
 
+class CollectiveStore;
 class LocalGroup;
 
 // REQUIRES (every method): all ranks of the group make the same sequence of calls with the same
@@ -48,7 +54,7 @@ class Collective {
     virtual Status Barrier() = 0;
 
     // Breaks the communicator: pending and later calls return kAborted. Local peers return at
-    // once; Mpi and Nccl peers return when their own deadline passes. Idempotent.
+    // once; Mpi, Gloo and Nccl peers return when their own deadline passes. Idempotent.
     virtual void Abort(const std::string& reason) = 0;
 
     // Payload bytes (count * sizeof(float)) of the AllReduceSum calls that succeeded on this rank:
@@ -57,17 +63,32 @@ class Collective {
 };
 
 struct CollectiveConfig {
-    enum class Kind { kLocal, kMpi, kNccl };
+    enum class Kind { kLocal, kMpi, kGloo, kNccl };
     Kind kind = Kind::kLocal;
 
-    // Every wait of an Mpi or Nccl call ends by this many milliseconds after the call began (a
-    // Local group has its own, set when the group is created).
+    // Every wait of an Mpi, Gloo or Nccl call ends by this many milliseconds after the call
+    // began (a Local group has its own, set when the group is created). kGloo: the rendezvous
+    // (every rank's key in the store, every pair connected) too.
     int64_t timeout_ms = 60'000;
 
     // kLocal: the group (LocalGroup::Create) and this thread's rank in it.
     std::shared_ptr<LocalGroup> local_group;
-    // kLocal: rank in local_group. kNccl with nccl_unique_id: rank in the NCCL group.
+    // kLocal: rank in local_group. kNccl with nccl_unique_id, kGloo: rank in the group.
     int rank = 0;
+
+    // kGloo: rank, size, and the store the group meets in: the same store for every rank of
+    // the group, holding no other group's keys (a fresh one per formation). Creating the
+    // communicator waits until every rank of the group created its own (timeout_ms).
+    std::shared_ptr<CollectiveStore> gloo_store;
+    // kGloo: where this rank's TCP pairs listen, an address or host name the peers can reach
+    // ("127.0.0.1" when every rank runs on one machine) ...
+    std::string gloo_host = "127.0.0.1";
+    // ... or, when not empty, the network interface whose address they use (e.g. "eth0"). Empty
+    // here: GLOO_SOCKET_IFNAME from the environment, if set, names it.
+    std::string gloo_iface;
+    // kGloo: AllReduceSum payloads of at least this many bytes use the two-phase algorithm, as
+    // mpi_two_phase_min_bytes does for kMpi.
+    int64_t gloo_two_phase_min_bytes = 64 * 1024;
 
     // kMpi, and kNccl bootstrapped through MPI: the ranks of MPI_COMM_WORLD with the same
     // mpi_color form one group, ordered by world rank; -1: the whole world. Creating one is
@@ -79,8 +100,8 @@ struct CollectiveConfig {
     // all-gather (bytes × (size-1) per rank); both add in rank order.
     int64_t mpi_two_phase_min_bytes = 64 * 1024;
 
-    // kNccl: group size and the id every rank of the group shares (NewNcclUniqueId() on one
-    // rank, passed to the others, e.g. by the coordinator). Empty nccl_unique_id: bootstrap
+    // kNccl, kGloo: group size. kNccl: the id every rank of the group shares (NewNcclUniqueId()
+    // on one rank, passed to the others, e.g. by the coordinator). Empty nccl_unique_id: bootstrap
     // through MPI instead (rank 0 of the MPI group makes the id and broadcasts it; rank and size
     // come from MPI).
     int size = 0;
@@ -91,9 +112,14 @@ struct CollectiveConfig {
     StreamHandle cuda_stream = nullptr;
 };
 
-// Builds the communicator `config` describes. Unimplemented for kMpi or kNccl in a build without
-// MPI or CUDA (common/build_config.h); InvalidArgument for a bad rank, size or id.
+// Builds the communicator `config` describes. Unimplemented for kMpi, kGloo or kNccl in a build
+// without MPI, Gloo or CUDA (common/build_config.h); InvalidArgument for a bad rank, size, id or
+// store; kGloo: DeadlineExceeded naming what was missing when the group did not meet in time.
+
 Result<std::unique_ptr<Collective>> MakeCollective(const CollectiveConfig& config);
+
+// Stable names of the kinds ("local", "mpi", "gloo", "nccl"), for logs.
+std::string_view CollectiveKindName(CollectiveConfig::Kind kind);
 
 // A fresh NCCL unique id (ncclGetUniqueId) as bytes, for CollectiveConfig::nccl_unique_id.
 // Unimplemented in a build without CUDA.
