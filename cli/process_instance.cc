@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "common/build_config.h"
 #include "common/logging.h"
 
 namespace kvshard::cli {
@@ -186,11 +187,12 @@ Result<std::unique_ptr<ProcessInstance>> StartProcessInstance(
         return InvalidArgument(who + ": workers.mode is " + std::string(WorkersModeName(w.mode)) +
                                ", not processes");
     }
-    if (spec.tp > 1 && w.launcher == WorkersLauncher::kDirect) {
+    if (spec.tp > 1 && w.launcher == WorkersLauncher::kDirect && !KVSHARD_WITH_GLOO) {
         return InvalidArgument(
             who + ": tp " + std::to_string(spec.tp) +
-            " worker processes all-reduce over MPI, which processes started one by one do not "
-            "share: set workers.launcher: mpirun (or external, started with mpirun by hand)");
+            " worker processes started one by one all-reduce over Gloo, and this kvshard was "
+            "built without it (KVSHARD_WITH_GLOO=OFF): set workers.launcher: mpirun (or "
+            "external, started with mpirun by hand)");
     }
     if (registry == nullptr) {
         KV_ASSIGN_OR_RETURN(std::unique_ptr<WorkerRegistry> own,

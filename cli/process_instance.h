@@ -126,8 +126,9 @@ class ProcessInstance {
 // launches its workers as config.workers.launcher says (passing the registry's token), waits
 // until every rank is Ready (workers.register_timeout_ms), then starts the supervisor with
 // workers.restart_limit and restart_backoff_ms. Errors name the instance and, for a worker, its
-// rank and why: a refused launch (tp > 1 with the direct launcher), a worker that exited (its
-// exit status), a load error (the worker's message), or the ranks still missing at the deadline.
+// rank and why: a refused launch (tp > 1 with the direct launcher in a build without Gloo), a
+// worker that exited (its exit status), a load error (the worker's message), or the ranks still
+// missing at the deadline.
 // REQUIRES: config.workers.mode is processes.
 Result<std::unique_ptr<ProcessInstance>> StartProcessInstance(
     const ServerConfig& config, const ProcessInstanceSpec& spec,

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/build_config.h"
 #include "common/logging.h"
 
 extern char** environ;
@@ -112,11 +113,11 @@ Status WorkerLauncher::Spawn(Child& child, char* const envp[]) {
 
 Result<std::unique_ptr<WorkerLauncher>> WorkerLauncher::Launch(const WorkerLauncherOptions& o) {
     if (o.tp < 1) return InvalidArgument("tp " + std::to_string(o.tp) + " must be >= 1");
-    if (o.launch == WorkerLaunch::kDirect && o.tp > 1) {
+    if (o.launch == WorkerLaunch::kDirect && o.tp > 1 && !KVSHARD_WITH_GLOO) {
         return InvalidArgument(
             "tp " + std::to_string(o.tp) +
-            " worker processes need MPI collectives between them; the direct launcher starts "
-            "independent processes: use workers.launcher: mpirun (or tp 1)");
+            " worker processes started one by one all-reduce over Gloo, and this kvshard was "
+            "built without it (KVSHARD_WITH_GLOO=OFF): use workers.launcher: mpirun (or tp 1)");
     }
     std::unique_ptr<WorkerLauncher> l(new WorkerLauncher());
     l->options_ = o;

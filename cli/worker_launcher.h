@@ -1,8 +1,8 @@
 // WorkerLauncher: starts the worker processes of one instance from the coordinator and owns them.
 //
 //   direct:  one `kvshard worker --coordinator H:P --instance ID --rank r --tp N ...` per rank
-//            (posix_spawn). tp 1 only: ranks of a tensor-parallel group need a collective between
-//            them, and between processes only MPI provides one here.
+//            (posix_spawn), independent processes: with tp > 1 they meet through the coordinator
+//            and all-reduce over Gloo (comm/collective.h; builds without Gloo refuse tp > 1).
 //   mpirun:  one `mpirun --oversubscribe [--allow-run-as-root] -np N -x KVSHARD_WORKER_TOKEN
 //            kvshard worker ...`; the ranks take rank and tp from MPI and all-reduce over it.
 //
@@ -48,8 +48,8 @@ struct WorkerLauncherOptions {
 
 class WorkerLauncher {
   public:
-    // Spawns the processes. InvalidArgument for tp > 1 with the direct launcher; the spawn's
-    // error (a missing executable or mpirun) otherwise.
+    // Spawns the processes. InvalidArgument for tp > 1 with the direct launcher in a build
+    // without Gloo; the spawn's error (a missing executable or mpirun) otherwise.
     static Result<std::unique_ptr<WorkerLauncher>> Launch(const WorkerLauncherOptions& options);
     ~WorkerLauncher();
     WorkerLauncher(const WorkerLauncher&) = delete;

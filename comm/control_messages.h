@@ -17,12 +17,21 @@ namespace kvshard {
 // Bumped whenever a message's encoding changes; both sides must speak the same version.
 // 2: RegisterMessage.kv_endpoint, ReadyMessage, KV transfer ops in StepPlan and StepResult.
 // 3: RegisterMessage.token.
-inline constexpr uint32_t kControlProtocolVersion = 3;
+// 4: SamplingParams' logit controls (penalties, logit_bias, min_tokens), ScheduledSequence.history.
+// 5: rank and tp may be left to the coordinator (RegisterMessage kAnyRank / kAnyTp, and
+//    RegisterAckMessage.rank), RegisterMessage.model, StoreRequest/StoreReply (the collective's
+//    rendezvous).
+inline constexpr uint32_t kControlProtocolVersion = 5;
+
+// RegisterMessage.worker_rank: the coordinator assigns the lowest free rank.
+inline constexpr int32_t kAnyRank = -1;
+// RegisterMessage.tp: the worker takes the instance's tp from the coordinator.
+inline constexpr int32_t kAnyTp = 0;
 
 // Worker -> coordinator, the first frame on a new connection.
 struct RegisterMessage {
-    int32_t worker_rank = 0;  // rank within its instance
-    int32_t tp = 1;           // the instance's tensor-parallel size as the worker was told
+    int32_t worker_rank = 0;  // rank within its instance, or kAnyRank
+    int32_t tp = 1;           // the instance's tp as the worker was told, or kAnyTp
     std::string instance_id;
     uint32_t protocol_version = kControlProtocolVersion;
     // Where this rank's KvTransport (comm/kv_transport.h) receives KV pieces ("HOST:PORT"); ""
@@ -33,6 +42,9 @@ struct RegisterMessage {
     // already reads the prompts; the token keeps those who can only reach the port from taking
     // a rank. The registry compares it in constant time.
     std::string token;
+    // The model the worker expects to serve (its --model), or "" for whatever the coordinator
+    // says. A path must equal the instance's model path; a bare file name, the path's last part.
+    std::string model;
     friend bool operator==(const RegisterMessage&, const RegisterMessage&) = default;
 };
 
@@ -42,10 +54,32 @@ struct RegisterAckMessage {
     std::string error;  // why not, when !accepted
     std::string model_path;
     int32_t tp = 1;
-    // Block settings and anything else the worker needs (block_size, num_blocks, kv_dtype,
-    // nccl_unique_id, ...), as key/value pairs; values are arbitrary bytes.
+    // Block settings and anything else the worker needs (block_size, num_blocks, kv_dtype, the
+    // collective's bootstrap: nccl_unique_id, ...), as key/value pairs; values are arbitrary
+    // bytes.
     std::vector<std::pair<std::string, std::string>> settings;
+    // The worker's rank: the one it asked for, or the one the coordinator assigned (kAnyRank).
+    int32_t rank = 0;
     friend bool operator==(const RegisterAckMessage&, const RegisterAckMessage&) = default;
+};
+
+// Worker -> coordinator, between RegisterAck and Ready: one operation on the instance's
+// rendezvous store (comm/collective_store.h), in which the ranks of a Gloo group exchange their
+// addresses. Each formation of an instance has a store of its own.
+struct StoreRequestMessage {
+    bool set = false;  // true: set key to value; false: get key
+    std::string key;
+    std::string value;
+    friend bool operator==(const StoreRequestMessage&, const StoreRequestMessage&) = default;
+};
+
+// Coordinator -> worker, the answer to each StoreRequest, at once: a get of a key no rank has
+// set yet answers found = false (the worker asks again).
+struct StoreReplyMessage {
+    bool found = false;
+    std::string value;
+    std::string error;  // non-empty: the request was refused (a bound, see collective_store.h)
+    friend bool operator==(const StoreReplyMessage&, const StoreReplyMessage&) = default;
 };
 
 // Worker -> coordinator, once, after RegisterAck: the worker loaded its shard and built its KV
@@ -72,6 +106,7 @@ struct ShutdownMessage {
 // Everything that travels in a frame. The index of each alternative is not its wire type (see
 // MessageType in comm/plan_codec.h).
 using Message = std::variant<StepPlan, StepResult, RegisterMessage, RegisterAckMessage,
-                             HeartbeatMessage, ShutdownMessage, ReadyMessage>;
+                             HeartbeatMessage, ShutdownMessage, ReadyMessage, StoreRequestMessage,
+                             StoreReplyMessage>;
 
 }  // namespace kvshard

@@ -134,6 +134,7 @@ void Encode(Writer& w, const RegisterMessage& m) {
     w.Fixed(m.protocol_version);
     w.String(m.kv_endpoint);
     w.String(m.token);
+    w.String(m.model);
 }
 
 void Encode(Writer& w, const RegisterAckMessage& m) {
@@ -146,6 +147,7 @@ void Encode(Writer& w, const RegisterAckMessage& m) {
         w.String(key);
         w.String(value);
     }
+    w.Fixed(m.rank);
 }
 
 void Encode(Writer& w, const HeartbeatMessage& m) { w.Fixed(m.sequence); }
@@ -156,6 +158,18 @@ void Encode(Writer& w, const ReadyMessage& m) {
     w.Bool(m.ok);
     w.String(m.error);
     w.Fixed(m.num_kv_blocks);
+}
+
+void Encode(Writer& w, const StoreRequestMessage& m) {
+    w.Bool(m.set);
+    w.String(m.key);
+    w.String(m.value);
+}
+
+void Encode(Writer& w, const StoreReplyMessage& m) {
+    w.Bool(m.found);
+    w.String(m.value);
+    w.String(m.error);
 }
 
 // ---- decoding ----
@@ -370,6 +384,7 @@ RegisterMessage DecodeRegister(Reader& r) {
     m.protocol_version = r.Fixed<uint32_t>("Register.protocol_version");
     m.kv_endpoint = r.String("Register.kv_endpoint");
     m.token = r.String("Register.token");
+    m.model = r.String("Register.model");
     return m;
 }
 
@@ -388,6 +403,7 @@ RegisterAckMessage DecodeRegisterAck(Reader& r) {
         std::string value = r.String("RegisterAck.settings.value");
         m.settings.emplace_back(std::move(key), std::move(value));
     }
+    m.rank = r.Fixed<int32_t>("RegisterAck.rank");
     return m;
 }
 
@@ -418,6 +434,22 @@ Result<Message> DecodeMessage(MessageType type, Reader& r) {
             ready.error = r.String("Ready.error");
             ready.num_kv_blocks = r.Fixed<int64_t>("Ready.num_kv_blocks");
             message = std::move(ready);
+            break;
+        }
+        case MessageType::kStoreRequest: {
+            StoreRequestMessage request;
+            request.set = r.Bool("StoreRequest.set");
+            request.key = r.String("StoreRequest.key");
+            request.value = r.String("StoreRequest.value");
+            message = std::move(request);
+            break;
+        }
+        case MessageType::kStoreReply: {
+            StoreReplyMessage reply;
+            reply.found = r.Bool("StoreReply.found");
+            reply.value = r.String("StoreReply.value");
+            reply.error = r.String("StoreReply.error");
+            message = std::move(reply);
             break;
         }
     }
@@ -469,6 +501,10 @@ std::string_view MessageTypeName(MessageType type) {
             return "Shutdown";
         case MessageType::kReady:
             return "Ready";
+        case MessageType::kStoreRequest:
+            return "StoreRequest";
+        case MessageType::kStoreReply:
+            return "StoreReply";
     }
     return "Unknown";
 }
@@ -484,6 +520,10 @@ MessageType TypeOf(const Message& message) {
         MessageType operator()(const HeartbeatMessage&) const { return MessageType::kHeartbeat; }
         MessageType operator()(const ShutdownMessage&) const { return MessageType::kShutdown; }
         MessageType operator()(const ReadyMessage&) const { return MessageType::kReady; }
+        MessageType operator()(const StoreRequestMessage&) const {
+            return MessageType::kStoreRequest;
+        }
+        MessageType operator()(const StoreReplyMessage&) const { return MessageType::kStoreReply; }
     };
     return std::visit(Visitor{}, message);
 }
@@ -539,7 +579,7 @@ Result<FrameHeader> DecodeFrameHeader(std::string_view header, uint32_t max_payl
     }
     const uint16_t type = ReadU16(header, 6);
     if (type < static_cast<uint16_t>(MessageType::kStepPlan) ||
-        type > static_cast<uint16_t>(MessageType::kReady)) {
+        type > static_cast<uint16_t>(MessageType::kStoreReply)) {
         return DataLoss("unknown message type " + std::to_string(type));
     }
     result.type = static_cast<MessageType>(type);

@@ -37,6 +37,8 @@ enum class MessageType : uint16_t {
     kHeartbeat = 5,
     kShutdown = 6,
     kReady = 7,
+    kStoreRequest = 8,
+    kStoreReply = 9,
 };
 
 std::string_view MessageTypeName(MessageType type);
@@ -44,7 +46,9 @@ MessageType TypeOf(const Message& message);
 
 inline constexpr std::string_view kFrameMagic = "KVSF";
 // 2: KV transfer ops (StepPlan.kv_recvs/kv_sends, StepResult transfer fields), Register's
-// kv_endpoint, the Ready message. 3: Register's token.
+// kv_endpoint, the Ready message. 3: Register's token. Later changes of a message's fields
+// bump kControlProtocolVersion (comm/control_messages.h) only: Register keeps its encoding, so
+// a worker of another version is refused by the registry with both versions named.
 inline constexpr uint16_t kWireVersion = 3;
 inline constexpr size_t kFrameHeaderBytes = 16;
 inline constexpr uint32_t kDefaultMaxFramePayloadBytes = 64u << 20;

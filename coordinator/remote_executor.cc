@@ -5,9 +5,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <unordered_set>
 #include <variant>
 
+#include "comm/collective.h"
+#include "comm/collective_store.h"
+#include "common/build_config.h"
 #include "common/check.h"
 #include "common/logging.h"
 
@@ -31,6 +35,8 @@ struct WorkerRegistry::Slots {
         ready.assign(n, false);
         num_kv_blocks.assign(n, 0);
         num_registered = 0;
+        store = std::make_shared<MemoryCollectiveStore>();
+        nccl_unique_id.clear();
     }
 
     // REQUIRES: mu held. Whether a Register for this instance may take a free rank now.
@@ -48,6 +54,13 @@ struct WorkerRegistry::Slots {
     std::vector<bool> ready;
     std::vector<int64_t> num_kv_blocks;
     int num_registered = 0;
+    // The formation's rendezvous store (comm/collective_store.h): the ranks of a Gloo group
+    // exchange their addresses in it, through StoreRequest messages between RegisterAck and
+    // Ready. A fresh one per formation, so a re-formed group never reads the old one's keys.
+    std::shared_ptr<MemoryCollectiveStore> store;
+    // CUDA builds, tp > 1: the formation's NCCL unique id, made at its first registration and
+    // handed to every rank in RegisterAck.settings ("nccl_unique_id").
+    std::string nccl_unique_id;
     // The state of the current formation, guarded by mu:
     //   forming (initial) ─WaitReady OK→ formed ─failure→ failed ─BeginReform→ reforming
     //   reforming ─Reform OK→ formed;  reforming ─failure→ failed;  any ─Shutdown→ shut down
@@ -70,6 +83,33 @@ std::string RankList(const std::vector<int>& ranks) {
 
 // Compares in time that depends on the expected token's length only, not on where the first
 // difference is.
+// A worker's --model against the instance's model path: a path must be the same path, a bare
+// file name the path's last part (a pod may mount the same file elsewhere).
+bool ModelMatches(const std::string& wanted, const std::string& served) {
+    if (wanted.find('/') != std::string::npos) return wanted == served;
+    const size_t slash = served.rfind('/');
+    return wanted == (slash == std::string::npos ? served : served.substr(slash + 1));
+}
+
+// The answer to one StoreRequest of a forming instance's rank.
+StoreReplyMessage ServeStore(MemoryCollectiveStore& store, const StoreRequestMessage& request) {
+    StoreReplyMessage reply;
+    if (request.set) {
+        const Status set = store.Set(request.key, request.value);
+        if (!set.ok()) reply.error = set.message();
+        return reply;
+    }
+    const Status valid = CheckCollectiveStoreEntry(request.key, "");
+    if (!valid.ok()) {
+        reply.error = valid.message();
+        return reply;
+    }
+    std::optional<std::string> value = store.Find(request.key);
+    reply.found = value.has_value();
+    if (value.has_value()) reply.value = std::move(*value);
+    return reply;
+}
+
 bool TokenMatches(std::string_view presented, std::string_view expected) {
     unsigned diff = presented.size() == expected.size() ? 0u : 1u;
     for (size_t i = 0; i < expected.size(); ++i) {
@@ -259,8 +299,9 @@ void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel>& channel,
                              std::string(MessageTypeName(TypeOf(*first))));
         return;
     }
-    const std::string who =
-        "instance '" + reg->instance_id + "' rank " + std::to_string(reg->worker_rank);
+    const bool any_rank = reg->worker_rank == kAnyRank;
+    std::string who = "instance '" + reg->instance_id + "' rank " +
+                      (any_rank ? std::string("(any)") : std::to_string(reg->worker_rank));
     if (reg->protocol_version != kControlProtocolVersion) {
         Reject(*channel, who + ": protocol version " + std::to_string(reg->protocol_version) +
                              ", the coordinator speaks " + std::to_string(kControlProtocolVersion));
@@ -286,6 +327,7 @@ void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel>& channel,
         return;
     }
     RegisterAckMessage ack;
+    int rank = reg->worker_rank;
     {
         std::lock_guard<std::mutex> lock(slots->mu);
         const int tp = slots->options.tp;
@@ -295,20 +337,32 @@ void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel>& channel,
         } else if (!slots->TakesRegistrations()) {
             problem = slots->formed ? "the instance is formed: every rank is registered"
                                     : "the instance failed and is not re-forming yet";
-        } else if (reg->tp != tp) {
+        } else if (reg->tp != kAnyTp && reg->tp != tp) {
             problem =
                 "tp " + std::to_string(reg->tp) + ", but the instance has tp " + std::to_string(tp);
-        } else if (reg->worker_rank < 0 || reg->worker_rank >= tp) {
+        } else if (!reg->model.empty() && !ModelMatches(reg->model, slots->options.model_path)) {
+            problem = "model '" + reg->model + "', but the instance serves '" +
+                      slots->options.model_path + "'";
+        } else if (any_rank) {
+            // The lowest free rank (LeaderWorkerSet pods and workers started by hand alike).
+            rank = -1;
+            for (int r = 0; r < tp && rank < 0; ++r) {
+                if (slots->peers[static_cast<size_t>(r)].empty()) rank = r;
+            }
+            if (rank < 0) {
+                problem = "no free rank: all " + std::to_string(tp) + " ranks are registered";
+            }
+        } else if (rank < 0 || rank >= tp) {
             problem = "rank out of range [0, " + std::to_string(tp) + ")";
-        } else if (!slots->peers[static_cast<size_t>(reg->worker_rank)].empty()) {
-            problem =
-                "rank already registered by " + slots->peers[static_cast<size_t>(reg->worker_rank)];
+        } else if (!slots->peers[static_cast<size_t>(rank)].empty()) {
+            problem = "rank " + std::to_string(rank) + " already registered by " +
+                      slots->peers[static_cast<size_t>(rank)];
         }
         if (!problem.empty()) {
             // Reject outside the lock: it sends.
             ack.error = who + ": " + problem;
         } else {
-            const auto r = static_cast<size_t>(reg->worker_rank);
+            const auto r = static_cast<size_t>(rank);
             // Claimed now, under the lock, so a concurrent handshake for the same rank is
             // refused; the channel follows once the ack is out.
             slots->peers[r] = channel->peer();
@@ -316,25 +370,41 @@ void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel>& channel,
             ack.accepted = true;
             ack.model_path = slots->options.model_path;
             ack.tp = tp;
+            ack.rank = rank;
             ack.settings = slots->options.settings;
+#if KVSHARD_WITH_CUDA
+            if (tp > 1 && slots->nccl_unique_id.empty()) {
+                Result<std::string> id = NewNcclUniqueId();
+                if (id.ok()) {
+                    slots->nccl_unique_id = std::move(*id);
+                } else {
+                    spdlog::warn("instance {}: no NCCL unique id for the ranks: {}",
+                                 reg->instance_id, id.status().ToString());
+                }
+            }
+#endif
+            if (!slots->nccl_unique_id.empty()) {
+                ack.settings.emplace_back("nccl_unique_id", slots->nccl_unique_id);
+            }
         }
     }
     if (!ack.accepted) {
         Reject(*channel, ack.error);
         return;
     }
+    if (any_rank) who = "instance '" + reg->instance_id + "' rank " + std::to_string(rank);
     // The ack goes out before the channel is handed over, so the worker's Ready always follows
     // it; a failed send shows up as the channel's error in WaitReady.
     const Status sent = channel->Send(ack);
     if (!sent.ok()) spdlog::warn("worker registry: {}: RegisterAck: {}", who, sent.ToString());
-    spdlog::info("worker registry: {} registered from {} (kv endpoint '{}')", who, channel->peer(),
-                 reg->kv_endpoint);
+    spdlog::info("worker registry: {} registered from {}{} (kv endpoint '{}')", who,
+                 channel->peer(), any_rank ? " (rank assigned)" : "", reg->kv_endpoint);
     {
         std::lock_guard<std::mutex> lock(mu_);
         handshake->channel = nullptr;  // no longer ours to close
     }
     std::lock_guard<std::mutex> lock(slots->mu);
-    const auto r = static_cast<size_t>(reg->worker_rank);
+    const auto r = static_cast<size_t>(rank);
     if (!slots->TakesRegistrations() || slots->channels[r] != nullptr ||
         slots->peers[r] != channel->peer()) {
         // Shut down, failed or re-formed again while the ack was going out: the worker sees its
@@ -518,8 +588,10 @@ Status RemoteStepExecutor::WaitFormed(uint64_t generation, std::chrono::millisec
     const int n = tp();
     for (;;) {
         std::vector<FrameChannel*> pending(static_cast<size_t>(n), nullptr);
+        std::shared_ptr<MemoryCollectiveStore> store;
         {
             std::lock_guard<std::mutex> lock(slots_->mu);
+            store = slots_->store;
             if (slots_->generation != generation) {
                 return Unavailable("instance " + instance_id() + ": re-formed meanwhile");
             }
@@ -530,12 +602,22 @@ Status RemoteStepExecutor::WaitFormed(uint64_t generation, std::chrono::millisec
                 if (!slots_->ready[i]) pending[i] = slots_->channels[i].get();
             }
         }
-        // Take whatever Ready messages have arrived, without waiting on any one rank. The
-        // channels stay alive: only this thread's BeginReform or the destructor takes them out.
+        // Take whatever Ready messages have arrived, and answer the rendezvous store's
+        // requests, without waiting on any one rank. The channels stay alive: only this
+        // thread's BeginReform or the destructor takes them out.
         for (int r = 0; r < n; ++r) {
             FrameChannel* c = pending[static_cast<size_t>(r)];
             if (c == nullptr) continue;
             Result<Message> m = c->Receive(Clock::now());
+            // A rank meeting its peers asks the store a few times; the answers go at once.
+            while (m.ok() && std::holds_alternative<StoreRequestMessage>(*m)) {
+                const Status sent =
+                    c->Send(ServeStore(*store, std::get<StoreRequestMessage>(*m)));
+                if (!sent.ok()) {
+                    return Fail(generation, RankError(r, "connection lost before Ready", sent));
+                }
+                m = c->Receive(Clock::now());
+            }
             if (!m.ok()) {
                 if (m.status().code() == StatusCode::kDeadlineExceeded) continue;
                 return Fail(generation, RankError(r, "connection lost before Ready", m.status()));
@@ -548,7 +630,21 @@ Status RemoteStepExecutor::WaitFormed(uint64_t generation, std::chrono::millisec
                                                std::string(MessageTypeName(TypeOf(*m))))));
             }
             if (!ready->ok) {
-                return Fail(generation, RankError(r, "failed to load", Internal(ready->error)));
+                // A rank that gave up waiting for its peers says so; name who never came.
+                std::vector<int> unregistered;
+                {
+                    std::lock_guard<std::mutex> lock(slots_->mu);
+                    for (int q = 0; q < n; ++q) {
+                        if (slots_->channels[static_cast<size_t>(q)] == nullptr) {
+                            unregistered.push_back(q);
+                        }
+                    }
+                }
+                const std::string missing =
+                    unregistered.empty() ? "" : " (ranks not registered: " +
+                                                    RankList(unregistered) + ")";
+                return Fail(generation,
+                            RankError(r, "failed to load", Internal(ready->error + missing)));
             }
             std::lock_guard<std::mutex> lock(slots_->mu);
             slots_->ready[static_cast<size_t>(r)] = true;

@@ -5,9 +5,11 @@
 //
 //   WorkerRegistry::Start ─ AddInstance("0", tp) → RemoteStepExecutor
 //        accept thread → one handshake thread per connection (each with its own deadline):
-//        Register → token and fields checked → RegisterAck{model, settings} → slot of
-//        (instance, rank)
-//   executor.WaitReady(timeout)   every rank registered and Ready (or why not); epoch 1
+//        Register → token and fields checked → rank (the asked one, or the lowest free one for
+//        kAnyRank) → RegisterAck{model, tp, rank, settings} → slot of (instance, rank)
+//   executor.WaitReady(timeout)   every rank registered and Ready (or why not); epoch 1. Until
+//        then it also serves the formation's rendezvous store (StoreRequest → StoreReply), in
+//        which the ranks of a Gloo group (comm/collective.h) find each other
 //   executor.Execute(plan)        plan to every rank, every rank's StepResult back, merged
 //   executor.Health()             OK while every rank's channel is alive, also between steps
 //   executor.Reform(timeout)      after a failure: new registrations, every rank Ready; epoch+1
@@ -75,8 +77,11 @@ class RemoteStepExecutor;
 // Accepts worker connections on one TCP port for any number of instances. A registration is
 // refused (RegisterAck{accepted: false}, logged, recorded in rejections()) without the right
 // token (compared in constant time), for another protocol version, an unknown instance, a tp
-// other than the instance's, a rank outside [0, tp) or already registered, or an instance that
-// failed and is not re-forming. Thread-safety: every method may be called from any thread.
+// other than the instance's (both named; kAnyTp takes the instance's), a model other than the
+// instance's (when the worker names one), a rank outside [0, tp) or already registered (the
+// rank and its holder named), kAnyRank when every rank is taken, or an instance that failed and
+// is not re-forming. CUDA builds hand every rank of a tp > 1 formation the same NCCL unique id
+// (settings "nccl_unique_id"). Thread-safety: every method may be called from any thread.
 class WorkerRegistry {
   public:
     static Result<std::unique_ptr<WorkerRegistry>> Start(const WorkerRegistryOptions& options);

@@ -6,6 +6,7 @@
 #include <thread>
 #include <variant>
 
+#include "comm/collective_store.h"
 #include "comm/kv_transport.h"
 #include "common/logging.h"
 #include "kernels/cpu_ops.h"
@@ -51,10 +52,25 @@ Result<int64_t> IntSetting(std::string_view key, const std::string& text) {
     return v;
 }
 
-// The prefix of every log line and error of this rank.
+// The prefix of every log line and error of this rank ("?" for what the coordinator assigns).
 std::string Who(const WorkerServiceOptions& o) {
-    return "instance " + o.instance_id + " rank " + std::to_string(o.rank) + "/" +
-           std::to_string(o.tp);
+    return "instance " + o.instance_id + " rank " +
+           (o.rank == kAnyRank ? std::string("?") : std::to_string(o.rank)) + "/" +
+           (o.tp == kAnyTp ? std::string("?") : std::to_string(o.tp));
+}
+
+// The Gloo group of this rank's instance, meeting in the coordinator's store over `channel`.
+Result<std::unique_ptr<Collective>> FormGlooGroup(const WorkerServiceOptions& o,
+                                                  FrameChannel& channel) {
+    CollectiveConfig cc;
+    cc.kind = CollectiveConfig::Kind::kGloo;
+    cc.rank = o.rank;
+    cc.size = o.tp;
+    cc.timeout_ms = o.collective_timeout_ms;
+    cc.gloo_host = o.collective_host;
+    cc.gloo_iface = o.collective_iface;
+    cc.gloo_store = std::make_shared<ChannelCollectiveStore>(channel);
+    return MakeCollective(cc);
 }
 
 // Connection refused while the coordinator is not listening yet: try again until the deadline.
@@ -173,11 +189,9 @@ Result<WorkerRunSettings> DecodeWorkerSettings(
     return s;
 }
 
-Status RunWorkerService(const WorkerServiceOptions& o) {
-    const std::string who = Who(o);
-    if (o.tp > 1 && o.collective == nullptr) {
-        return InvalidArgument(who + ": tp > 1 needs a collective between the ranks (mpirun)");
-    }
+Status RunWorkerService(const WorkerServiceOptions& options) {
+    WorkerServiceOptions o = options;  // rank and tp as the coordinator confirms them
+    std::string who = Who(o);
     KV_RETURN_IF_ERROR(ValidateFrameChannelOptions(o.channel));
 
     // This rank's KV transport: the coordinator hands its endpoint to the ranks that send KV here.
@@ -196,6 +210,7 @@ Status RunWorkerService(const WorkerServiceOptions& o) {
     reg.instance_id = o.instance_id;
     reg.kv_endpoint = kv_endpoint;
     reg.token = o.token;
+    reg.model = o.model;
     KV_RETURN_IF_ERROR(channel->Send(reg).WithContext(who + ": Register"));
     Result<Message> answer =
         channel->Receive(Clock::now() + std::chrono::milliseconds(o.register_timeout_ms));
@@ -208,8 +223,38 @@ Status RunWorkerService(const WorkerServiceOptions& o) {
     if (!ack->accepted) {
         return InvalidArgument(who + ": the coordinator refused the registration: " + ack->error);
     }
-    if (ack->tp != o.tp) {
-        return Internal(who + ": RegisterAck says tp " + std::to_string(ack->tp));
+    if ((o.tp != kAnyTp && ack->tp != o.tp) || (o.rank != kAnyRank && ack->rank != o.rank) ||
+        ack->tp < 1 || ack->rank < 0 || ack->rank >= ack->tp) {
+        return Internal(who + ": RegisterAck says rank " + std::to_string(ack->rank) + " of tp " +
+                        std::to_string(ack->tp));
+    }
+    o.rank = ack->rank;
+    o.tp = ack->tp;
+    who = Who(o);
+
+    // The ranks' collective, before the shard: the model runner all-reduces through it.
+    std::unique_ptr<Collective> gloo;
+    Status grouped;
+    if (o.collective != nullptr && o.collective->size() != o.tp) {
+        grouped = InvalidArgument(who + ": the given collective has " +
+                                  std::to_string(o.collective->size()) + " ranks, the instance " +
+                                  std::to_string(o.tp));
+    } else if (o.collective == nullptr && o.tp > 1) {
+        spdlog::info("{}: meeting the other {} ranks (Gloo, through the coordinator)", who,
+                     o.tp - 1);
+        Result<std::unique_ptr<Collective>> made = FormGlooGroup(o, *channel);
+        if (made.ok()) {
+            gloo = std::move(*made);
+            o.collective = gloo.get();
+        } else {
+            grouped = made.status();
+        }
+    }
+    if (!grouped.ok()) {
+        ReadyMessage failed;
+        failed.error = grouped.ToString();
+        (void)channel->Send(failed);  // best effort: the error is returned either way
+        return grouped.WithContext(who);
     }
 
     spdlog::info("{}: loading {}", who, ack->model_path);

@@ -3,7 +3,8 @@
 // RegisterAck says (its weight shard, a KV pool), reports Ready, then executes every StepPlan it
 // receives and answers each with a StepResult, until Shutdown or until the connection fails.
 //
-//   connect (retried until connect_timeout_ms) → Register → RegisterAck → load → Ready
+//   connect (retried until connect_timeout_ms) → Register → RegisterAck (rank, tp) →
+//   [tp > 1 without a collective given: a Gloo group meets through the coordinator] → load → Ready
 //   loop: StepPlan → StepRunner::Execute → StepResult     Shutdown → exit 0
 //
 // Every rank answers every plan, with its own tokens (ranks sample alike) and its own KV byte
@@ -41,8 +42,13 @@ struct WorkerServiceOptions {
     std::string coordinator_host = "127.0.0.1";
     uint16_t coordinator_port = 0;
     std::string instance_id;
+    // This rank, or kAnyRank (comm/control_messages.h): the coordinator assigns the lowest free
+    // one. The instance's tp as the worker was told, or kAnyTp: the coordinator's.
     int rank = 0;
     int tp = 1;
+    // Non-empty: the model the worker expects (path, or file name); the coordinator refuses the
+    // registration when its instance serves another.
+    std::string model;
     // The registry's secret (KVSHARD_WORKER_TOKEN), sent in Register.
     std::string token;
     // Address this rank's KV transport listens on (other instances send KV there).
@@ -54,15 +60,21 @@ struct WorkerServiceOptions {
     // How long the coordinator may take to answer Register.
     int64_t register_timeout_ms = 60'000;
     FrameChannelOptions channel;
-    // The instance's collective (not owned; outlives the call). REQUIRES: non-null when tp > 1,
-    // of size tp with this rank (an MPI group under mpirun).
+    // The instance's collective (not owned; outlives the call), e.g. the MPI group under
+    // mpirun: of size tp with this rank. Null: with tp > 1 the ranks build a Gloo communicator
+    // (comm/collective.h) meeting in the coordinator's rendezvous store over the registration
+    // channel, listening on collective_host (or the interface collective_iface names, or
+    // GLOO_SOCKET_IFNAME's), with collective_timeout_ms for the rendezvous and every operation.
     Collective* collective = nullptr;
+    std::string collective_host = "127.0.0.1";
+    std::string collective_iface;
+    int64_t collective_timeout_ms = 60'000;
 };
 
 // Runs the worker until Shutdown (returns OK) or a failure: the coordinator could not be reached
-// or refused the registration (the ack's reason), the model could not be loaded (reported to the
-// coordinator with Ready{ok=false} first), or the connection failed (Unavailable, naming the
-// peer and why). Logs its state transitions.
+// or refused the registration (the ack's reason), the ranks' collective could not be formed or
+// the model could not be loaded (both reported to the coordinator with Ready{ok=false} first),
+// or the connection failed (Unavailable, naming the peer and why). Logs its state transitions.
 Status RunWorkerService(const WorkerServiceOptions& options);
 
 }  // namespace kvshard

@@ -103,7 +103,7 @@ class Generator {
     }
 
     Message Any() {
-        switch (Int(0, 6)) {
+        switch (Int(0, 8)) {
             case 0:
                 return Plan();
             case 1:
@@ -114,10 +114,12 @@ class Generator {
                                        Bytes(20),
                                        static_cast<uint32_t>(rng_()),
                                        Bytes(24),
-                                       Bytes(32)};
+                                       Bytes(32),
+                                       Bytes(16)};
             case 3: {
                 RegisterAckMessage ack{
-                    Int(0, 1) == 1, Bytes(30), Bytes(30), static_cast<int32_t>(rng_()), {}};
+                    Int(0, 1) == 1, Bytes(30), Bytes(30), static_cast<int32_t>(rng_()), {},
+                    static_cast<int32_t>(rng_())};
                 for (int64_t i = Int(0, 5); i > 0; --i)
                     ack.settings.emplace_back(Bytes(8), Bytes(8));
                 return ack;
@@ -126,6 +128,10 @@ class Generator {
                 return HeartbeatMessage{rng_()};
             case 5:
                 return ReadyMessage{Int(0, 1) == 1, Bytes(40), static_cast<int64_t>(rng_())};
+            case 6:
+                return StoreRequestMessage{Int(0, 1) == 1, Bytes(20), Bytes(60)};
+            case 7:
+                return StoreReplyMessage{Int(0, 1) == 1, Bytes(60), Bytes(20)};
             default:
                 return ShutdownMessage{Bytes(40)};
         }
@@ -205,10 +211,16 @@ TEST(PlanCodec, RoundTripsEveryMessageType) {
         RegisterMessage{1, 2, "instance-0", kControlProtocolVersion, "", ""},
         RegisterMessage{1, 2, "instance-0", kControlProtocolVersion, "127.0.0.1:40123", "secret"},
         RegisterMessage{0, 1, "i", kControlProtocolVersion, "h:1", "3f9a0c"},
+        RegisterMessage{kAnyRank, kAnyTp, "i", kControlProtocolVersion, "", "t", "m.gguf"},
         ReadyMessage{true, "", 512},
         ReadyMessage{false, "model.gguf: no such file", 0},
         RegisterAckMessage{true, "", "/models/a.gguf", 2, {{"block_size", "16"}, {"k", ""}}},
         RegisterAckMessage{false, "tp mismatch", "", 0, {}},
+        RegisterAckMessage{true, "", "/m.gguf", 4, {}, 3},
+        StoreRequestMessage{true, "1", std::string("\0addr\xff", 6)},
+        StoreRequestMessage{false, "rank_0", ""},
+        StoreReplyMessage{true, "value", ""},
+        StoreReplyMessage{false, "", "too many keys"},
         HeartbeatMessage{99},
         ShutdownMessage{"bye"},
     };
@@ -327,7 +339,7 @@ TEST(PlanCodec, RejectsBadHeaders) {
         {"version 2", 4, 2, StatusCode::kUnimplemented},
         {"version 4", 4, 4, StatusCode::kUnimplemented},
         {"type 0", 6, 0, StatusCode::kDataLoss},
-        {"type 8", 6, 8, StatusCode::kDataLoss},
+        {"type 10", 6, 10, StatusCode::kDataLoss},
         {"type high byte", 7, 1, StatusCode::kDataLoss},
         {"length", 8, 0, StatusCode::kDataLoss},
         {"crc", 12, 0, StatusCode::kDataLoss},

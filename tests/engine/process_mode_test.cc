@@ -4,7 +4,9 @@
 // worker fails the in-flight requests with Unavailable and later ones at once; bad registrations
 // (and those without the token) are refused with the reason, silent connections delay nobody;
 // a killed or stopped worker is relaunched by the instance's supervisor and the instance serves
-// again with a new epoch. The MPI cases need mpirun and skip without it.
+// again with a new epoch. tp 2 instances of independent worker processes (the direct launcher,
+// or started by hand without --rank/--tp) meet through the coordinator and all-reduce over Gloo
+// (skipped in builds without Gloo); the MPI cases need mpirun and skip without it.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -29,6 +31,7 @@
 #include <vector>
 
 #include "cli/process_instance.h"
+#include "comm/collective_store.h"
 #include "comm/frame_channel.h"
 #include "common/build_config.h"
 #include "coordinator/engine.h"
@@ -377,7 +380,8 @@ TEST_F(ProcessModeTest, AWorkerThatExitsEarlyFailsStartupWithItsExitStatus) {
     EXPECT_LT(std::chrono::duration_cast<milliseconds>(Clock::now() - started).count(), 30'000);
 }
 
-TEST(ProcessModeConfigTest, TheDirectLauncherRefusesTensorParallelWorkers) {
+#if !KVSHARD_WITH_GLOO
+TEST(ProcessModeConfigTest, TheDirectLauncherRefusesTensorParallelWorkersWithoutGloo) {
     Result<ServerConfig> c =
         ParseServerConfig("model: m\nworkers:\n  mode: processes\n  launcher: direct\n", "t.yaml");
     ASSERT_TRUE(c.ok());
@@ -389,6 +393,7 @@ TEST(ProcessModeConfigTest, TheDirectLauncherRefusesTensorParallelWorkers) {
     EXPECT_NE(instance.status().message().find("launcher: mpirun"), std::string::npos)
         << instance.status().ToString();
 }
+#endif
 
 // ---- registration, with hand-made workers ----
 
@@ -448,12 +453,21 @@ TEST(WorkerRegistryTest, RefusesBadRegistrationsWithTheReason) {
         {"unknown instance", {0, 2, "b", kControlProtocolVersion, "", kToken}, "unknown instance"},
         {"duplicate rank",
          {0, 2, "a", kControlProtocolVersion, "", kToken},
-         "already registered by"},
+         "rank 0 already registered by 127.0.0.1:"},
         {"rank out of range", {2, 2, "a", kControlProtocolVersion, "", kToken}, "out of range"},
-        {"negative rank", {-1, 2, "a", kControlProtocolVersion, "", kToken}, "out of range"},
+        {"negative rank", {-2, 2, "a", kControlProtocolVersion, "", kToken}, "out of range"},
         {"tp mismatch",
          {1, 4, "a", kControlProtocolVersion, "", kToken},
          "tp 4, but the instance has tp 2"},
+        {"tp mismatch, rank left to the coordinator",
+         {kAnyRank, 3, "a", kControlProtocolVersion, "", kToken},
+         "tp 3, but the instance has tp 2"},
+        {"another model",
+         {1, 2, "a", kControlProtocolVersion, "", kToken, "other.gguf"},
+         "model 'other.gguf', but the instance serves '/models/m.gguf'"},
+        {"another model path",
+         {1, kAnyTp, "a", kControlProtocolVersion, "", kToken, "/elsewhere/m.gguf"},
+         "model '/elsewhere/m.gguf', but the instance serves '/models/m.gguf'"},
         {"old protocol", {1, 2, "a", 1, "", kToken}, "protocol version 1"},
         // Rank 1 is free: only the token is wrong.
         {"no token", {1, 2, "a", kControlProtocolVersion, "", ""}, "no token"},
@@ -506,6 +520,70 @@ TEST(WorkerRegistryTest, WaitReadyNamesTheMissingRanksAtTheDeadline) {
         << ready.ToString();
     EXPECT_NE(ready.message().find("registered but not ready: 1"), std::string::npos)
         << ready.ToString();
+}
+
+// Workers that leave the rank (and tp) to the coordinator get the lowest free ranks, the
+// instance's tp, and, until the instance is formed, the formation's rendezvous store.
+TEST(WorkerRegistryTest, AssignsTheLowestFreeRankAndServesTheRendezvousStore) {
+    Result<std::unique_ptr<WorkerRegistry>> registry = WorkerRegistry::Start(RegistryOptions());
+    ASSERT_TRUE(registry.ok());
+    const uint16_t port = (*registry)->port();
+    RemoteInstanceOptions o;
+    o.instance_id = "s";
+    o.tp = 3;
+    o.model_path = "/models/m.gguf";
+    Result<std::unique_ptr<RemoteStepExecutor>> executor = (*registry)->AddInstance(o);
+    ASSERT_TRUE(executor.ok());
+    std::unique_ptr<FrameChannel> ranks[3];
+    const RegisterAckMessage one =
+        RegisterAs(port, {1, 3, "s", kControlProtocolVersion, "h:1", kToken}, &ranks[1]);
+    ASSERT_TRUE(one.accepted) << one.error;
+    EXPECT_EQ(one.rank, 1);
+    const RegisterAckMessage zero = RegisterAs(
+        port, {kAnyRank, kAnyTp, "s", kControlProtocolVersion, "h:0", kToken, "m.gguf"}, &ranks[0]);
+    ASSERT_TRUE(zero.accepted) << zero.error;
+    EXPECT_EQ(zero.rank, 0);
+    EXPECT_EQ(zero.tp, 3);
+    const RegisterAckMessage two =
+        RegisterAs(port, {kAnyRank, kAnyTp, "s", kControlProtocolVersion, "h:2", kToken,
+                          "/models/m.gguf"},
+                   &ranks[2]);
+    ASSERT_TRUE(two.accepted) << two.error;
+    EXPECT_EQ(two.rank, 2);
+    const RegisterAckMessage full =
+        RegisterAs(port, {kAnyRank, kAnyTp, "s", kControlProtocolVersion, "", kToken});
+    EXPECT_FALSE(full.accepted);
+    EXPECT_NE(full.error.find("no free rank: all 3 ranks are registered"), std::string::npos)
+        << full.error;
+    EXPECT_EQ((*executor)->kv_endpoints(), (std::vector<std::string>{"h:0", "h:1", "h:2"}));
+
+    // WaitReady answers the store while it waits for the Ready messages.
+    Status ready = Internal("not done");
+    std::thread waiter([&] { ready = (*executor)->WaitReady(milliseconds(20'000)); });
+    auto ask = [&](int rank, const StoreRequestMessage& request) -> StoreReplyMessage {
+        EXPECT_TRUE(ranks[rank]->Send(request).ok());
+        Result<Message> answer = ranks[rank]->Receive(Clock::now() + milliseconds(10'000));
+        EXPECT_TRUE(answer.ok()) << answer.status().ToString();
+        if (!answer.ok()) return {};
+        const auto* reply = std::get_if<StoreReplyMessage>(&*answer);
+        EXPECT_NE(reply, nullptr);
+        return reply != nullptr ? *reply : StoreReplyMessage{};
+    };
+    EXPECT_FALSE(ask(2, {false, "0", ""}).found);  // not set yet: answered at once
+    EXPECT_TRUE(ask(0, {true, "0", std::string("addr\0of rank 0", 14)}).error.empty());
+    const StoreReplyMessage got = ask(2, {false, "0", ""});
+    EXPECT_TRUE(got.found);
+    EXPECT_EQ(got.value, std::string("addr\0of rank 0", 14));
+    // The store's bounds hold for what a worker sends.
+    const StoreReplyMessage big =
+        ask(1, {true, "big", std::string(kMaxCollectiveStoreValueBytes + 1, 'x')});
+    EXPECT_NE(big.error.find("at most"), std::string::npos) << big.error;
+    EXPECT_FALSE(ask(1, {false, "big", ""}).found);
+    EXPECT_NE(ask(1, {false, "", ""}).error, "");
+
+    for (int r = 0; r < 3; ++r) ASSERT_TRUE(ranks[r]->Send(ReadyMessage{true, "", 8}).ok());
+    waiter.join();
+    EXPECT_TRUE(ready.ok()) << ready.ToString();
 }
 
 // Silent connections (a port scanner, a stuck client) each hold only their own handshake: a real
@@ -812,6 +890,166 @@ TEST(WorkerRegistryTest, AFailedInstanceTakesNewRegistrationsWhenReforming) {
     EXPECT_EQ(ex.epoch(), 2u);
     EXPECT_EQ(ex.kv_endpoints(), std::vector<std::string>{"h:3"});
     EXPECT_EQ(ex.num_kv_blocks(), std::vector<int64_t>{16});
+}
+
+// ---- Gloo: tp 2 worker processes that meet through the coordinator ----
+
+// `kvshard worker` for `port` and instance "test", started by hand (no launcher): the test's
+// environment without its own KVSHARD_WORKER_TOKEN, plus `env`.
+pid_t SpawnWorker(const std::string& binary, uint16_t port, std::vector<std::string> extra,
+                  const std::vector<std::string>& env) {
+    std::vector<std::string> args = {binary,          "worker",
+                                     "--coordinator", "127.0.0.1:" + std::to_string(port),
+                                     "--instance",    "test",
+                                     "--threads",     "1",
+                                     "--log-level",   "warn"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) {
+        const std::string_view v(*e);
+        if (v.rfind("KVSHARD_WORKER_TOKEN=", 0) != 0 && v.rfind("LWS_WORKER_INDEX=", 0) != 0) {
+            env_strings.push_back(*e);
+        }
+    }
+    env_strings.insert(env_strings.end(), env.begin(), env.end());
+    std::vector<char*> argv, envp;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (std::string& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    pid_t pid = -1;
+    EXPECT_EQ(posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), envp.data()), 0);
+    return pid;
+}
+
+int WaitExit(pid_t pid) {
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    return status;
+}
+
+// Waits until the registry knows instance "test" (of tp 2), by registering as a worker of the
+// wrong tp (refused, so no rank is taken).
+bool InstanceDeclared(uint16_t port, const std::string& token) {
+    return WaitFor([&] {
+        const RegisterAckMessage ack =
+            RegisterAs(port, {kAnyRank, 99, "test", kControlProtocolVersion, "", token});
+        return ack.error.find("tp 99, but the instance has tp 2") != std::string::npos;
+    });
+}
+
+bool RejectedWith(const WorkerRegistry& registry, const std::string& text) {
+    for (const std::string& r : registry.rejections()) {
+        if (r.find(text) != std::string::npos) return true;
+    }
+    return false;
+}
+
+// The coordinator's own direct launcher starts tp independent processes (no mpirun): the same
+// greedy tokens as the embedded tp 1 group.
+TEST_F(ProcessModeTest, GlooTp2DirectWorkersGiveTheSameTokens) {
+    if (!KVSHARD_WITH_GLOO) GTEST_SKIP() << "built without Gloo";
+    Result<std::unique_ptr<cli::ProcessInstance>> instance =
+        cli::StartProcessInstance(Config("direct"), Spec(2));
+    ASSERT_TRUE(instance.ok()) << instance.status().ToString();
+    EXPECT_EQ((*instance)->worker_pids().size(), 2u);
+    EXPECT_EQ((*instance)->executor().kv_endpoints().size(), 2u);
+    const auto remote = Run((*instance)->executor());
+    const auto embedded = EmbeddedReference();
+    ASSERT_EQ(remote.size(), embedded.size());
+    for (size_t i = 0; i < remote.size(); ++i) {
+        EXPECT_FALSE(remote[i].empty());
+        EXPECT_EQ(remote[i], embedded[i]) << "request " << i;
+    }
+}
+
+// Workers started by hand with neither --rank nor --tp (one with a LeaderWorkerSet index, one
+// without): the coordinator assigns the ranks and the tp, and the instance gives the tokens of
+// tp 1. A worker that says another tp, or claims a rank that is taken, is refused with the
+// numbers and exits non-zero.
+TEST_F(ProcessModeTest, GlooTp2ExternalWorkersGetRanksFromTheCoordinator) {
+    if (!KVSHARD_WITH_GLOO) GTEST_SKIP() << "built without Gloo";
+    const std::string token = "gloo-external-token";
+    WorkerRegistryOptions ro;
+    ro.token = token;
+    ro.channel.heartbeat_interval_ms = 200;
+    ro.channel.dead_after_ms = 2'000;
+    Result<std::unique_ptr<WorkerRegistry>> started = WorkerRegistry::Start(ro);
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    std::shared_ptr<WorkerRegistry> registry = std::move(*started);
+    Result<ServerConfig> parsed = ParseServerConfig(
+        "model: " + model_path_ +
+            "\nlog_level: warn\nworkers:\n  mode: processes\n  launcher: external\n  port: 1\n"
+            "  token: " +
+            token +
+            "\n  heartbeat_interval_ms: 200\n  dead_after_ms: 2000\n  register_timeout_ms: "
+            "60000\n  restart_limit: 0\n",
+        "test.yaml");
+    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+    const ServerConfig config = *parsed;
+    Result<std::unique_ptr<cli::ProcessInstance>> instance = Internal("not started");
+    std::thread start([&] { instance = cli::StartProcessInstance(config, Spec(2), registry); });
+
+    const std::string token_env = "KVSHARD_WORKER_TOKEN=" + token;
+    ASSERT_TRUE(InstanceDeclared(registry->port(), token));
+    const pid_t wrong_tp = SpawnWorker(binary_, registry->port(), {"--tp", "3"}, {token_env});
+    const int wrong_tp_status = WaitExit(wrong_tp);
+    EXPECT_TRUE(WIFEXITED(wrong_tp_status) && WEXITSTATUS(wrong_tp_status) != 0);
+    const pid_t indexed =
+        SpawnWorker(binary_, registry->port(), {}, {token_env, "LWS_WORKER_INDEX=1"});
+    const pid_t assigned = SpawnWorker(binary_, registry->port(), {}, {token_env});
+    start.join();
+    ASSERT_TRUE(instance.ok()) << instance.status().ToString();
+    EXPECT_TRUE(RejectedWith(*registry, "tp 3, but the instance has tp 2"));
+
+    const pid_t duplicate =
+        SpawnWorker(binary_, registry->port(), {"--rank", "1"}, {token_env});
+    const int duplicate_status = WaitExit(duplicate);
+    EXPECT_TRUE(WIFEXITED(duplicate_status) && WEXITSTATUS(duplicate_status) != 0);
+    EXPECT_TRUE(RejectedWith(*registry, "instance 'test' rank 1: the instance is formed"));
+
+    EXPECT_EQ(Run((*instance)->executor()), EmbeddedReference());
+    instance->reset();  // tells the workers to shut down
+    for (pid_t p : {indexed, assigned}) {
+        const int status = WaitExit(p);
+        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    }
+}
+
+// A rank that never comes: the instance does not form, within workers.register_timeout_ms, and
+// the error names the missing rank (the registered one's rendezvous waits longer).
+TEST_F(ProcessModeTest, GlooTp2InstanceWithAMissingRankFailsNamingIt) {
+    if (!KVSHARD_WITH_GLOO) GTEST_SKIP() << "built without Gloo";
+    const std::string token = "gloo-missing-token";
+    WorkerRegistryOptions ro;
+    ro.token = token;
+    Result<std::unique_ptr<WorkerRegistry>> started = WorkerRegistry::Start(ro);
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    std::shared_ptr<WorkerRegistry> registry = std::move(*started);
+    Result<ServerConfig> parsed = ParseServerConfig(
+        "model: " + model_path_ +
+            "\nlog_level: warn\nworkers:\n  mode: processes\n  launcher: external\n  port: 1\n"
+            "  token: " +
+            token + "\n  register_timeout_ms: 8000\n  restart_limit: 0\n",
+        "test.yaml");
+    ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+    const auto began = Clock::now();
+    Result<std::unique_ptr<cli::ProcessInstance>> instance = Internal("not started");
+    std::thread start([&] { instance = cli::StartProcessInstance(*parsed, Spec(2), registry); });
+    ASSERT_TRUE(InstanceDeclared(registry->port(), token));
+    const pid_t lone = SpawnWorker(binary_, registry->port(),
+                                   {"--rank", "0", "--collective-timeout-ms", "60000"},
+                                   {"KVSHARD_WORKER_TOKEN=" + token});
+    start.join();
+    ASSERT_FALSE(instance.ok());
+    EXPECT_LT(Clock::now() - began, milliseconds(30'000));  // not the 60 s rendezvous
+    EXPECT_EQ(instance.status().code(), StatusCode::kDeadlineExceeded) << instance.status().ToString();
+    EXPECT_NE(instance.status().message().find("ranks not registered: 1"), std::string::npos)
+        << instance.status().ToString();
+    // The lone worker sees its channel close and exits.
+    const int status = WaitExit(lone);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << status;
 }
 
 // ---- MPI: tp 2 worker processes under mpirun ----

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Tensor parallelism across independent processes, no mpirun: `kvshard serve` in process mode
+# with the direct launcher starts tp `kvshard worker` processes that meet through the coordinator
+# and all-reduce over Gloo. A greedy completion over HTTP must give the text of tp 1. Run by
+# ctest (label "gloo"). Usage: tp_gloo_test.sh KVSHARD STORIES_DIR [DEFAULT_MODEL]
+# Models that are absent are skipped with a message.
+set -euo pipefail
+kvshard="$1" stories="$2" default_model="${3:-}"
+failures=0
+work="$(mktemp -d)"
+server_pid=""
+cleanup() {
+    if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+# Starts `kvshard serve` (model, tp), prints the completion's text, stops the server.
+complete() {  # model tp max_tokens prompt
+    local model="$1" tp="$2" max_tokens="$3" prompt="$4"
+    cat > "$work/serve.yaml" <<EOF
+model: $model
+log_level: warn
+workers:
+  mode: processes
+  launcher: direct
+  register_timeout_ms: 120000
+EOF
+    "$kvshard" serve --config "$work/serve.yaml" --tp "$tp" --threads 1 --host 127.0.0.1 \
+        --port 0 2> "$work/serve.log" &
+    server_pid=$!
+    local url=""
+    for _ in $(seq 1 1200); do
+        url="$(grep -o 'listening on http://[0-9.]*:[0-9]*' "$work/serve.log" | head -n 1 |
+               sed 's/listening on //')" || true
+        [ -n "$url" ] && break
+        if ! kill -0 "$server_pid" 2>/dev/null; then break; fi
+        sleep 0.1
+    done
+    if [ -z "$url" ]; then
+        echo "serve tp $tp did not start:" >&2
+        cat "$work/serve.log" >&2
+        kill "$server_pid" 2>/dev/null || true
+        wait "$server_pid" 2>/dev/null || true
+        server_pid=""
+        return 1
+    fi
+    curl -sS --max-time 120 "$url/v1/completions" -H 'Content-Type: application/json' \
+        -d "{\"model\": \"$(basename "$model")\", \"prompt\": \"$prompt\", \"max_tokens\": $max_tokens, \"temperature\": 0}" |
+        grep -o '"text":"[^"]*"' | head -n 1
+    kill "$server_pid"
+    wait "$server_pid" 2>/dev/null || true
+    server_pid=""
+}
+
+check() {  # model tp max_tokens prompt
+    local model="$1" tp="$2" max_tokens="$3" prompt="$4" ref got
+    ref="$(complete "$model" 1 "$max_tokens" "$prompt")" || ref=""
+    got="$(complete "$model" "$tp" "$max_tokens" "$prompt")" || got=""
+    if [ -n "$ref" ] && [ "$ref" = "$got" ]; then
+        echo "ok   tp $tp $(basename "$model"): $ref"
+    else
+        echo "FAIL tp $tp $(basename "$model"): tp 1 ${ref:-<nothing>}, gloo ${got:-<nothing>}"
+        failures=$((failures + 1))
+    fi
+}
+
+if [ -f "$stories/stories260K.bin" ]; then
+    check "$stories/stories260K.bin" 2 32 "Once upon a time"
+else
+    echo "skipped: stories260K not found in $stories"
+fi
+if [ -n "$default_model" ] && [ -f "$default_model" ]; then
+    check "$default_model" 3 8 "The capital of France is"
+else
+    echo "skipped: default model not found (${default_model:-none given})"
+fi
+[ "$failures" -eq 0 ]
