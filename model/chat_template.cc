@@ -80,6 +80,19 @@ class PieceWriter {
   public:
     PieceWriter& Markup(std::string_view text) { return Add(text, false); }
     PieceWriter& Content(std::string_view text) { return Add(text, true); }
+    // Content whose cache marks are recorded at their place in this writer's text.
+    PieceWriter& Content(std::string_view text, const std::vector<ChatCacheMark>& marks,
+                         std::vector<RenderedCacheMark>* out) {
+        const size_t start = size();
+        for (const ChatCacheMark& m : marks) {
+            out->push_back({start + std::min(m.content_end, text.size()), m.ttl_ms});
+        }
+        return Content(text);
+    }
+    // A mark at the current end of the text.
+    void MarkHere(int64_t ttl_ms, std::vector<RenderedCacheMark>* out) const {
+        if (ttl_ms > 0) out->push_back({size(), ttl_ms});
+    }
     // Python's str.strip() over all the text, as if it were one string (the Jinja templates strip
     // content and markup together).
     PieceWriter& Strip() {
@@ -103,6 +116,16 @@ class PieceWriter {
         for (const TextPiece& p : other.pieces_) Add(p.text, p.literal);
         return *this;
     }
+    size_t size() const {
+        size_t n = 0;
+        for (const TextPiece& p : pieces_) n += p.text.size();
+        return n;
+    }
+    std::string Text() const {
+        std::string text;
+        for (const TextPiece& p : pieces_) text += p.text;
+        return text;
+    }
     std::vector<TextPiece> Take() { return std::move(pieces_); }
 
   private:
@@ -118,28 +141,141 @@ class PieceWriter {
     std::vector<TextPiece> pieces_;
 };
 
-std::vector<TextPiece> RenderChatMl(const std::vector<ChatMessage>& messages,
-                                    bool add_generation_prompt, const std::string& default_system) {
-    PieceWriter out;
-    auto turn = [&out](std::string_view role, std::string_view content) {
-        out.Markup(kImStart).Markup(role).Markup("\n").Content(content).Markup(kImEnd).Markup("\n");
-    };
-    if (!default_system.empty() && !messages.empty() && messages.front().role != "system") {
-        turn("system", default_system);
-    }
-    for (const ChatMessage& m : messages) turn(m.role, m.content);
-    if (add_generation_prompt) out.Markup(kImStart).Markup("assistant\n");
-    return out.Take();
+size_t LeadingSpace(std::string_view s) {
+    const size_t begin = s.find_first_not_of(" \t\n\r\v\f");
+    return begin == std::string_view::npos ? s.size() : begin;
 }
 
-Result<std::vector<TextPiece>> RenderLlama2(const std::vector<ChatMessage>& messages,
-                                            const ChatTemplateTokens& tokens) {
+// The marks of a text that is written stripped (Python's strip()): where they fall in the
+// stripped text, which starts `leading` bytes in and holds `size` bytes.
+std::vector<ChatCacheMark> StrippedMarks(const std::vector<ChatCacheMark>& marks, size_t leading,
+                                         size_t size) {
+    std::vector<ChatCacheMark> out;
+    for (const ChatCacheMark& m : marks) {
+        const size_t end = m.content_end > leading ? m.content_end - leading : 0;
+        out.push_back({std::min(end, size), m.ttl_ms});
+    }
+    return out;
+}
+
+// A JSON string literal, for the names in tool-call text.
+std::string JsonString(std::string_view s) {
+    std::string out = "\"";
+    for (const char c : s) {
+        switch (c) {
+            case '"':
+                out += "\\\"";
+                break;
+            case '\\':
+                out += "\\\\";
+                break;
+            case '\n':
+                out += "\\n";
+                break;
+            case '\r':
+                out += "\\r";
+                break;
+            case '\t':
+                out += "\\t";
+                break;
+            default:
+                if (static_cast<unsigned char>(c) < 0x20) {
+                    static constexpr char kHex[] = "0123456789abcdef";
+                    out += "\\u00";
+                    out += kHex[(c >> 4) & 0xF];
+                    out += kHex[c & 0xF];
+                } else {
+                    out += c;
+                }
+        }
+    }
+    return out + "\"";
+}
+
+// {"name": "<name>", "<arguments_key>": <arguments>}, as the tool conventions write a call.
+std::string CallText(const ChatToolCall& call, std::string_view arguments_key) {
+    return "{\"name\": " + JsonString(call.name) + ", \"" + std::string(arguments_key) +
+           "\": " + (call.arguments.empty() ? std::string("{}") : call.arguments) + "}";
+}
+
+bool HasTools(const ChatTools* tools) { return tools != nullptr && !tools->prompt.empty(); }
+
+RenderedChat RenderChatMl(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                          const std::string& default_system, const ChatTools* tools) {
+    PieceWriter out;
+    RenderedChat r;
+    auto open = [&out](std::string_view role) { out.Markup(kImStart).Markup(role).Markup("\n"); };
+    auto close = [&out] { out.Markup(kImEnd).Markup("\n"); };
+    size_t first = 0;
+    const bool system_first = !messages.empty() && messages.front().role == "system";
+    // The system turn: the client's system prompt, else the template's default one; the tools
+    // prompt after it.
+    if (system_first || (!messages.empty() && (!default_system.empty() || HasTools(tools)))) {
+        open("system");
+        const std::string& system = system_first ? messages.front().content : default_system;
+        if (system_first) {
+            out.Content(system, messages.front().cache_marks, &r.cache_marks);
+            first = 1;
+        } else {
+            out.Content(system);
+        }
+        if (HasTools(tools)) {
+            if (!system.empty()) out.Markup("\n\n");
+            out.Content(tools->prompt, tools->cache_marks, &r.cache_marks);
+        }
+        close();
+    }
+    for (size_t i = first; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        if (m.role == "tool") {
+            if (i == 0 || messages[i - 1].role != "tool") out.Markup(kImStart).Markup("user");
+            out.Markup("\n<tool_response>\n");
+            out.Content(m.content, m.cache_marks, &r.cache_marks);
+            out.Markup("\n</tool_response>");
+            if (i + 1 == messages.size() || messages[i + 1].role != "tool") close();
+            continue;
+        }
+        if (!m.tool_calls.empty()) {
+            out.Markup(kImStart).Markup(m.role);
+            if (!m.content.empty()) out.Markup("\n");
+            out.Content(m.content, m.cache_marks, &r.cache_marks);
+            for (const ChatToolCall& call : m.tool_calls) {
+                out.Markup("\n<tool_call>\n").Content(CallText(call, "arguments"));
+                out.Markup("\n</tool_call>");
+                out.MarkHere(call.cache_ttl_ms, &r.cache_marks);
+            }
+            close();
+            continue;
+        }
+        open(m.role);
+        out.Content(m.content, m.cache_marks, &r.cache_marks);
+        close();
+    }
+    if (add_generation_prompt) out.Markup(kImStart).Markup("assistant\n");
+    r.pieces = out.Take();
+    return r;
+}
+
+Status NoToolConvention(std::string_view what) {
+    return InvalidArgument("the Llama 2 chat template has no tool-call convention, so " +
+                           std::string(what) +
+                           " cannot be rendered; use a ChatML or Llama 3 model (or "
+                           "--chat-template chatml|llama3)");
+}
+
+Result<RenderedChat> RenderLlama2(const std::vector<ChatMessage>& messages,
+                                  const ChatTemplateTokens& tokens, const ChatTools* tools) {
+    if (HasTools(tools)) return NoToolConvention("tools");
     size_t first = 0;
     const bool has_system = !messages.empty() && messages.front().role == "system";
     if (has_system) first = 1;
     PieceWriter out;
+    RenderedChat r;
     for (size_t i = first; i < messages.size(); ++i) {
         const ChatMessage& m = messages[i];
+        if (m.role == "tool" || !m.tool_calls.empty()) {
+            return NoToolConvention("tool calls and tool results");
+        }
         const bool expect_user = (i - first) % 2 == 0;
         if ((m.role == "user") != expect_user || (m.role != "user" && m.role != "assistant")) {
             return InvalidArgument(
@@ -151,31 +287,71 @@ Result<std::vector<TextPiece>> RenderLlama2(const std::vector<ChatMessage>& mess
         if (m.role == "assistant") out.Markup(" ");
         // The template strips the content (with the system block folded into the first one).
         PieceWriter content;
+        std::vector<RenderedCacheMark> marks;  // in `content`, before the strip
         if (i == first && has_system) {
-            content.Markup("<<SYS>>\n").Content(messages.front().content).Markup("\n<</SYS>>\n\n");
+            content.Markup("<<SYS>>\n")
+                .Content(messages.front().content, messages.front().cache_marks, &marks);
+            content.Markup("\n<</SYS>>\n\n");
         }
-        content.Content(m.content);
-        out.Append(content.Strip());
+        content.Content(m.content, m.cache_marks, &marks);
+        const size_t leading = LeadingSpace(content.Text());
+        content.Strip();
+        const size_t start = out.size();
+        for (const RenderedCacheMark& mark : marks) {
+            const size_t end = mark.text_end > leading ? mark.text_end - leading : 0;
+            r.cache_marks.push_back({start + std::min(end, content.size()), mark.ttl_ms});
+        }
+        out.Append(content);
         if (m.role == "user") {
             out.Markup(" [/INST]");
         } else {
             out.Markup(" ").Markup(tokens.eos);
         }
     }
-    return out.Take();
+    r.pieces = out.Take();
+    return r;
 }
 
-std::vector<TextPiece> RenderLlama3(const std::vector<ChatMessage>& messages,
-                                    bool add_generation_prompt, const ChatTemplateTokens& tokens) {
+Result<RenderedChat> RenderLlama3(const std::vector<ChatMessage>& messages,
+                                  bool add_generation_prompt, const ChatTemplateTokens& tokens,
+                                  const ChatTools* tools) {
     PieceWriter out;
+    RenderedChat r;
+    bool tools_pending = HasTools(tools);
     if (!messages.empty()) out.Markup(tokens.bos);
     for (const ChatMessage& m : messages) {
-        out.Markup(kHeaderStart).Markup(m.role).Markup(kHeaderEnd).Markup("\n\n");
-        out.Content(Strip(m.content)).Markup(kEotId);
+        // Llama 3.1 names the turn of a tool's result "ipython" and writes it unstripped.
+        const bool tool = m.role == "tool";
+        out.Markup(kHeaderStart).Markup(tool ? "ipython" : m.role).Markup(kHeaderEnd);
+        out.Markup("\n\n");
+        if (m.role == "user" && tools_pending) {
+            out.Content(tools->prompt, tools->cache_marks, &r.cache_marks);
+            tools_pending = false;
+        }
+        if (tool) {
+            out.Content(m.content, m.cache_marks, &r.cache_marks);
+        } else {
+            const std::string_view stripped = Strip(m.content);
+            out.Content(stripped,
+                        StrippedMarks(m.cache_marks, LeadingSpace(m.content), stripped.size()),
+                        &r.cache_marks);
+        }
+        for (size_t c = 0; c < m.tool_calls.size(); ++c) {
+            if (c > 0 || !Strip(m.content).empty()) out.Markup("\n");
+            out.Content(CallText(m.tool_calls[c], "parameters"));
+            out.MarkHere(m.tool_calls[c].cache_ttl_ms, &r.cache_marks);
+        }
+        out.Markup(kEotId);
+    }
+    if (tools_pending) {
+        return InvalidArgument(
+            "the Llama 3 tool convention puts the tools in the first user message, and there is "
+            "none");
     }
     if (add_generation_prompt)
         out.Markup(kHeaderStart).Markup("assistant").Markup(kHeaderEnd).Markup("\n\n");
-    return out.Take();
+    r.pieces = out.Take();
+    return r;
 }
 
 }  // namespace
@@ -219,13 +395,20 @@ Result<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& message
 
 Result<std::vector<TextPiece>> ChatTemplate::RenderPieces(const std::vector<ChatMessage>& messages,
                                                           bool add_generation_prompt) const {
+    KV_ASSIGN_OR_RETURN(RenderedChat r, RenderChat(messages, add_generation_prompt, nullptr));
+    return std::move(r.pieces);
+}
+
+Result<RenderedChat> ChatTemplate::RenderChat(const std::vector<ChatMessage>& messages,
+                                              bool add_generation_prompt,
+                                              const ChatTools* tools) const {
     switch (style_) {
         case ChatTemplateStyle::kChatMl:
-            return RenderChatMl(messages, add_generation_prompt, default_system_prompt_);
+            return RenderChatMl(messages, add_generation_prompt, default_system_prompt_, tools);
         case ChatTemplateStyle::kLlama2:
-            return RenderLlama2(messages, tokens_);
+            return RenderLlama2(messages, tokens_, tools);
         case ChatTemplateStyle::kLlama3:
-            return RenderLlama3(messages, add_generation_prompt, tokens_);
+            return RenderLlama3(messages, add_generation_prompt, tokens_, tools);
     }
     return Internal("unknown chat template style");
 }

@@ -10,7 +10,16 @@
 //   kLlama2  "<s>[INST] <<SYS>>\nsystem\n<</SYS>>\n\nuser [/INST] assistant </s>..."; roles
 //            after an optional system message must alternate user/assistant.
 //   kLlama3  "<|begin_of_text|><|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>"
-//            (Llama 3.0's template; 3.1's date preamble and tool prompts are not reproduced).
+//            (Llama 3.0's template; 3.1's date preamble is not reproduced).
+// Tool use (RenderChat with ChatTools; coordinator/tool_calls.h writes the tools prompt):
+//   kChatMl  the Hermes / Qwen 2.5 convention: the tools prompt follows the system prompt in
+//            the system turn; an assistant's calls are "\n<tool_call>\n{"name": ..., "arguments":
+//            ...}\n</tool_call>" after its content; consecutive "tool" messages share one user
+//            turn, each as "\n<tool_response>\n...\n</tool_response>".
+//   kLlama3  Llama 3.1's JSON convention: the tools prompt opens the first user message; an
+//            assistant's calls are {"name": ..., "parameters": ...} objects (one a line); a
+//            "tool" message is an "ipython" turn.
+//   kLlama2  has no tool convention: tools, tool calls and "tool" messages are InvalidArgument.
 // Any other template is Unimplemented: the server refuses to start and names the way out
 // (--chat-template chatml|llama2|llama3).
 //
@@ -28,9 +37,47 @@
 
 namespace kvshard {
 
+// A prompt-caching breakpoint inside a text (engine_api.h CacheBreakpoint): the cached prefix
+// ends after the first `content_end` bytes of that text as the template renders it.
+struct ChatCacheMark {
+    size_t content_end = 0;    // <= the text's size
+    int64_t ttl_ms = 300'000;  // how long the prefix stays pinned after its last use
+};
+
+// A call an assistant message made (OpenAI tool_calls, Anthropic tool_use blocks).
+struct ChatToolCall {
+    std::string id;
+    std::string name;
+    std::string arguments = "{}";  // a JSON object, as compact JSON text
+    int64_t cache_ttl_ms = 0;      // > 0: a cache breakpoint right after this call's text
+};
+
 struct ChatMessage {
-    std::string role;  // "system", "user" or "assistant"
+    std::string role;  // "system", "user", "assistant" or "tool"
     std::string content;
+    std::vector<ChatToolCall> tool_calls;  // assistant: the calls after its content
+    std::string tool_call_id;              // tool: the call this message answers
+    // Breakpoints inside `content`, in increasing content_end order (the OpenAI route's
+    // cache_control extension and Anthropic's cache_control both land here).
+    std::vector<ChatCacheMark> cache_marks;
+};
+
+// The tools a request offers, as prompt text in the model family's convention
+// (coordinator/tool_calls.h), placed where the style's template puts it. Empty: no tools.
+struct ChatTools {
+    std::string prompt;
+    std::vector<ChatCacheMark> cache_marks;  // breakpoints inside `prompt` (after a tool)
+};
+
+// A breakpoint's place in the rendered prompt.
+struct RenderedCacheMark {
+    size_t text_end = 0;  // bytes of the rendered text before the breakpoint
+    int64_t ttl_ms = 0;
+};
+
+struct RenderedChat {
+    std::vector<TextPiece> pieces;               // as RenderPieces
+    std::vector<RenderedCacheMark> cache_marks;  // in the order of the text
 };
 
 enum class ChatTemplateStyle { kChatMl, kLlama2, kLlama3 };
@@ -65,6 +112,12 @@ class ChatTemplate {
     // encoded as plain text (Tokenizer::EncodePieces). Adjacent pieces differ in `literal`.
     Result<std::vector<TextPiece>> RenderPieces(const std::vector<ChatMessage>& messages,
                                                 bool add_generation_prompt) const;
+
+    // The pieces together with where each cache mark of the messages (and of `tools`) falls in
+    // the text. `tools` (may be null or empty) is rendered as the style's tool convention says;
+    // InvalidArgument when the style has none and tools, tool calls or "tool" messages are given.
+    Result<RenderedChat> RenderChat(const std::vector<ChatMessage>& messages,
+                                    bool add_generation_prompt, const ChatTools* tools) const;
 
     ChatTemplateStyle style() const { return style_; }
     const std::string& default_system_prompt() const { return default_system_prompt_; }

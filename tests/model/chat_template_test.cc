@@ -218,6 +218,115 @@ TEST(ResolveChatTemplate, OverrideByNameOrFile) {
               StatusCode::kUnimplemented);
 }
 
+std::string Joined(const RenderedChat& r) {
+    std::string text;
+    for (const TextPiece& p : r.pieces) text += p.text;
+    return text;
+}
+
+ChatMessage Msg(std::string role, std::string content) {
+    ChatMessage m;
+    m.role = std::move(role);
+    m.content = std::move(content);
+    return m;
+}
+
+// The Hermes / Qwen 2.5 convention on ChatML: tools after the system prompt, calls after the
+// assistant's content, consecutive tool results in one user turn.
+TEST(ChatTemplateTools, ChatMlRendersTheHermesConvention) {
+    const ChatTemplate t = ChatTemplate::FromStyle(ChatTemplateStyle::kChatMl, {"", "<|im_end|>"});
+    ChatMessage call = Msg("assistant", "");
+    call.tool_calls.push_back({"call_0", "get_weather", R"({"city":"Paris"})"});
+    std::vector<ChatMessage> messages = {Msg("system", "S"), Msg("user", "Q"), call,
+                                         Msg("tool", "18 C"), Msg("tool", "19 C")};
+    messages[3].tool_call_id = "call_0";
+    const ChatTools tools{"TOOLS", {}};
+    auto r = t.RenderChat(messages, true, &tools);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(Joined(*r),
+              "<|im_start|>system\nS\n\nTOOLS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n"
+              "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+              "{\"city\":\"Paris\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n"
+              "18 C\n</tool_response>\n<tool_response>\n19 C\n</tool_response><|im_end|>\n"
+              "<|im_start|>assistant\n");
+    // The client's text (tools, call JSON, results) is literal; the markers are not.
+    for (const TextPiece& p : r->pieces) {
+        if (p.text.find("<|im_start|>") != std::string::npos) EXPECT_FALSE(p.literal) << p.text;
+        if (p.text == "TOOLS") EXPECT_TRUE(p.literal);
+    }
+    // Without a system message the tools get a system turn of their own (after the template's
+    // default system prompt, when it has one).
+    auto bare = t.RenderChat({Msg("user", "Q")}, false, &tools);
+    ASSERT_TRUE(bare.ok());
+    EXPECT_EQ(Joined(*bare),
+              "<|im_start|>system\nTOOLS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n");
+}
+
+TEST(ChatTemplateTools, Llama3PutsToolsInTheFirstUserMessage) {
+    const ChatTemplate t =
+        ChatTemplate::FromStyle(ChatTemplateStyle::kLlama3, {"<|begin_of_text|>", "<|eot_id|>"});
+    ChatMessage call = Msg("assistant", "");
+    call.tool_calls.push_back({"c", "add", R"({"a":1})"});
+    const ChatTools tools{"TOOLS\n\n", {}};
+    auto r = t.RenderChat({Msg("user", " Q "), call, Msg("tool", "2")}, false, &tools);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(Joined(*r),
+              "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nTOOLS\n\nQ<|eot_id|>"
+              "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"add\", "
+              "\"parameters\": {\"a\":1}}<|eot_id|><|start_header_id|>ipython<|end_header_id|>"
+              "\n\n2<|eot_id|>");
+    EXPECT_FALSE(t.RenderChat({Msg("system", "S")}, true, &tools).ok());
+}
+
+TEST(ChatTemplateTools, Llama2HasNoToolConvention) {
+    const ChatTemplate t = ChatTemplate::FromStyle(ChatTemplateStyle::kLlama2, {"<s>", "</s>"});
+    const ChatTools tools{"TOOLS", {}};
+    EXPECT_EQ(t.RenderChat({Msg("user", "Q")}, true, &tools).status().code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_FALSE(t.RenderChat({Msg("user", "Q"), Msg("tool", "r")}, true, nullptr).ok());
+    EXPECT_TRUE(t.RenderChat({Msg("user", "Q")}, true, nullptr).ok());
+}
+
+// A cache mark lands where its text ends in the rendered prompt, through the strip of Llama 2
+// and 3 and the system prompt Llama 2 folds into the first user message.
+TEST(ChatTemplateTools, CacheMarksFollowTheirText) {
+    const ChatTemplateTokens tokens{"<s>", "</s>"};
+    for (ChatTemplateStyle style :
+         {ChatTemplateStyle::kChatMl, ChatTemplateStyle::kLlama2, ChatTemplateStyle::kLlama3}) {
+        const ChatTemplate t = ChatTemplate::FromStyle(style, tokens);
+        std::vector<ChatMessage> messages = {Msg("system", "sys prompt"),
+                                             Msg("user", "  doc. question"),
+                                             Msg("assistant", "answer")};
+        messages[0].cache_marks = {{10, 1000}};
+        messages[1].cache_marks = {{6, 2000}, {15, 3000}};  // after "  doc.", at the end
+        messages[2].cache_marks = {{6, 4000}};
+        auto r = t.RenderChat(messages, false, nullptr);
+        ASSERT_TRUE(r.ok()) << r.status().ToString();
+        const std::string text = Joined(*r);
+        ASSERT_EQ(r->cache_marks.size(), 4u) << ChatTemplateStyleName(style);
+        const std::vector<std::string> ends = {"sys prompt", "doc.", "question", "answer"};
+        for (size_t i = 0; i < ends.size(); ++i) {
+            const std::string prefix = text.substr(0, r->cache_marks[i].text_end);
+            const std::string_view tail(prefix);
+            EXPECT_TRUE(tail.size() >= ends[i].size() &&
+                        tail.substr(tail.size() - ends[i].size()) == ends[i])
+                << ChatTemplateStyleName(style) << " mark " << i << ": '" << prefix << "'";
+            EXPECT_EQ(r->cache_marks[i].ttl_ms, 1000 * static_cast<int64_t>(i + 1));
+        }
+    }
+    // Marks in the tools prompt and after a call.
+    const ChatTemplate chatml = ChatTemplate::FromStyle(ChatTemplateStyle::kChatMl, {});
+    ChatMessage call = Msg("assistant", "");
+    call.tool_calls.push_back({"c", "add", "{}", 5000});
+    const ChatTools tools{"TOOL1 TOOL2", {{5, 6000}}};
+    auto r = chatml.RenderChat({Msg("user", "Q"), call, Msg("tool", "r")}, true, &tools);
+    ASSERT_TRUE(r.ok());
+    ASSERT_EQ(r->cache_marks.size(), 2u);
+    const std::string text = Joined(*r);
+    EXPECT_EQ(text.substr(0, r->cache_marks[0].text_end), "<|im_start|>system\nTOOL1");
+    EXPECT_EQ(text.substr(r->cache_marks[1].text_end - 12, 12), "</tool_call>");
+}
+
 TEST(ChatTemplate, DefaultModelTemplateIsChatMl) {
     const std::string path = testing::DefaultModel();
     KV_REQUIRE_FIXTURE(path, "default model");
