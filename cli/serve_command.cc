@@ -243,6 +243,8 @@ int RunServe(ServeFlags f) {
             ec.blocks.num_blocks = runner.num_kv_blocks;
             ec.blocks.block_size = c.kv_cache.block_size;
             ec.blocks.enable_prefix_caching = c.kv_cache.enable_prefix_caching;
+            ec.blocks.max_pinned_fraction = c.kv_cache.max_pinned_fraction;
+            ec.blocks.min_pinned_tokens = c.kv_cache.min_pinned_tokens;
             ec.max_context = max_context;
             ec.max_waiting_requests = c.scheduler.max_waiting_requests;
             ec.stop_token_ids = stop_token_ids;

@@ -316,6 +316,20 @@ const std::vector<Setting>& Settings() {
                                              ParseBool(at, ScalarText(n)));
                          return Status::Ok();
                      }});
+        s.push_back({"kv_cache.max_pinned_fraction",
+                     [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                         KV_RETURN_IF_ERROR(RequireScalar(at, n));
+                         const std::string text = ScalarText(n);
+                         KV_ASSIGN_OR_RETURN(double v, ParseDouble(at, text));
+                         if (!(v >= 0.0 && v <= 1.0))
+                             return BadValue(at, text, "must be in 0..1 (0: no pins)");
+                         c.kv_cache.max_pinned_fraction = v;
+                         return Status::Ok();
+                     }});
+        s.push_back(Int<int64_t>(
+            "kv_cache.min_pinned_tokens",
+            [](ServerConfig& c) -> int64_t& { return c.kv_cache.min_pinned_tokens; }, 0,
+            int64_t{1} << 30, "must be >= 0"));
 
         s.push_back({"kv_transfer.mode",
                      [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {

@@ -58,6 +58,10 @@ struct ServeKvCacheConfig {
     int64_t memory_mib = 512;  // per worker, when num_blocks is 0
     KvCacheDtype dtype = KvCacheDtype::kAuto;
     bool enable_prefix_caching = true;
+    // Prompt caching (docs/prompt-caching.md): the most of the pool pins may hold, [0, 1], and
+    // the shortest prefix that is pinned.
+    double max_pinned_fraction = 0.5;
+    int64_t min_pinned_tokens = 1024;
 };
 
 // The file's workers: section: where the instance's workers run (DESIGN.md "Configuration and

@@ -24,6 +24,38 @@ Status InstanceEngine::Submit(GenerationRequest request, std::shared_ptr<Request
     return SubmitWithHandoff(std::move(request), std::move(sink), nullptr, 0);
 }
 
+Status ValidateCacheBreakpoints(const std::vector<CacheBreakpoint>& breakpoints,
+                                int64_t prompt_tokens) {
+    constexpr size_t kMaxBreakpoints = 4;
+    constexpr int64_t kMaxTtlMs = 24 * 3'600'000;
+    if (breakpoints.size() > kMaxBreakpoints) {
+        return InvalidArgument("cache_breakpoints: at most " +
+                               std::to_string(kMaxBreakpoints) + " per request, got " +
+                               std::to_string(breakpoints.size()));
+    }
+    int64_t last = 0;
+    for (size_t i = 0; i < breakpoints.size(); ++i) {
+        const CacheBreakpoint& b = breakpoints[i];
+        const std::string at = "cache_breakpoints[" + std::to_string(i) + "]";
+        if (b.prefix_tokens < 1 || b.prefix_tokens > prompt_tokens) {
+            return InvalidArgument(at + ".prefix_tokens must be in 1.." +
+                                   std::to_string(prompt_tokens) + " (the prompt), got " +
+                                   std::to_string(b.prefix_tokens));
+        }
+        if (b.prefix_tokens <= last) {
+            return InvalidArgument(at + ".prefix_tokens must grow: " +
+                                   std::to_string(b.prefix_tokens) + " after " +
+                                   std::to_string(last));
+        }
+        if (b.ttl_ms < 1 || b.ttl_ms > kMaxTtlMs) {
+            return InvalidArgument(at + ".ttl_ms must be in 1.." + std::to_string(kMaxTtlMs) +
+                                   ", got " + std::to_string(b.ttl_ms));
+        }
+        last = b.prefix_tokens;
+    }
+    return Status::Ok();
+}
+
 Status InstanceEngine::ValidateConfig(const InstanceEngineConfig& c) {
     KV_RETURN_IF_ERROR(c.scheduler.Validate());
     KV_RETURN_IF_ERROR(c.blocks.Validate());
@@ -120,6 +152,7 @@ Status InstanceEngine::SubmitWithHandoff(GenerationRequest request,
         if (t < 0 || t >= tokenizer_.vocab_size())
             return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary");
     }
+    KV_RETURN_IF_ERROR(ValidateCacheBreakpoints(request.cache_breakpoints, prompt_len));
     if (!executor_.Health().ok()) {
         return Status(StatusCode::kUnavailable,
                       "instance '" + config_.name + "' cannot serve now: its workers are down");
@@ -161,6 +194,11 @@ int64_t InstanceEngine::NumRequests() const {
 int64_t InstanceEngine::CachedPrefixTokens(std::span<const int32_t> token_ids) const {
     std::lock_guard<std::mutex> lock(blocks_mu_);
     return blocks_.CachedPrefixTokens(token_ids);
+}
+
+int64_t InstanceEngine::PinnedPrefixTokens(std::span<const int32_t> token_ids) const {
+    std::lock_guard<std::mutex> lock(blocks_mu_);
+    return blocks_.PinnedPrefixTokens(token_ids);
 }
 
 Status InstanceEngine::Health() const {
@@ -214,6 +252,10 @@ void InstanceEngine::PublishStats() {
     stats_.prefix_cache_queries_tokens = b.prompt_tokens;
     stats_.prefix_cache_hits_tokens = b.prompt_tokens_from_cache;
     stats_.num_preemptions = s.num_preemptions;
+    stats_.pinned_blocks = b.num_pinned_blocks;
+    stats_.pin_hits_total = b.pin_hits;
+    stats_.pins_expired_total = b.pins_expired;
+    stats_.pins_refused_total = b.pins_refused;
     block_stats_ = b;
 }
 
@@ -302,11 +344,26 @@ void InstanceEngine::CompleteIfDone(const std::string& request_id) {
     num_queued_--;
 }
 
+void InstanceEngine::MakePins(RequestState& r) {
+    r.pins_made = true;
+    if (config_.role == InstanceRole::kDecode) return;  // pins live where prompts are computed
+    const Sequence& seq = *r.choices[0];
+    int64_t pinned = 0;
+    for (const CacheBreakpoint& b : r.request.cache_breakpoints) {
+        const kv::PinResult p =
+            blocks_.Pin(seq.seq_id, b.prefix_tokens, std::chrono::milliseconds(b.ttl_ms));
+        pinned = std::max(pinned, p.pinned_tokens);
+    }
+    // Written by this request: the pinned prefix less what it read from the cache.
+    r.usage.cache_creation_tokens = std::max<int64_t>(0, pinned - seq.num_cached_tokens);
+}
+
 void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result) {
     // Failed receives leave the scheduler before OnStepComputed (their blocks hold no KV and
     // must not be published to the prefix cache).
     HandleTransfers(plan, result);
     scheduler_.OnStepComputed(plan);
+    blocks_.SetTime(clock_.Now());
     std::vector<std::string> to_hand_off;
     for (const SampledToken& t : result.tokens) {
         auto where = by_seq_.find(t.seq_id);
@@ -318,6 +375,12 @@ void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result
         ObserveToken(r, index);
         // A sampler created for this sequence elsewhere (after a handoff) continues this stream.
         if (t.rng_state != 0) seq->sampling.seed = t.rng_state;
+        // The prompt is computed and published: pin its breakpoints (before the choice may
+        // finish and free its blocks).
+        if (index == 0 && !r.pins_made && !r.request.cache_breakpoints.empty() &&
+            seq->num_computed >= seq->num_prompt_tokens) {
+            MakePins(r);
+        }
         TokenOutcome out =
             output_.OnToken(r.request, index, t, *r.streams[static_cast<size_t>(index)],
                             seq->num_generated, seq->num_tokens());
@@ -387,6 +450,7 @@ std::optional<StepPlan> InstanceEngine::PlanStep() {
     std::lock_guard<std::mutex> blocks_lock(blocks_mu_);
     CheckEpoch();
     plan_epoch_ = epoch_;
+    blocks_.SetTime(clock_.Now());  // pins past their TTL lapse before this step's admissions
     DrainInbox();
     bool has_discards = false;
     {

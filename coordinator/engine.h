@@ -25,6 +25,13 @@
 // instance failed or stopped) — the request comes back and continues on the prefill instance,
 // which still holds its KV. So a request is owned by exactly one engine thread at any time, and
 // no block is freed while a transfer may read it.
+//
+// Prompt caching (docs/prompt-caching.md). When choice 0 of a request with cache breakpoints has
+// computed its prompt, each breakpoint's prefix is pinned in the block manager for its TTL (not
+// on a decode instance: pins live where prompts are computed), and usage.cache_creation_tokens is
+// the longest pinned prefix less the tokens the request read from the cache. Pins lapse on the
+// engine's clock: the block manager's time is set from config.clock before each step's
+// admissions and before each result is applied.
 #pragma once
 
 #include <atomic>
@@ -62,6 +69,12 @@ struct KvHandoffConfig {
     bool layerwise = false;
     int64_t timeout_ms = 10'000;  // per transfer, on each side
 };
+
+// A request's prompt-caching breakpoints: at most 4 (as Anthropic allows), prefix_tokens
+// increasing within 1..prompt_tokens, ttl_ms within 1 ms..24 h; InvalidArgument naming the
+// breakpoint and field otherwise. Submit checks them.
+Status ValidateCacheBreakpoints(const std::vector<CacheBreakpoint>& breakpoints,
+                                int64_t prompt_tokens);
 
 struct InstanceEngineConfig {
     std::string name = "instance-0";  // in logs and metrics
@@ -138,6 +151,8 @@ class InstanceEngine : public Engine {
     int64_t NumRequests() const;
     // Prompt tokens of `token_ids` this instance's prefix cache holds (any thread).
     int64_t CachedPrefixTokens(std::span<const int32_t> token_ids) const;
+    // Of those, the tokens up to the last block that a prompt-caching pin holds (any thread).
+    int64_t PinnedPrefixTokens(std::span<const int32_t> token_ids) const;
     const InstanceEngineConfig& config() const { return config_; }
     void Abort(const std::string& request_id) override;
     EngineStats Stats() const override;
@@ -171,6 +186,9 @@ class InstanceEngine : public Engine {
     void ResumeHandoff(uint64_t transfer_id, std::unique_ptr<Handoff> returned,
                        const Status& status);
     void ObserveToken(RequestState& r, int index);
+    // Pins the request's cache breakpoints on choice 0's computed prompt (not on a decode
+    // instance) and sets its usage.cache_creation_tokens.
+    void MakePins(RequestState& r);
     void HandleResult(const StepPlan& plan, const StepResult& result);
     void FinishChoice(RequestState& r, int index, FinishReason reason, GenerationDelta* delta);
     void CompleteIfDone(const std::string& request_id);

@@ -22,6 +22,7 @@ struct InstanceEngine::RequestState {
     int num_finished = 0;
     GenerationUsage usage;
     bool aborted = false;
+    bool pins_made = false;  // its cache breakpoints were pinned (or tried) once its prompt was computed
 
     std::chrono::steady_clock::time_point arrival;
     std::chrono::steady_clock::time_point last_token;  // of choice 0 (inter-token latency)

@@ -251,6 +251,20 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
       preemptions_(registry_.AddCounter("kvshard:num_preemptions_total",
                                         "Sequences preempted for lack of KV blocks (their KV is "
                                         "recomputed when they resume).")),
+      pinned_blocks_(registry_.AddGauge("kvshard:prompt_cache_pinned_blocks",
+                                        "KV cache blocks held by prompt-caching pins (cache "
+                                        "breakpoints) now, over all instances.")),
+      pin_hits_(registry_.AddCounter("kvshard:prompt_cache_pin_hits_total",
+                                     "Admissions whose prefix-cache hit read pinned blocks.")),
+      pins_expired_(registry_.AddCounter("kvshard:prompt_cache_pins_expired_total",
+                                         "Prompt-caching pins that lapsed at their TTL.")),
+      pins_refused_(registry_.AddCounter(
+          "kvshard:prompt_cache_pins_refused_total",
+          "Prompt-caching pins not made, or lapsed before their TTL, for lack of room "
+          "(kv_cache.max_pinned_fraction, or work that could not run otherwise).")),
+      cache_creation_tokens_(registry_.AddCounter(
+          "kvshard:prompt_cache_creation_tokens_total",
+          "Prompt tokens finished requests computed and pinned up to their cache breakpoints.")),
       prompt_tokens_(registry_.AddCounter("kvshard:prompt_tokens_total",
                                           "Prompt tokens of finished requests.")),
       generation_tokens_(registry_.AddCounter("kvshard:generation_tokens_total",
@@ -306,6 +320,7 @@ void ServerMetrics::ObserveRequestFinished(double e2e_seconds, const GenerationU
                                            const std::string& finished_reason) {
     e2e_.Observe(e2e_seconds);
     prompt_tokens_.Add(static_cast<double>(usage.prompt_tokens));
+    cache_creation_tokens_.Add(static_cast<double>(usage.cache_creation_tokens));
     generation_tokens_.Add(static_cast<double>(usage.completion_tokens));
     registry_
         .LabeledCounter("kvshard:request_success_total", "Finished requests by finish reason.",
@@ -320,6 +335,10 @@ std::string ServerMetrics::Render(const EngineStats& stats) {
     prefix_queries_.SetTotal(static_cast<double>(stats.prefix_cache_queries_tokens));
     prefix_hits_.SetTotal(static_cast<double>(stats.prefix_cache_hits_tokens));
     preemptions_.SetTotal(static_cast<double>(stats.num_preemptions));
+    pinned_blocks_.Set(static_cast<double>(stats.pinned_blocks));
+    pin_hits_.SetTotal(static_cast<double>(stats.pin_hits_total));
+    pins_expired_.SetTotal(static_cast<double>(stats.pins_expired_total));
+    pins_refused_.SetTotal(static_cast<double>(stats.pins_refused_total));
     for (const InstanceUp& i : stats.instances) {
         registry_
             .LabeledGauge("kvshard:instance_up",

@@ -10,6 +10,13 @@
 //   kvshard:kv_cache_usage_perc            gauge      used KV blocks / all blocks, 0..1
 //   kvshard:prefix_cache_queries_total     counter    prompt tokens looked up in the prefix cache
 //   kvshard:prefix_cache_hits_total        counter    of those, tokens found
+//   kvshard:prompt_cache_pinned_blocks     gauge      KV blocks held by prompt-caching pins now
+//   kvshard:prompt_cache_pin_hits_total    counter    admissions whose prefix hit read pinned blocks
+//   kvshard:prompt_cache_pins_expired_total  counter  pins that lapsed at their TTL
+//   kvshard:prompt_cache_pins_refused_total  counter  pins not made, or lapsed early, for lack of
+//                                                     room (kv_cache.max_pinned_fraction)
+//   kvshard:prompt_cache_creation_tokens_total  counter  prompt tokens finished requests wrote and
+//                                                     pinned (usage cache_creation_tokens)
 //   kvshard:prompt_tokens_total            counter    prompt tokens of finished requests
 //   kvshard:generation_tokens_total        counter    generated tokens of finished requests
 //   kvshard:request_success_total          counter    finished requests, by finished_reason
@@ -175,6 +182,11 @@ class ServerMetrics : public EngineObserver {
     Counter& prefix_queries_;
     Counter& prefix_hits_;
     Counter& preemptions_;
+    Gauge& pinned_blocks_;
+    Counter& pin_hits_;
+    Counter& pins_expired_;
+    Counter& pins_refused_;
+    Counter& cache_creation_tokens_;
     Counter& prompt_tokens_;
     Counter& generation_tokens_;
     Counter& kv_transfer_bytes_;

@@ -105,6 +105,34 @@ InstanceEngine* Router::PickPrefix(const std::vector<InstanceEngine*>& candidate
     return best;
 }
 
+InstanceEngine* Router::PickPinned(const std::vector<InstanceEngine*>& candidates,
+                                   const GenerationRequest& request) const {
+    if (request.cache_breakpoints.empty()) return nullptr;
+    std::vector<int64_t> loads;
+    for (InstanceEngine* e : candidates) loads.push_back(Load(e));
+    const int64_t min_load = *std::min_element(loads.begin(), loads.end());
+    InstanceEngine* best = nullptr;
+    int64_t best_pinned = 0, best_load = 0;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+        if (loads[i] > min_load + config_.pin_load_slack) continue;
+        const int64_t pinned = candidates[i]->PinnedPrefixTokens(request.prompt_token_ids);
+        if (pinned > best_pinned || (pinned == best_pinned && best != nullptr && loads[i] < best_load)) {
+            best = candidates[i];
+            best_pinned = pinned;
+            best_load = loads[i];
+        }
+    }
+    return best;
+}
+
+InstanceEngine* Router::Pick(const std::vector<InstanceEngine*>& candidates,
+                             const GenerationRequest& request) const {
+    if (candidates.size() > 1) {
+        if (InstanceEngine* pinned = PickPinned(candidates, request)) return pinned;
+    }
+    return PickPrefix(candidates, request.prompt_token_ids);
+}
+
 Status Router::Submit(GenerationRequest request, std::shared_ptr<RequestSink> sink) {
     const std::vector<InstanceEngine*> serving = Up(disaggregated() ? prefill_ : mixed_);
     if (serving.empty()) {
@@ -113,10 +141,9 @@ Status Router::Submit(GenerationRequest request, std::shared_ptr<RequestSink> si
                                       : "no instance can serve now: their workers are down");
     }
     if (!disaggregated()) {
-        return PickPrefix(serving, request.prompt_token_ids)
-            ->Submit(std::move(request), std::move(sink));
+        return Pick(serving, request)->Submit(std::move(request), std::move(sink));
     }
-    InstanceEngine* prefill = PickPrefix(serving, request.prompt_token_ids);
+    InstanceEngine* prefill = Pick(serving, request);
     const std::vector<InstanceEngine*> decoding = Up(decode_);
     // With every decode instance down, the prefill instance decodes the request itself.
     if (request.n != 1 || decoding.empty())
@@ -141,6 +168,10 @@ EngineStats Router::Stats() const {
         out.prefix_cache_queries_tokens += s.prefix_cache_queries_tokens;
         out.prefix_cache_hits_tokens += s.prefix_cache_hits_tokens;
         out.num_preemptions += s.num_preemptions;
+        out.pinned_blocks += s.pinned_blocks;
+        out.pin_hits_total += s.pin_hits_total;
+        out.pins_expired_total += s.pins_expired_total;
+        out.pins_refused_total += s.pins_refused_total;
         const int64_t blocks = e->config().blocks.num_blocks;
         used += static_cast<int64_t>(s.kv_cache_usage * static_cast<double>(blocks) + 0.5);
         total += blocks;

@@ -10,6 +10,10 @@
 //     of the prompt (then the least loaded); decode = the least loaded decode instance. A request
 //     with n > 1 is served whole by its prefill instance (n choices fork after the prompt, on one
 //     instance).
+//   - a request with cache breakpoints goes to the instance (mixed or prefill) whose prompt-cache
+//     pins hold the longest prefix of its prompt, unless that instance is more than
+//     pin_load_slack requests busier than the least loaded one (then the rules above apply, and
+//     the instance it lands on pins the prefix too).
 // Thread-safety: Submit, Abort and Stats may be called from any thread.
 #pragma once
 
@@ -26,6 +30,7 @@ namespace kvshard {
 
 struct RouterConfig {
     int64_t prefix_load_slack = 4;
+    int64_t pin_load_slack = 32;
 };
 
 class Router : public Engine {
@@ -51,6 +56,13 @@ class Router : public Engine {
     Router(std::vector<InstanceEngine*> instances, const RouterConfig& config);
     InstanceEngine* PickPrefix(const std::vector<InstanceEngine*>& candidates,
                                const std::vector<int32_t>& prompt) const;
+    // The instance holding the pins of the longest prefix of `request`'s prompt, within
+    // pin_load_slack of the least loaded; null when none holds any, or without breakpoints.
+    InstanceEngine* PickPinned(const std::vector<InstanceEngine*>& candidates,
+                               const GenerationRequest& request) const;
+    // PickPinned, else PickPrefix.
+    InstanceEngine* Pick(const std::vector<InstanceEngine*>& candidates,
+                         const GenerationRequest& request) const;
 
     RouterConfig config_;
     std::vector<InstanceEngine*> all_;

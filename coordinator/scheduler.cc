@@ -45,6 +45,9 @@ bool Scheduler::ReserveSlots(size_t i, StepPlan* plan) {
     const int64_t missing = seq->num_tokens() - blocks_.NumTokens(seq->seq_id);
     if (missing <= 0) return true;
     while (!blocks_.CanAppend(seq->seq_id, missing)) {
+        // Alone and out of blocks: preempting itself frees nothing another sequence needs, so
+        // the pins that hold the rest lapse first (oldest first).
+        if (running_.size() == 1 && blocks_.LapseOldestPin()) continue;
         Sequence* victim = running_.back();
         Preempt(victim);
         if (victim == seq) return false;
@@ -114,7 +117,12 @@ StepPlan Scheduler::Schedule() {
         const auto width = static_cast<int64_t>(1 + seq->fork_children.size());
         if (static_cast<int64_t>(running_.size()) + width > config_.max_num_seqs) break;
         kv::SequenceRequest req{.seq_id = seq->seq_id, .prompt_token_ids = seq->token_ids};
-        if (!blocks_.CanAllocate(req)) break;
+        bool fits = blocks_.CanAllocate(req);
+        // Nothing running will free blocks: pins are all that keep this prompt out, and a pin
+        // never blocks admission for good. The oldest lapse until it fits.
+        while (!fits && running_.empty() && blocks_.LapseOldestPin())
+            fits = blocks_.CanAllocate(req);
+        if (!fits) break;
         waiting_.pop_front();
         const int64_t cached = blocks_.Allocate(req);
         seq->admitted_cached_tokens = cached;

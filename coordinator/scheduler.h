@@ -6,6 +6,9 @@
 // Order within a step: running sequences first (decodes and unfinished prefills, in admission
 // order), then admissions from the waiting queue while the budget, max_num_seqs and blocks allow.
 // A prompt longer than the budget is prefilled over several steps, mixed with other decodes.
+// Prompt-caching pins (kv/block_manager.h) hold blocks within their share of the pool; they lapse
+// early, oldest first, only when nothing could run otherwise: a waiting prompt that does not fit
+// while no sequence runs, or a lone running sequence that would preempt itself.
 // Thread-safety: none; the instance's engine thread owns it.
 #pragma once
 
