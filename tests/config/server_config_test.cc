@@ -60,6 +60,8 @@ kv_cache:
   memory_mib: 64
   dtype: int8
   enable_prefix_caching: false
+  max_pinned_fraction: 0.25
+  min_pinned_tokens: 2048
 )";
     auto c = ParseServerConfig(yaml, "serve.yaml");
     ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -86,6 +88,8 @@ kv_cache:
     EXPECT_EQ(c->kv_cache.memory_mib, 64);
     EXPECT_EQ(c->kv_cache.dtype, KvCacheDtype::kInt8);
     EXPECT_FALSE(c->kv_cache.enable_prefix_caching);
+    EXPECT_DOUBLE_EQ(c->kv_cache.max_pinned_fraction, 0.25);
+    EXPECT_EQ(c->kv_cache.min_pinned_tokens, 2048);
 }
 
 TEST(ServerConfig, OverridesWinAndAreValidated) {
@@ -127,6 +131,10 @@ TEST(ServerConfig, ErrorsNameFileKeyAndValue) {
          "serve.yaml:3: kv_cache.dtype: invalid value 'fp16': expected auto, fp32, int8 or fp8"},
         {"model: m\nkv_cache:\n  enable_prefix_caching: maybe\n",
          "kv_cache.enable_prefix_caching: invalid value 'maybe'"},
+        {"model: m\nkv_cache:\n  max_pinned_fraction: 1.5\n",
+         "kv_cache.max_pinned_fraction: invalid value '1.5': must be in 0..1"},
+        {"model: m\nkv_cache:\n  min_pinned_tokens: -1\n",
+         "kv_cache.min_pinned_tokens: invalid value '-1'"},
         {"model: m\nlog_level: loud\n", "serve.yaml:2: log_level: invalid value 'loud'"},
         {"model: m\nmax_num_seqs: 4\n", "serve.yaml:2: unknown key 'max_num_seqs'"},
         {"model: m\nscheduler:\n  max_num_seq: 4\n",
@@ -172,7 +180,7 @@ TEST(ServerConfig, ExampleParsesAndEveryKeyIsDocumented) {
     auto c = LoadServerConfig(root + "/config/examples/serve.yaml");
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     const std::string doc = testing::ReadFile(root + "/docs/config.md");
-    EXPECT_EQ(ServerConfigKeys().size(), 41u);
+    EXPECT_EQ(ServerConfigKeys().size(), 43u);
     for (std::string_view key : ServerConfigKeys()) {
         EXPECT_NE(doc.find("`" + std::string(key) + "`"), std::string::npos) << key;
     }

@@ -151,6 +151,34 @@ TEST(Metrics, ServerMetricsNames) {
               1);
 }
 
+TEST(Metrics, PromptCachePins) {
+    ServerMetrics m("smol");
+    GenerationUsage usage{.prompt_tokens = 2100, .completion_tokens = 5, .cached_tokens = 0,
+                          .cache_creation_tokens = 2048};
+    m.ObserveRequestFinished(0.5, usage, "length");
+    usage.cached_tokens = 2048;
+    usage.cache_creation_tokens = 0;
+    m.ObserveRequestFinished(0.1, usage, "length");
+    EngineStats stats;
+    stats.pinned_blocks = 128;
+    stats.pin_hits_total = 9;
+    stats.pins_expired_total = 2;
+    stats.pins_refused_total = 1;
+    const Exposition e = Parse(m.Render(stats));
+    const std::string l = "{model_name=\"smol\"}";
+    EXPECT_EQ(e.types.at("kvshard:prompt_cache_pinned_blocks"), "gauge");
+    EXPECT_EQ(e.samples.at("kvshard:prompt_cache_pinned_blocks" + l), 128);
+    for (auto [name, value] : {std::pair{"kvshard:prompt_cache_pin_hits_total", 9},
+                               std::pair{"kvshard:prompt_cache_pins_expired_total", 2},
+                               std::pair{"kvshard:prompt_cache_pins_refused_total", 1},
+                               std::pair{"kvshard:prompt_cache_creation_tokens_total", 2048}}) {
+        EXPECT_EQ(e.types.at(name), "counter") << name;
+        EXPECT_EQ(e.samples.at(std::string(name) + l), value) << name;
+    }
+    stats.pinned_blocks = 0;  // a gauge follows the engine down
+    EXPECT_EQ(Parse(m.Render(stats)).samples.at("kvshard:prompt_cache_pinned_blocks" + l), 0);
+}
+
 // Occurrences of `needle` in `haystack`.
 int CountOf(const std::string& haystack, const std::string& needle) {
     int n = 0;
