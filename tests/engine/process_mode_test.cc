@@ -1052,6 +1052,36 @@ TEST_F(ProcessModeTest, GlooTp2InstanceWithAMissingRankFailsNamingIt) {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << status;
 }
 
+// A rank of a tp-2 Gloo instance killed under a step: the request fails (the surviving rank's
+// all-reduce ends when the dead peer's connection closes, not at its deadline), the supervisor
+// relaunches both ranks, they meet again in a fresh store, and the instance gives the same tokens.
+TEST_F(ProcessModeTest, GlooTp2InstanceKilledUnderAStepIsReformed) {
+    if (!KVSHARD_WITH_GLOO) GTEST_SKIP() << "built without Gloo";
+    Result<std::unique_ptr<cli::ProcessInstance>> instance =
+        cli::StartProcessInstance(Config("direct", 1'000, /*restart_limit=*/3), Spec(2));
+    ASSERT_TRUE(instance.ok()) << instance.status().ToString();
+    RemoteStepExecutor& executor = (*instance)->executor();
+    const std::vector<pid_t> ranks = (*instance)->worker_pids();
+    ASSERT_EQ(ranks.size(), 2u);
+    {
+        auto engine = Engine(executor);
+        auto sink = std::make_shared<Sink>();
+        ASSERT_TRUE(engine->Submit(Request("long", "Once upon a time", 400, true), sink).ok());
+        ASSERT_TRUE(sink->WaitFirstToken());
+        ASSERT_EQ(kill(ranks[1], SIGKILL), 0);
+        ASSERT_TRUE(sink->WaitDone(milliseconds(30'000))) << "the request hangs";
+        EXPECT_FALSE(sink->status().ok());
+        engine->Stop();
+    }
+    ASSERT_TRUE(WaitFor([&] {
+        return executor.Health().ok() && executor.epoch() == 2 && (*instance)->restarts() == 1;
+    })) << executor.Health().ToString()
+        << "; last failure " << (*instance)->last_failure().ToString();
+    EXPECT_TRUE(Reaped(ranks[0]));
+    EXPECT_TRUE(Reaped(ranks[1]));
+    EXPECT_EQ(Run(executor), EmbeddedReference());
+}
+
 // ---- MPI: tp 2 worker processes under mpirun ----
 
 TEST_F(ProcessModeTest, MpiTp2WorkersGiveTheSameTokens) {
