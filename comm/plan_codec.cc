@@ -71,7 +71,19 @@ void Encode(Writer& w, const StepPlan& plan) {
         w.F32(seq.sampling.top_p);
         w.F32(seq.sampling.min_p);
         w.Fixed(seq.sampling.seed);
+        w.F32(seq.sampling.repetition_penalty);
+        w.F32(seq.sampling.frequency_penalty);
+        w.F32(seq.sampling.presence_penalty);
+        w.Count(seq.sampling.logit_bias.size());
+        for (const TokenBias& b : seq.sampling.logit_bias) {
+            w.Fixed(b.token_id);
+            w.F32(b.bias);
+        }
+        w.Fixed(seq.sampling.min_tokens);
+        w.Ints(seq.sampling.min_tokens_banned_ids);
         w.Fixed(seq.num_top_logprobs);
+        w.Ints(seq.history);
+        w.Fixed(seq.history_prompt_tokens);
     }
     w.Count(plan.block_copies.size());
     for (const BlockCopyOp& op : plan.block_copies) {
@@ -274,7 +286,8 @@ class Reader {
 // Smallest encodings, for Reader::Count. The decoded structs take at most about 2.3 times their
 // smallest encoding in memory (ScheduledSequence: 128 bytes for 57), which bounds the memory a
 // frame can make the decoder allocate.
-constexpr size_t kMinSequenceBytes = 8 + 4 + 8 + 4 + 4 + 1 + 4 + 4 + 4 + 4 + 8 + 4;
+constexpr size_t kMinSequenceBytes =
+    8 + 4 + 8 + 4 + 4 + 1 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 4 + 8;
 constexpr size_t kMinSampledTokenBytes = 8 + 4 + 4 + 4 + 8;
 constexpr uint32_t kMaxSettings = 1 << 16;
 constexpr size_t kMinKvRecvBytes = 8 + 8 + 4 + 8 + 8;
@@ -302,7 +315,21 @@ StepPlan DecodeStepPlan(Reader& r) {
         seq.sampling.top_p = r.F32("SamplingParams.top_p");
         seq.sampling.min_p = r.F32("SamplingParams.min_p");
         seq.sampling.seed = r.Fixed<uint64_t>("SamplingParams.seed");
+        seq.sampling.repetition_penalty = r.F32("SamplingParams.repetition_penalty");
+        seq.sampling.frequency_penalty = r.F32("SamplingParams.frequency_penalty");
+        seq.sampling.presence_penalty = r.F32("SamplingParams.presence_penalty");
+        const uint32_t num_biases = r.Count("SamplingParams.logit_bias", 8);
+        seq.sampling.logit_bias.reserve(num_biases);
+        for (uint32_t b = 0; b < num_biases && r.status().ok(); ++b) {
+            TokenBias& bias = seq.sampling.logit_bias.emplace_back();
+            bias.token_id = r.Fixed<int32_t>("TokenBias.token_id");
+            bias.bias = r.F32("TokenBias.bias");
+        }
+        seq.sampling.min_tokens = r.Fixed<int64_t>("SamplingParams.min_tokens");
+        seq.sampling.min_tokens_banned_ids = r.Ints<int32_t>("SamplingParams.min_tokens_banned_ids");
         seq.num_top_logprobs = r.Fixed<int32_t>("ScheduledSequence.num_top_logprobs");
+        seq.history = r.Ints<int32_t>("ScheduledSequence.history");
+        seq.history_prompt_tokens = r.Fixed<int64_t>("ScheduledSequence.history_prompt_tokens");
     }
     const uint32_t num_copies = r.Count("StepPlan.block_copies", 8);
     plan.block_copies.reserve(num_copies);

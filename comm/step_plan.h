@@ -28,14 +28,40 @@ inline std::string_view FinishReasonName(FinishReason reason) {
     return "abort";
 }
 
+// An additive change to one token's logit (OpenAI's logit_bias; -inf bans the token).
+struct TokenBias {
+    int32_t token_id = 0;
+    float bias = 0.0f;
+    friend bool operator==(const TokenBias&, const TokenBias&) = default;
+};
+
 struct SamplingParams {
     float temperature = 0.0f;  // 0: greedy (argmax); otherwise logits are divided by it
     int top_k = 0;             // keep the k highest logits; 0: off
     float top_p = 1.0f;        // nucleus sampling over the smallest set with mass > top_p; 1: off
     float min_p = 0.0f;        // drop tokens with prob < min_p * max prob; 0: off
     uint64_t seed = 0;         // the RNG's initial state (0 is replaced, see XorShiftRng)
+
+    // Logit controls, applied to the raw logits before temperature and the filters above, in
+    // vLLM's order (worker/sampler.h ApplyLogitControls): repetition penalty over the prompt and
+    // the output so far, frequency and presence penalties over the output, logit_bias, then the
+    // min_tokens ban. Logprobs stay those of the raw logits, as vLLM reports them by default.
+    float repetition_penalty = 1.0f;  // > 0; a seen token's logit is divided (> 0) or multiplied
+    float frequency_penalty = 0.0f;   // in [-2, 2]; times the token's count in the output
+    float presence_penalty = 0.0f;    // in [-2, 2]; once for a token present in the output
+    std::vector<TokenBias> logit_bias;  // by increasing token id, each id once
+    // While fewer than min_tokens tokens have been generated, min_tokens_banned_ids (the stop
+    // tokens: EOS and the request's stop_token_ids) cannot be sampled.
+    int64_t min_tokens = 0;
+    std::vector<int32_t> min_tokens_banned_ids;
     friend bool operator==(const SamplingParams&, const SamplingParams&) = default;
 };
+
+// True when sampling this sequence needs its token history (ScheduledSequence::history).
+inline bool NeedsTokenHistory(const SamplingParams& p) {
+    return p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f ||
+           p.presence_penalty != 0.0f || p.min_tokens > 0;
+}
 
 // One sequence's share of a step: a chunk of tokens at consecutive positions whose KV is written
 // at `slot_mapping` and which attend over every position held by `block_table`.
@@ -49,6 +75,12 @@ struct ScheduledSequence {
     bool sample = true;
     SamplingParams sampling;
     int32_t num_top_logprobs = -1;  // -1: no logprobs; 0: the sampled token's; k: also the top k
+    // When sample and NeedsTokenHistory(sampling): every token of the sequence so far (prompt,
+    // then output), of which the first history_prompt_tokens are the prompt — what the penalties
+    // and min_tokens read. Sent per step, so that workers keep no per-request state and a
+    // preempted, prefix-cached or handed-off sequence samples exactly as it would otherwise.
+    std::vector<int32_t> history;
+    int64_t history_prompt_tokens = 0;
     friend bool operator==(const ScheduledSequence&, const ScheduledSequence&) = default;
 };
 

@@ -222,6 +222,9 @@ std::variant<PreparedGeneration, ApiError> ApiService::Prepare(const OpenAiReque
     g.max_tokens = std::get<int64_t>(max_tokens);
     g.stop = r.stop;
     g.ignore_eos = r.ignore_eos;
+    g.stop_token_ids = r.stop_token_ids;
+    g.include_stop_str_in_output = r.include_stop_str_in_output;
+    g.skip_special_tokens = r.skip_special_tokens;
     g.n = r.n;
     g.num_top_logprobs = r.num_top_logprobs;
 

@@ -259,6 +259,17 @@ void InstanceEngine::PublishStats() {
     block_stats_ = b;
 }
 
+// The tokens min_tokens holds back: every token that would end the choice (EOS and the like,
+// unless the request ignores them, and its own stop_token_ids), by increasing id.
+static std::vector<int32_t> MinTokensBans(const GenerationRequest& req,
+                                          const std::vector<int32_t>& eos_ids) {
+    std::vector<int32_t> ids = req.stop_token_ids;
+    if (!req.ignore_eos) ids.insert(ids.end(), eos_ids.begin(), eos_ids.end());
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    return ids;
+}
+
 void InstanceEngine::Admit(std::unique_ptr<RequestState> state) {
     RequestState& r = *state;
     const GenerationRequest& req = r.request;
@@ -269,10 +280,14 @@ void InstanceEngine::Admit(std::unique_ptr<RequestState> state) {
         seq->num_prompt_tokens = static_cast<int64_t>(req.prompt_token_ids.size());
         seq->sampling = req.sampling;
         seq->sampling.seed = req.sampling.seed + static_cast<uint64_t>(i);
+        if (req.sampling.min_tokens > 0) {
+            seq->sampling.min_tokens_banned_ids = MinTokensBans(req, config_.stop_token_ids);
+        }
         seq->num_top_logprobs = req.num_top_logprobs;
         by_seq_[seq->seq_id] = {&r, i};
-        r.streams.push_back(
-            std::make_unique<TextStream>(tokenizer_, req.stop, req.prompt_token_ids.back()));
+        r.streams.push_back(std::make_unique<TextStream>(
+            tokenizer_, req.stop, req.prompt_token_ids.back(),
+            TextStreamOptions{req.include_stop_str_in_output, req.skip_special_tokens}));
         r.choices.push_back(std::move(seq));
     }
     for (int i = 1; i < req.n; ++i)

@@ -35,6 +35,11 @@ struct GenerationRequest {
     int64_t max_tokens = 16;
     std::vector<std::string> stop;         // stop strings; the text ends before them
     bool ignore_eos = false;
+    // More tokens that end a choice (vLLM's stop_token_ids), whatever ignore_eos says. A stop
+    // token that is not a control token joins the text, as in vLLM.
+    std::vector<int32_t> stop_token_ids;
+    bool include_stop_str_in_output = false;  // the text ends after a matched stop string
+    bool skip_special_tokens = true;          // false: control tokens' text is output too
     int n = 1;                       // choices sharing the prompt (blocks shared, copy on write)
     int32_t num_top_logprobs = -1;   // -1: none; 0: the chosen token's; k: also the top k
     // At most 4, in increasing prefix_tokens order (the front end checks both).

@@ -1,5 +1,6 @@
 #include "coordinator/openai_protocol.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -33,7 +34,9 @@ namespace {
 
 constexpr int kMaxStopStrings = 4;
 constexpr int kMaxChoices = 16;
-constexpr int kMaxCompletionLogprobs = 5;
+constexpr int kMaxCompletionLogprobs = 20;  // vLLM's bound (OpenAI's is 5)
+constexpr size_t kMaxLogitBias = 1024;
+constexpr size_t kMaxStopTokenIds = 64;
 constexpr int kMaxChatTopLogprobs = 20;
 constexpr int64_t kDefaultCompletionMaxTokens = 16;
 
@@ -270,13 +273,17 @@ void ReadMessages(const json& body, std::vector<ChatMessage>& messages) {
             Fail("'" + param + ".role' must be a string", param + ".role");
         }
         const std::string& name = role->get_ref<const std::string&>();
-        if (name != "system" && name != "user" && name != "assistant") {
-            Fail("'" + param + ".role' must be system, user or assistant, got '" + name + "'",
+        if (name != "system" && name != "developer" && name != "user" && name != "assistant") {
+            Fail("'" + param + ".role' must be system, developer, user or assistant, got '" +
+                     name + "'",
                  param + ".role");
         }
         auto content = m.find("content");
         if (content == m.end()) Fail("'" + param + ".content' is required", param + ".content");
-        messages.push_back({name, MessageContent(*content, param + ".content")});
+        // OpenAI's "developer" messages are the system instructions of newer models; the chat
+        // templates know them as "system".
+        messages.push_back(
+            {name == "developer" ? "system" : name, MessageContent(*content, param + ".content")});
     }
 }
 
@@ -327,21 +334,128 @@ void ReadSampling(const json& body, OpenAiRequest& r) {
         r.sampling.seed = static_cast<uint64_t>(*s);
         r.has_seed = true;
     }
-    for (const char* name : {"presence_penalty", "frequency_penalty"}) {
-        if (auto x = OptNumber(body, name); x && *x != 0) {
-            Fail(std::string("'") + name + "' is not supported (only 0)", name);
+    if (auto x = OptNumber(body, "presence_penalty")) {
+        if (*x < -2 || *x > 2)
+            Fail("'presence_penalty' must be in [-2, 2], got " + Number(*x), "presence_penalty");
+        r.sampling.presence_penalty = static_cast<float>(*x);
+    }
+    if (auto x = OptNumber(body, "frequency_penalty")) {
+        if (*x < -2 || *x > 2)
+            Fail("'frequency_penalty' must be in [-2, 2], got " + Number(*x), "frequency_penalty");
+        r.sampling.frequency_penalty = static_cast<float>(*x);
+    }
+    if (auto x = OptNumber(body, "repetition_penalty")) {
+        if (!(*x > 0 && *x <= 10)) {
+            Fail("'repetition_penalty' must be in (0, 10] (1: off), got " + Number(*x),
+                 "repetition_penalty");
         }
+        r.sampling.repetition_penalty = static_cast<float>(*x);
     }
-    if (auto x = OptNumber(body, "repetition_penalty"); x && *x != 1) {
-        Fail("'repetition_penalty' is not supported (only 1)", "repetition_penalty");
-    }
-    if (const json* b = Field(body, "logit_bias"); b && !(b->is_object() && b->empty())) {
-        Fail("'logit_bias' is not supported", "logit_bias");
+    if (auto m = OptInt(body, "min_tokens", 0, std::numeric_limits<int64_t>::max(),
+                        "must be >= 0")) {
+        r.sampling.min_tokens = *m;
     }
 }
 
-void ReadCommon(const json& body, OpenAiRequest& r) {
+// logit_bias: {"<token id>": bias in [-100, 100], ...}, as OpenAI defines it.
+void ReadLogitBias(const json& body, const ServedModel& model, OpenAiRequest& r) {
+    const json* b = Field(body, "logit_bias");
+    if (b == nullptr) return;
+    if (!b->is_object()) {
+        Fail("'logit_bias' must be an object of token ids to biases, got " + TypeName(*b),
+             "logit_bias");
+    }
+    if (b->size() > kMaxLogitBias) {
+        Fail("'logit_bias' holds at most " + std::to_string(kMaxLogitBias) + " tokens, got " +
+                 std::to_string(b->size()),
+             "logit_bias");
+    }
+    for (const auto& [key, value] : b->items()) {
+        int64_t id = -1;
+        const bool digits = !key.empty() && key.size() <= 10 &&
+                            key.find_first_not_of("0123456789") == std::string::npos;
+        if (digits) id = std::stoll(key);
+        if (!digits || id >= model.vocab_size) {
+            Fail("'logit_bias' key '" + key + "' is not a token id of the vocabulary (0.." +
+                     std::to_string(model.vocab_size - 1) + ")",
+                 "logit_bias");
+        }
+        if (!value.is_number() || value.get<double>() < -100 || value.get<double>() > 100) {
+            Fail("'logit_bias' value for token " + key + " must be a number in [-100, 100]",
+                 "logit_bias");
+        }
+        r.sampling.logit_bias.push_back({static_cast<int32_t>(id), value.get<float>()});
+    }
+    std::sort(r.sampling.logit_bias.begin(), r.sampling.logit_bias.end(),
+              [](const TokenBias& a, const TokenBias& b) { return a.token_id < b.token_id; });
+    for (size_t i = 1; i < r.sampling.logit_bias.size(); ++i) {
+        if (r.sampling.logit_bias[i].token_id == r.sampling.logit_bias[i - 1].token_id) {
+            Fail("'logit_bias' names token " +
+                     std::to_string(r.sampling.logit_bias[i].token_id) + " twice",
+                 "logit_bias");
+        }
+    }
+}
+
+// vLLM's output controls: stop_token_ids, include_stop_str_in_output, skip_special_tokens.
+void ReadOutputControls(const json& body, const ServedModel& model, OpenAiRequest& r) {
+    if (const json* ids = Field(body, "stop_token_ids")) {
+        if (!ids->is_array()) {
+            Fail("'stop_token_ids' must be an array of token ids, got " + TypeName(*ids),
+                 "stop_token_ids");
+        }
+        if (ids->size() > kMaxStopTokenIds) {
+            Fail("'stop_token_ids' holds at most " + std::to_string(kMaxStopTokenIds) +
+                     " ids, got " + std::to_string(ids->size()),
+                 "stop_token_ids");
+        }
+        for (const json& t : *ids) {
+            if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+                t.get<int64_t>() >= model.vocab_size) {
+                Fail("'stop_token_ids' must hold token ids of the vocabulary (0.." +
+                         std::to_string(model.vocab_size - 1) + ")",
+                     "stop_token_ids");
+            }
+            r.stop_token_ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+        }
+    }
+    r.include_stop_str_in_output = OptBool(body, "include_stop_str_in_output").value_or(false);
+    r.skip_special_tokens = OptBool(body, "skip_special_tokens").value_or(true);
+}
+
+// Options of vLLM's and OpenAI's APIs that kvshard does not implement: refused by name rather
+// than ignored, so that no client believes it was obeyed. A value that asks for the default
+// behaviour is accepted.
+void RefuseUnimplemented(const json& body) {
+    for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                             "structured_outputs", "prompt_logprobs", "truncate_prompt_tokens"}) {
+        if (Field(body, name) != nullptr) {
+            Fail(std::string("'") + name + "' is not supported by this server", name);
+        }
+    }
+    for (const char* name : {"use_beam_search", "return_tokens_as_token_ids",
+                             "continue_final_message"}) {
+        if (OptBool(body, name).value_or(false)) {
+            Fail(std::string("'") + name + "' is not supported by this server (only false)", name);
+        }
+    }
+    if (auto t = OptNumber(body, "typical_p"); t && *t != 1) {
+        Fail("'typical_p' is not supported by this server (only 1)", "typical_p");
+    }
+    if (auto p = OptInt(body, "priority", std::numeric_limits<int64_t>::min(),
+                        std::numeric_limits<int64_t>::max(), "");
+        p && *p != 0) {
+        Fail("'priority' is not supported: this server schedules first come, first served "
+             "(only 0)",
+             "priority");
+    }
+}
+
+void ReadCommon(const json& body, const ServedModel& model, OpenAiRequest& r) {
+    RefuseUnimplemented(body);
     ReadSampling(body, r);
+    ReadLogitBias(body, model, r);
+    ReadOutputControls(body, model, r);
     ReadStop(body, r);
     if (auto n = OptInt(body, "n", 1, kMaxChoices, "must be in 1..16")) r.n = static_cast<int>(*n);
     r.stream = OptBool(body, "stream").value_or(false);
@@ -370,7 +484,7 @@ void ReadCompletion(const json& body, const ServedModel& model, OpenAiRequest& r
     ReadPrompt(body, model, r);
     r.max_tokens =
         OptInt(body, "max_tokens", 1, std::numeric_limits<int64_t>::max(), "must be > 0");
-    if (auto lp = OptInt(body, "logprobs", 0, kMaxCompletionLogprobs, "must be in 0..5")) {
+    if (auto lp = OptInt(body, "logprobs", 0, kMaxCompletionLogprobs, "must be in 0..20")) {
         r.num_top_logprobs = static_cast<int32_t>(*lp);
     }
     if (const json* s = OptString(body, "suffix"); s && !s->get_ref<const std::string&>().empty()) {
@@ -484,7 +598,13 @@ ParsedRequest ParseOpenAiRequest(ApiEndpoint endpoint, std::string_view body,
                 ReadChat(j, r);
                 break;
         }
-        ReadCommon(j, r);
+        ReadCommon(j, model, r);
+        if (r.max_tokens && r.sampling.min_tokens > *r.max_tokens) {
+            Fail("'min_tokens' (" + std::to_string(r.sampling.min_tokens) +
+                     ") must not exceed the maximum tokens (" + std::to_string(*r.max_tokens) +
+                     ")",
+                 "min_tokens");
+        }
     });
     if (error) return *std::move(error);
     return r;

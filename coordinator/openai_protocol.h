@@ -72,6 +72,10 @@ struct OpenAiRequest {
     bool stream = false;
     bool include_usage = false;  // stream_options.include_usage
     bool ignore_eos = false;
+    // vLLM's output controls (GenerationRequest has their meaning).
+    std::vector<int32_t> stop_token_ids;
+    bool include_stop_str_in_output = false;
+    bool skip_special_tokens = true;
 };
 
 using ParsedRequest = std::variant<OpenAiRequest, ApiError>;

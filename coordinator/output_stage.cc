@@ -16,11 +16,19 @@ TokenOutcome OutputStage::OnToken(const GenerationRequest& request, int index,
         out.finish = FinishReason::kStop;
         return out;
     }
+    // The request's own stop tokens end the choice after joining it (their text is output
+    // unless they are control tokens, which render as nothing).
+    const bool is_request_stop_token =
+        std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(), token.token_id) !=
+        request.stop_token_ids.end();
     out.append = true;
     out.delta.text = stream.Push(token.token_id);
     out.delta.token_ids.push_back(token.token_id);
     if (request.num_top_logprobs >= 0) out.delta.logprobs.push_back(token);
     if (stream.stopped()) {
+        out.finish = FinishReason::kStop;
+    } else if (is_request_stop_token) {
+        out.delta.text += stream.Finish();
         out.finish = FinishReason::kStop;
     } else if (num_generated + 1 >= request.max_tokens || num_tokens + 1 >= max_context_) {
         out.delta.text += stream.Finish();

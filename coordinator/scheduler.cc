@@ -83,6 +83,10 @@ void Scheduler::AddChunk(Sequence* seq, int64_t n, StepPlan* plan) {
     s.sample = seq->fork_children.empty() && s.start_pos + n == seq->num_tokens();
     s.sampling = seq->sampling;
     s.num_top_logprobs = seq->num_top_logprobs;
+    if (s.sample && NeedsTokenHistory(s.sampling)) {
+        s.history = seq->token_ids;
+        s.history_prompt_tokens = seq->num_prompt_tokens;
+    }
     plan->sequences.push_back(std::move(s));
 }
 

@@ -37,8 +37,11 @@ size_t PartialStopLength(std::string_view text, std::string_view stop) {
 }  // namespace
 
 TextStream::TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop_strings,
-                       int32_t prev_token)
-    : tokenizer_(tokenizer), stop_strings_(std::move(stop_strings)), prev_token_(prev_token) {
+                       int32_t prev_token, TextStreamOptions options)
+    : tokenizer_(tokenizer),
+      stop_strings_(std::move(stop_strings)),
+      prev_token_(prev_token),
+      options_(options) {
     std::erase_if(stop_strings_, [](const std::string& s) { return s.empty(); });
 }
 
@@ -46,6 +49,9 @@ std::string TextStream::Push(int32_t id) {
     if (stopped_) return "";
     std::string bytes = tokenizer_.TokenBytes(id);
     const TokenizerData& data = tokenizer_.data();
+    if (!options_.skip_special_tokens && tokenizer_.IsControl(id)) {
+        bytes = data.tokens[static_cast<size_t>(id)];
+    }
     if (data.kind == TokenizerKind::kSentencePiece && data.add_space_prefix && prev_token_ >= 0 &&
         prev_token_ == data.bos_id && !bytes.empty() && bytes[0] == ' ') {
         bytes.erase(0, 1);
@@ -69,7 +75,8 @@ std::string TextStream::Push(int32_t id) {
     }
     if (stop_at != std::string::npos) {
         stopped_ = true;
-        std::string out = held_text_.substr(0, stop_at);
+        std::string out =
+            held_text_.substr(0, options_.include_stop ? stop_at + matched_stop_.size() : stop_at);
         held_text_.clear();
         pending_bytes_.clear();
         return out;

@@ -72,15 +72,24 @@ class Tokenizer {
 // Incremental, UTF-8-safe detokenization with stop strings. Feed generated ids one at a time;
 // each call returns the text that is now final: complete UTF-8 characters only, and never text
 // that might still turn out to be the start of a stop string.
+struct TextStreamOptions {
+    // A matched stop string ends the text after it rather than before (vLLM's
+    // include_stop_str_in_output).
+    bool include_stop = false;
+    // Control tokens (<|im_end|>, ...) add no text; false: their piece text, as vLLM's
+    // skip_special_tokens=false.
+    bool skip_special_tokens = true;
+};
+
 class TextStream {
   public:
     // `prev_token` is the last prompt token (so a SentencePiece leading space after BOS is
     // dropped as llama.cpp and llama2.c do); -1 if none.
     TextStream(const Tokenizer& tokenizer, std::vector<std::string> stop_strings,
-               int32_t prev_token = -1);
+               int32_t prev_token = -1, TextStreamOptions options = {});
 
     // Returns the newly final text. After a stop string matched, stopped() is true and the
-    // returned text ends right before the stop string.
+    // returned text ends right before the stop string (after it with options.include_stop).
     std::string Push(int32_t id);
     // Flushes what is held back at the end of generation (an incomplete UTF-8 tail becomes
     // U+FFFD). Not used after a stop.
@@ -92,6 +101,7 @@ class TextStream {
     const Tokenizer& tokenizer_;
     std::vector<std::string> stop_strings_;
     int32_t prev_token_;
+    TextStreamOptions options_;
     std::string pending_bytes_;  // bytes not yet forming complete characters
     std::string held_text_;      // complete text held back as a possible stop-string prefix
     bool stopped_ = false;

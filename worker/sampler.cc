@@ -54,6 +54,91 @@ Status ValidateSamplingParams(const SamplingParams& params) {
     return Status::Ok();
 }
 
+bool HasLogitControls(const SamplingParams& params) {
+    return NeedsTokenHistory(params) || !params.logit_bias.empty();
+}
+
+Status ValidateLogitControls(const SamplingParams& params, std::span<const int32_t> history,
+                             int64_t history_prompt_tokens, int64_t vocab) {
+    if (!(std::isfinite(params.repetition_penalty) && params.repetition_penalty > 0.0f)) {
+        return InvalidArgument("repetition_penalty must be finite and > 0, got " +
+                               std::to_string(params.repetition_penalty));
+    }
+    for (const auto& [name, value] : {std::pair{"frequency_penalty", params.frequency_penalty},
+                                      std::pair{"presence_penalty", params.presence_penalty}}) {
+        if (!(std::isfinite(value) && value >= -2.0f && value <= 2.0f)) {
+            return InvalidArgument(std::string(name) + " must be in [-2, 2], got " +
+                                   std::to_string(value));
+        }
+    }
+    int32_t previous = -1;
+    for (const TokenBias& b : params.logit_bias) {
+        if (b.token_id < 0 || b.token_id >= vocab || b.token_id <= previous) {
+            return InvalidArgument("logit_bias token id " + std::to_string(b.token_id) +
+                                   " is outside the vocabulary (0.." + std::to_string(vocab - 1) +
+                                   ") or out of order");
+        }
+        if (std::isnan(b.bias)) return InvalidArgument("logit_bias value is NaN");
+        previous = b.token_id;
+    }
+    if (params.min_tokens < 0) {
+        return InvalidArgument("min_tokens must be >= 0, got " + std::to_string(params.min_tokens));
+    }
+    for (int32_t id : params.min_tokens_banned_ids) {
+        if (id < 0 || id >= vocab) {
+            return InvalidArgument("min_tokens banned token id " + std::to_string(id) +
+                                   " is outside the vocabulary");
+        }
+    }
+    if (NeedsTokenHistory(params)) {
+        if (history.empty()) return InvalidArgument("the penalties need the token history");
+        if (history_prompt_tokens < 0 ||
+            history_prompt_tokens > static_cast<int64_t>(history.size())) {
+            return InvalidArgument("history_prompt_tokens " +
+                                   std::to_string(history_prompt_tokens) + " is not in 0.." +
+                                   std::to_string(history.size()));
+        }
+        for (int32_t id : history) {
+            if (id < 0 || id >= vocab) {
+                return InvalidArgument("token id " + std::to_string(id) +
+                                       " in the history is outside the vocabulary");
+            }
+        }
+    }
+    return Status::Ok();
+}
+
+void ApplyLogitControls(const SamplingParams& params, std::span<const int32_t> history,
+                        int64_t history_prompt_tokens, float* logits, int64_t vocab,
+                        std::vector<int32_t>* scratch) {
+    (void)vocab;
+    const auto output = history.subspan(static_cast<size_t>(history_prompt_tokens));
+    if (params.repetition_penalty != 1.0f) {
+        scratch->assign(history.begin(), history.end());
+        std::sort(scratch->begin(), scratch->end());
+        scratch->erase(std::unique(scratch->begin(), scratch->end()), scratch->end());
+        const float p = params.repetition_penalty;
+        for (int32_t id : *scratch) logits[id] = logits[id] > 0 ? logits[id] / p : logits[id] * p;
+    }
+    if (params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f) {
+        scratch->assign(output.begin(), output.end());
+        std::sort(scratch->begin(), scratch->end());
+        for (size_t i = 0; i < scratch->size();) {
+            size_t j = i;
+            while (j < scratch->size() && (*scratch)[j] == (*scratch)[i]) ++j;
+            const auto count = static_cast<float>(j - i);
+            logits[(*scratch)[i]] -= count * params.frequency_penalty + params.presence_penalty;
+            i = j;
+        }
+    }
+    for (const TokenBias& b : params.logit_bias) logits[b.token_id] += b.bias;
+    if (static_cast<int64_t>(output.size()) < params.min_tokens) {
+        for (int32_t id : params.min_tokens_banned_ids) {
+            logits[id] = -std::numeric_limits<float>::infinity();
+        }
+    }
+}
+
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
     const Status status = ValidateSamplingParams(params);
     KV_CHECK(status.ok()) << status.ToString();

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "comm/step_plan.h"
@@ -17,6 +18,26 @@ namespace kvshard {
 // temperature finite and >= 0, top_k >= 0, top_p in (0, 1], min_p in [0, 1]. The message of an
 // InvalidArgument names the field and its value.
 Status ValidateSamplingParams(const SamplingParams& params);
+
+// The logit controls of `params` (comm/step_plan.h SamplingParams) against a vocabulary of
+// `vocab` tokens and a token history (ScheduledSequence::history): the penalties finite and in
+// range, logit_bias and the banned ids inside the vocabulary, the bias ids increasing, the
+// history present when NeedsTokenHistory(params). The message names the field.
+Status ValidateLogitControls(const SamplingParams& params, std::span<const int32_t> history,
+                             int64_t history_prompt_tokens, int64_t vocab);
+
+// True when `params` change the logits at all (penalties, logit_bias or min_tokens).
+bool HasLogitControls(const SamplingParams& params);
+
+// Applies the logit controls to one row of `vocab` logits, in vLLM's order: the repetition
+// penalty for every token in `history` (a positive logit divided by it, a negative one
+// multiplied), then for the output part (history after the first history_prompt_tokens) the
+// frequency penalty times the token's count and the presence penalty once, then logit_bias
+// added, then, while the output is shorter than min_tokens, min_tokens_banned_ids set to -inf.
+// `scratch` is reused between calls. REQUIRES: ValidateLogitControls(...).ok().
+void ApplyLogitControls(const SamplingParams& params, std::span<const int32_t> history,
+                        int64_t history_prompt_tokens, float* logits, int64_t vocab,
+                        std::vector<int32_t>* scratch);
 
 // llama2.c's xorshift* generator. State 0 is a fixed point of xorshift (every draw would be 0),
 // so a seed of 0 starts from kZeroSeedState instead; llama2.c never seeds with 0.

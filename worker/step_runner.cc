@@ -26,7 +26,15 @@ SampledToken StepRunner::SampleRow(const ScheduledSequence& seq, const float* lo
     if (it == samplers_.end()) it = samplers_.emplace(seq.seq_id, Sampler(seq.sampling)).first;
     SampledToken out;
     out.seq_id = seq.seq_id;
-    out.token_id = it->second.Sample(logits, vocab);
+    if (HasLogitControls(seq.sampling)) {
+        // The controls change what is sampled; logprobs stay those of the model's own logits.
+        adjusted_.assign(logits, logits + vocab);
+        ApplyLogitControls(seq.sampling, seq.history, seq.history_prompt_tokens, adjusted_.data(),
+                           vocab, &control_scratch_);
+        out.token_id = it->second.Sample(adjusted_.data(), vocab);
+    } else {
+        out.token_id = it->second.Sample(logits, vocab);
+    }
     out.rng_state = it->second.rng_state();
     if (seq.num_top_logprobs >= 0) {
         logprobs_.resize(static_cast<size_t>(vocab));
@@ -141,7 +149,10 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
     result.step_id = plan.step_id;
     for (int64_t id : plan.released_seq_ids) samplers_.erase(id);
     for (const ScheduledSequence& s : plan.sequences) {
-        if (s.sample) KV_RETURN_IF_ERROR(ValidateSamplingParams(s.sampling));
+        if (!s.sample) continue;
+        KV_RETURN_IF_ERROR(ValidateSamplingParams(s.sampling));
+        KV_RETURN_IF_ERROR(ValidateLogitControls(s.sampling, s.history, s.history_prompt_tokens,
+                                                 runner_.spec().vocab_size));
     }
     if (transport_ != nullptr) {
         for (uint64_t id : plan.kv_discards) transport_->Discard(id);

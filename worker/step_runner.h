@@ -54,6 +54,8 @@ class StepRunner : public StepExecutor {
     std::unordered_map<int64_t, Sampler> samplers_;
     std::vector<float> logits_;
     std::vector<float> logprobs_;
+    std::vector<float> adjusted_;              // the logits after the logit controls
+    std::vector<int32_t> control_scratch_;     // ApplyLogitControls scratch
     KvPiece send_piece_;  // reused by every send
 };
 

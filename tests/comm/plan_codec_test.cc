@@ -51,7 +51,17 @@ class Generator {
             seq.slot_mapping = Ints<int64_t>(40);
             seq.sample = Int(0, 1) == 1;
             seq.sampling = {Float(), static_cast<int>(Int(-5, 100)), Float(), Float(), rng_()};
+            seq.sampling.repetition_penalty = Float();
+            seq.sampling.frequency_penalty = Float();
+            seq.sampling.presence_penalty = Float();
+            for (int64_t b = Int(0, 3); b > 0; --b) {
+                seq.sampling.logit_bias.push_back({static_cast<int32_t>(rng_()), Float()});
+            }
+            seq.sampling.min_tokens = Int(0, 1000);
+            seq.sampling.min_tokens_banned_ids = Ints<int32_t>(3);
             seq.num_top_logprobs = static_cast<int32_t>(Int(-1, 20));
+            seq.history = Ints<int32_t>(30);
+            seq.history_prompt_tokens = Int(0, 30);
             plan.sequences.push_back(std::move(seq));
         }
         for (int64_t i = Int(0, 4); i > 0; --i) {
@@ -190,7 +200,16 @@ TEST(PlanCodec, RoundTripsEveryMessageType) {
     seq.sample = false;
     seq.sampling = {0.7f, 40, 0.9f, 0.05f, 1234};
     seq.num_top_logprobs = 5;
-    plan.sequences = {seq, seq};
+    ScheduledSequence controlled = seq;
+    controlled.sampling.repetition_penalty = 1.3f;
+    controlled.sampling.frequency_penalty = -0.5f;
+    controlled.sampling.presence_penalty = 2.0f;
+    controlled.sampling.logit_bias = {{3, -100.0f}, {70000, 4.5f}};
+    controlled.sampling.min_tokens = 12;
+    controlled.sampling.min_tokens_banned_ids = {2, 49152};
+    controlled.history = {1, 2, 150000, 7, 7};
+    controlled.history_prompt_tokens = 3;
+    plan.sequences = {seq, controlled};
     plan.block_copies = {{1, 2}, {3, 4}};
     plan.released_seq_ids = {8, 9};
     plan.kv_recvs = {{7, -3, {4, 9}, 20, 1500}, {8, 5, {}, 0, 0}};

@@ -76,7 +76,7 @@ TEST(OpenAiProtocol, RejectsBadRequests) {
         {kChat, R"({"messages": [{"content": "hi"}]})", 400, "messages[0].role",
          "must be a string"},
         {kChat, R"({"messages": [{"role": "tool", "content": "x"}]})", 400, "messages[0].role",
-         "system, user or assistant"},
+         "system, developer, user or assistant"},
         {kChat, R"({"messages": [{"role": "user"}]})", 400, "messages[0].content", "is required"},
         {kChat, R"({"messages": [{"role": "user", "content": null}]})", 400, "messages[0].content",
          "must not be null"},
@@ -105,11 +105,44 @@ TEST(OpenAiProtocol, RejectsBadRequests) {
         {kCmpl, "{" + p + R"(, "top_k": 2.5})", 400, "top_k", "must be an integer"},
         {kCmpl, "{" + p + R"(, "min_p": 1.5})", 400, "min_p", "[0, 1]"},
         {kCmpl, "{" + p + R"(, "seed": "x"})", 400, "seed", "must be an integer"},
-        {kCmpl, "{" + p + R"(, "presence_penalty": 0.5})", 400, "presence_penalty",
+        {kCmpl, "{" + p + R"(, "presence_penalty": 2.5})", 400, "presence_penalty", "[-2, 2]"},
+        {kCmpl, "{" + p + R"(, "frequency_penalty": -3})", 400, "frequency_penalty", "[-2, 2]"},
+        {kCmpl, "{" + p + R"(, "repetition_penalty": 0})", 400, "repetition_penalty", "(0, 10]"},
+        {kCmpl, "{" + p + R"(, "logit_bias": [5]})", 400, "logit_bias", "must be an object"},
+        {kCmpl, "{" + p + R"(, "logit_bias": {"x": 1}})", 400, "logit_bias", "not a token id"},
+        {kCmpl, "{" + p + R"(, "logit_bias": {"1000": 1}})", 400, "logit_bias", "0..999"},
+        {kCmpl, "{" + p + R"(, "logit_bias": {"-1": 1}})", 400, "logit_bias", "not a token id"},
+        {kCmpl, "{" + p + R"(, "logit_bias": {"5": 101}})", 400, "logit_bias", "[-100, 100]"},
+        {kCmpl, "{" + p + R"(, "logit_bias": {"5": "up"}})", 400, "logit_bias", "[-100, 100]"},
+        {kCmpl, "{" + p + R"(, "logit_bias": {"5": 1, "05": 2}})", 400, "logit_bias", "twice"},
+        {kCmpl, "{" + p + R"(, "min_tokens": -1})", 400, "min_tokens", ">= 0"},
+        {kCmpl, "{" + p + R"(, "min_tokens": 9, "max_tokens": 8})", 400, "min_tokens",
+         "must not exceed"},
+        {kCmpl, "{" + p + R"(, "stop_token_ids": 5})", 400, "stop_token_ids", "array"},
+        {kCmpl, "{" + p + R"(, "stop_token_ids": [1000]})", 400, "stop_token_ids", "0..999"},
+        {kCmpl, "{" + p + R"(, "include_stop_str_in_output": 1})", 400,
+         "include_stop_str_in_output", "must be a boolean"},
+        {kCmpl, "{" + p + R"(, "skip_special_tokens": "no"})", 400, "skip_special_tokens",
+         "must be a boolean"},
+        // vLLM and OpenAI options kvshard does not implement: refused by name, never ignored.
+        {kChat, "{" + m + R"(, "guided_json": {"type": "object"}})", 400, "guided_json",
          "not supported"},
-        {kCmpl, "{" + p + R"(, "frequency_penalty": 1})", 400, "frequency_penalty",
+        {kChat, "{" + m + R"(, "guided_choice": ["a", "b"]})", 400, "guided_choice",
          "not supported"},
-        {kCmpl, "{" + p + R"(, "logit_bias": {"5": 1}})", 400, "logit_bias", "not supported"},
+        {kCmpl, "{" + p + R"(, "guided_regex": "a+"})", 400, "guided_regex", "not supported"},
+        {kChat, "{" + m + R"(, "structured_outputs": {"choice": ["a"]}})", 400,
+         "structured_outputs", "not supported"},
+        {kCmpl, "{" + p + R"(, "prompt_logprobs": 1})", 400, "prompt_logprobs", "not supported"},
+        {kCmpl, "{" + p + R"(, "use_beam_search": true})", 400, "use_beam_search",
+         "not supported"},
+        {kCmpl, "{" + p + R"(, "return_tokens_as_token_ids": true})", 400,
+         "return_tokens_as_token_ids", "not supported"},
+        {kCmpl, "{" + p + R"(, "truncate_prompt_tokens": 5})", 400, "truncate_prompt_tokens",
+         "not supported"},
+        {kCmpl, "{" + p + R"(, "typical_p": 0.9})", 400, "typical_p", "not supported"},
+        {kCmpl, "{" + p + R"(, "priority": 1})", 400, "priority", "first come, first served"},
+        {kChat, "{" + m + R"(, "continue_final_message": true})", 400, "continue_final_message",
+         "not supported"},
         // stop
         {kCmpl, "{" + p + R"(, "stop": ["a", "b", "c", "d", "e"]})", 400, "stop", "at most 4"},
         {kCmpl, "{" + p + R"(, "stop": [1]})", 400, "stop", "string or an array of strings"},
@@ -120,7 +153,7 @@ TEST(OpenAiProtocol, RejectsBadRequests) {
         {kCmpl, "{" + p + R"(, "n": 17})", 400, "n", "1..16"},
         {kCmpl, "{" + p + R"(, "best_of": 3})", 400, "best_of", "not supported"},
         // logprobs
-        {kCmpl, "{" + p + R"(, "logprobs": 6})", 400, "logprobs", "0..5"},
+        {kCmpl, "{" + p + R"(, "logprobs": 21})", 400, "logprobs", "0..20"},
         {kCmpl, "{" + p + R"(, "logprobs": true})", 400, "logprobs", "must be an integer"},
         {kChat, "{" + m + R"(, "logprobs": 2})", 400, "logprobs", "must be a boolean"},
         {kChat, "{" + m + R"(, "logprobs": true, "top_logprobs": 21})", 400, "top_logprobs",
@@ -261,6 +294,36 @@ TEST(OpenAiProtocol, ChatValues) {
         ParseOk(kChat, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": false})")
             .num_top_logprobs,
         -1);
+}
+
+TEST(OpenAiProtocol, SamplingAndOutputControls) {
+    const OpenAiRequest r = ParseOk(kCmpl, R"({"prompt": "x", "presence_penalty": 0.5,
+        "frequency_penalty": -1, "repetition_penalty": 1.2, "logit_bias": {"7": -100, "3": 2.5},
+        "min_tokens": 4, "max_tokens": 9, "stop_token_ids": [5, 6],
+        "include_stop_str_in_output": true, "skip_special_tokens": false, "logprobs": 20,
+        "use_beam_search": false, "typical_p": 1, "priority": 0, "prompt_logprobs": null})");
+    EXPECT_FLOAT_EQ(r.sampling.presence_penalty, 0.5f);
+    EXPECT_FLOAT_EQ(r.sampling.frequency_penalty, -1.0f);
+    EXPECT_FLOAT_EQ(r.sampling.repetition_penalty, 1.2f);
+    EXPECT_EQ(r.sampling.logit_bias, (std::vector<TokenBias>{{3, 2.5f}, {7, -100.0f}}));
+    EXPECT_EQ(r.sampling.min_tokens, 4);
+    EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{5, 6}));
+    EXPECT_TRUE(r.include_stop_str_in_output);
+    EXPECT_FALSE(r.skip_special_tokens);
+    EXPECT_EQ(r.num_top_logprobs, 20);
+    const OpenAiRequest d = ParseOk(kCmpl, R"({"prompt": "x"})");
+    EXPECT_EQ(d.sampling.repetition_penalty, 1.0f);
+    EXPECT_TRUE(d.sampling.logit_bias.empty());
+    EXPECT_TRUE(d.skip_special_tokens);
+    EXPECT_FALSE(d.include_stop_str_in_output);
+}
+
+TEST(OpenAiProtocol, DeveloperMessagesAreSystemInstructions) {
+    const OpenAiRequest r = ParseOk(kChat, R"({"messages": [
+        {"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}]})");
+    ASSERT_EQ(r.messages.size(), 2u);
+    EXPECT_EQ(r.messages[0].role, "system");
+    EXPECT_EQ(r.messages[0].content, "Be brief.");
 }
 
 TEST(OpenAiProtocol, ResolveMaxTokens) {

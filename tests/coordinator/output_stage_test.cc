@@ -52,6 +52,21 @@ TEST(OutputStage, IgnoreEosMakesTheStopTokenAnOrdinaryOne) {
     EXPECT_EQ(out.delta.token_ids, std::vector<int32_t>{kEos});
 }
 
+TEST(OutputStage, RequestStopTokenJoinsTheTextAndEndsTheChoiceEvenWithIgnoreEos) {
+    auto tok = ByteTokenizer();
+    const OutputStage stage({kEos}, 100);
+    GenerationRequest req = Request(10);
+    req.ignore_eos = true;
+    req.stop_token_ids = {'!'};
+    TextStream stream(*tok, {});
+    const TokenOutcome first = stage.OnToken(req, 0, Token('o'), stream, 0, 2);
+    EXPECT_FALSE(first.finish.has_value());
+    const TokenOutcome out = stage.OnToken(req, 0, Token('!'), stream, 1, 3);
+    EXPECT_TRUE(out.append);
+    EXPECT_EQ(out.finish, FinishReason::kStop);
+    EXPECT_EQ(first.delta.text + out.delta.text, "o!");
+}
+
 TEST(OutputStage, StopStringIsHeldBackAndEndsTheChoice) {
     auto tok = ByteTokenizer();
     const OutputStage stage({kEos}, 100);

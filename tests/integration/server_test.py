@@ -137,6 +137,42 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(r.choices[0].text, ", there was a little girl named ")
         self.assertEqual(r.choices[0].finish_reason, "stop")
 
+    def token_id(self, text):
+        status, body = http("POST", "/tokenize", {"prompt": text, "add_special_tokens": False})
+        self.assertEqual(status, 200, body)
+        return json.loads(body)["tokens"][0]
+
+    def test_sampling_controls(self):
+        # logit_bias, stop_token_ids, min_tokens, the penalties, include_stop_str_in_output and
+        # logprobs up to 20 are obeyed (each was once refused or silently ignored).
+        x = self.token_id("dog")
+        r = self.complete("Once upon a time", max_tokens=4, logprobs=0, logit_bias={str(x): 100})
+        tokens = r.choices[0].logprobs.tokens
+        self.assertEqual(len(tokens), 4)
+        self.assertEqual(len(set(tokens)), 1, tokens)
+        r = self.complete("Once upon a time", max_tokens=8, logit_bias={str(x): 100},
+                          extra_body={"stop_token_ids": [x]})
+        self.assertEqual((r.choices[0].finish_reason, r.usage.completion_tokens), ("stop", 1))
+        self.assertEqual(r.choices[0].text.strip(), "dog")  # a plain stop token joins the text
+        r = self.complete("Once upon a time", max_tokens=8, logit_bias={str(x): 100},
+                          extra_body={"stop_token_ids": [x], "min_tokens": 3})
+        self.assertEqual((r.choices[0].finish_reason, r.usage.completion_tokens), ("stop", 4))
+        base = self.complete("Once upon a time", max_tokens=40).choices[0].text
+        for penalty in ({"presence_penalty": 2.0}, {"frequency_penalty": 2.0},
+                        {"extra_body": {"repetition_penalty": 1.8}}):
+            text = self.complete("Once upon a time", max_tokens=40, **penalty).choices[0].text
+            self.assertNotEqual(text, base, penalty)
+        words = base.split()
+        stop = words[len(words) // 2]
+        without = self.complete("Once upon a time", max_tokens=40, stop=[stop]).choices[0].text
+        with_stop = self.complete("Once upon a time", max_tokens=40, stop=[stop],
+                                  extra_body={"include_stop_str_in_output": True}).choices[0].text
+        self.assertEqual(with_stop, without + stop)
+        r = self.complete("Lily", max_tokens=2, logprobs=20)
+        self.assertEqual(len(r.choices[0].logprobs.top_logprobs[0]), 20)
+        status, body = http("POST", "/v1/completions", {"prompt": "a", "guided_regex": "a+"})
+        self.assertEqual((status, json.loads(body)["error"]["param"]), (400, "guided_regex"), body)
+
     def test_64_concurrent_streams_equal_alone(self):
         prompts = [f"Once upon a time {'and then ' * (i % 5)}the {w}"
                    for i, w in enumerate(["cat", "dog", "bird", "girl", "boy", "sun", "tree", "ball"] * 8)]
@@ -174,6 +210,10 @@ class ServerTest(unittest.TestCase):
                                                     temperature=0, stream=True)
             text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
             self.assertEqual(text, r.choices[0].message.content)
+            # OpenAI's developer role is the system role of newer models.
+            dev = [{"role": "developer", "content": "Tell a story."}, msgs[1]]
+            d = client.chat.completions.create(model=self.model, messages=dev, max_tokens=8, temperature=0)
+            self.assertEqual(d.choices[0].message.content, r.choices[0].message.content)
         finally:
             proc.terminate()
             proc.wait(timeout=30)

@@ -82,6 +82,22 @@ TEST(TextStream, ControlTokensGiveNoText) {
     EXPECT_EQ(Concat(Stream(stream, {'a', 256, 'b'})), "ab");
 }
 
+TEST(TextStream, SkipSpecialTokensFalseGivesTheControlTokensPiece) {
+    auto tok = ByteTokenizer();
+    TextStream stream(*tok, {}, -1, TextStreamOptions{.skip_special_tokens = false});
+    EXPECT_EQ(Concat(Stream(stream, {'a', 256, 'b'})), "a<|eot|>b");
+}
+
+TEST(TextStream, IncludeStopKeepsTheStopStringAndDropsWhatFollows) {
+    auto tok = ByteTokenizer();
+    TextStream stream(*tok, {"bc"}, -1, TextStreamOptions{.include_stop = true});
+    std::string out = Concat(Stream(stream, {'x', 257}));  // "x", then "zabc": stop inside
+    EXPECT_TRUE(stream.stopped());
+    EXPECT_EQ(out, "xzabc");
+    TextStream later(*tok, {"za"}, -1, TextStreamOptions{.include_stop = true});
+    EXPECT_EQ(Concat(Stream(later, {'q', 257})), "qza");  // "bc" after the stop is dropped
+}
+
 struct StopCase {
     std::vector<std::string> stops;
     std::string text;     // fed one byte token at a time

@@ -299,6 +299,88 @@ SamplingParams With(float temperature, int top_k, float top_p, float min_p) {
     return p;
 }
 
+// --- Logit controls ------------------------------------------------------------------------------
+
+std::vector<float> Controlled(const SamplingParams& p, std::vector<float> logits,
+                              const std::vector<int32_t>& history, int64_t prompt_tokens) {
+    std::vector<int32_t> scratch;
+    EXPECT_TRUE(ValidateLogitControls(p, history, prompt_tokens,
+                                      static_cast<int64_t>(logits.size()))
+                    .ok());
+    ApplyLogitControls(p, history, prompt_tokens, logits.data(),
+                       static_cast<int64_t>(logits.size()), &scratch);
+    return logits;
+}
+
+TEST(LogitControlsTest, RepetitionPenaltyDividesPositiveAndMultipliesNegativeSeenLogits) {
+    SamplingParams p;
+    p.repetition_penalty = 2.0f;
+    // Token 0 in the prompt, 1 in the output (twice), 2 never seen; 3 negative and seen.
+    const auto out = Controlled(p, {4.0f, 3.0f, 5.0f, -1.0f}, {0, 3, 1, 1}, 2);
+    EXPECT_EQ(out, (std::vector<float>{2.0f, 1.5f, 5.0f, -2.0f}));
+}
+
+TEST(LogitControlsTest, FrequencyAndPresencePenaltiesCountOnlyTheOutput) {
+    SamplingParams p;
+    p.frequency_penalty = 0.5f;
+    p.presence_penalty = 1.0f;
+    // Prompt: 0, 0, 0 (not penalized); output: 1 once, 2 three times.
+    const auto out = Controlled(p, {1.0f, 1.0f, 1.0f, 1.0f}, {0, 0, 0, 1, 2, 2, 2}, 3);
+    EXPECT_EQ(out, (std::vector<float>{1.0f, 1.0f - 0.5f - 1.0f, 1.0f - 1.5f - 1.0f, 1.0f}));
+}
+
+TEST(LogitControlsTest, LogitBiasAddsAndMinTokensBansStopTokensUntilReached) {
+    SamplingParams p;
+    p.logit_bias = {{1, 10.0f}, {3, -100.0f}};
+    p.min_tokens = 2;
+    p.min_tokens_banned_ids = {0};
+    const float inf = std::numeric_limits<float>::infinity();
+    // One output token so far: the ban holds.
+    auto out = Controlled(p, {9.0f, 0.0f, 1.0f, 2.0f}, {5 % 4, 2}, 1);
+    EXPECT_EQ(out, (std::vector<float>{-inf, 10.0f, 1.0f, -98.0f}));
+    EXPECT_EQ(Sampler::Argmax(out.data(), 4), 1);
+    // Two output tokens: token 0 may end the choice again.
+    out = Controlled(p, {9.0f, 0.0f, 1.0f, 2.0f}, {1, 2, 2}, 1);
+    EXPECT_EQ(out[0], 9.0f);
+}
+
+TEST(LogitControlsTest, GreedyWithoutControlsIsUnchangedAndControlsChangeTheChoice) {
+    SamplingParams p;
+    EXPECT_FALSE(HasLogitControls(p));
+    p.presence_penalty = 2.0f;
+    EXPECT_TRUE(HasLogitControls(p));
+    // Token 2 leads by 1; already present in the output, it loses 2 and token 0 wins.
+    const auto out = Controlled(p, {2.0f, 0.0f, 3.0f}, {1, 2}, 1);
+    EXPECT_EQ(Sampler::Argmax(out.data(), 3), 0);
+}
+
+TEST(LogitControlsTest, ValidationNamesTheField) {
+    auto message = [](const SamplingParams& p, std::vector<int32_t> history = {1},
+                      int64_t prompt = 0) {
+        return ValidateLogitControls(p, history, prompt, 4).message();
+    };
+    SamplingParams p;
+    p.repetition_penalty = 0.0f;
+    EXPECT_NE(message(p).find("repetition_penalty"), std::string::npos);
+    p = {};
+    p.presence_penalty = 3.0f;
+    EXPECT_NE(message(p).find("presence_penalty"), std::string::npos);
+    p = {};
+    p.logit_bias = {{4, 1.0f}};
+    EXPECT_NE(message(p).find("logit_bias"), std::string::npos);
+    p.logit_bias = {{2, 1.0f}, {1, 1.0f}};
+    EXPECT_NE(message(p).find("out of order"), std::string::npos);
+    p = {};
+    p.min_tokens = 3;
+    p.min_tokens_banned_ids = {9};
+    EXPECT_NE(message(p).find("min_tokens"), std::string::npos);
+    p.min_tokens_banned_ids = {};
+    EXPECT_NE(message(p, {}).find("history"), std::string::npos);
+    EXPECT_NE(message(p, {1, 2}, 3).find("history_prompt_tokens"), std::string::npos);
+    EXPECT_NE(message(p, {1, 7}, 1).find("token id 7"), std::string::npos);
+    EXPECT_TRUE(ValidateLogitControls(p, std::vector<int32_t>{1, 2}, 1, 4).ok());
+}
+
 class ValidateSamplingParamsTest : public ::testing::TestWithParam<ValidationCase> {};
 
 TEST_P(ValidateSamplingParamsTest, NamesTheBadField) {
