@@ -123,7 +123,7 @@ class KvStaging {
     std::unordered_set<uint64_t> discarded_;
     // Idle piece buffers by capacity (guarded by mu_), and their total capacity.
     std::multimap<size_t, std::vector<uint8_t>> pool_;
-    int64_t pooled_bytes_ = 0;  // guarded by mu_
+    int64_t pooled_bytes_ = 0;                   // guarded by mu_
     bool closed_ = false;                        // guarded by mu_
     std::optional<KvReceiveGeometry> geometry_;  // guarded by mu_
     int64_t geometry_bytes_ = 0;                 // guarded by mu_: KvReceiveGeometryBytes

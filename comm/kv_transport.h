@@ -187,11 +187,11 @@ Result<std::unique_ptr<KvTransport>> MakeLocalKvTransport(const std::string& nam
 // other than the object's real size) and the name is unlinked; pieces' payloads then go through
 // it in chunks ("KVSC", each with its own hash), each credited back ("KVSF") once copied out, so
 // that the sender never overwrites what the receiver still reads. A receiver that cannot open the
-// region (another /dev/shm) refuses the offer and the connection carries payloads itself. A malformed frame, a wrong token, a piece of a transfer not named on that
-// connection, a piece that does not fit the receive geometry, or a connection stalled
-// mid-frame past read_timeout_ms closes that connection (never crashes). Sends to one
-// destination are serialized; a Send that misses its deadline closes that connection.
-// Endpoints are "HOST:PORT" (InvalidArgument otherwise).
+// region (another /dev/shm) refuses the offer and the connection carries payloads itself. A
+// malformed frame, a wrong token, a piece of a transfer not named on that connection, a piece that
+// does not fit the receive geometry, or a connection stalled mid-frame past read_timeout_ms closes
+// that connection (never crashes). Sends to one destination are serialized; a Send that misses its
+// deadline closes that connection. Endpoints are "HOST:PORT" (InvalidArgument otherwise).
 Result<std::unique_ptr<KvTransport>> MakeTcpKvTransport(const std::string& host, uint16_t port,
                                                         const KvTransportOptions& options = {});
 

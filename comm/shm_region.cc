@@ -72,7 +72,8 @@ Result<KvShmSenderRegion> KvShmSenderRegion::Create(int64_t bytes) {
         region.name_.clear();
         return Unavailable("KV shared memory: " + Errno("shm_open"));
     }
-    if (::ftruncate(region.fd_, bytes) != 0) return Unavailable("KV shared memory: " + Errno("ftruncate"));
+    if (::ftruncate(region.fd_, bytes) != 0)
+        return Unavailable("KV shared memory: " + Errno("ftruncate"));
     void* data = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
                         MAP_SHARED | MAP_POPULATE, region.fd_, 0);
     if (data == MAP_FAILED) return Unavailable("KV shared memory: " + Errno("mmap"));
@@ -135,7 +136,8 @@ Result<KvShmReceiverRegion> KvShmReceiverRegion::Open(const std::string& name,
     region.fd_ = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
     if (region.fd_ < 0) {
         const bool missing = errno == ENOENT;
-        const std::string why = "KV shared memory: cannot open " + name + ": " + std::strerror(errno);
+        const std::string why =
+            "KV shared memory: cannot open " + name + ": " + std::strerror(errno);
         return missing ? NotFound(why) : Unavailable(why);
     }
     struct stat st {};

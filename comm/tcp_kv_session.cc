@@ -6,13 +6,13 @@
 // clang-format on
 #include "comm/tcp_kv_session.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <array>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <xxhash.h>
 
 #include "comm/shm_region.h"
 #include "comm/tcp_kv_wire.h"
@@ -81,8 +81,7 @@ class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
             [self = shared_from_this(), generation, why](const boost::system::error_code& ec) {
                 if (ec || generation != self->timer_generation_) return;
                 self->End(std::string(why) + " (" +
-                          std::to_string(self->reserved_ ? self->have_ : 0) +
-                          " payload bytes in)");
+                          std::to_string(self->reserved_ ? self->have_ : 0) + " payload bytes in)");
             });
     }
 
@@ -136,25 +135,26 @@ class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
         if (!kind.ok()) return End("malformed KV frame: " + kind.status().ToString());
         Arm(options_->read_timeout_ms, "stalled mid-frame for read_timeout_ms");
         const size_t rest = KvFrameHeaderBytes(*kind) - kKvFrameMagicBytes;
-        asio::async_read(socket_, asio::buffer(frame_.data() + kKvFrameMagicBytes, rest),
-                         [self = shared_from_this(), kind = *kind](
-                             const boost::system::error_code& ec, size_t n) {
-                             if (ec) {
-                                 return self->End("closed mid-header after " + std::to_string(n) +
-                                                  " bytes: " + ec.message());
-                             }
-                             switch (kind) {
-                                 case KvFrameKind::kTransfer:
-                                     return self->OnTransferFrame();
-                                 case KvFrameKind::kPiece:
-                                     return self->OnPieceHeader();
-                                 case KvFrameKind::kOffer:
-                                     return self->OnOfferHeader();
-                                 case KvFrameKind::kChunk:
-                                     // Chunks belong to a piece; between pieces one is garbage.
-                                     return self->End("malformed KV frame: a chunk outside a piece");
-                             }
-                         });
+        asio::async_read(
+            socket_, asio::buffer(frame_.data() + kKvFrameMagicBytes, rest),
+            [self = shared_from_this(), kind = *kind](const boost::system::error_code& ec,
+                                                      size_t n) {
+                if (ec) {
+                    return self->End("closed mid-header after " + std::to_string(n) +
+                                     " bytes: " + ec.message());
+                }
+                switch (kind) {
+                    case KvFrameKind::kTransfer:
+                        return self->OnTransferFrame();
+                    case KvFrameKind::kPiece:
+                        return self->OnPieceHeader();
+                    case KvFrameKind::kOffer:
+                        return self->OnOfferHeader();
+                    case KvFrameKind::kChunk:
+                        // Chunks belong to a piece; between pieces one is garbage.
+                        return self->End("malformed KV frame: a chunk outside a piece");
+                }
+            });
     }
 
     void OnTransferFrame() {
@@ -285,12 +285,12 @@ class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
         have_ += n;
         if (have_ < total) {
             credit_ = EncodeKvCreditFrame(chunk->region_offset);
-            asio::async_write(socket_, asio::buffer(credit_),
-                              [self = shared_from_this()](const boost::system::error_code& ec,
-                                                          size_t) {
-                                  if (ec) return self->End("credit not written: " + ec.message());
-                                  self->ReadChunk();
-                              });
+            asio::async_write(
+                socket_, asio::buffer(credit_),
+                [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                    if (ec) return self->End("credit not written: " + ec.message());
+                    self->ReadChunk();
+                });
             return;
         }
         if (discarding_) {
@@ -417,11 +417,11 @@ class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
     KvPieceFrameHeader frame_{};  // also holds a transfer or offer frame's header
     DecodedKvPieceFrame decoded_;
     KvPiece piece_;
-    size_t have_ = 0;            // payload bytes of piece_ arrived
+    size_t have_ = 0;  // payload bytes of piece_ arrived
     // Of the payload read off the socket so far (libxxhash's opaque streaming state).
     std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> hash_{XXH3_createState(),
                                                                           XXH3_freeState};
-    bool discarding_ = false;    // a refused region piece: its chunks are credited unread
+    bool discarding_ = false;  // a refused region piece: its chunks are credited unread
     DecodedKvOfferHeader offer_;
     KvShmReceiverRegion region_;  // the region this connection's sender offered, if any
     KvChunkFrame chunk_frame_{};

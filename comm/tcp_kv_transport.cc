@@ -14,15 +14,14 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
-
-#include <cstring>
-#include <deque>
 
 #include "comm/kv_staging.h"
 #include "comm/kv_transport.h"
@@ -44,10 +43,13 @@ using internal::KvStaging;
 // After a failed accept (e.g. out of file descriptors), wait this long before the next, rather
 // than spinning on the error.
 constexpr int64_t kAcceptRetryMs = 100;
-// A region is this many slots; a piece goes in chunks of at most one slot, at least
-// kMinChunkBytes, and about kChunksPerPiece of them for a piece smaller than the region, so that
-// even a small piece's copies into and out of the region overlap.
-constexpr int64_t kRegionSlots = 4;
+// Per piece the region is cut into equal slots, one chunk each: the largest of region / 2^k
+// (at most a quarter of the region and kMaxChunkBytes, at least kMinChunkBytes) that still cuts the
+// piece into kChunksPerPiece chunks or more, so that even a small piece's copies into and out of
+// the region overlap, and a piece that fits the region goes without waiting for a single credit.
+constexpr int64_t kMinRegionSlots = 4;
+// A chunk is hashed and then copied while it is still in the core's cache (L2 is 2 MiB here).
+constexpr int64_t kMaxChunkBytes = 1 << 20;
 constexpr int64_t kMinChunkBytes = 64 << 10;
 constexpr int64_t kChunksPerPiece = 8;
 
@@ -250,8 +252,12 @@ class TcpKvTransport final : public KvTransport {
         peer.socket.non_blocking(true, ec);
         if (ec) return true;
         const size_t n = peer.socket.receive(asio::buffer(byte), tcp::socket::message_peek, ec);
-        peer.socket.non_blocking(false, ec);
-        return ec != asio::error::would_block || n != 0;
+        const bool idle = ec == asio::error::would_block && n == 0;
+        // (Its own error code: reusing the peek's made every cached connection look closed, so
+        // every Send reconnected.)
+        boost::system::error_code mode_ec;
+        peer.socket.non_blocking(false, mode_ec);
+        return !idle || mode_ec;
     }
 
     Status Connect(Peer& peer, const std::string& dst, Clock::time_point deadline) {
@@ -359,8 +365,8 @@ class TcpKvTransport final : public KvTransport {
 
     // The payload through peer.region: each chunk is hashed (bringing it into cache), copied
     // into a free slot and announced; the receiver's credit frees its slot for the next chunk,
-    // and its acknowledgement ends the piece. So at most kRegionSlots chunks are in flight and
-    // none is overwritten before the receiver copied it out. The frames written here are small
+    // and its acknowledgement ends the piece. So at most a region's worth of chunks is in flight
+    // and none is overwritten before the receiver copied it out. The frames written here are small
     // and bounded by the slots in flight, so the synchronous writes cannot block on a receiver
     // that stopped reading; the waiting for credits runs under the deadline.
     // REQUIRES: peer.mu held, connected, peer.region valid; `prefix`: the transfer frame if due.
@@ -369,13 +375,15 @@ class TcpKvTransport final : public KvTransport {
                               Clock::time_point deadline) {
         const uint64_t id = piece.header.transfer_id;
         const auto total = static_cast<int64_t>(piece.data.size());
-        const int64_t slot_bytes = peer.region.bytes() / kRegionSlots / 4096 * 4096;
-        const int64_t per_piece = (total + kChunksPerPiece - 1) / kChunksPerPiece;
-        const int64_t chunk_bytes =
-            std::clamp((per_piece + 4095) / 4096 * 4096, std::min(kMinChunkBytes, slot_bytes),
-                       slot_bytes);
+        const int64_t region_bytes = peer.region.bytes();
+        int64_t slots = std::max(kMinRegionSlots, region_bytes / kMaxChunkBytes);
+        while (region_bytes / (slots * 2) >= kMinChunkBytes &&
+               total / (region_bytes / slots) < kChunksPerPiece) {
+            slots *= 2;
+        }
+        const int64_t chunk_bytes = region_bytes / slots;
         std::deque<int64_t> free_slots;
-        for (int64_t i = 0; i < kRegionSlots; ++i) free_slots.push_back(i * slot_bytes);
+        for (int64_t i = 0; i < slots; ++i) free_slots.push_back(i * chunk_bytes);
         std::deque<int64_t> in_flight;  // region offsets, oldest first
         int64_t sent = 0;
 
@@ -415,47 +423,48 @@ class TcpKvTransport final : public KvTransport {
         internal::DecodedKvAckHeader ack;
         std::string ack_message;
         std::function<void()> read_reply = [&] {
-            asio::async_read(peer.socket, asio::buffer(reply), [&](const boost::system::error_code&
-                                                                       ec,
-                                                                   size_t) {
-                if (ec) {
-                    return fail(Unavailable(what +
-                                            ": connection closed before the receiver "
-                                            "acknowledged (" +
-                                            ec.message() + ")"));
-                }
-                if (internal::IsKvCreditFrame(reply.data())) {
-                    internal::KvCreditFrame credit{};
-                    std::copy_n(reply.begin(), credit.size(), credit.begin());
-                    Result<uint64_t> offset = internal::DecodeKvCreditFrame(credit);
-                    if (!offset.ok()) return fail(offset.status().WithContext(what));
-                    if (in_flight.empty() || static_cast<uint64_t>(in_flight.front()) != *offset) {
-                        return fail(DataLoss(what + ": credit for region offset " +
-                                             std::to_string(*offset) + " out of order"));
+            asio::async_read(
+                peer.socket, asio::buffer(reply), [&](const boost::system::error_code& ec, size_t) {
+                    if (ec) {
+                        return fail(Unavailable(what +
+                                                ": connection closed before the receiver "
+                                                "acknowledged (" +
+                                                ec.message() + ")"));
                     }
-                    free_slots.push_back(in_flight.front());
-                    in_flight.pop_front();
-                    pump();
-                    if (!done) read_reply();
-                    return;
-                }
-                Result<internal::DecodedKvAckHeader> decoded =
-                    internal::DecodeKvAckFrameHeader(reply);
-                if (!decoded.ok()) return fail(decoded.status().WithContext(what));
-                ack = *decoded;
-                if (ack.transfer_id != id) {
-                    return fail(DataLoss(what + ": acknowledgement names transfer " +
-                                         std::to_string(ack.transfer_id)));
-                }
-                ack_message.resize(ack.message_bytes);
-                asio::async_read(peer.socket, asio::buffer(ack_message),
-                                 [&](const boost::system::error_code& read_ec, size_t) {
-                                     if (read_ec) {
-                                         return fail(Unavailable(what + ": " + read_ec.message()));
-                                     }
-                                     done = true;
-                                 });
-            });
+                    if (internal::IsKvCreditFrame(reply.data())) {
+                        internal::KvCreditFrame credit{};
+                        std::copy_n(reply.begin(), credit.size(), credit.begin());
+                        Result<uint64_t> offset = internal::DecodeKvCreditFrame(credit);
+                        if (!offset.ok()) return fail(offset.status().WithContext(what));
+                        if (in_flight.empty() ||
+                            static_cast<uint64_t>(in_flight.front()) != *offset) {
+                            return fail(DataLoss(what + ": credit for region offset " +
+                                                 std::to_string(*offset) + " out of order"));
+                        }
+                        free_slots.push_back(in_flight.front());
+                        in_flight.pop_front();
+                        pump();
+                        if (!done) read_reply();
+                        return;
+                    }
+                    Result<internal::DecodedKvAckHeader> decoded =
+                        internal::DecodeKvAckFrameHeader(reply);
+                    if (!decoded.ok()) return fail(decoded.status().WithContext(what));
+                    ack = *decoded;
+                    if (ack.transfer_id != id) {
+                        return fail(DataLoss(what + ": acknowledgement names transfer " +
+                                             std::to_string(ack.transfer_id)));
+                    }
+                    ack_message.resize(ack.message_bytes);
+                    asio::async_read(
+                        peer.socket, asio::buffer(ack_message),
+                        [&](const boost::system::error_code& read_ec, size_t) {
+                            if (read_ec) {
+                                return fail(Unavailable(what + ": " + read_ec.message()));
+                            }
+                            done = true;
+                        });
+                });
         };
 
         const internal::KvPieceFrameHeader header = internal::EncodeKvPieceFrameHeader(

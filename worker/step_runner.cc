@@ -80,6 +80,7 @@ Result<std::vector<TransferFailure>> StepRunner::ReceiveTransfers(const StepPlan
             }
             result->kv_bytes_received += static_cast<int64_t>(piece.data.size());
         }
+        transport_->Recycle(std::move(*pieces));  // later arrivals land in these buffers
     }
     // Every rank must leave out the same sequences (the collectives of the forward pass pair up):
     // a transfer failed when it failed on any rank.

@@ -102,7 +102,7 @@ bool SameHostPathAvailable() {
     return probe.ok();
 }
 
-#define SKIP_WITHOUT_SHM()                                                       \
+#define SKIP_WITHOUT_SHM() \
     if (!SameHostPathAvailable()) GTEST_SKIP() << "no boot id or no /dev/shm here"
 
 TEST(KvShm, ManyChunkPiecesArriveIntactThroughTheRegionAndNothingOutlivesIt) {
@@ -231,8 +231,7 @@ TEST(KvShm, AClaimOutsideTheAgreementIsRefusedAndTheConnectionClosed) {
     const Case cases[] = {
         {"larger than the agreed maximum", region->name(),
          static_cast<uint64_t>(internal::kMaxKvShmRegionBytes) + 4096},
-        {"larger than the object", region->name(),
-         static_cast<uint64_t>(region->bytes()) + 4096},
+        {"larger than the object", region->name(), static_cast<uint64_t>(region->bytes()) + 4096},
         {"smaller than the object", region->name(), static_cast<uint64_t>(region->bytes()) / 2},
         {"a name outside /dev/shm/kvshard-kv-*", "/../etc/passwd",
          static_cast<uint64_t>(region->bytes())},
@@ -240,7 +239,8 @@ TEST(KvShm, AClaimOutsideTheAgreementIsRefusedAndTheConnectionClosed) {
     for (const Case& c : cases) {
         RawSender peer(*r);
         const Status answer = peer.HelloAndOffer(c.region_name, c.claimed);
-        EXPECT_EQ(answer.code(), StatusCode::kInvalidArgument) << c.name << ": " << answer.ToString();
+        EXPECT_EQ(answer.code(), StatusCode::kInvalidArgument)
+            << c.name << ": " << answer.ToString();
         EXPECT_TRUE(peer.Closed()) << c.name;
     }
     // A region the receiver cannot find (another /dev/shm) is declined, not a violation: the
@@ -284,8 +284,8 @@ TEST(KvShm, CorruptOrOutOfBoundsChunksCloseTheConnectionAndStageNothing) {
         ASSERT_TRUE(peer.HelloAndOffer(region->name(), region_bytes).ok()) << c.name;
         region->Unlink();
         peer.Write(internal::EncodeKvTransferFrame(12));
-        peer.Write(internal::EncodeKvPieceFrameHeader(piece.header, n, 0,
-                                                      internal::kKvPieceInRegion));
+        peer.Write(
+            internal::EncodeKvPieceFrameHeader(piece.header, n, 0, internal::kKvPieceInRegion));
         peer.Write(internal::EncodeKvChunkFrame(c.chunk));
         EXPECT_TRUE(peer.Closed()) << c.name;
         EXPECT_EQ(r->staged_bytes(), 0) << c.name;
@@ -296,8 +296,7 @@ TEST(KvShm, CorruptOrOutOfBoundsChunksCloseTheConnectionAndStageNothing) {
     bare.Write(internal::EncodeKvHello(""));
     ASSERT_TRUE(bare.Read().ok());
     bare.Write(internal::EncodeKvTransferFrame(12));
-    bare.Write(
-        internal::EncodeKvPieceFrameHeader(piece.header, n, 0, internal::kKvPieceInRegion));
+    bare.Write(internal::EncodeKvPieceFrameHeader(piece.header, n, 0, internal::kKvPieceInRegion));
     EXPECT_EQ(bare.Read().code(), StatusCode::kInvalidArgument);
     EXPECT_TRUE(bare.Closed());
     // Chunk by chunk with credits, as the transport does, it is staged.

@@ -534,6 +534,38 @@ TEST(TcpKvTransport, OverTheSocketWhenSharedMemoryIsOff) {
     }
 }
 
+// A receiver that accepts one connection only: the sender's second piece must come on the cached
+// connection (a reconnect would wait for a hello answer that never comes). Sends used to reopen
+// their connection every time (the idle check misread its own peek).
+TEST(TcpKvTransport, ASecondSendReusesTheCachedConnection) {
+    asio::io_context io;
+    tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    const std::string endpoint = "127.0.0.1:" + std::to_string(acceptor.local_endpoint().port());
+    const KvPiece first = Piece(110, 0, 1, 0, 2);
+    const KvPiece second = Piece(110, 1, 2, 0, 2);
+    std::thread receiver([&] {
+        tcp::socket socket(io);
+        acceptor.accept(socket);
+        boost::system::error_code ec;
+        std::vector<uint8_t> bytes(internal::kKvHelloHeaderBytes);
+        asio::read(socket, asio::buffer(bytes), ec);
+        asio::write(socket, asio::buffer(internal::EncodeKvAckFrame(0, Status::Ok())), ec);
+        for (size_t extra : {internal::kKvTransferFrameBytes, size_t{0}}) {
+            bytes.resize(extra + internal::kKvPieceFrameHeaderBytes + first.data.size());
+            asio::read(socket, asio::buffer(bytes), ec);
+            asio::write(socket, asio::buffer(internal::EncodeKvAckFrame(110, Status::Ok())), ec);
+        }
+        std::array<uint8_t, 64> sink{};
+        while (!ec) socket.read_some(asio::buffer(sink), ec);
+    });
+    auto s = Tcp();
+    EXPECT_TRUE(s->Send(endpoint, first, In(5'000)).ok());
+    const Status again = s->Send(endpoint, second, In(2'000));
+    EXPECT_TRUE(again.ok()) << again.ToString();
+    s.reset();  // closes the connection: the receiver thread ends
+    receiver.join();
+}
+
 TEST(TcpKvTransport, ClosedReceiverIsAnErrorWithinTheDeadline) {
     auto s = Tcp();
     auto r = Tcp();
@@ -593,8 +625,9 @@ std::vector<uint8_t> HeaderBytes(const KvPieceHeader& h, uint64_t payload_bytes,
 }
 
 std::vector<uint8_t> PieceBytes(const KvPiece& piece) {
-    return Concat({HeaderBytes(piece.header, piece.data.size(), internal::KvPayloadHash(piece.data)),
-                   piece.data});
+    return Concat(
+        {HeaderBytes(piece.header, piece.data.size(), internal::KvPayloadHash(piece.data)),
+         piece.data});
 }
 
 // A hand-written sender on a raw socket: what a hostile or broken peer can do.

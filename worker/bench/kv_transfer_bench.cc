@@ -21,7 +21,7 @@
 // after one warm-up run (which also opens the TCP connection and is checked byte for byte);
 // ratios are to memcpy's median. Blocks are scattered through pools twice the transfer's size,
 // and every pool is written before the first run, so no run pays for first-touch page faults of
-// the pools (the pieces' buffers are allocated per transfer, as in the workers).
+// the pools (the receiver recycles the staged pieces' buffers, as the workers do).
 #include <unistd.h>
 
 #include <algorithm>
@@ -216,6 +216,7 @@ Row ThroughTransport(const std::string& path, Setup& s, const Options& o, bool l
                 CheckOk(UnpackKvPiece(piece, *s.dst, s.layout, s.dst_blocks), "unpack");
         }
         const auto t1 = Clock::now();
+        if (got.ok()) to.Recycle(std::move(*got));  // as worker/step_runner.cc does
         sender.join();
         CheckOk(sent, (path + " Send").c_str());
         CheckOk(got.status(), (path + " Receive").c_str());
