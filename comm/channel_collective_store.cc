@@ -15,8 +15,8 @@ using Clock = std::chrono::steady_clock;
 // ---- ChannelCollectiveStore ----
 
 Result<std::optional<std::string>> ChannelCollectiveStore::Ask(bool set, const std::string& key,
-                                                              const std::string& value,
-                                                              Clock::time_point deadline) {
+                                                               const std::string& value,
+                                                               Clock::time_point deadline) {
     StoreRequestMessage request;
     request.set = set;
     request.key = key;

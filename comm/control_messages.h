@@ -105,8 +105,8 @@ struct ShutdownMessage {
 
 // Everything that travels in a frame. The index of each alternative is not its wire type (see
 // MessageType in comm/plan_codec.h).
-using Message = std::variant<StepPlan, StepResult, RegisterMessage, RegisterAckMessage,
-                             HeartbeatMessage, ShutdownMessage, ReadyMessage, StoreRequestMessage,
-                             StoreReplyMessage>;
+using Message =
+    std::variant<StepPlan, StepResult, RegisterMessage, RegisterAckMessage, HeartbeatMessage,
+                 ShutdownMessage, ReadyMessage, StoreRequestMessage, StoreReplyMessage>;
 
 }  // namespace kvshard

@@ -174,8 +174,8 @@ class GlooCollective final : public Collective {
         } else {
             recvs.push_back({root, 0, n});
         }
-        KV_RETURN_IF_ERROR(Exchange("Broadcast", bytes_.data(), n, sends, bytes_.data(), n, recvs,
-                                    Deadline()));
+        KV_RETURN_IF_ERROR(
+            Exchange("Broadcast", bytes_.data(), n, sends, bytes_.data(), n, recvs, Deadline()));
         if (rank_ != root) std::memcpy(data, bytes_.data(), n);
         return Status::Ok();
     }
@@ -260,8 +260,10 @@ class GlooCollective final : public Collective {
                 if (send_buffer) waiting_.push_back(send_buffer.get());
                 if (recv_buffer) waiting_.push_back(recv_buffer.get());
             }
-            if (aborted_.load()) return Fail(Given(std::move(send_buffer), std::move(recv_buffer),
-                                                   AbortStatus(what)));
+            if (aborted_.load()) {
+                return Fail(
+                    Given(std::move(send_buffer), std::move(recv_buffer), AbortStatus(what)));
+            }
             for (const Transfer& t : recvs) recv_buffer->recv(t.peer, slot, t.offset, t.bytes);
             for (const Transfer& t : sends) send_buffer->send(t.peer, slot, t.offset, t.bytes);
             for (size_t i = 0; i < recvs.size(); ++i) {
@@ -278,15 +280,14 @@ class GlooCollective final : public Collective {
             }
         } catch (const std::exception& e) {
             const bool timed_out = std::strstr(e.what(), "Timed out") != nullptr;
-            return Fail(Given(std::move(send_buffer), std::move(recv_buffer),
-                              Status(timed_out ? StatusCode::kDeadlineExceeded
-                                               : StatusCode::kUnavailable,
-                                     Who(what) +
-                                         (timed_out ? ": no completion within " +
-                                                          std::to_string(timeout_ms_) +
-                                                          " ms (a peer is missing or stuck): "
-                                                    : ": ") +
-                                         e.what())));
+            return Fail(Given(
+                std::move(send_buffer), std::move(recv_buffer),
+                Status(timed_out ? StatusCode::kDeadlineExceeded : StatusCode::kUnavailable,
+                       Who(what) +
+                           (timed_out ? ": no completion within " + std::to_string(timeout_ms_) +
+                                            " ms (a peer is missing or stuck): "
+                                      : ": ") +
+                           e.what())));
         }
         std::lock_guard<std::mutex> lock(abort_mu_);
         waiting_.clear();
@@ -379,8 +380,8 @@ class GlooCollective final : public Collective {
             }
         }
         KV_RETURN_IF_ERROR(Exchange("AllReduceSum (all-gather)", slice_.data(),
-                                    std::max<size_t>(mine, 1) * sizeof(float), sends,
-                                    send_.data(), send_.size() * sizeof(float), recvs, deadline));
+                                    std::max<size_t>(mine, 1) * sizeof(float), sends, send_.data(),
+                                    send_.size() * sizeof(float), recvs, deadline));
         if (mine > 0) std::memcpy(send_.data() + begin(rank_), slice_.data(), mine * sizeof(float));
         std::memcpy(data, send_.data(), count * sizeof(float));
         return Status::Ok();
@@ -402,7 +403,7 @@ class GlooCollective final : public Collective {
 
     std::atomic<bool> aborted_{false};
     std::mutex abort_mu_;
-    std::string abort_reason_;            // guarded by abort_mu_
+    std::string abort_reason_;             // guarded by abort_mu_
     std::vector<UnboundBuffer*> waiting_;  // guarded by abort_mu_: the operation in progress
     // Buffers of operations given up (guarded by abort_mu_); destroyed after closeConnections.
     std::vector<std::unique_ptr<UnboundBuffer>> active_;
@@ -412,8 +413,8 @@ class GlooCollective final : public Collective {
 }  // namespace
 
 Result<std::unique_ptr<Collective>> MakeGlooCollective(const CollectiveConfig& config) {
-    const std::string who = "Gloo rank " + std::to_string(config.rank) + " of " +
-                            std::to_string(config.size);
+    const std::string who =
+        "Gloo rank " + std::to_string(config.rank) + " of " + std::to_string(config.size);
     gloo::transport::tcp::attr attr;
     std::string iface = config.gloo_iface;
     if (iface.empty()) {
@@ -425,8 +426,8 @@ Result<std::unique_ptr<Collective>> MakeGlooCollective(const CollectiveConfig& c
     } else {
         attr.hostname = config.gloo_host.empty() ? "127.0.0.1" : config.gloo_host;
     }
-    const std::string where = iface.empty() ? "host '" + attr.hostname + "'"
-                                            : "interface '" + iface + "'";
+    const std::string where =
+        iface.empty() ? "host '" + attr.hostname + "'" : "interface '" + iface + "'";
     if (iface.empty()) {
         // Resolved here first: Gloo does not check getaddrinfo's errors and crashes on a name
         // that does not resolve.
@@ -436,8 +437,8 @@ Result<std::unique_ptr<Collective>> MakeGlooCollective(const CollectiveConfig& c
         addrinfo* found = nullptr;
         const int rv = getaddrinfo(attr.hostname.c_str(), nullptr, &hints, &found);
         if (rv != 0 || found == nullptr) {
-            return InvalidArgument(who + ": cannot resolve the collective host '" +
-                                   attr.hostname + "': " + gai_strerror(rv));
+            return InvalidArgument(who + ": cannot resolve the collective host '" + attr.hostname +
+                                   "': " + gai_strerror(rv));
         }
         freeaddrinfo(found);
     }
@@ -460,9 +461,9 @@ Result<std::unique_ptr<Collective>> MakeGlooCollective(const CollectiveConfig& c
         }
         const bool timed_out = std::strstr(e.what(), "Timed out") != nullptr ||
                                std::strstr(e.what(), "timed out") != nullptr;
-        return Status(timed_out ? StatusCode::kDeadlineExceeded : StatusCode::kUnavailable,
-                      who + ": connecting to the other ranks (listening on " + where +
-                          "): " + e.what());
+        return Status(
+            timed_out ? StatusCode::kDeadlineExceeded : StatusCode::kUnavailable,
+            who + ": connecting to the other ranks (listening on " + where + "): " + e.what());
     }
     spdlog::info("{}: connected ({})", who, device->str());
     return std::unique_ptr<Collective>(new GlooCollective(std::move(context), config));

@@ -69,8 +69,9 @@ struct ServeKvCacheConfig {
 // register with the coordinator over TCP (coordinator/remote_executor.h).
 enum class WorkersMode { kEmbedded, kProcesses };
 std::string_view WorkersModeName(WorkersMode mode);  // "embedded", "processes"
-// Who starts the worker processes: the coordinator, one process per rank (tp 1 only) or one
-// mpirun for the instance; or someone else (external: started by hand, e.g. on other machines).
+// Who starts the worker processes: the coordinator, one process per rank (with tp > 1 they meet
+// through the coordinator and all-reduce over Gloo) or one mpirun for the instance; or someone
+// else (external: started by hand, e.g. on other machines).
 enum class WorkersLauncher { kDirect, kMpirun, kExternal };
 std::string_view WorkersLauncherName(WorkersLauncher launcher);  // "direct", "mpirun", "external"
 

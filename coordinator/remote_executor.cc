@@ -611,8 +611,7 @@ Status RemoteStepExecutor::WaitFormed(uint64_t generation, std::chrono::millisec
             Result<Message> m = c->Receive(Clock::now());
             // A rank meeting its peers asks the store a few times; the answers go at once.
             while (m.ok() && std::holds_alternative<StoreRequestMessage>(*m)) {
-                const Status sent =
-                    c->Send(ServeStore(*store, std::get<StoreRequestMessage>(*m)));
+                const Status sent = c->Send(ServeStore(*store, std::get<StoreRequestMessage>(*m)));
                 if (!sent.ok()) {
                     return Fail(generation, RankError(r, "connection lost before Ready", sent));
                 }
@@ -641,8 +640,9 @@ Status RemoteStepExecutor::WaitFormed(uint64_t generation, std::chrono::millisec
                     }
                 }
                 const std::string missing =
-                    unregistered.empty() ? "" : " (ranks not registered: " +
-                                                    RankList(unregistered) + ")";
+                    unregistered.empty()
+                        ? ""
+                        : " (ranks not registered: " + RankList(unregistered) + ")";
                 return Fail(generation,
                             RankError(r, "failed to load", Internal(ready->error + missing)));
             }

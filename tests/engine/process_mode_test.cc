@@ -544,10 +544,9 @@ TEST(WorkerRegistryTest, AssignsTheLowestFreeRankAndServesTheRendezvousStore) {
     ASSERT_TRUE(zero.accepted) << zero.error;
     EXPECT_EQ(zero.rank, 0);
     EXPECT_EQ(zero.tp, 3);
-    const RegisterAckMessage two =
-        RegisterAs(port, {kAnyRank, kAnyTp, "s", kControlProtocolVersion, "h:2", kToken,
-                          "/models/m.gguf"},
-                   &ranks[2]);
+    const RegisterAckMessage two = RegisterAs(
+        port, {kAnyRank, kAnyTp, "s", kControlProtocolVersion, "h:2", kToken, "/models/m.gguf"},
+        &ranks[2]);
     ASSERT_TRUE(two.accepted) << two.error;
     EXPECT_EQ(two.rank, 2);
     const RegisterAckMessage full =
@@ -898,11 +897,10 @@ TEST(WorkerRegistryTest, AFailedInstanceTakesNewRegistrationsWhenReforming) {
 // environment without its own KVSHARD_WORKER_TOKEN, plus `env`.
 pid_t SpawnWorker(const std::string& binary, uint16_t port, std::vector<std::string> extra,
                   const std::vector<std::string>& env) {
-    std::vector<std::string> args = {binary,          "worker",
-                                     "--coordinator", "127.0.0.1:" + std::to_string(port),
-                                     "--instance",    "test",
-                                     "--threads",     "1",
-                                     "--log-level",   "warn"};
+    std::vector<std::string> args = {
+        binary,        "worker", "--coordinator", "127.0.0.1:" + std::to_string(port),
+        "--instance",  "test",   "--threads",     "1",
+        "--log-level", "warn"};
     args.insert(args.end(), extra.begin(), extra.end());
     std::vector<std::string> env_strings;
     for (char** e = environ; *e != nullptr; ++e) {
@@ -1003,8 +1001,7 @@ TEST_F(ProcessModeTest, GlooTp2ExternalWorkersGetRanksFromTheCoordinator) {
     ASSERT_TRUE(instance.ok()) << instance.status().ToString();
     EXPECT_TRUE(RejectedWith(*registry, "tp 3, but the instance has tp 2"));
 
-    const pid_t duplicate =
-        SpawnWorker(binary_, registry->port(), {"--rank", "1"}, {token_env});
+    const pid_t duplicate = SpawnWorker(binary_, registry->port(), {"--rank", "1"}, {token_env});
     const int duplicate_status = WaitExit(duplicate);
     EXPECT_TRUE(WIFEXITED(duplicate_status) && WEXITSTATUS(duplicate_status) != 0);
     EXPECT_TRUE(RejectedWith(*registry, "instance 'test' rank 1: the instance is formed"));
@@ -1038,13 +1035,14 @@ TEST_F(ProcessModeTest, GlooTp2InstanceWithAMissingRankFailsNamingIt) {
     Result<std::unique_ptr<cli::ProcessInstance>> instance = Internal("not started");
     std::thread start([&] { instance = cli::StartProcessInstance(*parsed, Spec(2), registry); });
     ASSERT_TRUE(InstanceDeclared(registry->port(), token));
-    const pid_t lone = SpawnWorker(binary_, registry->port(),
-                                   {"--rank", "0", "--collective-timeout-ms", "60000"},
-                                   {"KVSHARD_WORKER_TOKEN=" + token});
+    const pid_t lone =
+        SpawnWorker(binary_, registry->port(), {"--rank", "0", "--collective-timeout-ms", "60000"},
+                    {"KVSHARD_WORKER_TOKEN=" + token});
     start.join();
     ASSERT_FALSE(instance.ok());
     EXPECT_LT(Clock::now() - began, milliseconds(30'000));  // not the 60 s rendezvous
-    EXPECT_EQ(instance.status().code(), StatusCode::kDeadlineExceeded) << instance.status().ToString();
+    EXPECT_EQ(instance.status().code(), StatusCode::kDeadlineExceeded)
+        << instance.status().ToString();
     EXPECT_NE(instance.status().message().find("ranks not registered: 1"), std::string::npos)
         << instance.status().ToString();
     // The lone worker sees its channel close and exits.

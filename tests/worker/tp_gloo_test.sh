@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tensor parallelism across independent processes, no mpirun: `kvshard serve` in process mode
 # with the direct launcher starts tp `kvshard worker` processes that meet through the coordinator
-# and all-reduce over Gloo. A greedy completion over HTTP must give the text of tp 1. Run by
+# and all-reduce over Gloo. A greedy completion over HTTP must give the text of tp 1 (tp 2 and 4
+# on stories260K, 3 and 2 on the default model, as tp_mpi_test.sh does under mpirun). Run by
 # ctest (label "gloo"). Usage: tp_gloo_test.sh KVSHARD STORIES_DIR [DEFAULT_MODEL]
 # Models that are absent are skipped with a message.
 set -euo pipefail
@@ -66,12 +67,15 @@ check() {  # model tp max_tokens prompt
 }
 
 if [ -f "$stories/stories260K.bin" ]; then
-    check "$stories/stories260K.bin" 2 32 "Once upon a time"
+    for tp in 2 4; do
+        check "$stories/stories260K.bin" "$tp" 32 "Once upon a time"
+    done
 else
     echo "skipped: stories260K not found in $stories"
 fi
 if [ -n "$default_model" ] && [ -f "$default_model" ]; then
     check "$default_model" 3 8 "The capital of France is"
+    check "$default_model" 2 8 "The capital of France is"
 else
     echo "skipped: default model not found (${default_model:-none given})"
 fi
