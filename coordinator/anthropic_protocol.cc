@@ -155,6 +155,12 @@ class Parser {
         ReadToolChoice(body);
         ReadSystem(body);
         ReadMessages(body);
+        // A top-level cache_control marks the last block of the request (Anthropic's automatic
+        // caching): the end of the last message.
+        if (const int64_t ttl = CacheControl(body, "")) {
+            ChatMessage& last = r_.messages.back();
+            last.cache_marks.push_back({last.content.size(), ttl});
+        }
         ReadSampling(body);
         ReadStopSequences(body);
         ReadMisc(body);
@@ -516,7 +522,8 @@ class Parser {
             tier && *tier != "auto" && *tier != "standard_only") {
             Fail("service_tier", "must be 'auto' or 'standard_only'");
         }
-        for (const char* name : {"mcp_servers", "container", "context_management"}) {
+        for (const char* name :
+             {"mcp_servers", "container", "context_management", "output_config"}) {
             if (const json* v = Field(body, name);
                 v && !((v->is_array() || v->is_object()) && v->empty())) {
                 Fail(name, "is not supported");

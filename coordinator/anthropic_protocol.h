@@ -9,6 +9,7 @@
 //   tool_result blocks of a user message        -> "tool" messages (before the user's text)
 //   cache_control on a system block, a message
 //   content block or a tool                     -> a ChatCacheMark at the end of that block
+//   cache_control at the top level              -> a ChatCacheMark at the end of the last message
 // Every message's field is checked before anything is tokenized; a mistake is a 400 whose
 // message names the field ("messages.1.content.0.cache_control.ttl"), as Anthropic's errors do.
 // Unknown fields are ignored; fields kvshard knows and cannot honour (image blocks, thinking,

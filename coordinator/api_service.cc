@@ -89,6 +89,13 @@ ApiService::ApiService(Engine& engine, const Tokenizer& tokenizer,
       created_(UnixSeconds()),
       boot_nonce_((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) {}
 
+bool ApiService::AuthorizedKey(std::string_view key) const {
+    if (options_.api_keys.empty()) return true;
+    bool ok = false;
+    for (const std::string& k : options_.api_keys) ok |= SameKey(key, k);
+    return ok;
+}
+
 bool ApiService::Authorized(std::string_view authorization) const {
     if (options_.api_keys.empty()) return true;
     // credentials = auth-scheme 1*SP token68; the scheme is case-insensitive.
@@ -108,13 +115,18 @@ bool ApiService::Authorized(std::string_view authorization) const {
     return ok;
 }
 
-std::string ApiService::NewRequestId(ApiEndpoint endpoint) const {
+std::string ApiService::NewIdHex() const {
     const uint64_t n = counter_.fetch_add(1, std::memory_order_relaxed);
     char hex[40];
     std::snprintf(hex, sizeof(hex), "%016llx%08llx",
                   static_cast<unsigned long long>(SplitMix64(boot_nonce_ ^ n)),
                   static_cast<unsigned long long>(n & 0xFFFFFFFFull));
-    return std::string(endpoint == ApiEndpoint::kChatCompletions ? "chatcmpl-" : "cmpl-") + hex;
+    return hex;
+}
+
+std::string ApiService::NewRequestId(ApiEndpoint endpoint) const {
+    return std::string(endpoint == ApiEndpoint::kChatCompletions ? "chatcmpl-" : "cmpl-") +
+           NewIdHex();
 }
 
 uint64_t ApiService::RandomSeed() const {
@@ -139,9 +151,10 @@ std::vector<int32_t> ApiService::EncodeText(const std::string& text,
     return tokenizer_.Encode(text, encode);
 }
 
-std::variant<std::vector<int32_t>, ApiError> ApiService::EncodeChat(
-    const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-    bool add_special_tokens) const {
+std::variant<EncodedChat, ApiError> ApiService::EncodeChat(const std::vector<ChatMessage>& messages,
+                                                           bool add_generation_prompt,
+                                                           bool add_special_tokens,
+                                                           const ChatTools* tools) const {
     const TokenizerData& data = tokenizer_.data();
     EncodeOptions encode;
     encode.parse_special = true;
@@ -152,19 +165,56 @@ std::variant<std::vector<int32_t>, ApiError> ApiService::EncodeChat(
             "--chat-template chatml|llama2|llama3",
             "messages", "chat_template_missing");
     }
-    Result<std::vector<TextPiece>> pieces =
-        options_.chat_template->RenderPieces(messages, add_generation_prompt);
-    if (!pieces.ok()) return BadRequest(pieces.status().message(), "messages");
+    Result<RenderedChat> rendered =
+        options_.chat_template->RenderChat(messages, add_generation_prompt, tools);
+    if (!rendered.ok()) return BadRequest(rendered.status().message(), "messages");
+    std::vector<TextPiece>& pieces = rendered->pieces;
     // Templates that write the BOS text themselves (Llama 2 and 3) must not get a second one.
     const ChatTemplateTokens special = ChatTemplateTokensOf(data);
-    if (!special.bos.empty() && !pieces->empty() && !pieces->front().literal &&
-        pieces->front().text.rfind(special.bos, 0) == 0) {
+    if (!special.bos.empty() && !pieces.empty() && !pieces.front().literal &&
+        pieces.front().text.rfind(special.bos, 0) == 0) {
         encode.add_bos = false;
     }
     if (options_.content_special_tokens == HttpConfig::ContentSpecialTokens::kControl) {
-        for (TextPiece& p : *pieces) p.literal = false;
+        for (TextPiece& p : pieces) p.literal = false;
     }
-    return tokenizer_.EncodePieces(*pieces, encode);
+    EncodedChat out;
+    out.ids = tokenizer_.EncodePieces(pieces, encode);
+    if (rendered->cache_marks.size() > static_cast<size_t>(kMaxCacheBreakpoints)) {
+        return BadRequest("a request may hold at most " + std::to_string(kMaxCacheBreakpoints) +
+                              " cache_control breakpoints, this one has " +
+                              std::to_string(rendered->cache_marks.size()),
+                          "cache_control");
+    }
+    // A breakpoint covers the tokens that the text before its mark shares with the whole
+    // prompt: the prefix's own tokenization, cut where it stops agreeing (a word the mark splits
+    // may tokenize differently once the rest follows).
+    for (const RenderedCacheMark& mark : rendered->cache_marks) {
+        std::vector<TextPiece> prefix;
+        size_t left = mark.text_end;
+        for (const TextPiece& p : pieces) {
+            if (left == 0) break;
+            prefix.push_back({p.text.substr(0, left), p.literal});
+            left -= prefix.back().text.size();
+        }
+        const std::vector<int32_t> ids = tokenizer_.EncodePieces(prefix, encode);
+        const auto diverge = std::mismatch(ids.begin(), ids.end(), out.ids.begin(), out.ids.end());
+        const int64_t shared = diverge.first - ids.begin();
+        if (shared == 0) continue;
+        out.breakpoints.push_back({shared, mark.ttl_ms});
+    }
+    std::sort(out.breakpoints.begin(), out.breakpoints.end(),
+              [](const CacheBreakpoint& a, const CacheBreakpoint& b) {
+                  return a.prefix_tokens < b.prefix_tokens ||
+                         (a.prefix_tokens == b.prefix_tokens && a.ttl_ms > b.ttl_ms);
+              });
+    // Two marks on the same prefix are one breakpoint, with the longer TTL.
+    out.breakpoints.erase(std::unique(out.breakpoints.begin(), out.breakpoints.end(),
+                                      [](const CacheBreakpoint& a, const CacheBreakpoint& b) {
+                                          return a.prefix_tokens == b.prefix_tokens;
+                                      }),
+                          out.breakpoints.end());
+    return out;
 }
 
 std::variant<std::vector<int32_t>, ApiError> ApiService::Tokenize(
@@ -173,8 +223,10 @@ std::variant<std::vector<int32_t>, ApiError> ApiService::Tokenize(
         if (request.prompt_is_token_ids) return request.prompt_token_ids;
         return EncodeText(request.prompt, /*add_special_tokens=*/true);
     }
-    return EncodeChat(request.messages, request.add_generation_prompt,
-                      /*add_special_tokens=*/true);
+    auto encoded = EncodeChat(request.messages, request.add_generation_prompt,
+                              /*add_special_tokens=*/true);
+    if (auto* error = std::get_if<ApiError>(&encoded)) return *error;
+    return std::move(std::get<EncodedChat>(encoded).ids);
 }
 
 std::variant<OpenAiRequest, ApiError> ApiService::Parse(ApiEndpoint endpoint,
@@ -239,6 +291,11 @@ std::variant<PreparedGeneration, ApiError> ApiService::Prepare(const OpenAiReque
     return p;
 }
 
+std::unique_ptr<ResponseWriter> ApiService::MakeResponseWriter(const PreparedGeneration& p) const {
+    if (p.anthropic) return std::make_unique<AnthropicResponseWriter>(*p.anthropic);
+    return std::make_unique<OpenAiResponseWriter>(p.context, token_bytes());
+}
+
 std::string ApiService::ModelsBody() const {
     return Dump(json{
         {"object", "list"},
@@ -276,7 +333,7 @@ std::variant<std::string, ApiError> ApiService::TokenizeAnswer(const TokenizeReq
     if (r.chat) {
         auto encoded = EncodeChat(r.messages, r.add_generation_prompt, r.add_special_tokens);
         if (auto* error = std::get_if<ApiError>(&encoded)) return *error;
-        ids = std::move(std::get<std::vector<int32_t>>(encoded));
+        ids = std::move(std::get<EncodedChat>(encoded).ids);
     } else {
         ids = EncodeText(r.prompt, r.add_special_tokens);
     }

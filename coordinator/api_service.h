@@ -2,9 +2,10 @@
 // GenerationRequest for the engine in two stages: Parse (validate the JSON, check the prompt's
 // bytes; cheap, may run on an I/O thread) and Prepare (apply the chat template, tokenize, check
 // the context; costs CPU in proportion to the prompt, so the HTTP server runs it on a pool of its
-// own). It also answers the small GET endpoints and vLLM's tokenizer routes (POST /tokenize,
-// POST /detokenize), which cost CPU like Prepare and run where it runs. HttpSession
-// (http_session.h) does the I/O.
+// own). The same two stages serve Anthropic's POST /v1/messages (ParseAnthropic,
+// PrepareAnthropic; POST /v1/messages/count_tokens is CountTokensAnswer). It also answers the small
+// GET endpoints and vLLM's tokenizer routes (POST /tokenize, POST /detokenize), which cost CPU like
+// Prepare and run where it runs. HttpSession (http_session.h) does the I/O.
 //
 // Thread-safety: every method may be called from any HTTP thread at once; the service holds no
 // mutable state besides the metrics (thread-safe) and an atomic request counter.
@@ -20,10 +21,13 @@
 #include <vector>
 
 #include "config/server_config.h"
+#include "coordinator/anthropic_protocol.h"
+#include "coordinator/anthropic_response.h"
 #include "coordinator/engine_api.h"
 #include "coordinator/metrics.h"
 #include "coordinator/openai_protocol.h"
 #include "coordinator/openai_response.h"
+#include "coordinator/response_writer.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 
@@ -47,8 +51,17 @@ struct ApiServiceOptions {
 // A request ready for Engine::Submit, and what its answer needs.
 struct PreparedGeneration {
     GenerationRequest request;
-    ResponseContext context;
+    ResponseContext context;                            // the OpenAI routes
+    std::optional<AnthropicResponseContext> anthropic;  // set for POST /v1/messages
     bool stream = false;
+};
+
+// A chat prompt's ids and its prompt-caching breakpoints (at most kMaxCacheBreakpoints, in
+// increasing prefix_tokens order, each the number of leading prompt tokens that the text up to
+// its mark shares with the whole prompt).
+struct EncodedChat {
+    std::vector<int32_t> ids;
+    std::vector<CacheBreakpoint> breakpoints;
 };
 
 class ApiService {
@@ -59,6 +72,8 @@ class ApiService {
     // True when no keys are configured or `authorization` is "Bearer <one of the keys>" (the
     // scheme in any case, as RFC 7235 says).
     bool Authorized(std::string_view authorization) const;
+    // True when no keys are configured or `key` is one of them (Anthropic's x-api-key header).
+    bool AuthorizedKey(std::string_view key) const;
 
     // Stage 1: the validated request, or the 4xx a client gets; prompts over max_prompt_bytes()
     // are refused here, before anything is tokenized.
@@ -68,6 +83,18 @@ class ApiService {
     // Both stages.
     std::variant<PreparedGeneration, ApiError> Prepare(ApiEndpoint endpoint,
                                                        std::string_view body) const;
+    // POST /v1/messages and /v1/messages/count_tokens, as Parse and Prepare (the prompt-bytes cap
+    // applies to all text that goes into the prompt: messages, system and tools).
+    std::variant<AnthropicRequest, ApiError> ParseAnthropic(AnthropicEndpoint endpoint,
+                                                            std::string_view body) const;
+    std::variant<PreparedGeneration, ApiError> PrepareAnthropic(
+        const AnthropicRequest& request) const;
+    // POST /v1/messages/count_tokens: {"input_tokens": N}, N the tokens /v1/messages would
+    // submit for the same body. Tokenizes: run off the I/O threads.
+    std::variant<std::string, ApiError> CountTokensAnswer(std::string_view body) const;
+    // The writer of a prepared generation's answer, streamed or whole, in its API's format.
+    std::unique_ptr<ResponseWriter> MakeResponseWriter(const PreparedGeneration& prepared) const;
+
     // The prompt-bytes cap in force (options.max_prompt_bytes, or the automatic one).
     int64_t max_prompt_bytes() const { return max_prompt_bytes_; }
 
@@ -100,12 +127,19 @@ class ApiService {
     // The prompt's ids as the generation routes make them (add_special_tokens: the BOS when the
     // tokenizer asks for one; chat never adds a BOS that the template writes itself).
     std::vector<int32_t> EncodeText(const std::string& text, bool add_special_tokens) const;
-    std::variant<std::vector<int32_t>, ApiError> EncodeChat(
-        const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-        bool add_special_tokens) const;
+    // `tools` may be null. The breakpoints come from the messages' (and the tools') cache marks.
+    std::variant<EncodedChat, ApiError> EncodeChat(const std::vector<ChatMessage>& messages,
+                                                   bool add_generation_prompt,
+                                                   bool add_special_tokens,
+                                                   const ChatTools* tools = nullptr) const;
+    // The tools prompt of an Anthropic request (empty without tools or with tool_choice none),
+    // and the parser options for its answer (nullopt: no tool calls are parsed).
+    std::variant<std::pair<ChatTools, std::optional<ToolCallParserOptions>>, ApiError>
+    AnthropicTools(const AnthropicRequest& request, const std::string& id_hex) const;
     std::variant<std::string, ApiError> TokenizeAnswer(const TokenizeRequest& request) const;
     std::string DetokenizeAnswer(const DetokenizeRequest& request) const;
     std::string NewRequestId(ApiEndpoint endpoint) const;
+    std::string NewIdHex() const;  // 24 hex digits, unique for this server
     uint64_t RandomSeed() const;
 
     Engine& engine_;

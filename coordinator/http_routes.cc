@@ -52,10 +52,18 @@ std::string MalformedHttpMessage(http::error e) {
 
 }  // namespace
 
-HttpAnswer ErrorAnswer(const ApiError& error, bool close) {
+ErrorShape ErrorShapeFor(std::string_view target) {
+    target = target.substr(0, target.find('?'));
+    constexpr std::string_view kMessages = "/v1/messages";
+    const bool anthropic = target.substr(0, kMessages.size()) == kMessages &&
+                           (target.size() == kMessages.size() || target[kMessages.size()] == '/');
+    return anthropic ? ErrorShape::kAnthropic : ErrorShape::kOpenAi;
+}
+
+HttpAnswer ErrorAnswer(const ApiError& error, bool close, ErrorShape shape) {
     HttpAnswer a;
     a.status = static_cast<unsigned>(error.http_status);
-    a.body = ApiErrorBody(error);
+    a.body = shape == ErrorShape::kAnthropic ? AnthropicErrorBody(error) : ApiErrorBody(error);
     a.retry_after_s = error.retry_after_s;
     a.www_authenticate = error.http_status == 401;
     a.close = close;
@@ -120,6 +128,8 @@ namespace {
 enum class Route {
     kCompletions,
     kChatCompletions,
+    kMessages,
+    kCountTokens,
     kTokenize,
     kDetokenize,
     kModels,
@@ -167,6 +177,8 @@ RouteResult RouteRequest(const HttpRequest& request, const ApiService& api, bool
     static constexpr RouteEntry kRoutes[] = {
         {"/v1/completions", http::verb::post, Route::kCompletions, false, true},
         {"/v1/chat/completions", http::verb::post, Route::kChatCompletions, false, true},
+        {"/v1/messages", http::verb::post, Route::kMessages, false, true},
+        {"/v1/messages/count_tokens", http::verb::post, Route::kCountTokens, false, true},
         {"/tokenize", http::verb::post, Route::kTokenize, false, true},
         {"/detokenize", http::verb::post, Route::kDetokenize, false, true},
         {"/v1/models", http::verb::get, Route::kModels, false, true},
@@ -175,6 +187,8 @@ RouteResult RouteRequest(const HttpRequest& request, const ApiService& api, bool
         {"/metrics", http::verb::get, Route::kMetrics, false, false},
         {"/version", http::verb::get, Route::kVersion, false, false},
     };
+    const ErrorShape shape = ErrorShapeFor(target);
+    auto error_answer = [shape](const ApiError& e) { return ErrorAnswer(e, false, shape); };
     const RouteEntry* route = nullptr;
     for (const RouteEntry& r : kRoutes) {
         const bool match =
@@ -183,7 +197,7 @@ RouteResult RouteRequest(const HttpRequest& request, const ApiService& api, bool
         if (match) route = &r;
     }
     if (route == nullptr) {
-        return ErrorAnswer(RouteError(
+        return error_answer(RouteError(
             404, "no route for " + std::string(request.method_string()) + " " + std::string(target),
             "not_found"));
     }
@@ -191,10 +205,10 @@ RouteResult RouteRequest(const HttpRequest& request, const ApiService& api, bool
     const bool head = get_route && method == http::verb::head;
     if (method != route->method && !head) {
         const char* allow = get_route ? "GET, HEAD" : "POST";
-        HttpAnswer a = ErrorAnswer(RouteError(405,
-                                              std::string(target) + " accepts " + allow + ", not " +
-                                                  std::string(request.method_string()),
-                                              "method_not_allowed"));
+        HttpAnswer a = error_answer(RouteError(405,
+                                               std::string(target) + " accepts " + allow +
+                                                   ", not " + std::string(request.method_string()),
+                                               "method_not_allowed"));
         a.allow = allow;
         return a;
     }
@@ -203,10 +217,20 @@ RouteResult RouteRequest(const HttpRequest& request, const ApiService& api, bool
         std::string_view value;
         if (auth != request.end())
             value = std::string_view(auth->value().data(), auth->value().size());
-        if (!api.Authorized(value)) {
-            return ErrorAnswer(
-                RouteError(401, "a valid API key is required: Authorization: Bearer <key>",
-                           "invalid_api_key"));
+        bool authorized = api.Authorized(value);
+        // Anthropic's clients send the key as x-api-key.
+        auto x_api_key = request.find("x-api-key");
+        if (!authorized && shape == ErrorShape::kAnthropic && x_api_key != request.end()) {
+            authorized = api.AuthorizedKey(
+                std::string_view(x_api_key->value().data(), x_api_key->value().size()));
+        }
+        if (!authorized) {
+            return error_answer(RouteError(
+                401,
+                shape == ErrorShape::kAnthropic
+                    ? "a valid API key is required: x-api-key: <key> or Authorization: Bearer <key>"
+                    : "a valid API key is required: Authorization: Bearer <key>",
+                "invalid_api_key"));
         }
     }
     if (!get_route && draining) {
@@ -214,7 +238,7 @@ RouteResult RouteRequest(const HttpRequest& request, const ApiService& api, bool
                                 "shutting_down");
         e.type = "server_unavailable";
         e.retry_after_s = 5;
-        return ErrorAnswer(e);
+        return error_answer(e);
     }
     HttpAnswer a;
     a.head = head;
@@ -223,6 +247,10 @@ RouteResult RouteRequest(const HttpRequest& request, const ApiService& api, bool
             return ApiEndpoint::kCompletions;
         case Route::kChatCompletions:
             return ApiEndpoint::kChatCompletions;
+        case Route::kMessages:
+            return AnthropicEndpoint::kMessages;
+        case Route::kCountTokens:
+            return AnthropicEndpoint::kCountTokens;
         case Route::kTokenize:
             return TokenizerEndpoint::kTokenize;
         case Route::kDetokenize:

@@ -4,11 +4,12 @@
 // (http_session.h) does the I/O around these; coordinator/fuzz/http_fuzz.cc feeds them raw bytes.
 //
 // Routes: POST /v1/completions, POST /v1/chat/completions, POST /tokenize, POST /detokenize
-// (vLLM's), GET (and HEAD) /v1/models, /v1/models/{id}, /health, /metrics, /version. Unknown
-// paths 404, wrong methods 405 with Allow, bodies over the limit 413, a header block over 16 KiB
-// 431, malformed HTTP 400, a transfer coding other than chunked 501, a missing or wrong API key
-// on /v1/*, /tokenize and /detokenize 401 with WWW-Authenticate, every POST while draining 503
-// with Retry-After.
+// (vLLM's), POST /v1/messages and POST /v1/messages/count_tokens (Anthropic's: their errors are
+// in Anthropic's shape, and they take the API key as x-api-key as well), GET (and HEAD) /v1/models,
+// /v1/models/{id}, /health, /metrics, /version. Unknown paths 404, wrong methods 405 with Allow,
+// bodies over the limit 413, a header block over 16 KiB 431, malformed HTTP 400, a transfer coding
+// other than chunked 501, a missing or wrong API key on /v1/*, /tokenize and /detokenize 401 with
+// WWW-Authenticate, every POST while draining 503 with Retry-After.
 //
 // Thread-safety: free functions over their arguments; RouteRequest calls only const ApiService
 // methods.
@@ -21,6 +22,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 
 #include "config/server_config.h"
@@ -49,8 +51,14 @@ struct HttpAnswer {
     bool head = false;              // a HEAD request: the GET answer's headers, no body
 };
 
-// The OpenAI error body for `error`, with its Retry-After.
-HttpAnswer ErrorAnswer(const ApiError& error, bool close = false);
+// Which API's error body a route answers with.
+enum class ErrorShape { kOpenAi, kAnthropic };
+// The Anthropic routes (and any path under /v1/messages) answer in Anthropic's shape.
+ErrorShape ErrorShapeFor(std::string_view target);
+
+// The error body for `error` in `shape`, with its Retry-After.
+HttpAnswer ErrorAnswer(const ApiError& error, bool close = false,
+                       ErrorShape shape = ErrorShape::kOpenAi);
 
 // The body and header limits every request is read with.
 void ConfigureRequestParser(HttpRequestParser& parser, const HttpConfig& config);
@@ -67,7 +75,7 @@ std::optional<HttpAnswer> AnswerReadError(boost::beast::error_code ec, const Htt
 // A whole request: answered at once, or the endpoint whose body goes to ApiService (a generation,
 // or a tokenizer route: both cost CPU in proportion to the body, so the session runs them on
 // its prepare pool).
-using RouteResult = std::variant<HttpAnswer, ApiEndpoint, TokenizerEndpoint>;
+using RouteResult = std::variant<HttpAnswer, ApiEndpoint, TokenizerEndpoint, AnthropicEndpoint>;
 RouteResult RouteRequest(const HttpRequest& request, const ApiService& api, bool draining);
 
 }  // namespace kvshard

@@ -67,8 +67,7 @@ struct HttpSession::Generation {
     std::shared_ptr<StreamSink> sink;
     bool stream = false;
     bool chunked = false;  // the event stream is framed as HTTP/1.1 chunks (else: close at end)
-    std::optional<StreamFormatter> formatter;
-    std::optional<CompletionAccumulator> accumulator;
+    std::unique_ptr<ResponseWriter> writer;
     bool finished = false;  // the engine said OnFinish; only writing is left
     bool timed_out = false;
     std::string pending;  // framed bytes waiting for the write in flight
@@ -155,12 +154,25 @@ void HttpSession::HandleRequest(HttpRequest request) {
     version_ = request.version();
     // A draining server closes connections after their answer.
     keep_alive_ = request.keep_alive() && !state_->draining.load();
+    error_shape_ =
+        ErrorShapeFor(std::string_view(request.target().data(), request.target().size()));
     RouteResult route = RouteRequest(request, api_, state_->draining.load());
     if (auto* endpoint = std::get_if<ApiEndpoint>(&route)) {
         return StartGeneration(*endpoint, request.body());
     }
     if (auto* endpoint = std::get_if<TokenizerEndpoint>(&route)) {
-        return StartTokenizerRequest(*endpoint, std::move(request.body()));
+        return StartPreparedAnswer(
+            [endpoint = *endpoint, body = std::move(request.body())](const ApiService& api) {
+                return api.TokenizerAnswer(endpoint, body);
+            });
+    }
+    if (auto* endpoint = std::get_if<AnthropicEndpoint>(&route)) {
+        if (*endpoint == AnthropicEndpoint::kMessages) {
+            return StartAnthropicGeneration(request.body());
+        }
+        return StartPreparedAnswer([body = std::move(request.body())](const ApiService& api) {
+            return api.CountTokensAnswer(body);
+        });
     }
     SendAnswer(std::move(std::get<HttpAnswer>(route)));
 }
@@ -192,7 +204,7 @@ void HttpSession::SendAnswer(HttpAnswer answer) {
 
 void HttpSession::SendError(const ApiError& error, bool close) {
     spdlog::debug("http: {} {}", error.http_status, error.message);
-    SendAnswer(ErrorAnswer(error, close));
+    SendAnswer(ErrorAnswer(error, close, error_shape_));
 }
 
 void HttpSession::OnResponseWritten(bool close, beast::error_code ec) {
@@ -246,14 +258,31 @@ void HttpSession::StartGeneration(ApiEndpoint endpoint, const std::string& body)
     });
 }
 
-// The tokenizer routes run on the prepare pool as the tokenization of a generation does, and
-// count as in flight until answered, so a drain waits for them.
-void HttpSession::StartTokenizerRequest(TokenizerEndpoint endpoint, std::string body) {
+void HttpSession::StartAnthropicGeneration(const std::string& body) {
     in_flight_ = true;
     state_->GenerationStarted();
-    net::post(prepare_, [self = shared_from_this(), executor = stream_.get_executor(), endpoint,
-                         body = std::move(body)]() mutable {
-        auto answer = self->api_.TokenizerAnswer(endpoint, body);
+    auto parsed = api_.ParseAnthropic(AnthropicEndpoint::kMessages, body);
+    if (auto* error = std::get_if<ApiError>(&parsed)) return SendError(*error);
+    net::post(prepare_, [self = shared_from_this(), executor = stream_.get_executor(),
+                         request = std::move(std::get<AnthropicRequest>(parsed))]() mutable {
+        auto prepared = self->api_.PrepareAnthropic(request);
+        self->state_->gate.Run([&] {
+            net::post(executor, [self, prepared = std::move(prepared)]() mutable {
+                self->OnPrepared(std::move(prepared));
+            });
+        });
+    });
+}
+
+// The tokenizer routes run on the prepare pool as the tokenization of a generation does, and
+// count as in flight until answered, so a drain waits for them.
+template <typename AnswerFn>
+void HttpSession::StartPreparedAnswer(AnswerFn answer_fn) {
+    in_flight_ = true;
+    state_->GenerationStarted();
+    net::post(prepare_, [self = shared_from_this(), executor = stream_.get_executor(),
+                         answer_fn = std::move(answer_fn)]() mutable {
+        std::variant<std::string, ApiError> answer = answer_fn(self->api_);
         self->state_->gate.Run([&] {
             net::post(executor, [self, answer = std::move(answer)]() mutable {
                 if (auto* error = std::get_if<ApiError>(&answer)) return self->SendError(*error);
@@ -273,11 +302,7 @@ void HttpSession::OnPrepared(std::variant<PreparedGeneration, ApiError> prepared
     g->request_id = p.request.request_id;
     g->stream = p.stream;
     g->chunked = version_ >= 11;
-    if (g->stream) {
-        g->formatter.emplace(p.context, api_.token_bytes());
-    } else {
-        g->accumulator.emplace(p.context, api_.token_bytes());
-    }
+    g->writer = api_.MakeResponseWriter(p);
     std::weak_ptr<HttpSession> weak = weak_from_this();
     std::shared_ptr<HttpServerState> state = state_;
     g->sink = std::make_shared<StreamSink>(api_.metrics(), arrival_, p.request.n, [weak, state] {
@@ -321,7 +346,7 @@ void HttpSession::OnPrepared(std::variant<PreparedGeneration, ApiError> prepared
     std::ostringstream os;
     os << head.base();
     generation_->pending = os.str();
-    QueueStreamBytes(generation_->formatter->Start());
+    QueueStreamBytes(generation_->writer->StreamStart());
     if (!generation_->write_in_flight) WriteStream();
 }
 
@@ -332,14 +357,14 @@ void HttpSession::OnSinkEvents() {
         if (!generation_) return;
         if (e.delta) {
             if (generation_->stream) {
-                QueueStreamBytes(generation_->formatter->Delta(*e.delta));
+                QueueStreamBytes(generation_->writer->StreamDelta(*e.delta));
                 if (generation_->pending.size() > kMaxPendingStreamBytes) {
                     spdlog::info("http: {} client reads too slowly; aborting",
                                  generation_->request_id);
                     return OnClientGone();
                 }
             } else {
-                generation_->accumulator->Add(*e.delta);
+                generation_->writer->Add(*e.delta);
             }
         }
         if (e.finished) OnGenerationFinished(e.usage, e.status);
@@ -364,14 +389,14 @@ void HttpSession::OnGenerationFinished(const GenerationUsage& usage, const Statu
     }
     spdlog::debug("http: {} finished{}", g.request_id, error ? ": " + error->message : "");
     if (!g.stream) {
-        std::string body = error ? "" : g.accumulator->Body(usage);
+        std::string body = error ? "" : g.writer->Body(usage);
         generation_.reset();
         if (error) return SendError(*error);
         HttpAnswer answer;
         answer.body = std::move(body);
         return SendAnswer(std::move(answer));
     }
-    QueueStreamBytes(error ? g.formatter->Error(*error) : g.formatter->Finish(usage));
+    QueueStreamBytes(error ? g.writer->StreamError(*error) : g.writer->StreamFinish(usage));
     if (g.chunked) g.pending += "0\r\n\r\n";
     if (!g.write_in_flight) WriteStream();
 }

@@ -1,14 +1,15 @@
 // HttpSession: one client connection of the HTTP server (Boost.Beast, HTTP/1.1, keep-alive).
 //
 // A session reads a request and routes it (http_routes.h). A tokenizer request (POST /tokenize,
-// /detokenize) is answered from the server's prepare pool. A generation request is parsed on the
-// session's strand, prepared (chat template, tokenization, context check) on the server's prepare
-// pool, and handed back to the strand, which submits it to the engine with a StreamSink; the
-// session then waits for the sink's events and either streams them as server-sent events (chunked
-// transfer encoding) or collects them into one JSON answer. While a request generates, the
-// session watches the socket: a client that goes away (EOF, reset, a write that fails or stalls
-// past the idle timeout, a stream backlog past 4 MiB) gets its request aborted at once, so the
-// engine frees its blocks.
+// /detokenize, /v1/messages/count_tokens) is answered from the server's prepare pool. A generation
+// request is parsed on the session's strand, prepared (chat template, tokenization, context check)
+// on the server's prepare pool, and handed back to the strand, which submits it to the engine with
+// a StreamSink; the session then waits for the sink's events and either streams them as server-sent
+// events (chunked transfer encoding) or collects them into one JSON answer, through the
+// ResponseWriter of the request's API (OpenAI or Anthropic; errors too are in that API's shape).
+// While a request generates, the session watches the socket: a client that goes away (EOF, reset, a
+// write that fails or stalls past the idle timeout, a stream backlog past 4 MiB) gets its request
+// aborted at once, so the engine frees its blocks.
 //
 // Memory per connection is bounded: the read buffer (kHttpReadBufferBytes), the body
 // (max_body_bytes), the unwritten stream bytes (4 MiB).
@@ -91,7 +92,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     void DrainSome();
 
     void StartGeneration(ApiEndpoint endpoint, const std::string& body);
-    void StartTokenizerRequest(TokenizerEndpoint endpoint, std::string body);
+    void StartAnthropicGeneration(const std::string& body);
+    // Runs `answer` (a tokenizer route) on the prepare pool and sends what it returns.
+    template <typename AnswerFn>
+    void StartPreparedAnswer(AnswerFn answer);
     void OnPrepared(std::variant<PreparedGeneration, ApiError> prepared);
     void OnSinkEvents();
     void OnGenerationFinished(const GenerationUsage& usage, const Status& status);
@@ -116,6 +120,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     // The request being answered.
     unsigned version_ = 11;
     bool keep_alive_ = false;
+    ErrorShape error_shape_ = ErrorShape::kOpenAi;
     bool in_flight_ = false;  // counted in state_'s generations in flight
     std::chrono::steady_clock::time_point arrival_;
     std::unique_ptr<Generation> generation_;

@@ -76,6 +76,12 @@ json FinishReasonJson(const std::string& reason) {
     return reason.empty() ? json(nullptr) : json(reason);
 }
 
+json ToolCallJson(const ToolCallOutput::Call& call) {
+    return {{"id", call.id},
+            {"type", "function"},
+            {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
+}
+
 }  // namespace
 
 json UsageJson(const GenerationUsage& usage) {
@@ -88,14 +94,33 @@ json UsageJson(const GenerationUsage& usage) {
 std::string SseEvent(const std::string& data) { return "data: " + data + "\n\n"; }
 
 CompletionAccumulator::CompletionAccumulator(ResponseContext context, TokenBytesFn token_bytes)
-    : context_(std::move(context)), token_bytes_(std::move(token_bytes)), choices_(context_.n) {}
+    : context_(std::move(context)), token_bytes_(std::move(token_bytes)), choices_(context_.n) {
+    if (context_.tools) {
+        for (Choice& c : choices_) c.parser.emplace(*context_.tools);
+    }
+}
 
 void CompletionAccumulator::Add(const GenerationDelta& delta) {
     if (delta.index < 0 || delta.index >= static_cast<int>(choices_.size())) return;
     Choice& c = choices_[delta.index];
-    c.text += delta.text;
+    if (c.parser) {
+        std::vector<ToolCallOutput> outputs = c.parser->Feed(delta.text);
+        if (delta.finish_reason) {
+            for (ToolCallOutput& o : c.parser->Finish()) outputs.push_back(std::move(o));
+        }
+        for (ToolCallOutput& o : outputs) {
+            if (o.call) {
+                c.calls.push_back(std::move(*o.call));
+            } else {
+                c.text += o.text;
+            }
+        }
+    } else {
+        c.text += delta.text;
+    }
     c.logprobs.insert(c.logprobs.end(), delta.logprobs.begin(), delta.logprobs.end());
     if (delta.finish_reason) c.finish_reason = std::string(FinishReasonName(*delta.finish_reason));
+    if (delta.finish_reason && !c.calls.empty()) c.finish_reason = "tool_calls";
 }
 
 std::string CompletionAccumulator::Body(const GenerationUsage& usage) const {
@@ -110,7 +135,13 @@ std::string CompletionAccumulator::Body(const GenerationUsage& usage) const {
             logprobs = chat ? ChatLogprobs(c.logprobs, token_bytes_)
                             : CompletionLogprobs(c.logprobs, token_bytes_, &offset);
         }
-        if (chat) {
+        if (chat && !c.calls.empty()) {
+            json calls = json::array();
+            for (const ToolCallOutput::Call& call : c.calls) calls.push_back(ToolCallJson(call));
+            choice["message"] = {{"role", "assistant"},
+                                 {"content", c.text.empty() ? json(nullptr) : json(c.text)},
+                                 {"tool_calls", std::move(calls)}};
+        } else if (chat) {
             choice["message"] = {{"role", "assistant"}, {"content", c.text}};
         } else {
             choice["text"] = c.text;
@@ -131,7 +162,12 @@ std::string CompletionAccumulator::Body(const GenerationUsage& usage) const {
 StreamFormatter::StreamFormatter(ResponseContext context, TokenBytesFn token_bytes)
     : context_(std::move(context)),
       token_bytes_(std::move(token_bytes)),
-      text_offsets_(context_.n, 0) {}
+      text_offsets_(context_.n, 0),
+      num_calls_(context_.n, 0) {
+    if (context_.tools) {
+        for (int i = 0; i < context_.n; ++i) parsers_.emplace_back(*context_.tools);
+    }
+}
 
 std::string StreamFormatter::Chunk(const json& choices, const json* usage) const {
     const bool chat = context_.endpoint == ApiEndpoint::kChatCompletions;
@@ -164,6 +200,7 @@ std::string StreamFormatter::Start() {
 
 std::string StreamFormatter::Delta(const GenerationDelta& delta) {
     if (delta.index < 0 || delta.index >= context_.n) return "";
+    if (!parsers_.empty()) return ToolDelta(delta);
     const bool has_logprobs = context_.logprobs && !delta.logprobs.empty();
     if (delta.text.empty() && !delta.finish_reason && !has_logprobs) return "";
     const std::string finish =
@@ -183,6 +220,48 @@ std::string StreamFormatter::Delta(const GenerationDelta& delta) {
     choice["logprobs"] = std::move(logprobs);
     choice["finish_reason"] = FinishReasonJson(finish);
     return Chunk(json::array({std::move(choice)}), nullptr);
+}
+
+// Chat with tools: text as content deltas, each call whole as one delta.tool_calls entry; the
+// finishing chunk says "tool_calls" when the choice made any.
+std::string StreamFormatter::ToolDelta(const GenerationDelta& delta) {
+    const int index = delta.index;
+    ToolCallParser& parser = parsers_[static_cast<size_t>(index)];
+    std::vector<ToolCallOutput> outputs = parser.Feed(delta.text);
+    if (delta.finish_reason) {
+        for (ToolCallOutput& o : parser.Finish()) outputs.push_back(std::move(o));
+    }
+    std::string out;
+    json logprobs = nullptr;
+    if (context_.logprobs && !delta.logprobs.empty()) {
+        logprobs = ChatLogprobs(delta.logprobs, token_bytes_);
+    }
+    auto chunk = [&](json d, const std::string& finish) {
+        json choice = {{"index", index},
+                       {"delta", std::move(d)},
+                       {"logprobs", logprobs},
+                       {"finish_reason", FinishReasonJson(finish)}};
+        logprobs = nullptr;  // sent once
+        out += Chunk(json::array({std::move(choice)}), nullptr);
+    };
+    for (const ToolCallOutput& o : outputs) {
+        if (!o.call) {
+            if (!o.text.empty()) chunk({{"content", o.text}}, "");
+            continue;
+        }
+        json call = ToolCallJson(*o.call);
+        call["index"] = num_calls_[static_cast<size_t>(index)]++;
+        chunk({{"tool_calls", json::array({std::move(call)})}}, "");
+    }
+    if (delta.finish_reason) {
+        const std::string finish = num_calls_[static_cast<size_t>(index)] > 0
+                                       ? "tool_calls"
+                                       : std::string(FinishReasonName(*delta.finish_reason));
+        chunk(json::object(), finish);
+    } else if (!logprobs.is_null()) {
+        chunk(json::object(), "");
+    }
+    return out;
 }
 
 std::string StreamFormatter::Finish(const GenerationUsage& usage) {

@@ -4,7 +4,11 @@
 //   completions  {"object": "text_completion", "choices": [{"index", "text", "logprobs",
 //                "finish_reason"}], "usage": {...}}
 //   chat         {"object": "chat.completion", "choices": [{"index", "message": {"role":
-//                "assistant", "content"}, "logprobs", "finish_reason"}], "usage": {...}}
+//                "assistant", "content"[, "tool_calls"]}, "logprobs", "finish_reason"}],
+//                "usage": {...}}; with tools, calls the model made are message.tool_calls
+//                ([{"id", "type": "function", "function": {"name", "arguments"}}], content
+//                null when there is no text) and finish_reason "tool_calls"; streamed as
+//                delta.tool_calls, one whole call per chunk (tool_calls.h).
 //   usage        {"prompt_tokens", "completion_tokens", "total_tokens",
 //                "prompt_tokens_details": {"cached_tokens"}}
 //   stream       "data: <chunk>\n\n" per delta ("text_completion" / "chat.completion.chunk"; chat
@@ -20,11 +24,14 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "coordinator/engine_api.h"
 #include "coordinator/openai_protocol.h"
+#include "coordinator/response_writer.h"
+#include "coordinator/tool_calls.h"
 
 namespace kvshard {
 
@@ -39,6 +46,8 @@ struct ResponseContext {
     int n = 1;
     bool logprobs = false;       // num_top_logprobs >= 0
     bool include_usage = false;  // streams only
+    // Chat with tools: each choice's output is parsed for calls.
+    std::optional<ToolCallParserOptions> tools;
 };
 
 // Collects the deltas of a non-streamed request into the final JSON body.
@@ -52,7 +61,9 @@ class CompletionAccumulator {
     struct Choice {
         std::string text;
         std::vector<SampledToken> logprobs;
-        std::string finish_reason;  // "" until finished
+        std::string finish_reason;             // "" until finished
+        std::optional<ToolCallParser> parser;  // with tools
+        std::vector<ToolCallOutput::Call> calls;
     };
     ResponseContext context_;
     TokenBytesFn token_bytes_;
@@ -74,10 +85,35 @@ class StreamFormatter {
 
   private:
     std::string Chunk(const nlohmann::json& choices, const nlohmann::json* usage) const;
+    std::string ToolDelta(const GenerationDelta& delta);
 
     ResponseContext context_;
     TokenBytesFn token_bytes_;
-    std::vector<int64_t> text_offsets_;  // completions logprobs: bytes of text sent per choice
+    std::vector<int64_t> text_offsets_;    // completions logprobs: bytes of text sent per choice
+    std::vector<ToolCallParser> parsers_;  // chat with tools: one per choice
+    std::vector<int> num_calls_;           // per choice
+};
+
+// The OpenAI routes' ResponseWriter: a StreamFormatter or a CompletionAccumulator.
+class OpenAiResponseWriter : public ResponseWriter {
+  public:
+    OpenAiResponseWriter(ResponseContext context, TokenBytesFn token_bytes)
+        : formatter_(context, token_bytes), accumulator_(context, token_bytes) {}
+
+    std::string StreamStart() override { return formatter_.Start(); }
+    std::string StreamDelta(const GenerationDelta& delta) override {
+        return formatter_.Delta(delta);
+    }
+    std::string StreamFinish(const GenerationUsage& usage) override {
+        return formatter_.Finish(usage);
+    }
+    std::string StreamError(const ApiError& error) override { return formatter_.Error(error); }
+    void Add(const GenerationDelta& delta) override { accumulator_.Add(delta); }
+    std::string Body(const GenerationUsage& usage) override { return accumulator_.Body(usage); }
+
+  private:
+    StreamFormatter formatter_;
+    CompletionAccumulator accumulator_;
 };
 
 // The usage object.

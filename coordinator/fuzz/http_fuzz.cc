@@ -143,6 +143,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             }
             continue;
         }
+        if (auto* anthropic = std::get_if<AnthropicEndpoint>(&route)) {
+            KVSHARD_FUZZ_CHECK(!draining);
+            if (*anthropic == AnthropicEndpoint::kCountTokens) {
+                auto answer = api.CountTokensAnswer(request.body());
+                if (auto* e = std::get_if<ApiError>(&answer)) {
+                    CheckAnswer(ErrorAnswer(*e, false, ErrorShape::kAnthropic));
+                }
+                continue;
+            }
+            auto parsed = api.ParseAnthropic(*anthropic, request.body());
+            if (auto* e = std::get_if<ApiError>(&parsed)) {
+                CheckAnswer(ErrorAnswer(*e, false, ErrorShape::kAnthropic));
+                continue;
+            }
+            auto prepared = api.PrepareAnthropic(std::get<AnthropicRequest>(parsed));
+            if (auto* e = std::get_if<ApiError>(&prepared)) {
+                CheckAnswer(ErrorAnswer(*e, false, ErrorShape::kAnthropic));
+                continue;
+            }
+            const GenerationRequest& g = std::get<PreparedGeneration>(prepared).request;
+            KVSHARD_FUZZ_CHECK(static_cast<int64_t>(g.prompt_token_ids.size()) + g.max_tokens <=
+                               server.engine.max_context());
+            KVSHARD_FUZZ_CHECK(g.cache_breakpoints.size() <= 4);
+            continue;
+        }
         const ApiEndpoint endpoint = std::get<ApiEndpoint>(route);
         KVSHARD_FUZZ_CHECK(!draining);
         auto parsed = api.Parse(endpoint, request.body());

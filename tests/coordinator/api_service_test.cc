@@ -224,5 +224,73 @@ TEST(ApiService, DefaultModelChatPrompt) {
     EXPECT_EQ(std::count(injected.begin(), injected.end(), im_end), 2);
 }
 
+// Breakpoints on the default model's BPE tokenizer: each is the token count of the rendered
+// prompt up to the end of its block, and a later request that shares that beginning shares
+// exactly those tokens.
+TEST(ApiService, AnthropicBreakpointsOnTheDefaultModel) {
+    const std::string path = testing::DefaultModel();
+    KV_REQUIRE_FIXTURE(path, "default model");
+    auto gguf = GgufFile::Open(path);
+    ASSERT_TRUE(gguf.ok());
+    auto data = TokenizerDataFromGguf(**gguf);
+    ASSERT_TRUE(data.ok());
+    const std::string jinja = data->chat_template;
+    const ChatTemplateTokens special = ChatTemplateTokensOf(*data);
+    auto tok = Tokenizer::Create(std::move(data).value());
+    ASSERT_TRUE(tok.ok());
+    auto tmpl = ResolveChatTemplate(jinja, "", special);
+    ASSERT_TRUE(tmpl.ok() && tmpl->has_value());
+    Service s(std::move(tok).value(), **tmpl);
+    auto prepare = [&s](const std::string& body) {
+        auto parsed = s.api->ParseAnthropic(AnthropicEndpoint::kMessages, body);
+        EXPECT_TRUE(std::holds_alternative<AnthropicRequest>(parsed)) << body;
+        auto p = s.api->PrepareAnthropic(std::get<AnthropicRequest>(parsed));
+        EXPECT_TRUE(std::holds_alternative<PreparedGeneration>(p)) << body;
+        return std::get<PreparedGeneration>(p).request;
+    };
+    // The system block ends inside what would be one word if the next block ran on.
+    const std::string system =
+        R"([{"type": "text", "text": "You are a careful reviewer of contr",
+             "cache_control": {"type": "ephemeral"}}])";
+    auto body = [&](const std::string& question) {
+        return R"({"max_tokens": 4, "system": )" + system +
+               R"(, "tools": [{"name": "lookup", "input_schema": {"type": "object"},
+                               "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+                  "messages": [{"role": "user", "content": [
+                     {"type": "text", "text": "Clause 4 says the fee is due monthly.",
+                      "cache_control": {"type": "ephemeral"}},
+                     {"type": "text", "text": ")" +
+               question + R"("}]}]})";
+    };
+    const GenerationRequest a = prepare(body("Is that fair?"));
+    const GenerationRequest b = prepare(body("What does it cost?"));
+    ASSERT_EQ(a.cache_breakpoints.size(), 3u);
+    EXPECT_EQ(a.cache_breakpoints, b.cache_breakpoints);
+    const std::vector<int32_t>& ids = a.prompt_token_ids;
+    const std::string text = s.tokenizer->Decode(ids);
+    // In order: the system text, the tool (after it in the system turn, 1 h), the document.
+    EXPECT_EQ(a.cache_breakpoints[1].ttl_ms, 3'600'000);
+    EXPECT_EQ(a.cache_breakpoints[0].ttl_ms, 300'000);
+    for (const CacheBreakpoint& bp : a.cache_breakpoints) {
+        ASSERT_GT(bp.prefix_tokens, 0);
+        ASSERT_LT(bp.prefix_tokens, static_cast<int64_t>(ids.size()));
+        // Both requests agree on every prefix token.
+        EXPECT_TRUE(
+            std::equal(ids.begin(), ids.begin() + bp.prefix_tokens, b.prompt_token_ids.begin()));
+    }
+    const auto decoded_prefix = [&](int64_t n) {
+        return s.tokenizer->Decode(std::vector<int32_t>(ids.begin(), ids.begin() + n));
+    };
+    EXPECT_NE(decoded_prefix(a.cache_breakpoints[0].prefix_tokens).find("careful reviewer of"),
+              std::string::npos);
+    EXPECT_EQ(decoded_prefix(a.cache_breakpoints[0].prefix_tokens).find("lookup"),
+              std::string::npos);
+    const std::string doc = decoded_prefix(a.cache_breakpoints[2].prefix_tokens);
+    EXPECT_NE(doc.find("due monthly"), std::string::npos) << doc;
+    EXPECT_EQ(doc.find("fair"), std::string::npos) << doc;
+    // The prefix ends within a few bytes of the block's end (a token may straddle it).
+    EXPECT_LE(text.find("due monthly.") + 12 - doc.size(), 4u) << doc;
+}
+
 }  // namespace
 }  // namespace kvshard
