@@ -5,6 +5,7 @@
 // name exactly as another process would.
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 // Boost 1.74's asio/awaitable.hpp uses std::exchange without including <utility>.
@@ -129,6 +130,50 @@ TEST(KvShm, ManyChunkPiecesArriveIntactThroughTheRegionAndNothingOutlivesIt) {
     }
     EXPECT_EQ(ShmDescriptors(), descriptors_before);
     EXPECT_EQ(ShmEntries(), 0);
+}
+
+// Two processes: a forked child sends through its own region; the piece arrives intact, it went
+// through shared memory (the receiver held a descriptor of the child's region), and the child
+// left nothing in /dev/shm.
+TEST(KvShm, BetweenTwoProcesses) {
+    SKIP_WITHOUT_SHM();
+    auto r = Tcp();
+    const std::string endpoint = r->endpoint();
+    const KvPiece piece = Piece(20, 96);  // 576 KiB
+    int to_parent[2], to_child[2];
+    ASSERT_EQ(pipe(to_parent), 0);
+    ASSERT_EQ(pipe(to_child), 0);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        // The child makes its own transport, sends, reports, waits for the parent's look at
+        // the descriptors, and leaves without running the parent's destructors.
+        Result<std::unique_ptr<KvTransport>> s = MakeTcpKvTransport("127.0.0.1", 0, {});
+        const char ok = s.ok() && (*s)->Send(endpoint, piece, In(10'000)).ok() ? 1 : 0;
+        (void)!write(to_parent[1], &ok, 1);
+        char go = 0;
+        (void)!read(to_child[0], &go, 1);
+        _exit(ok ? 0 : 1);
+    }
+    char ok = 0;
+    ASSERT_EQ(read(to_parent[0], &ok, 1), 1);
+    EXPECT_EQ(ok, 1);
+    EXPECT_EQ(ShmDescriptors(), 1);  // the receiver's, of the child's region (unlinked)
+    Result<std::vector<KvPiece>> got = r->Receive(20, 4 * 6, In(10'000));
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_TRUE((*got)[0].data == piece.data);
+    const char go = 1;
+    ASSERT_EQ(write(to_child[1], &go, 1), 1);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    char prefix[64];
+    std::snprintf(prefix, sizeof(prefix), "kvshard-kv-%x-", static_cast<unsigned>(child));
+    DIR* dir = opendir("/dev/shm");
+    ASSERT_NE(dir, nullptr);
+    while (dirent* e = readdir(dir)) EXPECT_NE(std::string(e->d_name).rfind(prefix, 0), 0u);
+    closedir(dir);
+    for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) close(fd);
 }
 
 TEST(KvShm, EitherSideSwitchedOffCarriesPayloadsOverTheSocket) {
