@@ -636,6 +636,11 @@ def check_worker(k, docs, problems, config, instances, services, coordinator, ra
     if k.doc.kind == "LeaderWorkerSet" and flag(k, "--rank")[0] is not None:
         problems.add(k.doc, k.at("args", flag(k, "--rank")[1]),
                      "leave --rank out: each pod's rank is LWS_WORKER_INDEX (leader: 0)")
+    want_model, mi = flag(k, "--model")
+    model = str(config.get("model", ""))
+    if want_model is not None and want_model not in (model, os.path.basename(model)):
+        problems.add(k.doc, k.at("args", mi), "--model %s; the config serves %s (the "
+                     "coordinator would refuse this worker)" % (want_model, model))
     # Ranks: one worker process (one container) is one rank.
     ranks.setdefault(instance, []).append((k, k.pods))
     # GPUs: each rank's device; the pod sees its own GPUs from 0.
@@ -914,6 +919,11 @@ BREAKAGES = [
                        "--instance 'mixed-2' is not an instance"],
                       ["k8s/overlays/colocated/config.yaml", "data.config.yaml",
                        "instance mixed-1 (pools[0].instances[1]) has no worker pods"]]),
+    ("a worker that expects another model", "overlays/multinode/workers.yaml",
+     "- SmolLM2-135M-Instruct.Q4_1.gguf", "- Llama-3-8B.gguf", 1,
+     ["LeaderWorkerSet/kvshard-worker-mixed",
+      "spec.leaderWorkerTemplate.leaderTemplate.spec.containers[0].args[16]",
+      "--model Llama-3-8B.gguf; the config serves /models/SmolLM2-135M-Instruct.Q4_1.gguf"]),
     ("a claim that is not in the render", "base/coordinator.yaml", "claimName: kvshard-models",
      "claimName: kvshard-model", 1,
      ["k8s/base/coordinator.yaml", "Deployment/kvshard-coordinator",
