@@ -35,6 +35,7 @@ struct Coverage {
     int64_t forks = 0;
     int64_t frees = 0;
     int64_t preemptions = 0;
+    int64_t pins = 0;  // pins made or refreshed
 };
 
 class FakeWorker {
@@ -57,7 +58,7 @@ class RandomRun {
   public:
     RandomRun(const RandomCase& c, uint64_t seed)
         : c_(c),
-          bm_(BlockManagerConfig{c.num_blocks, c.block_size, c.watermark, c.prefix_caching}),
+          bm_(WithPins(BlockManagerConfig{c.num_blocks, c.block_size, c.watermark, c.prefix_caching})),
           worker_(c.num_blocks, c.block_size),
           rng_(seed) {
         // A few shared "system prompts" of 0 to 3 blocks and a bit.
@@ -77,9 +78,11 @@ class RandomRun {
                 Append();
             } else if (dice < 74) {
                 Fork();
-            } else if (dice < 84) {
+            } else if (dice < 80) {
                 const SeqId s = Pick();
                 bm_.MarkComputed(s, Uniform(0, bm_.NumTokens(s)));
+            } else if (dice < 84) {
+                PinOrTick();
             } else {
                 Free(Pick());
                 ++cov_.frees;
@@ -91,6 +94,10 @@ class RandomRun {
             Free(live_.back());
             Verify(num_ops);
         }
+        // Every pin lapses at its TTL: then nothing is held.
+        bm_.SetTime(now_ + std::chrono::hours(1));
+        Verify(num_ops);
+        EXPECT_EQ(bm_.num_pins(), 0);
         EXPECT_EQ(bm_.num_available_blocks(), c_.num_blocks);
         EXPECT_EQ(bm_.Stats().num_used_blocks, 0);
         return cov_;
@@ -177,6 +184,31 @@ class RandomRun {
         ++cov_.appends;
     }
 
+    // Prompt-caching pins: pin a prefix of a live sequence (up to half the pool), let time pass
+    // (pins lapse), or let the oldest pin lapse as the scheduler does.
+    void PinOrTick() {
+        const int64_t dice = Uniform(0, 9);
+        if (dice < 6) {
+            const SeqId s = Pick();
+            const PinResult r = bm_.Pin(s, Uniform(0, bm_.NumTokens(s)),
+                                        std::chrono::milliseconds(Uniform(1, 50)));
+            ASSERT_EQ(r.pinned_tokens % c_.block_size, 0);
+            ASSERT_LE(bm_.num_pinned_blocks(), bm_.max_pinned_blocks());
+            cov_.pins += r.pinned_tokens > 0;
+        } else if (dice < 9) {
+            now_ += std::chrono::milliseconds(Uniform(1, 20));
+            bm_.SetTime(now_);
+        } else {
+            bm_.LapseOldestPin();
+        }
+    }
+
+    static BlockManagerConfig WithPins(BlockManagerConfig c) {
+        c.max_pinned_fraction = 0.5;
+        c.min_pinned_tokens = 0;
+        return c;
+    }
+
     void Fork() {
         if (live_.size() >= 24) return;
         const SeqId child = next_id_++;
@@ -194,8 +226,10 @@ class RandomRun {
         const Status st = bm_.CheckInvariants();
         ASSERT_TRUE(st.ok()) << "after op " << op << ": " << st.ToString();
         const BlockManagerStats stats = bm_.Stats();
-        ASSERT_EQ(stats.num_free_blocks + stats.num_used_blocks + stats.num_cached_blocks,
+        ASSERT_EQ(stats.num_free_blocks + stats.num_used_blocks + stats.num_cached_blocks +
+                      stats.num_pinned_idle_blocks,
                   c_.num_blocks);
+        ASSERT_LE(stats.num_pinned_blocks, bm_.max_pinned_blocks());
         for (SeqId s : live_) {
             std::span<const int32_t> tokens = bm_.TokenIds(s);
             for (int64_t p = 0; p < static_cast<int64_t>(tokens.size()); ++p) {
@@ -209,6 +243,7 @@ class RandomRun {
     BlockManager bm_;
     FakeWorker worker_;
     std::mt19937_64 rng_;
+    Clock::time_point now_{};
     std::vector<std::vector<int32_t>> families_;
     std::vector<SeqId> live_;
     SeqId next_id_ = 1;
@@ -253,6 +288,7 @@ TEST(BlockManagerRandomTest, InvariantsHoldOverManyOperations) {
         EXPECT_GT(cov.forks, 1000);
         EXPECT_GT(cov.preemptions, 20);
         if (c.prefix_caching) {
+            EXPECT_GT(cov.pins, 100);
             EXPECT_GT(cov.prefix_hits, 1000);
             EXPECT_GT(run.evictions(), 1000);
         } else {
