@@ -89,6 +89,14 @@ BenchReport MakeReport(const BenchRun& run, const Slo& slo) {
         ++r.completed;
         r.total_output_tokens += o.output_tokens;
         if (o.prompt_tokens > 0) r.total_input_tokens += o.prompt_tokens;
+        if (o.cached_tokens >= 0) {
+            r.total_cached_tokens = std::max<int64_t>(r.total_cached_tokens, 0) + o.cached_tokens;
+            if (o.cached_tokens > 0) ++r.requests_with_cache_read;
+        }
+        if (o.cache_creation_tokens >= 0) {
+            r.total_cache_creation_tokens =
+                std::max<int64_t>(r.total_cache_creation_tokens, 0) + o.cache_creation_tokens;
+        }
         ttft.push_back(o.ttft_s * 1e3);
         e2el.push_back(o.e2e_s * 1e3);
         for (double gap : o.itl_s) itl.push_back(gap * 1e3);
@@ -139,6 +147,12 @@ std::string ReportText(const BenchReport& r) {
     add("Output token throughput (tok/s):", num(r.output_throughput, 2));
     add("Total token throughput (tok/s):", num(r.total_token_throughput, 2));
     if (r.goodput) add("Goodput (req/s):", num(*r.goodput, 2));
+    if (r.total_cached_tokens >= 0) {
+        add("Prompt tokens read from cache:", std::to_string(r.total_cached_tokens));
+        add("Requests that read from cache:", std::to_string(r.requests_with_cache_read));
+    }
+    if (r.total_cache_creation_tokens >= 0)
+        add("Prompt tokens written to cache:", std::to_string(r.total_cache_creation_tokens));
     auto dist = [&](const char* title, const char* name, const Distribution& d) {
         out += std::string("------------ ") + title + " ------------\n";
         add((std::string("Mean ") + name + " (ms):").c_str(), num(d.mean, 2));
@@ -178,6 +192,12 @@ std::string ReportJson(const BenchReport& r) {
               {"output_throughput", r.output_throughput},
               {"total_token_throughput", r.total_token_throughput},
               {"goodput", r.goodput ? json(*r.goodput) : json(nullptr)},
+              {"cached_tokens",
+               r.total_cached_tokens >= 0 ? json(r.total_cached_tokens) : json(nullptr)},
+              {"cache_creation_tokens", r.total_cache_creation_tokens >= 0
+                                            ? json(r.total_cache_creation_tokens)
+                                            : json(nullptr)},
+              {"requests_with_cache_read", r.requests_with_cache_read},
               {"ttft_ms", dist(r.ttft_ms)},
               {"tpot_ms", dist(r.tpot_ms)},
               {"itl_ms", dist(r.itl_ms)},

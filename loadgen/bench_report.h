@@ -49,6 +49,10 @@ struct BenchReport {
     double output_throughput = 0;   // output tokens / s
     double total_token_throughput = 0;
     std::optional<double> goodput;  // requests / s within the SLO, when one was given
+    // Prompt caching, over completed requests whose usage reported it (-1 totals: none did).
+    int64_t total_cached_tokens = -1;          // read from the prefix cache
+    int64_t total_cache_creation_tokens = -1;  // written up to cache breakpoints
+    int64_t requests_with_cache_read = 0;      // requests that read any prompt token from cache
     Distribution ttft_ms, tpot_ms, itl_ms, e2el_ms;
 };
 

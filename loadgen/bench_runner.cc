@@ -11,20 +11,51 @@ namespace kvshard::loadgen {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
+std::string_view ApiPath(ApiKind api) {
+    switch (api) {
+        case ApiKind::kCompletions:
+            return "/v1/completions";
+        case ApiKind::kChat:
+            return "/v1/chat/completions";
+        case ApiKind::kMessages:
+            return "/v1/messages";
+    }
+    return "/v1/completions";
+}
+
 std::string RequestBody(ApiKind api, const std::string& model, const BenchPrompt& prompt,
-                        double temperature) {
+                        double temperature, bool cache_prefix) {
+    const json ephemeral = {{"type", "ephemeral"}};
+    if (api == ApiKind::kMessages) {
+        json body = {{"model", model},
+                     {"max_tokens", prompt.output_len},
+                     {"temperature", temperature},
+                     {"stream", true},
+                     {"messages", json::array({{{"role", "user"}, {"content", prompt.text}}})}};
+        if (!prompt.prefix.empty()) {
+            json block = {{"type", "text"}, {"text", prompt.prefix}};
+            if (cache_prefix) block["cache_control"] = ephemeral;
+            body["system"] = json::array({block});
+        }
+        return body.dump();
+    }
     json body = {{"model", model},     {"max_tokens", prompt.output_len},
                  {"ignore_eos", true}, {"temperature", temperature},
                  {"stream", true},     {"stream_options", {{"include_usage", true}}}};
     switch (api) {
+        case ApiKind::kMessages:
+            break;
         case ApiKind::kCompletions:
             body["prompt"] =
                 prompt.prefix.empty() ? prompt.text : prompt.prefix + " " + prompt.text;
             break;
         case ApiKind::kChat: {
             json messages = json::array();
-            if (!prompt.prefix.empty())
-                messages.push_back({{"role", "system"}, {"content", prompt.prefix}});
+            if (!prompt.prefix.empty()) {
+                json system = {{"role", "system"}, {"content", prompt.prefix}};
+                if (cache_prefix) system["cache_control"] = ephemeral;
+                messages.push_back(std::move(system));
+            }
             messages.push_back({{"role", "user"}, {"content", prompt.text}});
             body["messages"] = std::move(messages);
             break;
@@ -72,11 +103,12 @@ class Scheduler {
           arrivals_(ArrivalTimes(prompts.size(), options.request_rate, options.seed)),
           outcomes_(prompts.size()) {
         for (size_t i = 0; i < prompts.size(); ++i) {
-            targets_.push_back(
-                {options.url,
-                 options.api == ApiKind::kCompletions ? "/v1/completions" : "/v1/chat/completions",
-                 RequestBody(options.api, model, prompts[i], options.temperature), options.api_key,
-                 options.read_timeout_s});
+            HttpTarget t{options.url, std::string(ApiPath(options.api)),
+                         RequestBody(options.api, model, prompts[i], options.temperature,
+                                     options.cache_prefix),
+                         options.api_key, options.read_timeout_s};
+            if (options.api == ApiKind::kMessages) t.headers = {{"anthropic-version", "2023-06-01"}};
+            targets_.push_back(std::move(t));
         }
     }
 

@@ -1,4 +1,5 @@
-// BenchRunner: sends a dataset's prompts to an OpenAI-compatible server, streaming every answer,
+// BenchRunner: sends a dataset's prompts to an OpenAI-compatible server (or to an Anthropic
+// Messages API, /v1/messages), streaming every answer,
 // on a schedule: arrivals as a Poisson process of `request_rate` requests per second (infinity:
 // all at once), optionally capped at `max_concurrency` requests in flight (later arrivals wait
 // their turn). One io_context thread drives every connection, so chunk times are taken as they
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loadgen/dataset.h"
@@ -15,7 +17,7 @@
 
 namespace kvshard::loadgen {
 
-enum class ApiKind { kCompletions, kChat };
+enum class ApiKind { kCompletions, kChat, kMessages };
 
 struct BenchOptions {
     BaseUrl url;
@@ -27,6 +29,10 @@ struct BenchOptions {
     double read_timeout_s = 600;
     uint64_t seed = 0;  // of the arrival times
     double temperature = 0.0;
+    // Prompt caching: mark each prompt's shared prefix (the system message) with
+    // cache_control {"type": "ephemeral"} (chat: on the system message, kvshard's extension of
+    // the OpenAI route; messages: on the system block). Not for completions.
+    bool cache_prefix = false;
 };
 
 struct BenchRun {
@@ -35,9 +41,12 @@ struct BenchRun {
     double duration_s = 0;                 // first send to last answer
 };
 
-// The JSON body for one prompt: streamed, ignore_eos, max_tokens = output_len, usage requested.
+// The JSON body for one prompt: streamed, ignore_eos (not on messages: Anthropic has none),
+// max_tokens = output_len, usage requested; the prefix marked for caching with `cache_prefix`.
 std::string RequestBody(ApiKind api, const std::string& model, const BenchPrompt& prompt,
-                        double temperature);
+                        double temperature, bool cache_prefix = false);
+// "completions", "chat" or "messages" -> its path.
+std::string_view ApiPath(ApiKind api);
 
 // Runs the whole schedule and returns when every request has ended. Fails only before sending
 // (no model could be found); failed requests are reported in their outcomes.

@@ -1,5 +1,6 @@
 #include "loadgen/http_client.h"
 
+#include <algorithm>
 #include <array>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -76,6 +77,7 @@ class StreamingRequest : public std::enable_shared_from_this<StreamingRequest> {
         if (!target_.api_key.empty()) {
             request_.set(http::field::authorization, "Bearer " + target_.api_key);
         }
+        for (const auto& [name, value] : target_.headers) request_.set(name, value);
         request_.keep_alive(false);
         request_.body() = target_.body;
         request_.prepare_payload();
@@ -146,18 +148,26 @@ class StreamingRequest : public std::enable_shared_from_this<StreamingRequest> {
             error_ = "error event: " + j["error"].dump();
             return;
         }
-        if (auto usage = j.find("usage"); usage != j.end() && usage->is_object()) {
-            usage_tokens_ = usage->value("completion_tokens", int64_t{-1});
-            outcome_.prompt_tokens = usage->value("prompt_tokens", int64_t{-1});
-        }
-        auto choices = j.find("choices");
-        if (choices == j.end() || !choices->is_array() || choices->empty()) return;
-        const nlohmann::json& c = (*choices)[0];
         std::string text;
-        if (c.contains("text") && c["text"].is_string()) text = c["text"];
-        if (c.contains("delta") && c["delta"].is_object() && c["delta"].contains("content") &&
-            c["delta"]["content"].is_string()) {
-            text = c["delta"]["content"];
+        if (j.contains("type") && j["type"].is_string()) {
+            if (!AnthropicEvent(j, &text)) return;
+        } else {
+            if (auto usage = j.find("usage"); usage != j.end() && usage->is_object()) {
+                usage_tokens_ = usage->value("completion_tokens", int64_t{-1});
+                outcome_.prompt_tokens = usage->value("prompt_tokens", int64_t{-1});
+                auto details = usage->find("prompt_tokens_details");
+                if (details != usage->end() && details->is_object()) {
+                    outcome_.cached_tokens = details->value("cached_tokens", int64_t{-1});
+                }
+            }
+            auto choices = j.find("choices");
+            if (choices == j.end() || !choices->is_array() || choices->empty()) return;
+            const nlohmann::json& c = (*choices)[0];
+            if (c.contains("text") && c["text"].is_string()) text = c["text"];
+            if (c.contains("delta") && c["delta"].is_object() && c["delta"].contains("content") &&
+                c["delta"]["content"].is_string()) {
+                text = c["delta"]["content"];
+            }
         }
         if (text.empty()) return;
         if (text_chunks_ == 0) {
@@ -169,6 +179,38 @@ class StreamingRequest : public std::enable_shared_from_this<StreamingRequest> {
         ++text_chunks_;
     }
 
+    // Anthropic's Messages stream: the usage in message_start (input and cache tokens) and
+    // message_delta (output tokens), text in content_block_delta, the end in message_stop.
+    // False when the event carries no text.
+    bool AnthropicEvent(const nlohmann::json& j, std::string* text) {
+        const std::string type = j["type"];
+        auto read_usage = [&](const nlohmann::json& u) {
+            if (!u.is_object()) return;
+            auto get = [&](const char* key) { return u.value(key, int64_t{-1}); };
+            if (get("output_tokens") >= 0) usage_tokens_ = get("output_tokens");
+            if (get("input_tokens") < 0) return;
+            const int64_t read = std::max<int64_t>(0, get("cache_read_input_tokens"));
+            const int64_t created = std::max<int64_t>(0, get("cache_creation_input_tokens"));
+            outcome_.prompt_tokens = get("input_tokens") + read + created;
+            outcome_.cached_tokens = read;
+            outcome_.cache_creation_tokens = created;
+        };
+        if (type == "message_start" && j.contains("message") && j["message"].is_object() &&
+            j["message"].contains("usage")) {
+            read_usage(j["message"]["usage"]);
+        } else if (type == "message_delta" && j.contains("usage")) {
+            read_usage(j["usage"]);
+        } else if (type == "message_stop") {
+            done_seen_ = true;
+        } else if (type == "content_block_delta" && j.contains("delta") &&
+                   j["delta"].is_object() && j["delta"].value("type", "") == "text_delta" &&
+                   j["delta"].contains("text") && j["delta"]["text"].is_string()) {
+            *text = j["delta"]["text"];
+            return true;
+        }
+        return false;
+    }
+
     void Finish(Clock::time_point now) {
         outcome_.e2e_s = Since(sent_, now);
         outcome_.output_tokens = usage_tokens_ >= 0 ? usage_tokens_ : text_chunks_;
@@ -177,7 +219,7 @@ class StreamingRequest : public std::enable_shared_from_this<StreamingRequest> {
             return Fail("HTTP " + std::to_string(parser_.get().result_int()) + ": " +
                         error_body_.substr(0, 500));
         }
-        if (!done_seen_) return Fail("the stream ended without data: [DONE]");
+        if (!done_seen_) return Fail("the stream ended without data: [DONE] (or message_stop)");
         outcome_.ok = true;
         Done();
     }

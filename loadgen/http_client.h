@@ -1,5 +1,7 @@
-// The load generator's HTTP side (Boost.Beast, plain HTTP/1.1): one streamed OpenAI request on an
-// io_context, timed chunk by chunk, and a blocking GET for /v1/models.
+// The load generator's HTTP side (Boost.Beast, plain HTTP/1.1): one streamed request on an
+// io_context, timed chunk by chunk — OpenAI's stream (chunks, then "data: [DONE]") or Anthropic's
+// Messages stream (message_start ... content_block_delta ... message_stop) — and a blocking GET
+// for /v1/models.
 //
 // Thread-safety: a request lives on the io_context it was started on; run that context on one
 // thread (the bench does) and the callback runs there.
@@ -11,6 +13,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -32,6 +35,7 @@ struct HttpTarget {
     std::string body;             // JSON
     std::string api_key;          // sent as "Authorization: Bearer" when not empty
     double read_timeout_s = 600;  // a request that receives nothing this long fails
+    std::vector<std::pair<std::string, std::string>> headers;  // more request headers
 };
 
 // What one streamed request measured. Times are seconds.
@@ -44,6 +48,11 @@ struct RequestOutcome {
     std::vector<double> itl_s;   // between consecutive chunks that carried text
     int64_t output_tokens = 0;   // the server's usage.completion_tokens, else text chunks
     int64_t prompt_tokens = -1;  // the server's usage.prompt_tokens; -1 when not reported
+    // Prompt tokens read from the prefix cache (OpenAI usage.prompt_tokens_details.cached_tokens,
+    // Anthropic cache_read_input_tokens) and written to it up to the cache breakpoints
+    // (cache_creation_input_tokens); -1 when not reported.
+    int64_t cached_tokens = -1;
+    int64_t cache_creation_tokens = -1;
 };
 
 // Sends `target` as a POST and reads its server-sent events until "data: [DONE]" or the end of

@@ -2,10 +2,17 @@
 // against the FakeEngine-backed HTTP server.
 #include <gtest/gtest.h>
 
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read_until.hpp>
+#include <boost/asio/streambuf.hpp>
+#include <boost/asio/write.hpp>
+#include <atomic>
 #include <cmath>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "loadgen/bench_report.h"
@@ -295,6 +302,155 @@ TEST(Bench, UnreachableServer) {
     ASSERT_TRUE(direct.ok());
     EXPECT_FALSE(direct->outcomes[0].ok);
     EXPECT_NE(direct->outcomes[0].error.find("connect"), std::string::npos);
+}
+
+TEST(RequestBody, MessagesAndCachePrefix) {
+    BenchPrompt p{"shared words", "own words", 4, 7};
+    const json m = json::parse(RequestBody(ApiKind::kMessages, "m", p, 0, /*cache_prefix=*/true));
+    EXPECT_EQ(m["max_tokens"], 7);
+    EXPECT_EQ(m["stream"], true);
+    EXPECT_FALSE(m.contains("ignore_eos"));  // not Anthropic's
+    EXPECT_EQ(m["system"][0]["text"], "shared words");
+    EXPECT_EQ(m["system"][0]["cache_control"]["type"], "ephemeral");
+    EXPECT_EQ(m["messages"][0]["role"], "user");
+    EXPECT_EQ(m["messages"][0]["content"], "own words");
+    EXPECT_FALSE(json::parse(RequestBody(ApiKind::kMessages, "m", p, 0))["system"][0].contains(
+        "cache_control"));
+    const json chat = json::parse(RequestBody(ApiKind::kChat, "m", p, 0, true));
+    EXPECT_EQ(chat["messages"][0]["cache_control"]["type"], "ephemeral");
+    EXPECT_FALSE(chat["messages"][1].contains("cache_control"));
+    EXPECT_EQ(ApiPath(ApiKind::kMessages), "/v1/messages");
+}
+
+// A server that answers every POST with one canned response and keeps the requests it read.
+class CannedServer {
+  public:
+    explicit CannedServer(std::string response)
+        : response_(std::move(response)), acceptor_(io_, {boost::asio::ip::make_address("127.0.0.1"), 0}) {
+        thread_ = std::thread([this] { Serve(); });
+    }
+    ~CannedServer() {
+        // A blocking accept() is not woken by close() from another thread: connect once more.
+        stopping_ = true;
+        boost::system::error_code ignored;
+        boost::asio::io_context io;
+        boost::asio::ip::tcp::socket wake(io);
+        wake.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port())},
+                     ignored);
+        thread_.join();
+    }
+    int port() const { return acceptor_.local_endpoint().port(); }
+    std::vector<std::string> requests() {
+        std::lock_guard<std::mutex> lock(mu_);
+        return requests_;
+    }
+
+  private:
+    void Serve() {
+        for (;;) {
+            boost::asio::ip::tcp::socket socket(io_);
+            boost::system::error_code ec;
+            acceptor_.accept(socket, ec);
+            if (ec || stopping_) return;
+            boost::asio::streambuf buf;
+            const size_t head = boost::asio::read_until(socket, buf, "\r\n\r\n", ec);
+            if (ec) continue;
+            std::string text(boost::asio::buffers_begin(buf.data()),
+                             boost::asio::buffers_end(buf.data()));
+            const std::string headers = text.substr(0, head);
+            const size_t at = headers.find("Content-Length: ");
+            const size_t length = at == std::string::npos ? 0 : std::stoul(headers.substr(at + 16));
+            while (text.size() < head + length) {
+                char more[4096];
+                const size_t n = socket.read_some(boost::asio::buffer(more), ec);
+                if (ec) break;
+                text.append(more, n);
+            }
+            {
+                std::lock_guard<std::mutex> lock(mu_);
+                requests_.push_back(text);
+            }
+            boost::asio::write(socket, boost::asio::buffer(response_), ec);
+            socket.shutdown(boost::asio::ip::tcp::socket::shutdown_both, ec);
+        }
+    }
+
+    std::string response_;
+    std::atomic<bool> stopping_{false};
+    boost::asio::io_context io_;
+    boost::asio::ip::tcp::acceptor acceptor_;
+    std::thread thread_;
+    std::mutex mu_;
+    std::vector<std::string> requests_;
+};
+
+// Anthropic's event sequence: usage (with the cache fields) in message_start, text in
+// content_block_delta, output tokens in message_delta, the end in message_stop (no [DONE]).
+TEST(Bench, ReadsAnthropicMessagesStreamsAndCacheUsage) {
+    std::string events;
+    auto event = [&](const std::string& type, const json& data) {
+        events += "event: " + type + "\ndata: " + data.dump() + "\n\n";
+    };
+    event("message_start",
+          {{"type", "message_start"},
+           {"message",
+            {{"id", "msg_1"},
+             {"usage",
+              {{"input_tokens", 10}, {"cache_read_input_tokens", 2000},
+               {"cache_creation_input_tokens", 16}, {"output_tokens", 0}}}}}});
+    event("content_block_start", {{"type", "content_block_start"}, {"index", 0}});
+    event("ping", {{"type", "ping"}});
+    for (const char* piece : {"Once", " upon", " a"}) {
+        event("content_block_delta", {{"type", "content_block_delta"},
+                                      {"index", 0},
+                                      {"delta", {{"type", "text_delta"}, {"text", piece}}}});
+    }
+    event("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}});
+    event("message_delta", {{"type", "message_delta"},
+                            {"delta", {{"stop_reason", "max_tokens"}}},
+                            {"usage", {{"output_tokens", 3}}}});
+    event("message_stop", {{"type", "message_stop"}});
+    auto response = [](const std::string& body) {
+        return "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: " +
+               std::to_string(body.size()) + "\r\n\r\n" + body;
+    };
+    CannedServer server(response(events));
+
+    BenchOptions o;
+    o.url = *ParseBaseUrl("http://127.0.0.1:" + std::to_string(server.port()));
+    o.model = "m";
+    o.api = ApiKind::kMessages;
+    o.cache_prefix = true;
+    auto run = RunBench(o, {BenchPrompt{"system words", "x", 3, 3}, BenchPrompt{"system words", "y", 3, 3}});
+    ASSERT_TRUE(run.ok()) << run.status().ToString();
+    for (const RequestOutcome& r : run->outcomes) {
+        EXPECT_TRUE(r.ok) << r.error;
+        EXPECT_EQ(r.output_tokens, 3);
+        EXPECT_EQ(r.prompt_tokens, 2026);
+        EXPECT_EQ(r.cached_tokens, 2000);
+        EXPECT_EQ(r.cache_creation_tokens, 16);
+        EXPECT_EQ(r.itl_s.size(), 2u);
+    }
+    const BenchReport report = MakeReport(*run, {});
+    EXPECT_EQ(report.total_cached_tokens, 4000);
+    EXPECT_EQ(report.total_cache_creation_tokens, 32);
+    EXPECT_EQ(report.requests_with_cache_read, 2);
+    EXPECT_NE(ReportText(report).find("Prompt tokens read from cache:"), std::string::npos);
+    EXPECT_EQ(json::parse(ReportJson(report))["cached_tokens"], 4000);
+    const std::vector<std::string> seen = server.requests();
+    ASSERT_EQ(seen.size(), 2u);
+    EXPECT_NE(seen[0].find("POST /v1/messages "), std::string::npos);
+    EXPECT_NE(seen[0].find("anthropic-version: 2023-06-01"), std::string::npos);
+    const json body = json::parse(seen[0].substr(seen[0].find("\r\n\r\n") + 4));
+    EXPECT_EQ(body["system"][0]["cache_control"]["type"], "ephemeral");
+
+    // Without the end event the request failed, whatever came before.
+    CannedServer cut(response(events.substr(0, events.find("event: message_stop"))));
+    o.url = *ParseBaseUrl("http://127.0.0.1:" + std::to_string(cut.port()));
+    auto cut_run = RunBench(o, {BenchPrompt{"system words", "x", 3, 3}});
+    ASSERT_TRUE(cut_run.ok());
+    EXPECT_FALSE(cut_run->outcomes[0].ok);
+    EXPECT_NE(cut_run->outcomes[0].error.find("message_stop"), std::string::npos);
 }
 
 }  // namespace
