@@ -153,7 +153,8 @@ uint64_t Checksum(const uint8_t* p, size_t n) {
     std::vector<uint8_t> sink(static_cast<size_t>(max_bytes), 1);  // touched
     for (;;) {
         Command c{};
-        ReadAll(commands, &c, sizeof(c));
+        // The parent gone (e.g. its output piped into head): leave quietly.
+        if (::read(commands, &c, sizeof(c)) != static_cast<ssize_t>(sizeof(c))) std::_Exit(0);
         Reply reply{};
         if (c.kind == 0) std::_Exit(0);
         if (c.kind == 1) {
