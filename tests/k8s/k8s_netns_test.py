@@ -60,6 +60,10 @@ class Network:
         self.tag = tag
         self.switch = "%s-%s-sw" % (PREFIX, tag)
         self.hosts = []  # (namespace, ip)
+        # What an earlier run that was killed may have left (its veths go with the namespaces).
+        for ns in sh("ip", "netns", "list").stdout.split():
+            if ns.startswith("%s-%s-" % (PREFIX, tag)):
+                subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         sh("ip", "netns", "add", self.switch)
         sh("ip", "netns", "exec", self.switch, "ip", "link", "add", "br0", "type", "bridge")
         sh("ip", "netns", "exec", self.switch, "ip", "link", "set", "br0", "up")
