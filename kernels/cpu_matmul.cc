@@ -102,6 +102,23 @@ KernelIsa Detect() {
 KernelIsa Detect() { return KernelIsa::kPortable; }
 #endif
 
+// Whether the AVX2/AVX-512 kernels read `dtype`. The others (Q5_0, Q5_1, the K-quants) are
+// multiplied by the portable kernel: a weight row dequantized once into fp32 by common/dtype.cc,
+// then dotted with every activation row (so still read in their stored format, once per product).
+bool HasSimdKernel(DType dtype) {
+    switch (dtype) {
+        case DType::kF32:
+        case DType::kF16:
+        case DType::kBF16:
+        case DType::kQ8_0:
+        case DType::kQ4_0:
+        case DType::kQ4_1:
+            return true;
+        default:
+            return false;
+    }
+}
+
 // Rows [r0, r1) of `w` dequantized to fp32 (stride w.cols).
 void DequantizeRows(KernelIsa isa, const StoredMatrix& w, int64_t r0, int64_t r1, float* out) {
 #if defined(__x86_64__)
@@ -276,7 +293,7 @@ void MatMulStored(const float* x, int64_t m, const StoredMatrix& w, float* y) {
         // F32 rows go to sgemm as they are (unaligned ones through a panel copy).
         MatMulPanels(isa, x, m, w, y);
     } else if (m <= kMaxTiledRows) {
-        MatMulTiled(isa, x, m, w, y);
+        MatMulTiled(HasSimdKernel(w.dtype) ? isa : KernelIsa::kPortable, x, m, w, y);
     }
 }
 

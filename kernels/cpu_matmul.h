@@ -4,6 +4,9 @@
 // Activations stay fp32: each weight block is dequantized in registers and multiplied by fp32
 // activations with fp32 accumulation, so a product equals the dequantize-at-load reference up to
 // the order of the additions (no activation quantization error).
+// Q5_0, Q5_1 and the K-quants (Q2_K..Q6_K, Q8_K) have no AVX kernels: at small m a weight row is
+// dequantized once into fp32 scratch (common/dtype.cc) and dotted with every activation row; at
+// large m they take the dequantized-panel + sgemm path like the other types.
 //
 // Kernel choice (KernelIsa): AVX-512 (F/BW/VL, with F16C for half scales) when the CPU has it,
 // else AVX2+FMA, else portable C++. ForceKernelIsa() pins a choice for tests and benchmarks;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/check.h"
 #include "kernels/cpu_matmul.h"
 
 #define KV_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -228,6 +229,9 @@ KV_AVX2 void MatMulRowsAvx2(const float* x, int64_t m, const StoredMatrix& w, in
             return RowsT<DType::kQ4_0>(x, m, w.cols, w.data, row_bytes, n0, n1, y, w.rows);
         case DType::kQ4_1:
             return RowsT<DType::kQ4_1>(x, m, w.cols, w.data, row_bytes, n0, n1, y, w.rows);
+        default:
+            // Q5_0/Q5_1 and the K-quants: cpu_matmul.cc sends them to the portable kernel.
+            KV_CHECK(false) << "no avx2 kernel for " << DTypeName(w.dtype);
     }
 }
 
@@ -247,6 +251,12 @@ KV_AVX2 void DequantizeRowsAvx2(const StoredMatrix& w, int64_t r0, int64_t r1, f
             return DequantizeRowsT<DType::kQ4_0>(w.data, row_bytes, w.cols, r0, r1, out);
         case DType::kQ4_1:
             return DequantizeRowsT<DType::kQ4_1>(w.data, row_bytes, w.cols, r0, r1, out);
+        default:
+            break;
+    }
+    // Q5_0/Q5_1 and the K-quants: the scalar dequantizer of common/dtype.cc.
+    for (int64_t r = r0; r < r1; ++r) {
+        DequantizeRow(w.dtype, w.data + r * row_bytes, w.cols, out + (r - r0) * w.cols);
     }
 }
 

@@ -304,6 +304,16 @@ std::string QuoteKey(std::string_view key) { return "key '" + Printable(key) + "
 
 }  // namespace
 
+// ggml type ids of the formats gguf.h does not name (ggml.h's enum ggml_type).
+constexpr uint32_t kGgmlTypeQ5_0 = 6;
+constexpr uint32_t kGgmlTypeQ5_1 = 7;
+constexpr uint32_t kGgmlTypeQ2_K = 10;
+constexpr uint32_t kGgmlTypeQ3_K = 11;
+constexpr uint32_t kGgmlTypeQ4_K = 12;
+constexpr uint32_t kGgmlTypeQ5_K = 13;
+constexpr uint32_t kGgmlTypeQ6_K = 14;
+constexpr uint32_t kGgmlTypeQ8_K = 15;
+
 std::optional<DType> DTypeFromGgmlType(uint32_t ggml_type) {
     switch (ggml_type) {
         case kGgmlTypeF32:
@@ -318,6 +328,22 @@ std::optional<DType> DTypeFromGgmlType(uint32_t ggml_type) {
             return DType::kQ8_0;
         case kGgmlTypeBF16:
             return DType::kBF16;
+        case kGgmlTypeQ5_0:
+            return DType::kQ5_0;
+        case kGgmlTypeQ5_1:
+            return DType::kQ5_1;
+        case kGgmlTypeQ2_K:
+            return DType::kQ2_K;
+        case kGgmlTypeQ3_K:
+            return DType::kQ3_K;
+        case kGgmlTypeQ4_K:
+            return DType::kQ4_K;
+        case kGgmlTypeQ5_K:
+            return DType::kQ5_K;
+        case kGgmlTypeQ6_K:
+            return DType::kQ6_K;
+        case kGgmlTypeQ8_K:
+            return DType::kQ8_K;
         default:
             return std::nullopt;
     }
@@ -337,6 +363,22 @@ uint32_t GgmlTypeOf(DType dtype) {
             return kGgmlTypeQ4_0;
         case DType::kQ4_1:
             return kGgmlTypeQ4_1;
+        case DType::kQ5_0:
+            return kGgmlTypeQ5_0;
+        case DType::kQ5_1:
+            return kGgmlTypeQ5_1;
+        case DType::kQ2_K:
+            return kGgmlTypeQ2_K;
+        case DType::kQ3_K:
+            return kGgmlTypeQ3_K;
+        case DType::kQ4_K:
+            return kGgmlTypeQ4_K;
+        case DType::kQ5_K:
+            return kGgmlTypeQ5_K;
+        case DType::kQ6_K:
+            return kGgmlTypeQ6_K;
+        case DType::kQ8_K:
+            return kGgmlTypeQ8_K;
     }
     return kGgmlTypeF32;
 }
@@ -427,7 +469,7 @@ Status GgufFile::Parse() {
             return Unimplemented(p + ": tensor '" + Printable(t.name) + "' has ggml type " +
                                  std::to_string(ggml_type) +
                                  ", which kvshard does not read (F32, F16, BF16, Q8_0, Q4_0, "
-                                 "Q4_1 are supported)");
+                                 "Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, Q8_K are supported)");
         }
         t.dtype = *dtype;
         const int64_t cols = t.NumCols();
@@ -436,8 +478,8 @@ Status GgufFile::Parse() {
                             " has a row of " + std::to_string(cols) +
                             " elements, not a multiple of its block size");
         }
-        // Rows * row bytes cannot overflow size_t: num_elements fits int64 and a block of at
-        // most 34 bytes holds 32 elements.
+        // Rows * row bytes cannot overflow size_t: num_elements fits int64 and every block type
+        // takes at most 4 bytes per element (F32; the Q types under 1.2).
         const uint64_t bytes = static_cast<uint64_t>(t.NumRows()) * RowBytes(t.dtype, cols);
         if (bytes > file_.size()) {
             return DataLoss(p + ": " + what + " needs " + std::to_string(bytes) +

@@ -75,6 +75,17 @@ void QuantizeRow(DType dtype, const float* in, int64_t num_cols, uint8_t* dst) {
                 }
             }
             return;
+        case DType::kQ5_0:
+        case DType::kQ5_1:
+        case DType::kQ2_K:
+        case DType::kQ3_K:
+        case DType::kQ4_K:
+        case DType::kQ5_K:
+        case DType::kQ6_K:
+        case DType::kQ8_K:
+            // These come from llama.cpp's quantizer (llama-quantize); kvshard only reads them.
+            KV_CHECK(false) << "QuantizeRows does not encode " << DTypeName(dtype);
+            return;
     }
 }
 

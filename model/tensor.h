@@ -32,7 +32,8 @@ void DequantizeRows(const TensorInfo& t, int64_t row_begin, int64_t num_rows, fl
 // The inverse of DequantizeRows: encodes `num_rows` rows of `num_cols` floats as `dtype` into
 // `out` (num_rows * RowBytes(dtype, num_cols) bytes). Float types round to nearest even; the Q
 // types pick each block's scale (and Q4_1 minimum) from its values as llama.cpp's reference
-// quantizers do. For writing synthetic models and test data.
+// quantizers do. For writing synthetic models and test data. REQUIRES: dtype is F32, F16, BF16,
+// Q8_0, Q4_0 or Q4_1 (the Q5 and K-quant types are read, not written: llama-quantize makes them).
 void QuantizeRows(DType dtype, const float* in, int64_t num_rows, int64_t num_cols, uint8_t* out);
 
 }  // namespace kvshard

@@ -152,11 +152,12 @@ TEST(GgufTest, AcceptsVersion2RejectsOthers) {
 TEST(GgufTest, UnsupportedTensorTypeIsUnimplementedNamingTensorAndType) {
     TempDir dir;
     GgufWriter w;
-    w.AddTensorWithGgmlType("blk.0.attn_q.weight", 12 /* Q4_K */, {1, 256}, std::string(144, '\0'));
+    w.AddTensorWithGgmlType("blk.0.attn_q.weight", 16 /* IQ2_XXS */, {1, 256},
+                            std::string(66, '\0'));
     auto f = GgufFile::Open(Write(dir, w.Serialize()));
     ASSERT_EQ(f.status().code(), StatusCode::kUnimplemented);
     EXPECT_NE(f.status().message().find("blk.0.attn_q.weight"), std::string::npos);
-    EXPECT_NE(f.status().message().find("12"), std::string::npos);
+    EXPECT_NE(f.status().message().find("16"), std::string::npos);
 }
 
 TEST(GgufTest, NestedArraysAreSkipped) {

@@ -253,7 +253,7 @@ TEST(ModelFileTest, BadGgufModelsNameTheProblem) {
          [] { return SyntheticWithTensorChanged(TinySpec(), "blk.1.ffn_up.weight"); }},
         {"unsupported tensor type", StatusCode::kUnimplemented, "blk.0.attn_v.weight",
          [] {
-             return SyntheticWithTensorChanged(TinySpec(), "blk.0.attn_v.weight", 14 /* Q6_K */);
+             return SyntheticWithTensorChanged(TinySpec(), "blk.0.attn_v.weight", 16 /* IQ2_XXS */);
          }},
         {"wrong shape", StatusCode::kInvalidArgument, "blk.0.ffn_gate.weight",
          [] {
