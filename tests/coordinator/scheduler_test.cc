@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <ostream>
@@ -72,11 +73,14 @@ std::vector<int32_t> PromptTokens(int64_t request, int64_t len) {
 // fake executor.
 class Harness {
   public:
-    Harness(const SchedulerConfig& sched, int64_t num_blocks, bool prefix_caching)
+    Harness(const SchedulerConfig& sched, int64_t num_blocks, bool prefix_caching,
+            double max_pinned_fraction = 0.5)
         : blocks_(kv::BlockManagerConfig{.num_blocks = num_blocks,
                                          .block_size = kBlockSize,
                                          .watermark = 0.0,
-                                         .enable_prefix_caching = prefix_caching}),
+                                         .enable_prefix_caching = prefix_caching,
+                                         .max_pinned_fraction = max_pinned_fraction,
+                                         .min_pinned_tokens = 0}),
           scheduler_(sched, blocks_),
           config_(sched) {}
 
@@ -195,7 +199,8 @@ void ExpectNoBlockHeld(const kv::BlockManager& blocks) {
     const kv::BlockManagerStats st = blocks.Stats();
     EXPECT_EQ(st.num_used_blocks, 0);
     EXPECT_EQ(st.num_sequences, 0);
-    EXPECT_EQ(st.num_free_blocks + st.num_cached_blocks, st.num_blocks);
+    EXPECT_EQ(st.num_free_blocks + st.num_cached_blocks + st.num_pinned_idle_blocks,
+              st.num_blocks);
     const Status inv = blocks.CheckInvariants();
     EXPECT_TRUE(inv.ok()) << inv.ToString();
 }
@@ -709,6 +714,53 @@ TEST(SchedulerTest, ReattachedSequenceDecodesBeforeLaterPrefills) {
     const StepPlan next = h.Schedule();
     // seq 1 decodes its position 4, then seq 3 takes the 7 tokens left of the budget.
     EXPECT_EQ(Chunks(next), (std::vector<Chunk>{{1, 4, 1, T}, {3, 8, 7, F}}));
+}
+
+// Prompt-caching pins hold blocks out of admission within their share, but never keep work from
+// running: with nothing running, a waiting prompt that does not fit beside the pins makes the
+// oldest lapse; with something running, the prompt waits and the pins hold.
+// 16 blocks, all of which pins may hold; a 32-token prefix pinned (8 blocks) by seq 99.
+void PinEightBlocks(kv::BlockManager& bm) {
+    const std::vector<int32_t> prefix = PromptTokens(99, 32);
+    bm.Allocate({99, prefix});
+    bm.MarkComputed(99, 32);
+    ASSERT_EQ(bm.Pin(99, 32, std::chrono::seconds(300)).pinned_tokens, 32);
+    bm.Free(99);
+    ASSERT_EQ(bm.num_available_blocks(), 8);
+}
+
+TEST(SchedulerTest, PinsLapseOnlyWhenNothingElseCouldRun) {
+    {
+        Harness h({.max_num_seqs = 8, .max_num_batched_tokens = 64}, 16, true, 1.0);
+        PinEightBlocks(h.blocks());
+        // 40 tokens: 10 blocks, 8 available, nothing running.
+        h.Add(1, PromptTokens(1, 40), 1);
+        const StepPlan plan = h.Schedule();
+        EXPECT_EQ(Chunks(plan), (std::vector<Chunk>{{1, 0, 40, T}}));
+        EXPECT_EQ(h.blocks().Stats().pins_refused, 1);
+        EXPECT_EQ(h.blocks().num_pins(), 0);
+        h.Compute(plan);
+        ExpectNoBlockHeld(h.blocks());
+    }
+    {
+        Harness h({.max_num_seqs = 8, .max_num_batched_tokens = 64}, 16, true, 1.0);
+        PinEightBlocks(h.blocks());
+        // Seq 1 (3 blocks) runs; seq 2 (6 blocks) does not fit beside it and the pin: it waits.
+        h.Add(1, PromptTokens(1, 12), 2);
+        h.Add(2, PromptTokens(2, 24), 1);
+        StepPlan plan = h.Schedule();
+        EXPECT_EQ(Chunks(plan), (std::vector<Chunk>{{1, 0, 12, T}}));
+        h.Compute(plan);
+        plan = h.Schedule();
+        EXPECT_EQ(Chunks(plan), (std::vector<Chunk>{{1, 12, 1, T}}));
+        h.Compute(plan);  // seq 1 is done: its blocks are back
+        plan = h.Schedule();
+        EXPECT_EQ(Chunks(plan), (std::vector<Chunk>{{2, 0, 24, T}}));
+        h.Compute(plan);
+        EXPECT_EQ(h.blocks().num_pins(), 1);
+        EXPECT_EQ(h.blocks().Stats().pins_refused, 0);
+        ExpectNoBlockHeld(h.blocks());
+    }
 }
 
 }  // namespace
