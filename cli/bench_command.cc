@@ -35,6 +35,7 @@ struct BenchFlags {
     double timeout_s = 600;
     std::string slo;
     bool json = false;
+    bool cache_prefix = false;
 };
 
 int RunBench(const BenchFlags& f) {
@@ -53,9 +54,22 @@ int RunBench(const BenchFlags& f) {
         options.api = loadgen::ApiKind::kCompletions;
     } else if (f.endpoint == "chat") {
         options.api = loadgen::ApiKind::kChat;
+    } else if (f.endpoint == "messages") {
+        options.api = loadgen::ApiKind::kMessages;
     } else {
-        return Fail("--endpoint must be completions or chat, got '" + f.endpoint + "'");
+        return Fail("--endpoint must be completions, chat or messages, got '" + f.endpoint + "'");
     }
+    if (f.cache_prefix) {
+        if (options.api == loadgen::ApiKind::kCompletions) {
+            return Fail("--cache-prefix marks the system message: it needs --endpoint chat or "
+                        "messages");
+        }
+        if (*kind == loadgen::DatasetKind::kRandom) {
+            return Fail("--cache-prefix needs a dataset with a shared prefix (shared-prefix or "
+                        "chat), not random");
+        }
+    }
+    options.cache_prefix = f.cache_prefix;
     if (f.request_rate == "inf") {
         options.request_rate = std::numeric_limits<double>::infinity();
     } else {
@@ -107,7 +121,10 @@ Command RegisterBench(CLI::App& app) {
                     "Server URL, http://host:port (a trailing /v1 is fine)")
         ->capture_default_str();
     sub->add_option("--model", f->model, "Model name to send (default: the server's first model)");
-    sub->add_option("--endpoint", f->endpoint, "completions or chat")->capture_default_str();
+    sub->add_option("--endpoint", f->endpoint,
+                    "completions, chat (/v1/chat/completions) or messages (Anthropic's "
+                    "/v1/messages)")
+        ->capture_default_str();
     sub->add_option("--api-key", f->api_key, "Sent as Authorization: Bearer");
     sub->add_option("--num-requests", f->num_requests, "Requests to send")->capture_default_str();
     sub->add_option("--request-rate", f->request_rate,
@@ -139,6 +156,9 @@ Command RegisterBench(CLI::App& app) {
         ->capture_default_str();
     sub->add_option("--slo", f->slo, "Goodput targets: ttft_ms=...,tpot_ms=...[,e2el_ms=...]");
     sub->add_flag("--json", f->json, "Print the report as JSON");
+    sub->add_flag("--cache-prefix", f->cache_prefix,
+                  "Prompt caching: mark each prompt's shared prefix (its system message) with "
+                  "cache_control {type: ephemeral} (chat or messages)");
     return [f] { return RunBench(*f); };
 }
 
