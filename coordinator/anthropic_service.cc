@@ -28,33 +28,11 @@ std::variant<AnthropicRequest, ApiError> ApiService::ParseAnthropic(AnthropicEnd
     return parsed;
 }
 
-std::variant<std::pair<ChatTools, std::optional<ToolCallParserOptions>>, ApiError>
-ApiService::AnthropicTools(const AnthropicRequest& r, const std::string& id_hex) const {
-    std::pair<ChatTools, std::optional<ToolCallParserOptions>> out;
-    if (r.tools.empty() || r.tool_choice.mode == ToolChoiceMode::kNone || !options_.chat_template) {
-        return out;
-    }
-    Result<ToolCallSyntax> syntax = ToolCallSyntaxFor(options_.chat_template->style());
-    if (!syntax.ok()) return BadRequest("tools: " + syntax.status().message(), "tools");
-    out.first = RenderTools(*syntax, r.tools, r.tool_choice);
-    ToolCallParserOptions parse;
-    parse.syntax = *syntax;
-    // A named choice makes only that tool's calls into calls (the check behind the prompt).
-    for (const ToolDefinition& t : r.tools) {
-        if (r.tool_choice.mode != ToolChoiceMode::kNamed || t.name == r.tool_choice.name) {
-            parse.allowed_names.push_back(t.name);
-        }
-    }
-    parse.id_prefix = "toolu_" + id_hex + "_";
-    if (r.disable_parallel_tool_use) parse.max_calls = 1;
-    out.second = std::move(parse);
-    return out;
-}
-
 std::variant<PreparedGeneration, ApiError> ApiService::PrepareAnthropic(
     const AnthropicRequest& r) const {
     const std::string id_hex = NewIdHex();
-    auto tools = AnthropicTools(r, id_hex);
+    auto tools =
+        ToolsFor(r.tools, r.tool_choice, r.disable_parallel_tool_use, "toolu_" + id_hex + "_");
     if (auto* error = std::get_if<ApiError>(&tools)) return *error;
     auto& [chat_tools, parse_options] =
         std::get<std::pair<ChatTools, std::optional<ToolCallParserOptions>>>(tools);
@@ -104,7 +82,7 @@ std::variant<std::string, ApiError> ApiService::CountTokensAnswer(std::string_vi
     auto parsed = ParseAnthropic(AnthropicEndpoint::kCountTokens, body);
     if (auto* error = std::get_if<ApiError>(&parsed)) return *error;
     const AnthropicRequest& r = std::get<AnthropicRequest>(parsed);
-    auto tools = AnthropicTools(r, "");
+    auto tools = ToolsFor(r.tools, r.tool_choice, false, "toolu_");
     if (auto* error = std::get_if<ApiError>(&tools)) return *error;
     const ChatTools& chat_tools =
         std::get<std::pair<ChatTools, std::optional<ToolCallParserOptions>>>(tools).first;

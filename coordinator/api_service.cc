@@ -251,11 +251,53 @@ std::variant<PreparedGeneration, ApiError> ApiService::Prepare(ApiEndpoint endpo
     return Prepare(std::get<OpenAiRequest>(parsed));
 }
 
+std::variant<std::pair<ChatTools, std::optional<ToolCallParserOptions>>, ApiError>
+ApiService::ToolsFor(const std::vector<ToolDefinition>& tools, const ToolChoice& choice,
+                     bool single_call, const std::string& id_prefix) const {
+    std::pair<ChatTools, std::optional<ToolCallParserOptions>> out;
+    if (tools.empty() || choice.mode == ToolChoiceMode::kNone || !options_.chat_template) {
+        return out;
+    }
+    Result<ToolCallSyntax> syntax = ToolCallSyntaxFor(options_.chat_template->style());
+    if (!syntax.ok()) return BadRequest("tools: " + syntax.status().message(), "tools");
+    out.first = RenderTools(*syntax, tools, choice);
+    ToolCallParserOptions parse;
+    parse.syntax = *syntax;
+    // A named choice makes only that tool's calls into calls (the check behind the prompt).
+    for (const ToolDefinition& t : tools) {
+        if (choice.mode != ToolChoiceMode::kNamed || t.name == choice.name) {
+            parse.allowed_names.push_back(t.name);
+        }
+    }
+    parse.id_prefix = id_prefix;
+    if (single_call) parse.max_calls = 1;
+    out.second = std::move(parse);
+    return out;
+}
+
 std::variant<PreparedGeneration, ApiError> ApiService::Prepare(const OpenAiRequest& r) const {
     const ApiEndpoint endpoint = r.endpoint;
-    auto tokens = Tokenize(r);
-    if (auto* error = std::get_if<ApiError>(&tokens)) return *error;
-    std::vector<int32_t>& prompt = std::get<std::vector<int32_t>>(tokens);
+    const std::string id_hex = NewIdHex();
+    std::vector<int32_t> prompt;
+    std::vector<CacheBreakpoint> breakpoints;
+    std::optional<ToolCallParserOptions> tool_parsing;
+    if (endpoint == ApiEndpoint::kChatCompletions) {
+        auto tools =
+            ToolsFor(r.tools, r.tool_choice, !r.parallel_tool_calls, "call_" + id_hex + "_");
+        if (auto* error = std::get_if<ApiError>(&tools)) return *error;
+        auto& [chat_tools, parse_options] =
+            std::get<std::pair<ChatTools, std::optional<ToolCallParserOptions>>>(tools);
+        auto encoded = EncodeChat(r.messages, r.add_generation_prompt,
+                                  /*add_special_tokens=*/true, &chat_tools);
+        if (auto* error = std::get_if<ApiError>(&encoded)) return *error;
+        prompt = std::move(std::get<EncodedChat>(encoded).ids);
+        breakpoints = std::move(std::get<EncodedChat>(encoded).breakpoints);
+        tool_parsing = std::move(parse_options);
+    } else {
+        auto tokens = Tokenize(r);
+        if (auto* error = std::get_if<ApiError>(&tokens)) return *error;
+        prompt = std::move(std::get<std::vector<int32_t>>(tokens));
+    }
     if (prompt.empty()) {
         return BadRequest("the prompt is empty",
                           endpoint == ApiEndpoint::kCompletions ? "prompt" : "messages");
@@ -267,7 +309,9 @@ std::variant<PreparedGeneration, ApiError> ApiService::Prepare(const OpenAiReque
     PreparedGeneration p;
     p.stream = r.stream;
     GenerationRequest& g = p.request;
-    g.request_id = NewRequestId(endpoint);
+    g.request_id =
+        std::string(endpoint == ApiEndpoint::kChatCompletions ? "chatcmpl-" : "cmpl-") + id_hex;
+    g.cache_breakpoints = std::move(breakpoints);
     g.prompt_token_ids = std::move(prompt);
     g.sampling = r.sampling;
     if (!r.has_seed) g.sampling.seed = RandomSeed();
@@ -288,6 +332,7 @@ std::variant<PreparedGeneration, ApiError> ApiService::Prepare(const OpenAiReque
     c.n = r.n;
     c.logprobs = r.num_top_logprobs >= 0;
     c.include_usage = r.include_usage;
+    c.tools = std::move(tool_parsing);
     return p;
 }
 

@@ -132,10 +132,12 @@ class ApiService {
                                                    bool add_generation_prompt,
                                                    bool add_special_tokens,
                                                    const ChatTools* tools = nullptr) const;
-    // The tools prompt of an Anthropic request (empty without tools or with tool_choice none),
-    // and the parser options for its answer (nullopt: no tool calls are parsed).
-    std::variant<std::pair<ChatTools, std::optional<ToolCallParserOptions>>, ApiError>
-    AnthropicTools(const AnthropicRequest& request, const std::string& id_hex) const;
+    // The tools prompt of a request (empty without tools or with tool_choice none), and the
+    // parser options for its answer (nullopt: no tool calls are parsed); ids are `id_prefix` +
+    // the call's index; `single_call`: calls after the first stay text.
+    std::variant<std::pair<ChatTools, std::optional<ToolCallParserOptions>>, ApiError> ToolsFor(
+        const std::vector<ToolDefinition>& tools, const ToolChoice& choice, bool single_call,
+        const std::string& id_prefix) const;
     std::variant<std::string, ApiError> TokenizeAnswer(const TokenizeRequest& request) const;
     std::string DetokenizeAnswer(const DetokenizeRequest& request) const;
     std::string NewRequestId(ApiEndpoint endpoint) const;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "common/utf8.h"
 
@@ -259,11 +260,49 @@ std::string MessageContent(const json& content, const std::string& param) {
     return text;
 }
 
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name",
+// "arguments": "<a JSON object>"}}].
+void ReadToolCalls(const json& m, const std::string& param, ChatMessage& out) {
+    const json* calls = Field(m, "tool_calls");
+    if (calls == nullptr) return;
+    const std::string p = param + ".tool_calls";
+    if (!calls->is_array()) Fail("'" + p + "' must be an array, got " + TypeName(*calls), p);
+    for (size_t j = 0; j < calls->size(); ++j) {
+        const json& c = (*calls)[j];
+        const std::string cp = p + "[" + std::to_string(j) + "]";
+        if (!c.is_object()) Fail("'" + cp + "' must be an object, got " + TypeName(c), cp);
+        if (const json* type = Field(c, "type"); type && *type != "function") {
+            Fail("'" + cp + ".type' must be \"function\"", cp + ".type");
+        }
+        const json* id = OptString(c, "id");
+        if (id == nullptr) Fail("'" + cp + ".id' is required", cp + ".id");
+        const json* fn = Field(c, "function");
+        if (fn == nullptr || !fn->is_object()) {
+            Fail("'" + cp + ".function' must be an object", cp + ".function");
+        }
+        const json* name = OptString(*fn, "name");
+        if (name == nullptr) Fail("'" + cp + ".function.name' is required", cp + ".function.name");
+        ChatToolCall call;
+        call.id = id->get<std::string>();
+        call.name = name->get<std::string>();
+        if (const json* args = OptString(*fn, "arguments")) {
+            const json parsed = json::parse(args->get<std::string>(), nullptr, false);
+            if (parsed.is_discarded() || !parsed.is_object()) {
+                Fail("'" + cp + ".function.arguments' must be a JSON object (as a string)",
+                     cp + ".function.arguments");
+            }
+            call.arguments = parsed.dump(-1, ' ', false, json::error_handler_t::replace);
+        }
+        out.tool_calls.push_back(std::move(call));
+    }
+}
+
 void ReadMessages(const json& body, std::vector<ChatMessage>& messages) {
     const json* v = Field(body, "messages");
     if (v == nullptr) Fail("'messages' is required", "messages");
     if (!v->is_array()) Fail("'messages' must be an array, got " + TypeName(*v), "messages");
     if (v->empty()) Fail("'messages' must not be empty", "messages");
+    std::set<std::string> tool_call_ids;  // of the assistant messages so far
     for (size_t i = 0; i < v->size(); ++i) {
         const json& m = (*v)[i];
         const std::string param = "messages[" + std::to_string(i) + "]";
@@ -273,17 +312,39 @@ void ReadMessages(const json& body, std::vector<ChatMessage>& messages) {
             Fail("'" + param + ".role' must be a string", param + ".role");
         }
         const std::string& name = role->get_ref<const std::string&>();
-        if (name != "system" && name != "developer" && name != "user" && name != "assistant") {
-            Fail("'" + param + ".role' must be system, developer, user or assistant, got '" +
+        if (name != "system" && name != "developer" && name != "user" && name != "assistant" &&
+            name != "tool") {
+            Fail("'" + param + ".role' must be system, developer, user, assistant or tool, got '" +
                      name + "'",
                  param + ".role");
         }
-        auto content = m.find("content");
-        if (content == m.end()) Fail("'" + param + ".content' is required", param + ".content");
+        ChatMessage message;
         // OpenAI's "developer" messages are the system instructions of newer models; the chat
         // templates know them as "system".
-        messages.push_back(
-            {name == "developer" ? "system" : name, MessageContent(*content, param + ".content")});
+        message.role = name == "developer" ? "system" : name;
+        if (name == "assistant") ReadToolCalls(m, param, message);
+        auto content = m.find("content");
+        if (content == m.end()) {
+            if (message.tool_calls.empty()) {
+                Fail("'" + param + ".content' is required", param + ".content");
+            }
+        } else if (!(content->is_null() && !message.tool_calls.empty())) {
+            message.content = MessageContent(*content, param + ".content");
+        }
+        for (const ChatToolCall& call : message.tool_calls) tool_call_ids.insert(call.id);
+        if (name == "tool") {
+            const json* id = OptString(m, "tool_call_id");
+            if (id == nullptr) {
+                Fail("'" + param + ".tool_call_id' is required", param + ".tool_call_id");
+            }
+            message.tool_call_id = id->get<std::string>();
+            if (tool_call_ids.count(message.tool_call_id) == 0) {
+                Fail("'" + param + ".tool_call_id' ('" + message.tool_call_id +
+                         "') answers no tool call of an earlier assistant message",
+                     param + ".tool_call_id");
+            }
+        }
+        messages.push_back(std::move(message));
     }
 }
 
@@ -351,8 +412,8 @@ void ReadSampling(const json& body, OpenAiRequest& r) {
         }
         r.sampling.repetition_penalty = static_cast<float>(*x);
     }
-    if (auto m = OptInt(body, "min_tokens", 0, std::numeric_limits<int64_t>::max(),
-                        "must be >= 0")) {
+    if (auto m =
+            OptInt(body, "min_tokens", 0, std::numeric_limits<int64_t>::max(), "must be >= 0")) {
         r.sampling.min_tokens = *m;
     }
 }
@@ -390,8 +451,8 @@ void ReadLogitBias(const json& body, const ServedModel& model, OpenAiRequest& r)
               [](const TokenBias& a, const TokenBias& b) { return a.token_id < b.token_id; });
     for (size_t i = 1; i < r.sampling.logit_bias.size(); ++i) {
         if (r.sampling.logit_bias[i].token_id == r.sampling.logit_bias[i - 1].token_id) {
-            Fail("'logit_bias' names token " +
-                     std::to_string(r.sampling.logit_bias[i].token_id) + " twice",
+            Fail("'logit_bias' names token " + std::to_string(r.sampling.logit_bias[i].token_id) +
+                     " twice",
                  "logit_bias");
         }
     }
@@ -433,8 +494,8 @@ void RefuseUnimplemented(const json& body) {
             Fail(std::string("'") + name + "' is not supported by this server", name);
         }
     }
-    for (const char* name : {"use_beam_search", "return_tokens_as_token_ids",
-                             "continue_final_message"}) {
+    for (const char* name :
+         {"use_beam_search", "return_tokens_as_token_ids", "continue_final_message"}) {
         if (OptBool(body, name).value_or(false)) {
             Fail(std::string("'") + name + "' is not supported by this server (only false)", name);
         }
@@ -445,9 +506,10 @@ void RefuseUnimplemented(const json& body) {
     if (auto p = OptInt(body, "priority", std::numeric_limits<int64_t>::min(),
                         std::numeric_limits<int64_t>::max(), "");
         p && *p != 0) {
-        Fail("'priority' is not supported: this server schedules first come, first served "
-             "(only 0)",
-             "priority");
+        Fail(
+            "'priority' is not supported: this server schedules first come, first served "
+            "(only 0)",
+            "priority");
     }
 }
 
@@ -492,6 +554,103 @@ void ReadCompletion(const json& body, const ServedModel& model, OpenAiRequest& r
     }
 }
 
+// tools: [{"type": "function", "function": {"name", "description", "parameters"}}];
+// tool_choice: "none", "auto", "required" or {"type": "function", "function": {"name"}};
+// parallel_tool_calls. Calls are asked for in the prompt and parsed from the output
+// (tool_calls.h): "strict" schemas, which need constrained decoding, are refused.
+void ReadTools(const json& body, OpenAiRequest& r) {
+    if (const json* tools = Field(body, "tools")) {
+        if (!tools->is_array()) Fail("'tools' must be an array, got " + TypeName(*tools), "tools");
+        for (size_t i = 0; i < tools->size(); ++i) {
+            const json& t = (*tools)[i];
+            const std::string param = "tools[" + std::to_string(i) + "]";
+            if (!t.is_object())
+                Fail("'" + param + "' must be an object, got " + TypeName(t), param);
+            if (const json* type = Field(t, "type"); type && *type != "function") {
+                Fail("only function tools are supported ('" + param + ".type')", param + ".type");
+            }
+            const json* fn = Field(t, "function");
+            if (fn == nullptr || !fn->is_object()) {
+                Fail("'" + param + ".function' must be an object", param + ".function");
+            }
+            ToolDefinition tool;
+            const json* name = OptString(*fn, "name");
+            if (name == nullptr) {
+                Fail("'" + param + ".function.name' is required", param + ".function.name");
+            }
+            tool.name = name->get<std::string>();
+            bool ok = !tool.name.empty() && tool.name.size() <= 64;
+            for (const char c : tool.name) {
+                ok &= (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      c == '_' || c == '-';
+            }
+            if (!ok) {
+                Fail("'" + param + ".function.name' must be 1 to 64 letters, digits, '_' or '-'",
+                     param + ".function.name");
+            }
+            for (const ToolDefinition& other : r.tools) {
+                if (other.name == tool.name) {
+                    Fail("the tool name '" + tool.name + "' is used twice",
+                         param + ".function.name");
+                }
+            }
+            if (const json* d = OptString(*fn, "description"))
+                tool.description = d->get<std::string>();
+            if (const json* p = Field(*fn, "parameters")) {
+                if (!p->is_object()) {
+                    Fail("'" + param + ".function.parameters' must be a JSON Schema object",
+                         param + ".function.parameters");
+                }
+                tool.parameters = p->dump(-1, ' ', false, json::error_handler_t::replace);
+            }
+            if (OptBool(*fn, "strict").value_or(false)) {
+                Fail("'" + param +
+                         ".function.strict' is not supported: kvshard has no constrained "
+                         "decoding to guarantee the schema",
+                     param + ".function.strict");
+            }
+            r.tools.push_back(std::move(tool));
+        }
+    }
+    if (const json* choice = Field(body, "tool_choice")) {
+        if (choice->is_string()) {
+            const std::string& c = choice->get_ref<const std::string&>();
+            if (c == "none") {
+                r.tool_choice.mode = ToolChoiceMode::kNone;
+            } else if (c == "auto") {
+                r.tool_choice.mode = ToolChoiceMode::kAuto;
+            } else if (c == "required") {
+                r.tool_choice.mode = ToolChoiceMode::kRequired;
+            } else {
+                Fail("'tool_choice' must be \"none\", \"auto\", \"required\" or a function, got '" +
+                         c + "'",
+                     "tool_choice");
+            }
+        } else if (choice->is_object()) {
+            const json* fn = Field(*choice, "function");
+            const json* name = fn != nullptr && fn->is_object() ? OptString(*fn, "name") : nullptr;
+            if (name == nullptr) {
+                Fail("'tool_choice.function.name' is required", "tool_choice.function.name");
+            }
+            r.tool_choice = {ToolChoiceMode::kNamed, name->get<std::string>()};
+            bool known = false;
+            for (const ToolDefinition& t : r.tools) known |= t.name == r.tool_choice.name;
+            if (!known) {
+                Fail("'tool_choice' names no tool of this request: '" + r.tool_choice.name + "'",
+                     "tool_choice");
+            }
+        } else {
+            Fail("'tool_choice' must be a string or an object, got " + TypeName(*choice),
+                 "tool_choice");
+        }
+        if (r.tools.empty() && (r.tool_choice.mode == ToolChoiceMode::kRequired ||
+                                r.tool_choice.mode == ToolChoiceMode::kNamed)) {
+            Fail("'tool_choice' asks for a tool call, and there are no 'tools'", "tool_choice");
+        }
+    }
+    r.parallel_tool_calls = OptBool(body, "parallel_tool_calls").value_or(true);
+}
+
 void ReadChat(const json& body, OpenAiRequest& r) {
     ReadMessages(body, r.messages);
     r.max_tokens = OptInt(body, "max_completion_tokens", 1, std::numeric_limits<int64_t>::max(),
@@ -506,12 +665,7 @@ void ReadChat(const json& body, OpenAiRequest& r) {
     if (top && !logprobs) Fail("'top_logprobs' needs 'logprobs' set to true", "top_logprobs");
     if (logprobs) r.num_top_logprobs = static_cast<int32_t>(top.value_or(0));
     r.add_generation_prompt = OptBool(body, "add_generation_prompt").value_or(true);
-    if (const json* tools = Field(body, "tools"); tools && !(tools->is_array() && tools->empty())) {
-        Fail("'tools' are not supported", "tools");
-    }
-    if (const json* choice = Field(body, "tool_choice"); choice && *choice != "none") {
-        Fail("'tool_choice' is not supported (only \"none\")", "tool_choice");
-    }
+    ReadTools(body, r);
     if (const json* format = Field(body, "response_format")) {
         if (!format->is_object() || format->value("type", json()) != "text") {
             Fail("'response_format' is not supported (only {\"type\": \"text\"})",
@@ -601,8 +755,7 @@ ParsedRequest ParseOpenAiRequest(ApiEndpoint endpoint, std::string_view body,
         ReadCommon(j, model, r);
         if (r.max_tokens && r.sampling.min_tokens > *r.max_tokens) {
             Fail("'min_tokens' (" + std::to_string(r.sampling.min_tokens) +
-                     ") must not exceed the maximum tokens (" + std::to_string(*r.max_tokens) +
-                     ")",
+                     ") must not exceed the maximum tokens (" + std::to_string(*r.max_tokens) + ")",
                  "min_tokens");
         }
     });

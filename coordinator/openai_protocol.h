@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/step_plan.h"
+#include "coordinator/tool_calls.h"
 #include "model/chat_template.h"
 
 namespace kvshard {
@@ -62,6 +63,10 @@ struct OpenAiRequest {
     // Chat.
     std::vector<ChatMessage> messages;
     bool add_generation_prompt = true;
+    // Chat: the tools offered (coordinator/tool_calls.h) and how the model may use them.
+    std::vector<ToolDefinition> tools;
+    ToolChoice tool_choice;
+    bool parallel_tool_calls = true;
 
     std::optional<int64_t> max_tokens;  // absent: see ResolveMaxTokens
     SamplingParams sampling;            // temperature defaults to 1 as in the OpenAI API

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/coordinator/http_test_util.h"
+
 namespace kvshard {
 namespace {
 
@@ -145,6 +147,127 @@ TEST(ToolCallSyntax, ByTemplateStyle) {
     EXPECT_EQ(*ToolCallSyntaxFor(ChatTemplateStyle::kChatMl), ToolCallSyntax::kHermes);
     EXPECT_EQ(*ToolCallSyntaxFor(ChatTemplateStyle::kLlama3), ToolCallSyntax::kLlama3Json);
     EXPECT_FALSE(ToolCallSyntaxFor(ChatTemplateStyle::kLlama2).ok());
+}
+
+// The OpenAI chat route with tools, over HTTP in front of a FakeEngine that "calls" a tool.
+class OpenAiChatTools : public ::testing::Test {
+  protected:
+    OpenAiChatTools() : server_(Options()) {}
+    static testing::TestServerOptions Options() {
+        testing::TestServerOptions o;
+        o.engine.script = {"<tool_call>", "\n{\"name\": \"get_weather\", ",
+                           "\"arguments\": {\"city\": \"Paris\"}}", "\n</tool_call>"};
+        return o;
+    }
+    testing::HttpReply Chat(json body) {
+        body["max_tokens"] = 4;
+        return testing::Post(server_.port(), "/v1/chat/completions", body.dump());
+    }
+    std::string Prompt(size_t i) {
+        const std::vector<int32_t> ids = server_.engine().submitted().at(i).prompt_token_ids;
+        return std::string(ids.begin(), ids.end());
+    }
+    static json Tools() {
+        return json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+            "description": "Weather", "parameters": {"type": "object",
+            "properties": {"city": {"type": "string"}}}}}])");
+    }
+    testing::TestServer server_;
+};
+
+TEST_F(OpenAiChatTools, CallsAsMessageToolCalls) {
+    const auto reply =
+        Chat({{"messages", {{{"role", "user"}, {"content", "Weather?"}}}}, {"tools", Tools()}});
+    ASSERT_EQ(reply.status, 200) << reply.body;
+    const json choice = json::parse(reply.body)["choices"][0];
+    EXPECT_EQ(choice["finish_reason"], "tool_calls");
+    EXPECT_TRUE(choice["message"]["content"].is_null());
+    const json& call = choice["message"]["tool_calls"][0];
+    EXPECT_EQ(call["type"], "function");
+    EXPECT_EQ(call["function"]["name"], "get_weather");
+    EXPECT_EQ(json::parse(call["function"]["arguments"].get<std::string>()),
+              json({{"city", "Paris"}}));
+    EXPECT_EQ(call["id"].get<std::string>().rfind("call_", 0), 0u);
+    EXPECT_NE(Prompt(0).find("<tools>\n{\"function\":{\"description\":\"Weather\""),
+              std::string::npos);
+
+    // The call and its result go back: content null, role "tool" with the call's id.
+    json history = {{{"role", "user"}, {"content", "Weather?"}},
+                    {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", {call}}},
+                    {{"role", "tool"}, {"tool_call_id", call["id"]}, {"content", "18 C"}}};
+    ASSERT_EQ(Chat({{"messages", history}, {"tools", Tools()}}).status, 200);
+    EXPECT_NE(Prompt(1).find("<tool_response>\n18 C\n</tool_response>"), std::string::npos);
+    EXPECT_NE(Prompt(1).find("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                             "{\"city\":\"Paris\"}}\n</tool_call>"),
+              std::string::npos)
+        << Prompt(1);
+
+    // tool_choice none: no tools rendered, the output is text.
+    const auto none = Chat({{"messages", {{{"role", "user"}, {"content", "x"}}}},
+                            {"tools", Tools()},
+                            {"tool_choice", "none"}});
+    ASSERT_EQ(none.status, 200);
+    EXPECT_EQ(json::parse(none.body)["choices"][0]["finish_reason"], "length");
+    EXPECT_EQ(Prompt(2).find("<tools>"), std::string::npos);
+}
+
+TEST_F(OpenAiChatTools, StreamedAsDeltaToolCalls) {
+    const auto reply = Chat({{"messages", {{{"role", "user"}, {"content", "Weather?"}}}},
+                             {"tools", Tools()},
+                             {"stream", true}});
+    ASSERT_EQ(reply.status, 200) << reply.body;
+    std::vector<json> calls;
+    std::string finish, content;
+    for (const std::string& data : testing::SseData(reply.body)) {
+        if (data == "[DONE]") continue;
+        const json c = json::parse(data)["choices"][0];
+        if (c["delta"].contains("tool_calls")) calls.push_back(c["delta"]["tool_calls"][0]);
+        if (c["delta"].contains("content")) content += c["delta"]["content"].get<std::string>();
+        if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+    }
+    ASSERT_EQ(calls.size(), 1u);
+    EXPECT_EQ(calls[0]["index"], 0);
+    EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+    EXPECT_EQ(json::parse(calls[0]["function"]["arguments"].get<std::string>()),
+              json({{"city", "Paris"}}));
+    EXPECT_EQ(finish, "tool_calls");
+    EXPECT_EQ(content, "");  // the role chunk's empty content only
+}
+
+TEST_F(OpenAiChatTools, BadToolsAndMessagesNameTheParam) {
+    struct Case {
+        json body;
+        std::string param;
+    };
+    const json user = {{"role", "user"}, {"content", "x"}};
+    const Case cases[] = {
+        {{{"messages", {user, {{"role", "tool"}, {"tool_call_id", "nope"}, {"content", "r"}}}}},
+         "messages[1].tool_call_id"},
+        {{{"messages", {user}}, {"tools", {{{"type", "retrieval"}}}}}, "tools[0].type"},
+        {{{"messages", {user}}, {"tool_choice", "required"}}, "tool_choice"},
+        {{{"messages", {user}},
+          {"tools", Tools()},
+          {"tool_choice", {{"type", "function"}, {"function", {{"name", "other"}}}}}},
+         "tool_choice"},
+        {{{"messages",
+           {user,
+            {{"role", "assistant"},
+             {"content", nullptr},
+             {"tool_calls",
+              {{{"id", "c"},
+                {"type", "function"},
+                {"function", {{"name", "f"}, {"arguments", "not json"}}}}}}}}}},
+         "messages[1].tool_calls[0].function.arguments"},
+    };
+    for (const Case& c : cases) {
+        const auto reply = Chat(c.body);
+        EXPECT_EQ(reply.status, 400) << c.body.dump() << " -> " << reply.body;
+        EXPECT_EQ(json::parse(reply.body)["error"]["param"], c.param) << reply.body;
+    }
+    json strict = Tools();
+    strict[0]["function"]["strict"] = true;
+    EXPECT_EQ(json::parse(Chat({{"messages", {user}}, {"tools", strict}}).body)["error"]["param"],
+              "tools[0].function.strict");
 }
 
 }  // namespace
