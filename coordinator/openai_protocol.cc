@@ -8,6 +8,7 @@
 #include <set>
 
 #include "common/utf8.h"
+#include "coordinator/anthropic_protocol.h"
 
 namespace kvshard {
 
@@ -297,7 +298,60 @@ void ReadToolCalls(const json& m, const std::string& param, ChatMessage& out) {
     }
 }
 
+// cache_control on a chat message or on one of its text parts (the prompt-caching extension
+// OpenRouter and LiteLLM send, with Anthropic's meaning; docs/prompt-caching.md): a breakpoint
+// after that text. {"type": "ephemeral"} with an optional "ttl" of "5m" (the default) or "1h";
+// at most kMaxCacheBreakpoints in a request. The TTL, or 0 when `holder` has none.
+int64_t CacheControlTtl(const json& holder, const std::string& param, int* count) {
+    const json* cc = Field(holder, "cache_control");
+    if (cc == nullptr) return 0;
+    const std::string at = param + ".cache_control";
+    if (!cc->is_object()) Fail("'" + at + "' must be an object, got " + TypeName(*cc), at);
+    const json* type = Field(*cc, "type");
+    if (type == nullptr || *type != "ephemeral") {
+        Fail("'" + at + ".type' must be \"ephemeral\"", at + ".type");
+    }
+    int64_t ttl_ms = kCacheTtl5mMs;
+    if (const json* ttl = Field(*cc, "ttl")) {
+        if (!ttl->is_string() || (*ttl != "5m" && *ttl != "1h")) {
+            Fail("'" + at + ".ttl' must be \"5m\" or \"1h\"", at + ".ttl");
+        }
+        if (*ttl == "1h") ttl_ms = kCacheTtl1hMs;
+    }
+    if (++*count > kMaxCacheBreakpoints) {
+        Fail("a request may mark at most " + std::to_string(kMaxCacheBreakpoints) +
+                 " cache_control breakpoints; '" + at + "' is number " + std::to_string(*count),
+             at);
+    }
+    return ttl_ms;
+}
+
+// The cache marks of message `m` (already parsed into `message`): after each text part that
+// carries cache_control (parts are joined by "\n", as MessageContent joins them), and at the end
+// for one on the message itself.
+void ReadCacheMarks(const json& m, const std::string& param, ChatMessage& message, int* count) {
+    auto content = m.find("content");
+    if (content != m.end() && content->is_array()) {
+        size_t end = 0;
+        for (size_t i = 0; i < content->size(); ++i) {
+            const json& part = (*content)[i];
+            if (!part.is_object()) continue;
+            if (const json* text = Field(part, "text"); text != nullptr && text->is_string()) {
+                end += (i > 0 ? 1 : 0) + text->get_ref<const std::string&>().size();
+            }
+            const std::string part_param = param + ".content[" + std::to_string(i) + "]";
+            if (const int64_t ttl = CacheControlTtl(part, part_param, count)) {
+                message.cache_marks.push_back({std::min(end, message.content.size()), ttl});
+            }
+        }
+    }
+    if (const int64_t ttl = CacheControlTtl(m, param, count)) {
+        message.cache_marks.push_back({message.content.size(), ttl});
+    }
+}
+
 void ReadMessages(const json& body, std::vector<ChatMessage>& messages) {
+    int num_cache_marks = 0;
     const json* v = Field(body, "messages");
     if (v == nullptr) Fail("'messages' is required", "messages");
     if (!v->is_array()) Fail("'messages' must be an array, got " + TypeName(*v), "messages");
@@ -345,6 +399,7 @@ void ReadMessages(const json& body, std::vector<ChatMessage>& messages) {
             }
         }
         messages.push_back(std::move(message));
+        ReadCacheMarks(m, param, messages.back(), &num_cache_marks);
     }
 }
 

@@ -330,6 +330,54 @@ TEST(OpenAiProtocol, DeveloperMessagesAreSystemInstructions) {
     EXPECT_EQ(r.messages[0].content, "Be brief.");
 }
 
+TEST(OpenAiProtocol, CacheControlExtensionMarksBreakpoints) {
+    const OpenAiRequest r = ParseOk(kChat, R"({"messages": [
+        {"role": "system", "content": [
+            {"type": "text", "text": "Rules.", "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "More", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]},
+        {"role": "user", "content": "Hi", "cache_control": {"type": "ephemeral"}}]})");
+    ASSERT_EQ(r.messages.size(), 2u);
+    EXPECT_EQ(r.messages[0].content, "Rules.\nMore");
+    ASSERT_EQ(r.messages[0].cache_marks.size(), 2u);
+    EXPECT_EQ(r.messages[0].cache_marks[0].content_end, 6u);
+    EXPECT_EQ(r.messages[0].cache_marks[0].ttl_ms, 5 * 60 * 1000);
+    EXPECT_EQ(r.messages[0].cache_marks[1].content_end, 11u);
+    EXPECT_EQ(r.messages[0].cache_marks[1].ttl_ms, 60 * 60 * 1000);
+    ASSERT_EQ(r.messages[1].cache_marks.size(), 1u);
+    EXPECT_EQ(r.messages[1].cache_marks[0].content_end, 2u);
+
+    const std::string cc = R"("cache_control": {"type": "ephemeral"})";
+    const std::string five = R"({"messages": [)" +
+                             [&] {
+                                 std::string m;
+                                 for (int i = 0; i < 5; ++i) {
+                                     m += std::string(i ? ", " : "") +
+                                          R"({"role": "user", "content": "x", )" + cc + "}";
+                                 }
+                                 return m;
+                             }() +
+                             "]}";
+    const struct {
+        std::string body, param, part;
+    } bad[] = {
+        {five, "messages[4].cache_control", "at most 4"},
+        {R"({"messages": [{"role": "user", "content": "x", "cache_control": {"type": "x"}}]})",
+         "messages[0].cache_control.type", "ephemeral"},
+        {R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "x",
+            "cache_control": {"type": "ephemeral", "ttl": "2h"}}]}]})",
+         "messages[0].content[0].cache_control.ttl", "\"5m\" or \"1h\""},
+        {R"({"messages": [{"role": "user", "content": "x", "cache_control": true}]})",
+         "messages[0].cache_control", "must be an object"},
+    };
+    for (const auto& c : bad) {
+        ParsedRequest p = ParseOpenAiRequest(kChat, c.body, kModel);
+        const auto* e = std::get_if<ApiError>(&p);
+        ASSERT_NE(e, nullptr) << c.body;
+        EXPECT_EQ(e->param, c.param) << c.body;
+        EXPECT_NE(e->message.find(c.part), std::string::npos) << e->message;
+    }
+}
+
 TEST(OpenAiProtocol, ResolveMaxTokens) {
     OpenAiRequest cmpl;
     cmpl.endpoint = kCmpl;
