@@ -424,6 +424,42 @@ TEST_F(Disaggregation, SeededSamplingEqualsColocated) {
     ExpectClean(decode);
 }
 
+// The logit controls (penalties, logit_bias, min_tokens) read the sequence's tokens sent with each
+// step, so a request samples the same tokens at tp 1 and tp 2, colocated and handed off — and not
+// the tokens it would without them.
+TEST_F(Disaggregation, LogitControlsEqualAcrossTpAndHandoff) {
+    const std::string path = testing::SharedModel("stories260K/stories260K.bin");
+    KV_REQUIRE_FIXTURE(path, "stories260K.bin");
+    Load(path);
+    const auto prompts = Prompts(6);
+    SamplingParams controls;
+    controls.repetition_penalty = 1.3f;
+    controls.frequency_penalty = 0.4f;
+    controls.presence_penalty = 0.6f;
+    controls.logit_bias = {{5, 2.0f}, {17, -3.0f}};
+    std::vector<std::vector<int32_t>> expected, plain;
+    {
+        Instance mixed = Make("mixed", InstanceRole::kMixed, 1);
+        expected = Run(*mixed.engine, prompts, 24, /*concurrent=*/false, controls);
+        plain = Run(*mixed.engine, prompts, 24, /*concurrent=*/false);
+        ExpectClean(mixed);
+    }
+    EXPECT_NE(expected, plain);
+    {
+        Instance mixed2 = Make("mixed2", InstanceRole::kMixed, 2);
+        EXPECT_EQ(Run(*mixed2.engine, prompts, 24, /*concurrent=*/true, controls), expected);
+        ExpectClean(mixed2);
+    }
+    Instance decode = Make("decode", InstanceRole::kDecode, 2);
+    Instance prefill = Make("prefill", InstanceRole::kPrefill, 1);
+    Result<std::unique_ptr<Router>> router =
+        Router::Create({prefill.engine.get(), decode.engine.get()});
+    ASSERT_TRUE(router.ok());
+    EXPECT_EQ(Run(**router, prompts, 24, /*concurrent=*/true, controls), expected);
+    ExpectClean(prefill);
+    ExpectClean(decode);
+}
+
 TEST(RouterCreate, RefusesAnEmptyCluster) { EXPECT_FALSE(Router::Create({}).ok()); }
 
 }  // namespace
