@@ -7,10 +7,14 @@
 #include <set>
 
 #include "common/utf8.h"
+#include "coordinator/json_fields.h"
 
 namespace kvshard {
 
 using nlohmann::json;
+using json_fields::Field;
+using json_fields::Number;
+using json_fields::TypeName;
 
 std::string_view AnthropicErrorType(int http_status) {
     switch (http_status) {
@@ -60,35 +64,7 @@ struct ValidationError {
     throw ValidationError{BadRequest(param.empty() ? message : param + ": " + message, param)};
 }
 
-std::string TypeName(const json& v) {
-    switch (v.type()) {
-        case json::value_t::null:
-            return "null";
-        case json::value_t::boolean:
-            return "a boolean";
-        case json::value_t::number_integer:
-        case json::value_t::number_unsigned:
-            return "an integer";
-        case json::value_t::number_float:
-            return "a number";
-        case json::value_t::string:
-            return "a string";
-        case json::value_t::array:
-            return "an array";
-        case json::value_t::object:
-            return "an object";
-        case json::value_t::binary:
-        case json::value_t::discarded:
-            return "an unknown value";
-    }
-    return "an unknown value";
-}
 
-std::string Number(double x) {
-    char text[32];
-    std::snprintf(text, sizeof(text), "%g", x);
-    return text;
-}
 
 std::string Path(const std::string& base, const std::string& field) {
     return base.empty() ? field : base + "." + field;
@@ -97,12 +73,6 @@ std::string Path(const std::string& base, size_t index) {
     return base + "." + std::to_string(index);
 }
 
-// The field, or nullptr when absent or null.
-const json* Field(const json& object, const char* name) {
-    auto it = object.find(name);
-    if (it == object.end() || it->is_null()) return nullptr;
-    return &*it;
-}
 
 const std::string& StringField(const json& object, const char* name, const std::string& base) {
     const json* v = Field(object, name);
@@ -121,18 +91,9 @@ std::optional<double> OptNumber(const json& body, const char* name) {
 std::optional<int64_t> OptInt(const json& body, const char* name, int64_t min) {
     const json* v = Field(body, name);
     if (v == nullptr) return std::nullopt;
-    int64_t x = 0;
-    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{INT64_MAX}) {
-        x = INT64_MAX;
-    } else if (v->is_number_integer()) {
-        x = v->get<int64_t>();
-    } else if (v->is_number_float() && std::isfinite(v->get<double>()) &&
-               std::floor(v->get<double>()) == v->get<double>() &&
-               std::fabs(v->get<double>()) < 9e18) {
-        x = static_cast<int64_t>(v->get<double>());
-    } else {
-        Fail(name, "must be an integer, got " + TypeName(*v));
-    }
+    const std::optional<int64_t> integer = json_fields::Integer(*v);
+    if (!integer) Fail(name, "must be an integer, got " + TypeName(*v));
+    const int64_t x = *integer;
     if (x < min)
         Fail(name, "must be at least " + std::to_string(min) + ", got " + std::to_string(x));
     return x;

@@ -9,10 +9,14 @@
 
 #include "common/utf8.h"
 #include "coordinator/anthropic_protocol.h"
+#include "coordinator/json_fields.h"
 
 namespace kvshard {
 
 using nlohmann::json;
+using json_fields::Field;
+using json_fields::Number;
+using json_fields::TypeName;
 
 std::string ApiErrorBody(const ApiError& error) {
     json e;
@@ -51,12 +55,6 @@ struct ValidationError {
     throw ValidationError{BadRequest(std::move(message), std::move(param))};
 }
 
-// A client's number as a short text: "%g" (1e+308, not its 309 digits).
-std::string Number(double x) {
-    char text[32];
-    std::snprintf(text, sizeof(text), "%g", x);
-    return text;
-}
 
 // Finds where a body that is not JSON goes wrong, without the parser's own words: the byte
 // offset, and whether the trouble is a number too large for a double (nlohmann error 406).
@@ -104,52 +102,15 @@ ApiError NotJson(std::string_view body) {
     return BadRequest("the request body is not valid JSON" + at, "", "invalid_json");
 }
 
-std::string TypeName(const json& v) {
-    switch (v.type()) {
-        case json::value_t::null:
-            return "null";
-        case json::value_t::boolean:
-            return "a boolean";
-        case json::value_t::number_integer:
-        case json::value_t::number_unsigned:
-            return "an integer";
-        case json::value_t::number_float:
-            return "a number";
-        case json::value_t::string:
-            return "a string";
-        case json::value_t::array:
-            return "an array";
-        case json::value_t::object:
-            return "an object";
-        case json::value_t::binary:
-        case json::value_t::discarded:
-            return "an unknown value";
-    }
-    return "an unknown value";
-}
 
-// The field, or nullptr when absent or null (null means "not given", as clients send it).
-const json* Field(const json& body, const char* name) {
-    auto it = body.find(name);
-    if (it == body.end() || it->is_null()) return nullptr;
-    return &*it;
-}
 
 std::optional<int64_t> OptInt(const json& body, const char* name, int64_t min, int64_t max,
                               std::string_view rule) {
     const json* v = Field(body, name);
     if (v == nullptr) return std::nullopt;
-    int64_t x = 0;
-    if (v->is_number_integer()) {
-        x = v->get<int64_t>();
-        if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{INT64_MAX}) x = INT64_MAX;
-    } else if (v->is_number_float() && std::isfinite(v->get<double>()) &&
-               std::floor(v->get<double>()) == v->get<double>() &&
-               std::fabs(v->get<double>()) < 9e18) {
-        x = static_cast<int64_t>(v->get<double>());
-    } else {
-        Fail(std::string("'") + name + "' must be an integer, got " + TypeName(*v), name);
-    }
+    const std::optional<int64_t> integer = json_fields::Integer(*v);
+    if (!integer) Fail(std::string("'") + name + "' must be an integer, got " + TypeName(*v), name);
+    const int64_t x = *integer;
     if (x < min || x > max) {
         Fail(std::string("'") + name + "' " + std::string(rule) + ", got " + std::to_string(x),
              name);
