@@ -58,8 +58,8 @@ struct WorkerRegistry::Slots {
     // exchange their addresses in it, through StoreRequest messages between RegisterAck and
     // Ready. A fresh one per formation, so a re-formed group never reads the old one's keys.
     std::shared_ptr<MemoryCollectiveStore> store;
-    // CUDA builds, tp > 1: the formation's NCCL unique id, made at its first registration and
-    // handed to every rank in RegisterAck.settings ("nccl_unique_id").
+    // CUDA builds, tp > 1, options.nccl_bootstrap: the formation's NCCL unique id, made at its
+    // first registration and handed to every rank in RegisterAck.settings ("nccl_unique_id").
     std::string nccl_unique_id;
     // The state of the current formation, guarded by mu:
     //   forming (initial) ─WaitReady OK→ formed ─failure→ failed ─BeginReform→ reforming
@@ -373,7 +373,7 @@ void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel>& channel,
             ack.rank = rank;
             ack.settings = slots->options.settings;
 #if KVSHARD_WITH_CUDA
-            if (tp > 1 && slots->nccl_unique_id.empty()) {
+            if (slots->options.nccl_bootstrap && tp > 1 && slots->nccl_unique_id.empty()) {
                 Result<std::string> id = NewNcclUniqueId();
                 if (id.ok()) {
                     slots->nccl_unique_id = std::move(*id);

@@ -70,6 +70,11 @@ struct RemoteInstanceOptions {
     // How long Execute waits for every rank's StepResult (a dead worker is usually found sooner
     // by the channel heartbeats).
     int64_t step_timeout_ms = 60'000;
+    // CUDA builds: the ranks run on GPUs and form an NCCL group, so each formation of a tp > 1
+    // instance gets an NCCL unique id (settings "nccl_unique_id"). Off for CPU workers, which
+    // all-reduce over Gloo: making an id starts NCCL's bootstrap root (a listening socket and a
+    // thread that waits for ranks), which nothing would ever join.
+    bool nccl_bootstrap = false;
 };
 
 class RemoteStepExecutor;
@@ -81,7 +86,7 @@ class RemoteStepExecutor;
 // instance's (when the worker names one), a rank outside [0, tp) or already registered (the
 // rank and its holder named), kAnyRank when every rank is taken, or an instance that failed and
 // is not re-forming. CUDA builds hand every rank of a tp > 1 formation the same NCCL unique id
-// (settings "nccl_unique_id"). Thread-safety: every method may be called from any thread.
+// (settings "nccl_unique_id") when its options ask for one (nccl_bootstrap). Thread-safety: every method may be called from any thread.
 class WorkerRegistry {
   public:
     static Result<std::unique_ptr<WorkerRegistry>> Start(const WorkerRegistryOptions& options);
