@@ -2,7 +2,11 @@
 
 #include <utility>
 
+#include "common/build_config.h"
 #include "kernels/cpu_backend.h"
+#if KVSHARD_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace kvshard {
 
@@ -51,8 +55,13 @@ Result<std::unique_ptr<Backend>> MakeBackend(const BackendConfig& config) {
         case BackendKind::kCpu:
             return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(config));
         case BackendKind::kCuda:
+#if KVSHARD_WITH_CUDA
+            return MakeCudaBackend(config);
+#else
             return InvalidArgument(
-                "backend: cuda is not implemented yet (the CUDA backend issue fills it); use cpu");
+                "backend: cuda: this kvshard was built without CUDA (KVSHARD_WITH_CUDA=OFF); "
+                "use backend cpu");
+#endif
     }
     return InvalidArgument("backend: unknown kind");
 }

@@ -158,7 +158,10 @@ TEST_P(BackendOps, MatMulAgainstTheDequantizedWeight) {
                 want[i * r.n + j] = s;
             }
         }
-        EXPECT_LE(NormalizedError(dev.Get(y, want.size()), want), 2e-5)
+        // The CUDA backend multiplies non-F32 weights in bf16 (fp32 accumulation): bf16's
+        // rounding of both operands bounds it; F32 weights take its pedantic fp32 path.
+        const bool bf16 = backend_->kind() == BackendKind::kCuda && r.dtype != DType::kF32;
+        EXPECT_LE(NormalizedError(dev.Get(y, want.size()), want), bf16 ? 1e-2 : 2e-5)
             << DTypeName(r.dtype) << " m=" << r.m << " n=" << r.n << " k=" << r.k;
     }
 }

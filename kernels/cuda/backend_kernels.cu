@@ -1,0 +1,562 @@
+// The device kernels of CudaBackend (kernels/cuda/backend_kernels.h). fp32 math throughout; the
+// index arithmetic is kernels/cuda/launch_math.h's, tested on the CPU.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/backend_kernels.h"
+#include "kernels/cuda/launch_math.h"
+
+namespace kvshard::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kRowThreads = 256;
+
+__device__ float WarpSum(float v) {
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ float WarpMax(float v) {
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Every thread gets the sum (or max) over the block. REQUIRES: blockDim.x a multiple of 32, at
+// most kRowThreads; called by every thread.
+template <bool kMax>
+__device__ float BlockReduce(float v) {
+    __shared__ float partial[kRowThreads / kWarp];
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    const int warps = blockDim.x / kWarp;
+    v = kMax ? WarpMax(v) : WarpSum(v);
+    __syncthreads();  // partial[] may still be read by a previous call
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = lane < warps ? partial[lane] : (kMax ? -INFINITY : 0.0f);
+    return kMax ? WarpMax(v) : WarpSum(v);
+}
+
+__device__ int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+int RowThreads(int64_t dim) {
+    int t = kWarp;
+    while (t < kRowThreads && t < dim) t *= 2;
+    return t;
+}
+
+int LastError() { return static_cast<int>(cudaGetLastError()); }
+
+// ---- elementwise and row ops ----
+
+template <typename T>
+__device__ float Load(const T* p, int64_t i);
+template <>
+__device__ float Load<float>(const float* p, int64_t i) {
+    return p[i];
+}
+template <>
+__device__ float Load<uint16_t>(const uint16_t* p, int64_t i) {
+    return __uint_as_float(static_cast<uint32_t>(p[i]) << 16);
+}
+
+template <typename T>
+__global__ void EmbeddingKernel(const T* table, int64_t rows, int64_t cols, int64_t row_offset,
+                                const int32_t* ids, float* out) {
+    const int64_t i = blockIdx.x;
+    const int64_t r = static_cast<int64_t>(ids[i]) - row_offset;
+    float* o = out + i * cols;
+    const bool inside = r >= 0 && r < rows;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        o[c] = inside ? Load(table, r * cols + c) : 0.0f;
+    }
+}
+
+__global__ void AddRmsNormKernel(float* residual, const float* delta, const float* weight,
+                                 float* out, int64_t dim, float eps) {
+    float* xr = residual + static_cast<int64_t>(blockIdx.x) * dim;
+    const float* dr = delta + static_cast<int64_t>(blockIdx.x) * dim;
+    float* outr = out + static_cast<int64_t>(blockIdx.x) * dim;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = xr[i] + dr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    ss = BlockReduce<false>(ss);
+    const float scale = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) outr[i] = xr[i] * scale * weight[i];
+}
+
+__global__ void AddKernel(float* x, const float* y, int64_t n) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        x[i] += y[i];
+    }
+}
+
+__global__ void RopeKernel(float* x, int64_t row_stride, const int32_t* positions,
+                           int64_t num_heads, int64_t head_dim, const float* inv_freq) {
+    const int64_t r = blockIdx.x;
+    const int64_t half = head_dim / 2;
+    const float pos = static_cast<float>(positions[r]);
+    float* xr = x + r * row_stride;
+    for (int64_t e = threadIdx.x; e < num_heads * half; e += blockDim.x) {
+        const int64_t h = e / half, i = e % half;
+        const float angle = pos * inv_freq[i];
+        const float c = cosf(angle), s = sinf(angle);
+        float* v = xr + h * head_dim + 2 * i;
+        const float a = v[0], b = v[1];
+        v[0] = a * c - b * s;
+        v[1] = a * s + b * c;
+    }
+}
+
+__global__ void SiluMulKernel(const float* gate_up, int64_t rows, int64_t dim, float* out) {
+    const int64_t n = rows * dim;
+    for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n;
+         e += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t r = e / dim, i = e % dim;
+        const float g = gate_up[r * 2 * dim + i];
+        out[e] = g / (1.0f + expf(-g)) * gate_up[r * 2 * dim + dim + i];
+    }
+}
+
+__global__ void F32ToBf16Kernel(const float* x, int64_t n, uint16_t* out) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+    }
+}
+
+__global__ void GatherRowsKernel(const float* x, int64_t dim, const int32_t* rows, float* out) {
+    const int64_t i = blockIdx.x;
+    const float* src = x + static_cast<int64_t>(rows[i]) * dim;
+    for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) out[i * dim + c] = src[c];
+}
+
+template <typename Word>
+__global__ void CopyBlocksKernel(Word* pool, int64_t words_per_block, const int32_t* src_dst) {
+    const Word* src = pool + static_cast<int64_t>(src_dst[2 * blockIdx.x]) * words_per_block;
+    Word* dst = pool + static_cast<int64_t>(src_dst[2 * blockIdx.x + 1]) * words_per_block;
+    for (int64_t w = threadIdx.x; w < words_per_block; w += blockDim.x) dst[w] = src[w];
+}
+
+// ---- paged KV ----
+
+struct KvArgs {
+    uint8_t* base;
+    int64_t block_stride, k_offset, v_offset, k_scale_offset, v_scale_offset;
+    int64_t block_size, num_kv_heads, head_dim;
+};
+
+KvArgs ToArgs(const cpu::PagedKvLayer& kv) {
+    return {kv.base,          kv.block_stride,   kv.k_offset,   kv.v_offset,
+            kv.k_scale_offset, kv.v_scale_offset, kv.block_size, kv.num_kv_heads,
+            kv.head_dim};
+}
+
+constexpr int kF32 = 0, kInt8 = 1, kFp8 = 2;
+
+constexpr int StorageCode(cpu::KvStorage s) {
+    return s == cpu::KvStorage::kF32 ? kF32 : s == cpu::KvStorage::kInt8 ? kInt8 : kFp8;
+}
+
+// Grid (n, num_kv_heads, 2: K then V): one head of one row, quantized with its own scale.
+template <int kStorage>
+__global__ void KvWriteKernel(KvArgs kv, const float* k, const float* v, int64_t row_stride,
+                              const int64_t* slots) {
+    const int64_t i = blockIdx.x, h = blockIdx.y;
+    const bool is_v = blockIdx.z == 1;
+    const int64_t hd = kv.head_dim;
+    const float* src = (is_v ? v : k) + i * row_stride + h * hd;
+    const int64_t slot = slots[i];
+    const int64_t elem = kStorage == kF32 ? 4 : 1;
+    uint8_t* dst = kv.base + KvElementOffset(kv.block_stride, is_v ? kv.v_offset : kv.k_offset,
+                                             kv.block_size, hd, elem, slot, h, 0);
+    if constexpr (kStorage == kF32) {
+        for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+            reinterpret_cast<float*>(dst)[d] = src[d];
+        }
+    } else {
+        float amax = 0.0f;
+        for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) amax = fmaxf(amax, fabsf(src[d]));
+        amax = BlockReduce<true>(amax);
+        const float scale = amax / (kStorage == kInt8 ? 127.0f : 448.0f);
+        const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+        for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+            if constexpr (kStorage == kInt8) {
+                reinterpret_cast<int8_t*>(dst)[d] = Int8Encode(src[d], inv);
+            } else {
+                dst[d] = Fp8E4M3Encode(src[d] * inv);
+            }
+        }
+        if (threadIdx.x == 0) {
+            *reinterpret_cast<float*>(
+                kv.base + KvScaleOffset(kv.block_stride, is_v ? kv.v_scale_offset : kv.k_scale_offset,
+                                        kv.block_size, slot, h)) = scale;
+        }
+    }
+}
+
+template <int kStorage>
+__device__ float LoadKv(const KvArgs& kv, bool is_v, int64_t slot, int64_t h, int64_t d) {
+    const int64_t hd = kv.head_dim;
+    const int64_t off = is_v ? kv.v_offset : kv.k_offset;
+    if constexpr (kStorage == kF32) {
+        return *reinterpret_cast<const float*>(
+            kv.base + KvElementOffset(kv.block_stride, off, kv.block_size, hd, 4, slot, h, d));
+    } else {
+        const uint8_t q =
+            kv.base[KvElementOffset(kv.block_stride, off, kv.block_size, hd, 1, slot, h, d)];
+        const float scale = *reinterpret_cast<const float*>(
+            kv.base + KvScaleOffset(kv.block_stride, is_v ? kv.v_scale_offset : kv.k_scale_offset,
+                                    kv.block_size, slot, h));
+        const float x = kStorage == kInt8 ? static_cast<float>(static_cast<int8_t>(q))
+                                          : Fp8E4M3Decode(q);
+        return x * scale;
+    }
+}
+
+struct AttnArgs {
+    const float* q;
+    int64_t q_stride;
+    KvArgs kv;
+    const int32_t* query_starts;
+    const int32_t* context_lens;
+    const int32_t* block_table_starts;
+    const int32_t* block_tables;
+    float* out;
+    int64_t num_heads;
+    const int32_t* kv_head_of_q;  // null: h / (num_heads / num_kv_heads)
+    int num_splits;
+    float* partials;
+    float scale;
+};
+
+constexpr int kAccPerThread = kAttnMaxAccFloats / kAttnThreads;
+
+// Grid (num_seqs, num_kv_heads, num_splits). A block serves the GQA group of one KV head of one
+// sequence: the query heads using that KV head read each K/V tile once from the pool into
+// shared memory. A decode row (one new token) has its keys split over the grid's z dimension,
+// each block writing a partial result merged by MergeSplitsKernel; a prefill chunk's rows are
+// dealt out to the z blocks in tiles, each attending causally over the block table.
+template <int kStorage>
+__global__ void __launch_bounds__(kAttnThreads) PagedAttentionKernel(AttnArgs a) {
+    static_assert(kAttnTileKeys == kWarp, "a tile's scores are one warp's lanes");
+    const int64_t s = blockIdx.x, kvh = blockIdx.y;
+    const int z = blockIdx.z;
+    const int64_t hd = a.kv.head_dim;
+    const int64_t row0 = a.query_starts[s];
+    const int64_t n_rows = a.query_starts[s + 1] - row0;
+    const int64_t len = a.context_lens[s];
+    const int32_t* table = a.block_tables + a.block_table_starts[s];
+    const int qv_max = QueryVectorsPerPass(hd);
+    const int64_t kv_row = TileRowFloats(hd);
+
+    extern __shared__ float smem[];
+    float* sq = smem;                              // qv_max × hd queries, pre-scaled
+    float* skv = sq + qv_max * hd;                 // kAttnTileKeys × kv_row: a K or V tile
+    float* ss = skv + kAttnTileKeys * kv_row;      // qv_max × kAttnTileKeys scores, then weights
+    float* s_max = ss + qv_max * kAttnTileKeys;    // running max per query vector
+    float* s_sum = s_max + qv_max;                 // running sum of weights
+    float* s_alpha = s_sum + qv_max;               // this tile's rescale of the accumulators
+    __shared__ int group[kAttnMaxHeads];
+    __shared__ int group_size;
+    __shared__ int q_row[kAttnMaxQueryVectors], q_head[kAttnMaxQueryVectors];
+    __shared__ int64_t q_pos[kAttnMaxQueryVectors];
+
+    if (threadIdx.x == 0) {
+        int g = 0;
+        const int64_t per = a.num_heads / a.kv.num_kv_heads;
+        for (int64_t h = 0; h < a.num_heads; ++h) {
+            const int64_t owner = a.kv_head_of_q != nullptr ? a.kv_head_of_q[h] : h / per;
+            if (owner == kvh) group[g++] = static_cast<int>(h);
+        }
+        group_size = g;
+    }
+    __syncthreads();
+    const int g_size = group_size;
+    if (g_size == 0) return;
+
+    const bool decode = n_rows == 1;
+    // Heads per pass and rows per pass: a pass holds at most qv_max query vectors.
+    const int heads_per_pass = g_size < qv_max ? g_size : qv_max;
+    const int head_passes = (g_size + heads_per_pass - 1) / heads_per_pass;
+    const int64_t rows_per_pass = decode ? 1 : (qv_max / heads_per_pass);
+    const int64_t row_tiles = (n_rows + rows_per_pass - 1) / rows_per_pass;
+    const int64_t items = row_tiles * head_passes;
+    // Decode: every z block takes every head pass over its own key range. Prefill: items are
+    // dealt out round robin.
+    const int64_t first = decode ? 0 : z;
+    const int64_t step = decode ? 1 : a.num_splits;
+
+    for (int64_t item = first; item < items; item += step) {
+        const int64_t tile = item / head_passes;
+        const int pass = static_cast<int>(item % head_passes);
+        const int64_t r_begin = tile * rows_per_pass;
+        const int64_t r_end = Min64(n_rows, r_begin + rows_per_pass);
+        const int h_begin = pass * heads_per_pass;
+        const int h_end = g_size < h_begin + heads_per_pass ? g_size : h_begin + heads_per_pass;
+        const int nh = h_end - h_begin;
+        const int nq = static_cast<int>((r_end - r_begin) * nh);
+        int64_t k_begin = 0, k_end = len - n_rows + r_end;  // causal bound of the last row
+        if (decode) {
+            const KeyRange range = SplitKeyRange(len, a.num_splits, z);
+            k_begin = range.begin;
+            k_end = range.end;
+        }
+        __syncthreads();  // the previous item is done with the shared arrays
+        for (int i = threadIdx.x; i < nq; i += blockDim.x) {
+            const int64_t r = r_begin + i / nh;
+            q_row[i] = static_cast<int>(r);
+            q_head[i] = group[h_begin + i % nh];
+            q_pos[i] = len - n_rows + r;
+            s_max[i] = -INFINITY;
+            s_sum[i] = 0.0f;
+        }
+        __syncthreads();
+        for (int64_t e = threadIdx.x; e < nq * hd; e += blockDim.x) {
+            const int64_t i = e / hd, d = e % hd;
+            sq[e] = a.q[(row0 + q_row[i]) * a.q_stride + q_head[i] * hd + d] * a.scale;
+        }
+        float acc[kAccPerThread];
+#pragma unroll
+        for (int j = 0; j < kAccPerThread; ++j) acc[j] = 0.0f;
+
+        for (int64_t t0 = k_begin; t0 < k_end; t0 += kAttnTileKeys) {
+            const int64_t nt = Min64(kAttnTileKeys, k_end - t0);
+            __syncthreads();  // the previous tile's V is consumed
+            for (int64_t e = threadIdx.x; e < kAttnTileKeys * hd; e += blockDim.x) {
+                const int64_t t = e / hd, d = e % hd;
+                skv[t * kv_row + d] =
+                    t < nt ? LoadKv<kStorage>(a.kv, false, SlotOfPosition(table, a.kv.block_size, t0 + t),
+                                              kvh, d)
+                           : 0.0f;
+            }
+            __syncthreads();
+            for (int e = threadIdx.x; e < nq * kAttnTileKeys; e += blockDim.x) {
+                const int i = e / kAttnTileKeys, t = e % kAttnTileKeys;
+                float sc = -INFINITY;
+                if (t < nt && t0 + t <= q_pos[i]) {
+                    const float* qi = sq + i * hd;
+                    const float* kt = skv + t * kv_row;
+                    float dot = 0.0f;
+                    for (int64_t d = 0; d < hd; ++d) dot += qi[d] * kt[d];
+                    sc = dot;
+                }
+                ss[e] = sc;
+            }
+            __syncthreads();
+            // Online softmax: warp w updates query vectors w, w + 4, ...; meanwhile the V tile
+            // replaces K.
+            const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+            for (int i = warp; i < nq; i += kAttnThreads / kWarp) {
+                const float v = ss[i * kAttnTileKeys + lane];
+                const float m_old = s_max[i];
+                const float m_new = fmaxf(m_old, WarpMax(v));
+                const float p = m_new == -INFINITY ? 0.0f : expf(v - m_new);
+                const float sum = WarpSum(p);
+                ss[i * kAttnTileKeys + lane] = p;
+                if (lane == 0) {
+                    const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+                    s_alpha[i] = alpha;
+                    s_sum[i] = s_sum[i] * alpha + sum;
+                    s_max[i] = m_new;
+                }
+            }
+            for (int64_t e = threadIdx.x; e < kAttnTileKeys * hd; e += blockDim.x) {
+                const int64_t t = e / hd, d = e % hd;
+                skv[t * kv_row + d] =
+                    t < nt ? LoadKv<kStorage>(a.kv, true, SlotOfPosition(table, a.kv.block_size, t0 + t),
+                                              kvh, d)
+                           : 0.0f;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int j = 0; j < kAccPerThread; ++j) {
+                const int64_t e = threadIdx.x + static_cast<int64_t>(j) * kAttnThreads;
+                if (e < nq * hd) {
+                    const int64_t i = e / hd, d = e % hd;
+                    const float* w = ss + i * kAttnTileKeys;
+                    float x = acc[j] * s_alpha[i];
+                    for (int64_t t = 0; t < nt; ++t) x += w[t] * skv[t * kv_row + d];
+                    acc[j] = x;
+                }
+            }
+        }
+        __syncthreads();  // s_max / s_sum of an empty range were set before the loop
+#pragma unroll
+        for (int j = 0; j < kAccPerThread; ++j) {
+            const int64_t e = threadIdx.x + static_cast<int64_t>(j) * kAttnThreads;
+            if (e < nq * hd) {
+                const int64_t i = e / hd, d = e % hd;
+                const int64_t h = q_head[i];
+                if (decode && a.num_splits > 1) {
+                    float* rec = a.partials + ((s * a.num_heads + h) * a.num_splits + z) * (hd + 2);
+                    rec[2 + d] = acc[j];
+                    if (d == 0) {
+                        rec[0] = s_max[i];
+                        rec[1] = s_sum[i];
+                    }
+                } else {
+                    const float l = s_sum[i];
+                    a.out[((row0 + q_row[i]) * a.num_heads + h) * hd + d] = l > 0.0f ? acc[j] / l : 0.0f;
+                }
+            }
+        }
+    }
+}
+
+// Grid (num_seqs, num_heads): the log-sum-exp merge of a decode row's split partial results.
+__global__ void MergeSplitsKernel(const int32_t* query_starts, const float* partials,
+                                  int num_splits, int64_t num_heads, int64_t hd, float* out) {
+    const int64_t s = blockIdx.x, h = blockIdx.y;
+    const int64_t row = query_starts[s];
+    if (query_starts[s + 1] - row != 1) return;  // a prefill chunk, written directly
+    const float* base = partials + (s * num_heads + h) * num_splits * (hd + 2);
+    auto at = [base, hd](int z) { return base + z * (hd + 2); };
+    for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+        out[(row * num_heads + h) * hd + d] = MergedValue(num_splits, at, d);
+    }
+}
+
+}  // namespace
+
+const char* CudaErrorText(int error) { return cudaGetErrorString(static_cast<cudaError_t>(error)); }
+
+int LaunchEmbeddingF32(const float* table, int64_t rows, int64_t cols, int64_t row_offset,
+                       const int32_t* ids, int64_t n, float* out, StreamHandle stream) {
+    if (n == 0) return 0;
+    EmbeddingKernel<float><<<static_cast<unsigned>(n), RowThreads(cols), 0, stream>>>(
+        table, rows, cols, row_offset, ids, out);
+    return LastError();
+}
+
+int LaunchEmbeddingBf16(const uint16_t* table, int64_t rows, int64_t cols, int64_t row_offset,
+                        const int32_t* ids, int64_t n, float* out, StreamHandle stream) {
+    if (n == 0) return 0;
+    EmbeddingKernel<uint16_t><<<static_cast<unsigned>(n), RowThreads(cols), 0, stream>>>(
+        table, rows, cols, row_offset, ids, out);
+    return LastError();
+}
+
+int LaunchAddRmsNorm(float* residual, const float* delta, const float* weight, float* out,
+                     int64_t rows, int64_t dim, float eps, StreamHandle stream) {
+    if (rows == 0) return 0;
+    AddRmsNormKernel<<<static_cast<unsigned>(rows), RowThreads(dim), 0, stream>>>(
+        residual, delta, weight, out, dim, eps);
+    return LastError();
+}
+
+int LaunchAdd(float* x, const float* y, int64_t n, StreamHandle stream) {
+    if (n == 0) return 0;
+    AddKernel<<<GridFor(n, 256), 256, 0, stream>>>(x, y, n);
+    return LastError();
+}
+
+int LaunchRope(float* x, int64_t row_stride, const int32_t* positions, int64_t rows,
+               int64_t num_heads, int64_t head_dim, const float* inv_freq, StreamHandle stream) {
+    if (rows == 0) return 0;
+    RopeKernel<<<static_cast<unsigned>(rows), RowThreads(num_heads * head_dim / 2), 0, stream>>>(
+        x, row_stride, positions, num_heads, head_dim, inv_freq);
+    return LastError();
+}
+
+int LaunchSiluMul(const float* gate_up, int64_t rows, int64_t dim, float* out,
+                  StreamHandle stream) {
+    if (rows * dim == 0) return 0;
+    SiluMulKernel<<<GridFor(rows * dim, 256), 256, 0, stream>>>(gate_up, rows, dim, out);
+    return LastError();
+}
+
+int LaunchF32ToBf16(const float* x, int64_t n, uint16_t* out, StreamHandle stream) {
+    if (n == 0) return 0;
+    F32ToBf16Kernel<<<GridFor(n, 256), 256, 0, stream>>>(x, n, out);
+    return LastError();
+}
+
+int LaunchKvWrite(const cpu::PagedKvLayer& kv, const float* k, const float* v, int64_t row_stride,
+                  const int64_t* slots, int64_t n, StreamHandle stream) {
+    if (n == 0 || kv.num_kv_heads == 0) return 0;
+    const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(kv.num_kv_heads), 2);
+    const int threads = RowThreads(kv.head_dim);
+    switch (StorageCode(kv.storage)) {
+        case kF32:
+            KvWriteKernel<kF32><<<grid, threads, 0, stream>>>(ToArgs(kv), k, v, row_stride, slots);
+            break;
+        case kInt8:
+            KvWriteKernel<kInt8><<<grid, threads, 0, stream>>>(ToArgs(kv), k, v, row_stride, slots);
+            break;
+        default:
+            KvWriteKernel<kFp8><<<grid, threads, 0, stream>>>(ToArgs(kv), k, v, row_stride, slots);
+            break;
+    }
+    return LastError();
+}
+
+int LaunchPagedAttention(const float* q, int64_t q_stride, const cpu::PagedKvLayer& kv,
+                         const cpu::PagedAttentionBatch& batch, float* out, int64_t num_heads,
+                         const int32_t* kv_head_of_q, int num_splits, float* partials,
+                         StreamHandle stream) {
+    if (batch.num_seqs == 0 || num_heads == 0) return 0;
+    const AttnArgs a{q,
+                     q_stride,
+                     ToArgs(kv),
+                     batch.query_starts,
+                     batch.context_lens,
+                     batch.block_table_starts,
+                     batch.block_tables,
+                     out,
+                     num_heads,
+                     kv_head_of_q,
+                     num_splits,
+                     partials,
+                     1.0f / sqrtf(static_cast<float>(kv.head_dim))};
+    const dim3 grid(static_cast<unsigned>(batch.num_seqs), static_cast<unsigned>(kv.num_kv_heads),
+                    static_cast<unsigned>(num_splits));
+    const size_t shared = static_cast<size_t>(AttentionSharedBytes(kv.head_dim));
+    switch (StorageCode(kv.storage)) {
+        case kF32:
+            PagedAttentionKernel<kF32><<<grid, kAttnThreads, shared, stream>>>(a);
+            break;
+        case kInt8:
+            PagedAttentionKernel<kInt8><<<grid, kAttnThreads, shared, stream>>>(a);
+            break;
+        default:
+            PagedAttentionKernel<kFp8><<<grid, kAttnThreads, shared, stream>>>(a);
+            break;
+    }
+    if (const int err = LastError(); err != 0 || num_splits == 1) return err;
+    const dim3 merge_grid(static_cast<unsigned>(batch.num_seqs), static_cast<unsigned>(num_heads));
+    MergeSplitsKernel<<<merge_grid, RowThreads(kv.head_dim), 0, stream>>>(
+        batch.query_starts, partials, num_splits, num_heads, kv.head_dim, out);
+    return LastError();
+}
+
+int LaunchCopyBlocks(void* pool, int64_t bytes_per_block, const int32_t* src_dst,
+                     int64_t num_pairs, StreamHandle stream) {
+    if (num_pairs == 0 || bytes_per_block == 0) return 0;
+    const unsigned grid = static_cast<unsigned>(num_pairs);
+    if (bytes_per_block % 16 == 0 && reinterpret_cast<uintptr_t>(pool) % 16 == 0) {
+        CopyBlocksKernel<uint4><<<grid, 256, 0, stream>>>(static_cast<uint4*>(pool),
+                                                          bytes_per_block / 16, src_dst);
+    } else {
+        CopyBlocksKernel<uint8_t><<<grid, 256, 0, stream>>>(static_cast<uint8_t*>(pool),
+                                                            bytes_per_block, src_dst);
+    }
+    return LastError();
+}
+
+int LaunchGatherRows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out,
+                     StreamHandle stream) {
+    if (n == 0) return 0;
+    GatherRowsKernel<<<static_cast<unsigned>(n), RowThreads(dim), 0, stream>>>(x, dim, rows, out);
+    return LastError();
+}
+
+}  // namespace kvshard::cuda

@@ -1,0 +1,193 @@
+// The index and launch arithmetic of the CUDA backend (kernels/cuda/cuda_backend.h), written once
+// as __host__ __device__ functions: the kernels call them on the device and
+// tests/kernels/cuda_launch_math_test.cc checks them on the CPU against the CPU ops, so a build
+// without a GPU (or without CUDA) still tests the slot → address math, the split ranges, the
+// softmax merge and the 8-bit KV encodings the device kernels use.
+// A plain header: no CUDA includes; compiled by nvcc and by the host compiler alike.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define KV_HD __host__ __device__ inline
+#else
+#define KV_HD inline
+#endif
+
+namespace kvshard::cuda {
+
+using std::isnan;
+using std::signbit;
+
+// ---- paged attention launch shapes ----
+
+// Keys a thread block scores per tile (one per lane of a warp).
+constexpr int kAttnTileKeys = 32;
+// Threads of an attention block.
+constexpr int kAttnThreads = 128;
+// Query vectors × head_dim a block holds in its accumulators (kAttnThreads threads, 16 floats
+// each): 16 query vectors at head_dim 128, 8 at 256.
+constexpr int kAttnMaxAccFloats = 2048;
+// Most KV splits of one decode row.
+constexpr int kMaxKvSplits = 32;
+// head_dim the attention kernel accepts.
+constexpr int kAttnMaxHeadDim = 256;
+
+// Most query vectors of one pass (the bookkeeping arrays of a block).
+constexpr int kAttnMaxQueryVectors = 128;
+// Most query heads of one rank the attention kernel accepts (a block lists its GQA group).
+constexpr int kAttnMaxHeads = 256;
+
+// Query vectors (one head of one query row) a block processes in one pass over the keys.
+KV_HD int QueryVectorsPerPass(int64_t head_dim) {
+    if (head_dim <= 0) return 0;
+    const int64_t qv = kAttnMaxAccFloats / head_dim;
+    return static_cast<int>(qv < kAttnMaxQueryVectors ? qv : kAttnMaxQueryVectors);
+}
+
+// Floats from one key's (or value's) row to the next in a block's tile: one more than head_dim,
+// so that the 32 keys a warp scores at once fall in 32 different shared-memory banks.
+KV_HD int64_t TileRowFloats(int64_t head_dim) { return head_dim + 1; }
+
+// Dynamic shared memory of an attention block: the pass's queries, one K or V tile, the scores,
+// and per query vector its running max, sum and rescale factor.
+KV_HD int64_t AttentionSharedBytes(int64_t head_dim) {
+    const int64_t qv = QueryVectorsPerPass(head_dim);
+    return (qv * head_dim + kAttnTileKeys * TileRowFloats(head_dim) + qv * kAttnTileKeys + 3 * qv) *
+           static_cast<int64_t>(sizeof(float));
+}
+
+// How many blocks split the keys of each decode row: enough blocks (seqs × kv_heads × splits)
+// to give every multiprocessor two, at most kMaxKvSplits, and no more than the partial results
+// (m, l and head_dim sums per query head and split) that fit in `scratch_floats`.
+KV_HD int ChooseNumSplits(int64_t num_seqs, int64_t num_kv_heads, int64_t num_heads,
+                          int64_t head_dim, int sm_count, int64_t scratch_floats) {
+    if (num_seqs <= 0 || num_kv_heads <= 0 || num_heads <= 0 || head_dim <= 0) return 1;
+    const int64_t blocks = num_seqs * num_kv_heads;
+    const int64_t target = 2 * static_cast<int64_t>(sm_count > 0 ? sm_count : 1);
+    int64_t splits = (target + blocks - 1) / blocks;
+    if (splits > kMaxKvSplits) splits = kMaxKvSplits;
+    const int64_t per_split = num_seqs * num_heads * (head_dim + 2);
+    const int64_t fit = per_split > 0 ? scratch_floats / per_split : 0;
+    if (splits > fit) splits = fit;
+    return splits < 1 ? 1 : static_cast<int>(splits);
+}
+
+// The keys [begin, end) split `split` of `num_splits` of a context of `len` positions covers:
+// whole tiles, in order, the last ranges possibly empty (begin >= end).
+struct KeyRange {
+    int64_t begin;
+    int64_t end;
+};
+KV_HD KeyRange SplitKeyRange(int64_t len, int num_splits, int split) {
+    const int64_t tiles = (len + kAttnTileKeys - 1) / kAttnTileKeys;
+    const int64_t per = (tiles + num_splits - 1) / num_splits;
+    int64_t begin = static_cast<int64_t>(split) * per * kAttnTileKeys;
+    int64_t end = begin + per * kAttnTileKeys;
+    if (begin > len) begin = len;
+    if (end > len) end = len;
+    return {begin, end};
+}
+
+// ---- the paged KV layout (kernels/paged_attention.h) ----
+
+// Bytes from the pool's base to element `d` of (kv_head, position held at `slot_id`) of K
+// (`v` false) or V, for elements of `elem_bytes`; slot_id = block * block_size + offset.
+KV_HD int64_t KvElementOffset(int64_t block_stride, int64_t data_offset, int64_t block_size,
+                              int64_t head_dim, int64_t elem_bytes, int64_t slot_id,
+                              int64_t kv_head, int64_t d) {
+    const int64_t block = slot_id / block_size;
+    const int64_t slot = slot_id % block_size;
+    return block * block_stride + data_offset + ((kv_head * block_size + slot) * head_dim + d) * elem_bytes;
+}
+
+// Bytes from the pool's base to the fp32 scale of (kv_head, slot_id) in the scales region at
+// `scale_offset` of each block.
+KV_HD int64_t KvScaleOffset(int64_t block_stride, int64_t scale_offset, int64_t block_size,
+                            int64_t slot_id, int64_t kv_head) {
+    const int64_t block = slot_id / block_size;
+    const int64_t slot = slot_id % block_size;
+    return block * block_stride + scale_offset + (kv_head * block_size + slot) * 4;
+}
+
+// The slot id of position `pos` of a sequence whose blocks are `block_table`.
+KV_HD int64_t SlotOfPosition(const int32_t* block_table, int64_t block_size, int64_t pos) {
+    return static_cast<int64_t>(block_table[pos / block_size]) * block_size + pos % block_size;
+}
+
+// ---- the log-sum-exp merge of split partial results ----
+
+// A split's partial result for one query head: the max score m, the sum l of exp(score - m) and
+// the sums acc[d] of exp(score - m) · v[d]. An empty split has m = -inf, l = 0, acc = 0.
+// out[d] = Σ_s acc_s[d] · exp(m_s - M) / Σ_s l_s · exp(m_s - M), M = max_s m_s; 0 when no split
+// saw a key. partial(s) points at split s's record {m, l, acc[head_dim]}.
+template <typename PartialAt>
+KV_HD float MergedValue(int num_splits, PartialAt partial, int64_t d) {
+    float m_max = -INFINITY;
+    for (int s = 0; s < num_splits; ++s) m_max = fmaxf(m_max, partial(s)[0]);
+    if (m_max == -INFINITY) return 0.0f;
+    float num = 0.0f, den = 0.0f;
+    for (int s = 0; s < num_splits; ++s) {
+        const float* p = partial(s);
+        if (p[0] == -INFINITY) continue;
+        const float w = expf(p[0] - m_max);
+        den += p[1] * w;
+        num += p[2 + d] * w;
+    }
+    return den > 0.0f ? num / den : 0.0f;
+}
+
+// ---- 8-bit KV encodings: the arithmetic of kernels/kv_quant.cc ----
+
+KV_HD float Fp8E4M3Decode(uint8_t v) {
+    const int sign = v >> 7, exp = (v >> 3) & 0xF, man = v & 0x7;
+    float mag;
+    if (exp == 0xF && man == 0x7) {
+        mag = NAN;
+    } else if (exp == 0) {
+        mag = ldexpf(static_cast<float>(man) / 8.0f, -6);
+    } else {
+        mag = ldexpf(1.0f + static_cast<float>(man) / 8.0f, exp - 7);
+    }
+    return sign ? -mag : mag;
+}
+
+// Round-to-nearest-even, saturating at ±448; NaN → 0x7F (cpu::FloatToFp8E4M3).
+KV_HD uint8_t Fp8E4M3Encode(float x) {
+    if (isnan(x)) return 0x7F;
+    const uint8_t sign = signbit(x) ? 0x80 : 0x00;
+    const float a = fabsf(x);
+    if (a >= 448.0f) return sign | 0x7E;
+    int exp;
+    frexpf(a, &exp);
+    int e = exp - 1;
+    if (e < -6) e = -6;
+    const float step = ldexpf(1.0f, e - 3);
+    const float q = rintf(a / step) * step;
+    if (q >= 448.0f) return sign | 0x7E;
+    if (q == 0.0f) return sign;
+    int qexp;
+    frexpf(q, &qexp);
+    const int qe = qexp - 1;
+    if (qe < -6) return sign | static_cast<uint8_t>(lroundf(q / ldexpf(1.0f, -9)));
+    const int man = static_cast<int>(lroundf((q / ldexpf(1.0f, qe) - 1.0f) * 8.0f));
+    return sign | static_cast<uint8_t>(((qe + 7) << 3) | man);
+}
+
+// One element of cpu::QuantizeInt8 given the head's inverse scale.
+KV_HD int8_t Int8Encode(float x, float inv_scale) {
+    return static_cast<int8_t>(lrintf(fminf(fmaxf(x * inv_scale, -127.0f), 127.0f)));
+}
+
+// ---- elementwise launch shapes ----
+
+// Blocks of `threads` covering n elements, capped at `max_blocks` (grid-stride loops do the rest).
+KV_HD unsigned GridFor(int64_t n, int threads, int64_t max_blocks = 65535 * 4) {
+    int64_t blocks = (n + threads - 1) / threads;
+    if (blocks < 1) blocks = 1;
+    if (blocks > max_blocks) blocks = max_blocks;
+    return static_cast<unsigned>(blocks);
+}
+
+}  // namespace kvshard::cuda

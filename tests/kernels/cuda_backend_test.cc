@@ -1,0 +1,187 @@
+// CudaBackend against the CPU backend on the same inputs: what the op table
+// (backend_ops_test.cc) does not reach — long contexts that take the split-KV path, 8-bit KV
+// bytes identical to the CPU's, prefill chunks spread over row tiles, the cuBLASLt plan cache.
+// The suite carries "Gpu" in its name; cases that need a device skip without one. The first
+// case, the refusal without a device, runs on every machine.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/build_config.h"
+#include "common/device.h"
+#include "common/dtype.h"
+#include "kernels/backend.h"
+#include "kernels/cpu_backend.h"
+#include "kernels/paged_attention.h"
+#if KVSHARD_WITH_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
+
+namespace kvshard {
+namespace {
+
+TEST(CudaBackendFactoryTest, RefusedWithAClearErrorWithoutADevice) {
+    if (DeviceCount() > 0) {
+        // With a device, a missing ordinal is the refusal to check.
+        Result<std::unique_ptr<Backend>> b =
+            MakeBackend({.kind = BackendKind::kCuda, .device = DeviceCount() + 3});
+        ASSERT_FALSE(b.ok());
+        EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+        EXPECT_NE(b.status().message().find("does not exist"), std::string::npos)
+            << b.status().message();
+        return;
+    }
+    Result<std::unique_ptr<Backend>> b = MakeBackend({.kind = BackendKind::kCuda});
+    ASSERT_FALSE(b.ok());
+    EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(b.status().message().rfind("backend: cuda: ", 0), 0u) << b.status().message();
+    EXPECT_NE(b.status().message().find("use backend cpu"), std::string::npos);
+}
+
+#if KVSHARD_WITH_CUDA
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-scale, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = u(rng);
+    return v;
+}
+
+double RelL2(const std::vector<float>& got, const std::vector<float>& want) {
+    double num = 0, den = 1e-30;
+    for (size_t i = 0; i < got.size(); ++i) {
+        if (std::isnan(got[i])) return INFINITY;
+        num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+        den += double(want[i]) * want[i];
+    }
+    return std::sqrt(num / den);
+}
+
+class CudaBackendGpuTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+        Result<std::unique_ptr<Backend>> b = MakeBackend({.kind = BackendKind::kCuda});
+        ASSERT_TRUE(b.ok()) << b.status().ToString();
+        gpu_ = std::move(*b);
+        cpu_ = std::make_unique<CpuBackend>(BackendConfig{});
+    }
+
+    template <typename T>
+    T* Put(const std::vector<T>& host) {
+        Result<BackendBuffer> buf = gpu_->Allocate(std::max<size_t>(64, host.size() * sizeof(T)));
+        KV_CHECK(buf.ok()) << buf.status().ToString();
+        KV_CHECK(gpu_->CopyToDevice(buf->data(), host.data(), host.size() * sizeof(T)).ok());
+        buffers_.push_back(std::move(*buf));
+        return buffers_.back().As<T>();
+    }
+    template <typename T>
+    std::vector<T> Get(const T* dev, size_t n) {
+        std::vector<T> out(n);
+        KV_CHECK(gpu_->CopyToHost(out.data(), dev, n * sizeof(T)).ok());
+        const Status st = gpu_->Synchronize();
+        KV_CHECK(st.ok()) << st.ToString();
+        return out;
+    }
+
+    std::unique_ptr<Backend> gpu_;
+    std::unique_ptr<CpuBackend> cpu_;
+    std::vector<BackendBuffer> buffers_;
+};
+
+// K/V written on both backends from the same rows give the same pool bytes (fp32, int8 and fp8
+// with their scales); attention over one pool (long decode contexts split over many blocks, and
+// a prefill chunk) agrees with the CPU's.
+TEST_F(CudaBackendGpuTest, KvBytesAndSplitAttentionMatchTheCpu) {
+    for (KvStorage storage : {KvStorage::kF32, KvStorage::kInt8, KvStorage::kFp8E4M3}) {
+        const int64_t bs = 16, heads = 8, kv_heads = 2, hd = 128, layers = 1;
+        const std::vector<int32_t> ctx = {1000, 37, 300}, news = {1, 1, 45};
+        int64_t total = 0, blocks = 0;
+        for (int32_t c : ctx) {
+            total += c;
+            blocks += (c + bs - 1) / bs;
+        }
+        const int64_t block_bytes = layers * cpu::PagedLayerBytes(storage, bs, kv_heads, hd);
+        std::vector<uint8_t> cpu_pool(static_cast<size_t>(blocks * block_bytes), 0);
+        auto* gpu_pool = Put(cpu_pool);
+        // Blocks handed out in reverse, so tables are not the identity.
+        std::vector<int32_t> flat, ts = {0}, qs = {0};
+        std::vector<int64_t> slots;
+        int32_t next = int32_t(blocks);
+        for (size_t s = 0; s < ctx.size(); ++s) {
+            const size_t first = flat.size();
+            for (int32_t p = 0; p < ctx[s]; p += bs) flat.push_back(--next);
+            for (int32_t p = 0; p < ctx[s]; ++p) {
+                slots.push_back(int64_t(flat[first + p / bs]) * bs + p % bs);
+            }
+            ts.push_back(int32_t(flat.size()));
+            qs.push_back(qs.back() + news[s]);
+        }
+        const int64_t kvw = kv_heads * hd;
+        const std::vector<float> k = Random(total * kvw, 1, 2.0f), v = Random(total * kvw, 2);
+        const PagedKvLayer cpu_kv =
+            cpu::MakePagedKvLayer(cpu_pool.data(), block_bytes, 0, storage, bs, kv_heads, hd);
+        const PagedKvLayer gpu_kv =
+            cpu::MakePagedKvLayer(gpu_pool, block_bytes, 0, storage, bs, kv_heads, hd);
+        cpu_->KvWrite(cpu_kv, k.data(), v.data(), kvw, slots.data(), total);
+        gpu_->KvWrite(gpu_kv, Put(k), Put(v), kvw, Put(slots), total);
+        const std::vector<uint8_t> got_pool = Get(gpu_pool, cpu_pool.size());
+        EXPECT_EQ(0, std::memcmp(got_pool.data(), cpu_pool.data(), cpu_pool.size()))
+            << "storage " << int(storage);
+
+        const int64_t rows = qs.back();
+        const std::vector<float> q = Random(rows * heads * hd, 3);
+        const PagedAttentionBatch cpu_batch{.num_seqs = 3,
+                                            .query_starts = qs.data(),
+                                            .context_lens = ctx.data(),
+                                            .block_table_starts = ts.data(),
+                                            .block_tables = flat.data()};
+        const PagedAttentionBatch gpu_batch{.num_seqs = 3,
+                                            .query_starts = Put(qs),
+                                            .context_lens = Put(ctx),
+                                            .block_table_starts = Put(ts),
+                                            .block_tables = Put(flat)};
+        std::vector<float> want(rows * heads * hd);
+        cpu_->PagedAttention(q.data(), heads * hd, cpu_kv, cpu_batch, want.data(), heads, nullptr);
+        float* out = Put(std::vector<float>(want.size(), NAN));
+        gpu_->PagedAttention(Put(q), heads * hd, gpu_kv, gpu_batch, out, heads, nullptr);
+        EXPECT_LE(RelL2(Get(out, want.size()), want), 1e-5) << "storage " << int(storage);
+    }
+}
+
+TEST_F(CudaBackendGpuTest, Bf16ProductsAgreeAndPlansAreCachedPerShape) {
+    auto* cuda = dynamic_cast<cuda::CudaBackend*>(gpu_.get());
+    ASSERT_NE(cuda, nullptr);
+    const int64_t n = 1024, k = 576;
+    std::vector<uint8_t> w(RowBytes(DType::kQ8_0, k) * n);
+    std::mt19937 rng(7);
+    for (uint8_t& b : w) b = uint8_t(rng());
+    for (size_t at = 0; at < w.size(); at += BlockBytes(DType::kQ8_0)) {
+        const uint16_t d = FloatToHalf(0.01f);
+        std::memcpy(&w[at], &d, 2);
+    }
+    const WeightView cpu_w{.dtype = DType::kQ8_0, .data = w.data(), .rows = n, .cols = k};
+    const WeightView gpu_w{.dtype = DType::kQ8_0, .data = Put(w), .rows = n, .cols = k};
+    ASSERT_TRUE(cuda->PrepareWeight(gpu_w, false).ok());
+    const size_t plans0 = cuda->gemm_plans();
+    for (int64_t m : {1, 8, 8, 37}) {
+        const std::vector<float> x = Random(m * k, uint32_t(m));
+        std::vector<float> want(m * n);
+        cpu_->MatMul(x.data(), m, cpu_w, want.data());
+        float* y = Put(std::vector<float>(want.size(), NAN));
+        gpu_->MatMul(Put(x), m, gpu_w, y);
+        EXPECT_LE(RelL2(Get(y, want.size()), want), 1e-2) << "m=" << m;
+    }
+    EXPECT_EQ(cuda->gemm_plans(), plans0 + 3) << "m = 1, 8, 37: one plan each";
+}
+
+#endif  // KVSHARD_WITH_CUDA
+
+}  // namespace
+}  // namespace kvshard
