@@ -45,6 +45,8 @@ struct GenerateFlags {
     std::string log_level = "warn";
     int tp = 1;
     std::string comm = "local";
+    std::string backend = "cpu";
+    int device = 0;
 };
 
 // Where the ranks run: this process's threads, or this process as one MPI rank.
@@ -149,6 +151,18 @@ int RunGenerate(const GenerateFlags& f) {
     } else {
         return fail("--kv-dtype: '" + f.kv_dtype + "' is not one of fp32, int8, fp8");
     }
+    if (f.backend == "cpu") {
+        runner.backend.kind = BackendKind::kCpu;
+    } else if (f.backend == "cuda") {
+        if (f.tp > 1) {
+            return fail("--backend cuda: --tp " + std::to_string(f.tp) +
+                        " is not supported on GPUs yet (one device per instance); use --tp 1");
+        }
+        runner.backend.kind = BackendKind::kCuda;
+        runner.backend.device = f.device;
+    } else {
+        return fail("--backend: '" + f.backend + "' is not one of cpu, cuda");
+    }
     Result<LoadedModel> loaded = Load(f, runner, p);
     if (!loaded.ok()) return fail(loaded.status().message());
     LoadedModel& m = *loaded;
@@ -214,6 +228,7 @@ int RunGenerate(const GenerateFlags& f) {
         j["decode_seconds"] = res.decode_seconds;
         j["tp"] = f.tp;
         j["comm"] = f.comm;
+        j["backend"] = f.backend;
         nlohmann::json ranks = nlohmann::json::array();
         for (const RankMemory& mem : *memory) {
             ranks.push_back({{"weight_bytes", mem.weight_bytes},
@@ -278,6 +293,10 @@ Command RegisterGenerate(CLI::App& app) {
            "Tensor-parallel ranks: worker threads (--comm local) or mpirun processes (--comm mpi)")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
+    sub->add_option("--backend", f->backend, "Where the forward pass runs: cpu or cuda")
+        ->capture_default_str();
+    sub->add_option("--device", f->device, "The GPU ordinal of --backend cuda")
+        ->capture_default_str();
     sub->add_option("--comm", f->comm,
                     "Collectives between ranks: local (threads of this process) or mpi (one "
                     "process per rank, under mpirun -np N)")

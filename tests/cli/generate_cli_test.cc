@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/device.h"
 #include "tests/test_util.h"
 
 namespace kvshard {
@@ -135,6 +136,37 @@ TEST(GenerateCli, TokenizerThatDoesNotMatchTheModel) {
     EXPECT_LT(o.exit_code, 128) << o.err;
     EXPECT_EQ(CountLines(o.err), 1) << o.err;
     EXPECT_NE(o.err.find("poem_tok.bin"), std::string::npos) << o.err;
+}
+
+// --backend: what this build and machine cannot run is refused with one line naming the flag,
+// before any weight is read; with a GPU, the CUDA backend's greedy tokens on an fp32 model (the
+// pedantic fp32 path) are the CPU's.
+TEST(GenerateCli, BackendFlag) {
+    const std::string model = SharedModel("stories260K/stories260K.bin");
+    KV_REQUIRE_FIXTURE(model, "stories260K.bin");
+    const std::string base = "generate --json --model " + Quote(model) +
+                             " --prompt 'Once upon a time' --max-tokens 24";
+    for (const std::string& bad : {std::string(" --backend tpu"),
+                                   std::string(" --backend cuda --tp 2")}) {
+        Output o = RunKvshard(base + bad);
+        EXPECT_NE(o.exit_code, 0) << bad;
+        EXPECT_LT(o.exit_code, 128) << bad << " crashed: " << o.err;
+        EXPECT_EQ(CountLines(o.err), 1) << o.err;
+        EXPECT_NE(o.err.find("--backend"), std::string::npos) << o.err;
+    }
+    Output cuda = RunKvshard(base + " --backend cuda");
+    if (DeviceCount() == 0) {
+        EXPECT_NE(cuda.exit_code, 0);
+        EXPECT_LT(cuda.exit_code, 128) << cuda.err;
+        EXPECT_EQ(CountLines(cuda.err), 1) << cuda.err;
+        EXPECT_NE(cuda.err.find("backend: cuda"), std::string::npos) << cuda.err;
+        return;
+    }
+    Output cpu = RunKvshard(base + " --backend cpu");
+    ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+    ASSERT_EQ(cuda.exit_code, 0) << cuda.err;
+    EXPECT_EQ(nlohmann::json::parse(cuda.out)["token_ids"],
+              nlohmann::json::parse(cpu.out)["token_ids"]);
 }
 
 // A Hugging Face directory written by `kvshard convert` generates the same tokens as the GGUF.
