@@ -7,24 +7,13 @@
 
 #include "kernels/cuda/backend_kernels.h"
 #include "kernels/cuda/launch_math.h"
+#include "kernels/cuda/warp_reduce.cuh"
 
 namespace kvshard::cuda {
 namespace {
 
-constexpr int kWarp = 32;
+constexpr int kWarp = kWarpSize;
 constexpr int kRowThreads = 256;
-
-__device__ float WarpSum(float v) {
-#pragma unroll
-    for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ float WarpMax(float v) {
-#pragma unroll
-    for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 // Every thread gets the sum (or max) over the block. REQUIRES: blockDim.x a multiple of 32, at
 // most kRowThreads; called by every thread.
@@ -222,6 +211,20 @@ __device__ float LoadKv(const KvArgs& kv, bool is_v, int64_t slot, int64_t h, in
     }
 }
 
+// The K (or V) rows of positions t0 .. t0 + nt - 1 into a shared tile of kAttnTileKeys rows
+// TileRowFloats(head_dim) apart, rows past nt zeroed. Called by every thread of the block.
+template <int kStorage>
+__device__ void LoadTile(const KvArgs& kv, bool is_v, const int32_t* table, int64_t t0, int64_t nt,
+                         int64_t kvh, float* tile) {
+    const int64_t hd = kv.head_dim, row = TileRowFloats(hd);
+    for (int64_t e = threadIdx.x; e < kAttnTileKeys * hd; e += blockDim.x) {
+        const int64_t t = e / hd, d = e % hd;
+        tile[t * row + d] =
+            t < nt ? LoadKv<kStorage>(kv, is_v, SlotOfPosition(table, kv.block_size, t0 + t), kvh, d)
+                   : 0.0f;
+    }
+}
+
 struct AttnArgs {
     const float* q;
     int64_t q_stride;
@@ -331,13 +334,7 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttentionKernel(AttnArgs a)
         for (int64_t t0 = k_begin; t0 < k_end; t0 += kAttnTileKeys) {
             const int64_t nt = Min64(kAttnTileKeys, k_end - t0);
             __syncthreads();  // the previous tile's V is consumed
-            for (int64_t e = threadIdx.x; e < kAttnTileKeys * hd; e += blockDim.x) {
-                const int64_t t = e / hd, d = e % hd;
-                skv[t * kv_row + d] =
-                    t < nt ? LoadKv<kStorage>(a.kv, false, SlotOfPosition(table, a.kv.block_size, t0 + t),
-                                              kvh, d)
-                           : 0.0f;
-            }
+            LoadTile<kStorage>(a.kv, false, table, t0, nt, kvh, skv);
             __syncthreads();
             for (int e = threadIdx.x; e < nq * kAttnTileKeys; e += blockDim.x) {
                 const int i = e / kAttnTileKeys, t = e % kAttnTileKeys;
@@ -369,13 +366,7 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttentionKernel(AttnArgs a)
                     s_max[i] = m_new;
                 }
             }
-            for (int64_t e = threadIdx.x; e < kAttnTileKeys * hd; e += blockDim.x) {
-                const int64_t t = e / hd, d = e % hd;
-                skv[t * kv_row + d] =
-                    t < nt ? LoadKv<kStorage>(a.kv, true, SlotOfPosition(table, a.kv.block_size, t0 + t),
-                                              kvh, d)
-                           : 0.0f;
-            }
+            LoadTile<kStorage>(a.kv, true, table, t0, nt, kvh, skv);
             __syncthreads();
 #pragma unroll
             for (int j = 0; j < kAccPerThread; ++j) {

@@ -3,21 +3,13 @@
 #include <limits>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/warp_reduce.cuh"
 #include "kernels/cuda_ops.h"
 
 namespace kvshard::cuda {
 namespace {
 
-constexpr int kWarpSize = 32;
 constexpr int kMaxThreads = 256;
-
-__device__ float WarpSum(float v) {
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-        v += __shfl_xor_sync(0xffffffffu, v, offset);
-    }
-    return v;
-}
 
 // Every thread of the block gets the sum of `v` over the block. REQUIRES: blockDim.x is a
 // multiple of the warp size.
