@@ -17,6 +17,7 @@
 #include "common/dtype.h"
 #include "kernels/backend.h"
 #include "kernels/cpu_backend.h"
+#include "kernels/cuda/synthetic_decode.h"
 #include "kernels/paged_attention.h"
 #if KVSHARD_WITH_CUDA
 #include "kernels/cuda/cuda_backend.h"
@@ -41,6 +42,32 @@ TEST(CudaBackendFactoryTest, RefusedWithAClearErrorWithoutADevice) {
     EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(b.status().message().rfind("backend: cuda: ", 0), 0u) << b.status().message();
     EXPECT_NE(b.status().message().find("use backend cpu"), std::string::npos);
+}
+
+cuda::DecodeShape TinyShape() {
+    return {.layers = 2, .hidden = 64, .heads = 4, .kv_heads = 2, .head_dim = 16, .ffn = 96,
+            .vocab = 50, .block_size = 4};
+}
+
+// The synthetic decode step the GPU benchmark times runs the runner's ops on the CPU backend:
+// finite logits that differ across the batch's rows, the same for the same seed.
+TEST(SyntheticDecodeTest, RunsADecodeStepOnTheCpuBackend) {
+    CpuBackend cpu(BackendConfig{});
+    auto a = cuda::SyntheticDecode::Create(cpu, TinyShape(), 3, 9, 5);
+    auto b = cuda::SyntheticDecode::Create(cpu, TinyShape(), 3, 9, 5);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    a->Step(3);
+    b->Step(3);
+    auto la = a->Logits(3), lb = b->Logits(3);
+    ASSERT_TRUE(la.ok() && lb.ok());
+    ASSERT_EQ(la->size(), 3u * 50);
+    for (float x : *la) ASSERT_TRUE(std::isfinite(x));
+    EXPECT_EQ(*la, *lb);
+    EXPECT_NE(std::vector<float>(la->begin(), la->begin() + 50),
+              std::vector<float>(la->begin() + 50, la->begin() + 100));
+    EXPECT_EQ(TinyShape().weight_bytes(), 2 * (2 * (128 * 64 + 64 * 64 + 2 * 96 * 64 + 64 * 96) +
+                                              2 * 50 * 64));
 }
 
 #if KVSHARD_WITH_CUDA
@@ -179,6 +206,19 @@ TEST_F(CudaBackendGpuTest, Bf16ProductsAgreeAndPlansAreCachedPerShape) {
         EXPECT_LE(RelL2(Get(y, want.size()), want), 1e-2) << "m=" << m;
     }
     EXPECT_EQ(cuda->gemm_plans(), plans0 + 3) << "m = 1, 8, 37: one plan each";
+}
+
+// A whole synthetic decode step (bf16 weights) on the device against the CPU backend.
+TEST_F(CudaBackendGpuTest, SyntheticDecodeStepMatchesTheCpu) {
+    auto on_cpu = cuda::SyntheticDecode::Create(*cpu_, TinyShape(), 5, 40, 3);
+    auto on_gpu = cuda::SyntheticDecode::Create(*gpu_, TinyShape(), 5, 40, 3);
+    ASSERT_TRUE(on_cpu.ok()) << on_cpu.status().ToString();
+    ASSERT_TRUE(on_gpu.ok()) << on_gpu.status().ToString();
+    on_cpu->Step(5);
+    on_gpu->Step(5);
+    auto want = on_cpu->Logits(5), got = on_gpu->Logits(5);
+    ASSERT_TRUE(want.ok() && got.ok()) << got.status().ToString();
+    EXPECT_LE(RelL2(*got, *want), 2e-2);
 }
 
 #endif  // KVSHARD_WITH_CUDA

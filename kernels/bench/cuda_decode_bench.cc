@@ -1,0 +1,149 @@
+// Decode time per step of a Llama-shaped model with random bf16 weights (kernels/cuda/
+// synthetic_decode.h) on a backend, at several batch sizes and one context length: ms/step,
+// tokens/s and the share of the memory roofline (the bytes a step must read — every weight once,
+// plus the KV of every sequence — over the device copy bandwidth measured here with CopyBlocks).
+// Eager launches (no graphs). Prints one line per batch; --json adds one JSON object.
+//   kvshard_cuda_decode_bench [--backend cuda|cpu] [--shape 8b|tiny] [--context 512]
+//                             [--batches 1,8,32,64,128] [--steps 10]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/synthetic_decode.h"
+
+namespace {
+
+using kvshard::Backend;
+using Clock = std::chrono::steady_clock;
+
+int Fail(const std::string& message) {
+    std::fprintf(stderr, "kvshard_cuda_decode_bench: %s\n", message.c_str());
+    return 2;
+}
+
+double Median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Device copy bandwidth (bytes read + written per second): one block of `bytes` copied to
+// another by CopyBlocks, median of 5 after a warm-up.
+double CopyBandwidth(Backend& b, size_t bytes) {
+    auto pool = b.Allocate(2 * bytes);
+    if (!pool.ok()) return 0.0;
+    auto pairs = b.Allocate(64);
+    const int32_t host[2] = {0, 1};
+    if (!pairs.ok() || !b.CopyToDevice(pairs->data(), host, sizeof(host)).ok()) return 0.0;
+    std::vector<double> t;
+    for (int i = 0; i < 6; ++i) {
+        const auto t0 = Clock::now();
+        b.CopyBlocks(pool->data(), int64_t(bytes), pairs->As<int32_t>(), 1);
+        if (!b.Synchronize().ok()) return 0.0;
+        if (i > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return 2.0 * double(bytes) / Median(t);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::string backend = "cuda", shape_name = "8b";
+    int64_t context = 512, steps = 10;
+    std::vector<int64_t> batches = {1, 8, 32, 64, 128};
+    bool json = false;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) return "";
+            return argv[++i];
+        };
+        if (a == "--backend") {
+            backend = value();
+        } else if (a == "--shape") {
+            shape_name = value();
+        } else if (a == "--context") {
+            context = std::atoll(value().c_str());
+        } else if (a == "--steps") {
+            steps = std::atoll(value().c_str());
+        } else if (a == "--batches") {
+            batches.clear();
+            std::stringstream ss(value());
+            for (std::string b; std::getline(ss, b, ',');) batches.push_back(std::atoll(b.c_str()));
+        } else if (a == "--json") {
+            json = true;
+        } else {
+            return Fail("unknown flag " + a);
+        }
+    }
+    kvshard::cuda::DecodeShape shape;
+    if (shape_name == "tiny") {
+        shape = {.layers = 2, .hidden = 256, .heads = 4, .kv_heads = 2, .head_dim = 64,
+                 .ffn = 512, .vocab = 1000};
+    } else if (shape_name != "8b") {
+        return Fail("--shape: '" + shape_name + "' is not one of 8b, tiny");
+    }
+    if (backend != "cuda" && backend != "cpu") {
+        return Fail("--backend: '" + backend + "' is not one of cpu, cuda");
+    }
+    if (context < 1 || steps < 1 || batches.empty() ||
+        *std::min_element(batches.begin(), batches.end()) < 1) {
+        return Fail("--context, --steps and every --batches entry must be positive");
+    }
+    auto b = kvshard::MakeBackend(
+        {.kind = backend == "cuda" ? kvshard::BackendKind::kCuda : kvshard::BackendKind::kCpu});
+    if (!b.ok()) return Fail(b.status().message());
+    Backend& be = **b;
+    const double bw = CopyBandwidth(be, backend == "cuda" ? size_t{1} << 30 : size_t{64} << 20);
+    const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
+    const auto t_load = Clock::now();
+    auto d = kvshard::cuda::SyntheticDecode::Create(be, shape, max_batch, context, 1);
+    if (!d.ok()) return Fail(d.status().message());
+    std::fprintf(stderr, "%s: %s shape, %.2f GB of bf16 weights set up in %.1f s; copy %.0f GB/s\n",
+                 be.Describe().c_str(), shape_name.c_str(), double(shape.weight_bytes()) / 1e9,
+                 std::chrono::duration<double>(Clock::now() - t_load).count(), bw / 1e9);
+    std::string rows;
+    for (int64_t batch : batches) {
+        for (int i = 0; i < 2; ++i) d->Step(batch);  // warm-up: plans, module load
+        if (auto st = be.Synchronize(); !st.ok()) return Fail(st.message());
+        std::vector<double> t;
+        for (int64_t i = 0; i < steps; ++i) {
+            const auto t0 = Clock::now();
+            d->Step(batch);
+            if (auto st = be.Synchronize(); !st.ok()) return Fail(st.message());
+            t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        }
+        auto logits = d->Logits(batch);
+        if (!logits.ok()) return Fail(logits.status().message());
+        for (float x : *logits) {
+            if (!std::isfinite(x)) return Fail("a logit is not finite at batch " + std::to_string(batch));
+        }
+        const double sec = Median(t);
+        const double kv_bytes = double(batch) * double(context + 1) * double(shape.layers) *
+                                double(2 * shape.kv_heads * shape.head_dim) * 4.0;
+        const double floor_s = bw > 0 ? (double(shape.weight_bytes()) + kv_bytes) / bw : 0.0;
+        std::printf("batch %4lld  context %lld  %8.3f ms/step  %9.1f tok/s  %5.1f%% of roofline\n",
+                    static_cast<long long>(batch), static_cast<long long>(context), sec * 1e3,
+                    double(batch) / sec, floor_s > 0 ? 100.0 * floor_s / sec : 0.0);
+        char row[256];
+        std::snprintf(row, sizeof(row),
+                      "%s{\"batch\":%lld,\"ms_per_step\":%.4f,\"tok_per_s\":%.2f,"
+                      "\"roofline_pct\":%.2f}",
+                      rows.empty() ? "" : ",", static_cast<long long>(batch), sec * 1e3,
+                      double(batch) / sec, floor_s > 0 ? 100.0 * floor_s / sec : 0.0);
+        rows += row;
+    }
+    if (json) {
+        std::printf("{\"backend\":\"%s\",\"shape\":\"%s\",\"context\":%lld,\"copy_gbps\":%.1f,"
+                    "\"weight_bytes\":%lld,\"batches\":[%s]}\n",
+                    backend.c_str(), shape_name.c_str(), static_cast<long long>(context), bw / 1e9,
+                    static_cast<long long>(shape.weight_bytes()), rows.c_str());
+    }
+    return 0;
+}

@@ -1,0 +1,272 @@
+// A Llama-shaped decode step on any Backend, with random bf16 weights and a KV pool already
+// holding `context` random positions per sequence: the ops and order of the ModelRunner's forward
+// pass (embedding, per layer RmsNorm → QKV → RoPE → KvWrite → PagedAttention → O → AddRmsNorm →
+// gate|up → SiluMul → down → AddRmsNorm, then the classifier) without a model file, so a GPU
+// machine that cannot carry real weights can time an 8B-shaped decode
+// (kernels/bench/cuda_decode_bench.cc) and a test can check a whole step against the CPU backend
+// (tests/kernels/cuda_backend_test.cc). Header-only; the weights are the same on every backend for
+// a seed. Not thread-safe.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/status.h"
+#include "kernels/backend.h"
+#include "kernels/cpu_ops.h"
+#include "kernels/paged_attention.h"
+
+namespace kvshard::cuda {
+
+struct DecodeShape {
+    int64_t layers = 32;
+    int64_t hidden = 4096;
+    int64_t heads = 32;
+    int64_t kv_heads = 8;
+    int64_t head_dim = 128;
+    int64_t ffn = 14336;
+    int64_t vocab = 128256;
+    int64_t block_size = 16;
+    float rope_theta = 500000.0f;
+
+    static DecodeShape Llama3_8B() { return {}; }
+    int64_t qkv_rows() const { return (heads + 2 * kv_heads) * head_dim; }
+    // bf16 weight bytes one step reads (every matrix once).
+    int64_t weight_bytes() const {
+        const int64_t per_layer =
+            qkv_rows() * hidden + hidden * heads * head_dim + 2 * ffn * hidden + hidden * ffn;
+        return 2 * (layers * per_layer + 2 * vocab * hidden);
+    }
+};
+
+class SyntheticDecode {
+  public:
+    // Allocates everything on `b` (which must outlive this): weights, a pool of max_batch
+    // sequences of context + 1 positions (the first `context` written with random K/V), the step's
+    // buffers. Errors: the backend's (allocation, copies).
+    static Result<SyntheticDecode> Create(Backend& b, const DecodeShape& s, int64_t max_batch,
+                                          int64_t context, uint32_t seed) {
+        SyntheticDecode d(b, s, max_batch, context);
+        KV_RETURN_IF_ERROR(d.Init(seed));
+        return d;
+    }
+
+    // Queues one decode step of `batch` sequences (each at position `context`; the step's K/V go
+    // to the same slots every step). REQUIRES: 0 < batch <= max_batch.
+    void Step(int64_t batch) {
+        const DecodeShape& s = s_;
+        Backend& b = *b_;
+        const int64_t qkv = s.qkv_rows(), q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
+        const PagedAttentionBatch attn{.num_seqs = batch,
+                                       .query_starts = query_starts_,
+                                       .context_lens = context_lens_,
+                                       .block_table_starts = table_starts_,
+                                       .block_tables = tables_};
+        b.Embedding(embedding_, 0, ids_, batch, x_);
+        b.RmsNorm(x_, ones_, xn_, batch, s.hidden, 1e-5f);
+        for (int64_t l = 0; l < s.layers; ++l) {
+            const Layer& w = layers_[static_cast<size_t>(l)];
+            b.MatMul(xn_, batch, w.qkv, qkv_);
+            b.Rope(qkv_, qkv, positions_, batch, s.heads + s.kv_heads, s.head_dim, inv_freq_);
+            const PagedKvLayer kv = Kv(l);
+            b.KvWrite(kv, qkv_ + q_dim, qkv_ + q_dim + kv_dim, qkv, slots_, batch);
+            b.PagedAttention(qkv_, qkv, kv, attn, attn_, s.heads, nullptr);
+            b.MatMul(attn_, batch, w.wo, delta_);
+            b.AddRmsNorm(x_, delta_, ones_, xn_, batch, s.hidden, 1e-5f);
+            b.MatMul(xn_, batch, w.gate_up, gate_up_);
+            b.SiluMul(gate_up_, batch, s.ffn, h_);
+            b.MatMul(h_, batch, w.down, delta_);
+            b.AddRmsNorm(x_, delta_, ones_, xn_, batch, s.hidden, 1e-5f);
+        }
+        b.MatMul(xn_, batch, output_, logits_);
+    }
+
+    // The logits of the last step's `batch` rows (waits for the step).
+    Result<std::vector<float>> Logits(int64_t batch) {
+        std::vector<float> out(static_cast<size_t>(batch * s_.vocab));
+        KV_RETURN_IF_ERROR(b_->CopyToHost(out.data(), logits_, out.size() * sizeof(float)));
+        KV_RETURN_IF_ERROR(b_->Synchronize());
+        return out;
+    }
+
+    const DecodeShape& shape() const { return s_; }
+
+  private:
+    struct Layer {
+        WeightView qkv, wo, gate_up, down;
+    };
+
+    SyntheticDecode(Backend& b, const DecodeShape& s, int64_t max_batch, int64_t context)
+        : b_(&b), s_(s), max_batch_(max_batch), context_(context) {}
+
+    PagedKvLayer Kv(int64_t layer) {
+        return cpu::MakePagedKvLayer(pool_.As<uint8_t>(), block_bytes_, layer, KvStorage::kF32,
+                                     s_.block_size, s_.kv_heads, s_.head_dim);
+    }
+
+    // Fills `bytes` of backend memory at `dst` from the random table, starting at a varying
+    // offset so matrices differ.
+    Status FillRandom(void* dst, size_t bytes, size_t* cursor) {
+        auto* out = static_cast<uint8_t*>(dst);
+        const size_t table = random_bf16_.size() * sizeof(uint16_t);
+        const auto* src = reinterpret_cast<const uint8_t*>(random_bf16_.data());
+        while (bytes > 0) {
+            const size_t at = (*cursor % (table / 2)) & ~size_t{1};
+            const size_t n = std::min(bytes, table - at);
+            KV_RETURN_IF_ERROR(b_->CopyToDevice(out, src + at, n));
+            KV_RETURN_IF_ERROR(b_->Synchronize());
+            out += n;
+            bytes -= n;
+            *cursor += 2 * n + 7919 * 2;
+        }
+        return Status::Ok();
+    }
+
+    Status Init(uint32_t seed) {
+        const DecodeShape& s = s_;
+        std::mt19937 rng(seed);
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        // Uniform(-a, a) with a = sqrt(3 / hidden): each product keeps its input's scale.
+        const float a = std::sqrt(3.0f / static_cast<float>(s.hidden));
+        random_bf16_.resize(size_t{1} << 20);
+        for (uint16_t& v : random_bf16_) v = FloatToBF16(a * u(rng));
+
+        // Weights: one arena of bf16 matrices.
+        struct Planned {
+            WeightView* view;
+            int64_t rows, cols;
+        };
+        std::vector<Planned> plan;
+        layers_.resize(static_cast<size_t>(s.layers));
+        plan.push_back({&embedding_, s.vocab, s.hidden});
+        plan.push_back({&output_, s.vocab, s.hidden});
+        for (Layer& l : layers_) {
+            plan.push_back({&l.qkv, s.qkv_rows(), s.hidden});
+            plan.push_back({&l.wo, s.hidden, s.heads * s.head_dim});
+            plan.push_back({&l.gate_up, 2 * s.ffn, s.hidden});
+            plan.push_back({&l.down, s.hidden, s.ffn});
+        }
+        size_t total = 0;
+        for (const Planned& p : plan) total += Aligned(size_t(p.rows * p.cols) * 2);
+        KV_ASSIGN_OR_RETURN(weights_, b_->Allocate(total));
+        size_t offset = 0, cursor = seed;
+        for (const Planned& p : plan) {
+            const size_t bytes = size_t(p.rows * p.cols) * 2;
+            void* at = weights_.As<uint8_t>() + offset;
+            KV_RETURN_IF_ERROR(FillRandom(at, bytes, &cursor));
+            *p.view = {.dtype = DType::kBF16, .data = at, .rows = p.rows, .cols = p.cols};
+            offset += Aligned(bytes);
+        }
+
+        // The KV pool: max_batch sequences of context + 1 positions, consecutive blocks each.
+        const int64_t per_seq = (context_ + 1 + s.block_size - 1) / s.block_size;
+        block_bytes_ =
+            s.layers * cpu::PagedLayerBytes(KvStorage::kF32, s.block_size, s.kv_heads, s.head_dim);
+        KV_ASSIGN_OR_RETURN(pool_, b_->Allocate(size_t(max_batch_ * per_seq * block_bytes_)));
+
+        // Step buffers and inputs.
+        const int64_t m = max_batch_;
+        std::vector<int32_t> ids(m), positions(m, int32_t(context_)), starts(m + 1), lens(m, int32_t(context_ + 1)),
+            table_starts(m + 1), tables(m * per_seq);
+        std::vector<int64_t> slots(m);
+        for (int64_t i = 0; i < m; ++i) {
+            ids[i] = int32_t(rng() % uint32_t(s.vocab));
+            starts[i] = int32_t(i);
+            table_starts[i] = int32_t(i * per_seq);
+            for (int64_t j = 0; j < per_seq; ++j) tables[i * per_seq + j] = int32_t(i * per_seq + j);
+            slots[i] = (i * per_seq + context_ / s.block_size) * s.block_size + context_ % s.block_size;
+        }
+        starts[m] = int32_t(m);
+        table_starts[m] = int32_t(m * per_seq);
+        std::vector<float> ones(s.hidden, 1.0f), inv_freq(s.head_dim / 2);
+        cpu::RopeInvFreq(s.head_dim, s.rope_theta, {}, inv_freq.data());
+        KV_ASSIGN_OR_RETURN(ids_, Put(ids));
+        KV_ASSIGN_OR_RETURN(positions_, Put(positions));
+        KV_ASSIGN_OR_RETURN(query_starts_, Put(starts));
+        KV_ASSIGN_OR_RETURN(context_lens_, Put(lens));
+        KV_ASSIGN_OR_RETURN(table_starts_, Put(table_starts));
+        KV_ASSIGN_OR_RETURN(tables_, Put(tables));
+        KV_ASSIGN_OR_RETURN(slots_, Put(slots));
+        KV_ASSIGN_OR_RETURN(ones_, Put(ones));
+        KV_ASSIGN_OR_RETURN(inv_freq_, Put(inv_freq));
+        KV_ASSIGN_OR_RETURN(x_, Scratch(m * s.hidden));
+        KV_ASSIGN_OR_RETURN(xn_, Scratch(m * s.hidden));
+        KV_ASSIGN_OR_RETURN(delta_, Scratch(m * s.hidden));
+        KV_ASSIGN_OR_RETURN(qkv_, Scratch(m * s.qkv_rows()));
+        KV_ASSIGN_OR_RETURN(attn_, Scratch(m * s.heads * s.head_dim));
+        KV_ASSIGN_OR_RETURN(gate_up_, Scratch(m * 2 * s.ffn));
+        KV_ASSIGN_OR_RETURN(h_, Scratch(m * s.ffn));
+        KV_ASSIGN_OR_RETURN(logits_, Scratch(m * s.vocab));
+
+        // The first `context` positions of every sequence: random K/V rows, a chunk at a time.
+        const int64_t kv_dim = s.kv_heads * s.head_dim;
+        const int64_t chunk = std::min<int64_t>(std::max<int64_t>(1, m * context_), 4096);
+        std::vector<float> rows(static_cast<size_t>(chunk * kv_dim));
+        for (float& v : rows) v = u(rng);
+        KV_ASSIGN_OR_RETURN(float* k_rows, Put(rows));
+        for (float& v : rows) v = u(rng);
+        KV_ASSIGN_OR_RETURN(float* v_rows, Put(rows));
+        std::vector<int64_t> chunk_slots;
+        chunk_slots.reserve(static_cast<size_t>(chunk));
+        BackendBuffer slot_buf;
+        KV_ASSIGN_OR_RETURN(slot_buf, b_->Allocate(size_t(chunk) * sizeof(int64_t)));
+        auto flush = [&]() -> Status {
+            if (chunk_slots.empty()) return Status::Ok();
+            KV_RETURN_IF_ERROR(b_->CopyToDevice(slot_buf.data(), chunk_slots.data(),
+                                                chunk_slots.size() * sizeof(int64_t)));
+            for (int64_t l = 0; l < s.layers; ++l) {
+                b_->KvWrite(Kv(l), k_rows, v_rows, kv_dim, slot_buf.As<int64_t>(),
+                            int64_t(chunk_slots.size()));
+            }
+            KV_RETURN_IF_ERROR(b_->Synchronize());
+            chunk_slots.clear();
+            return Status::Ok();
+        };
+        for (int64_t i = 0; i < m; ++i) {
+            for (int64_t p = 0; p < context_; ++p) {
+                chunk_slots.push_back((i * per_seq + p / s.block_size) * s.block_size + p % s.block_size);
+                if (int64_t(chunk_slots.size()) == chunk) KV_RETURN_IF_ERROR(flush());
+            }
+        }
+        KV_RETURN_IF_ERROR(flush());
+        return b_->Synchronize();
+    }
+
+    static size_t Aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+    template <typename T>
+    Result<T*> Put(const std::vector<T>& host) {
+        KV_ASSIGN_OR_RETURN(BackendBuffer buf, b_->Allocate(std::max<size_t>(64, host.size() * sizeof(T))));
+        KV_RETURN_IF_ERROR(b_->CopyToDevice(buf.data(), host.data(), host.size() * sizeof(T)));
+        KV_RETURN_IF_ERROR(b_->Synchronize());
+        buffers_.push_back(std::move(buf));
+        return buffers_.back().As<T>();
+    }
+    Result<float*> Scratch(int64_t floats) {
+        KV_ASSIGN_OR_RETURN(BackendBuffer buf, b_->Allocate(size_t(floats) * sizeof(float)));
+        buffers_.push_back(std::move(buf));
+        return buffers_.back().As<float>();
+    }
+
+    Backend* b_;
+    DecodeShape s_;
+    int64_t max_batch_, context_;
+    std::vector<uint16_t> random_bf16_;
+    BackendBuffer weights_, pool_;
+    std::vector<BackendBuffer> buffers_;
+    int64_t block_bytes_ = 0;
+    WeightView embedding_, output_;
+    std::vector<Layer> layers_;
+    int32_t *ids_ = nullptr, *positions_ = nullptr, *query_starts_ = nullptr,
+            *context_lens_ = nullptr, *table_starts_ = nullptr, *tables_ = nullptr;
+    int64_t* slots_ = nullptr;
+    float *ones_ = nullptr, *inv_freq_ = nullptr, *x_ = nullptr, *xn_ = nullptr, *delta_ = nullptr,
+          *qkv_ = nullptr, *attn_ = nullptr, *gate_up_ = nullptr, *h_ = nullptr, *logits_ = nullptr;
+};
+
+}  // namespace kvshard::cuda
