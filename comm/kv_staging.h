@@ -27,8 +27,10 @@ namespace kvshard::internal {
 // the network before its payload is allocated (kv_transport.cc).
 Status ValidateKvPieceHeader(const KvPieceHeader& header);
 
-// The buffer pool of a staging keeps at most this many buffers and bytes.
-inline constexpr size_t kMaxPooledBuffers = 16;
+// The buffer pool of a staging keeps at most this many buffers and bytes. Enough buffers for a
+// layerwise transfer of a deep model (one piece per layer: 80 layers for the largest served
+// models), so that its pieces all land in pooled memory; the byte bound is what limits memory.
+inline constexpr size_t kMaxPooledBuffers = 128;
 inline constexpr int64_t kMaxPooledBytes = int64_t{512} << 20;
 
 // KvTransportOptions::token is at most this long (it travels in the TCP handshake).

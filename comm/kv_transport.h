@@ -111,7 +111,7 @@ struct KvTransportOptions {
     // TCP only. Accepted connections at once at most; more are closed as they arrive.
     int64_t max_connections = 1'024;
     // TCP only. Between processes of one host (the receiver's boot id, sent in the handshake,
-    // equals the sender's, and the receiver can open the sender's /dev/shm object), payloads go
+    // equals the sender's, and the receiver can open the sender's region), payloads go
     // through a shared-memory region of shm_region_bytes per connection instead of the socket;
     // otherwise, or when false on either side, over the socket. Set false where the peers share a
     // kernel but must not share memory.
@@ -182,12 +182,14 @@ Result<std::unique_ptr<KvTransport>> MakeLocalKvTransport(const std::string& nam
 // a piece travels as one frame: magic "KVSP", a version, the header fields, the payload length
 // and an XXH3-64 hash of the payload; the receiver answers each with an acknowledgement frame
 // carrying its status. Same host (options.shared_memory): the handshake's answer carries the
-// receiver's boot id; when it is the sender's, the sender offers a shared-memory region by name
-// and size ("KVSM"), the receiver opens it read-only (refusing a claim over the agreed maximum or
-// other than the object's real size) and the name is unlinked; pieces' payloads then go through
+// receiver's boot id; when it is the sender's, the sender offers a shared-memory region (a sealed
+// memfd) by name and size ("KVSM"), the receiver opens and maps it read-only (refusing a claim
+// over the agreed maximum, other than the file's real size, or a file not sealed against
+// shrinking); pieces' payloads then go through
 // it in chunks ("KVSC", each with its own hash), each credited back ("KVSF") once copied out, so
 // that the sender never overwrites what the receiver still reads. A receiver that cannot open the
-// region (another /dev/shm) refuses the offer and the connection carries payloads itself. A
+// region (another process namespace) refuses the offer and the connection carries payloads
+// itself. A
 // malformed frame, a wrong token, a piece of a transfer not named on that connection, a piece that
 // does not fit the receive geometry, or a connection stalled mid-frame past read_timeout_ms closes
 // that connection (never crashes). Sends to one destination are serialized; a Send that misses its

@@ -6,32 +6,66 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <utility>
 
+#include "comm/kv_hash.h"
+
 namespace kvshard::internal {
 
 namespace {
 
 constexpr char kNamePrefix[] = "/kvshard-kv-";
+// The memory file's own name (what /proc/PID/fd/FD links to): this prefix and the salt in hex.
+constexpr char kMemfdPrefix[] = "kvshard-kv-";
+// Copies are hashed in pieces of this size right after each is copied, while it is in the
+// core's L2 (2 MiB here): one pass over memory for both.
+constexpr size_t kHashPieceBytes = 64 << 10;
 
 std::string Errno(const char* call) { return std::string(call) + ": " + std::strerror(errno); }
 
-std::string RandomName() {
-    static std::atomic<uint64_t> counter{0};
+uint64_t RandomSalt() {
     std::random_device device;
-    const uint64_t salt = (uint64_t{device()} << 32) ^ device();
-    char buffer[kMaxKvShmNameBytes + 1];
-    std::snprintf(buffer, sizeof(buffer), "%s%x-%llx-%016llx", kNamePrefix,
-                  static_cast<unsigned>(::getpid()),
-                  static_cast<unsigned long long>(counter.fetch_add(1)),
-                  static_cast<unsigned long long>(salt));
+    return (uint64_t{device()} << 32) ^ device();
+}
+
+std::string SaltHex(uint64_t salt) {
+    char buffer[17];
+    std::snprintf(buffer, sizeof(buffer), "%016llx", static_cast<unsigned long long>(salt));
     return buffer;
+}
+
+// Copies `n` bytes and returns the XXH3-64 of `hashed` (either side of the copy), piece by piece.
+uint64_t CopyAndHash(uint8_t* to, const uint8_t* from, size_t n, bool hash_destination) {
+    if (n <= kHashPieceBytes) {
+        std::memcpy(to, from, n);
+        return XXH3_64bits(hash_destination ? to : from, n);
+    }
+    XXH3_state_t state;
+    XXH3_INITSTATE(&state);
+    XXH3_64bits_reset(&state);
+    for (size_t at = 0; at < n; at += kHashPieceBytes) {
+        const size_t piece = std::min(kHashPieceBytes, n - at);
+        std::memcpy(to + at, from + at, piece);
+        XXH3_64bits_update(&state, (hash_destination ? to : from) + at, piece);
+    }
+    return XXH3_64bits_digest(&state);
+}
+
+// A hexadecimal field of a name: digits only, at most `max_digits`.
+bool ParseHex(const std::string& text, size_t max_digits, uint64_t* out) {
+    if (text.empty() || text.size() > max_digits) return false;
+    for (char c : text) {
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+    }
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *out, 16);
+    return ec == std::errc() && end == text.data() + text.size();
 }
 
 }  // namespace
@@ -46,15 +80,25 @@ const std::string& KvHostBootId() {
     return id;
 }
 
-bool IsKvShmName(const std::string& name) {
+Result<KvShmName> ParseKvShmName(const std::string& name) {
+    const auto bad = [&] {
+        return InvalidArgument("KV shared memory: '" + name.substr(0, kMaxKvShmNameBytes) +
+                               "' is not a region name (/kvshard-kv-PID-FD-SALT in hex)");
+    };
     const size_t prefix = sizeof(kNamePrefix) - 1;
-    if (name.size() <= prefix || name.size() > kMaxKvShmNameBytes) return false;
-    if (name.compare(0, prefix, kNamePrefix) != 0) return false;
-    for (size_t i = prefix; i < name.size(); ++i) {
-        const char c = name[i];
-        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || c == '-')) return false;
+    if (name.size() <= prefix || name.size() > kMaxKvShmNameBytes) return bad();
+    if (name.compare(0, prefix, kNamePrefix) != 0) return bad();
+    const size_t dash1 = name.find('-', prefix);
+    const size_t dash2 = dash1 == std::string::npos ? dash1 : name.find('-', dash1 + 1);
+    if (dash2 == std::string::npos) return bad();
+    uint64_t pid = 0, fd = 0, salt = 0;
+    if (!ParseHex(name.substr(prefix, dash1 - prefix), 8, &pid) ||
+        !ParseHex(name.substr(dash1 + 1, dash2 - dash1 - 1), 8, &fd) ||
+        name.size() - dash2 - 1 != 16 || !ParseHex(name.substr(dash2 + 1), 16, &salt)) {
+        return bad();
     }
-    return true;
+    if (pid == 0 || pid > 0x7fffffff || fd > 0x7fffffff) return bad();
+    return KvShmName{static_cast<pid_t>(pid), static_cast<int>(fd), salt};
 }
 
 // ---- sender ----
@@ -65,20 +109,24 @@ Result<KvShmSenderRegion> KvShmSenderRegion::Create(int64_t bytes) {
                                " bytes outside [" + std::to_string(kMinKvShmRegionBytes) + ", " +
                                std::to_string(kMaxKvShmRegionBytes) + "]");
     }
+    const uint64_t salt = RandomSalt();
     KvShmSenderRegion region;
-    region.name_ = RandomName();
-    region.fd_ = ::shm_open(region.name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (region.fd_ < 0) {
-        region.name_.clear();
-        return Unavailable("KV shared memory: " + Errno("shm_open"));
-    }
+    region.fd_ =
+        ::memfd_create((kMemfdPrefix + SaltHex(salt)).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (region.fd_ < 0) return Unavailable("KV shared memory: " + Errno("memfd_create"));
     if (::ftruncate(region.fd_, bytes) != 0)
         return Unavailable("KV shared memory: " + Errno("ftruncate"));
+    if (::fcntl(region.fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+        return Unavailable("KV shared memory: " + Errno("fcntl(F_ADD_SEALS)"));
     void* data = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
                         MAP_SHARED | MAP_POPULATE, region.fd_, 0);
     if (data == MAP_FAILED) return Unavailable("KV shared memory: " + Errno("mmap"));
     region.data_ = static_cast<uint8_t*>(data);
     region.bytes_ = bytes;
+    char name[kMaxKvShmNameBytes + 1];
+    std::snprintf(name, sizeof(name), "%s%x-%x-%s", kNamePrefix, static_cast<unsigned>(::getpid()),
+                  static_cast<unsigned>(region.fd_), SaltHex(salt).c_str());
+    region.name_ = name;
     return region;
 }
 
@@ -104,28 +152,24 @@ KvShmSenderRegion& KvShmSenderRegion::operator=(KvShmSenderRegion&& other) noexc
 
 KvShmSenderRegion::~KvShmSenderRegion() { Reset(); }
 
-void KvShmSenderRegion::Unlink() {
-    if (!name_.empty()) ::shm_unlink(name_.c_str());
-    name_.clear();
-}
-
 void KvShmSenderRegion::Reset() {
-    Unlink();
     if (data_ != nullptr) ::munmap(data_, static_cast<size_t>(bytes_));
     if (fd_ >= 0) ::close(fd_);
+    name_.clear();
     data_ = nullptr;
     fd_ = -1;
     bytes_ = 0;
+}
+
+uint64_t KvShmSenderRegion::CopyIn(int64_t offset, const uint8_t* from, size_t n) const {
+    return CopyAndHash(data_ + offset, from, n, /*hash_destination=*/false);
 }
 
 // ---- receiver ----
 
 Result<KvShmReceiverRegion> KvShmReceiverRegion::Open(const std::string& name,
                                                       int64_t claimed_bytes) {
-    if (!IsKvShmName(name)) {
-        return InvalidArgument("KV shared memory: '" + name.substr(0, kMaxKvShmNameBytes) +
-                               "' is not a region name");
-    }
+    KV_ASSIGN_OR_RETURN(const KvShmName parts, ParseKvShmName(name));
     if (claimed_bytes < kMinKvShmRegionBytes || claimed_bytes > kMaxKvShmRegionBytes) {
         return InvalidArgument("KV shared memory: a region of " + std::to_string(claimed_bytes) +
                                " bytes is outside the agreed [" +
@@ -133,60 +177,80 @@ Result<KvShmReceiverRegion> KvShmReceiverRegion::Open(const std::string& name,
                                std::to_string(kMaxKvShmRegionBytes) + "]");
     }
     KvShmReceiverRegion region;
-    region.fd_ = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
+    const std::string path =
+        "/proc/" + std::to_string(parts.pid) + "/fd/" + std::to_string(parts.fd);
+    // Non-blocking and no controlling terminal: whatever the path turns out to lead to, opening
+    // it for reading neither waits nor changes anything.
+    region.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (region.fd_ < 0) {
         const bool missing = errno == ENOENT;
         const std::string why =
-            "KV shared memory: cannot open " + name + ": " + std::strerror(errno);
+            "KV shared memory: cannot open " + name + " (" + path + "): " + std::strerror(errno);
         return missing ? NotFound(why) : Unavailable(why);
+    }
+    // That sender's region, not whatever another process namespace's PID and FD name: the memory
+    // file's name carries the salt.
+    char target[256] = {};
+    const std::string self = "/proc/self/fd/" + std::to_string(region.fd_);
+    const ssize_t len = ::readlink(self.c_str(), target, sizeof(target) - 1);
+    const std::string expected = std::string("/memfd:") + kMemfdPrefix + SaltHex(parts.salt);
+    if (len <= 0 || std::string(target, static_cast<size_t>(len)).rfind(expected, 0) != 0) {
+        return NotFound("KV shared memory: " + path + " is not the region " + name +
+                        " (another process namespace?)");
     }
     struct stat st {};
     if (::fstat(region.fd_, &st) != 0) return Unavailable("KV shared memory: " + Errno("fstat"));
-    if (!S_ISREG(st.st_mode) || st.st_size != claimed_bytes) {
+    const int seals = ::fcntl(region.fd_, F_GET_SEALS);
+    if (!S_ISREG(st.st_mode) || seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+        return InvalidArgument("KV shared memory: " + name +
+                               " is not a memory file sealed against shrinking");
+    }
+    if (st.st_size != claimed_bytes) {
         return InvalidArgument("KV shared memory: " + name + " holds " +
                                std::to_string(st.st_size) + " bytes, the offer claimed " +
                                std::to_string(claimed_bytes));
     }
+    void* data = ::mmap(nullptr, static_cast<size_t>(claimed_bytes), PROT_READ,
+                        MAP_SHARED | MAP_POPULATE, region.fd_, 0);
+    if (data == MAP_FAILED) return Unavailable("KV shared memory: " + Errno("mmap"));
+    region.data_ = static_cast<const uint8_t*>(data);
     region.bytes_ = claimed_bytes;
     return region;
 }
 
 KvShmReceiverRegion::KvShmReceiverRegion(KvShmReceiverRegion&& other) noexcept
-    : fd_(std::exchange(other.fd_, -1)), bytes_(std::exchange(other.bytes_, 0)) {}
+    : fd_(std::exchange(other.fd_, -1)),
+      data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)) {}
 
 KvShmReceiverRegion& KvShmReceiverRegion::operator=(KvShmReceiverRegion&& other) noexcept {
     if (this != &other) {
-        if (fd_ >= 0) ::close(fd_);
+        Reset();
         fd_ = std::exchange(other.fd_, -1);
+        data_ = std::exchange(other.data_, nullptr);
         bytes_ = std::exchange(other.bytes_, 0);
     }
     return *this;
 }
 
-KvShmReceiverRegion::~KvShmReceiverRegion() {
+KvShmReceiverRegion::~KvShmReceiverRegion() { Reset(); }
+
+void KvShmReceiverRegion::Reset() {
+    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), static_cast<size_t>(bytes_));
     if (fd_ >= 0) ::close(fd_);
+    data_ = nullptr;
+    fd_ = -1;
+    bytes_ = 0;
 }
 
-Status KvShmReceiverRegion::Read(int64_t offset, int64_t n, uint8_t* out) const {
-    if (fd_ < 0) return Internal("KV shared memory: no region");
+Result<uint64_t> KvShmReceiverRegion::CopyOut(int64_t offset, int64_t n, uint8_t* out) const {
+    if (data_ == nullptr) return Internal("KV shared memory: no region");
     if (offset < 0 || n <= 0 || offset > bytes_ || n > bytes_ - offset) {
         return InvalidArgument("KV shared memory: bytes [" + std::to_string(offset) + ", +" +
                                std::to_string(n) + ") outside the region of " +
                                std::to_string(bytes_));
     }
-    int64_t done = 0;
-    while (done < n) {
-        const ssize_t got = ::pread(fd_, out + done, static_cast<size_t>(n - done), offset + done);
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0) return DataLoss("KV shared memory: " + Errno("pread"));
-        if (got == 0) {
-            return DataLoss("KV shared memory: the region ended at " +
-                            std::to_string(offset + done) + " of " + std::to_string(bytes_) +
-                            " bytes (shrunk by its sender)");
-        }
-        done += got;
-    }
-    return Status::Ok();
+    return CopyAndHash(out, data_ + offset, static_cast<size_t>(n), /*hash_destination=*/true);
 }
 
 }  // namespace kvshard::internal

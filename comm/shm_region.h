@@ -1,17 +1,25 @@
 // The shared-memory staging region of the TCP KV transport's same-host path (docs/comm.md and
 // docs/disaggregation.md, "Shared memory between worker processes"). Internal to comm/.
 //
-// The sender of a connection creates one POSIX shared-memory object (shm_open, a random name under
-// /dev/shm, mode 0600), sizes and maps it, names it to the receiver over the TCP session, and
-// unlinks the name as soon as the receiver answered: from then on the object has no name and lives
-// exactly as long as the two descriptors, so nothing is left in /dev/shm whatever happens to
-// either process later. The receiver opens it read-only and never maps it: it copies out of it
-// with pread into its own staging buffers. So a sender can neither make the receiver map memory
-// nor crash it by shrinking the object (a short read is an error, not a SIGBUS), and the receiver
-// cannot write into the sender's region.
+// The sender of a connection creates one anonymous memory file per connection (memfd_create),
+// sizes it, seals it against shrinking and growing (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL:
+// from then on no process can change its size), maps it populated, and names it to the receiver
+// over the TCP session as its process id, its descriptor number and a random salt. The receiver
+// opens it through /proc/PID/fd/FD read-only, checks that it is that sender's region (the memory
+// file's name carries the salt), that it is sealed and exactly as large as claimed, and maps it
+// read-only, populated, once for the connection's life. Sealing is what makes mapping safe: a
+// sender cannot shrink the file under the receiver's mapping, so it can never make the receiver
+// fault (SIGBUS); and the receiver cannot write into the sender's region. Nothing is ever named in
+// a file system: the region lives exactly as long as the descriptors and mappings of the two
+// processes, so nothing outlives them whatever happens to either.
+//
+// Copies into and out of the region are hashed (XXH3-64) in cache-sized pieces right after they
+// are copied, so a chunk is read from memory once on each side.
 //
 // Thread-safety: a region is used by one thread at a time (its connection's).
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -21,7 +29,7 @@
 
 namespace kvshard::internal {
 
-// Regions are named "/kvshard-kv-" followed by [0-9a-f-], at most this long.
+// Regions are named "/kvshard-kv-PID-FD-SALT" (hex; SALT 16 digits), at most this long.
 inline constexpr size_t kMaxKvShmNameBytes = 64;
 // The largest region a receiver accepts (the protocol's agreement: an offer of more is refused).
 inline constexpr int64_t kMaxKvShmRegionBytes = int64_t{256} << 20;
@@ -33,14 +41,22 @@ inline constexpr int64_t kMinKvShmRegionBytes = int64_t{64} << 10;
 // when it cannot be read (then no shared-memory path is offered or accepted).
 const std::string& KvHostBootId();
 
-// Whether `name` is a well-formed region name (see above).
-bool IsKvShmName(const std::string& name);
+// A region name taken apart (see above).
+struct KvShmName {
+    pid_t pid = 0;
+    int fd = -1;
+    uint64_t salt = 0;
+};
+// The parts of `name`: InvalidArgument when it is not a well-formed region name.
+Result<KvShmName> ParseKvShmName(const std::string& name);
+inline bool IsKvShmName(const std::string& name) { return ParseKvShmName(name).ok(); }
 
-// The sender's side: owns the name until Unlink, the descriptor and the mapping.
+// The sender's side: owns the descriptor and the mapping.
 class KvShmSenderRegion {
   public:
-    // Creates, sizes and maps (prefaulted) a fresh region of `bytes`. Unavailable (naming the
-    // call and errno) when /dev/shm cannot give it; InvalidArgument for a size out of bounds.
+    // Creates, sizes, seals and maps (populated) a fresh region of `bytes`. Unavailable (naming
+    // the call and errno) when the kernel cannot give it; InvalidArgument for a size out of
+    // bounds.
     static Result<KvShmSenderRegion> Create(int64_t bytes);
 
     KvShmSenderRegion() = default;
@@ -48,31 +64,33 @@ class KvShmSenderRegion {
     KvShmSenderRegion& operator=(KvShmSenderRegion&& other) noexcept;
     KvShmSenderRegion(const KvShmSenderRegion&) = delete;
     KvShmSenderRegion& operator=(const KvShmSenderRegion&) = delete;
-    ~KvShmSenderRegion();  // unlinks (if still named), unmaps, closes
-
-    // Removes the name from /dev/shm (idempotent); the mapping stays usable.
-    void Unlink();
+    ~KvShmSenderRegion();  // unmaps, closes
 
     bool valid() const { return data_ != nullptr; }
     const std::string& name() const { return name_; }
     int64_t bytes() const { return bytes_; }
     uint8_t* data() const { return data_; }
 
+    // Copies `n` bytes from `from` to [offset, offset + n) of the region and returns their
+    // XXH3-64, hashed piece by piece while in cache. REQUIRES: the range inside the region.
+    uint64_t CopyIn(int64_t offset, const uint8_t* from, size_t n) const;
+
   private:
     void Reset();
-    std::string name_;  // empty once unlinked
+    std::string name_;
     int fd_ = -1;
     uint8_t* data_ = nullptr;
     int64_t bytes_ = 0;
 };
 
-// The receiver's side: a read-only descriptor of a sender's region, checked against the claim.
+// The receiver's side: a read-only mapping of a sender's region, checked against the claim.
 class KvShmReceiverRegion {
   public:
-    // Opens `name` read-only. InvalidArgument when the name is malformed, `claimed_bytes` is
-    // outside [kMinKvShmRegionBytes, kMaxKvShmRegionBytes], or the object is not a regular file
-    // of exactly `claimed_bytes` (a peer may not make this side read more than it announced);
-    // NotFound/Unavailable when it cannot be opened (another /dev/shm: not the same host after
+    // Opens and maps the region `name` read-only. InvalidArgument when the name is malformed,
+    // `claimed_bytes` is outside [kMinKvShmRegionBytes, kMaxKvShmRegionBytes], or the object is
+    // not a memory file sealed against shrinking of exactly `claimed_bytes` (a peer may not make
+    // this side read more than it announced, nor fault); NotFound/Unavailable when it cannot be
+    // opened or is not that sender's region (another process namespace: not reachable after
     // all, e.g. two pods of one node).
     static Result<KvShmReceiverRegion> Open(const std::string& name, int64_t claimed_bytes);
 
@@ -81,17 +99,20 @@ class KvShmReceiverRegion {
     KvShmReceiverRegion& operator=(KvShmReceiverRegion&& other) noexcept;
     KvShmReceiverRegion(const KvShmReceiverRegion&) = delete;
     KvShmReceiverRegion& operator=(const KvShmReceiverRegion&) = delete;
-    ~KvShmReceiverRegion();
+    ~KvShmReceiverRegion();  // unmaps, closes
 
-    bool valid() const { return fd_ >= 0; }
+    bool valid() const { return data_ != nullptr; }
     int64_t bytes() const { return bytes_; }
 
-    // Copies [offset, offset + n) of the region into `out`. InvalidArgument when the range is not
-    // inside the announced size; DataLoss when the object delivers fewer bytes (it shrank).
-    Status Read(int64_t offset, int64_t n, uint8_t* out) const;
+    // Copies [offset, offset + n) of the region into `out` and returns the XXH3-64 of what was
+    // copied (of `out`, hashed piece by piece while in cache: bytes the sender changes meanwhile
+    // cannot pass the check unseen). InvalidArgument when the range is not inside the region.
+    Result<uint64_t> CopyOut(int64_t offset, int64_t n, uint8_t* out) const;
 
   private:
+    void Reset();
     int fd_ = -1;
+    const uint8_t* data_ = nullptr;
     int64_t bytes_ = 0;
 };
 

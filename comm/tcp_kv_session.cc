@@ -6,14 +6,13 @@
 // clang-format on
 #include "comm/tcp_kv_session.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <array>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "comm/kv_hash.h"
 #include "comm/shm_region.h"
 #include "comm/tcp_kv_wire.h"
 #include "common/logging.h"
@@ -246,7 +245,8 @@ class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
 
     // A piece through the region: chunk frames until the payload is complete. Each chunk is
     // checked against the piece (no more than its payload) and the region (inside its announced
-    // size), copied out with one pread, hashed while in cache, and credited, so the sender may
+    // size), copied out of the mapped region and hashed in cache-sized pieces (one pass), and
+    // credited, so the sender may
     // overwrite it; the last one is answered by the piece's acknowledgement. A refused piece's
     // chunks are credited without being read.
     void ReadChunk() {
@@ -274,10 +274,10 @@ class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
         const auto n = static_cast<size_t>(chunk->bytes);
         if (!discarding_) {
             uint8_t* at = PayloadAt(n);
-            Status read = region_.Read(static_cast<int64_t>(chunk->region_offset),
-                                       static_cast<int64_t>(n), at);
-            if (!read.ok()) return End(read.ToString());
-            if (XXH3_64bits(at, n) != chunk->hash) {
+            Result<uint64_t> copied = region_.CopyOut(static_cast<int64_t>(chunk->region_offset),
+                                                      static_cast<int64_t>(n), at);
+            if (!copied.ok()) return End(copied.status().ToString());
+            if (*copied != chunk->hash) {
                 return End("malformed KV chunk frame: hash mismatch (transfer " +
                            std::to_string(decoded_.header.transfer_id) + ")");
             }
@@ -326,7 +326,7 @@ class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
             KvShmReceiverRegion::Open(name, static_cast<int64_t>(offer_.region_bytes));
         if (!region.ok()) {
             // A claim outside the agreement is a protocol violation; a region this side cannot
-            // open (another /dev/shm) just means the socket carries the payloads.
+            // open (another process namespace) just means the socket carries the payloads.
             if (region.status().code() == StatusCode::kInvalidArgument) {
                 return Refuse(0, region.status());
             }

@@ -48,10 +48,11 @@ constexpr int64_t kAcceptRetryMs = 100;
 // piece into kChunksPerPiece chunks or more, so that even a small piece's copies into and out of
 // the region overlap, and a piece that fits the region goes without waiting for a single credit.
 constexpr int64_t kMinRegionSlots = 4;
-// A chunk is hashed and then copied while it is still in the core's cache (L2 is 2 MiB here).
+// A chunk is copied and hashed in cache-sized pieces (comm/shm_region.h); fewer, larger chunks
+// mean fewer frames, credits and wake-ups per piece.
 constexpr int64_t kMaxChunkBytes = 1 << 20;
-constexpr int64_t kMinChunkBytes = 64 << 10;
-constexpr int64_t kChunksPerPiece = 8;
+constexpr int64_t kMinChunkBytes = 256 << 10;
+constexpr int64_t kChunksPerPiece = 4;
 
 struct HostPort {
     std::string host;
@@ -306,10 +307,9 @@ class TcpKvTransport final : public KvTransport {
         return Status::Ok();
     }
 
-    // Same host: creates a region and offers it. Its name goes as soon as the receiver answered
-    // (opened or not), so nothing stays in /dev/shm. A refusal the connection survives (the
-    // receiver cannot open it: another /dev/shm) leaves the socket to carry payloads, and no
-    // region is offered to this peer again. REQUIRES: peer.mu held, connected.
+    // Same host: creates a region and offers it. A refusal the connection survives (the
+    // receiver cannot open it: another process namespace) leaves the socket to carry payloads,
+    // and no region is offered to this peer again. REQUIRES: peer.mu held, connected.
     Status OfferRegion(Peer& peer, const std::string& dst, Clock::time_point deadline) {
         Result<internal::KvShmSenderRegion> region =
             internal::KvShmSenderRegion::Create(options_.shm_region_bytes);
@@ -324,7 +324,6 @@ class TcpKvTransport final : public KvTransport {
         Attempt offered = Exchange(peer, {asio::buffer(offer)}, 0,
                                    "KV shared-memory offer to " + dst, deadline, nullptr,
                                    /*keep_open_on_refusal=*/true);
-        region->Unlink();
         if (offered.status.ok()) {
             peer.region = std::move(*region);
             return Status::Ok();
@@ -408,10 +407,10 @@ class TcpKvTransport final : public KvTransport {
                 free_slots.pop_front();
                 const int64_t n = std::min(chunk_bytes, total - sent);
                 const uint8_t* from = piece.data.data() + sent;
-                internal::KvChunk chunk{.region_offset = static_cast<uint64_t>(at),
-                                        .bytes = static_cast<uint64_t>(n),
-                                        .hash = internal::KvPayloadHash(from, size_t(n))};
-                std::memcpy(peer.region.data() + at, from, static_cast<size_t>(n));
+                internal::KvChunk chunk{
+                    .region_offset = static_cast<uint64_t>(at),
+                    .bytes = static_cast<uint64_t>(n),
+                    .hash = peer.region.CopyIn(at, from, static_cast<size_t>(n))};
                 in_flight.push_back(at);
                 sent += n;
                 const internal::KvChunkFrame frame = internal::EncodeKvChunkFrame(chunk);

@@ -1,11 +1,10 @@
 #include "comm/tcp_kv_wire.h"
 
-#include <xxhash.h>
-
 #include <cstring>
 #include <string_view>
 #include <type_traits>
 
+#include "comm/kv_hash.h"
 #include "comm/kv_staging.h"
 #include "comm/shm_region.h"
 

@@ -2,7 +2,7 @@
 // the engine sends (issue 16, part 6; scripts/bench-kv-transfer runs it).
 //
 //   kvshard_kv_transport_bench [--layers 30] [--kv-heads 3] [--head-dim 64] [--block-size 16]
-//                              [--tokens 512,2048] [--runs 7]
+//                              [--tokens 512,2048] [--runs 7] [--paths local,shm,tcp]
 //
 // Defaults: the default model's fp32 KV (30 layers x 3 KV heads x head_dim 64: 46 KB a token) for
 // prompts of 512 and 2048 tokens, blockwise (one piece of every layer) and layerwise (one piece
@@ -51,6 +51,8 @@ struct Options {
     int64_t layers = 30, kv_heads = 3, head_dim = 64, block_size = 16;
     std::vector<int64_t> tokens = {512, 2048};
     int runs = 7;
+    // The transports measured (memcpy and socket, their ceilings, always are).
+    bool local = true, shm = true, tcp = true;
 };
 
 [[noreturn]] void Die(const std::string& what) {
@@ -241,7 +243,7 @@ bool ParseInt(const char* s, int64_t* out) {
 int Usage(const char* argv0) {
     std::fprintf(stderr,
                  "usage: %s [--layers 30] [--kv-heads 3] [--head-dim 64] [--block-size 16] "
-                 "[--tokens 512,2048] [--runs 7]\n",
+                 "[--tokens 512,2048] [--runs 7] [--paths local,shm,tcp]\n",
                  argv0);
     return 2;
 }
@@ -262,6 +264,14 @@ int Main(int argc, char** argv) {
                 o.tokens.push_back(v);
                 at = comma + 1;
             }
+            continue;
+        }
+        if (arg == "--paths") {
+            const std::string list = std::string(",") + argv[++i] + ",";
+            o.local = list.find(",local,") != std::string::npos;
+            o.shm = list.find(",shm,") != std::string::npos;
+            o.tcp = list.find(",tcp,") != std::string::npos;
+            if (!o.local && !o.shm && !o.tcp) return Usage(argv[0]);
             continue;
         }
         if (!ParseInt(argv[++i], &v)) return Usage(argv[0]);
@@ -379,11 +389,18 @@ int Main(int argc, char** argv) {
             const char* mode = layerwise ? "layerwise" : "blockwise";
             rows.push_back({"memcpy", mode, "memcpy", memcpy_s, memcpy_s});
             rows.push_back({"socket", mode, "socket", socket_s, socket_s});
-            rows.push_back({"local", mode, "memcpy", Measure(o.runs, "local", local), memcpy_s});
-            rows.push_back(
-                {"shm", mode, "memcpy", Measure(o.runs, "shm", remote(**shm_src)), memcpy_s});
-            rows.push_back(
-                {"tcp", mode, "socket", Measure(o.runs, "tcp", remote(**tcp_src)), socket_s});
+            if (o.local) {
+                rows.push_back(
+                    {"local", mode, "memcpy", Measure(o.runs, "local", local), memcpy_s});
+            }
+            if (o.shm) {
+                rows.push_back(
+                    {"shm", mode, "memcpy", Measure(o.runs, "shm", remote(**shm_src)), memcpy_s});
+            }
+            if (o.tcp) {
+                rows.push_back(
+                    {"tcp", mode, "socket", Measure(o.runs, "tcp", remote(**tcp_src)), socket_s});
+            }
             const double gb = static_cast<double>(bytes) / 1e9;
             for (const Row& r : rows) {
                 std::printf("%6lld %8.2f %9.2f  %-7s %-10s %8.2f %8.3f  %-7s %8.2f\n",

@@ -1,10 +1,12 @@
 // The TCP KV transport's shared-memory path between processes of one host (comm/shm_region.h,
 // docs/disaggregation.md): payloads arrive intact through the region, corruption and claims
-// outside the agreement are refused, a deadline passes cleanly, and neither /dev/shm entries nor
-// descriptors outlive their connection. Loopback in one process: the receiver opens the region by
-// name exactly as another process would.
+// outside the agreement or not sealed are refused, a deadline passes cleanly, and neither
+// descriptors nor mappings outlive their connection. Loopback in one process: the receiver opens
+// the region by name (/proc/PID/fd/FD) exactly as another process would.
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +18,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -66,6 +69,8 @@ KvTransportOptions SmallRegion() {
     return options;
 }
 
+constexpr char kRegionFile[] = "/memfd:kvshard-kv-";
+
 // Descriptors of this process open on a region (the receiver's, and the sender's).
 int ShmDescriptors() {
     int n = 0;
@@ -75,24 +80,19 @@ int ShmDescriptors() {
         char target[512] = {};
         const std::string path = std::string("/proc/self/fd/") + e->d_name;
         const ssize_t len = readlink(path.c_str(), target, sizeof(target) - 1);
-        if (len > 0 && std::string(target, len).find("/dev/shm/kvshard-kv-") != std::string::npos)
-            ++n;
+        if (len > 0 && std::string(target, len).rfind(kRegionFile, 0) == 0) ++n;
     }
     closedir(dir);
     return n;
 }
 
-// /dev/shm entries of regions this process created.
-int ShmEntries() {
-    char prefix[64];
-    std::snprintf(prefix, sizeof(prefix), "kvshard-kv-%x-", static_cast<unsigned>(getpid()));
+// Mappings of regions in this process (the receiver's, and the sender's).
+int ShmMappings() {
+    std::ifstream maps("/proc/self/maps");
     int n = 0;
-    DIR* dir = opendir("/dev/shm");
-    if (dir == nullptr) return 0;
-    while (dirent* e = readdir(dir)) {
-        if (std::string(e->d_name).rfind(prefix, 0) == 0) ++n;
+    for (std::string line; std::getline(maps, line);) {
+        if (line.find(kRegionFile) != std::string::npos) ++n;
     }
-    closedir(dir);
     return n;
 }
 
@@ -104,11 +104,12 @@ bool SameHostPathAvailable() {
 }
 
 #define SKIP_WITHOUT_SHM() \
-    if (!SameHostPathAvailable()) GTEST_SKIP() << "no boot id or no /dev/shm here"
+    if (!SameHostPathAvailable()) GTEST_SKIP() << "no boot id or no memfd_create here"
 
 TEST(KvShm, ManyChunkPiecesArriveIntactThroughTheRegionAndNothingOutlivesIt) {
     SKIP_WITHOUT_SHM();
     const int descriptors_before = ShmDescriptors();
+    const int mappings_before = ShmMappings();
     {
         auto r = Tcp();
         auto s = Tcp(SmallRegion());
@@ -123,18 +124,18 @@ TEST(KvShm, ManyChunkPiecesArriveIntactThroughTheRegionAndNothingOutlivesIt) {
             EXPECT_TRUE((*got)[0].data == piece.data) << "transfer " << id;
             r->Recycle(std::move(*got));
         }
-        // It went through the region: the receiver and the sender each hold one descriptor of
-        // it, and its name is already gone from /dev/shm.
+        // It went through one region for the connection's life: the receiver and the sender
+        // each hold one descriptor and one mapping of it.
         EXPECT_EQ(ShmDescriptors() - descriptors_before, 2);
-        EXPECT_EQ(ShmEntries(), 0);
+        EXPECT_EQ(ShmMappings() - mappings_before, 2);
     }
     EXPECT_EQ(ShmDescriptors(), descriptors_before);
-    EXPECT_EQ(ShmEntries(), 0);
+    EXPECT_EQ(ShmMappings(), mappings_before);
 }
 
-// Two processes: a forked child sends through its own region; the piece arrives intact, it went
-// through shared memory (the receiver held a descriptor of the child's region), and the child
-// left nothing in /dev/shm.
+// Two processes: a forked child sends through its own region; the piece arrives intact and it
+// went through shared memory (the receiver holds a descriptor and a mapping of the child's
+// region, which stays readable after the child is gone, until the connection closes).
 TEST(KvShm, BetweenTwoProcesses) {
     SKIP_WITHOUT_SHM();
     auto r = Tcp();
@@ -158,7 +159,8 @@ TEST(KvShm, BetweenTwoProcesses) {
     char ok = 0;
     ASSERT_EQ(read(to_parent[0], &ok, 1), 1);
     EXPECT_EQ(ok, 1);
-    EXPECT_EQ(ShmDescriptors(), 1);  // the receiver's, of the child's region (unlinked)
+    EXPECT_EQ(ShmDescriptors(), 1);  // the receiver's, of the child's region
+    EXPECT_EQ(ShmMappings(), 1);
     Result<std::vector<KvPiece>> got = r->Receive(20, 4 * 6, In(10'000));
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     EXPECT_TRUE((*got)[0].data == piece.data);
@@ -167,12 +169,9 @@ TEST(KvShm, BetweenTwoProcesses) {
     int status = 0;
     ASSERT_EQ(waitpid(child, &status, 0), child);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    char prefix[64];
-    std::snprintf(prefix, sizeof(prefix), "kvshard-kv-%x-", static_cast<unsigned>(child));
-    DIR* dir = opendir("/dev/shm");
-    ASSERT_NE(dir, nullptr);
-    while (dirent* e = readdir(dir)) EXPECT_NE(std::string(e->d_name).rfind(prefix, 0), 0u);
-    closedir(dir);
+    r.reset();  // closes the connection: its region goes with it
+    EXPECT_EQ(ShmDescriptors(), 0);
+    EXPECT_EQ(ShmMappings(), 0);
     for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) close(fd);
 }
 
@@ -195,7 +194,6 @@ TEST(KvShm, EitherSideSwitchedOffCarriesPayloadsOverTheSocket) {
         ASSERT_TRUE(got.ok()) << c.name << ": " << got.status().ToString();
         EXPECT_TRUE((*got)[0].data == piece.data) << c.name;
         EXPECT_EQ(ShmDescriptors(), descriptors_before) << c.name;
-        EXPECT_EQ(ShmEntries(), 0) << c.name;
     }
 }
 
@@ -278,7 +276,7 @@ TEST(KvShm, AClaimOutsideTheAgreementIsRefusedAndTheConnectionClosed) {
          static_cast<uint64_t>(internal::kMaxKvShmRegionBytes) + 4096},
         {"larger than the object", region->name(), static_cast<uint64_t>(region->bytes()) + 4096},
         {"smaller than the object", region->name(), static_cast<uint64_t>(region->bytes()) / 2},
-        {"a name outside /dev/shm/kvshard-kv-*", "/../etc/passwd",
+        {"a name outside /kvshard-kv-PID-FD-SALT", "/../etc/passwd",
          static_cast<uint64_t>(region->bytes())},
     };
     for (const Case& c : cases) {
@@ -288,10 +286,34 @@ TEST(KvShm, AClaimOutsideTheAgreementIsRefusedAndTheConnectionClosed) {
             << c.name << ": " << answer.ToString();
         EXPECT_TRUE(peer.Closed()) << c.name;
     }
-    // A region the receiver cannot find (another /dev/shm) is declined, not a violation: the
-    // connection stays, and carries the payload itself.
+    // A memory file that is not sealed could be shrunk under the receiver's mapping: refused.
+    {
+        const int fd = memfd_create("kvshard-kv-00000000000000aa", MFD_CLOEXEC);
+        ASSERT_GE(fd, 0);
+        ASSERT_EQ(ftruncate(fd, internal::kMinKvShmRegionBytes), 0);
+        char name[64];
+        std::snprintf(name, sizeof(name), "/kvshard-kv-%x-%x-00000000000000aa",
+                      static_cast<unsigned>(getpid()), static_cast<unsigned>(fd));
+        RawSender peer(*r);
+        const Status unsealed = peer.HelloAndOffer(name, internal::kMinKvShmRegionBytes);
+        EXPECT_EQ(unsealed.code(), StatusCode::kInvalidArgument) << unsealed.ToString();
+        EXPECT_TRUE(peer.Closed());
+        close(fd);
+    }
+    // A region the receiver cannot reach (no such process here, or the descriptor is not that
+    // region: another process namespace) is declined, not a violation: the connection stays,
+    // and carries the payload itself.
+    std::string other_salt = region->name();
+    other_salt.back() = other_salt.back() == '0' ? '1' : '0';
+    for (const std::string& unreachable :
+         {std::string("/kvshard-kv-7ffffffe-3-0000000000000000"), other_salt}) {
+        RawSender peer(*r);
+        const Status missing = peer.HelloAndOffer(unreachable, region->bytes());
+        EXPECT_EQ(missing.code(), StatusCode::kNotFound)
+            << unreachable << ": " << missing.ToString();
+    }
     RawSender peer(*r);
-    const Status missing = peer.HelloAndOffer("/kvshard-kv-0-0-0000000000000000", 1 << 20);
+    const Status missing = peer.HelloAndOffer("/kvshard-kv-7ffffffe-3-0000000000000000", 1 << 20);
     EXPECT_EQ(missing.code(), StatusCode::kNotFound) << missing.ToString();
     const KvPiece piece = Piece(11, 2);
     peer.Write(internal::EncodeKvTransferFrame(11));
@@ -327,7 +349,6 @@ TEST(KvShm, CorruptOrOutOfBoundsChunksCloseTheConnectionAndStageNothing) {
         if (c.corrupt_region) region->data()[n / 2] ^= 0x40;
         RawSender peer(*r);
         ASSERT_TRUE(peer.HelloAndOffer(region->name(), region_bytes).ok()) << c.name;
-        region->Unlink();
         peer.Write(internal::EncodeKvTransferFrame(12));
         peer.Write(
             internal::EncodeKvPieceFrameHeader(piece.header, n, 0, internal::kKvPieceInRegion));
@@ -401,33 +422,50 @@ TEST(KvShm, ADeadlinePassesCleanlyAndTheRegionGoesWithTheConnection) {
     EXPECT_LT(Clock::now(), deadline + milliseconds(2'000));
     receiver.join();
     EXPECT_EQ(ShmDescriptors(), descriptors_before);
-    EXPECT_EQ(ShmEntries(), 0);
+    EXPECT_EQ(ShmMappings(), 0);
 }
 
-TEST(KvShm, RegionReadsStayInsideTheAnnouncedSize) {
+TEST(KvShm, RegionCopiesStayInsideTheAnnouncedSizeAndCheckWhatWasCopied) {
     SKIP_WITHOUT_SHM();
     Result<internal::KvShmSenderRegion> region =
-        internal::KvShmSenderRegion::Create(internal::kMinKvShmRegionBytes);
+        internal::KvShmSenderRegion::Create(internal::kMinKvShmRegionBytes * 4);
     ASSERT_TRUE(region.ok());
-    for (int i = 0; i < 256; ++i) region->data()[i] = static_cast<uint8_t>(i);
+    // Larger than one hashed piece, so the copy is hashed piece by piece.
+    std::vector<uint8_t> in(40'000 * 4);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(i * 7 + (i >> 9));
+    const uint64_t sent_hash = region->CopyIn(4096, in.data(), in.size());
+    EXPECT_EQ(sent_hash, internal::KvPayloadHash(in));
     Result<internal::KvShmReceiverRegion> opened =
         internal::KvShmReceiverRegion::Open(region->name(), region->bytes());
     ASSERT_TRUE(opened.ok()) << opened.status().ToString();
-    std::vector<uint8_t> out(256);
-    ASSERT_TRUE(opened->Read(0, 256, out.data()).ok());
-    EXPECT_EQ(out[200], 200);
-    EXPECT_EQ(opened->Read(region->bytes() - 8, 16, out.data()).code(),
+    std::vector<uint8_t> out(in.size());
+    Result<uint64_t> got = opened->CopyOut(4096, static_cast<int64_t>(out.size()), out.data());
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, sent_hash);
+    EXPECT_TRUE(out == in);
+    EXPECT_EQ(opened->CopyOut(region->bytes() - 8, 16, out.data()).status().code(),
               StatusCode::kInvalidArgument);
-    EXPECT_EQ(opened->Read(-1, 8, out.data()).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(opened->CopyOut(-1, 8, out.data()).status().code(), StatusCode::kInvalidArgument);
+    // The sender's region is sealed: it cannot shrink it under the receiver's mapping.
+    Result<internal::KvShmName> parts = internal::ParseKvShmName(region->name());
+    ASSERT_TRUE(parts.ok());
+    EXPECT_EQ(parts->pid, getpid());
+    EXPECT_NE(ftruncate(parts->fd, 4096), 0);
+    // Gone with its sender; what the receiver mapped stays readable until it lets go.
     const std::string name = region->name();
-    EXPECT_TRUE(internal::IsKvShmName(name));
-    region->Unlink();
-    EXPECT_EQ(ShmEntries(), 0);
-    EXPECT_EQ(internal::KvShmReceiverRegion::Open(name, region->bytes()).status().code(),
+    const int64_t bytes = region->bytes();
+    *region = internal::KvShmSenderRegion();
+    EXPECT_EQ(internal::KvShmReceiverRegion::Open(name, bytes).status().code(),
               StatusCode::kNotFound);
-    EXPECT_TRUE(opened->Read(0, 8, out.data()).ok());  // an open descriptor outlives the name
-    EXPECT_FALSE(internal::IsKvShmName("/kvshard-kv-"));
-    EXPECT_FALSE(internal::IsKvShmName("/kvshard-kv-ab/c"));
+    got = opened->CopyOut(4096, 64, out.data());
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(out[10], in[10]);
+    for (const char* bad : {"/kvshard-kv-", "/kvshard-kv-ab/c", "/kvshard-kv-1-2-3",
+                            "/kvshard-kv-0-3-0123456789abcdef", "/kvshard-kv-1-3-0123456789ABCDEF",
+                            "/kvshard-kv-123456789-3-0123456789abcdef"}) {
+        EXPECT_FALSE(internal::IsKvShmName(bad)) << bad;
+    }
+    EXPECT_TRUE(internal::IsKvShmName("/kvshard-kv-1f-3-0123456789abcdef"));
 }
 
 }  // namespace
