@@ -1,9 +1,11 @@
 #include "cli/process_instance.h"
 
 #include <algorithm>
+#include <mutex>
 #include <thread>
 
 #include "common/build_config.h"
+#include "common/check.h"
 #include "common/logging.h"
 
 namespace kvshard::cli {
@@ -178,9 +180,11 @@ void ProcessInstance::Supervise() {
     }
 }
 
-Result<std::unique_ptr<ProcessInstance>> StartProcessInstance(
-    const ServerConfig& config, const ProcessInstanceSpec& spec,
-    std::shared_ptr<WorkerRegistry> registry) {
+namespace {
+
+// The first part of StartProcessInstance: the checks, then the instance declared to `registry`.
+Result<DeclaredProcessInstance> Declare(const ServerConfig& config, const ProcessInstanceSpec& spec,
+                                        std::shared_ptr<WorkerRegistry> registry) {
     const ServeWorkersConfig& w = config.workers;
     const std::string who = "instance " + spec.instance_id;
     if (w.mode != WorkersMode::kProcesses) {
@@ -194,12 +198,6 @@ Result<std::unique_ptr<ProcessInstance>> StartProcessInstance(
             "built without it (KVSHARD_WITH_GLOO=OFF): set workers.launcher: mpirun (or "
             "external, started with mpirun by hand)");
     }
-    if (registry == nullptr) {
-        KV_ASSIGN_OR_RETURN(std::unique_ptr<WorkerRegistry> own,
-                            WorkerRegistry::Start(RegistryOptionsFrom(config)));
-        registry = std::move(own);
-    }
-
     WorkerRunSettings settings = spec.worker;
     if (settings.threads <= 0 && spec.tp > 1 && w.launcher != WorkersLauncher::kExternal) {
         // The ranks share this machine's cores.
@@ -212,8 +210,23 @@ Result<std::unique_ptr<ProcessInstance>> StartProcessInstance(
     ro.model_path = spec.model_path;
     ro.settings = EncodeWorkerSettings(settings);
     ro.step_timeout_ms = w.step_timeout_ms;
-    KV_ASSIGN_OR_RETURN(std::unique_ptr<RemoteStepExecutor> executor, registry->AddInstance(ro));
+    ro.nccl_bootstrap = UsesNcclBootstrap(spec);
+    DeclaredProcessInstance declared;
+    KV_ASSIGN_OR_RETURN(declared.executor, registry->AddInstance(ro));
+    declared.registry = std::move(registry);
+    return declared;
+}
 
+// The second part: launches the workers and waits until every rank is Ready, or `abandon`
+// (called every few milliseconds while waiting) returns an error.
+Result<std::unique_ptr<ProcessInstance>> Form(const ServerConfig& config,
+                                              const ProcessInstanceSpec& spec,
+                                              DeclaredProcessInstance declared,
+                                              const std::function<Status()>& abandon) {
+    const ServeWorkersConfig& w = config.workers;
+    const std::string who = "instance " + spec.instance_id;
+    std::shared_ptr<WorkerRegistry> registry = std::move(declared.registry);
+    std::unique_ptr<RemoteStepExecutor> executor = std::move(declared.executor);
     ProcessInstanceOptions po;
     po.restart_limit = w.restart_limit;
     po.restart_backoff_ms = w.restart_backoff_ms;
@@ -245,15 +258,95 @@ Result<std::unique_ptr<ProcessInstance>> StartProcessInstance(
                      registry->host(), registry->port());
     }
     WorkerLauncher* l = launcher.get();
-    const Status ready =
-        executor->WaitReady(std::chrono::milliseconds(w.register_timeout_ms),
-                            [l]() { return l != nullptr ? l->CheckExited() : Status::Ok(); });
+    const Status ready = executor->WaitReady(
+        std::chrono::milliseconds(w.register_timeout_ms), [l, &abandon]() -> Status {
+            if (abandon) KV_RETURN_IF_ERROR(abandon());
+            return l != nullptr ? l->CheckExited() : Status::Ok();
+        });
     auto instance = std::make_unique<ProcessInstance>(std::move(registry), std::move(executor),
                                                       std::move(launcher), std::move(po));
     if (!ready.ok()) return ready;  // the instance's destructor ends the workers
     if (l != nullptr) l->NoteDescendants();
     instance->StartSupervisor();
     return instance;
+}
+
+}  // namespace
+
+bool UsesNcclBootstrap(const ProcessInstanceSpec& spec, bool cuda_build) {
+    if (!cuda_build || spec.tp <= 1 || spec.devices.size() != static_cast<size_t>(spec.tp)) {
+        return false;
+    }
+    return std::none_of(spec.devices.begin(), spec.devices.end(),
+                        [](const std::string& device) { return device == "cpu"; });
+}
+
+Result<std::vector<DeclaredProcessInstance>> DeclareProcessInstances(
+    const ServerConfig& config, const std::vector<ProcessInstanceSpec>& specs,
+    std::shared_ptr<WorkerRegistry> registry) {
+    if (registry == nullptr) {
+        KV_ASSIGN_OR_RETURN(std::unique_ptr<WorkerRegistry> own,
+                            WorkerRegistry::Start(RegistryOptionsFrom(config)));
+        registry = std::move(own);
+    }
+    std::vector<DeclaredProcessInstance> declared;
+    for (const ProcessInstanceSpec& spec : specs) {
+        KV_ASSIGN_OR_RETURN(DeclaredProcessInstance d, Declare(config, spec, registry));
+        declared.push_back(std::move(d));
+    }
+    return declared;
+}
+
+Result<std::vector<std::unique_ptr<ProcessInstance>>> FormProcessInstances(
+    const ServerConfig& config, const std::vector<ProcessInstanceSpec>& specs,
+    std::vector<DeclaredProcessInstance> declared) {
+    KV_CHECK(specs.size() == declared.size()) << "one declaration per spec";
+    const size_t n = specs.size();
+    std::vector<Result<std::unique_ptr<ProcessInstance>>> formed;
+    for (size_t i = 0; i < n; ++i) formed.emplace_back(Internal("not formed"));
+    if (n == 1) {
+        formed[0] = Form(config, specs[0], std::move(declared[0]), {});
+    } else {
+        // Every instance waits at once, each serving its own ranks' rendezvous store; the first
+        // failure ends the others' waiting.
+        std::mutex mu;
+        std::string failed;  // guarded by mu: the first instance that failed
+        std::vector<std::thread> threads;
+        for (size_t i = 0; i < n; ++i) {
+            threads.emplace_back([&, i] {
+                const auto abandon = [&]() -> Status {
+                    std::lock_guard<std::mutex> lock(mu);
+                    if (failed.empty()) return Status::Ok();
+                    return Status(StatusCode::kAborted, "instance " + failed + " did not form");
+                };
+                formed[i] = Form(config, specs[i], std::move(declared[i]), abandon);
+                if (!formed[i].ok()) {
+                    std::lock_guard<std::mutex> lock(mu);
+                    if (failed.empty()) failed = specs[i].instance_id;
+                }
+            });
+        }
+        for (std::thread& t : threads) t.join();
+        for (size_t i = 0; i < n; ++i) {
+            if (!formed[i].ok() && specs[i].instance_id == failed) return formed[i].status();
+        }
+    }
+    std::vector<std::unique_ptr<ProcessInstance>> out;
+    for (Result<std::unique_ptr<ProcessInstance>>& f : formed) {
+        if (!f.ok()) return f.status();
+        out.push_back(std::move(*f));
+    }
+    return out;
+}
+
+Result<std::unique_ptr<ProcessInstance>> StartProcessInstance(
+    const ServerConfig& config, const ProcessInstanceSpec& spec,
+    std::shared_ptr<WorkerRegistry> registry) {
+    KV_ASSIGN_OR_RETURN(std::vector<DeclaredProcessInstance> declared,
+                        DeclareProcessInstances(config, {spec}, std::move(registry)));
+    KV_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<ProcessInstance>> formed,
+                        FormProcessInstances(config, {spec}, std::move(declared)));
+    return std::move(formed[0]);
 }
 
 }  // namespace kvshard::cli

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "cli/worker_launcher.h"
+#include "common/build_config.h"
 #include "common/status.h"
 #include "config/server_config.h"
 #include "coordinator/remote_executor.h"
@@ -45,6 +46,9 @@ struct ProcessInstanceSpec {
     // threads (0: the machine's cores divided among the tp workers, which run on this machine
     // unless the launcher is external).
     WorkerRunSettings worker;
+    // The instance's devices, one per rank ("cpu" or a GPU ordinal; pools[].instances[].devices).
+    // Empty: the CPU for every rank.
+    std::vector<std::string> devices;
     // The kvshard binary the workers run ("/proc/self/exe" from kvshard itself; tests name it).
     std::string worker_executable = "/proc/self/exe";
     // Runs once, on the supervisor thread, when the supervisor gives up on the instance (why: the
@@ -122,14 +126,40 @@ class ProcessInstance {
     std::thread supervisor_;
 };
 
-// Registers the instance with `registry` (nullptr: a registry of its own, from config.workers),
-// launches its workers as config.workers.launcher says (passing the registry's token), waits
-// until every rank is Ready (workers.register_timeout_ms), then starts the supervisor with
-// workers.restart_limit and restart_backoff_ms. Errors name the instance and, for a worker, its
-// rank and why: a refused launch (tp > 1 with the direct launcher in a build without Gloo), a
-// worker that exited (its exit status), a load error (the worker's message), or the ranks still
-// missing at the deadline.
-// REQUIRES: config.workers.mode is processes.
+// Whether the ranks of `spec` form an NCCL group, so that each formation hands them an NCCL
+// unique id (RemoteInstanceOptions::nccl_bootstrap): in CUDA builds, for tp > 1 with every
+// rank's device a GPU. CPU instances (any rank on "cpu", or no devices given) all-reduce over
+// Gloo or MPI and get none.
+bool UsesNcclBootstrap(const ProcessInstanceSpec& spec, bool cuda_build = KVSHARD_WITH_CUDA);
+
+// An instance declared to its registry whose workers have not been waited for yet.
+struct DeclaredProcessInstance {
+    std::shared_ptr<WorkerRegistry> registry;
+    std::unique_ptr<RemoteStepExecutor> executor;
+};
+
+// Declares every instance of `specs` to `registry` (nullptr: one of their own, from
+// config.workers), so that from then on a worker of any of them may register, in any order (a
+// worker naming an instance not among them is still refused, naming it). Errors name the
+// instance: a refused launch (tp > 1 with the direct launcher in a build without Gloo), an
+// instance id in use. REQUIRES: config.workers.mode is processes.
+Result<std::vector<DeclaredProcessInstance>> DeclareProcessInstances(
+    const ServerConfig& config, const std::vector<ProcessInstanceSpec>& specs,
+    std::shared_ptr<WorkerRegistry> registry = nullptr);
+
+// Launches the workers of every declared instance as config.workers.launcher says (passing the
+// registry's token) and waits for all of them at once, each until every rank is Ready
+// (workers.register_timeout_ms), serving each formation's rendezvous store meanwhile; then
+// starts their supervisors (workers.restart_limit, restart_backoff_ms). The first instance that
+// fails ends the others' waiting, and its error is returned, naming the instance and, for a
+// worker, its rank and why: a worker that exited (its exit status), a load error (the worker's
+// message), or the ranks still missing at the deadline; every instance is then shut down.
+// REQUIRES: `declared` from DeclareProcessInstances(config, specs, ...).
+Result<std::vector<std::unique_ptr<ProcessInstance>>> FormProcessInstances(
+    const ServerConfig& config, const std::vector<ProcessInstanceSpec>& specs,
+    std::vector<DeclaredProcessInstance> declared);
+
+// One instance: DeclareProcessInstances and FormProcessInstances of `spec` alone.
 Result<std::unique_ptr<ProcessInstance>> StartProcessInstance(
     const ServerConfig& config, const ProcessInstanceSpec& spec,
     std::shared_ptr<WorkerRegistry> registry = nullptr);

@@ -82,9 +82,10 @@ struct ServedInstance {
 // signal meanwhile exits at once.
 int Drain(HttpServer& server, const std::function<void()>& stop_engines, const sigset_t& signals,
           int sig, double drain_timeout_s) {
-    spdlog::info("signal {}: draining: {} requests in flight, waiting up to {} s (a second signal "
-                 "exits at once)",
-                 sig, server.num_in_flight(), drain_timeout_s);
+    spdlog::info(
+        "signal {}: draining: {} requests in flight, waiting up to {} s (a second signal "
+        "exits at once)",
+        sig, server.num_in_flight(), drain_timeout_s);
     server.BeginDrain();
     std::thread second([signals] {
         int again = 0;
@@ -175,91 +176,118 @@ int RunServe(ServeFlags f) {
         if (!r.ok()) return Fail(c.source + ": workers: " + r.status().message());
         registry = std::move(*r);
     }
-    std::vector<ServedInstance> instances;
+    // Every instance of the config first, so that in process mode all of them are declared to
+    // the registry before any formation waits: their workers may then register in any order
+    // (on Kubernetes a later instance's pod may well start first).
+    struct PlannedInstance {
+        std::string name;
+        const PoolConfig* pool = nullptr;
+        const InstanceConfig* config = nullptr;
+        RunnerOptions runner;
+    };
+    std::vector<PlannedInstance> planned;
     for (const PoolConfig& pool : pools) {
         for (size_t k = 0; k < pool.instances.size(); ++k) {
-            const InstanceConfig& ic = pool.instances[k];
-            ServedInstance inst;
-            inst.name =
-                pool.instances.size() == 1 ? pool.name : pool.name + "-" + std::to_string(k);
-            for (const std::string& d : ic.devices) {
+            PlannedInstance pi;
+            pi.pool = &pool;
+            pi.config = &pool.instances[k];
+            pi.name = pool.instances.size() == 1 ? pool.name : pool.name + "-" + std::to_string(k);
+            for (const std::string& d : pi.config->devices) {
                 if (d != "cpu") {
                     spdlog::warn(
                         "instance {}: device {} requested; this build's CPU backend runs every "
                         "worker on the CPU",
-                        inst.name, d);
+                        pi.name, d);
                     break;
                 }
             }
-            RunnerOptions runner;
-            runner.max_context = max_context;
-            runner.block_size = c.kv_cache.block_size;
-            runner.num_kv_blocks = BlocksFor(c, spec, ic.tp);
-            runner.kv_storage = StorageOf(c.kv_cache.dtype);
-            runner.weight_format =
+            pi.runner.max_context = max_context;
+            pi.runner.block_size = c.kv_cache.block_size;
+            pi.runner.num_kv_blocks = BlocksFor(c, spec, pi.config->tp);
+            pi.runner.kv_storage = StorageOf(c.kv_cache.dtype);
+            pi.runner.weight_format =
                 c.weight_format == "f32" ? WeightFormat::kF32 : WeightFormat::kStored;
-            runner.max_step_tokens = c.scheduler.max_num_batched_tokens;
-            runner.max_step_seqs = c.scheduler.max_num_seqs;
-            std::vector<std::string> endpoints;
-            if (c.workers.mode == WorkersMode::kProcesses) {
-                ProcessInstanceSpec ps;
-                ps.instance_id = inst.name;
-                ps.tp = ic.tp;
-                ps.model_path = c.model_path;
-                ps.worker.runner = runner;
-                ps.worker.tokenizer_path = c.tokenizer_path;
-                ps.worker.threads = c.threads > 0 ? c.threads : threads_per_worker;
-                ps.on_gave_up = [&num_gave_up](const Status&) { num_gave_up++; };
-                Result<std::unique_ptr<ProcessInstance>> pi = StartProcessInstance(c, ps, registry);
-                if (!pi.ok()) return Fail(pi.status().message());
-                inst.process = std::move(*pi);
-                endpoints = inst.process->executor().kv_endpoints();
-            } else {
-                TpGroupConfig tc;
-                tc.tp = ic.tp;
-                tc.threads_per_rank = threads_per_worker;
-                tc.runner = runner;
-                tc.kv_transport_name = inst.name;
-                Result<std::unique_ptr<TpGroup>> group = TpGroup::Create(*stop_ids_of.file, tc);
-                if (!group.ok())
-                    return Fail(c.model_path + ": instance " + inst.name + ": " +
-                                group.status().message());
-                inst.group = std::move(*group);
-                endpoints = inst.group->kv_endpoints();
-            }
-            InstanceEngineConfig ec;
-            ec.name = inst.name;
-            ec.pool = pool.name;
-            ec.role = pool.role == PoolRole::kPrefill  ? InstanceRole::kPrefill
-                      : pool.role == PoolRole::kDecode ? InstanceRole::kDecode
-                                                       : InstanceRole::kMixed;
-            ec.tp = ic.tp;
-            ec.kv_endpoints = endpoints;
-            ec.handoff.layerwise = c.kv_transfer.layerwise;
-            ec.handoff.timeout_ms = c.kv_transfer.timeout_ms;
-            ec.observer = metrics.get();
-            ec.scheduler.max_num_seqs = c.scheduler.max_num_seqs;
-            ec.scheduler.max_num_batched_tokens = c.scheduler.max_num_batched_tokens;
-            ec.blocks.num_blocks = runner.num_kv_blocks;
-            ec.blocks.block_size = c.kv_cache.block_size;
-            ec.blocks.enable_prefix_caching = c.kv_cache.enable_prefix_caching;
-            ec.blocks.max_pinned_fraction = c.kv_cache.max_pinned_fraction;
-            ec.blocks.min_pinned_tokens = c.kv_cache.min_pinned_tokens;
-            ec.max_context = max_context;
-            ec.max_waiting_requests = c.scheduler.max_waiting_requests;
-            ec.stop_token_ids = stop_token_ids;
-            if (Status st = InstanceEngine::ValidateConfig(ec); !st.ok())
-                return Fail(c.source + ": " + st.message());
-            StepExecutor& executor = inst.group != nullptr ? static_cast<StepExecutor&>(*inst.group)
-                                                           : inst.process->executor();
-            inst.engine = std::make_unique<InstanceEngine>(ec, *stop_ids_of.tokenizer, executor);
-            inst.engine->Start();
-            spdlog::info("instance {} ({} pool {}): tp {}, {} KV blocks of {} tokens, {} workers",
-                         inst.name, InstanceRoleName(ec.role), pool.name, ic.tp,
-                         runner.num_kv_blocks, c.kv_cache.block_size,
-                         WorkersModeName(c.workers.mode));
-            instances.push_back(std::move(inst));
+            pi.runner.max_step_tokens = c.scheduler.max_num_batched_tokens;
+            pi.runner.max_step_seqs = c.scheduler.max_num_seqs;
+            planned.push_back(std::move(pi));
         }
+    }
+    std::vector<ServedInstance> instances(planned.size());
+    if (c.workers.mode == WorkersMode::kProcesses) {
+        std::vector<ProcessInstanceSpec> specs;
+        for (const PlannedInstance& pi : planned) {
+            ProcessInstanceSpec ps;
+            ps.instance_id = pi.name;
+            ps.tp = pi.config->tp;
+            ps.devices = pi.config->devices;
+            ps.model_path = c.model_path;
+            ps.worker.runner = pi.runner;
+            ps.worker.tokenizer_path = c.tokenizer_path;
+            ps.worker.threads = c.threads > 0 ? c.threads : threads_per_worker;
+            ps.on_gave_up = [&num_gave_up](const Status&) { num_gave_up++; };
+            specs.push_back(std::move(ps));
+        }
+        Result<std::vector<DeclaredProcessInstance>> declared =
+            DeclareProcessInstances(c, specs, registry);
+        if (!declared.ok()) return Fail(declared.status().message());
+        Result<std::vector<std::unique_ptr<ProcessInstance>>> formed =
+            FormProcessInstances(c, specs, std::move(*declared));
+        if (!formed.ok()) return Fail(formed.status().message());
+        for (size_t i = 0; i < planned.size(); ++i) instances[i].process = std::move((*formed)[i]);
+    }
+    for (size_t i = 0; i < planned.size(); ++i) {
+        const PlannedInstance& pi = planned[i];
+        const PoolConfig& pool = *pi.pool;
+        const InstanceConfig& ic = *pi.config;
+        ServedInstance& inst = instances[i];
+        inst.name = pi.name;
+        std::vector<std::string> endpoints;
+        if (inst.process != nullptr) {
+            endpoints = inst.process->executor().kv_endpoints();
+        } else {
+            TpGroupConfig tc;
+            tc.tp = ic.tp;
+            tc.threads_per_rank = threads_per_worker;
+            tc.runner = pi.runner;
+            tc.kv_transport_name = inst.name;
+            Result<std::unique_ptr<TpGroup>> group = TpGroup::Create(*stop_ids_of.file, tc);
+            if (!group.ok())
+                return Fail(c.model_path + ": instance " + inst.name + ": " +
+                            group.status().message());
+            inst.group = std::move(*group);
+            endpoints = inst.group->kv_endpoints();
+        }
+        InstanceEngineConfig ec;
+        ec.name = inst.name;
+        ec.pool = pool.name;
+        ec.role = pool.role == PoolRole::kPrefill  ? InstanceRole::kPrefill
+                  : pool.role == PoolRole::kDecode ? InstanceRole::kDecode
+                                                   : InstanceRole::kMixed;
+        ec.tp = ic.tp;
+        ec.kv_endpoints = endpoints;
+        ec.handoff.layerwise = c.kv_transfer.layerwise;
+        ec.handoff.timeout_ms = c.kv_transfer.timeout_ms;
+        ec.observer = metrics.get();
+        ec.scheduler.max_num_seqs = c.scheduler.max_num_seqs;
+        ec.scheduler.max_num_batched_tokens = c.scheduler.max_num_batched_tokens;
+        ec.blocks.num_blocks = pi.runner.num_kv_blocks;
+        ec.blocks.block_size = c.kv_cache.block_size;
+        ec.blocks.enable_prefix_caching = c.kv_cache.enable_prefix_caching;
+        ec.blocks.max_pinned_fraction = c.kv_cache.max_pinned_fraction;
+        ec.blocks.min_pinned_tokens = c.kv_cache.min_pinned_tokens;
+        ec.max_context = max_context;
+        ec.max_waiting_requests = c.scheduler.max_waiting_requests;
+        ec.stop_token_ids = stop_token_ids;
+        if (Status st = InstanceEngine::ValidateConfig(ec); !st.ok())
+            return Fail(c.source + ": " + st.message());
+        StepExecutor& executor = inst.group != nullptr ? static_cast<StepExecutor&>(*inst.group)
+                                                       : inst.process->executor();
+        inst.engine = std::make_unique<InstanceEngine>(ec, *stop_ids_of.tokenizer, executor);
+        inst.engine->Start();
+        spdlog::info("instance {} ({} pool {}): tp {}, {} KV blocks of {} tokens, {} workers",
+                     inst.name, InstanceRoleName(ec.role), pool.name, ic.tp,
+                     pi.runner.num_kv_blocks, c.kv_cache.block_size,
+                     WorkersModeName(c.workers.mode));
     }
     std::vector<InstanceEngine*> engines;
     for (ServedInstance& i : instances) engines.push_back(i.engine.get());
@@ -303,9 +331,10 @@ int RunServe(ServeFlags f) {
         const int sig = sigtimedwait(&signals, nullptr, &tick);
         if (sig > 0) return Drain(**server, stop_all, signals, sig, c.http.drain_timeout_s);
         if (num_gave_up.load() > 0 && !engine.Health().ok()) {
-            spdlog::error("no instance can serve and their workers will not be restarted "
-                          "(workers.restart_limit {}): exiting",
-                          c.workers.restart_limit);
+            spdlog::error(
+                "no instance can serve and their workers will not be restarted "
+                "(workers.restart_limit {}): exiting",
+                c.workers.restart_limit);
             (*server)->BeginDrain();
             stop_all();
             (*server)->WaitIdle(std::chrono::seconds(2));

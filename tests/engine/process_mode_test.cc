@@ -585,6 +585,129 @@ TEST(WorkerRegistryTest, AssignsTheLowestFreeRankAndServesTheRendezvousStore) {
     EXPECT_TRUE(ready.ok()) << ready.ToString();
 }
 
+// `kvshard serve`'s way of starting process instances (DeclareProcessInstances, then
+// FormProcessInstances): every instance of the config is known to the registry before any
+// formation waits, so the workers of a later instance may register first, and that instance
+// forms while an earlier one still waits for its own; a worker naming an instance the config
+// lacks is still refused, naming it.
+TEST(WorkerRegistryTest, EveryInstanceIsDeclaredBeforeAnyFormationWaits) {
+    Result<std::unique_ptr<WorkerRegistry>> started = WorkerRegistry::Start(RegistryOptions());
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    std::shared_ptr<WorkerRegistry> registry = std::move(*started);
+    const uint16_t port = registry->port();
+    Result<ServerConfig> config = ParseServerConfig(
+        std::string("model: /models/m.gguf\nlog_level: warn\nworkers:\n  mode: processes\n"
+                    "  launcher: external\n  port: 1\n  token: ") +
+            kToken + "\n  register_timeout_ms: 60000\n",
+        "test.yaml");
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    std::vector<cli::ProcessInstanceSpec> specs(2);
+    specs[0].instance_id = "prefill";
+    specs[1].instance_id = "decode";
+    for (cli::ProcessInstanceSpec& spec : specs) spec.model_path = "/models/m.gguf";
+    Result<std::vector<cli::DeclaredProcessInstance>> declared =
+        cli::DeclareProcessInstances(*config, specs, registry);
+    ASSERT_TRUE(declared.ok()) << declared.status().ToString();
+    RemoteStepExecutor* prefill = (*declared)[0].executor.get();
+    RemoteStepExecutor* decode = (*declared)[1].executor.get();
+    Result<std::vector<std::unique_ptr<cli::ProcessInstance>>> formed = Internal("not formed");
+    std::thread forming(
+        [&] { formed = cli::FormProcessInstances(*config, specs, std::move(*declared)); });
+
+    // The decode instance's worker first, while the prefill instance waits for its own.
+    std::unique_ptr<FrameChannel> decode_worker, prefill_worker;
+    const RegisterAckMessage decode_ack = RegisterAs(
+        port, {kAnyRank, kAnyTp, "decode", kControlProtocolVersion, "h:2", kToken}, &decode_worker);
+    ASSERT_TRUE(decode_ack.accepted) << decode_ack.error;
+    ASSERT_TRUE(decode_worker->Send(ReadyMessage{true, "", 8}).ok());
+    EXPECT_TRUE(WaitFor([&] { return decode->epoch() == 1; }));
+    EXPECT_EQ(prefill->epoch(), 0u);
+    // An instance the config does not have is refused by name.
+    const RegisterAckMessage stranger =
+        RegisterAs(port, {kAnyRank, kAnyTp, "mixed", kControlProtocolVersion, "", kToken});
+    EXPECT_FALSE(stranger.accepted);
+    EXPECT_NE(stranger.error.find("'mixed'"), std::string::npos) << stranger.error;
+    EXPECT_NE(stranger.error.find("unknown instance (the coordinator expects 'decode', 'prefill')"),
+              std::string::npos)
+        << stranger.error;
+
+    const RegisterAckMessage prefill_ack =
+        RegisterAs(port, {kAnyRank, kAnyTp, "prefill", kControlProtocolVersion, "h:1", kToken},
+                   &prefill_worker);
+    ASSERT_TRUE(prefill_ack.accepted) << prefill_ack.error;
+    ASSERT_TRUE(prefill_worker->Send(ReadyMessage{true, "", 8}).ok());
+    forming.join();
+    ASSERT_TRUE(formed.ok()) << formed.status().ToString();
+    ASSERT_EQ(formed->size(), 2u);
+    EXPECT_EQ((*formed)[0]->executor().instance_id(), "prefill");
+    EXPECT_EQ((*formed)[1]->executor().instance_id(), "decode");
+    EXPECT_TRUE((*formed)[0]->executor().Health().ok());
+    EXPECT_TRUE((*formed)[1]->executor().Health().ok());
+}
+
+// One instance that cannot form (its worker reports a load error) ends the others' waiting at
+// once, and the error names it.
+TEST(WorkerRegistryTest, AnInstanceThatFailsToFormEndsTheOthersWaiting) {
+    Result<std::unique_ptr<WorkerRegistry>> started = WorkerRegistry::Start(RegistryOptions());
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    std::shared_ptr<WorkerRegistry> registry = std::move(*started);
+    Result<ServerConfig> config = ParseServerConfig(
+        std::string("model: /models/m.gguf\nlog_level: warn\nworkers:\n  mode: processes\n"
+                    "  launcher: external\n  port: 1\n  token: ") +
+            kToken + "\n  register_timeout_ms: 600000\n",
+        "test.yaml");
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    std::vector<cli::ProcessInstanceSpec> specs(2);
+    specs[0].instance_id = "waits";
+    specs[1].instance_id = "broken";
+    Result<std::vector<cli::DeclaredProcessInstance>> declared =
+        cli::DeclareProcessInstances(*config, specs, registry);
+    ASSERT_TRUE(declared.ok()) << declared.status().ToString();
+    Result<std::vector<std::unique_ptr<cli::ProcessInstance>>> formed = Internal("not formed");
+    std::thread forming(
+        [&] { formed = cli::FormProcessInstances(*config, specs, std::move(*declared)); });
+    std::unique_ptr<FrameChannel> worker;
+    ASSERT_TRUE(RegisterAs(registry->port(),
+                           {0, 1, "broken", kControlProtocolVersion, "h:1", kToken}, &worker)
+                    .accepted);
+    ASSERT_TRUE(worker->Send(ReadyMessage{false, "cannot read the weights", 0}).ok());
+    forming.join();  // long before the 10-minute register_timeout_ms of "waits"
+    ASSERT_FALSE(formed.ok());
+    EXPECT_NE(formed.status().message().find("broken"), std::string::npos)
+        << formed.status().ToString();
+    EXPECT_NE(formed.status().message().find("cannot read the weights"), std::string::npos)
+        << formed.status().ToString();
+}
+
+// The NCCL bootstrap goes only to instances whose ranks are all on GPUs, tp > 1, in CUDA builds.
+TEST(ProcessModeConfigTest, OnlyGpuInstancesOfTensorParallelRanksGetAnNcclBootstrap) {
+    struct Case {
+        int tp;
+        std::vector<std::string> devices;
+        bool cuda_build, nccl;
+    };
+    const Case cases[] = {
+        {2, {"0", "1"}, true, true},
+        {4, {"0", "1", "2", "3"}, true, true},
+        {2, {"0", "1"}, false, false},
+        {1, {"0"}, true, false},
+        {2, {"cpu", "cpu"}, true, false},
+        {2, {"0", "cpu"}, true, false},
+        {2, {}, true, false},
+    };
+    for (const Case& c : cases) {
+        cli::ProcessInstanceSpec spec;
+        spec.tp = c.tp;
+        spec.devices = c.devices;
+        EXPECT_EQ(cli::UsesNcclBootstrap(spec, c.cuda_build), c.nccl)
+            << "tp " << c.tp << ", " << c.devices.size() << " devices, cuda " << c.cuda_build;
+    }
+    cli::ProcessInstanceSpec gpus;
+    gpus.tp = 2;
+    gpus.devices = {"0", "1"};
+    EXPECT_EQ(cli::UsesNcclBootstrap(gpus), static_cast<bool>(KVSHARD_WITH_CUDA));
+}
+
 // Silent connections (a port scanner, a stuck client) each hold only their own handshake: a real
 // worker registers while they are all still open, long before their deadline.
 TEST(WorkerRegistryTest, SilentConnectionsDoNotDelayARegistration) {
