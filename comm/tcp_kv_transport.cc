@@ -48,9 +48,10 @@ constexpr int64_t kAcceptRetryMs = 100;
 // piece into kChunksPerPiece chunks or more, so that even a small piece's copies into and out of
 // the region overlap, and a piece that fits the region goes without waiting for a single credit.
 constexpr int64_t kMinRegionSlots = 4;
-// A chunk is copied and hashed in cache-sized pieces (comm/shm_region.h); fewer, larger chunks
-// mean fewer frames, credits and wake-ups per piece.
-constexpr int64_t kMaxChunkBytes = 1 << 20;
+// A chunk is copied and hashed in cache-sized pieces (comm/shm_region.h), so its size does not
+// matter to the caches; what it costs is a frame, a credit and a wake-up of each side. On a
+// machine whose cores are busy each wake-up can wait for the scheduler, so chunks are large.
+constexpr int64_t kMaxChunkBytes = 4 << 20;
 constexpr int64_t kMinChunkBytes = 256 << 10;
 constexpr int64_t kChunksPerPiece = 4;
 
