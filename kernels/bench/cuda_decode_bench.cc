@@ -2,7 +2,8 @@
 // synthetic_decode.h) on a backend, at several batch sizes and one context length: ms/step,
 // tokens/s and the share of the memory roofline (the bytes a step must read — every weight once,
 // plus the KV of every sequence — over the device copy bandwidth measured here with CopyBlocks).
-// Eager launches (no graphs). Prints one line per batch; --json adds one JSON object.
+// Each batch is timed eagerly and as a CUDA graph replay of the captured step (the logits of the
+// two must be identical, bit for bit). Prints one line per batch; --json adds one JSON object.
 //   kvshard_cuda_decode_bench [--backend cuda|cpu] [--shape 8b|tiny] [--context 512]
 //                             [--batches 1,8,32,64,128] [--steps 10]
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/synthetic_decode.h"
 
 namespace {
@@ -124,19 +126,43 @@ int main(int argc, char** argv) {
         for (float x : *logits) {
             if (!std::isfinite(x)) return Fail("a logit is not finite at batch " + std::to_string(batch));
         }
+        // The same step captured once and replayed.
+        double graph_sec = 0.0;
+        if (auto* cuda = dynamic_cast<kvshard::cuda::CudaBackend*>(&be)) {
+            if (auto st = cuda->BeginCapture(); !st.ok()) return Fail(st.message());
+            d->Step(batch);
+            auto graph = cuda->EndCapture();
+            if (!graph.ok()) return Fail(graph.status().message());
+            std::vector<double> g;
+            for (int64_t i = 0; i < steps + 2; ++i) {
+                const auto t0 = Clock::now();
+                if (auto st = cuda->Replay(*graph); !st.ok()) return Fail(st.message());
+                if (auto st = be.Synchronize(); !st.ok()) return Fail(st.message());
+                if (i >= 2) g.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+            }
+            graph_sec = Median(g);
+            auto replayed = d->Logits(batch);
+            if (!replayed.ok()) return Fail(replayed.status().message());
+            if (*replayed != *logits) {
+                return Fail("graph replay gave other logits than eager at batch " + std::to_string(batch));
+            }
+        }
         const double sec = Median(t);
         const double kv_bytes = double(batch) * double(context + 1) * double(shape.layers) *
                                 double(2 * shape.kv_heads * shape.head_dim) * 4.0;
         const double floor_s = bw > 0 ? (double(shape.weight_bytes()) + kv_bytes) / bw : 0.0;
-        std::printf("batch %4lld  context %lld  %8.3f ms/step  %9.1f tok/s  %5.1f%% of roofline\n",
+        std::printf("batch %4lld  context %lld  %8.3f ms/step  %9.1f tok/s  %5.1f%% of roofline"
+                    "  graph %8.3f ms/step\n",
                     static_cast<long long>(batch), static_cast<long long>(context), sec * 1e3,
-                    double(batch) / sec, floor_s > 0 ? 100.0 * floor_s / sec : 0.0);
+                    double(batch) / sec, floor_s > 0 ? 100.0 * floor_s / sec : 0.0,
+                    graph_sec * 1e3);
         char row[256];
         std::snprintf(row, sizeof(row),
                       "%s{\"batch\":%lld,\"ms_per_step\":%.4f,\"tok_per_s\":%.2f,"
-                      "\"roofline_pct\":%.2f}",
+                      "\"roofline_pct\":%.2f,\"graph_ms_per_step\":%.4f}",
                       rows.empty() ? "" : ",", static_cast<long long>(batch), sec * 1e3,
-                      double(batch) / sec, floor_s > 0 ? 100.0 * floor_s / sec : 0.0);
+                      double(batch) / sec, floor_s > 0 ? 100.0 * floor_s / sec : 0.0,
+                      graph_sec * 1e3);
         rows += row;
     }
     if (json) {

@@ -70,6 +70,8 @@ struct CudaBackend::Impl {
         int64_t rows = 0, cols = 0;
     };
     std::map<std::pair<const void*, bool>, Copy> copies;
+    std::vector<cudaGraphExec_t> graphs;
+    bool capturing = false;
 };
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendConfig& config) {
@@ -145,6 +147,7 @@ CudaBackend::~CudaBackend() {
         }
     });
     for (auto& [key, copy] : im.copies) cudaFree(copy.data);
+    for (cudaGraphExec_t g : im.graphs) cudaGraphExecDestroy(g);
     cudaFree(im.activations);
     cudaFree(im.partials);
     cudaFree(im.lt_workspace);
@@ -220,6 +223,52 @@ Status CudaBackend::Synchronize() {
     return first_error_;
 }
 
+Status CudaBackend::BeginCapture() {
+    Impl& im = *impl_;
+    if (im.capturing) return InvalidArgument("cuda backend: BeginCapture: a capture is already open");
+    if (!first_error_.ok()) return first_error_;
+    cudaSetDevice(device_);
+    const cudaError_t err = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
+    if (err != cudaSuccess) return CudaStatus(err, "cudaStreamBeginCapture");
+    im.capturing = true;
+    return Status::Ok();
+}
+
+Result<int> CudaBackend::EndCapture() {
+    Impl& im = *impl_;
+    if (!im.capturing) return InvalidArgument("cuda backend: EndCapture without BeginCapture");
+    im.capturing = false;
+    cudaSetDevice(device_);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        return CudaStatus(err, "cudaStreamEndCapture (did an op allocate or synchronize?)");
+    }
+    if (!first_error_.ok()) {
+        cudaGraphDestroy(graph);
+        return first_error_;
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (inst != cudaSuccess) return CudaStatus(inst, "cudaGraphInstantiate");
+    im.graphs.push_back(exec);
+    return static_cast<int>(im.graphs.size() - 1);
+}
+
+Status CudaBackend::Replay(int graph) {
+    Impl& im = *impl_;
+    if (graph < 0 || graph >= static_cast<int>(im.graphs.size())) {
+        return InvalidArgument("cuda backend: Replay: no graph " + std::to_string(graph) + " (" +
+                               std::to_string(im.graphs.size()) + " captured)");
+    }
+    cudaSetDevice(device_);
+    const cudaError_t err = cudaGraphLaunch(im.graphs[static_cast<size_t>(graph)], stream_);
+    if (err != cudaSuccess) return CudaStatus(err, "cudaGraphLaunch");
+    return Status::Ok();
+}
+
 Status CudaBackend::PrepareWeight(const WeightView& w, bool for_embedding) {
     Converted(w, for_embedding);
     return first_error_;
@@ -233,6 +282,12 @@ const void* CudaBackend::Converted(const WeightView& w, bool for_embedding) {
         KV_CHECK(c.stored == w.dtype && c.rows == w.rows && c.cols == w.cols)
             << "the weight at " << w.data << " changed shape or format after its device copy";
         return c.data;
+    }
+    if (im.capturing) {
+        Fail(InvalidArgument("cuda backend: a " + std::string(DTypeName(w.dtype)) +
+                             " weight has no device copy yet inside a graph capture: run the "
+                             "step once eagerly before capturing it"));
+        return nullptr;
     }
     cudaSetDevice(device_);
     const size_t stored_bytes = RowBytes(w.dtype, w.cols) * static_cast<size_t>(w.rows);
@@ -306,6 +361,12 @@ void CudaBackend::MatMul(const float* x, int64_t m, const WeightView& w, float* 
     if (wb == nullptr) return;
     const size_t x_bytes = static_cast<size_t>(m * w.cols) * sizeof(uint16_t);
     if (x_bytes > im.activation_bytes) {
+        if (im.capturing) {
+            Fail(InvalidArgument("cuda backend: a product of " + std::to_string(m) +
+                                 " rows needs a larger activation copy inside a graph capture: "
+                                 "run the step once eagerly before capturing it"));
+            return;
+        }
         spdlog::info("cuda backend: the activation copy grows to {} bytes (a product of {} rows)",
                      x_bytes, m);
         cudaStreamSynchronize(stream_);

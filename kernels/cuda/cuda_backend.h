@@ -74,6 +74,16 @@ class CudaBackend final : public Backend {
     // now instead of at its first use. Errors: a failed copy or allocation.
     Status PrepareWeight(const WeightView& w, bool for_embedding);
 
+    // CUDA graphs: the ops queued between BeginCapture and EndCapture are recorded instead of
+    // run, and Replay(id) runs them again on the stream (the same pointers and shapes; the data
+    // behind them may change). REQUIRES during a capture: nothing allocates, copies to or from the
+    // host, or synchronizes — run the step once eagerly first (that makes the weight copies and
+    // the cuBLASLt plans). Errors: the CUDA errors of the capture, an op that failed inside it,
+    // an unknown id.
+    Status BeginCapture();
+    Result<int> EndCapture();
+    Status Replay(int graph);
+
     int device() const { return device_; }
     int sm_count() const { return sm_count_; }
     // Distinct matrix-product shapes whose cuBLASLt algorithm has been chosen.

@@ -221,6 +221,27 @@ TEST_F(CudaBackendGpuTest, SyntheticDecodeStepMatchesTheCpu) {
     EXPECT_LE(RelL2(*got, *want), 2e-2);
 }
 
+// A captured decode step replayed as a CUDA graph gives the eager step's logits, bit for bit;
+// a capture that would have to make a weight copy is refused with the reason.
+TEST_F(CudaBackendGpuTest, GraphReplayGivesTheEagerLogits) {
+    auto* cuda = dynamic_cast<cuda::CudaBackend*>(gpu_.get());
+    ASSERT_NE(cuda, nullptr);
+    auto d = cuda::SyntheticDecode::Create(*gpu_, TinyShape(), 4, 30, 8);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    d->Step(4);
+    auto eager = d->Logits(4);
+    ASSERT_TRUE(eager.ok()) << eager.status().ToString();
+    ASSERT_TRUE(cuda->BeginCapture().ok());
+    d->Step(4);
+    Result<int> graph = cuda->EndCapture();
+    ASSERT_TRUE(graph.ok()) << graph.status().ToString();
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(cuda->Replay(*graph).ok());
+    auto replayed = d->Logits(4);
+    ASSERT_TRUE(replayed.ok()) << replayed.status().ToString();
+    EXPECT_EQ(*replayed, *eager);
+    EXPECT_FALSE(cuda->Replay(*graph + 1).ok());
+}
+
 #endif  // KVSHARD_WITH_CUDA
 
 }  // namespace
