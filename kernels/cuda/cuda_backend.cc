@@ -193,10 +193,19 @@ Result<void*> CudaBackend::AllocateRaw(size_t bytes) {
     return p;
 }
 
-void CudaBackend::FreeRaw(void* data, size_t) {
+void CudaBackend::FreeRaw(void* data, size_t bytes) {
     cudaSetDevice(device_);
     // Work queued on the stream may still read it.
     cudaStreamSynchronize(stream_);
+    // Device copies of weights stored in this allocation go with it: a later allocation at the
+    // same address holds other data.
+    auto& copies = impl_->copies;
+    const auto* begin = static_cast<const uint8_t*>(data);
+    for (auto it = copies.lower_bound({data, false});
+         it != copies.end() && static_cast<const uint8_t*>(it->first.first) < begin + bytes;) {
+        cudaFree(it->second.data);
+        it = copies.erase(it);
+    }
     cudaFree(data);
 }
 

@@ -208,6 +208,32 @@ TEST_F(CudaBackendGpuTest, Bf16ProductsAgreeAndPlansAreCachedPerShape) {
     EXPECT_EQ(cuda->gemm_plans(), plans0 + 3) << "m = 1, 8, 37: one plan each";
 }
 
+// A weight's bf16 copy is freed with the weight's allocation: another weight later stored at the
+// same address (cudaMalloc reuses it) is multiplied as itself, not as the old copy.
+TEST_F(CudaBackendGpuTest, WeightCopiesGoWithTheirAllocation) {
+    const int64_t n = 64, k = 128, m = 2;
+    const std::vector<float> x = Random(m * k, 11);
+    float* dx = Put(x);
+    for (uint32_t seed : {1u, 2u, 3u}) {
+        std::vector<uint8_t> w(RowBytes(DType::kF16, k) * n);
+        const std::vector<float> f = Random(n * k, seed);
+        for (size_t i = 0; i < f.size(); ++i) {
+            const uint16_t h = FloatToHalf(f[i]);
+            std::memcpy(&w[2 * i], &h, 2);
+        }
+        Result<BackendBuffer> buf = gpu_->Allocate(w.size());
+        ASSERT_TRUE(buf.ok());
+        ASSERT_TRUE(gpu_->CopyToDevice(buf->data(), w.data(), w.size()).ok());
+        const WeightView view{.dtype = DType::kF16, .data = buf->data(), .rows = n, .cols = k};
+        std::vector<float> want(m * n);
+        cpu_->MatMul(x.data(), m, {.dtype = DType::kF16, .data = w.data(), .rows = n, .cols = k},
+                     want.data());
+        float* y = Put(std::vector<float>(want.size(), NAN));
+        gpu_->MatMul(dx, m, view, y);
+        EXPECT_LE(RelL2(Get(y, want.size()), want), 1e-2) << "seed " << seed;
+    }  // the weight's buffer is freed here, and its copy with it
+}
+
 // A whole synthetic decode step (bf16 weights) on the device against the CPU backend.
 TEST_F(CudaBackendGpuTest, SyntheticDecodeStepMatchesTheCpu) {
     auto on_cpu = cuda::SyntheticDecode::Create(*cpu_, TinyShape(), 5, 40, 3);
