@@ -1,4 +1,5 @@
-// Decode time per step of a Llama-shaped model with random bf16 weights (kernels/cuda/
+// The backend's ceilings (device copy GB/s through CopyBlocks; bf16 MatMul TFLOP/s at n = 8192),
+// then decode time per step of a Llama-shaped model with random bf16 weights (kernels/cuda/
 // synthetic_decode.h) on a backend, at several batch sizes and one context length: ms/step,
 // tokens/s and the share of the memory roofline (the bytes a step must read — every weight once,
 // plus the KV of every sequence — over the device copy bandwidth measured here with CopyBlocks).
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -51,6 +53,36 @@ double CopyBandwidth(Backend& b, size_t bytes) {
         if (i > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
     return 2.0 * double(bytes) / Median(t);
+}
+
+// bf16 matrix-product rate through the backend's MatMul (fp32 activations converted to bf16,
+// cuBLASLt, fp32 out): y[n, n] = x[n, n] · w[n, n]^T on random data, median of 5 after a warm-up.
+double MatMulTflops(Backend& b, int64_t n) {
+    const size_t elems = size_t(n * n);
+    auto w = b.Allocate(elems * 2), x = b.Allocate(elems * 4), y = b.Allocate(elems * 4);
+    if (!w.ok() || !x.ok() || !y.ok()) return 0.0;
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<uint16_t> wh(elems);
+    std::vector<float> xh(elems);
+    for (size_t i = 0; i < elems; ++i) {
+        wh[i] = kvshard::FloatToBF16(u(rng) * 0.01f);
+        xh[i] = u(rng);
+    }
+    if (!b.CopyToDevice(w->data(), wh.data(), elems * 2).ok() ||
+        !b.CopyToDevice(x->data(), xh.data(), elems * 4).ok() || !b.Synchronize().ok()) {
+        return 0.0;
+    }
+    const kvshard::WeightView view{
+        .dtype = kvshard::DType::kBF16, .data = w->data(), .rows = n, .cols = n};
+    std::vector<double> t;
+    for (int i = 0; i < 6; ++i) {
+        const auto t0 = Clock::now();
+        b.MatMul(x->As<float>(), n, view, y->As<float>());
+        if (!b.Synchronize().ok()) return 0.0;
+        if (i > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    return 2.0 * double(n) * double(n) * double(n) / Median(t) / 1e12;
 }
 
 }  // namespace
@@ -103,6 +135,9 @@ int main(int argc, char** argv) {
     if (!b.ok()) return Fail(b.status().message());
     Backend& be = **b;
     const double bw = CopyBandwidth(be, backend == "cuda" ? size_t{1} << 30 : size_t{64} << 20);
+    const double tflops = MatMulTflops(be, backend == "cuda" ? 8192 : 256);
+    std::printf("ceilings: device copy %.0f GB/s (read + write), bf16 MatMul %.1f TFLOP/s at n=%d\n",
+                bw / 1e9, tflops, backend == "cuda" ? 8192 : 256);
     const int64_t max_batch = *std::max_element(batches.begin(), batches.end());
     const auto t_load = Clock::now();
     auto d = kvshard::cuda::SyntheticDecode::Create(be, shape, max_batch, context, 1);
@@ -167,9 +202,9 @@ int main(int argc, char** argv) {
     }
     if (json) {
         std::printf("{\"backend\":\"%s\",\"shape\":\"%s\",\"context\":%lld,\"copy_gbps\":%.1f,"
-                    "\"weight_bytes\":%lld,\"batches\":[%s]}\n",
+                    "\"matmul_tflops\":%.2f,\"weight_bytes\":%lld,\"batches\":[%s]}\n",
                     backend.c_str(), shape_name.c_str(), static_cast<long long>(context), bw / 1e9,
-                    static_cast<long long>(shape.weight_bytes()), rows.c_str());
+                    tflops, static_cast<long long>(shape.weight_bytes()), rows.c_str());
     }
     return 0;
 }
