@@ -192,36 +192,35 @@ __global__ void KvWriteKernel(KvArgs kv, const float* k, const float* v, int64_t
     }
 }
 
+// The K (or V: `data_offset`, `scale_offset` of the layer's region) rows of a tile into shared
+// memory, kAttnTileKeys rows TileRowFloats(head_dim) apart, rows from nt on zeroed. row_at[t] and
+// scale_at[t] are the bytes from the pool's base to tile row t's head data and scale without the
+// region offset (KvElementOffset / KvScaleOffset of its slot). Warp w copies rows w, w + 4, ...,
+// its lanes along head_dim (coalesced). Called by every thread of the block.
 template <int kStorage>
-__device__ float LoadKv(const KvArgs& kv, bool is_v, int64_t slot, int64_t h, int64_t d) {
-    const int64_t hd = kv.head_dim;
-    const int64_t off = is_v ? kv.v_offset : kv.k_offset;
-    if constexpr (kStorage == kF32) {
-        return *reinterpret_cast<const float*>(
-            kv.base + KvElementOffset(kv.block_stride, off, kv.block_size, hd, 4, slot, h, d));
-    } else {
-        const uint8_t q =
-            kv.base[KvElementOffset(kv.block_stride, off, kv.block_size, hd, 1, slot, h, d)];
-        const float scale = *reinterpret_cast<const float*>(
-            kv.base + KvScaleOffset(kv.block_stride, is_v ? kv.v_scale_offset : kv.k_scale_offset,
-                                    kv.block_size, slot, h));
-        const float x = kStorage == kInt8 ? static_cast<float>(static_cast<int8_t>(q))
-                                          : Fp8E4M3Decode(q);
-        return x * scale;
-    }
-}
-
-// The K (or V) rows of positions t0 .. t0 + nt - 1 into a shared tile of kAttnTileKeys rows
-// TileRowFloats(head_dim) apart, rows past nt zeroed. Called by every thread of the block.
-template <int kStorage>
-__device__ void LoadTile(const KvArgs& kv, bool is_v, const int32_t* table, int64_t t0, int64_t nt,
-                         int64_t kvh, float* tile) {
-    const int64_t hd = kv.head_dim, row = TileRowFloats(hd);
-    for (int64_t e = threadIdx.x; e < kAttnTileKeys * hd; e += blockDim.x) {
-        const int64_t t = e / hd, d = e % hd;
-        tile[t * row + d] =
-            t < nt ? LoadKv<kStorage>(kv, is_v, SlotOfPosition(table, kv.block_size, t0 + t), kvh, d)
-                   : 0.0f;
+__device__ void LoadTile(const KvArgs& kv, int64_t data_offset, int64_t scale_offset,
+                         const int64_t* row_at, const int64_t* scale_at, int nt, float* tile) {
+    const int hd = static_cast<int>(kv.head_dim);
+    const int row = static_cast<int>(TileRowFloats(hd));
+    const int lane = threadIdx.x % kWarp;
+    for (int t = threadIdx.x / kWarp; t < kAttnTileKeys; t += blockDim.x / kWarp) {
+        float* dst = tile + t * row;
+        if (t >= nt) {
+            for (int d = lane; d < hd; d += kWarp) dst[d] = 0.0f;
+            continue;
+        }
+        const uint8_t* src = kv.base + data_offset + row_at[t];
+        if constexpr (kStorage == kF32) {
+            for (int d = lane; d < hd; d += kWarp) dst[d] = reinterpret_cast<const float*>(src)[d];
+        } else {
+            const float scale =
+                *reinterpret_cast<const float*>(kv.base + scale_offset + scale_at[t]);
+            for (int d = lane; d < hd; d += kWarp) {
+                const float x = kStorage == kInt8 ? static_cast<float>(static_cast<int8_t>(src[d]))
+                                                  : Fp8E4M3Decode(src[d]);
+                dst[d] = x * scale;
+            }
+        }
     }
 }
 
@@ -248,8 +247,10 @@ constexpr int kAccPerThread = kAttnMaxAccFloats / kAttnThreads;
 // shared memory. A decode row (one new token) has its keys split over the grid's z dimension,
 // each block writing a partial result merged by MergeSplitsKernel; a prefill chunk's rows are
 // dealt out to the z blocks in tiles, each attending causally over the block table.
+// (The launch bound's minimum of one block per SM lets ptxas keep the 16 accumulators and the
+// index state in registers: without it, nvcc 13.0 caps the kernel at 64 registers and spills.)
 template <int kStorage>
-__global__ void __launch_bounds__(kAttnThreads) PagedAttentionKernel(AttnArgs a) {
+__global__ void __launch_bounds__(kAttnThreads, 1) PagedAttentionKernel(AttnArgs a) {
     static_assert(kAttnTileKeys == kWarp, "a tile's scores are one warp's lanes");
     const int64_t s = blockIdx.x, kvh = blockIdx.y;
     const int z = blockIdx.z;
@@ -272,6 +273,9 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttentionKernel(AttnArgs a)
     __shared__ int group_size;
     __shared__ int q_row[kAttnMaxQueryVectors], q_head[kAttnMaxQueryVectors];
     __shared__ int64_t q_pos[kAttnMaxQueryVectors];
+    __shared__ int64_t row_at[kAttnTileKeys], scale_at[kAttnTileKeys];  // the tile's slots
+    const int64_t elem = kStorage == kF32 ? 4 : 1;
+    const int hd_i = static_cast<int>(hd);
 
     if (threadIdx.x == 0) {
         int g = 0;
@@ -323,8 +327,8 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttentionKernel(AttnArgs a)
             s_sum[i] = 0.0f;
         }
         __syncthreads();
-        for (int64_t e = threadIdx.x; e < nq * hd; e += blockDim.x) {
-            const int64_t i = e / hd, d = e % hd;
+        for (int e = threadIdx.x; e < nq * hd_i; e += blockDim.x) {
+            const int i = e / hd_i, d = e - i * hd_i;
             sq[e] = a.q[(row0 + q_row[i]) * a.q_stride + q_head[i] * hd + d] * a.scale;
         }
         float acc[kAccPerThread];
@@ -332,9 +336,17 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttentionKernel(AttnArgs a)
         for (int j = 0; j < kAccPerThread; ++j) acc[j] = 0.0f;
 
         for (int64_t t0 = k_begin; t0 < k_end; t0 += kAttnTileKeys) {
-            const int64_t nt = Min64(kAttnTileKeys, k_end - t0);
-            __syncthreads();  // the previous tile's V is consumed
-            LoadTile<kStorage>(a.kv, false, table, t0, nt, kvh, skv);
+            const int nt = static_cast<int>(Min64(kAttnTileKeys, k_end - t0));
+            __syncthreads();  // the previous tile's V (and its slots) are consumed
+            if (static_cast<int>(threadIdx.x) < nt) {
+                const int64_t slot_id = SlotOfPosition(table, a.kv.block_size, t0 + threadIdx.x);
+                row_at[threadIdx.x] = KvElementOffset(a.kv.block_stride, 0, a.kv.block_size, hd,
+                                                      elem, slot_id, kvh, 0);
+                scale_at[threadIdx.x] =
+                    KvScaleOffset(a.kv.block_stride, 0, a.kv.block_size, slot_id, kvh);
+            }
+            __syncthreads();
+            LoadTile<kStorage>(a.kv, a.kv.k_offset, a.kv.k_scale_offset, row_at, scale_at, nt, skv);
             __syncthreads();
             for (int e = threadIdx.x; e < nq * kAttnTileKeys; e += blockDim.x) {
                 const int i = e / kAttnTileKeys, t = e % kAttnTileKeys;
@@ -343,7 +355,7 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttentionKernel(AttnArgs a)
                     const float* qi = sq + i * hd;
                     const float* kt = skv + t * kv_row;
                     float dot = 0.0f;
-                    for (int64_t d = 0; d < hd; ++d) dot += qi[d] * kt[d];
+                    for (int d = 0; d < hd_i; ++d) dot += qi[d] * kt[d];
                     sc = dot;
                 }
                 ss[e] = sc;
@@ -366,16 +378,16 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttentionKernel(AttnArgs a)
                     s_max[i] = m_new;
                 }
             }
-            LoadTile<kStorage>(a.kv, true, table, t0, nt, kvh, skv);
+            LoadTile<kStorage>(a.kv, a.kv.v_offset, a.kv.v_scale_offset, row_at, scale_at, nt, skv);
             __syncthreads();
 #pragma unroll
             for (int j = 0; j < kAccPerThread; ++j) {
-                const int64_t e = threadIdx.x + static_cast<int64_t>(j) * kAttnThreads;
-                if (e < nq * hd) {
-                    const int64_t i = e / hd, d = e % hd;
+                const int e = static_cast<int>(threadIdx.x) + j * kAttnThreads;
+                if (e < nq * hd_i) {
+                    const int i = e / hd_i, d = e - i * hd_i;
                     const float* w = ss + i * kAttnTileKeys;
                     float x = acc[j] * s_alpha[i];
-                    for (int64_t t = 0; t < nt; ++t) x += w[t] * skv[t * kv_row + d];
+                    for (int t = 0; t < nt; ++t) x += w[t] * skv[t * kv_row + d];
                     acc[j] = x;
                 }
             }
@@ -383,9 +395,9 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttentionKernel(AttnArgs a)
         __syncthreads();  // s_max / s_sum of an empty range were set before the loop
 #pragma unroll
         for (int j = 0; j < kAccPerThread; ++j) {
-            const int64_t e = threadIdx.x + static_cast<int64_t>(j) * kAttnThreads;
-            if (e < nq * hd) {
-                const int64_t i = e / hd, d = e % hd;
+            const int e = static_cast<int>(threadIdx.x) + j * kAttnThreads;
+            if (e < nq * hd_i) {
+                const int i = e / hd_i, d = e - i * hd_i;
                 const int64_t h = q_head[i];
                 if (decode && a.num_splits > 1) {
                     float* rec = a.partials + ((s * a.num_heads + h) * a.num_splits + z) * (hd + 2);
