@@ -65,6 +65,18 @@ __global__ void EmbeddingKernel(const T* table, int64_t rows, int64_t cols, int6
     }
 }
 
+// x and out may alias: each element is written by the thread that read it, after the barrier.
+__global__ void RmsNormKernel(const float* x, const float* weight, float* out, int64_t dim,
+                              float eps) {
+    const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
+    float* outr = out + static_cast<int64_t>(blockIdx.x) * dim;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = BlockReduce<false>(ss);
+    const float scale = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) outr[i] = xr[i] * scale * weight[i];
+}
+
 __global__ void AddRmsNormKernel(float* residual, const float* delta, const float* weight,
                                  float* out, int64_t dim, float eps) {
     float* xr = residual + static_cast<int64_t>(blockIdx.x) * dim;
@@ -445,6 +457,14 @@ int LaunchEmbeddingBf16(const uint16_t* table, int64_t rows, int64_t cols, int64
     if (n == 0) return 0;
     EmbeddingKernel<uint16_t><<<static_cast<unsigned>(n), RowThreads(cols), 0, stream>>>(
         table, rows, cols, row_offset, ids, out);
+    return LastError();
+}
+
+int LaunchRmsNorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+                  float eps, StreamHandle stream) {
+    if (rows == 0) return 0;
+    RmsNormKernel<<<static_cast<unsigned>(rows), RowThreads(dim), 0, stream>>>(x, weight, out, dim,
+                                                                               eps);
     return LastError();
 }
 

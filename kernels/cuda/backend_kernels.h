@@ -21,6 +21,8 @@ int LaunchEmbeddingF32(const float* table, int64_t rows, int64_t cols, int64_t r
 int LaunchEmbeddingBf16(const uint16_t* table, int64_t rows, int64_t cols, int64_t row_offset,
                         const int32_t* ids, int64_t n, float* out, StreamHandle stream);
 
+int LaunchRmsNorm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+                  float eps, StreamHandle stream);
 int LaunchAddRmsNorm(float* residual, const float* delta, const float* weight, float* out,
                      int64_t rows, int64_t dim, float eps, StreamHandle stream);
 int LaunchAdd(float* x, const float* y, int64_t n, StreamHandle stream);

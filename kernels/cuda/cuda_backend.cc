@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <spdlog/spdlog.h>
 
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -31,7 +32,7 @@ Status CudaStatus(cudaError_t err, const std::string& what) {
                        cudaGetErrorName(err) + "): " + cudaGetErrorString(err));
 }
 
-Status LtStatus(cublasStatus_t st, const std::string& what) {
+Status CublasStatus(cublasStatus_t st, const std::string& what) {
     return Unavailable("cuda backend: " + what + ": cuBLAS error " + std::to_string(int(st)) + " (" +
                        cublasGetStatusName(st) + ")");
 }
@@ -114,7 +115,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendConfig& co
     b->stream_ = stream;
     Impl& im = *b->impl_;
     if (const cublasStatus_t st = cublasLtCreate(&im.lt); st != CUBLAS_STATUS_SUCCESS) {
-        return LtStatus(st, "cublasLtCreate");
+        return CublasStatus(st, "cublasLtCreate");
     }
     im.cublas = std::make_unique<CublasHandle>();
     im.cublas->SetStream(b->stream_);
@@ -362,8 +363,15 @@ void CudaBackend::MatMul(const float* x, int64_t m, const WeightView& w, float* 
     cudaSetDevice(device_);
     Impl& im = *impl_;
     if (w.dtype == DType::kF32) {
-        MatMulWT(*im.cublas, x, static_cast<const float*>(w.data), y, m, w.rows, w.cols);
-        Check(static_cast<int>(cudaGetLastError()), "MatMul (fp32)");
+        // Pedantic fp32 SGEMM, the column-major view of the row-major product (as MatMulWT).
+        KV_CHECK(m <= INT32_MAX && w.rows <= INT32_MAX && w.cols <= INT32_MAX)
+            << "m=" << m << " n=" << w.rows << " k=" << w.cols;
+        const int mi = int(m), ni = int(w.rows), ki = int(w.cols);
+        const float alpha = 1.0f, beta = 0.0f;
+        const cublasStatus_t st = cublasSgemm(
+            static_cast<cublasHandle_t>(im.cublas->get()), CUBLAS_OP_T, CUBLAS_OP_N, ni, mi, ki,
+            &alpha, static_cast<const float*>(w.data), ki, x, ki, &beta, y, ni);
+        if (st != CUBLAS_STATUS_SUCCESS) Fail(CublasStatus(st, "cublasSgemm"));
         return;
     }
     const void* wb = w.dtype == DType::kBF16 ? w.data : Converted(w, false);
@@ -453,7 +461,7 @@ void CudaBackend::MatMul(const float* x, int64_t m, const WeightView& w, float* 
         }
         if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
         if (st != CUBLAS_STATUS_SUCCESS) {
-            p.error = LtStatus(st, "cuBLASLt plan").message();
+            p.error = CublasStatus(st, "cuBLASLt plan").message();
         } else if (found == 0) {
             p.error = "cuda backend: cuBLASLt has no bf16 algorithm for m=" + std::to_string(k.m) +
                       " n=" + std::to_string(k.n) + " k=" + std::to_string(k.k);
@@ -471,14 +479,13 @@ void CudaBackend::MatMul(const float* x, int64_t m, const WeightView& w, float* 
     const cublasStatus_t st =
         cublasLtMatmul(im.lt, plan.op, &alpha, wb, plan.a, xb, plan.b, &beta, y, plan.c, y, plan.c,
                        &plan.algo, im.lt_workspace, kLtWorkspaceBytes, stream_);
-    if (st != CUBLAS_STATUS_SUCCESS) Fail(LtStatus(st, "cublasLtMatmul"));
+    if (st != CUBLAS_STATUS_SUCCESS) Fail(CublasStatus(st, "cublasLtMatmul"));
 }
 
 void CudaBackend::RmsNorm(const float* x, const float* weight, float* out, int64_t rows,
                           int64_t dim, float eps) {
     cudaSetDevice(device_);
-    if (rows == 0) return;
-    cuda::RmsNorm(x, weight, out, rows, dim, eps, stream_);
+    Check(LaunchRmsNorm(x, weight, out, rows, dim, eps, stream_), "RmsNorm");
 }
 
 void CudaBackend::AddRmsNorm(float* residual, const float* delta, const float* weight, float* out,
