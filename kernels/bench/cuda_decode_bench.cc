@@ -4,7 +4,8 @@
 // tokens/s and the share of the memory roofline (the bytes a step must read — every weight once,
 // plus the KV of every sequence — over the device copy bandwidth measured here with CopyBlocks).
 // Each batch is timed eagerly and as a CUDA graph replay of the captured step (the logits of the
-// two must be identical, bit for bit). Prints one line per batch; --json adds one JSON object.
+// two must be identical, bit for bit), after per-op times at batch 8. Prints one line per batch;
+// --json adds one JSON object.
 //   kvshard_cuda_decode_bench [--backend cuda|cpu] [--shape 8b|tiny] [--context 512]
 //                             [--batches 1,8,32,64,128] [--steps 10]
 #include <algorithm>
@@ -145,6 +146,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s: %s shape, %.2f GB of bf16 weights set up in %.1f s; copy %.0f GB/s\n",
                  be.Describe().c_str(), shape_name.c_str(), double(shape.weight_bytes()) / 1e9,
                  std::chrono::duration<double>(Clock::now() - t_load).count(), bw / 1e9);
+    // Per-op times at batch 8 (or the first batch given): where a step's time goes.
+    {
+        const int64_t op_batch =
+            std::find(batches.begin(), batches.end(), 8) != batches.end() ? 8 : batches.front();
+        std::printf("ops at batch %lld (ms per call, layer 0):", static_cast<long long>(op_batch));
+        for (const auto& [name, ms] : d->OpTimes(op_batch, 20)) std::printf(" %s %.4f", name.c_str(), ms);
+        std::printf("\n");
+    }
     std::string rows;
     for (int64_t batch : batches) {
         for (int i = 0; i < 2; ++i) d->Step(batch);  // warm-up: plans, module load

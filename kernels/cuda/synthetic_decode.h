@@ -9,10 +9,14 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
@@ -84,6 +88,46 @@ class SyntheticDecode {
             b.AddRmsNorm(x_, delta_, ones_, xn_, batch, s.hidden, 1e-5f);
         }
         b.MatMul(xn_, batch, output_, logits_);
+    }
+
+    // Milliseconds per call of each op of layer 0's step (and the classifier) at `batch`, each
+    // timed alone: `reps` calls, then Synchronize, after one warm-up call. For finding where a
+    // step's time goes; the ops' inputs are whatever the buffers hold.
+    std::vector<std::pair<std::string, double>> OpTimes(int64_t batch, int reps) {
+        const DecodeShape& s = s_;
+        Backend& b = *b_;
+        const int64_t qkv = s.qkv_rows(), q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
+        const PagedAttentionBatch attn{.num_seqs = batch,
+                                       .query_starts = query_starts_,
+                                       .context_lens = context_lens_,
+                                       .block_table_starts = table_starts_,
+                                       .block_tables = tables_};
+        const Layer& w = layers_.front();
+        const PagedKvLayer kv = Kv(0);
+        const std::vector<std::pair<std::string, std::function<void()>>> ops = {
+            {"embedding", [&] { b.Embedding(embedding_, 0, ids_, batch, x_); }},
+            {"matmul_qkv", [&] { b.MatMul(xn_, batch, w.qkv, qkv_); }},
+            {"rope", [&] { b.Rope(qkv_, qkv, positions_, batch, s.heads + s.kv_heads, s.head_dim, inv_freq_); }},
+            {"kv_write", [&] { b.KvWrite(kv, qkv_ + q_dim, qkv_ + q_dim + kv_dim, qkv, slots_, batch); }},
+            {"attention", [&] { b.PagedAttention(qkv_, qkv, kv, attn, attn_, s.heads, nullptr); }},
+            {"matmul_o", [&] { b.MatMul(attn_, batch, w.wo, delta_); }},
+            {"add_rmsnorm", [&] { b.AddRmsNorm(x_, delta_, ones_, xn_, batch, s.hidden, 1e-5f); }},
+            {"matmul_gate_up", [&] { b.MatMul(xn_, batch, w.gate_up, gate_up_); }},
+            {"silu_mul", [&] { b.SiluMul(gate_up_, batch, s.ffn, h_); }},
+            {"matmul_down", [&] { b.MatMul(h_, batch, w.down, delta_); }},
+            {"classifier", [&] { b.MatMul(xn_, batch, output_, logits_); }},
+        };
+        std::vector<std::pair<std::string, double>> out;
+        for (const auto& [name, op] : ops) {
+            op();
+            if (!b.Synchronize().ok()) break;
+            const auto t0 = std::chrono::steady_clock::now();
+            for (int i = 0; i < reps; ++i) op();
+            if (!b.Synchronize().ok()) break;
+            out.emplace_back(name, std::chrono::duration<double, std::milli>(
+                                       std::chrono::steady_clock::now() - t0).count() / reps);
+        }
+        return out;
     }
 
     // The logits of the last step's `batch` rows (waits for the step).

@@ -66,6 +66,10 @@ TEST(SyntheticDecodeTest, RunsADecodeStepOnTheCpuBackend) {
     EXPECT_EQ(*la, *lb);
     EXPECT_NE(std::vector<float>(la->begin(), la->begin() + 50),
               std::vector<float>(la->begin() + 50, la->begin() + 100));
+    const auto times = a->OpTimes(3, 2);
+    ASSERT_EQ(times.size(), 11u);
+    EXPECT_EQ(times.front().first, "embedding");
+    for (const auto& [name, ms] : times) EXPECT_GE(ms, 0.0) << name;
     EXPECT_EQ(TinyShape().weight_bytes(), 2 * (2 * (128 * 64 + 64 * 64 + 2 * 96 * 64 + 64 * 96) +
                                               2 * 50 * 64));
 }
