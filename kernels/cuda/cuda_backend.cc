@@ -122,6 +122,13 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendConfig& co
     if (const cudaError_t e = cudaMalloc(&im.lt_workspace, kLtWorkspaceBytes); e != cudaSuccess) {
         return CudaStatus(e, "cudaMalloc of the cuBLASLt workspace");
     }
+    // cuBLAS shares it (one stream orders their use): an explicit workspace also keeps cuBLAS
+    // from allocating inside a graph capture.
+    if (const cublasStatus_t st = cublasSetWorkspace(
+            static_cast<cublasHandle_t>(im.cublas->get()), im.lt_workspace, kLtWorkspaceBytes);
+        st != CUBLAS_STATUS_SUCCESS) {
+        return CublasStatus(st, "cublasSetWorkspace");
+    }
     if (const cudaError_t e =
             cudaMalloc(reinterpret_cast<void**>(&im.partials), kPartialFloats * sizeof(float));
         e != cudaSuccess) {
