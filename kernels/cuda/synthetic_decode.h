@@ -66,11 +66,7 @@ class SyntheticDecode {
         const DecodeShape& s = s_;
         Backend& b = *b_;
         const int64_t qkv = s.qkv_rows(), q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
-        const PagedAttentionBatch attn{.num_seqs = batch,
-                                       .query_starts = query_starts_,
-                                       .context_lens = context_lens_,
-                                       .block_table_starts = table_starts_,
-                                       .block_tables = tables_};
+        const PagedAttentionBatch attn = Attention(batch);
         b.Embedding(embedding_, 0, ids_, batch, x_);
         b.RmsNorm(x_, ones_, xn_, batch, s.hidden, 1e-5f);
         for (int64_t l = 0; l < s.layers; ++l) {
@@ -97,11 +93,7 @@ class SyntheticDecode {
         const DecodeShape& s = s_;
         Backend& b = *b_;
         const int64_t qkv = s.qkv_rows(), q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
-        const PagedAttentionBatch attn{.num_seqs = batch,
-                                       .query_starts = query_starts_,
-                                       .context_lens = context_lens_,
-                                       .block_table_starts = table_starts_,
-                                       .block_tables = tables_};
+        const PagedAttentionBatch attn = Attention(batch);
         const Layer& w = layers_.front();
         const PagedKvLayer kv = Kv(0);
         const std::vector<std::pair<std::string, std::function<void()>>> ops = {
@@ -147,6 +139,14 @@ class SyntheticDecode {
 
     SyntheticDecode(Backend& b, const DecodeShape& s, int64_t max_batch, int64_t context)
         : b_(&b), s_(s), max_batch_(max_batch), context_(context) {}
+
+    PagedAttentionBatch Attention(int64_t batch) const {
+        return {.num_seqs = batch,
+                .query_starts = query_starts_,
+                .context_lens = context_lens_,
+                .block_table_starts = table_starts_,
+                .block_tables = tables_};
+    }
 
     PagedKvLayer Kv(int64_t layer) {
         return cpu::MakePagedKvLayer(pool_.As<uint8_t>(), block_bytes_, layer, KvStorage::kF32,
