@@ -302,33 +302,15 @@ __global__ void __launch_bounds__(kAttnThreads, 1) PagedAttentionKernel(AttnArgs
     const int g_size = group_size;
     if (g_size == 0) return;
 
-    const bool decode = n_rows == 1;
-    // Heads per pass and rows per pass: a pass holds at most qv_max query vectors.
-    const int heads_per_pass = g_size < qv_max ? g_size : qv_max;
-    const int head_passes = (g_size + heads_per_pass - 1) / heads_per_pass;
-    const int64_t rows_per_pass = decode ? 1 : (qv_max / heads_per_pass);
-    const int64_t row_tiles = (n_rows + rows_per_pass - 1) / rows_per_pass;
-    const int64_t items = row_tiles * head_passes;
-    // Decode: every z block takes every head pass over its own key range. Prefill: items are
-    // dealt out round robin.
-    const int64_t first = decode ? 0 : z;
-    const int64_t step = decode ? 1 : a.num_splits;
-
-    for (int64_t item = first; item < items; item += step) {
-        const int64_t tile = item / head_passes;
-        const int pass = static_cast<int>(item % head_passes);
-        const int64_t r_begin = tile * rows_per_pass;
-        const int64_t r_end = Min64(n_rows, r_begin + rows_per_pass);
-        const int h_begin = pass * heads_per_pass;
-        const int h_end = g_size < h_begin + heads_per_pass ? g_size : h_begin + heads_per_pass;
-        const int nh = h_end - h_begin;
-        const int nq = static_cast<int>((r_end - r_begin) * nh);
-        int64_t k_begin = 0, k_end = len - n_rows + r_end;  // causal bound of the last row
-        if (decode) {
-            const KeyRange range = SplitKeyRange(len, a.num_splits, z);
-            k_begin = range.begin;
-            k_end = range.end;
-        }
+    const AttnPlan plan = PlanAttention(n_rows, g_size, qv_max);
+    const bool decode = plan.decode;
+    for (int64_t item = FirstItem(plan, z); item < plan.items;
+         item += ItemStride(plan, a.num_splits)) {
+        const AttnItem work = ItemOf(plan, item, n_rows, len, g_size, a.num_splits, z);
+        const int64_t r_begin = work.r_begin, k_begin = work.k_begin, k_end = work.k_end;
+        const int h_begin = work.h_begin;
+        const int nh = work.h_end - work.h_begin;
+        const int nq = static_cast<int>((work.r_end - work.r_begin) * nh);
         __syncthreads();  // the previous item is done with the shared arrays
         for (int i = threadIdx.x; i < nq; i += blockDim.x) {
             const int64_t r = r_begin + i / nh;

@@ -90,6 +90,61 @@ KV_HD KeyRange SplitKeyRange(int64_t len, int num_splits, int split) {
     return {begin, end};
 }
 
+// ---- how an attention block deals out its sequence's work ----
+
+// A block (sequence s, KV head, split z) holds at most QueryVectorsPerPass(head_dim) query
+// vectors (one head of one row) at a time. A decode row (n_rows == 1) takes every head of the
+// GQA group in passes of heads_per_pass, over its own split of the keys; a prefill chunk is cut
+// into items of rows_per_pass rows × one head pass, dealt out round robin to the z blocks, each
+// over keys 0 .. its last row's position.
+struct AttnPlan {
+    bool decode;
+    int heads_per_pass;
+    int head_passes;
+    int64_t rows_per_pass;
+    int64_t items;
+};
+KV_HD AttnPlan PlanAttention(int64_t n_rows, int group_size, int qv_max) {
+    AttnPlan p;
+    p.decode = n_rows == 1;
+    p.heads_per_pass = group_size < qv_max ? group_size : qv_max;
+    p.head_passes = p.heads_per_pass > 0 ? (group_size + p.heads_per_pass - 1) / p.heads_per_pass : 0;
+    p.rows_per_pass = p.decode || p.heads_per_pass == 0 ? 1 : qv_max / p.heads_per_pass;
+    p.items = (n_rows + p.rows_per_pass - 1) / p.rows_per_pass * p.head_passes;
+    return p;
+}
+// The items block z takes: first, first + stride, ... below plan.items.
+KV_HD int64_t FirstItem(const AttnPlan& p, int z) { return p.decode ? 0 : z; }
+KV_HD int64_t ItemStride(const AttnPlan& p, int num_splits) { return p.decode ? 1 : num_splits; }
+
+// One item: rows [r_begin, r_end) of the sequence, group heads [h_begin, h_end), keys
+// [k_begin, k_end). `len` is the sequence's context after the step; its rows sit at positions
+// len - n_rows + r.
+struct AttnItem {
+    int64_t r_begin, r_end;
+    int h_begin, h_end;
+    int64_t k_begin, k_end;
+};
+KV_HD AttnItem ItemOf(const AttnPlan& p, int64_t item, int64_t n_rows, int64_t len,
+                      int group_size, int num_splits, int z) {
+    AttnItem w;
+    const int64_t tile = item / p.head_passes;
+    const int pass = static_cast<int>(item % p.head_passes);
+    w.r_begin = tile * p.rows_per_pass;
+    w.r_end = w.r_begin + p.rows_per_pass < n_rows ? w.r_begin + p.rows_per_pass : n_rows;
+    w.h_begin = pass * p.heads_per_pass;
+    w.h_end = w.h_begin + p.heads_per_pass < group_size ? w.h_begin + p.heads_per_pass : group_size;
+    if (p.decode) {
+        const KeyRange range = SplitKeyRange(len, num_splits, z);
+        w.k_begin = range.begin;
+        w.k_end = range.end;
+    } else {
+        w.k_begin = 0;
+        w.k_end = len - n_rows + w.r_end;  // causal bound of the item's last row
+    }
+    return w;
+}
+
 // ---- the paged KV layout (kernels/paged_attention.h) ----
 
 // Bytes from the pool's base to element `d` of (kv_head, position held at `slot_id`) of K

@@ -68,6 +68,50 @@ TEST(CudaLaunchMathTest, SplitRangesCoverTheContextInWholeTiles) {
     }
 }
 
+// The items the attention blocks of one sequence take cover every (row, group head) once for a
+// prefill chunk, and every group head once per split for a decode row, within a pass's query
+// vectors, each over the keys its rows may see (all of them together for a decode row).
+TEST(CudaLaunchMathTest, AttentionItemsCoverEveryRowAndHeadOnce) {
+    for (int64_t hd : {16, 64, 128, 256}) {
+        const int qv = QueryVectorsPerPass(hd);
+        for (int group : {1, 3, 4, 8, 20}) {
+            for (int64_t n_rows : {1, 2, 5, 17, 100}) {
+                for (int splits : {1, 3, 32}) {
+                    const int64_t len = n_rows + 37;
+                    const AttnPlan plan = PlanAttention(n_rows, group, qv);
+                    std::vector<int> seen(static_cast<size_t>(n_rows * group), 0);
+                    std::vector<int64_t> keys_of_head(static_cast<size_t>(group), 0);
+                    for (int z = 0; z < splits; ++z) {
+                        for (int64_t it = FirstItem(plan, z); it < plan.items;
+                             it += ItemStride(plan, splits)) {
+                            const AttnItem w = ItemOf(plan, it, n_rows, len, group, splits, z);
+                            ASSERT_LE((w.r_end - w.r_begin) * (w.h_end - w.h_begin), qv);
+                            ASSERT_LT(w.r_begin, w.r_end);
+                            ASSERT_LT(w.h_begin, w.h_end);
+                            if (plan.decode) {
+                                for (int h = w.h_begin; h < w.h_end; ++h) {
+                                    keys_of_head[h] += w.k_end - w.k_begin;
+                                }
+                            } else {
+                                EXPECT_EQ(w.k_begin, 0);
+                                EXPECT_EQ(w.k_end, len - n_rows + w.r_end);
+                            }
+                            for (int64_t r = w.r_begin; r < w.r_end; ++r) {
+                                for (int h = w.h_begin; h < w.h_end; ++h) ++seen[r * group + h];
+                            }
+                        }
+                    }
+                    const int want = plan.decode ? splits : 1;
+                    for (int c : seen) ASSERT_EQ(c, want) << hd << " " << group << " " << n_rows;
+                    if (plan.decode) {
+                        for (int64_t k : keys_of_head) EXPECT_EQ(k, len);
+                    }
+                }
+            }
+        }
+    }
+}
+
 TEST(CudaLaunchMathTest, KvOffsetsAddressWhatTheCpuWrites) {
     for (cpu::KvStorage storage :
          {cpu::KvStorage::kF32, cpu::KvStorage::kInt8, cpu::KvStorage::kFp8E4M3}) {
