@@ -228,6 +228,40 @@ const std::vector<Setting>& Settings() {
                          c.http.api_keys = std::move(keys);
                          return Status::Ok();
                      }});
+        s.push_back({"server.cors_allowed_origins",
+                     [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                         std::vector<std::string> origins;
+                         if (n.IsSequence()) {
+                             for (const YAML::Node& o : n) {
+                                 if (!o.IsScalar()) {
+                                     return InvalidArgument(at.where + ": " + at.key +
+                                                            ": every origin must be a string");
+                                 }
+                                 origins.push_back(o.Scalar());
+                             }
+                         } else if (n.IsScalar()) {
+                             origins.push_back(n.Scalar());
+                         } else if (!n.IsNull()) {
+                             return InvalidArgument(at.where + ": " + at.key +
+                                                    ": expected a list of origins");
+                         }
+                         for (const std::string& o : origins) {
+                             // An origin is scheme://host[:port], no path, no trailing slash.
+                             const size_t scheme = o.find("://");
+                             const bool ok =
+                                 o == "*" || (scheme != std::string::npos && scheme > 0 &&
+                                              o.size() > scheme + 3 &&
+                                              o.find('/', scheme + 3) == std::string::npos);
+                             if (!ok) {
+                                 return BadValue(at, o,
+                                                 "expected \"*\" or an origin such as "
+                                                 "https://app.example.com (scheme://host[:port], "
+                                                 "no path)");
+                             }
+                         }
+                         c.http.cors_allowed_origins = std::move(origins);
+                         return Status::Ok();
+                     }});
         s.push_back(Int<int64_t>(
             "server.max_body_bytes",
             [](ServerConfig& c) -> int64_t& { return c.http.max_body_bytes; }, 1024,
@@ -467,7 +501,7 @@ Status ApplyOverride(const ConfigOverride& o, ServerConfig& config) {
     const Setting* setting = FindSetting(o.key);
     if (setting == nullptr) return UnknownKey(at.where, o.key);
     YAML::Node node;
-    if (o.key == "server.api_keys") {
+    if (o.key == "server.api_keys" || o.key == "server.cors_allowed_origins") {
         node = YAML::Node(YAML::NodeType::Sequence);
         std::stringstream in(o.value);
         std::string item;

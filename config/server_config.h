@@ -40,6 +40,9 @@ struct HttpConfig {
     // the plain text it is; kControl makes it the control token (a user could write a turn).
     enum class ContentSpecialTokens { kText, kControl };
     ContentSpecialTokens content_special_tokens = ContentSpecialTokens::kText;
+    // CORS for browser clients: the origins ("https://app.example.com", exactly as the browser
+    // sends Origin) whose pages may call the API, or "*" for any. Empty: no CORS headers.
+    std::vector<std::string> cors_allowed_origins;
 };
 
 // The file's scheduler: section; `kvshard serve` turns it into the engine's own configs

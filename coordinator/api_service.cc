@@ -42,8 +42,15 @@ int64_t LongestTokenBytes(const Tokenizer& tokenizer) {
     return longest;
 }
 
+// A list of prompts is held to the cap prompt by prompt (each is its own sequence): the longest.
 int64_t PromptBytes(const OpenAiRequest& r) {
-    if (r.endpoint == ApiEndpoint::kCompletions) return static_cast<int64_t>(r.prompt.size());
+    if (r.endpoint == ApiEndpoint::kCompletions) {
+        size_t longest = r.prompt.size();
+        for (const OpenAiRequest::MorePrompt& p : r.more_prompts) {
+            longest = std::max(longest, p.text.size());
+        }
+        return static_cast<int64_t>(longest);
+    }
     int64_t bytes = 0;
     for (const ChatMessage& m : r.messages) bytes += static_cast<int64_t>(m.content.size());
     return bytes;
@@ -59,6 +66,9 @@ json ModelObject(const ServedModel& model, int64_t created, int64_t max_model_le
             {"object", "model"},
             {"created", created},
             {"owned_by", "kvshard"},
+            // vLLM's model card: the model it serves (here the served name), no parent model.
+            {"root", model.name},
+            {"parent", nullptr},
             {"max_model_len", max_model_len}};
 }
 
@@ -324,12 +334,32 @@ std::variant<PreparedGeneration, ApiError> ApiService::Prepare(const OpenAiReque
     g.n = r.n;
     g.num_top_logprobs = r.num_top_logprobs;
 
+    // The other prompts of a list: the same request with its own prompt, id and token budget.
+    for (size_t i = 0; i < r.more_prompts.size(); ++i) {
+        const OpenAiRequest::MorePrompt& more = r.more_prompts[i];
+        GenerationRequest other = g;
+        other.request_id = g.request_id + "-" + std::to_string(i + 1);
+        other.prompt_token_ids = more.is_token_ids
+                                     ? more.token_ids
+                                     : EncodeText(more.text, /*add_special_tokens=*/true);
+        if (other.prompt_token_ids.empty()) return BadRequest("the prompt is empty", "prompt");
+        auto budget = ResolveMaxTokens(r, static_cast<int64_t>(other.prompt_token_ids.size()),
+                                       engine_.max_context());
+        if (auto* error = std::get_if<ApiError>(&budget)) {
+            error->message = "prompt[" + std::to_string(i + 1) + "]: " + error->message;
+            return *error;
+        }
+        other.max_tokens = std::get<int64_t>(budget);
+        if (!r.has_seed) other.sampling.seed = RandomSeed();
+        p.more_requests.push_back(std::move(other));
+    }
+
     ResponseContext& c = p.context;
     c.endpoint = endpoint;
     c.id = g.request_id;
     c.created = UnixSeconds();
     c.model = options_.model.name;
-    c.n = r.n;
+    c.n = r.n * static_cast<int>(1 + r.more_prompts.size());
     c.logprobs = r.num_top_logprobs >= 0;
     c.include_usage = r.include_usage;
     c.tools = std::move(tool_parsing);
@@ -338,6 +368,7 @@ std::variant<PreparedGeneration, ApiError> ApiService::Prepare(const OpenAiReque
 
 std::unique_ptr<ResponseWriter> ApiService::MakeResponseWriter(const PreparedGeneration& p) const {
     if (p.anthropic) return std::make_unique<AnthropicResponseWriter>(*p.anthropic);
+    if (p.responses) return std::make_unique<ResponsesResponseWriter>(*p.responses);
     return std::make_unique<OpenAiResponseWriter>(p.context, token_bytes());
 }
 
@@ -382,8 +413,11 @@ std::variant<std::string, ApiError> ApiService::TokenizeAnswer(const TokenizeReq
     } else {
         ids = EncodeText(r.prompt, r.add_special_tokens);
     }
-    json answer = {
-        {"count", ids.size()}, {"max_model_len", engine_.max_context()}, {"tokens", ids}};
+    // vLLM's shape: token_strs is null unless asked for.
+    json answer = {{"count", ids.size()},
+                   {"max_model_len", engine_.max_context()},
+                   {"tokens", ids},
+                   {"token_strs", nullptr}};
     if (r.return_token_strs) {
         // The vocabulary's pieces, as vLLM's convert_ids_to_tokens gives them ("Ġworld", "▁the").
         json strs = json::array();

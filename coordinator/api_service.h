@@ -28,6 +28,8 @@
 #include "coordinator/openai_protocol.h"
 #include "coordinator/openai_response.h"
 #include "coordinator/response_writer.h"
+#include "coordinator/responses_protocol.h"
+#include "coordinator/responses_response.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 
@@ -51,8 +53,12 @@ struct ApiServiceOptions {
 // A request ready for Engine::Submit, and what its answer needs.
 struct PreparedGeneration {
     GenerationRequest request;
+    // Completions with a list of prompts: the second and later prompts' requests (ids
+    // "<request id>-1", "-2", ...); their choices follow request's in the answer, request.n each.
+    std::vector<GenerationRequest> more_requests;
     ResponseContext context;                            // the OpenAI routes
     std::optional<AnthropicResponseContext> anthropic;  // set for POST /v1/messages
+    std::optional<ResponsesContext> responses;          // set for POST /v1/responses
     bool stream = false;
 };
 
@@ -92,6 +98,11 @@ class ApiService {
     // POST /v1/messages/count_tokens: {"input_tokens": N}, N the tokens /v1/messages would
     // submit for the same body. Tokenizes: run off the I/O threads.
     std::variant<std::string, ApiError> CountTokensAnswer(std::string_view body) const;
+    // POST /v1/responses (responses_service.cc), as Parse and Prepare: the input as chat
+    // messages through the chat template, one choice.
+    std::variant<ResponsesRequest, ApiError> ParseResponses(std::string_view body) const;
+    std::variant<PreparedGeneration, ApiError> PrepareResponses(
+        const ResponsesRequest& request) const;
     // The writer of a prepared generation's answer, streamed or whole, in its API's format.
     std::unique_ptr<ResponseWriter> MakeResponseWriter(const PreparedGeneration& prepared) const;
 

@@ -123,11 +123,62 @@ std::optional<HttpAnswer> AnswerReadError(beast::error_code ec, const HttpConfig
     return std::nullopt;
 }
 
+std::string CorsAllowOrigin(const HttpRequest& request, const HttpConfig& config) {
+    if (config.cors_allowed_origins.empty()) return "";
+    const auto origin = request.find(http::field::origin);
+    if (origin == request.end()) return "";
+    const std::string_view value(origin->value().data(), origin->value().size());
+    for (const std::string& allowed : config.cors_allowed_origins) {
+        if (allowed == "*") return "*";
+        // Origins compare as the browser serializes them: scheme, host and port, exactly.
+        if (allowed == value) return std::string(value);
+    }
+    return "";
+}
+
+std::optional<HttpAnswer> CorsPreflight(const HttpRequest& request, const HttpConfig& config) {
+    if (config.cors_allowed_origins.empty() || request.method() != http::verb::options) {
+        return std::nullopt;
+    }
+    const auto origin = request.find(http::field::origin);
+    const auto method = request.find(http::field::access_control_request_method);
+    if (origin == request.end() || method == request.end()) return std::nullopt;
+    const std::string allow = CorsAllowOrigin(request, config);
+    if (allow.empty()) {
+        return ErrorAnswer(RouteError(400,
+                                      "the origin '" + std::string(origin->value()) +
+                                          "' is not allowed (server.cors_allowed_origins)",
+                                      "cors_origin_not_allowed"));
+    }
+    HttpAnswer a;
+    a.status = 204;
+    a.content_type.clear();
+    a.headers = {{"Access-Control-Allow-Origin", allow},
+                 {"Access-Control-Allow-Methods", "GET, HEAD, POST, OPTIONS"},
+                 {"Access-Control-Max-Age", "600"}};
+    // Whatever headers the page's client sends (the OpenAI and Anthropic SDKs send their own
+    // x-stainless-* and anthropic-* fields besides Authorization and Content-Type), as long as
+    // the list is header names.
+    const auto requested = request.find(http::field::access_control_request_headers);
+    if (requested != request.end()) {
+        const std::string_view names(requested->value().data(), requested->value().size());
+        const bool token_list = names.find_first_not_of(
+                                    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                    "0123456789!#$%&'*+-.^_`|~, ") == std::string_view::npos;
+        if (token_list && !names.empty()) {
+            a.headers.emplace_back("Access-Control-Allow-Headers", std::string(names));
+        }
+    }
+    if (allow != "*") a.headers.emplace_back("Vary", "Origin");
+    return a;
+}
+
 namespace {
 
 enum class Route {
     kCompletions,
     kChatCompletions,
+    kResponses,
     kMessages,
     kCountTokens,
     kTokenize,
@@ -177,6 +228,7 @@ RouteResult RouteRequest(const HttpRequest& request, const ApiService& api, bool
     static constexpr RouteEntry kRoutes[] = {
         {"/v1/completions", http::verb::post, Route::kCompletions, false, true},
         {"/v1/chat/completions", http::verb::post, Route::kChatCompletions, false, true},
+        {"/v1/responses", http::verb::post, Route::kResponses, false, true},
         {"/v1/messages", http::verb::post, Route::kMessages, false, true},
         {"/v1/messages/count_tokens", http::verb::post, Route::kCountTokens, false, true},
         {"/tokenize", http::verb::post, Route::kTokenize, false, true},
@@ -247,6 +299,8 @@ RouteResult RouteRequest(const HttpRequest& request, const ApiService& api, bool
             return ApiEndpoint::kCompletions;
         case Route::kChatCompletions:
             return ApiEndpoint::kChatCompletions;
+        case Route::kResponses:
+            return ResponsesEndpoint::kCreate;
         case Route::kMessages:
             return AnthropicEndpoint::kMessages;
         case Route::kCountTokens:

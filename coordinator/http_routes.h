@@ -3,13 +3,14 @@
 // whole request (paths, methods, API keys, draining, the GET endpoints). HttpSession
 // (http_session.h) does the I/O around these; coordinator/fuzz/http_fuzz.cc feeds them raw bytes.
 //
-// Routes: POST /v1/completions, POST /v1/chat/completions, POST /tokenize, POST /detokenize
+// Routes: POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, POST /tokenize, POST /detokenize
 // (vLLM's), POST /v1/messages and POST /v1/messages/count_tokens (Anthropic's: their errors are
 // in Anthropic's shape, and they take the API key as x-api-key as well), GET (and HEAD) /v1/models,
 // /v1/models/{id}, /health, /metrics, /version. Unknown paths 404, wrong methods 405 with Allow,
 // bodies over the limit 413, a header block over 16 KiB 431, malformed HTTP 400, a transfer coding
 // other than chunked 501, a missing or wrong API key on /v1/*, /tokenize and /detokenize 401 with
-// WWW-Authenticate, every POST while draining 503 with Retry-After.
+// WWW-Authenticate, every POST while draining 503 with Retry-After. With CORS on
+// (server.cors_allowed_origins), OPTIONS preflights on any path.
 //
 // Thread-safety: free functions over their arguments; RouteRequest calls only const ApiService
 // methods.
@@ -23,7 +24,9 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
+#include <vector>
 
 #include "config/server_config.h"
 #include "coordinator/api_service.h"
@@ -49,6 +52,8 @@ struct HttpAnswer {
     bool www_authenticate = false;  // WWW-Authenticate: Bearer (401)
     bool close = false;             // close the connection once written
     bool head = false;              // a HEAD request: the GET answer's headers, no body
+    // More header fields (a CORS preflight's Access-Control-Allow-*).
+    std::vector<std::pair<std::string, std::string>> headers;
 };
 
 // Which API's error body a route answers with.
@@ -72,10 +77,22 @@ std::optional<HttpAnswer> CheckRequestHeader(const HttpRequest& header);
 // words), or nullopt when the connection is simply closed (EOF, timeout, reset).
 std::optional<HttpAnswer> AnswerReadError(boost::beast::error_code ec, const HttpConfig& config);
 
+// CORS for browser clients (server.cors_allowed_origins; empty: off). The value of
+// Access-Control-Allow-Origin for `request`: "*" when every origin is allowed, the request's
+// Origin when it is one of the list, else "" (no CORS headers at all: the browser refuses to
+// show the answer to the page).
+std::string CorsAllowOrigin(const HttpRequest& request, const HttpConfig& config);
+// An OPTIONS request with Origin and Access-Control-Request-Method while CORS is on: 204 with
+// the allowed methods, the requested headers and a max age for an allowed origin; 400 without
+// CORS headers for another. nullopt for any other request (OPTIONS with CORS off stays a 405).
+// Preflights carry no credentials, so they need no API key.
+std::optional<HttpAnswer> CorsPreflight(const HttpRequest& request, const HttpConfig& config);
+
 // A whole request: answered at once, or the endpoint whose body goes to ApiService (a generation,
 // or a tokenizer route: both cost CPU in proportion to the body, so the session runs them on
 // its prepare pool).
-using RouteResult = std::variant<HttpAnswer, ApiEndpoint, TokenizerEndpoint, AnthropicEndpoint>;
+using RouteResult =
+    std::variant<HttpAnswer, ApiEndpoint, TokenizerEndpoint, AnthropicEndpoint, ResponsesEndpoint>;
 RouteResult RouteRequest(const HttpRequest& request, const ApiService& api, bool draining);
 
 }  // namespace kvshard

@@ -63,8 +63,19 @@ bool HttpServerState::WaitIdle(std::chrono::milliseconds timeout) const {
 }
 
 struct HttpSession::Generation {
-    std::string request_id;
-    std::shared_ptr<StreamSink> sink;
+    // One engine request per prompt (completions with a list of prompts have several); part k's
+    // choice j is the answer's choice k * n + j.
+    struct Part {
+        std::string request_id;
+        std::shared_ptr<StreamSink> sink;
+        bool finished = false;
+    };
+    std::string request_id;  // the first part's: the answer's id, the logs' name
+    std::vector<Part> parts;
+    int n = 1;                   // choices per part
+    int parts_left = 0;          // parts the engine has not finished
+    GenerationUsage usage;       // summed over the finished parts
+    Status status;               // the first failure of a part
     bool stream = false;
     bool chunked = false;  // the event stream is framed as HTTP/1.1 chunks (else: close at end)
     std::unique_ptr<ResponseWriter> writer;
@@ -87,10 +98,7 @@ HttpSession::HttpSession(tcp::socket socket, const ApiService& api, const HttpCo
 }
 
 HttpSession::~HttpSession() {
-    if (generation_ && !generation_->finished) {
-        generation_->sink->Detach();
-        api_.engine().Abort(generation_->request_id);
-    }
+    if (generation_ && !generation_->finished) AbortParts(/*detach=*/true);
     EndInFlight();
     state_->num_connections.fetch_sub(1);
 }
@@ -122,6 +130,7 @@ void HttpSession::OnHeader(beast::error_code ec) {
     if (std::optional<HttpAnswer> refused = CheckRequestHeader(parser_->get())) {
         keep_alive_ = false;
         version_ = parser_->get().version();
+        cors_origin_ = CorsAllowOrigin(parser_->get(), config_);
         return SendAnswer(std::move(*refused));
     }
     auto read_body = [self = shared_from_this()](beast::error_code ec, size_t) {
@@ -144,6 +153,7 @@ void HttpSession::OnRead(beast::error_code ec) {
         if (!answer) return Close();
         keep_alive_ = false;
         version_ = 11;
+        cors_origin_.clear();
         return SendAnswer(std::move(*answer));
     }
     HandleRequest(parser_->release());
@@ -156,9 +166,22 @@ void HttpSession::HandleRequest(HttpRequest request) {
     keep_alive_ = request.keep_alive() && !state_->draining.load();
     error_shape_ =
         ErrorShapeFor(std::string_view(request.target().data(), request.target().size()));
+    cors_origin_ = CorsAllowOrigin(request, config_);
+    if (std::optional<HttpAnswer> preflight = CorsPreflight(request, config_)) {
+        return SendAnswer(std::move(*preflight));
+    }
     RouteResult route = RouteRequest(request, api_, state_->draining.load());
     if (auto* endpoint = std::get_if<ApiEndpoint>(&route)) {
-        return StartGeneration(*endpoint, request.body());
+        return StartGeneration(api_.Parse(*endpoint, request.body()),
+                               [](const ApiService& api, const OpenAiRequest& r) {
+                                   return api.Prepare(r);
+                               });
+    }
+    if (std::holds_alternative<ResponsesEndpoint>(route)) {
+        return StartGeneration(api_.ParseResponses(request.body()),
+                               [](const ApiService& api, const ResponsesRequest& r) {
+                                   return api.PrepareResponses(r);
+                               });
     }
     if (auto* endpoint = std::get_if<TokenizerEndpoint>(&route)) {
         return StartPreparedAnswer(
@@ -168,7 +191,11 @@ void HttpSession::HandleRequest(HttpRequest request) {
     }
     if (auto* endpoint = std::get_if<AnthropicEndpoint>(&route)) {
         if (*endpoint == AnthropicEndpoint::kMessages) {
-            return StartAnthropicGeneration(request.body());
+            return StartGeneration(
+                api_.ParseAnthropic(AnthropicEndpoint::kMessages, request.body()),
+                [](const ApiService& api, const AnthropicRequest& r) {
+                    return api.PrepareAnthropic(r);
+                });
         }
         return StartPreparedAnswer([body = std::move(request.body())](const ApiService& api) {
             return api.CountTokensAnswer(body);
@@ -181,7 +208,9 @@ void HttpSession::SendAnswer(HttpAnswer answer) {
     auto res = std::make_shared<http::response<http::string_body>>(
         static_cast<http::status>(answer.status), version_);
     res->set(http::field::server, kServerName);
-    res->set(http::field::content_type, answer.content_type);
+    if (!answer.content_type.empty()) res->set(http::field::content_type, answer.content_type);
+    for (const auto& [name, value] : answer.headers) res->set(name, value);
+    if (!cors_origin_.empty() && answer.headers.empty()) SetCorsHeaders(*res);
     if (!answer.allow.empty()) res->set(http::field::allow, answer.allow);
     if (answer.retry_after_s > 0)
         res->set(http::field::retry_after, std::to_string(answer.retry_after_s));
@@ -200,6 +229,15 @@ void HttpSession::SendAnswer(HttpAnswer answer) {
                       [self = shared_from_this(), res, close_after](beast::error_code ec, size_t) {
                           self->OnResponseWritten(close_after, ec);
                       });
+}
+
+template <typename Message>
+void HttpSession::SetCorsHeaders(Message& message) const {
+    if (cors_origin_.empty()) return;
+    message.set(http::field::access_control_allow_origin, cors_origin_);
+    // A browser script may read these of an answer besides the CORS-safelisted ones.
+    message.set(http::field::access_control_expose_headers, "Retry-After, WWW-Authenticate");
+    if (cors_origin_ != "*") message.set(http::field::vary, "Origin");
 }
 
 void HttpSession::SendError(const ApiError& error, bool close) {
@@ -241,31 +279,16 @@ void HttpSession::DrainSome() {
 
 // Parsing stays on the strand (bounded by the body limit); the template and the tokenizer, whose
 // cost grows with the prompt, run on the prepare pool so that an I/O thread is never held by
-// them (GET /health answers while megabyte prompts tokenize).
-void HttpSession::StartGeneration(ApiEndpoint endpoint, const std::string& body) {
+// them (GET /health answers while megabyte prompts tokenize). `prepare(api, request)` is the
+// route's ApiService::Prepare*.
+template <typename Request, typename PrepareFn>
+void HttpSession::StartGeneration(std::variant<Request, ApiError> parsed, PrepareFn prepare) {
     in_flight_ = true;
     state_->GenerationStarted();
-    auto parsed = api_.Parse(endpoint, body);
     if (auto* error = std::get_if<ApiError>(&parsed)) return SendError(*error);
     net::post(prepare_, [self = shared_from_this(), executor = stream_.get_executor(),
-                         request = std::move(std::get<OpenAiRequest>(parsed))]() mutable {
-        auto prepared = self->api_.Prepare(request);
-        self->state_->gate.Run([&] {
-            net::post(executor, [self, prepared = std::move(prepared)]() mutable {
-                self->OnPrepared(std::move(prepared));
-            });
-        });
-    });
-}
-
-void HttpSession::StartAnthropicGeneration(const std::string& body) {
-    in_flight_ = true;
-    state_->GenerationStarted();
-    auto parsed = api_.ParseAnthropic(AnthropicEndpoint::kMessages, body);
-    if (auto* error = std::get_if<ApiError>(&parsed)) return SendError(*error);
-    net::post(prepare_, [self = shared_from_this(), executor = stream_.get_executor(),
-                         request = std::move(std::get<AnthropicRequest>(parsed))]() mutable {
-        auto prepared = self->api_.PrepareAnthropic(request);
+                         request = std::move(std::get<Request>(parsed)), prepare]() mutable {
+        auto prepared = prepare(self->api_, request);
         self->state_->gate.Run([&] {
             net::post(executor, [self, prepared = std::move(prepared)]() mutable {
                 self->OnPrepared(std::move(prepared));
@@ -300,27 +323,42 @@ void HttpSession::OnPrepared(std::variant<PreparedGeneration, ApiError> prepared
 
     auto g = std::make_unique<Generation>();
     g->request_id = p.request.request_id;
+    g->n = p.request.n;
     g->stream = p.stream;
     g->chunked = version_ >= 11;
     g->writer = api_.MakeResponseWriter(p);
+    std::vector<GenerationRequest> requests;
+    requests.push_back(std::move(p.request));
+    for (GenerationRequest& more : p.more_requests) requests.push_back(std::move(more));
     std::weak_ptr<HttpSession> weak = weak_from_this();
     std::shared_ptr<HttpServerState> state = state_;
-    g->sink = std::make_shared<StreamSink>(api_.metrics(), arrival_, p.request.n, [weak, state] {
-        state->gate.Run([&weak] {
-            if (auto self = weak.lock()) {
-                net::post(self->stream_.get_executor(), [self] { self->OnSinkEvents(); });
-            }
+    for (const GenerationRequest& r : requests) {
+        Generation::Part part;
+        part.request_id = r.request_id;
+        part.sink = std::make_shared<StreamSink>(api_.metrics(), arrival_, r.n, [weak, state] {
+            state->gate.Run([&weak] {
+                if (auto self = weak.lock()) {
+                    net::post(self->stream_.get_executor(), [self] { self->OnSinkEvents(); });
+                }
+            });
         });
-    });
-    const std::shared_ptr<StreamSink> sink = g->sink;
+        g->parts.push_back(std::move(part));
+    }
+    g->parts_left = static_cast<int>(g->parts.size());
     generation_ = std::move(g);
     ++generation_seq_;
     const std::string request_id = generation_->request_id;
-    Status submitted = api_.engine().Submit(std::move(p.request), sink);
-    if (!submitted.ok()) {
-        generation_->sink->Detach();
-        generation_.reset();
-        return SendError(ApiService::ErrorFromStatus(submitted, request_id));
+    for (size_t k = 0; k < requests.size(); ++k) {
+        const std::shared_ptr<StreamSink> sink = generation_->parts[k].sink;
+        Status submitted = api_.engine().Submit(std::move(requests[k]), sink);
+        if (!submitted.ok()) {
+            // The parts already submitted go too: the client gets the one error.
+            generation_->parts.resize(k + 1);
+            generation_->parts[k].finished = true;
+            AbortParts(/*detach=*/true);
+            generation_.reset();
+            return SendError(ApiService::ErrorFromStatus(submitted, request_id));
+        }
     }
     spdlog::debug("http: {} submitted", request_id);
     if (config_.request_timeout_s > 0) {
@@ -337,6 +375,7 @@ void HttpSession::OnPrepared(std::variant<PreparedGeneration, ApiError> prepared
     head.set(http::field::server, kServerName);
     head.set(http::field::content_type, "text/event-stream");
     head.set(http::field::cache_control, "no-cache");
+    SetCorsHeaders(head);
     if (generation_->chunked) {
         head.chunked(true);
         head.keep_alive(keep_alive_);
@@ -352,22 +391,54 @@ void HttpSession::OnPrepared(std::variant<PreparedGeneration, ApiError> prepared
 
 void HttpSession::OnSinkEvents() {
     if (!generation_) return;
-    std::vector<SinkEvent> events = generation_->sink->TakeEvents();
-    for (SinkEvent& e : events) {
-        if (!generation_) return;
-        if (e.delta) {
-            if (generation_->stream) {
-                QueueStreamBytes(generation_->writer->StreamDelta(*e.delta));
-                if (generation_->pending.size() > kMaxPendingStreamBytes) {
-                    spdlog::info("http: {} client reads too slowly; aborting",
-                                 generation_->request_id);
-                    return OnClientGone();
+    for (size_t k = 0; generation_ && k < generation_->parts.size(); ++k) {
+        std::vector<SinkEvent> events = generation_->parts[k].sink->TakeEvents();
+        for (SinkEvent& e : events) {
+            if (!generation_) return;
+            if (e.delta) {
+                e.delta->index += static_cast<int>(k) * generation_->n;
+                if (generation_->stream) {
+                    QueueStreamBytes(generation_->writer->StreamDelta(*e.delta));
+                    if (generation_->pending.size() > kMaxPendingStreamBytes) {
+                        spdlog::info("http: {} client reads too slowly; aborting",
+                                     generation_->request_id);
+                        return OnClientGone();
+                    }
+                } else {
+                    generation_->writer->Add(*e.delta);
                 }
-            } else {
-                generation_->writer->Add(*e.delta);
             }
+            if (e.finished) OnPartFinished(k, e.usage, e.status);
         }
-        if (e.finished) OnGenerationFinished(e.usage, e.status);
+    }
+}
+
+// A part is over: its usage joins the sum; a failure ends the other parts too. The answer ends
+// once every part has.
+void HttpSession::OnPartFinished(size_t k, const GenerationUsage& usage, const Status& status) {
+    Generation& g = *generation_;
+    Generation::Part& part = g.parts[k];
+    if (part.finished) return;
+    part.finished = true;
+    --g.parts_left;
+    g.usage.prompt_tokens += usage.prompt_tokens;
+    g.usage.completion_tokens += usage.completion_tokens;
+    g.usage.cached_tokens += usage.cached_tokens;
+    g.usage.cache_creation_tokens += usage.cache_creation_tokens;
+    if (!status.ok() && g.status.ok()) {
+        g.status = status;
+        for (const Generation::Part& other : g.parts) {
+            if (!other.finished) api_.engine().Abort(other.request_id);
+        }
+    }
+    if (g.parts_left == 0) OnGenerationFinished(g.usage, g.status);
+}
+
+// Aborts every part the engine has not finished; `detach`: their sinks drop what still comes.
+void HttpSession::AbortParts(bool detach) {
+    for (Generation::Part& part : generation_->parts) {
+        if (detach) part.sink->Detach();
+        if (!part.finished) api_.engine().Abort(part.request_id);
     }
 }
 
@@ -461,8 +532,11 @@ void HttpSession::WatchForDisconnect() {
 void HttpSession::OnClientGone() {
     if (!generation_) return;
     spdlog::debug("http: {} client went away", generation_->request_id);
-    generation_->sink->Detach();
-    if (!generation_->finished) api_.engine().Abort(generation_->request_id);
+    if (generation_->finished) {
+        for (Generation::Part& part : generation_->parts) part.sink->Detach();
+    } else {
+        AbortParts(/*detach=*/true);
+    }
     timeout_timer_.cancel();
     generation_.reset();
     Close();
@@ -473,7 +547,7 @@ void HttpSession::OnTimeout() {
     spdlog::info("http: {} timed out after {} s; aborting", generation_->request_id,
                  config_.request_timeout_s);
     generation_->timed_out = true;
-    api_.engine().Abort(generation_->request_id);
+    AbortParts(/*detach=*/false);
 }
 
 namespace {

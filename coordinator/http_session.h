@@ -86,18 +86,25 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     void HandleRequest(HttpRequest request);
     void SendAnswer(HttpAnswer answer);
     void SendError(const ApiError& error, bool close = false);
+    // Access-Control-Allow-Origin (and Vary, Expose-Headers) when the request's origin is allowed.
+    template <typename Message>
+    void SetCorsHeaders(Message& message) const;
     void OnResponseWritten(bool close, boost::beast::error_code ec);
     void Close();
     void DrainAndClose();  // reads and drops what the client still sends, then closes
     void DrainSome();
 
-    void StartGeneration(ApiEndpoint endpoint, const std::string& body);
-    void StartAnthropicGeneration(const std::string& body);
+    // A parsed generation request (or the error of its parse): prepared with `prepare` on the
+    // prepare pool, then submitted (OnPrepared).
+    template <typename Request, typename PrepareFn>
+    void StartGeneration(std::variant<Request, ApiError> parsed, PrepareFn prepare);
     // Runs `answer` (a tokenizer route) on the prepare pool and sends what it returns.
     template <typename AnswerFn>
     void StartPreparedAnswer(AnswerFn answer);
     void OnPrepared(std::variant<PreparedGeneration, ApiError> prepared);
     void OnSinkEvents();
+    void OnPartFinished(size_t part, const GenerationUsage& usage, const Status& status);
+    void AbortParts(bool detach);
     void OnGenerationFinished(const GenerationUsage& usage, const Status& status);
     void WatchForDisconnect();
     void OnClientGone();
@@ -121,6 +128,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     unsigned version_ = 11;
     bool keep_alive_ = false;
     ErrorShape error_shape_ = ErrorShape::kOpenAi;
+    std::string cors_origin_;  // Access-Control-Allow-Origin of the answer; "": none
     bool in_flight_ = false;  // counted in state_'s generations in flight
     std::chrono::steady_clock::time_point arrival_;
     std::unique_ptr<Generation> generation_;

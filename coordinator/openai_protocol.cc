@@ -40,6 +40,9 @@ namespace {
 
 constexpr int kMaxStopStrings = 4;
 constexpr int kMaxChoices = 16;
+// Completions with a list of prompts: prompts, and choices over all of them, at most.
+constexpr size_t kMaxPrompts = 256;
+constexpr int64_t kMaxPromptChoices = 1024;
 constexpr int kMaxCompletionLogprobs = 20;  // vLLM's bound (OpenAI's is 5)
 constexpr size_t kMaxLogitBias = 1024;
 constexpr size_t kMaxStopTokenIds = 64;
@@ -156,42 +159,70 @@ void ReadModel(const json& body, const ServedModel& model) {
     if (!ServesModel(model, name)) throw ValidationError{ModelNotFound(model, name)};
 }
 
-// prompt: "text", ["text"], [1, 2, 3] or [[1, 2, 3]] (one prompt per request).
+// One prompt of a completion: a non-empty string or a non-empty array of token ids.
+void ReadOnePrompt(const json& p, const ServedModel& model, const std::string& where,
+                   std::string& text, std::vector<int32_t>& ids, bool& is_token_ids) {
+    if (p.is_string()) {
+        text = p.get<std::string>();
+        // Whatever the model's add_bos, an empty prompt asks for nothing (docs/http_api.md).
+        if (text.empty()) Fail("'" + where + "' must not be empty", "prompt");
+        return;
+    }
+    if (!p.is_array()) {
+        Fail("'" + where + "' must be a string or an array of token ids, got " + TypeName(p),
+             "prompt");
+    }
+    if (p.empty()) Fail("'" + where + "' must not be empty", "prompt");
+    for (const json& t : p) {
+        if (!t.is_number_integer()) {
+            Fail("'" + where + "' must be a string or an array of token ids, not an array holding " +
+                     TypeName(t),
+                 "prompt");
+        }
+        const int64_t id = t.get<int64_t>();
+        if (id < 0 || id >= model.vocab_size) {
+            Fail("token id " + std::to_string(id) + " in '" + where +
+                     "' is outside the vocabulary (0.." + std::to_string(model.vocab_size - 1) +
+                     ")",
+                 "prompt");
+        }
+        ids.push_back(static_cast<int32_t>(id));
+    }
+    is_token_ids = true;
+}
+
+// prompt: "text", [1, 2, 3], or a list of prompts: ["a", "b"] or [[1, 2], [3]] (at most
+// kMaxPrompts; their choices together at most kMaxPromptChoices).
 void ReadPrompt(const json& body, const ServedModel& model, OpenAiRequest& r) {
     const json* v = Field(body, "prompt");
     if (v == nullptr) Fail("'prompt' is required", "prompt");
-    const json* p = v;
-    if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array()))
-        p = &(*p)[0];
-    if (p->is_string()) {
-        r.prompt = p->get<std::string>();
-        // Whatever the model's add_bos, an empty prompt asks for nothing (docs/http_api.md).
-        if (r.prompt.empty()) Fail("'prompt' must not be empty", "prompt");
+    const bool list = v->is_array() && !v->empty() && ((*v)[0].is_string() || (*v)[0].is_array());
+    if (!list) {
+        ReadOnePrompt(*v, model, "prompt", r.prompt, r.prompt_token_ids, r.prompt_is_token_ids);
         return;
     }
-    if (p->is_array() && !p->empty()) {
-        for (const json& t : *p) {
-            if (!t.is_number_integer()) {
-                if (t.is_string()) Fail("only one prompt per request is supported", "prompt");
-                Fail("'prompt' must be a string or an array of token ids", "prompt");
-            }
-            const int64_t id = t.get<int64_t>();
-            if (id < 0 || id >= model.vocab_size) {
-                Fail("token id " + std::to_string(id) +
-                         " in 'prompt' is outside the vocabulary (0.." +
-                         std::to_string(model.vocab_size - 1) + ")",
-                     "prompt");
-            }
-            r.prompt_token_ids.push_back(static_cast<int32_t>(id));
+    if (v->size() > kMaxPrompts) {
+        Fail("'prompt' holds at most " + std::to_string(kMaxPrompts) + " prompts, got " +
+                 std::to_string(v->size()),
+             "prompt");
+    }
+    const bool strings = (*v)[0].is_string();
+    for (size_t i = 0; i < v->size(); ++i) {
+        const json& p = (*v)[i];
+        const std::string param = "prompt[" + std::to_string(i) + "]";
+        if (p.is_string() != strings || !(p.is_string() || p.is_array())) {
+            Fail("'prompt' must be a list of strings or a list of token-id arrays, not a mix ('" +
+                     param + "' is " + TypeName(p) + ")",
+                 "prompt");
         }
-        r.prompt_is_token_ids = true;
-        return;
+        if (i == 0) {
+            ReadOnePrompt(p, model, param, r.prompt, r.prompt_token_ids, r.prompt_is_token_ids);
+            continue;
+        }
+        OpenAiRequest::MorePrompt more;
+        ReadOnePrompt(p, model, param, more.text, more.token_ids, more.is_token_ids);
+        r.more_prompts.push_back(std::move(more));
     }
-    if (p->is_array() && p->empty()) Fail("'prompt' must not be empty", "prompt");
-    if (v->is_array() && v->size() > 1 && (*v)[0].is_string()) {
-        Fail("only one prompt per request is supported", "prompt");
-    }
-    Fail("'prompt' must be a string or an array of token ids, got " + TypeName(*v), "prompt");
 }
 
 std::string MessageContent(const json& content, const std::string& param) {
@@ -769,6 +800,14 @@ ParsedRequest ParseOpenAiRequest(ApiEndpoint endpoint, std::string_view body,
                 break;
         }
         ReadCommon(j, model, r);
+        const int64_t num_choices = static_cast<int64_t>(r.n) * (1 + r.more_prompts.size());
+        if (num_choices > kMaxPromptChoices) {
+            Fail("'n' (" + std::to_string(r.n) + ") times the " +
+                     std::to_string(1 + r.more_prompts.size()) + " prompts asks for " +
+                     std::to_string(num_choices) + " choices; a request may ask for at most " +
+                     std::to_string(kMaxPromptChoices),
+                 "n");
+        }
         if (r.max_tokens && r.sampling.min_tokens > *r.max_tokens) {
             Fail("'min_tokens' (" + std::to_string(r.sampling.min_tokens) +
                      ") must not exceed the maximum tokens (" + std::to_string(*r.max_tokens) + ")",

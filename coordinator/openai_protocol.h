@@ -60,6 +60,15 @@ struct OpenAiRequest {
     std::string prompt;
     std::vector<int32_t> prompt_token_ids;
     bool prompt_is_token_ids = false;
+    // Completions with a list of prompts ("prompt": ["a", "b"] or [[1, 2], [3]]): the second and
+    // later ones, each its own engine request. Choice i*n + j of the answer is choice j of
+    // prompt i (as OpenAI and vLLM number them); usage is summed.
+    struct MorePrompt {
+        std::string text;
+        std::vector<int32_t> token_ids;
+        bool is_token_ids = false;
+    };
+    std::vector<MorePrompt> more_prompts;
     // Chat.
     std::vector<ChatMessage> messages;
     bool add_generation_prompt = true;

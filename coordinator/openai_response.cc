@@ -185,8 +185,14 @@ std::string StreamFormatter::Chunk(const json& choices, const json* usage) const
     return SseEvent(Dump(chunk));
 }
 
-std::string StreamFormatter::Start() {
-    if (context_.endpoint != ApiEndpoint::kChatCompletions) return "";
+// Nothing before the first token: the role opens the stream with the first generated text (as
+// vLLM and llama.cpp send it), so a client that times the first event measures time to first
+// token, not the time to accept the request.
+std::string StreamFormatter::Start() { return ""; }
+
+std::string StreamFormatter::RoleChunks() {
+    if (context_.endpoint != ApiEndpoint::kChatCompletions || role_sent_) return "";
+    role_sent_ = true;
     std::string out;
     for (int i = 0; i < context_.n; ++i) {
         json choice = {{"index", i},
@@ -200,7 +206,10 @@ std::string StreamFormatter::Start() {
 
 std::string StreamFormatter::Delta(const GenerationDelta& delta) {
     if (delta.index < 0 || delta.index >= context_.n) return "";
-    if (!parsers_.empty()) return ToolDelta(delta);
+    if (!parsers_.empty()) {
+        std::string out = ToolDelta(delta);
+        return out.empty() ? out : RoleChunks() + out;
+    }
     const bool has_logprobs = context_.logprobs && !delta.logprobs.empty();
     if (delta.text.empty() && !delta.finish_reason && !has_logprobs) return "";
     const std::string finish =
@@ -219,7 +228,7 @@ std::string StreamFormatter::Delta(const GenerationDelta& delta) {
     }
     choice["logprobs"] = std::move(logprobs);
     choice["finish_reason"] = FinishReasonJson(finish);
-    return Chunk(json::array({std::move(choice)}), nullptr);
+    return RoleChunks() + Chunk(json::array({std::move(choice)}), nullptr);
 }
 
 // Chat with tools: text as content deltas, each call whole as one delta.tool_calls entry; the
@@ -265,7 +274,7 @@ std::string StreamFormatter::ToolDelta(const GenerationDelta& delta) {
 }
 
 std::string StreamFormatter::Finish(const GenerationUsage& usage) {
-    std::string out;
+    std::string out = RoleChunks();
     if (context_.include_usage) {
         const json u = UsageJson(usage);
         out += Chunk(json::array(), &u);

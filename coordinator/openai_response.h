@@ -12,7 +12,8 @@
 //   usage        {"prompt_tokens", "completion_tokens", "total_tokens",
 //                "prompt_tokens_details": {"cached_tokens"}}
 //   stream       "data: <chunk>\n\n" per delta ("text_completion" / "chat.completion.chunk"; chat
-//                opens every choice with a {"role": "assistant"} delta), then with include_usage
+//                opens every choice with a {"role": "assistant"} delta, sent with the first
+//                generated text as vLLM does), then with include_usage
 //                one chunk with empty choices and the usage, then "data: [DONE]\n\n".
 // Logprobs follow the API's two shapes: completions {"tokens", "token_logprobs", "top_logprobs":
 // [{token: logprob}], "text_offset"}; chat {"content": [{"token", "logprob", "bytes",
@@ -74,7 +75,7 @@ class CompletionAccumulator {
 class StreamFormatter {
   public:
     StreamFormatter(ResponseContext context, TokenBytesFn token_bytes);
-    // The events sent before any delta (chat: the assistant role of every choice).
+    // The events sent before any delta: none (chat's role chunks come with the first text).
     std::string Start();
     // The event for one delta; "" when it carries nothing a client would see.
     std::string Delta(const GenerationDelta& delta);
@@ -86,12 +87,15 @@ class StreamFormatter {
   private:
     std::string Chunk(const nlohmann::json& choices, const nlohmann::json* usage) const;
     std::string ToolDelta(const GenerationDelta& delta);
+    // Chat: the {"role": "assistant"} chunk of every choice, once, before the first output.
+    std::string RoleChunks();
 
     ResponseContext context_;
     TokenBytesFn token_bytes_;
     std::vector<int64_t> text_offsets_;    // completions logprobs: bytes of text sent per choice
     std::vector<ToolCallParser> parsers_;  // chat with tools: one per choice
     std::vector<int> num_calls_;           // per choice
+    bool role_sent_ = false;
 };
 
 // The OpenAI routes' ResponseWriter: a StreamFormatter or a CompletionAccumulator.

@@ -104,6 +104,28 @@ TEST(ServerConfig, OverridesWinAndAreValidated) {
     EXPECT_EQ(c->tp, 4);
     EXPECT_EQ(c->http.api_keys, (std::vector<std::string>{"x", "y"}));
 
+    // CORS origins: a list in the file, comma-separated in --set; off by default.
+    EXPECT_TRUE(c->http.cors_allowed_origins.empty());
+    auto cors = ParseServerConfig(
+        "model: a.gguf\nserver:\n  cors_allowed_origins: [\"https://a.example\", \"*\"]\n",
+        "serve.yaml", {});
+    ASSERT_TRUE(cors.ok()) << cors.status().ToString();
+    EXPECT_EQ(cors->http.cors_allowed_origins,
+              (std::vector<std::string>{"https://a.example", "*"}));
+    cors = ParseServerConfig("model: a.gguf\n", "serve.yaml",
+                             {{"server.cors_allowed_origins",
+                               "http://localhost:3000,https://b.example:8443", "--set"}});
+    ASSERT_TRUE(cors.ok()) << cors.status().ToString();
+    EXPECT_EQ(cors->http.cors_allowed_origins,
+              (std::vector<std::string>{"http://localhost:3000", "https://b.example:8443"}));
+    for (const char* bad_origin : {"a.example", "https://a.example/", "https://a.example/app"}) {
+        auto refused = ParseServerConfig("model: a.gguf\n", "serve.yaml",
+                                         {{"server.cors_allowed_origins", bad_origin, "--set"}});
+        ASSERT_FALSE(refused.ok()) << bad_origin;
+        EXPECT_NE(refused.status().message().find("server.cors_allowed_origins"), std::string::npos)
+            << refused.status().message();
+    }
+
     auto bad =
         ParseServerConfig("model: a.gguf\n", "serve.yaml", {{"server.port", "http", "--port"}});
     ASSERT_FALSE(bad.ok());
@@ -180,7 +202,7 @@ TEST(ServerConfig, ExampleParsesAndEveryKeyIsDocumented) {
     auto c = LoadServerConfig(root + "/config/examples/serve.yaml");
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     const std::string doc = testing::ReadFile(root + "/docs/config.md");
-    EXPECT_EQ(ServerConfigKeys().size(), 43u);
+    EXPECT_EQ(ServerConfigKeys().size(), 44u);
     for (std::string_view key : ServerConfigKeys()) {
         EXPECT_NE(doc.find("`" + std::string(key) + "`"), std::string::npos) << key;
     }

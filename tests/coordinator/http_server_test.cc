@@ -57,6 +57,8 @@ TEST(HttpServer, HealthModelsMetrics) {
     EXPECT_EQ(m["data"][0]["id"], "test-model");
     EXPECT_EQ(m["data"][0]["object"], "model");
     EXPECT_EQ(m["data"][0]["max_model_len"], 4096);
+    EXPECT_EQ(m["data"][0]["root"], "test-model");
+    EXPECT_TRUE(m["data"][0]["parent"].is_null());
 
     ASSERT_EQ(Post(server.port(), "/v1/completions", kCompletion).status, 200);
     auto metrics = Get(server.port(), "/metrics");

@@ -63,8 +63,12 @@ TEST(OpenAiProtocol, RejectsBadRequests) {
         {kCmpl, R"({"prompt": []})", 400, "prompt", "must not be empty"},
         {kCmpl, R"({"prompt": ""})", 400, "prompt", "must not be empty"},
         {kCmpl, R"({"prompt": [""]})", 400, "prompt", "must not be empty"},
-        {kCmpl, R"({"prompt": ["a", "b"]})", 400, "prompt", "only one prompt"},
-        {kCmpl, R"({"prompt": [1, "b"]})", 400, "prompt", "only one prompt"},
+        {kCmpl, R"({"prompt": [1, "b"]})", 400, "prompt", "array of token ids"},
+        {kCmpl, R"({"prompt": ["a", [1]]})", 400, "prompt", "not a mix ('prompt[1]'"},
+        {kCmpl, R"({"prompt": [[1], "a"]})", 400, "prompt", "not a mix"},
+        {kCmpl, R"({"prompt": ["a", ""]})", 400, "prompt", "'prompt[1]' must not be empty"},
+        {kCmpl, R"({"prompt": [[1], []]})", 400, "prompt", "'prompt[1]' must not be empty"},
+        {kCmpl, R"({"prompt": [[1], [1000]]})", 400, "prompt", "in 'prompt[1]' is outside"},
         {kCmpl, R"({"prompt": [1, 1000]})", 400, "prompt", "outside the vocabulary"},
         {kCmpl, R"({"prompt": [-1]})", 400, "prompt", "outside the vocabulary"},
         {kCmpl, R"({"prompt": [1.5]})", 400, "prompt", "array of token ids"},
@@ -274,6 +278,46 @@ TEST(OpenAiProtocol, CompletionDefaultsAndValues) {
     EXPECT_EQ(ids.sampling.top_k, 40);
     EXPECT_EQ(ParseOk(kCmpl, R"({"prompt": [5]})").prompt_token_ids, (std::vector<int32_t>{5}));
     EXPECT_EQ(*ParseOk(kCmpl, R"({"prompt": "a", "max_tokens": 8.0})").max_tokens, 8);
+}
+
+TEST(OpenAiProtocol, ListsOfPrompts) {
+    OpenAiRequest r = ParseOk(kCmpl, R"({"prompt": ["a", "bc", "d"], "n": 2})");
+    EXPECT_EQ(r.prompt, "a");
+    EXPECT_FALSE(r.prompt_is_token_ids);
+    ASSERT_EQ(r.more_prompts.size(), 2u);
+    EXPECT_EQ(r.more_prompts[0].text, "bc");
+    EXPECT_EQ(r.more_prompts[1].text, "d");
+    EXPECT_EQ(r.n, 2);
+    r = ParseOk(kCmpl, R"({"prompt": [[1, 2], [3]]})");
+    EXPECT_EQ(r.prompt_token_ids, (std::vector<int32_t>{1, 2}));
+    ASSERT_EQ(r.more_prompts.size(), 1u);
+    EXPECT_TRUE(r.more_prompts[0].is_token_ids);
+    EXPECT_EQ(r.more_prompts[0].token_ids, (std::vector<int32_t>{3}));
+    // One prompt in a list, and one token-id list, are a single prompt.
+    r = ParseOk(kCmpl, R"({"prompt": ["a"]})");
+    EXPECT_EQ(r.prompt, "a");
+    EXPECT_TRUE(r.more_prompts.empty());
+    r = ParseOk(kCmpl, R"({"prompt": [[7, 8]]})");
+    EXPECT_EQ(r.prompt_token_ids, (std::vector<int32_t>{7, 8}));
+    EXPECT_TRUE(r.more_prompts.empty());
+    r = ParseOk(kCmpl, R"({"prompt": [7, 8]})");
+    EXPECT_EQ(r.prompt_token_ids, (std::vector<int32_t>{7, 8}));
+    EXPECT_TRUE(r.more_prompts.empty());
+
+    // Too many prompts, or too many choices over them: 400s that say so.
+    json many = {{"prompt", json::array()}};
+    for (int i = 0; i < 257; ++i) many["prompt"].push_back("p");
+    ParsedRequest bad = ParseOpenAiRequest(kCmpl, many.dump(), kModel);
+    ASSERT_TRUE(std::holds_alternative<ApiError>(bad));
+    EXPECT_NE(std::get<ApiError>(bad).message.find("at most 256 prompts"), std::string::npos);
+    many["prompt"].erase(many["prompt"].begin() + 65, many["prompt"].end());
+    many["n"] = 16;
+    bad = ParseOpenAiRequest(kCmpl, many.dump(), kModel);
+    ASSERT_TRUE(std::holds_alternative<ApiError>(bad));
+    EXPECT_EQ(std::get<ApiError>(bad).param, "n");
+    EXPECT_NE(std::get<ApiError>(bad).message.find("1040 choices"), std::string::npos);
+    many["n"] = 15;
+    EXPECT_TRUE(std::holds_alternative<OpenAiRequest>(ParseOpenAiRequest(kCmpl, many.dump(), kModel)));
 }
 
 TEST(OpenAiProtocol, ChatValues) {

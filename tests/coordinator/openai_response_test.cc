@@ -166,6 +166,28 @@ TEST(OpenAiResponse, ChatStreamOpensEveryChoiceWithTheRole) {
     EXPECT_EQ(data[4], "[DONE]");  // no usage chunk without include_usage
 }
 
+// The role chunks wait for the first generated text (vLLM sends them with its first output): a
+// client timing the first event measures time to first token, not the time to accept.
+TEST(OpenAiResponse, ChatRoleComesWithTheFirstToken) {
+    StreamFormatter f(Context(ApiEndpoint::kChatCompletions, 2, false), TokenBytes);
+    EXPECT_EQ(f.Start(), "");
+    EXPECT_EQ(f.Delta(Delta(0, "", {'x'})), "");  // a token with no text yet: still nothing
+    const std::vector<std::string> data = SseData(f.Delta(Delta(1, "Hi", {'H'})));
+    ASSERT_EQ(data.size(), 3u);
+    EXPECT_EQ(json::parse(data[0])["choices"][0]["delta"],
+              json({{"role", "assistant"}, {"content", ""}}));
+    EXPECT_EQ(json::parse(data[1])["choices"][0]["index"], 1);
+    EXPECT_EQ(json::parse(data[2])["choices"][0]["delta"]["content"], "Hi");
+    // Once only.
+    EXPECT_EQ(SseData(f.Delta(Delta(0, "Ho", {'H'}))).size(), 1u);
+    // A stream that ends before any text still opens with the role.
+    StreamFormatter empty(Context(ApiEndpoint::kChatCompletions, 1, false), TokenBytes);
+    const std::vector<std::string> end = SseData(empty.Finish(kUsage));
+    ASSERT_EQ(end.size(), 2u);
+    EXPECT_EQ(json::parse(end[0])["choices"][0]["delta"]["role"], "assistant");
+    EXPECT_EQ(end[1], "[DONE]");
+}
+
 TEST(OpenAiResponse, StreamError) {
     StreamFormatter f(Context(ApiEndpoint::kCompletions), TokenBytes);
     const std::vector<std::string> data = SseData(f.Error(BadRequest("boom")));

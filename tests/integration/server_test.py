@@ -221,6 +221,135 @@ class ServerTest(unittest.TestCase):
             proc.terminate()
             proc.wait(timeout=30)
 
+    def test_list_of_prompts(self):
+        # LangChain's batch and lm-eval's local-completions send several prompts at once: one
+        # choice per prompt and n, numbered prompt * n + j, usage summed, streamed too.
+        prompts = ["Once upon a time", "The dog"]
+        alone = [self.complete(p, max_tokens=8) for p in prompts]
+        r = self.complete(prompts, max_tokens=8, n=2)
+        self.assertEqual([c.index for c in r.choices], [0, 1, 2, 3])
+        self.assertEqual([c.text for c in r.choices],
+                         [alone[0].choices[0].text] * 2 + [alone[1].choices[0].text] * 2)
+        self.assertEqual(r.usage.prompt_tokens, sum(a.usage.prompt_tokens for a in alone))
+        self.assertEqual(r.usage.completion_tokens, 32)
+        ids = []
+        for p in prompts:
+            status, body = http("POST", "/tokenize", {"prompt": p})
+            self.assertEqual(status, 200, body)
+            ids.append(json.loads(body)["tokens"])
+        by_ids = self.complete(ids, max_tokens=8)
+        self.assertEqual([c.text for c in by_ids.choices], [a.choices[0].text for a in alone])
+        stream = self.client.completions.create(model=self.model, prompt=prompts, max_tokens=8,
+                                                temperature=0, stream=True,
+                                                stream_options={"include_usage": True})
+        texts, usage = {}, None
+        for chunk in stream:
+            for c in chunk.choices:
+                texts[c.index] = texts.get(c.index, "") + c.text
+            if chunk.usage:
+                usage = chunk.usage
+        self.assertEqual(texts, {0: alone[0].choices[0].text, 1: alone[1].choices[0].text})
+        self.assertEqual(usage.completion_tokens, 16)
+
+    def test_cors(self):
+        proc, url = start_server(["--set", "server.cors_allowed_origins=http://page.example"])
+        try:
+            def ask(method, headers, body=None):
+                req = urllib.request.Request(url + "/v1/completions", method=method,
+                                             data=json.dumps(body).encode() if body else None,
+                                             headers={"Content-Type": "application/json", **headers})
+                try:
+                    with urllib.request.urlopen(req, timeout=60) as r:
+                        return r.status, r.headers
+                except urllib.error.HTTPError as e:
+                    return e.code, e.headers
+            status, h = ask("OPTIONS", {"Origin": "http://page.example",
+                                        "Access-Control-Request-Method": "POST",
+                                        "Access-Control-Request-Headers": "authorization,content-type"})
+            self.assertEqual(status, 204)
+            self.assertEqual(h["Access-Control-Allow-Origin"], "http://page.example")
+            self.assertEqual(h["Access-Control-Allow-Headers"], "authorization,content-type")
+            self.assertIn("POST", h["Access-Control-Allow-Methods"])
+            status, h = ask("POST", {"Origin": "http://page.example"},
+                            {"prompt": "Tom", "max_tokens": 2})
+            self.assertEqual((status, h["Access-Control-Allow-Origin"]), (200, "http://page.example"))
+            status, h = ask("POST", {"Origin": "http://page.example"}, {"prompt": 5})
+            self.assertEqual((status, h["Access-Control-Allow-Origin"]), (400, "http://page.example"))
+            status, h = ask("POST", {"Origin": "http://elsewhere.example"},
+                            {"prompt": "Tom", "max_tokens": 2})
+            self.assertEqual(status, 200)
+            self.assertIsNone(h["Access-Control-Allow-Origin"])
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        # Off by default: no CORS headers, OPTIONS is not a method of the route.
+        status, _ = http("OPTIONS", "/v1/completions", headers={
+            "Origin": "http://page.example", "Access-Control-Request-Method": "POST"})
+        self.assertEqual(status, 405)
+
+    def test_responses_api_and_chat_role_chunk(self):
+        import openai
+        proc, url = start_server(["--chat-template", "llama2"])
+        try:
+            client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+            msgs = [{"role": "system", "content": "Tell a story."}, {"role": "user", "content": "A cat"}]
+            chat = client.chat.completions.create(model=self.model, messages=msgs, max_tokens=8,
+                                                  temperature=0)
+            # The first streamed chat chunk is the role, as vLLM sends it.
+            chunks = list(client.chat.completions.create(model=self.model, messages=msgs,
+                                                         max_tokens=8, temperature=0, stream=True))
+            self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
+            self.assertEqual(chunks[0].choices[0].delta.content, "")
+            r = client.responses.create(model=self.model, instructions="Tell a story.", input="A cat",
+                                        max_output_tokens=8, temperature=0)
+            self.assertEqual(r.object, "response")
+            self.assertEqual(r.output_text, chat.choices[0].message.content)
+            self.assertEqual(r.output[0].content[0].type, "output_text")
+            self.assertEqual(r.status, "incomplete")
+            self.assertEqual(r.incomplete_details.reason, "max_output_tokens")
+            self.assertEqual((r.usage.input_tokens, r.usage.output_tokens),
+                             (chat.usage.prompt_tokens, 8))
+            listed = client.responses.create(
+                model=self.model, temperature=0, max_output_tokens=8,
+                input=[{"role": "system", "content": "Tell a story."},
+                       {"role": "user", "content": [{"type": "input_text", "text": "A cat"}]}])
+            self.assertEqual(listed.output_text, r.output_text)
+            events = list(client.responses.create(model=self.model, instructions="Tell a story.",
+                                                  input="A cat", max_output_tokens=8, temperature=0,
+                                                  stream=True))
+            types = [e.type for e in events]
+            self.assertEqual(types[:2], ["response.created", "response.in_progress"])
+            self.assertEqual(types[-1], "response.incomplete")
+            self.assertIn("response.output_text.done", types)
+            self.assertEqual("".join(e.delta for e in events if e.type == "response.output_text.delta"),
+                             r.output_text)
+            self.assertEqual(events[-1].response.output_text, r.output_text)
+            with self.assertRaises(openai.BadRequestError) as ctx:
+                client.responses.create(model=self.model, input="A cat", previous_response_id="resp_1")
+            self.assertIn("previous_response_id", str(ctx.exception))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+    def test_vllm_small_routes(self):
+        status, body = http("GET", "/v1/models/" + self.model)
+        self.assertEqual(status, 200, body)
+        model = self.client.models.retrieve(self.model)
+        self.assertEqual((model.id, model.object), (self.model, "model"))
+        self.assertGreater(json.loads(body)["max_model_len"], 0)
+        self.assertIsNone(json.loads(body)["parent"])
+        status, body = http("GET", "/version")
+        self.assertEqual(status, 200)
+        self.assertIn("version", json.loads(body))
+        status, body = http("POST", "/tokenize", {"prompt": "Once upon a time"})
+        tok = json.loads(body)
+        self.assertEqual(sorted(tok), ["count", "max_model_len", "token_strs", "tokens"])
+        self.assertIsNone(tok["token_strs"])
+        self.assertEqual(tok["count"], len(tok["tokens"]))
+        status, body = http("POST", "/detokenize", {"tokens": tok["tokens"]})
+        # Control tokens come back as their text (the BOS "<s>"), as vLLM's detokenize does.
+        self.assertTrue(json.loads(body)["prompt"].endswith("Once upon a time"), body)
+
     def test_bad_input_gets_openai_errors(self):
         cases = [
             ("POST", "/v1/completions", None, b"{not json", 400),
