@@ -135,6 +135,35 @@ Setting String(std::string_view key, std::function<std::string&(ServerConfig&)> 
             }};
 }
 
+// A list of strings (a YAML sequence of scalars; null: empty). `why_not` says what is wrong
+// with one entry, or "" when it is fine.
+Setting StringList(std::string_view key,
+                   std::function<std::vector<std::string>&(ServerConfig&)> field,
+                   std::function<std::string(const std::string&)> why_not) {
+    return {key, [=](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                std::vector<std::string> items;
+                if (n.IsSequence()) {
+                    for (const YAML::Node& item : n) {
+                        if (!item.IsScalar()) {
+                            return InvalidArgument(at.where + ": " + at.key +
+                                                   ": every entry must be a string");
+                        }
+                        items.push_back(item.Scalar());
+                    }
+                } else if (!n.IsNull()) {
+                    return InvalidArgument(at.where + ": " + at.key +
+                                           ": expected a list of strings");
+                }
+                for (const std::string& item : items) {
+                    if (const std::string why = why_not(item); !why.empty()) {
+                        return BadValue(at, item, why);
+                    }
+                }
+                field(c) = std::move(items);
+                return Status::Ok();
+            }};
+}
+
 template <typename T>
 Setting Int(std::string_view key, std::function<T&(ServerConfig&)> field, int64_t min, int64_t max,
             std::string_view rule) {
@@ -207,61 +236,27 @@ const std::vector<Setting>& Settings() {
         s.push_back(Int<int>(
             "server.threads", [](ServerConfig& c) -> int& { return c.http.num_threads; }, 1, 256,
             "must be in 1..256"));
-        s.push_back({"server.api_keys",
-                     [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
-                         std::vector<std::string> keys;
-                         if (n.IsSequence()) {
-                             for (const YAML::Node& k : n) {
-                                 if (!k.IsScalar()) {
-                                     return InvalidArgument(at.where + ": " + at.key +
-                                                            ": every key must be a string");
-                                 }
-                                 keys.push_back(k.Scalar());
-                             }
-                         } else if (!n.IsNull()) {
-                             return InvalidArgument(at.where + ": " + at.key +
-                                                    ": expected a list of strings");
-                         }
-                         for (const std::string& k : keys) {
-                             if (k.empty()) return BadValue(at, k, "an API key must not be empty");
-                         }
-                         c.http.api_keys = std::move(keys);
-                         return Status::Ok();
-                     }});
-        s.push_back({"server.cors_allowed_origins",
-                     [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
-                         std::vector<std::string> origins;
-                         if (n.IsSequence()) {
-                             for (const YAML::Node& o : n) {
-                                 if (!o.IsScalar()) {
-                                     return InvalidArgument(at.where + ": " + at.key +
-                                                            ": every origin must be a string");
-                                 }
-                                 origins.push_back(o.Scalar());
-                             }
-                         } else if (n.IsScalar()) {
-                             origins.push_back(n.Scalar());
-                         } else if (!n.IsNull()) {
-                             return InvalidArgument(at.where + ": " + at.key +
-                                                    ": expected a list of origins");
-                         }
-                         for (const std::string& o : origins) {
-                             // An origin is scheme://host[:port], no path, no trailing slash.
-                             const size_t scheme = o.find("://");
-                             const bool ok =
-                                 o == "*" || (scheme != std::string::npos && scheme > 0 &&
-                                              o.size() > scheme + 3 &&
-                                              o.find('/', scheme + 3) == std::string::npos);
-                             if (!ok) {
-                                 return BadValue(at, o,
-                                                 "expected \"*\" or an origin such as "
-                                                 "https://app.example.com (scheme://host[:port], "
-                                                 "no path)");
-                             }
-                         }
-                         c.http.cors_allowed_origins = std::move(origins);
-                         return Status::Ok();
-                     }});
+        s.push_back(StringList(
+            "server.api_keys",
+            [](ServerConfig& c) -> std::vector<std::string>& { return c.http.api_keys; },
+            [](const std::string& k) -> std::string {
+                return k.empty() ? "an API key must not be empty" : "";
+            }));
+        s.push_back(StringList(
+            "server.cors_allowed_origins",
+            [](ServerConfig& c) -> std::vector<std::string>& {
+                return c.http.cors_allowed_origins;
+            },
+            [](const std::string& o) -> std::string {
+                // An origin is scheme://host[:port], no path, no trailing slash.
+                const size_t scheme = o.find("://");
+                const bool ok = o == "*" || (scheme != std::string::npos && scheme > 0 &&
+                                             o.size() > scheme + 3 &&
+                                             o.find('/', scheme + 3) == std::string::npos);
+                return ok ? ""
+                          : "expected \"*\" or an origin such as https://app.example.com "
+                            "(scheme://host[:port], no path)";
+            }));
         s.push_back(Int<int64_t>(
             "server.max_body_bytes",
             [](ServerConfig& c) -> int64_t& { return c.http.max_body_bytes; }, 1024,
