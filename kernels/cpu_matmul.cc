@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -24,30 +26,18 @@
 #endif
 
 #include "common/check.h"
+#include "kernels/cpu_matmul_internal.h"
 #include "kernels/cpu_ops.h"
 
 namespace kvshard::cpu {
-namespace matmul_internal {
-
-// Defined in cpu_matmul_avx512.cc and cpu_matmul_avx2.cc (x86-64 only). MatMulRows* computes
-// y[i, j] for i < m and j in [n0, n1) (y rows of stride w.rows); DequantizeRows* writes rows
-// [r0, r1) of `w` to out (stride w.cols). REQUIRES: the CPU supports the ISA; w.dtype != kF32 for
-// MatMulRows*.
-void MatMulRowsAvx512(const float* x, int64_t m, const StoredMatrix& w, int64_t n0, int64_t n1,
-                      float* y);
-void DequantizeRowsAvx512(const StoredMatrix& w, int64_t r0, int64_t r1, float* out);
-void MatMulRowsAvx2(const float* x, int64_t m, const StoredMatrix& w, int64_t n0, int64_t n1,
-                    float* y);
-void DequantizeRowsAvx2(const StoredMatrix& w, int64_t r0, int64_t r1, float* out);
-
-}  // namespace matmul_internal
-
 namespace {
 
 using matmul_internal::DequantizeRowsAvx2;
 using matmul_internal::DequantizeRowsAvx512;
 using matmul_internal::MatMulRowsAvx2;
 using matmul_internal::MatMulRowsAvx512;
+using matmul_internal::MatMulRowsInt8Avx2;
+using matmul_internal::MatMulRowsInt8Avx512;
 
 // Above this many activation rows the panel + sgemm path wins over the register-tiled kernels.
 // kvshard_matmul_bench, 1 thread, SmolLM2-135M shapes, Q4_1/Q8_0 (GFLOP/s): tiled 50-64 flat in
@@ -65,6 +55,7 @@ constexpr size_t kMaxPanelBytes = size_t{8} << 20;
 
 constexpr int kNotForced = -1;
 std::atomic<int> g_forced_isa{kNotForced};
+std::atomic<int> g_forced_activations{kNotForced};
 
 #if defined(__x86_64__)
 uint64_t ReadXcr0() {
@@ -98,9 +89,43 @@ KernelIsa Detect() {
     if (avx2) return KernelIsa::kAvx2;
     return KernelIsa::kPortable;
 }
+
+// AVX512_VNNI (vpdpbusd) and AVX512_VBMI (vpermb), which the AVX-512 int8 kernels need beyond
+// kAvx512 (Ice Lake and later; Skylake-X and Cascade Lake take the AVX2 int8 kernels).
+bool DetectVnni() {
+    if (Detect() != KernelIsa::kAvx512) return false;
+    unsigned eax, ebx, ecx, edx;
+    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    return (ecx & (1u << 1)) && (ecx & (1u << 11));
+}
 #else
 KernelIsa Detect() { return KernelIsa::kPortable; }
+bool DetectVnni() { return false; }
 #endif
+
+bool HasAvx512Vnni() {
+    static const bool vnni = DetectVnni();
+    return vnni;
+}
+
+// KVSHARD_MATMUL_ACTIVATIONS=fp32|int8, read once; unset means int8.
+ActivationFormat DefaultActivationFormat() {
+    static const ActivationFormat format = [] {
+        const char* env = std::getenv("KVSHARD_MATMUL_ACTIVATIONS");
+        if (env == nullptr || std::string_view(env) == "int8") return ActivationFormat::kInt8;
+        if (std::string_view(env) == "fp32") return ActivationFormat::kFp32;
+        std::fprintf(
+            stderr, "kvshard: KVSHARD_MATMUL_ACTIVATIONS=%s is neither fp32 nor int8; using fp32\n",
+            env);
+        return ActivationFormat::kFp32;
+    }();
+    return format;
+}
+
+// Whether the int8 kernels read `dtype`.
+bool HasInt8Kernel(DType dtype) {
+    return dtype == DType::kQ8_0 || dtype == DType::kQ4_0 || dtype == DType::kQ4_1;
+}
 
 // Whether the AVX2/AVX-512 kernels read `dtype`. The others (Q5_0, Q5_1, the K-quants) are
 // multiplied by the portable kernel: a weight row dequantized once into fp32 by common/dtype.cc,
@@ -195,6 +220,56 @@ void MatMulTiled(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w
     }
 }
 
+// A 64-byte aligned buffer of the calling thread for the quantized activations of one product.
+uint8_t* Int8Scratch(size_t bytes) {
+    thread_local std::unique_ptr<uint8_t[]> buffer;
+    thread_local size_t capacity = 0;
+    if (bytes + 64 > capacity) {
+        capacity = std::max(bytes + 64, size_t{1} << 16);
+        buffer.reset(new uint8_t[capacity]);
+    }
+    const auto at = reinterpret_cast<uintptr_t>(buffer.get());
+    return buffer.get() + (64 - at % 64) % 64;
+}
+
+// The calling thread's buffer for activations rounded to 8 bits.
+float* RoundTripScratch(size_t floats) {
+    thread_local std::unique_ptr<float[]> buffer;
+    thread_local size_t capacity = 0;
+    if (floats > capacity) {
+        buffer.reset(new float[floats]);
+        capacity = floats;
+    }
+    return buffer.get();
+}
+
+// The int8-activation path: the activations quantized once on the calling thread, then the team
+// streams the weights past them, chunks of output columns per thread as in MatMulTiled.
+void MatMulInt8(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w, float* y) {
+    const int64_t n = w.rows;
+    const int64_t k = w.cols;
+    const bool avx512 = isa == KernelIsa::kAvx512 && HasAvx512Vnni();
+    uint8_t* xq;
+    if (avx512) {
+        xq = Int8Scratch(matmul_internal::Int8Avx512Bytes(m, k));
+        matmul_internal::QuantizeRowsAvx512(w.dtype, x, m, k, xq);
+    } else {
+        xq = Int8Scratch(matmul_internal::Int8Avx2Bytes(m, k));
+        matmul_internal::QuantizeRowsAvx2(w.dtype, x, m, k, xq);
+    }
+    const int64_t chunks = (n + kChunkRows - 1) / kChunkRows;
+#pragma omp parallel for schedule(static) if (chunks > 1 && m * n * k >= kMinParallelMacs)
+    for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t n0 = c * kChunkRows;
+        const int64_t n1 = std::min(n, n0 + kChunkRows);
+        if (avx512) {
+            MatMulRowsInt8Avx512(xq, m, w, n0, n1, y);
+        } else {
+            MatMulRowsInt8Avx2(xq, m, w, n0, n1, y);
+        }
+    }
+}
+
 // The calling thread's panel of dequantized weights, kept between calls so that the pages are
 // faulted in once (a fresh 8 MB allocation per call costs ~0.5 ms of page faults).
 float* PanelScratch(size_t floats) {
@@ -274,6 +349,30 @@ void ForceKernelIsa(KernelIsa isa) {
 
 void ResetKernelIsa() { g_forced_isa.store(kNotForced, std::memory_order_relaxed); }
 
+std::string_view ActivationFormatName(ActivationFormat format) {
+    return format == ActivationFormat::kInt8 ? "int8" : "fp32";
+}
+
+ActivationFormat ActiveActivationFormat() {
+    const int forced = g_forced_activations.load(std::memory_order_relaxed);
+    return forced == kNotForced ? DefaultActivationFormat() : static_cast<ActivationFormat>(forced);
+}
+
+void ForceActivationFormat(ActivationFormat format) {
+    g_forced_activations.store(static_cast<int>(format), std::memory_order_relaxed);
+}
+
+void ResetActivationFormat() { g_forced_activations.store(kNotForced, std::memory_order_relaxed); }
+
+bool QuantizesActivations(DType dtype) {
+    return HasInt8Kernel(dtype) && ActiveActivationFormat() == ActivationFormat::kInt8;
+}
+
+bool UsesInt8Kernels(DType dtype, int64_t m) {
+    return m <= kMaxInt8KernelRows && QuantizesActivations(dtype) &&
+           ActiveKernelIsa() != KernelIsa::kPortable;
+}
+
 void MatMulStored(const float* x, int64_t m, const StoredMatrix& w, float* y) {
     constexpr int64_t kMaxBlasInt = std::numeric_limits<blasint>::max();
     KV_CHECK(m >= 1 && w.rows >= 0 && w.cols >= 0 && m <= kMaxBlasInt && w.rows <= kMaxBlasInt &&
@@ -289,6 +388,19 @@ void MatMulStored(const float* x, int64_t m, const StoredMatrix& w, float* y) {
         return;
     }
     const KernelIsa isa = ActiveKernelIsa();
+    if (UsesInt8Kernels(w.dtype, m)) {
+        return MatMulInt8(isa, x, m, w, y);
+    }
+    if (QuantizesActivations(w.dtype)) {
+        // Larger m, or the portable ISA: the same 8-bit activations, rounded back to fp32 for
+        // the fp32 kernels, so that a row's product does not depend on the batch it came in.
+        float* rounded = RoundTripScratch(static_cast<size_t>(m * k));
+        for (int64_t b = 0; b < m * k / matmul_internal::kInt8Block; ++b) {
+            matmul_internal::RoundTripBlock32(x + b * matmul_internal::kInt8Block,
+                                              rounded + b * matmul_internal::kInt8Block);
+        }
+        x = rounded;
+    }
     if (w.dtype == DType::kF32 || m > kMaxTiledRows) {
         // F32 rows go to sgemm as they are (unaligned ones through a panel copy).
         MatMulPanels(isa, x, m, w, y);

@@ -1,13 +1,21 @@
 // Matrix products against weights kept in their stored format (common/dtype.h), and the embedding
 // gather from such a table: the CPU kernels behind Backend::MatMul and Backend::Embedding.
 //
-// Activations stay fp32: each weight block is dequantized in registers and multiplied by fp32
-// activations with fp32 accumulation, so a product equals the dequantize-at-load reference up to
-// the order of the additions (no activation quantization error).
-// Q5_0, Q5_1 and the K-quants (Q2_K..Q6_K, Q8_K) have no AVX kernels: at small m a weight row is
-// dequantized once into fp32 scratch (common/dtype.cc) and dotted with every activation row; at
-// large m they take the dequantized-panel + sgemm path like the other types.
-//
+// Two activation formats (ActivationFormat), for Q8_0, Q4_0 and Q4_1 weights:
+//  - kFp32, the exact reference: each weight block is dequantized in registers and multiplied by
+//    fp32 activations with fp32 accumulation, so a product equals the dequantize-at-load
+//    reference up to the order of the additions.
+//  - kInt8 (the default): the activations are rounded to blocks of 32 signed bytes with one fp32
+//    scale per block (d = max|x| / 127, q = round(x / d)) and the product is that of the
+//    dequantized weights and d·q. At m <= kMaxInt8KernelRows on AVX2/AVX-512 (decode, small
+//    batches) the kernels multiply the bytes with integer dot products (AVX-512 VNNI vpdpbusd,
+//    else AVX2 vpmaddubsw), one fp32 scale per block; otherwise (prefill, the portable ISA) the
+//    rounded activations go to the fp32 kernels. Either way a row's product is the same up to
+//    fp32 rounding, whatever batch it is in. The error is that of 8-bit activations (bounded in
+//    tests/kernels/cpu_matmul_test.cc and tests/worker/weight_format_test.cc).
+//  F32/F16/BF16 weights, Q5_0/Q5_1 and the K-quants always take fp32 activations. The process
+//  default is kInt8; KVSHARD_MATMUL_ACTIVATIONS=fp32 in the environment (read once) makes it
+//  kFp32, the exact reference; ForceActivationFormat pins it for tests and benchmarks.
 // Kernel choice (KernelIsa): AVX-512 (F/BW/VL, with F16C for half scales) when the CPU has it,
 // else AVX2+FMA, else portable C++. ForceKernelIsa() pins a choice for tests and benchmarks;
 // asking for an ISA the CPU lacks falls back to the best one it has.
@@ -33,6 +41,25 @@ KernelIsa ActiveKernelIsa();
 // benchmarks. Not to be called while kernels run on other threads.
 void ForceKernelIsa(KernelIsa isa);
 void ResetKernelIsa();
+
+enum class ActivationFormat { kFp32, kInt8 };
+
+// Products of at most this many activation rows take the int8 dot-product kernels.
+// kvshard_matmul_bench (SmolLM2-135M shapes; docs/benchmarks.md, issue 10) puts them ahead of
+// the fp32 kernels on rounded activations up to here.
+constexpr int64_t kMaxInt8KernelRows = 16;
+
+std::string_view ActivationFormatName(ActivationFormat format);
+// The format in force: the process default (KVSHARD_MATMUL_ACTIVATIONS) unless forced.
+ActivationFormat ActiveActivationFormat();
+// Pins the format process-wide (tests, benchmarks, an exact reference run). Not to be called
+// while kernels run on other threads.
+void ForceActivationFormat(ActivationFormat format);
+void ResetActivationFormat();
+// Whether products with `dtype` weights round the activations to 8 bits now.
+bool QuantizesActivations(DType dtype);
+// Whether MatMulStored of m rows against `dtype` weights runs the int8 dot-product kernels now.
+bool UsesInt8Kernels(DType dtype, int64_t m);
 
 // A weight matrix {rows, cols} in its stored format: row r at data + r * RowBytes(dtype, cols).
 // REQUIRES: cols a multiple of BlockElements(dtype). `data` need not be aligned.

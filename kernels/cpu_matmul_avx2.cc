@@ -14,17 +14,12 @@
 
 #include "common/check.h"
 #include "kernels/cpu_matmul.h"
+#include "kernels/cpu_matmul_internal.h"
 
 #define KV_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define KV_AVX2_INLINE KV_AVX2 inline __attribute__((always_inline))
 
 namespace kvshard::cpu::matmul_internal {
-
-// Declared in kernels/cpu_matmul.cc, which dispatches to them.
-void MatMulRowsAvx2(const float* x, int64_t m, const StoredMatrix& w, int64_t n0, int64_t n1,
-                    float* y);
-void DequantizeRowsAvx2(const StoredMatrix& w, int64_t r0, int64_t r1, float* out);
-
 namespace {
 
 constexpr int64_t kBlock = 32;
@@ -257,6 +252,179 @@ KV_AVX2 void DequantizeRowsAvx2(const StoredMatrix& w, int64_t r0, int64_t r1, f
     // Q5_0/Q5_1 and the K-quants: the scalar dequantizer of common/dtype.cc.
     for (int64_t r = r0; r < r1; ++r) {
         DequantizeRow(w.dtype, w.data + r * row_bytes, w.cols, out + (r - r0) * w.cols);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Int8 activations (ActivationFormat::kInt8) on AVX2: per 32-weight block, vpmaddubsw (unsigned
+// weight bytes x signed activation bytes, pairs summed to 16 bits) and vpmaddwd by ones to 32-bit
+// lanes, then one fp32 scale dw·dx per block. No 16-bit sum can saturate: Q4 quants are at most
+// 15 (2·15·127 < 2^15), and Q8_0 goes through |w| and x·sign(w) (2·127·127 < 2^15).
+// Activation blocks keep their natural order: a Q4 block's 16 bytes unpack to [low nibbles =
+// weights 0-15, high nibbles = 16-31]. Q4_0's -8 is added per 32-bit lane (-8 x the lane's 4
+// activations), Q4_1's offset is m x dx x sum(q).
+namespace {
+
+struct Int8Block {
+    int8_t q[32];
+    int32_t init[8];  // Q4_0: -8 x the sum of each lane's 4 activations
+    float d;
+    float sum_x;  // dx x sum(q): the block's activations as the kernels see them
+    float pad[2];
+};
+static_assert(sizeof(Int8Block) == 80);
+
+void QuantizeBlocks(const float* x, int64_t k, Int8Block* out) {
+    for (int64_t b = 0; b < k / kBlock; ++b) {
+        Int8Block& blk = out[b];
+        int32_t sum_q;
+        blk.d = QuantizeBlock32(x + b * kBlock, blk.q, &sum_q);
+        blk.sum_x = blk.d * static_cast<float>(sum_q);
+        for (int lane = 0; lane < 8; ++lane) {
+            int32_t s = 0;
+            for (int i = 0; i < 4; ++i) s += blk.q[4 * lane + i];
+            blk.init[lane] = -8 * s;
+        }
+        blk.pad[0] = blk.pad[1] = 0.0f;
+    }
+}
+
+// The 32 quants of the weight block at p as bytes in activation order (Q8_0: signed; Q4: 0..15).
+template <DType T>
+KV_AVX2_INLINE __m256i LoadQuants(const uint8_t* p) {
+    if constexpr (T == DType::kQ8_0) {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
+    } else {
+        const __m128i q = LoadBytes16(p + (T == DType::kQ4_1 ? 4 : 2));
+        const __m256i both =
+            _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+        return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+    }
+}
+
+template <DType T, int R, int C>
+KV_AVX2 void TileInt8(const Int8Block* xq, int64_t blocks, const uint8_t* w, size_t row_bytes,
+                      float* y, int64_t ldy) {
+    __m256 acc[R][C];
+    float offset[R][C];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            acc[r][c] = _mm256_setzero_ps();
+            offset[r][c] = 0.0f;
+        }
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < blocks; ++b) {
+        __m256i wq[C];
+        float dw[C];
+        float mw[C];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            const uint8_t* p = w + c * row_bytes + b * kBlockBytes<T>;
+            wq[c] = LoadQuants<T>(p);
+            dw[c] = LoadHalf(p);
+            mw[c] = T == DType::kQ4_1 ? LoadHalf(p + 2) : 0.0f;
+            if constexpr (T == DType::kQ8_0) wq[c] = _mm256_abs_epi8(wq[c]);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            const Int8Block& xb = xq[r * blocks + b];
+            const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q));
+#pragma GCC unroll 4
+            for (int c = 0; c < C; ++c) {
+                __m256i xs = xv;
+                if constexpr (T == DType::kQ8_0) {
+                    // The signs of the weights moved onto the activations.
+                    const __m256i ws = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                        w + c * row_bytes + b * kBlockBytes<T> + 2));
+                    xs = _mm256_sign_epi8(xv, ws);
+                }
+                __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(wq[c], xs), ones);
+                if constexpr (T == DType::kQ4_0) {
+                    dot = _mm256_add_epi32(
+                        dot, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.init)));
+                }
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw[c] * xb.d),
+                                            acc[r][c]);
+                if constexpr (T == DType::kQ4_1) offset[r][c] += mw[c] * xb.sum_x;
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) y[r * ldy + c] = HorizontalSum(acc[r][c]) + offset[r][c];
+    }
+}
+
+template <DType T, int C>
+KV_AVX2 void TileInt8Rows(int rows, const Int8Block* xq, int64_t blocks, const uint8_t* w,
+                          size_t row_bytes, float* y, int64_t ldy) {
+    switch (rows) {
+        case 1:
+            return TileInt8<T, 1, C>(xq, blocks, w, row_bytes, y, ldy);
+        case 2:
+            return TileInt8<T, 2, C>(xq, blocks, w, row_bytes, y, ldy);
+        case 3:
+            return TileInt8<T, 3, C>(xq, blocks, w, row_bytes, y, ldy);
+        case 4:
+            return TileInt8<T, 4, C>(xq, blocks, w, row_bytes, y, ldy);
+    }
+}
+
+template <DType T>
+KV_AVX2 void RowsInt8T(const Int8Block* xq, int64_t m, const StoredMatrix& w, int64_t n0,
+                       int64_t n1, float* y) {
+    const size_t row_bytes = RowBytes(w.dtype, w.cols);
+    const int64_t blocks = w.cols / kBlock;
+    const int64_t ldy = w.rows;
+    int64_t j = n0;
+    if (m == 1) {
+        for (; j + 4 <= n1; j += 4) {
+            TileInt8<T, 1, 4>(xq, blocks, w.data + j * row_bytes, row_bytes, y + j, ldy);
+        }
+    }
+    for (; j + 2 <= n1; j += 2) {
+        for (int64_t i = 0; i < m; i += kMaxTileRows) {
+            const int rows = static_cast<int>(std::min<int64_t>(kMaxTileRows, m - i));
+            TileInt8Rows<T, 2>(rows, xq + i * blocks, blocks, w.data + j * row_bytes, row_bytes,
+                               y + i * ldy + j, ldy);
+        }
+    }
+    for (; j < n1; ++j) {
+        for (int64_t i = 0; i < m; i += kMaxTileRows) {
+            const int rows = static_cast<int>(std::min<int64_t>(kMaxTileRows, m - i));
+            TileInt8Rows<T, 1>(rows, xq + i * blocks, blocks, w.data + j * row_bytes, row_bytes,
+                               y + i * ldy + j, ldy);
+        }
+    }
+}
+
+}  // namespace
+
+size_t Int8Avx2Bytes(int64_t m, int64_t k) {
+    return static_cast<size_t>(m * (k / kBlock)) * sizeof(Int8Block);
+}
+
+void QuantizeRowsAvx2(DType /*dtype*/, const float* x, int64_t m, int64_t k, uint8_t* out) {
+    auto* blocks = reinterpret_cast<Int8Block*>(out);
+    for (int64_t i = 0; i < m; ++i) QuantizeBlocks(x + i * k, k, blocks + i * (k / kBlock));
+}
+
+KV_AVX2 void MatMulRowsInt8Avx2(const uint8_t* xq, int64_t m, const StoredMatrix& w, int64_t n0,
+                                int64_t n1, float* y) {
+    const auto* blocks = reinterpret_cast<const Int8Block*>(xq);
+    switch (w.dtype) {
+        case DType::kQ8_0:
+            return RowsInt8T<DType::kQ8_0>(blocks, m, w, n0, n1, y);
+        case DType::kQ4_0:
+            return RowsInt8T<DType::kQ4_0>(blocks, m, w, n0, n1, y);
+        case DType::kQ4_1:
+            return RowsInt8T<DType::kQ4_1>(blocks, m, w, n0, n1, y);
+        default:
+            KV_CHECK(false) << "no int8 avx2 kernel for " << DTypeName(w.dtype);
     }
 }
 

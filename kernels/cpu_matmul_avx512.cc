@@ -24,17 +24,12 @@
 
 #include "common/check.h"
 #include "kernels/cpu_matmul.h"
+#include "kernels/cpu_matmul_internal.h"
 
 #define KV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
 #define KV_AVX512_INLINE KV_AVX512 inline __attribute__((always_inline))
 
 namespace kvshard::cpu::matmul_internal {
-
-// Declared in kernels/cpu_matmul.cc, which dispatches to them.
-void MatMulRowsAvx512(const float* x, int64_t m, const StoredMatrix& w, int64_t n0, int64_t n1,
-                      float* y);
-void DequantizeRowsAvx512(const StoredMatrix& w, int64_t r0, int64_t r1, float* out);
-
 namespace {
 
 constexpr int64_t kBlock = 32;
@@ -349,6 +344,274 @@ KV_AVX512 void DequantizeRowsAvx512(const StoredMatrix& w, int64_t r0, int64_t r
     // Q5_0/Q5_1 and the K-quants: the scalar dequantizer of common/dtype.cc.
     for (int64_t r = r0; r < r1; ++r) {
         DequantizeRow(w.dtype, w.data + r * row_bytes, w.cols, out + (r - r0) * w.cols);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Int8 activations (ActivationFormat::kInt8): VNNI dot products of 8-bit activation blocks with
+// the weights' integer quants, one fp32 scale per block and row.
+//
+// The activations of a row are quantized once per product into pairs of blocks laid out to match
+// one 64-byte zmm of weights, so that a pair of weight blocks costs one vpdpbusd per activation
+// row and no shuffle of the weights beyond unpacking:
+//  - Q4_0/Q4_1: a weight zmm is [lowA, lowB, highA, highB] (the low nibbles of block A's 16 bytes
+//    are weights 0..15, the high ones 16..31), so the activation bytes are [A0-15, B0-15, A16-31,
+//    B16-31]; dword lanes 0-3 and 8-11 belong to block A, 4-7 and 12-15 to B.
+//  - Q8_0: [A0-31, B0-31]; lanes 0-7 are A, 8-15 B.
+// vpdpbusd multiplies unsigned by signed bytes. Q4 quants are unsigned (0..15) and Q4_0's -8 is
+// folded into the accumulator's start, -8 x the lane's activation sum; Q8_0 quants get 128 added
+// (xor 0x80) and the accumulator starts at -128 x the lane's activation sum. Q4_1's offset term is
+// m x dx x sum(q).
+namespace {
+
+#define KV_VNNI \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,fma,f16c")))
+#define KV_VNNI_INLINE KV_VNNI inline __attribute__((always_inline))
+
+struct alignas(64) Int8Pair {
+    int8_t q[64];
+    float dx[16];      // the activation scale of each dword lane's block
+    int32_t init[16];  // the dot product's start: -offset x the lane's 4 activations
+    float sx[4];       // {0, dxA·sum qA, 0, dxB·sum qB}: against Q4_1's {dA, mA, dB, mB}
+    float pad[12];
+};
+static_assert(sizeof(Int8Pair) == 256);
+
+int64_t PairsOf(int64_t k) { return (k / kBlock + 1) / 2; }
+
+void QuantizePairs(DType dtype, const float* x, int64_t k, Int8Pair* out) {
+    const int64_t blocks = k / kBlock;
+    const bool four_bit = dtype != DType::kQ8_0;
+    const int32_t offset = dtype == DType::kQ4_0 ? 8 : dtype == DType::kQ8_0 ? 128 : 0;
+    for (int64_t p = 0; p < PairsOf(k); ++p) {
+        Int8Pair& pair = out[p];
+        std::memset(&pair, 0, sizeof(pair));
+        float d[2] = {0.0f, 0.0f};
+        for (int h = 0; h < 2; ++h) {
+            const int64_t b = 2 * p + h;
+            if (b >= blocks) break;
+            int8_t q[32];
+            int32_t sum_q;
+            d[h] = QuantizeBlock32(x + b * kBlock, q, &sum_q);
+            if (four_bit) {
+                std::memcpy(pair.q + 16 * h, q, 16);
+                std::memcpy(pair.q + 32 + 16 * h, q + 16, 16);
+            } else {
+                std::memcpy(pair.q + 32 * h, q, 32);
+            }
+            pair.sx[2 * h + 1] = d[h] * static_cast<float>(sum_q);
+        }
+        for (int lane = 0; lane < 16; ++lane) {
+            const int h = four_bit ? (lane / 4) % 2 : lane / 8;
+            int32_t s = 0;
+            for (int i = 0; i < 4; ++i) s += pair.q[4 * lane + i];
+            pair.init[lane] = -offset * s;
+            pair.dx[lane] = d[h];
+        }
+    }
+}
+
+KV_VNNI_INLINE __m512i Permutation4Bit(int a, int b) {
+    // Bytes [a..a+15, b..b+15, a..a+15, b..b+15] of the loaded pair.
+    alignas(64) uint8_t idx[64];
+    for (int i = 0; i < 16; ++i) {
+        idx[i] = static_cast<uint8_t>(a + i);
+        idx[16 + i] = static_cast<uint8_t>(b + i);
+        idx[32 + i] = static_cast<uint8_t>(a + i);
+        idx[48 + i] = static_cast<uint8_t>(b + i);
+    }
+    return _mm512_load_si512(idx);
+}
+
+template <DType T>
+constexpr int kQuantOffset = T == DType::kQ4_1 ? 4 : 2;  // quants' offset inside a block
+
+// A pair of weight blocks at `p` (`both`: block B exists) as the zmm of quants in the activation
+// layout, and their scales: `dw` per dword lane, and for Q4_1 `dm` = {dA, mA, dB, mB}.
+// `safe`: 64 bytes from p may be read (the pair is not the end of the matrix).
+template <DType T>
+KV_VNNI_INLINE void LoadPair(const uint8_t* p, bool both, bool safe, __m512i perm, __m512i& wz,
+                             __m512& dw, __m128& dm) {
+    constexpr size_t bb = kBlockBytes<T>;
+    if constexpr (T == DType::kQ8_0) {
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
+        const __m256i b = both ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + bb + 2))
+                               : _mm256_setzero_si256();
+        wz = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1),
+                              _mm512_set1_epi8(static_cast<char>(0x80)));
+    } else {
+        const __m512i raw =
+            safe ? _mm512_loadu_si512(p)
+                 : _mm512_maskz_loadu_epi8(
+                       both ? (uint64_t{1} << (2 * bb)) - 1 : (uint64_t{1} << bb) - 1, p);
+        __m512i z = _mm512_permutexvar_epi8(perm, raw);
+        z = _mm512_mask_srli_epi16(z, static_cast<__mmask32>(0xFFFF0000u), z, 4);
+        wz = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+    }
+    __m128 scales;
+    __m512i lanes;
+    if constexpr (T == DType::kQ4_1) {
+        uint32_t a;
+        uint32_t b = 0;
+        std::memcpy(&a, p, 4);
+        if (both) std::memcpy(&b, p + bb, 4);
+        scales = _mm_cvtph_ps(
+            _mm_cvtsi64_si128(static_cast<long long>((static_cast<uint64_t>(b) << 32) | a)));
+        lanes = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2);
+        dm = scales;
+    } else {
+        uint16_t a;
+        uint16_t b = 0;
+        std::memcpy(&a, p, 2);
+        if (both) std::memcpy(&b, p + bb, 2);
+        scales = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>((uint32_t{b} << 16) | a)));
+        lanes = T == DType::kQ8_0
+                    ? _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+                    : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
+        dm = _mm_setzero_ps();
+    }
+    dw = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(scales));
+}
+
+// y[r * ldy + c] = activation row r · weight row c for r < R, c < C: R rows of `pairs` pairs each
+// (row r at xq + r * pairs), C consecutive weight rows from w. `end`: the end of the matrix.
+template <DType T, int R, int C>
+KV_VNNI void TileInt8(const Int8Pair* xq, int64_t pairs, int64_t blocks, const uint8_t* w,
+                      size_t row_bytes, const uint8_t* end, float* y, int64_t ldy) {
+    constexpr size_t bb = kBlockBytes<T>;
+    const __m512i perm = Permutation4Bit(kQuantOffset<T>, static_cast<int>(bb) + kQuantOffset<T>);
+    __m512 acc[R][C];
+    __m128 accm[R][C];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            acc[r][c] = _mm512_setzero_ps();
+            accm[r][c] = _mm_setzero_ps();
+        }
+    }
+    for (int64_t p = 0; p < pairs; ++p) {
+        const bool both = 2 * p + 1 < blocks;
+        const uint8_t* last = w + (C - 1) * row_bytes + 2 * p * bb;
+        const bool safe = last + 64 <= end;
+        __m512i wz[C];
+        __m512 dw[C];
+        __m128 dm[C];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            LoadPair<T>(w + c * row_bytes + 2 * p * bb, both, safe, perm, wz[c], dw[c], dm[c]);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            const Int8Pair& xp = xq[r * pairs + p];
+            const __m512i xv = _mm512_load_si512(xp.q);
+            const __m512 dx = _mm512_load_ps(xp.dx);
+            const __m512i init =
+                T == DType::kQ4_1 ? _mm512_setzero_si512() : _mm512_load_si512(xp.init);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; ++c) {
+                const __m512i dot = _mm512_dpbusd_epi32(init, wz[c], xv);
+                acc[r][c] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw[c], dx), acc[r][c]);
+                if constexpr (T == DType::kQ4_1) {
+                    accm[r][c] = _mm_fmadd_ps(dm[c], _mm_load_ps(xp.sx), accm[r][c]);
+                }
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            float sum = _mm512_reduce_add_ps(acc[r][c]);
+            if constexpr (T == DType::kQ4_1) {
+                alignas(16) float m4[4];
+                _mm_store_ps(m4, accm[r][c]);
+                sum += m4[1] + m4[3];
+            }
+            y[r * ldy + c] = sum;
+        }
+    }
+}
+
+constexpr int kInt8TileRows = 4;
+
+template <DType T, int C>
+KV_VNNI void TileInt8Rows(int rows, const Int8Pair* xq, int64_t pairs, int64_t blocks,
+                          const uint8_t* w, size_t row_bytes, const uint8_t* end, float* y,
+                          int64_t ldy) {
+    switch (rows) {
+        case 1:
+            return TileInt8<T, 1, C>(xq, pairs, blocks, w, row_bytes, end, y, ldy);
+        case 2:
+            return TileInt8<T, 2, C>(xq, pairs, blocks, w, row_bytes, end, y, ldy);
+        case 3:
+            return TileInt8<T, 3, C>(xq, pairs, blocks, w, row_bytes, end, y, ldy);
+        case 4:
+            return TileInt8<T, 4, C>(xq, pairs, blocks, w, row_bytes, end, y, ldy);
+    }
+}
+
+template <DType T>
+KV_VNNI void RowsInt8T(const Int8Pair* xq, int64_t m, const StoredMatrix& w, int64_t n0, int64_t n1,
+                       float* y) {
+    const size_t row_bytes = RowBytes(w.dtype, w.cols);
+    const int64_t blocks = w.cols / kBlock;
+    const int64_t pairs = PairsOf(w.cols);
+    const uint8_t* end = w.data + w.rows * row_bytes;
+    const int64_t ldy = w.rows;
+    int64_t j = n0;
+    for (; j + kStrip <= n1; j += kStrip) {
+        const uint8_t* wj = w.data + j * row_bytes;
+        const uint8_t* next = wj + kStrip * row_bytes;
+        for (size_t off = 0; off < kStrip * row_bytes && j + 2 * kStrip <= n1; off += 256) {
+            _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T0);
+        }
+        for (int64_t i = 0; i < m; i += kInt8TileRows) {
+            const int rows = static_cast<int>(std::min<int64_t>(kInt8TileRows, m - i));
+            const Int8Pair* xi = xq + i * pairs;
+            float* yi = y + i * ldy + j;
+            if (rows == 1) {
+                TileInt8<T, 1, 4>(xi, pairs, blocks, wj, row_bytes, end, yi, ldy);
+            } else {
+                TileInt8Rows<T, 2>(rows, xi, pairs, blocks, wj, row_bytes, end, yi, ldy);
+                TileInt8Rows<T, 2>(rows, xi, pairs, blocks, wj + 2 * row_bytes, row_bytes, end,
+                                   yi + 2, ldy);
+            }
+        }
+    }
+    for (; j < n1; ++j) {
+        for (int64_t i = 0; i < m; i += kInt8TileRows) {
+            const int rows = static_cast<int>(std::min<int64_t>(kInt8TileRows, m - i));
+            TileInt8Rows<T, 1>(rows, xq + i * pairs, pairs, blocks, w.data + j * row_bytes,
+                               row_bytes, end, y + i * ldy + j, ldy);
+        }
+    }
+}
+
+}  // namespace
+
+size_t Int8Avx512Bytes(int64_t m, int64_t k) {
+    return static_cast<size_t>(m * PairsOf(k)) * sizeof(Int8Pair);
+}
+
+void QuantizeRowsAvx512(DType dtype, const float* x, int64_t m, int64_t k, uint8_t* out) {
+    auto* pairs = reinterpret_cast<Int8Pair*>(out);
+    for (int64_t i = 0; i < m; ++i) QuantizePairs(dtype, x + i * k, k, pairs + i * PairsOf(k));
+}
+
+KV_VNNI void MatMulRowsInt8Avx512(const uint8_t* xq, int64_t m, const StoredMatrix& w, int64_t n0,
+                                  int64_t n1, float* y) {
+    const auto* pairs = reinterpret_cast<const Int8Pair*>(xq);
+    switch (w.dtype) {
+        case DType::kQ8_0:
+            return RowsInt8T<DType::kQ8_0>(pairs, m, w, n0, n1, y);
+        case DType::kQ4_0:
+            return RowsInt8T<DType::kQ4_0>(pairs, m, w, n0, n1, y);
+        case DType::kQ4_1:
+            return RowsInt8T<DType::kQ4_1>(pairs, m, w, n0, n1, y);
+        default:
+            KV_CHECK(false) << "no int8 avx512 kernel for " << DTypeName(w.dtype);
     }
 }
 

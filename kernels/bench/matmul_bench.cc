@@ -3,7 +3,14 @@
 // classifier n=49152), printing GFLOP/s and the weight bytes streamed per second.
 //
 //   kvshard_matmul_bench [--dtypes Q4_1,Q8_0,F32] [--m 1,16,128] [--threads 1,2]
-//                        [--isa portable|avx2|avx512] [--hot] [--min-ms N]
+//                        [--isa portable|avx2|avx512] [--activations fp32,int8] [--hot]
+//                        [--min-ms N]
+//
+// --activations lists the activation formats (kernels/cpu_matmul.h) each case runs with, in the
+// same process one after the other; "vs fp32" is the fp32 time over this one (above 1: faster).
+// The "act" column says what ran: int8 (the int8 dot-product kernels), rnd8 (activations rounded
+// to 8 bits, then the fp32 kernels: m > 16 or the portable ISA) or fp32 (the types that always
+// take fp32 activations).
 //
 // Decode reads every layer's weights once per step from DRAM, so by default each matrix is
 // replicated into copies totalling at least twice the last-level cache and the calls cycle through
@@ -120,6 +127,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> m_values = {"1", "16", "128"};
     std::vector<std::string> thread_values = {"1", "2"};
     std::string isa_name;
+    std::vector<std::string> activation_names = {"fp32", "int8"};
     bool hot = false;
     double min_ms = 150;
     for (int i = 1; i < argc; ++i) {
@@ -133,6 +141,8 @@ int main(int argc, char** argv) {
             thread_values = Split(argv[++i]);
         } else if (arg == "--isa" && has_value) {
             isa_name = argv[++i];
+        } else if (arg == "--activations" && has_value) {
+            activation_names = Split(argv[++i]);
         } else if (arg == "--hot") {
             hot = true;
         } else if (arg == "--min-ms" && has_value) {
@@ -140,7 +150,8 @@ int main(int argc, char** argv) {
         } else {
             std::fprintf(stderr,
                          "usage: %s [--dtypes Q4_1,Q8_0,F32] [--m 1,16,128] [--threads 1,2] "
-                         "[--isa portable|avx2|avx512] [--hot] [--min-ms N]\n",
+                         "[--isa portable|avx2|avx512] [--activations fp32,int8] [--hot] "
+                         "[--min-ms N]\n",
                          argv[0]);
             return 2;
         }
@@ -168,6 +179,22 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
+    std::vector<kvshard::cpu::ActivationFormat> formats;
+    for (const std::string& name : activation_names) {
+        bool found = false;
+        for (auto f :
+             {kvshard::cpu::ActivationFormat::kFp32, kvshard::cpu::ActivationFormat::kInt8}) {
+            if (kvshard::cpu::ActivationFormatName(f) == name) {
+                formats.push_back(f);
+                found = true;
+            }
+        }
+        if (!found) {
+            std::fprintf(stderr, "kvshard_matmul_bench: unknown activation format %s\n",
+                         name.c_str());
+            return 2;
+        }
+    }
     const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
     const size_t cold_bytes = 2 * static_cast<size_t>(llc > 0 ? llc : 64 << 20);
     std::printf("isa %s (detected %s), blas core %s, weights %s\n",
@@ -175,8 +202,8 @@ int main(int argc, char** argv) {
                 std::string(kvshard::cpu::KernelIsaName(kvshard::cpu::DetectedKernelIsa())).c_str(),
                 kvshard::cpu::BlasCoreName().c_str(),
                 hot ? "hot (one copy)" : "cold (copies > 2x LLC)");
-    std::printf("%-10s %-5s %4s %3s %10s %9s %10s %5s\n", "matrix", "dtype", "m", "thr", "us/call",
-                "GFLOP/s", "weightGB/s", "cpu%");
+    std::printf("%-10s %-5s %4s %3s %-4s %10s %9s %10s %7s %5s\n", "matrix", "dtype", "m", "thr",
+                "act", "us/call", "GFLOP/s", "weightGB/s", "vs fp32", "cpu%");
     std::mt19937 gen(1);
     for (const Shape& shape : kShapes) {
         for (DType dtype : dtypes) {
@@ -202,37 +229,50 @@ int main(int argc, char** argv) {
                     const int threads = std::atoi(t_text.c_str());
                     if (threads <= 0) continue;
                     kvshard::cpu::SetNumThreads(threads);
-                    size_t next = 0;
-                    const auto call = [&] {
-                        const StoredMatrix w{dtype, base + next * stride, shape.n, shape.k};
-                        next = (next + 1) % copies;
-                        kvshard::cpu::MatMulStored(x.data(), m, w, y.data());
-                    };
-                    for (size_t c = 0; c < std::min<size_t>(copies, 4); ++c) call();  // warm-up
-                    double best = 1e30;
-                    double best_cpu_share = 0;
-                    for (int run = 0; run < 5; ++run) {
-                        int64_t calls = 0;
-                        const double cpu0 = ProcessCpuSeconds();
-                        const auto t0 = std::chrono::steady_clock::now();
-                        double secs = 0;
-                        do {
-                            call();
-                            ++calls;
-                            secs = SecondsSince(t0);
-                        } while (secs * 1e3 < min_ms / 5);
-                        if (secs / static_cast<double>(calls) < best) {
-                            best = secs / static_cast<double>(calls);
-                            best_cpu_share = (ProcessCpuSeconds() - cpu0) / secs / threads;
+                    double fp32_best = 0;
+                    for (const kvshard::cpu::ActivationFormat format : formats) {
+                        kvshard::cpu::ForceActivationFormat(format);
+                        const char* act = kvshard::cpu::UsesInt8Kernels(dtype, m)     ? "int8"
+                                          : kvshard::cpu::QuantizesActivations(dtype) ? "rnd8"
+                                                                                      : "fp32";
+                        size_t next = 0;
+                        const auto call = [&] {
+                            const StoredMatrix w{dtype, base + next * stride, shape.n, shape.k};
+                            next = (next + 1) % copies;
+                            kvshard::cpu::MatMulStored(x.data(), m, w, y.data());
+                        };
+                        for (size_t c = 0; c < std::min<size_t>(copies, 4); ++c) call();  // warm-up
+                        double best = 1e30;
+                        double best_cpu_share = 0;
+                        for (int run = 0; run < 5; ++run) {
+                            int64_t calls = 0;
+                            const double cpu0 = ProcessCpuSeconds();
+                            const auto t0 = std::chrono::steady_clock::now();
+                            double secs = 0;
+                            do {
+                                call();
+                                ++calls;
+                                secs = SecondsSince(t0);
+                            } while (secs * 1e3 < min_ms / 5);
+                            if (secs / static_cast<double>(calls) < best) {
+                                best = secs / static_cast<double>(calls);
+                                best_cpu_share = (ProcessCpuSeconds() - cpu0) / secs / threads;
+                            }
                         }
+                        const double flops = 2.0 * static_cast<double>(m * shape.n * shape.k);
+                        if (format == kvshard::cpu::ActivationFormat::kFp32) fp32_best = best;
+                        char ratio[16] = "-";
+                        if (fp32_best > 0)
+                            std::snprintf(ratio, sizeof(ratio), "%.2f", fp32_best / best);
+                        std::printf("%-10s %-5s %4lld %3d %-4s %10.1f %9.1f %10.2f %7s %5.0f\n",
+                                    shape.name, std::string(kvshard::DTypeName(dtype)).c_str(),
+                                    static_cast<long long>(m), threads, act, best * 1e6,
+                                    flops / best / 1e9,
+                                    static_cast<double>(matrix_bytes) / best / 1e9, ratio,
+                                    100 * best_cpu_share);
+                        std::fflush(stdout);
                     }
-                    const double flops = 2.0 * static_cast<double>(m * shape.n * shape.k);
-                    std::printf("%-10s %-5s %4lld %3d %10.1f %9.1f %10.2f %5.0f\n", shape.name,
-                                std::string(kvshard::DTypeName(dtype)).c_str(),
-                                static_cast<long long>(m), threads, best * 1e6, flops / best / 1e9,
-                                static_cast<double>(matrix_bytes) / best / 1e9,
-                                100 * best_cpu_share);
-                    std::fflush(stdout);
+                    kvshard::cpu::ResetActivationFormat();
                 }
             }
         }

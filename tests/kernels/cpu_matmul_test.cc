@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "kernels/cpu_matmul_internal.h"
 
 namespace kvshard::cpu {
 namespace {
@@ -115,10 +116,18 @@ double NormalizedError(const std::vector<float>& y, const std::vector<double>& r
     return max_ref > 0 ? max_diff / max_ref : max_diff;
 }
 
+// The exact reference: fp32 activations (the int8 path has its own bound in
+// cpu_matmul_int8_test.cc).
 class KernelIsaScope {
   public:
-    explicit KernelIsaScope(KernelIsa isa) { ForceKernelIsa(isa); }
-    ~KernelIsaScope() { ResetKernelIsa(); }
+    explicit KernelIsaScope(KernelIsa isa) {
+        ForceKernelIsa(isa);
+        ForceActivationFormat(ActivationFormat::kFp32);
+    }
+    ~KernelIsaScope() {
+        ResetKernelIsa();
+        ResetActivationFormat();
+    }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -196,6 +205,143 @@ TEST(MatMulStoredTest, EmptyMatrices) {
     MatMulStored(x.data(), 2, StoredMatrix{DType::kQ8_0, nullptr, 1, 0}, y.data());
     EXPECT_EQ(y[0], 0.0f);  // k = 0: empty sums
     EXPECT_EQ(y[1], 0.0f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Int8 activations (ActivationFormat::kInt8).
+
+class ActivationScope {
+  public:
+    ActivationScope(KernelIsa isa, ActivationFormat format) {
+        ForceKernelIsa(isa);
+        ForceActivationFormat(format);
+    }
+    ~ActivationScope() {
+        ResetKernelIsa();
+        ResetActivationFormat();
+    }
+};
+
+// The activations as kInt8 rounds them: each block of 32 to 8 bits and back
+// (matmul_internal::QuantizeBlock32).
+std::vector<float> Int8RoundTrip(const std::vector<float>& x) {
+    std::vector<float> out(x.size());
+    for (size_t b = 0; b + 32 <= x.size(); b += 32) {
+        int8_t q[32];
+        int32_t sum_q;
+        const float d = matmul_internal::QuantizeBlock32(&x[b], q, &sum_q);
+        for (int i = 0; i < 32; ++i) out[b + i] = d * q[i];
+    }
+    return out;
+}
+
+std::string CaseName(KernelIsa isa, DType dtype, int64_t m, const Shape& shape) {
+    return std::string(KernelIsaName(isa)) + " " + std::string(DTypeName(dtype)) +
+           " m=" + std::to_string(m) + " n=" + std::to_string(shape.n) +
+           " k=" + std::to_string(shape.k);
+}
+
+using Int8Param = std::tuple<DType, int64_t, Shape>;
+class MatMulInt8Test : public ::testing::TestWithParam<Int8Param> {};
+
+// On every ISA and at every m (the int8 dot-product kernels at m <= 16 on AVX2/AVX-512, the fp32
+// kernels on rounded activations otherwise) the product is that of the dequantized weights and
+// the 8-bit round trip of the activations up to fp32 rounding (a wrong lane, nibble, offset or
+// scale would be O(1)); against the fp32-activation product it is within the 8-bit error,
+// bounded here at 3% of the largest output (measured: at most 1.24%, Q4_1 with k = 96 and one
+// output column; the offset term m·sum(x) takes the rounding too).
+TEST_P(MatMulInt8Test, IsTheProductOfTheRoundedActivations) {
+    const auto [dtype, m, shape] = GetParam();
+    const RandomStoredMatrix w(dtype, shape.n, shape.k, static_cast<uint32_t>(m * 5 + 3));
+    const std::vector<float> x = RandomFloats(static_cast<size_t>(m * shape.k), 7);
+    const std::vector<double> exact = Reference(x, m, w);
+    const std::vector<double> rounded = Reference(Int8RoundTrip(x), m, w);
+    for (KernelIsa isa : kAllIsas) {
+        const ActivationScope scope(isa, ActivationFormat::kInt8);
+        if (ActiveKernelIsa() != isa) continue;  // the CPU lacks it
+        ASSERT_TRUE(QuantizesActivations(dtype));
+        EXPECT_EQ(UsesInt8Kernels(dtype, m), isa != KernelIsa::kPortable && m <= 16);
+        std::vector<float> y(static_cast<size_t>(m * shape.n), std::nanf(""));
+        MatMulStored(x.data(), m, w.matrix(), y.data());
+        EXPECT_LE(NormalizedError(y, rounded), 1e-5) << CaseName(isa, dtype, m, shape);
+        EXPECT_LE(NormalizedError(y, exact), 3e-2) << CaseName(isa, dtype, m, shape);
+    }
+}
+
+std::vector<Int8Param> Int8Cases() {
+    std::vector<Int8Param> cases;
+    for (DType dtype : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+        for (int64_t m : {1, 2, 3, 4, 5, 16, 17, 64}) {
+            for (const Shape& shape : kQuantShapes) cases.emplace_back(dtype, m, shape);
+        }
+    }
+    return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, MatMulInt8Test, ::testing::ValuesIn(Int8Cases()), MatMulParamName);
+
+// The rule: 8-bit activations for Q8_0/Q4_0/Q4_1 while the format is kInt8, the dot-product
+// kernels at m <= kMaxInt8KernelRows on AVX2/AVX-512; kFp32 and the other types are exact.
+TEST(MatMulInt8Test, TheRuleAndTheExactFormat) {
+    const KernelIsa best = DetectedKernelIsa();
+    {
+        const ActivationScope scope(best, ActivationFormat::kInt8);
+        EXPECT_TRUE(QuantizesActivations(DType::kQ4_1));
+        EXPECT_EQ(UsesInt8Kernels(DType::kQ4_1, 1), best != KernelIsa::kPortable);
+        EXPECT_EQ(UsesInt8Kernels(DType::kQ8_0, kMaxInt8KernelRows), best != KernelIsa::kPortable);
+        EXPECT_FALSE(UsesInt8Kernels(DType::kQ4_1, kMaxInt8KernelRows + 1));
+        for (DType other : {DType::kF32, DType::kF16, DType::kQ5_0, DType::kQ4_K, DType::kQ6_K}) {
+            EXPECT_FALSE(QuantizesActivations(other)) << DTypeName(other);
+            EXPECT_FALSE(UsesInt8Kernels(other, 1)) << DTypeName(other);
+        }
+    }
+    {
+        const ActivationScope scope(best, ActivationFormat::kFp32);
+        EXPECT_EQ(ActiveActivationFormat(), ActivationFormat::kFp32);
+        EXPECT_FALSE(QuantizesActivations(DType::kQ4_1));
+        EXPECT_FALSE(UsesInt8Kernels(DType::kQ4_1, 1));
+    }
+    const RandomStoredMatrix w(DType::kQ4_1, 70, 1536, 11);
+    for (int64_t m : {2, 40}) {
+        const std::vector<float> x = RandomFloats(static_cast<size_t>(m * 1536), 12);
+        const std::vector<double> exact = Reference(x, m, w);
+        for (KernelIsa isa : kAllIsas) {
+            for (ActivationFormat format : {ActivationFormat::kFp32, ActivationFormat::kInt8}) {
+                const ActivationScope scope(isa, format);
+                if (ActiveKernelIsa() != isa) continue;
+                std::vector<float> y(static_cast<size_t>(m * 70), std::nanf(""));
+                MatMulStored(x.data(), m, w.matrix(), y.data());
+                const double err = NormalizedError(y, exact);
+                const std::string what = std::string(KernelIsaName(isa)) + " " +
+                                         std::string(ActivationFormatName(format)) +
+                                         " m=" + std::to_string(m);
+                if (format == ActivationFormat::kFp32) {
+                    EXPECT_LE(err, 1e-5) << what;
+                } else {
+                    EXPECT_LE(err, 1e-2) << what;
+                    EXPECT_GT(err, 1e-6) << what << ": activations not rounded";
+                }
+            }
+        }
+    }
+}
+
+// A row's product does not depend on the batch it is in: alone (m = 1, the int8 kernels) and
+// among 39 others (m = 40, rounded activations through the fp32 kernels) it agrees up to fp32
+// rounding.
+TEST(MatMulInt8Test, ARowsProductDoesNotDependOnTheBatch) {
+    const ActivationScope scope(DetectedKernelIsa(), ActivationFormat::kInt8);
+    for (DType dtype : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+        const RandomStoredMatrix w(dtype, 96, 576, 21);
+        const int64_t m = 40;
+        const std::vector<float> x = RandomFloats(static_cast<size_t>(m * 576), 22);
+        std::vector<float> batch(static_cast<size_t>(m * 96));
+        MatMulStored(x.data(), m, w.matrix(), batch.data());
+        std::vector<float> alone(96);
+        MatMulStored(x.data() + 7 * 576, 1, w.matrix(), alone.data());
+        const std::vector<double> ref(batch.begin() + 7 * 96, batch.begin() + 8 * 96);
+        EXPECT_LE(NormalizedError(alone, ref), 1e-5) << DTypeName(dtype);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,68 @@
+// Internals shared by kernels/cpu_matmul.cc and its ISA files (cpu_matmul_avx512.cc,
+// cpu_matmul_avx2.cc): the entry points of the ISA kernels and the 8-bit activation blocks of the
+// int8 path. Not for use outside those files.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu_matmul.h"
+
+namespace kvshard::cpu::matmul_internal {
+
+// The fp32-activation kernels (x86-64 only). MatMulRows* computes y[i, j] for i < m and j in
+// [n0, n1) (y rows of stride w.rows); DequantizeRows* writes rows [r0, r1) of `w` to out (stride
+// w.cols). REQUIRES: the CPU supports the ISA; w.dtype != kF32 for MatMulRows*.
+void MatMulRowsAvx512(const float* x, int64_t m, const StoredMatrix& w, int64_t n0, int64_t n1,
+                      float* y);
+void DequantizeRowsAvx512(const StoredMatrix& w, int64_t r0, int64_t r1, float* out);
+void MatMulRowsAvx2(const float* x, int64_t m, const StoredMatrix& w, int64_t n0, int64_t n1,
+                    float* y);
+void DequantizeRowsAvx2(const StoredMatrix& w, int64_t r0, int64_t r1, float* out);
+
+// The int8-activation kernels (kernels/cpu_matmul.h, ActivationFormat::kInt8) for Q8_0, Q4_0 and
+// Q4_1 weights. Quantize*Rows writes the m activation rows of k floats (x, stride k) as 8-bit
+// blocks in the ISA's own layout into `out` (Int8*Bytes(m, k) bytes, 64-byte aligned); the
+// product then reads them once per weight strip. REQUIRES: k a multiple of 32; the CPU supports
+// the ISA (AVX-512 with VNNI for the Avx512 pair).
+size_t Int8Avx512Bytes(int64_t m, int64_t k);
+void QuantizeRowsAvx512(DType dtype, const float* x, int64_t m, int64_t k, uint8_t* out);
+void MatMulRowsInt8Avx512(const uint8_t* xq, int64_t m, const StoredMatrix& w, int64_t n0,
+                          int64_t n1, float* y);
+size_t Int8Avx2Bytes(int64_t m, int64_t k);
+void QuantizeRowsAvx2(DType dtype, const float* x, int64_t m, int64_t k, uint8_t* out);
+void MatMulRowsInt8Avx2(const uint8_t* xq, int64_t m, const StoredMatrix& w, int64_t n0, int64_t n1,
+                        float* y);
+
+constexpr int64_t kInt8Block = 32;
+
+// One block of 32 activations as symmetric 8-bit integers: q[i] = round(x[i] / d) with
+// d = max|x| / 127 (q in [-127, 127]; a block of zeros gets d = 0). Returns d; *sum_q is the sum
+// of the q[i] (Q4_1's offset term is its min times d · sum_q).
+inline float QuantizeBlock32(const float* x, int8_t* q, int32_t* sum_q) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float d = amax / 127.0f;
+    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    int32_t sq = 0;
+    for (int i = 0; i < 32; ++i) {
+        const float v = std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f);
+        q[i] = static_cast<int8_t>(v);
+        sq += q[i];
+    }
+    *sum_q = sq;
+    return d;
+}
+
+// out[i] = d · q[i] of QuantizeBlock32: the activations the int8 kernels multiply, for the fp32
+// kernels (products of more than kMaxInt8KernelRows rows, or the portable ISA).
+inline void RoundTripBlock32(const float* x, float* out) {
+    int8_t q[32];
+    int32_t sum_q;
+    const float d = QuantizeBlock32(x, q, &sum_q);
+    for (int i = 0; i < 32; ++i) out[i] = d * static_cast<float>(q[i]);
+}
+
+}  // namespace kvshard::cpu::matmul_internal
