@@ -108,12 +108,12 @@ bool HasAvx512Vnni() {
     return vnni;
 }
 
-// KVSHARD_MATMUL_ACTIVATIONS=fp32|int8, read once; unset means int8.
+// KVSHARD_MATMUL_ACTIVATIONS=fp32|int8, read once; unset means fp32.
 ActivationFormat DefaultActivationFormat() {
     static const ActivationFormat format = [] {
         const char* env = std::getenv("KVSHARD_MATMUL_ACTIVATIONS");
-        if (env == nullptr || std::string_view(env) == "int8") return ActivationFormat::kInt8;
-        if (std::string_view(env) == "fp32") return ActivationFormat::kFp32;
+        if (env == nullptr || std::string_view(env) == "fp32") return ActivationFormat::kFp32;
+        if (std::string_view(env) == "int8") return ActivationFormat::kInt8;
         std::fprintf(
             stderr, "kvshard: KVSHARD_MATMUL_ACTIVATIONS=%s is neither fp32 nor int8; using fp32\n",
             env);

@@ -2,20 +2,23 @@
 // gather from such a table: the CPU kernels behind Backend::MatMul and Backend::Embedding.
 //
 // Two activation formats (ActivationFormat), for Q8_0, Q4_0 and Q4_1 weights:
-//  - kFp32, the exact reference: each weight block is dequantized in registers and multiplied by
+//  - kFp32 (the default), exact: each weight block is dequantized in registers and multiplied by
 //    fp32 activations with fp32 accumulation, so a product equals the dequantize-at-load
 //    reference up to the order of the additions.
-//  - kInt8 (the default): the activations are rounded to blocks of 32 signed bytes with one fp32
-//    scale per block (d = max|x| / 127, q = round(x / d)) and the product is that of the
-//    dequantized weights and d·q. At m <= kMaxInt8KernelRows on AVX2/AVX-512 (decode, small
-//    batches) the kernels multiply the bytes with integer dot products (AVX-512 VNNI vpdpbusd,
-//    else AVX2 vpmaddubsw), one fp32 scale per block; otherwise (prefill, the portable ISA) the
-//    rounded activations go to the fp32 kernels. Either way a row's product is the same up to
-//    fp32 rounding, whatever batch it is in. The error is that of 8-bit activations (bounded in
+//  - kInt8: the activations are rounded to blocks of 32 signed bytes with one fp32 scale per
+//    block (d = max|x| / 127, q = round(x / d)) and the product is that of the dequantized
+//    weights and d·q. At m <= kMaxInt8KernelRows on AVX2/AVX-512 (decode, small batches) the
+//    kernels multiply the bytes with integer dot products (AVX-512 VNNI vpdpbusd, else AVX2
+//    vpmaddubsw), one fp32 scale per block; otherwise (prefill, the portable ISA) the rounded
+//    activations go to the fp32 kernels, so a row's product is the same up to fp32 rounding
+//    whatever batch it is in. The error is that of 8-bit activations (bounded in
 //    tests/kernels/cpu_matmul_test.cc and tests/worker/weight_format_test.cc).
-//  F32/F16/BF16 weights, Q5_0/Q5_1 and the K-quants always take fp32 activations. The process
-//  default is kInt8; KVSHARD_MATMUL_ACTIVATIONS=fp32 in the environment (read once) makes it
-//  kFp32, the exact reference; ForceActivationFormat pins it for tests and benchmarks.
+//  kInt8 is opt-in (KVSHARD_MATMUL_ACTIVATIONS=int8 in the environment, read once; or
+//  ForceActivationFormat): rounding is discontinuous, so an fp32-rounding difference upstream (a
+//  tp N row-parallel sum, another batch, a prefix-cache hit) can flip a rounded activation and
+//  the flip grows through the layers; logits of tp 2 vs tp 1 then differ by ~7% of the largest
+//  |logit| instead of 1e-6 (DESIGN.md's tensor-parallel rule asks 1e-5). F32/F16/BF16, Q5_0/Q5_1
+//  and the K-quants always take fp32 activations.
 // Kernel choice (KernelIsa): AVX-512 (F/BW/VL, with F16C for half scales) when the CPU has it,
 // else AVX2+FMA, else portable C++. ForceKernelIsa() pins a choice for tests and benchmarks;
 // asking for an ISA the CPU lacks falls back to the best one it has.
@@ -50,7 +53,8 @@ enum class ActivationFormat { kFp32, kInt8 };
 constexpr int64_t kMaxInt8KernelRows = 16;
 
 std::string_view ActivationFormatName(ActivationFormat format);
-// The format in force: the process default (KVSHARD_MATMUL_ACTIVATIONS) unless forced.
+// The format in force: the process default (KVSHARD_MATMUL_ACTIVATIONS, else kFp32) unless
+// forced.
 ActivationFormat ActiveActivationFormat();
 // Pins the format process-wide (tests, benchmarks, an exact reference run). Not to be called
 // while kernels run on other threads.

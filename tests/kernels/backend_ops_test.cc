@@ -125,13 +125,8 @@ class BackendOps : public ::testing::TestWithParam<BackendCase> {
         if (!b.ok()) GTEST_SKIP() << GetParam().name << ": " << b.status().message();
         backend_ = std::move(*b);
         if (GetParam().portable) cpu::ForceKernelIsa(cpu::KernelIsa::kPortable);
-        // The exact products (cpu_matmul_test.cc bounds the default 8-bit activations).
-        cpu::ForceActivationFormat(cpu::ActivationFormat::kFp32);
     }
-    void TearDown() override {
-        cpu::ResetKernelIsa();
-        cpu::ResetActivationFormat();
-    }
+    void TearDown() override { cpu::ResetKernelIsa(); }
     std::unique_ptr<Backend> backend_;
 };
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -116,8 +117,7 @@ double NormalizedError(const std::vector<float>& y, const std::vector<double>& r
     return max_ref > 0 ? max_diff / max_ref : max_diff;
 }
 
-// The exact reference: fp32 activations (the int8 path has its own bound in
-// cpu_matmul_int8_test.cc).
+// The exact reference: fp32 activations (MatMulInt8Test below bounds the 8-bit ones).
 class KernelIsaScope {
   public:
     explicit KernelIsaScope(KernelIsa isa) {
@@ -283,6 +283,11 @@ INSTANTIATE_TEST_SUITE_P(All, MatMulInt8Test, ::testing::ValuesIn(Int8Cases()), 
 // The rule: 8-bit activations for Q8_0/Q4_0/Q4_1 while the format is kInt8, the dot-product
 // kernels at m <= kMaxInt8KernelRows on AVX2/AVX-512; kFp32 and the other types are exact.
 TEST(MatMulInt8Test, TheRuleAndTheExactFormat) {
+    // Unforced and without KVSHARD_MATMUL_ACTIVATIONS, products are exact.
+    if (std::getenv("KVSHARD_MATMUL_ACTIVATIONS") == nullptr) {
+        EXPECT_EQ(ActiveActivationFormat(), ActivationFormat::kFp32);
+        EXPECT_FALSE(QuantizesActivations(DType::kQ4_1));
+    }
     const KernelIsa best = DetectedKernelIsa();
     {
         const ActivationScope scope(best, ActivationFormat::kInt8);
