@@ -220,27 +220,24 @@ void MatMulTiled(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w
     }
 }
 
-// A 64-byte aligned buffer of the calling thread for the quantized activations of one product.
-uint8_t* Int8Scratch(size_t bytes) {
-    thread_local std::unique_ptr<uint8_t[]> buffer;
+// A buffer of the calling thread, kept between calls so that its pages are faulted in once (a
+// fresh 8 MB allocation per call costs ~0.5 ms of page faults); one per Use.
+enum class Scratch { kPanel, kInt8, kRounded };
+template <Scratch Use, typename T>
+T* ThreadScratch(size_t count) {
+    thread_local std::unique_ptr<T[]> buffer;
     thread_local size_t capacity = 0;
-    if (bytes + 64 > capacity) {
-        capacity = std::max(bytes + 64, size_t{1} << 16);
-        buffer.reset(new uint8_t[capacity]);
-    }
-    const auto at = reinterpret_cast<uintptr_t>(buffer.get());
-    return buffer.get() + (64 - at % 64) % 64;
-}
-
-// The calling thread's buffer for activations rounded to 8 bits.
-float* RoundTripScratch(size_t floats) {
-    thread_local std::unique_ptr<float[]> buffer;
-    thread_local size_t capacity = 0;
-    if (floats > capacity) {
-        buffer.reset(new float[floats]);
-        capacity = floats;
+    if (count > capacity) {
+        buffer.reset(new T[count]);
+        capacity = count;
     }
     return buffer.get();
+}
+
+// 64-byte aligned room for the quantized activations of one product.
+uint8_t* Int8Scratch(size_t bytes) {
+    uint8_t* p = ThreadScratch<Scratch::kInt8, uint8_t>(bytes + 64);
+    return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
 }
 
 // The int8-activation path: the activations quantized once on the calling thread, then the team
@@ -270,18 +267,6 @@ void MatMulInt8(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w,
     }
 }
 
-// The calling thread's panel of dequantized weights, kept between calls so that the pages are
-// faulted in once (a fresh 8 MB allocation per call costs ~0.5 ms of page faults).
-float* PanelScratch(size_t floats) {
-    thread_local std::unique_ptr<float[]> panel;
-    thread_local size_t capacity = 0;
-    if (floats > capacity) {
-        panel.reset(new float[floats]);
-        capacity = floats;
-    }
-    return panel.get();
-}
-
 // Panels of weight rows, one per work item of the calling thread's OpenMP team: each thread
 // dequantizes its panel into its own scratch and multiplies it with a single-threaded sgemm
 // (OpenBLAS runs one thread: its own pool would fight the team for the cores).
@@ -305,7 +290,8 @@ void MatMulPanels(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& 
         if (direct) {
             panel = reinterpret_cast<const float*>(w.data) + p0 * k;
         } else {
-            float* scratch = PanelScratch(static_cast<size_t>(panel_rows * k));
+            float* scratch =
+                ThreadScratch<Scratch::kPanel, float>(static_cast<size_t>(panel_rows * k));
             DequantizeRows(isa, w, p0, p0 + rows, scratch);
             panel = scratch;
         }
@@ -394,7 +380,7 @@ void MatMulStored(const float* x, int64_t m, const StoredMatrix& w, float* y) {
     if (QuantizesActivations(w.dtype)) {
         // Larger m, or the portable ISA: the same 8-bit activations, rounded back to fp32 for
         // the fp32 kernels, so that a row's product does not depend on the batch it came in.
-        float* rounded = RoundTripScratch(static_cast<size_t>(m * k));
+        float* rounded = ThreadScratch<Scratch::kRounded, float>(static_cast<size_t>(m * k));
         for (int64_t b = 0; b < m * k / matmul_internal::kInt8Block; ++b) {
             matmul_internal::RoundTripBlock32(x + b * matmul_internal::kInt8Block,
                                               rounded + b * matmul_internal::kInt8Block);
