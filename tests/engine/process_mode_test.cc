@@ -585,6 +585,16 @@ TEST(WorkerRegistryTest, AssignsTheLowestFreeRankAndServesTheRendezvousStore) {
     EXPECT_TRUE(ready.ok()) << ready.ToString();
 }
 
+// A serve config with external workers presenting kToken (the registry given to the cli::
+// functions is the one used, whatever the port says).
+Result<ServerConfig> ExternalWorkersConfig(int64_t register_timeout_ms) {
+    return ParseServerConfig(
+        std::string("model: /models/m.gguf\nlog_level: warn\nworkers:\n  mode: processes\n"
+                    "  launcher: external\n  port: 1\n  token: ") +
+            kToken + "\n  register_timeout_ms: " + std::to_string(register_timeout_ms) + "\n",
+        "test.yaml");
+}
+
 // `kvshard serve`'s way of starting process instances (DeclareProcessInstances, then
 // FormProcessInstances): every instance of the config is known to the registry before any
 // formation waits, so the workers of a later instance may register first, and that instance
@@ -595,11 +605,7 @@ TEST(WorkerRegistryTest, EveryInstanceIsDeclaredBeforeAnyFormationWaits) {
     ASSERT_TRUE(started.ok()) << started.status().ToString();
     std::shared_ptr<WorkerRegistry> registry = std::move(*started);
     const uint16_t port = registry->port();
-    Result<ServerConfig> config = ParseServerConfig(
-        std::string("model: /models/m.gguf\nlog_level: warn\nworkers:\n  mode: processes\n"
-                    "  launcher: external\n  port: 1\n  token: ") +
-            kToken + "\n  register_timeout_ms: 60000\n",
-        "test.yaml");
+    Result<ServerConfig> config = ExternalWorkersConfig(60'000);
     ASSERT_TRUE(config.ok()) << config.status().ToString();
     std::vector<cli::ProcessInstanceSpec> specs(2);
     specs[0].instance_id = "prefill";
@@ -651,11 +657,7 @@ TEST(WorkerRegistryTest, AnInstanceThatFailsToFormEndsTheOthersWaiting) {
     Result<std::unique_ptr<WorkerRegistry>> started = WorkerRegistry::Start(RegistryOptions());
     ASSERT_TRUE(started.ok()) << started.status().ToString();
     std::shared_ptr<WorkerRegistry> registry = std::move(*started);
-    Result<ServerConfig> config = ParseServerConfig(
-        std::string("model: /models/m.gguf\nlog_level: warn\nworkers:\n  mode: processes\n"
-                    "  launcher: external\n  port: 1\n  token: ") +
-            kToken + "\n  register_timeout_ms: 600000\n",
-        "test.yaml");
+    Result<ServerConfig> config = ExternalWorkersConfig(600'000);
     ASSERT_TRUE(config.ok()) << config.status().ToString();
     std::vector<cli::ProcessInstanceSpec> specs(2);
     specs[0].instance_id = "waits";
