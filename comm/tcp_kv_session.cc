@@ -246,9 +246,8 @@ class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
     // A piece through the region: chunk frames until the payload is complete. Each chunk is
     // checked against the piece (no more than its payload) and the region (inside its announced
     // size), copied out of the mapped region and hashed in cache-sized pieces (one pass), and
-    // credited, so the sender may
-    // overwrite it; the last one is answered by the piece's acknowledgement. A refused piece's
-    // chunks are credited without being read.
+    // credited, so the sender may overwrite it; the last one is answered by the piece's
+    // acknowledgement. A refused piece's chunks are credited without being read.
     void ReadChunk() {
         asio::async_read(socket_, asio::buffer(chunk_frame_),
                          [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
