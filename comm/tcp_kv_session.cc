@@ -247,7 +247,8 @@ class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
     // checked against the piece (no more than its payload) and the region (inside its announced
     // size), copied out of the mapped region and hashed in cache-sized pieces (one pass), and
     // credited, so the sender may overwrite it; the last one is answered by the piece's
-    // acknowledgement. A refused piece's chunks are credited without being read.
+    // acknowledgement (an uncredited piece's chunks get no credits: its sender reuses no slot
+    // within it). A refused piece's chunks are credited without being read.
     void ReadChunk() {
         asio::async_read(socket_, asio::buffer(chunk_frame_),
                          [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
@@ -282,6 +283,7 @@ class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
             }
         }
         have_ += n;
+        if (have_ < total && decoded_.uncredited) return ReadChunk();
         if (have_ < total) {
             credit_ = EncodeKvCreditFrame(chunk->region_offset);
             asio::async_write(

@@ -11,8 +11,11 @@
 #include <utility>
 #include <boost/asio.hpp>
 // clang-format on
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <deque>
@@ -248,18 +251,13 @@ class TcpKvTransport final : public KvTransport {
 
     // An idle cached connection has nothing to read; EOF or an error means the receiver closed
     // it, and bytes would be a protocol error. Either way it is not usable.
+    // One non-blocking peek (MSG_DONTWAIT: the descriptor's mode is left alone, one system call
+    // per Send).
     static bool LooksClosed(Peer& peer) {
-        boost::system::error_code ec;
-        std::array<uint8_t, 1> byte{};
-        peer.socket.non_blocking(true, ec);
-        if (ec) return true;
-        const size_t n = peer.socket.receive(asio::buffer(byte), tcp::socket::message_peek, ec);
-        const bool idle = ec == asio::error::would_block && n == 0;
-        // (Its own error code: reusing the peek's made every cached connection look closed, so
-        // every Send reconnected.)
-        boost::system::error_code mode_ec;
-        peer.socket.non_blocking(false, mode_ec);
-        return !idle || mode_ec;
+        uint8_t byte = 0;
+        const ssize_t n = ::recv(peer.socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        const bool idle = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+        return !idle;
     }
 
     Status Connect(Peer& peer, const std::string& dst, Clock::time_point deadline) {
@@ -467,8 +465,12 @@ class TcpKvTransport final : public KvTransport {
                 });
         };
 
+        // A piece whose chunks all fit in distinct slots needs no credits: the receiver sends
+        // none (one frame and a wake-up of this side fewer per chunk).
+        const bool uncredited = (total + chunk_bytes - 1) / chunk_bytes <= slots;
         const internal::KvPieceFrameHeader header = internal::EncodeKvPieceFrameHeader(
-            piece.header, piece.data.size(), 0, internal::kKvPieceInRegion);
+            piece.header, piece.data.size(), 0,
+            internal::kKvPieceInRegion | (uncredited ? internal::kKvPieceUncredited : 0));
         prefix.push_back(asio::buffer(header));
         if (write(prefix)) pump();
         if (!done) read_reply();

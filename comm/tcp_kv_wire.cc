@@ -196,7 +196,7 @@ Result<DecodedKvPieceFrame> DecodeKvPieceFrameHeader(const KvPieceFrameHeader& i
         return Unimplemented("KV piece frame version " + std::to_string(version) +
                              ", this build speaks " + std::to_string(kKvWireVersion));
     }
-    if ((in[7] & ~kKvPieceInRegion) != 0) {
+    if ((in[7] & ~(kKvPieceInRegion | kKvPieceUncredited)) != 0 || in[7] == kKvPieceUncredited) {
         return DataLoss("KV piece frame: unknown flags " + std::to_string(in[7]));
     }
     DecodedKvPieceFrame out;
@@ -213,6 +213,7 @@ Result<DecodedKvPieceFrame> DecodeKvPieceFrameHeader(const KvPieceFrameHeader& i
     out.payload_bytes = Get<uint64_t>(&in[44]);
     out.payload_hash = Get<uint64_t>(&in[52]);
     out.in_region = (in[7] & kKvPieceInRegion) != 0;
+    out.uncredited = (in[7] & kKvPieceUncredited) != 0;
     KV_RETURN_IF_ERROR(ValidateKvPieceHeader(h));  // bounds KvPieceBytes, so no overflow below
     const int64_t expected = KvPieceBytes(h);
     if (out.payload_bytes != static_cast<uint64_t>(expected)) {

@@ -23,8 +23,9 @@
 namespace kvshard::internal {
 
 // 3: 64-bit XXH3 payload hashes instead of CRC-32, the boot id in the hello's acknowledgement,
-// the shared-memory offer, chunk and credit frames.
-inline constexpr uint16_t kKvWireVersion = 3;
+// the shared-memory offer, chunk and credit frames. 4: the region is a sealed memfd named by
+// process id, descriptor and salt; region pieces that need no credits (kKvPieceUncredited).
+inline constexpr uint16_t kKvWireVersion = 4;
 inline constexpr size_t kKvHelloHeaderBytes = 8;
 inline constexpr size_t kKvFrameMagicBytes = 4;
 inline constexpr size_t kKvTransferFrameBytes = 16;
@@ -63,8 +64,12 @@ Result<uint64_t> DecodeKvTransferFrame(const KvTransferFrame& bytes);
 //   | 20 i32 layer_end | 24 i32 head_begin | 28 i32 head_end | 32 i32 num_blocks
 //   | 36 i32 block_size | 40 i32 head_dim | 44 u64 payload bytes | 52 u64 XXH3-64 of the payload
 // flags: kKvPieceInRegion (the payload comes as chunk frames through the offered region; the
-// hash field is then 0, each chunk carrying its own); other bits must be 0.
+// hash field is then 0, each chunk carrying its own); kKvPieceUncredited, with kKvPieceInRegion
+// only (its chunks all fit in distinct slots of the region, so the sender reuses none within
+// the piece: the receiver sends no credit frames for it, the acknowledgement frees every chunk);
+// other bits must be 0.
 inline constexpr uint8_t kKvPieceInRegion = 1;
+inline constexpr uint8_t kKvPieceUncredited = 2;
 using KvPieceFrameHeader = std::array<uint8_t, kKvPieceFrameHeaderBytes>;
 KvPieceFrameHeader EncodeKvPieceFrameHeader(const KvPieceHeader& header, uint64_t payload_bytes,
                                             uint64_t payload_hash, uint8_t flags = 0);
@@ -78,6 +83,7 @@ struct DecodedKvPieceFrame {
     uint64_t payload_bytes = 0;  // == KvPieceBytes(header)
     uint64_t payload_hash = 0;
     bool in_region = false;
+    bool uncredited = false;  // kKvPieceUncredited
 };
 // Everything a receiver checks before it allocates the payload: DataLoss (magic, reserved byte,
 // a length that does not match the header), Unimplemented (version), InvalidArgument (fields).
@@ -125,7 +131,8 @@ Result<KvChunk> DecodeKvChunkFrame(const KvChunkFrame& bytes);
 
 // Credit frame, receiver to sender, once a chunk was copied out (its bytes may be overwritten):
 //   0 "KVSF" | 4 u16 version | 6 u16 zero | 8 u64 region offset of the chunk | 16 u32 zero.
-// The last chunk of a piece gets no credit: the piece's acknowledgement frees every chunk.
+// The last chunk of a piece gets no credit, nor does any chunk of an uncredited piece: the
+// piece's acknowledgement frees every chunk.
 using KvCreditFrame = std::array<uint8_t, kKvCreditFrameBytes>;
 KvCreditFrame EncodeKvCreditFrame(uint64_t region_offset);
 // What a sender reads after a frame: an acknowledgement or (region pieces) a credit.

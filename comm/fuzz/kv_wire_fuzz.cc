@@ -184,7 +184,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (internal::KvPieceFrameTransferId(frame) != h.transfer_id) Fail("transfer id differs");
         if (internal::EncodeKvPieceFrameHeader(
                 h, piece->payload_bytes, piece->payload_hash,
-                piece->in_region ? internal::kKvPieceInRegion : uint8_t{0}) != frame) {
+                static_cast<uint8_t>((piece->in_region ? internal::kKvPieceInRegion : 0) |
+                                     (piece->uncredited ? internal::kKvPieceUncredited : 0))) !=
+            frame) {
             Fail("a piece header does not re-encode to its bytes");
         }
         if (piece->payload_bytes != static_cast<uint64_t>(kvshard::KvPieceBytes(h))) {

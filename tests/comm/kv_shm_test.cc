@@ -384,6 +384,30 @@ TEST(KvShm, CorruptOrOutOfBoundsChunksCloseTheConnectionAndStageNothing) {
     Result<std::vector<KvPiece>> got = r->Receive(12, 4 * 6, In(5'000));
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     EXPECT_TRUE((*got)[0].data == piece.data);
+    // Uncredited, its chunks in distinct slots: no credit comes back, the first answer is the
+    // acknowledgement, and the piece is staged.
+    good.Write(internal::EncodeKvTransferFrame(14));
+    KvPiece other = Piece(14, 16);
+    good.Write(internal::EncodeKvPieceFrameHeader(
+        other.header, n, 0, internal::kKvPieceInRegion | internal::kKvPieceUncredited));
+    for (uint64_t at : {uint64_t{0}, half}) {
+        std::memcpy(region->data() + at, other.data.data() + at, half);
+        good.Write(internal::EncodeKvChunkFrame(
+            {at, half, internal::KvPayloadHash(other.data.data() + at, half)}));
+    }
+    bool credit = true;
+    EXPECT_TRUE(good.Read(&credit).ok());
+    EXPECT_FALSE(credit) << "a credit for an uncredited piece";
+    got = r->Receive(14, 4 * 6, In(5'000));
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_TRUE((*got)[0].data == other.data);
+    // The flag means nothing without the region: a piece carrying it alone is malformed.
+    EXPECT_EQ(
+        internal::DecodeKvPieceFrameHeader(
+            internal::EncodeKvPieceFrameHeader(other.header, n, 0, internal::kKvPieceUncredited))
+            .status()
+            .code(),
+        StatusCode::kDataLoss);
 }
 
 // A receiver that accepts the region and then never credits a chunk: the sender's deadline
