@@ -21,7 +21,8 @@ namespace kvshard {
 // 5: rank and tp may be left to the coordinator (RegisterMessage kAnyRank / kAnyTp, and
 //    RegisterAckMessage.rank), RegisterMessage.model, StoreRequest/StoreReply (the collective's
 //    rendezvous).
-inline constexpr uint32_t kControlProtocolVersion = 5;
+// 6: ScheduledSequence.allowed_tokens (structured outputs' token mask).
+inline constexpr uint32_t kControlProtocolVersion = 6;
 
 // RegisterMessage.worker_rank: the coordinator assigns the lowest free rank.
 inline constexpr int32_t kAnyRank = -1;

@@ -84,6 +84,7 @@ void Encode(Writer& w, const StepPlan& plan) {
         w.Fixed(seq.num_top_logprobs);
         w.Ints(seq.history);
         w.Fixed(seq.history_prompt_tokens);
+        w.Ints(seq.allowed_tokens);
     }
     w.Count(plan.block_copies.size());
     for (const BlockCopyOp& op : plan.block_copies) {
@@ -284,10 +285,12 @@ class Reader {
 };
 
 // Smallest encodings, for Reader::Count. The decoded structs take at most about 2.3 times their
-// smallest encoding in memory (ScheduledSequence: 128 bytes for 57), which bounds the memory a
+// smallest encoding in memory (ScheduledSequence: 152 bytes for 61), which bounds the memory a
 // frame can make the decoder allocate.
 constexpr size_t kMinSequenceBytes =
-    8 + 4 + 8 + 4 + 4 + 1 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 4 + 8;
+    8 + 4 + 8 + 4 + 4 + 1 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 4 + 8 + 4;
+// A token mask covers a vocabulary of at most 2^24 tokens.
+constexpr uint32_t kMaxAllowedTokenWords = (1u << 24) / 64;
 constexpr size_t kMinSampledTokenBytes = 8 + 4 + 4 + 4 + 8;
 constexpr uint32_t kMaxSettings = 1 << 16;
 constexpr size_t kMinKvRecvBytes = 8 + 8 + 4 + 8 + 8;
@@ -330,6 +333,12 @@ StepPlan DecodeStepPlan(Reader& r) {
         seq.num_top_logprobs = r.Fixed<int32_t>("ScheduledSequence.num_top_logprobs");
         seq.history = r.Ints<int32_t>("ScheduledSequence.history");
         seq.history_prompt_tokens = r.Fixed<int64_t>("ScheduledSequence.history_prompt_tokens");
+        const uint32_t num_words =
+            r.Count("ScheduledSequence.allowed_tokens", 8, kMaxAllowedTokenWords);
+        seq.allowed_tokens.reserve(num_words);
+        for (uint32_t w = 0; w < num_words && r.status().ok(); ++w) {
+            seq.allowed_tokens.push_back(r.Fixed<uint64_t>("ScheduledSequence.allowed_tokens"));
+        }
     }
     const uint32_t num_copies = r.Count("StepPlan.block_copies", 8);
     plan.block_copies.reserve(num_copies);

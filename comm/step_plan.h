@@ -81,6 +81,11 @@ struct ScheduledSequence {
     // preempted, prefix-cached or handed-off sequence samples exactly as it would otherwise.
     std::vector<int32_t> history;
     int64_t history_prompt_tokens = 0;
+    // Structured outputs (grammar/): when sample and not empty, the tokens that may be sampled,
+    // as a bitset over the vocabulary (bit id % 64 of word id / 64; (vocab + 63) / 64 words). The
+    // others are set to -inf after the logit controls; logprobs stay the raw model's. Computed
+    // by the coordinator from the sequence's grammar state after its last token, every step.
+    std::vector<uint64_t> allowed_tokens;
     friend bool operator==(const ScheduledSequence&, const ScheduledSequence&) = default;
 };
 

@@ -139,6 +139,36 @@ void ApplyLogitControls(const SamplingParams& params, std::span<const int32_t> h
     }
 }
 
+Status ValidateTokenMask(std::span<const uint64_t> allowed, int64_t vocab) {
+    if (allowed.empty()) return Status::Ok();
+    const auto words = static_cast<size_t>((vocab + 63) / 64);
+    if (allowed.size() != words) {
+        return InvalidArgument("allowed_tokens has " + std::to_string(allowed.size()) +
+                               " words; a vocabulary of " + std::to_string(vocab) + " needs " +
+                               std::to_string(words));
+    }
+    if (vocab % 64 != 0 && (allowed.back() >> (vocab % 64)) != 0) {
+        return InvalidArgument("allowed_tokens allows ids beyond the vocabulary of " +
+                               std::to_string(vocab));
+    }
+    if (std::all_of(allowed.begin(), allowed.end(), [](uint64_t w) { return w == 0; })) {
+        return InvalidArgument("allowed_tokens allows no token");
+    }
+    return Status::Ok();
+}
+
+void ApplyTokenMask(std::span<const uint64_t> allowed, float* logits, int64_t vocab) {
+    constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+    for (int64_t w = 0; w * 64 < vocab; ++w) {
+        const uint64_t bits = allowed[static_cast<size_t>(w)];
+        if (bits == ~uint64_t{0}) continue;
+        const int64_t end = std::min<int64_t>(64, vocab - w * 64);
+        for (int64_t b = 0; b < end; ++b) {
+            if (((bits >> b) & 1) == 0) logits[w * 64 + b] = kMinusInf;
+        }
+    }
+}
+
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
     const Status status = ValidateSamplingParams(params);
     KV_CHECK(status.ok()) << status.ToString();

@@ -39,6 +39,15 @@ void ApplyLogitControls(const SamplingParams& params, std::span<const int32_t> h
                         int64_t history_prompt_tokens, float* logits, int64_t vocab,
                         std::vector<int32_t>* scratch);
 
+// Structured outputs' token mask (ScheduledSequence::allowed_tokens) against a vocabulary of
+// `vocab` tokens: empty (no constraint), or (vocab + 63) / 64 words with at least one token of
+// the vocabulary allowed and no bit set past it. The message names the field.
+Status ValidateTokenMask(std::span<const uint64_t> allowed, int64_t vocab);
+
+// Sets the logit of every token not in `allowed` to -inf. REQUIRES: ValidateTokenMask(...).ok()
+// and allowed not empty.
+void ApplyTokenMask(std::span<const uint64_t> allowed, float* logits, int64_t vocab);
+
 // llama2.c's xorshift* generator. State 0 is a fixed point of xorshift (every draw would be 0),
 // so a seed of 0 starts from kZeroSeedState instead; llama2.c never seeds with 0.
 class XorShiftRng {

@@ -26,11 +26,14 @@ SampledToken StepRunner::SampleRow(const ScheduledSequence& seq, const float* lo
     if (it == samplers_.end()) it = samplers_.emplace(seq.seq_id, Sampler(seq.sampling)).first;
     SampledToken out;
     out.seq_id = seq.seq_id;
-    if (HasLogitControls(seq.sampling)) {
-        // The controls change what is sampled; logprobs stay those of the model's own logits.
+    if (HasLogitControls(seq.sampling) || !seq.allowed_tokens.empty()) {
+        // The controls and the structured-output mask change what is sampled; logprobs stay
+        // those of the model's own logits. Every rank gets the same plan, so every rank masks
+        // and samples alike.
         adjusted_.assign(logits, logits + vocab);
         ApplyLogitControls(seq.sampling, seq.history, seq.history_prompt_tokens, adjusted_.data(),
                            vocab, &control_scratch_);
+        if (!seq.allowed_tokens.empty()) ApplyTokenMask(seq.allowed_tokens, adjusted_.data(), vocab);
         out.token_id = it->second.Sample(adjusted_.data(), vocab);
     } else {
         out.token_id = it->second.Sample(logits, vocab);
@@ -154,6 +157,7 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
         KV_RETURN_IF_ERROR(ValidateSamplingParams(s.sampling));
         KV_RETURN_IF_ERROR(ValidateLogitControls(s.sampling, s.history, s.history_prompt_tokens,
                                                  runner_.spec().vocab_size));
+        KV_RETURN_IF_ERROR(ValidateTokenMask(s.allowed_tokens, runner_.spec().vocab_size));
     }
     if (transport_ != nullptr) {
         for (uint64_t id : plan.kv_discards) transport_->Discard(id);

@@ -62,6 +62,7 @@ class Generator {
             seq.num_top_logprobs = static_cast<int32_t>(Int(-1, 20));
             seq.history = Ints<int32_t>(30);
             seq.history_prompt_tokens = Int(0, 30);
+            seq.allowed_tokens = Ints<uint64_t>(4);
             plan.sequences.push_back(std::move(seq));
         }
         for (int64_t i = Int(0, 4); i > 0; --i) {
@@ -209,6 +210,7 @@ TEST(PlanCodec, RoundTripsEveryMessageType) {
     controlled.sampling.min_tokens_banned_ids = {2, 49152};
     controlled.history = {1, 2, 150000, 7, 7};
     controlled.history_prompt_tokens = 3;
+    controlled.allowed_tokens = {0x5, ~uint64_t{0}, 0};
     plan.sequences = {seq, controlled};
     plan.block_copies = {{1, 2}, {3, 4}};
     plan.released_seq_ids = {8, 9};

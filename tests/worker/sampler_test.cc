@@ -411,5 +411,27 @@ INSTANTIATE_TEST_SUITE_P(
                       ValidationCase{"MinPAboveOne", With(1, 0, 1, 1.01f), "min_p"}),
     [](const auto& info) { return std::string(info.param.name); });
 
+TEST(TokenMaskTest, MaskedTokensAreNeverSampled) {
+    // vocab 70: two words; allowed: 1 and 66 only.
+    std::vector<uint64_t> allowed = {uint64_t{1} << 1, uint64_t{1} << 2};
+    ASSERT_TRUE(ValidateTokenMask(allowed, 70).ok());
+    std::vector<float> logits(70, 0.0f);
+    logits[5] = 10.0f;  // the model's favourite is not allowed
+    logits[66] = 1.0f;
+    ApplyTokenMask(allowed, logits.data(), 70);
+    EXPECT_EQ(Sampler::Argmax(logits.data(), 70), 66);
+    Sampler random(SamplingParams{.temperature = 1.0f, .seed = 7});
+    for (int i = 0; i < 200; ++i) {
+        const int32_t id = random.Sample(logits.data(), 70);
+        EXPECT_TRUE(id == 1 || id == 66) << id;
+    }
+    EXPECT_NE(ValidateTokenMask(std::vector<uint64_t>{1}, 70).message().find("allowed_tokens has 1 words"),
+              std::string::npos);
+    EXPECT_NE(ValidateTokenMask(std::vector<uint64_t>{0, uint64_t{1} << 6}, 70).message().find("beyond"),
+              std::string::npos);
+    EXPECT_NE(ValidateTokenMask(std::vector<uint64_t>{0, 0}, 70).message().find("allows no token"), std::string::npos);
+    EXPECT_TRUE(ValidateTokenMask(std::vector<uint64_t>{}, 70).ok());
+}
+
 }  // namespace
 }  // namespace kvshard

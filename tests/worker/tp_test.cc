@@ -235,7 +235,10 @@ TEST(TpCommVolume, TwoAllReducesPerLayer) {
 // Plans with two sequences (one greedy, one seeded top-p) through the paged pool, step by step:
 // the group returns the tokens one StepRunner returns at tp 1; a bad plan fails on every rank
 // alike and leaves the group usable.
-std::vector<std::vector<int32_t>> RunPlans(StepExecutor& executor, int num_steps) {
+// With `allowed_tokens`, every sample is held to that token mask (structured outputs); the
+// sequences are then ids 10 and 11, whose samplers are not those of the unmasked runs.
+std::vector<std::vector<int32_t>> RunPlans(StepExecutor& executor, int num_steps,
+                                           const std::vector<uint64_t>& allowed_tokens = {}) {
     constexpr int64_t kBlockSize = 16;
     std::vector<std::vector<int32_t>> context = {{1, 403, 407, 261, 378}, {1, 300, 310}};
     std::vector<std::vector<int32_t>> generated(2);
@@ -245,7 +248,7 @@ std::vector<std::vector<int32_t>> RunPlans(StepExecutor& executor, int num_steps
         plan.step_id = static_cast<uint64_t>(step);
         for (int s = 0; s < 2; ++s) {
             ScheduledSequence q;
-            q.seq_id = s;
+            q.seq_id = allowed_tokens.empty() ? s : 10 + s;
             q.start_pos = computed[s];
             q.token_ids.assign(context[s].begin() + computed[s], context[s].end());
             q.block_table = {2 * s, 2 * s + 1};  // 32 positions each
@@ -254,6 +257,7 @@ std::vector<std::vector<int32_t>> RunPlans(StepExecutor& executor, int num_steps
                                          p % kBlockSize);
             }
             if (s == 1) q.sampling = {.temperature = 0.8f, .top_p = 0.9f, .seed = 42};
+            q.allowed_tokens = allowed_tokens;
             plan.sequences.push_back(q);
         }
         Result<StepResult> r = executor.Execute(plan);
@@ -278,10 +282,25 @@ TEST(TpGroupExecutor, StepsMatchOneRunner) {
     ASSERT_TRUE(runner.ok());
     StepRunner one(**runner);
     const std::vector<std::vector<int32_t>> ref = RunPlans(one, 12);
+    // A token mask: greedy and top-p draw only allowed tokens, and every rank alike.
+    std::vector<uint64_t> mask(512 / 64, 0);
+    for (int32_t id = 3; id < 512; id += 3) mask[id / 64] |= uint64_t{1} << (id % 64);
+    const std::vector<std::vector<int32_t>> masked = RunPlans(one, 12, mask);
+    EXPECT_NE(masked, ref);
+    for (const auto& tokens : masked) {
+        for (int32_t id : tokens) EXPECT_EQ(id % 3, 0) << id;
+    }
+    StepPlan bad_mask;
+    bad_mask.sequences.push_back({.seq_id = 5, .token_ids = {1}, .block_table = {3},
+                                  .slot_mapping = {48}, .allowed_tokens = {1}});
+    EXPECT_NE(one.Execute(bad_mask).status().message().find("allowed_tokens"), std::string::npos);
+    bad_mask.sequences[0].allowed_tokens.assign(8, 0);
+    EXPECT_NE(one.Execute(bad_mask).status().message().find("allows no token"), std::string::npos);
     for (int tp : {2, 4}) {
         Result<std::unique_ptr<TpGroup>> group = TpGroup::Create(*f, {.tp = tp, .runner = ro});
         ASSERT_TRUE(group.ok()) << group.status().ToString();
         EXPECT_EQ(RunPlans(**group, 12), ref) << "tp " << tp;
+        EXPECT_EQ(RunPlans(**group, 12, mask), masked) << "tp " << tp;
 
         StepPlan bad;
         bad.sequences.push_back(
