@@ -34,6 +34,11 @@ void BackendBuffer::Reset() {
     bytes_ = 0;
 }
 
+DType ResidentWeightFormat(BackendKind kind, DType stored, WeightUse use) {
+    if (kind == BackendKind::kCpu || stored == DType::kF32 || stored == DType::kBF16) return stored;
+    return use == WeightUse::kMatMul ? DType::kBF16 : DType::kF32;
+}
+
 Result<BackendBuffer> Backend::Allocate(size_t bytes) {
     if (bytes == 0) return BackendBuffer(this, nullptr, 0);
     KV_ASSIGN_OR_RETURN(void* data, AllocateRaw(bytes));

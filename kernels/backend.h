@@ -78,6 +78,18 @@ using KvStorage = cpu::KvStorage;
 enum class BackendKind { kCpu, kCuda };
 std::string_view BackendKindName(BackendKind kind);
 
+// What the forward pass reads a weight for: products, the embedding gather, or both (an embedding
+// tied to the classifier).
+enum class WeightUse { kMatMul, kEmbedding, kEmbeddingAndMatMul };
+
+// The format a backend of `kind` keeps a weight stored as `stored` in, so that its ops read it
+// without a conversion of their own (LoadWeights converts at load, on the host, and keeps only
+// that form). The CPU reads every stored format. CUDA multiplies F32 (the oracle path) and BF16
+// rows, every other format as BF16 (the CPU dequantizer, then round to nearest even); it gathers
+// F32 and BF16 embeddings, every other format as F32 (exactly the CPU's values); a tied
+// quantized embedding becomes F32 for both uses.
+DType ResidentWeightFormat(BackendKind kind, DType stored, WeightUse use);
+
 struct BackendConfig {
     BackendKind kind = BackendKind::kCpu;
     int device = 0;  // the GPU ordinal (kCuda)

@@ -36,7 +36,8 @@ constexpr size_t kAlign = 64;
 
 class ArenaPlan {
   public:
-    ArenaPlan(const ModelFile& model, WeightFormat format) : model_(model), format_(format) {}
+    ArenaPlan(const ModelFile& model, WeightFormat format, BackendKind formats_of)
+        : model_(model), format_(format), formats_of_(formats_of) {}
 
     // Rows `rows` of tensor `name` (expected shape `shape`) as the next part of `*m`.
     Status AddRows(Matrix* m, const std::string& name, const std::vector<int64_t>& shape,
@@ -72,8 +73,9 @@ class ArenaPlan {
         return Status::Ok();
     }
 
-    // Places `m` in the arena: its dtype is the parts' common stored format, or F32.
-    void Finish(Matrix m, WeightView* view, bool force_f32 = false) {
+    // Places `m` in the arena: its dtype is the parts' common stored format, or F32, in the form
+    // the backend reads for `use` (ResidentWeightFormat).
+    void Finish(Matrix m, WeightView* view, WeightUse use, bool force_f32 = false) {
         DType dtype = m.parts.front().tensor->dtype;
         bool mixed = false;
         for (const Part& p : m.parts) mixed |= p.tensor->dtype != dtype;
@@ -82,6 +84,11 @@ class ArenaPlan {
                          model_.path(), m.parts.front().tensor->name);
         }
         if (mixed || force_f32 || format_ == WeightFormat::kF32) dtype = DType::kF32;
+        dtype = ResidentWeightFormat(formats_of_, dtype, use);
+        if (dtype != m.parts.front().tensor->dtype && !mixed && !force_f32 &&
+            format_ == WeightFormat::kStored) {
+            converted_[dtype == DType::kBF16 ? 0 : 1] += 1;
+        }
         m.dtype = dtype;
         int64_t rows = 0;
         for (const Part& p : m.parts) rows += p.NumRows();
@@ -97,10 +104,14 @@ class ArenaPlan {
     }
 
     size_t total_bytes() const { return total_; }
+    // Matrices converted from their stored format for the backend: to BF16, to F32.
+    int converted_bf16() const { return converted_[0]; }
+    int converted_f32() const { return converted_[1]; }
 
     // Copies every matrix into `arena` (through a host staging buffer, one matrix at a time).
     Status Fill(Backend& backend, BackendBuffer& arena) {
         std::vector<uint8_t> staging;
+        std::vector<float> row;
         for (Matrix& m : matrices_) {
             staging.resize(m.bytes);
             uint8_t* dst = staging.data();
@@ -120,8 +131,14 @@ class ArenaPlan {
                     const uint8_t* src = t.data + static_cast<size_t>(r) * src_row + skip;
                     if (m.dtype == t.dtype) {
                         std::memcpy(dst, src, out_row);
-                    } else {
+                    } else if (m.dtype == DType::kF32) {
                         DequantizeRow(t.dtype, src, p.NumCols(), reinterpret_cast<float*>(dst));
+                    } else {
+                        KV_CHECK(m.dtype == DType::kBF16) << DTypeName(m.dtype);
+                        row.resize(static_cast<size_t>(p.NumCols()));
+                        DequantizeRow(t.dtype, src, p.NumCols(), row.data());
+                        auto* out = reinterpret_cast<uint16_t*>(dst);
+                        for (size_t c = 0; c < row.size(); ++c) out[c] = FloatToBF16(row[c]);
                     }
                 }
             }
@@ -150,8 +167,10 @@ class ArenaPlan {
 
     const ModelFile& model_;
     WeightFormat format_;
+    BackendKind formats_of_;
     std::vector<Matrix> matrices_;
     size_t total_ = 0;
+    int converted_[2] = {0, 0};
 };
 
 IndexRange Scaled(IndexRange heads, int64_t head_dim) {
@@ -189,22 +208,23 @@ Result<ModelWeights> LoadWeights(const ModelFile& model, Backend& backend,
     const IndexRange q_rows = Scaled(sl.q_heads, s.head_dim);
     const IndexRange kv_rows = Scaled(sl.kv_heads, s.head_dim);
     const int64_t permute = s.qk_layout == QkLayout::kHalfSplit ? s.head_dim : 0;
-    ArenaPlan plan(model, options.format);
+    ArenaPlan plan(model, options.format, options.formats_of.value_or(backend.kind()));
     const std::vector<int64_t> embd_shape = {s.vocab_size, s.hidden_size};
     {
         Matrix m;
         KV_RETURN_IF_ERROR(plan.AddRows(&m, "token_embd.weight", embd_shape, sl.vocab));
-        plan.Finish(std::move(m), &w.embedding);
+        plan.Finish(std::move(m), &w.embedding,
+                    s.tied_embeddings ? WeightUse::kEmbeddingAndMatMul : WeightUse::kEmbedding);
     }
     {
         Matrix m;
         KV_RETURN_IF_ERROR(plan.AddVector(&m, "output_norm.weight", s.hidden_size));
-        plan.Finish(std::move(m), &w.output_norm, /*force_f32=*/true);
+        plan.Finish(std::move(m), &w.output_norm, WeightUse::kMatMul, /*force_f32=*/true);
     }
     if (!s.tied_embeddings) {
         Matrix m;
         KV_RETURN_IF_ERROR(plan.AddRows(&m, "output.weight", embd_shape, sl.vocab));
-        plan.Finish(std::move(m), &w.output);
+        plan.Finish(std::move(m), &w.output, WeightUse::kMatMul);
     }
     w.layers.resize(static_cast<size_t>(s.num_layers));
     for (int64_t i = 0; i < s.num_layers; ++i) {
@@ -226,12 +246,20 @@ Result<ModelWeights> LoadWeights(const ModelFile& model, Backend& backend,
             plan.AddRows(&gate_up, name("ffn_up"), {s.ffn_size, s.hidden_size}, sl.ffn));
         KV_RETURN_IF_ERROR(
             plan.AddColumns(&down, name("ffn_down"), {s.hidden_size, s.ffn_size}, sl.ffn));
-        plan.Finish(std::move(attn_norm), &l.attn_norm, true);
-        plan.Finish(std::move(qkv), &l.qkv);
-        plan.Finish(std::move(wo), &l.wo);
-        plan.Finish(std::move(ffn_norm), &l.ffn_norm, true);
-        plan.Finish(std::move(gate_up), &l.gate_up);
-        plan.Finish(std::move(down), &l.down);
+        constexpr WeightUse kMat = WeightUse::kMatMul;
+        plan.Finish(std::move(attn_norm), &l.attn_norm, kMat, true);
+        plan.Finish(std::move(qkv), &l.qkv, kMat);
+        plan.Finish(std::move(wo), &l.wo, kMat);
+        plan.Finish(std::move(ffn_norm), &l.ffn_norm, kMat, true);
+        plan.Finish(std::move(gate_up), &l.gate_up, kMat);
+        plan.Finish(std::move(down), &l.down, kMat);
+    }
+    if (plan.converted_bf16() + plan.converted_f32() > 0) {
+        spdlog::info("{}: {} matrices converted to BF16 and {} to F32 at load for the {} backend "
+                     "({} bytes resident, no stored-format copy kept)",
+                     model.path(), plan.converted_bf16(), plan.converted_f32(),
+                     BackendKindName(options.formats_of.value_or(backend.kind())),
+                     plan.total_bytes());
     }
     KV_ASSIGN_OR_RETURN(w.arena, backend.Allocate(plan.total_bytes()));
     KV_RETURN_IF_ERROR(plan.Fill(backend, w.arena));

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -51,8 +52,14 @@ struct ModelWeights {
 struct WeightLoadOptions {
     ShardSpec shard;
     WeightFormat format = WeightFormat::kStored;
+    // The backend kind whose resident formats (ResidentWeightFormat) the weights are converted to
+    // at load; unset: the backend's own. Tests load CUDA's formats onto the CPU backend.
+    std::optional<BackendKind> formats_of = std::nullopt;
 };
 
+// Each weight is kept in one form only: the format the backend's ops read it in
+// (ResidentWeightFormat), converted on the host at load, so a device backend holds no stored-format
+// copy beside its own and makes none at a weight's first use.
 // Reads the slices of rank `options.shard` of every tensor named in model/model_file.h into one
 // arena of `backend`, touching only those bytes of the mapped file: row slices (Q, K, V, gate,
 // up, embedding, classifier) as row ranges, column slices (attention output, down projection) row

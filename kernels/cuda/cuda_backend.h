@@ -15,9 +15,11 @@
 // first; its algorithm is chosen once per shape (GemmAlgoCache) with an explicit workspace.
 // Embedding tables in formats the device does not gather directly (anything but F32 and BF16) are
 // dequantized once to fp32 the same way, so the embedding matches the CPU's bit for bit.
-// The bf16/fp32 copies are made by PrepareWeight, or at a weight's first use (the first step:
-// allocation and a host round trip then, logged once per weight), and freed with the allocation
-// holding the stored weight.
+// LoadWeights (worker/weights.h) already converts at load to the forms these ops read
+// (ResidentWeightFormat: BF16 products, F32 embeddings), so loaded weights need no copy here.
+// For weights in other formats the bf16/fp32 copies are made by PrepareWeight, or at a weight's
+// first use (allocation and a host round trip then, logged once per weight), and freed with the
+// allocation holding the stored weight.
 //
 // Attention reads the paged pool in exactly the CPU layout (kernels/paged_attention.h), fp32 or
 // 8-bit with per-token-head scales, written by the same quantization arithmetic as the CPU's.
