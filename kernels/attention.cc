@@ -22,7 +22,7 @@ namespace {
 template <typename Rows>
 void AttentionRows(const float* q, const Rows& rows, float* out, int64_t num_q, int64_t q_pos0,
                    int64_t num_kv, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                   const int32_t* kv_head_of_q) {
+                   const int32_t* kv_head_of_q, int64_t window = 0) {
     KV_CHECK_LE(q_pos0 + num_q, num_kv);
     if (kv_head_of_q == nullptr) {
         KV_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0)
@@ -52,22 +52,24 @@ void AttentionRows(const float* q, const Rows& rows, float* out, int64_t num_q, 
             const int64_t kv_head = kv_head_of_q == nullptr ? h / group : kv_head_of_q[h];
             const float* qv = q + (i * num_heads + h) * head_dim;
             const int64_t len = q_pos0 + i + 1;
+            // A sliding window keeps the last `window` positions: t > position - window.
+            const int64_t begin = window > 0 ? std::max<int64_t>(0, len - window) : 0;
             float* s = scores.data();
             float max_score = -std::numeric_limits<float>::infinity();
-            for (int64_t t = 0; t < len; ++t) {
+            for (int64_t t = begin; t < len; ++t) {
                 s[t] = Dot(qv, rows(t, kv_head, false, scratch.data()), head_dim) * scale;
                 max_score = std::max(max_score, s[t]);
             }
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-            for (int64_t t = 0; t < len; ++t) {
+            for (int64_t t = begin; t < len; ++t) {
                 s[t] = ExpFast(s[t] - max_score);
                 sum += s[t];
             }
             // Weighted sum of V with the unnormalized weights, then one scaling by 1/sum.
             float* o = out + (i * num_heads + h) * head_dim;
             std::fill(o, o + head_dim, 0.0f);
-            for (int64_t t = 0; t < len; ++t) {
+            for (int64_t t = begin; t < len; ++t) {
                 Axpy(s[t], rows(t, kv_head, true, scratch.data()), o, head_dim);
             }
             const float inv_sum = 1.0f / sum;
@@ -199,9 +201,10 @@ void PagedKvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_
 }
 
 void PagedAttention(const float* q, const PagedKvLayer& kv, const int32_t* block_table, float* out,
-                    int64_t num_q, int64_t q_pos0, int64_t num_heads, const int32_t* kv_head_of_q) {
+                    int64_t num_q, int64_t q_pos0, int64_t num_heads, const int32_t* kv_head_of_q,
+                    int64_t window) {
     AttentionRows(q, PagedRows{kv, block_table}, out, num_q, q_pos0, q_pos0 + num_q, num_heads,
-                  kv.num_kv_heads, kv.head_dim, kv_head_of_q);
+                  kv.num_kv_heads, kv.head_dim, kv_head_of_q, window);
 }
 
 }  // namespace kvshard::cpu

@@ -137,10 +137,23 @@ class Backend {
                       int64_t num_heads, int64_t head_dim, const float* inv_freq) = 0;
     // out[r, i] = silu(gate_up[r, i]) * gate_up[r, dim + i]: gate and up fused in one row.
     virtual void SiluMul(const float* gate_up, int64_t rows, int64_t dim, float* out) = 0;
+    // out[r, i] = gelu_tanh(gate_up[r, i]) * gate_up[r, dim + i], GELU's tanh approximation
+    // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): Gemma's GeGLU.
+    virtual void GeluTanhMul(const float* gate_up, int64_t rows, int64_t dim, float* out) = 0;
+    // x[r, :] += bias over `rows` rows of `dim` floats (Qwen 2's Q/K/V biases, on the fused row).
+    virtual void AddBias(float* x, const float* bias, int64_t rows, int64_t dim) = 0;
+    // RMSNorm, in place, of each of the `num_heads` heads (head_dim floats, one weight of head_dim
+    // for every head) that start each row of x, rows `row_stride` floats apart: the q and k norms
+    // of Qwen 3 and Gemma 3 inside the fused QKV row, before RoPE.
+    virtual void HeadRmsNorm(float* x, int64_t row_stride, int64_t rows, int64_t num_heads,
+                             int64_t head_dim, const float* weight, float eps) = 0;
+    // x *= s over n floats (Gemma's embedding scale).
+    virtual void Scale(float* x, float s, int64_t n) = 0;
     // Writes n rows of K and V (row stride row_stride floats) at their slots.
     virtual void KvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_t row_stride,
                          const int64_t* slots, int64_t n) = 0;
-    // The attention of every sequence of the step for one layer (kernels/paged_attention.h).
+    // The attention of every sequence of the step for one layer (kernels/paged_attention.h),
+    // restricted to the last batch.window positions of each query when batch.window > 0.
     virtual void PagedAttention(const float* q, int64_t q_stride, const PagedKvLayer& kv,
                                 const PagedAttentionBatch& batch, float* out, int64_t num_heads,
                                 const int32_t* kv_head_of_q) = 0;

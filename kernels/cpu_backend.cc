@@ -81,6 +81,21 @@ void CpuBackend::SiluMul(const float* gate_up, int64_t rows, int64_t dim, float*
     cpu::SiluMulFused(gate_up, out, rows, dim);
 }
 
+void CpuBackend::GeluTanhMul(const float* gate_up, int64_t rows, int64_t dim, float* out) {
+    cpu::GeluTanhMulFused(gate_up, out, rows, dim);
+}
+
+void CpuBackend::AddBias(float* x, const float* bias, int64_t rows, int64_t dim) {
+    cpu::AddBias(x, bias, rows, dim);
+}
+
+void CpuBackend::HeadRmsNorm(float* x, int64_t row_stride, int64_t rows, int64_t num_heads,
+                             int64_t head_dim, const float* weight, float eps) {
+    cpu::HeadRmsNorm(x, row_stride, rows, num_heads, head_dim, weight, eps);
+}
+
+void CpuBackend::Scale(float* x, float s, int64_t n) { cpu::Scale(x, s, n); }
+
 void CpuBackend::KvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_t row_stride,
                          const int64_t* slots, int64_t n) {
     cpu::PagedKvWrite(kv, k, v, row_stride, slots, n);

@@ -33,6 +33,11 @@ class CpuBackend final : public Backend {
     void Rope(float* x, int64_t row_stride, const int32_t* positions, int64_t rows,
               int64_t num_heads, int64_t head_dim, const float* inv_freq) override;
     void SiluMul(const float* gate_up, int64_t rows, int64_t dim, float* out) override;
+    void GeluTanhMul(const float* gate_up, int64_t rows, int64_t dim, float* out) override;
+    void AddBias(float* x, const float* bias, int64_t rows, int64_t dim) override;
+    void HeadRmsNorm(float* x, int64_t row_stride, int64_t rows, int64_t num_heads,
+                     int64_t head_dim, const float* weight, float eps) override;
+    void Scale(float* x, float s, int64_t n) override;
     void KvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_t row_stride,
                  const int64_t* slots, int64_t n) override;
     void PagedAttention(const float* q, int64_t q_stride, const PagedKvLayer& kv,

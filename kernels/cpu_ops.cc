@@ -132,6 +132,49 @@ void SiluMulFused(const float* gate_up, float* out, int64_t rows, int64_t dim) {
     }
 }
 
+void GeluTanhMulFused(const float* gate_up, float* out, int64_t rows, int64_t dim) {
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+#pragma omp parallel for if (rows * dim >= kMinParallelFloats / 8 && rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* g = gate_up + r * 2 * dim;
+        const float* u = g + dim;
+        float* o = out + r * dim;
+        for (int64_t i = 0; i < dim; ++i) {
+            const float x = g[i];
+            const float inner = kSqrt2OverPi * (x + 0.044715f * x * x * x);
+            o[i] = 0.5f * x * (1.0f + std::tanh(inner)) * u[i];
+        }
+    }
+}
+
+void AddBias(float* x, const float* bias, int64_t rows, int64_t dim) {
+#pragma omp parallel for if (rows * dim >= kMinParallelFloats && rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        float* xr = x + r * dim;
+#pragma omp simd
+        for (int64_t i = 0; i < dim; ++i) xr[i] += bias[i];
+    }
+}
+
+void HeadRmsNorm(float* x, int64_t row_stride, int64_t rows, int64_t num_heads, int64_t head_dim,
+                 const float* weight, float eps) {
+#pragma omp parallel for if (rows * num_heads * head_dim >= kMinParallelFloats && rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t h = 0; h < num_heads; ++h) {
+            float* xh = x + r * row_stride + h * head_dim;
+            const float ss = Dot(xh, xh, head_dim);
+            const float scale = 1.0f / std::sqrt(ss / static_cast<float>(head_dim) + eps);
+#pragma omp simd
+            for (int64_t i = 0; i < head_dim; ++i) xh[i] = xh[i] * scale * weight[i];
+        }
+    }
+}
+
+void Scale(float* x, float s, int64_t n) {
+#pragma omp parallel for simd if (parallel : n >= kMinParallelFloats)
+    for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
 void Rope(float* x, const int32_t* positions, int64_t rows, int64_t num_heads, int64_t head_dim,
           const float* inv_freq, int64_t row_stride) {
     KV_CHECK_EQ(head_dim % 2, 0);

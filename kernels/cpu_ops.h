@@ -58,6 +58,22 @@ void AddRmsNorm(float* residual, const float* delta, const float* weight, float*
 // output of the fused gate|up projection).
 void SiluMulFused(const float* gate_up, float* out, int64_t rows, int64_t dim);
 
+// out[r, i] = gelu(gate_up[r, i]) * gate_up[r, dim + i] with the tanh approximation of GELU,
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): Gemma's GeGLU over the fused gate|up row.
+void GeluTanhMulFused(const float* gate_up, float* out, int64_t rows, int64_t dim);
+
+// x[r, :] += bias for `rows` rows of `dim` floats.
+void AddBias(float* x, const float* bias, int64_t rows, int64_t dim);
+
+// RmsNorm of each of the `num_heads` heads (head_dim floats, one weight of head_dim for all) that
+// start every row of x, rows `row_stride` floats apart, in place: the q/k norms of Qwen 3 and
+// Gemma 3 inside a fused QKV row.
+void HeadRmsNorm(float* x, int64_t row_stride, int64_t rows, int64_t num_heads, int64_t head_dim,
+                 const float* weight, float eps);
+
+// x[i] *= s over n floats.
+void Scale(float* x, float s, int64_t n);
+
 // In-place softmax over n values.
 void Softmax(float* x, int64_t n);
 

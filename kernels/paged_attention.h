@@ -49,9 +49,11 @@ void PagedKvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_
 // q_pos0 + i) over positions 0 .. q_pos0 + num_q - 1 held by `block_table` (position p lives in
 // block_table[p / block_size], slot p % block_size). out: num_q × num_heads × head_dim.
 // kv_head_of_q: as for cpu::Attention (null: query head h uses KV head h / group).
+// window > 0: a query at position p attends to positions p - window + 1 .. p only (sliding-window
+// attention; positions before that are not read).
 void PagedAttention(const float* q, const PagedKvLayer& kv, const int32_t* block_table, float* out,
                     int64_t num_q, int64_t q_pos0, int64_t num_heads,
-                    const int32_t* kv_head_of_q = nullptr);
+                    const int32_t* kv_head_of_q = nullptr, int64_t window = 0);
 
 // The attention of a whole step over a paged pool: one call per layer for every sequence of the
 // batch (prefill chunks and decode tokens mixed). Sequence s owns query rows
@@ -66,6 +68,10 @@ struct PagedAttentionBatch {
     const int32_t* context_lens = nullptr;        // num_seqs: positions after this step
     const int32_t* block_table_starts = nullptr;  // num_seqs + 1
     const int32_t* block_tables = nullptr;
+    // Sliding-window attention (a windowed layer): > 0, each query attends to the last `window`
+    // positions up to its own, p - window + 1 .. p, and blocks wholly before every query's window
+    // are not read (their table entries may be stale). 0: causal over the whole context.
+    int64_t window = 0;
 };
 
 // q: rows × (num_heads × head_dim) floats at row stride q_stride (q may sit inside a fused QKV

@@ -219,6 +219,7 @@ struct Tile {
     int32_t kv_begin, kv_end;      // kv_begin is a multiple of kChunk
     int32_t partial;               // -1: writes out; else the first of its splits' partial results
     int32_t num_splits;            // of the tile this one was split from (1: not split)
+    int32_t split;                 // which of them this one is (0: the first, which merges)
     int64_t cost;                  // lanes × positions, for ordering
 };
 
@@ -281,6 +282,7 @@ void RunWide(const Problem& p, const Tile& t, int64_t num_lanes, Scratch& sc) {
     const int64_t lanes = V * kVecLanes;
     const int32_t* table = p.batch.block_tables + p.batch.block_table_starts[t.seq];
     const int32_t first_pos = sc.pos[0];
+    const int64_t window = p.batch.window;
     // Padding lanes get zero queries and the last position, so they never see a fully masked row.
     for (int64_t lane = num_lanes; lane < lanes; ++lane) sc.pos[lane] = sc.pos[num_lanes - 1];
     float* qt = sc.qt.data();
@@ -299,9 +301,20 @@ void RunWide(const Problem& p, const Tile& t, int64_t num_lanes, Scratch& sc) {
         GatherRows(p.kv, table, t.kv_head, p0, n, sc.kbuf.data(), sc.vbuf.data(), sc.krows.data(),
                    sc.vrows.data());
         ScoresWide<V>(qt, sc.krows.data(), n, hd, p.scale, s);
-        // Causal masking only where the chunk reaches past the tile's first row.
+        // Causal masking only where the chunk reaches past the tile's first row; a window masks
+        // the positions before each lane's window as well.
         const bool masked = p0 + n - 1 > first_pos;
-        if (masked) {
+        if (window > 0) {
+            for (int64_t i = 0; i < n; ++i) {
+                const int32_t pos = static_cast<int32_t>(p0 + i);
+#pragma omp simd
+                for (int64_t lane = 0; lane < lanes; ++lane) {
+                    if (pos > sc.pos[lane] || pos <= sc.pos[lane] - window) {
+                        s[i * kMaxLanes + lane] = kNegInf;
+                    }
+                }
+            }
+        } else if (masked) {
             for (int64_t i = 0; i < n; ++i) {
                 const int32_t pos = static_cast<int32_t>(p0 + i);
 #pragma omp simd
@@ -317,12 +330,13 @@ void RunWide(const Problem& p, const Tile& t, int64_t num_lanes, Scratch& sc) {
                 sc.cmax[lane] = std::max(sc.cmax[lane], s[i * kMaxLanes + lane]);
             }
         }
-        // Every lane sees position kv_begin (<= its own), so m is finite after the first chunk and
-        // a lane fully masked in a later chunk keeps its max.
+        // Without a window every lane sees position kv_begin (<= its own), so m is finite after
+        // the first chunk and a lane fully masked in a later chunk keeps its max. With one, a lane
+        // may see nothing yet (m stays -inf; its sum and output stay 0, so alpha does not matter).
 #pragma omp simd
         for (int64_t lane = 0; lane < lanes; ++lane) {
             const float m_new = std::max(sc.m[lane], sc.cmax[lane]);
-            sc.alpha[lane] = ExpFast(sc.m[lane] - m_new);
+            sc.alpha[lane] = m_new == kNegInf ? 1.0f : ExpFast(sc.m[lane] - m_new);
             sc.m[lane] = m_new;
             sc.l[lane] *= sc.alpha[lane];
         }
@@ -431,15 +445,20 @@ void RunNarrow(const Problem& p, const Tile& t, int64_t num_lanes, Scratch& sc) 
         GatherRows(p.kv, table, t.kv_head, p0, n, sc.kbuf.data(), sc.vbuf.data(), sc.krows.data(),
                    sc.vrows.data());
         for (int64_t lane = 0; lane < num_lanes; ++lane) {
-            const int64_t len = std::min(n, sc.pos[lane] - p0 + 1);  // causal
+            // Positions [p0 + lo, p0 + hi) of the chunk: causal, and inside the window if any.
+            const int64_t hi = std::min(n, sc.pos[lane] - p0 + 1);
+            const int64_t lo =
+                p.batch.window > 0 ? std::max<int64_t>(0, sc.pos[lane] - p.batch.window + 1 - p0)
+                                   : 0;
+            const int64_t len = hi - lo;
             if (len <= 0) continue;
+            const float* const* krows = sc.krows.data() + lo;
+            const float* const* vrows = sc.vrows.data() + lo;
             const float* qv = sc.qrow[lane];
             if (vectors) {
-                ScoresNarrow(qv, sc.krows.data(), len, hd, p.scale, sc.qt.data(), s);
+                ScoresNarrow(qv, krows, len, hd, p.scale, sc.qt.data(), s);
             } else {
-                for (int64_t i = 0; i < len; ++i) {
-                    s[i] = Dot(qv, sc.krows[static_cast<size_t>(i)], hd) * p.scale;
-                }
+                for (int64_t i = 0; i < len; ++i) s[i] = Dot(qv, krows[i], hd) * p.scale;
             }
             float cmax = kNegInf;
             for (int64_t i = 0; i < len; ++i) cmax = std::max(cmax, s[i]);
@@ -455,13 +474,11 @@ void RunNarrow(const Problem& p, const Tile& t, int64_t num_lanes, Scratch& sc) 
             sc.l[lane] = sc.l[lane] * alpha + sum;
             float* ol = o + lane * hd;
             if (vectors) {
-                AccumulateNarrow(s, sc.vrows.data(), len, hd, alpha, ol);
+                AccumulateNarrow(s, vrows, len, hd, alpha, ol);
             } else {
 #pragma omp simd
                 for (int64_t d = 0; d < hd; ++d) ol[d] *= alpha;
-                for (int64_t i = 0; i < len; ++i) {
-                    Axpy(s[i], sc.vrows[static_cast<size_t>(i)], ol, hd);
-                }
+                for (int64_t i = 0; i < len; ++i) Axpy(s[i], vrows[i], ol, hd);
             }
         }
     }
@@ -525,7 +542,8 @@ void MergeSplits(const Problem& p, const Tile& t, Scratch& sc, const float* part
         float l = 0.0f;
         for (int64_t k = 0; k < t.num_splits; ++k) {
             const float* pl = first + k * split_stride + lane * lane_stride;
-            const float w = ExpFast(pl[hd] - m);
+            // A split wholly before a lane's window saw nothing of it (max -inf, sum 0).
+            const float w = pl[hd] == kNegInf ? 0.0f : ExpFast(pl[hd] - m);
             l += w * pl[hd + 1];
             Axpy(w, pl, o, hd);
         }
@@ -561,11 +579,18 @@ int64_t PlanTiles(const Problem& p, int threads, std::vector<Tile>& tiles) {
                     t.row_begin = static_cast<int32_t>(b.query_starts[s] + rows * k / num_tiles);
                     t.row_end =
                         static_cast<int32_t>(b.query_starts[s] + rows * (k + 1) / num_tiles);
-                    t.kv_begin = 0;
+                    // A window starts the walk at the chunk holding the first row's first
+                    // visible position (positions before every row's window are not read).
+                    const int64_t first_pos = pos_offset + t.row_begin;
+                    t.kv_begin = b.window > 0 ? static_cast<int32_t>(
+                                                    std::max<int64_t>(0, first_pos - b.window + 1) /
+                                                    kChunk * kChunk)
+                                              : 0;
                     t.kv_end = static_cast<int32_t>(pos_offset + t.row_end);
                     t.partial = -1;
                     t.num_splits = 1;
-                    t.cost = (t.row_end - t.row_begin) * heads * t.kv_end;
+                    t.split = 0;
+                    t.cost = (t.row_end - t.row_begin) * heads * (t.kv_end - t.kv_begin);
                     tiles.push_back(t);
                 }
             }
@@ -581,21 +606,27 @@ int64_t PlanTiles(const Problem& p, int threads, std::vector<Tile>& tiles) {
             Tile t = tiles[i];  // a copy: push_back below may move the vector
             // A split starts at or before the tile's first position, so every lane sees one
             // position in each split (the merge then has finite maxima to work with).
+            // (With a window, a lane whose window starts after a split sees nothing there; the
+            // merge gives such a split no weight.)
             const int64_t first_pos = t.kv_end - (t.row_end - t.row_begin);
+            const int64_t begin = t.kv_begin;
             const int64_t by_share = (target * t.cost + total - 1) / std::max<int64_t>(total, 1);
-            const int64_t by_length = (first_pos + 1) / kMinSplitPositions;
+            const int64_t by_length = (first_pos - begin + 1) / kMinSplitPositions;
             const int64_t splits = std::clamp<int64_t>(std::min(by_share, by_length), 1, 64);
             if (splits == 1) continue;
-            const int64_t chunks = (first_pos + kChunk) / kChunk;  // chunks starting <= first_pos
+            // Chunks starting <= first_pos.
+            const int64_t chunks = (first_pos - begin + kChunk) / kChunk;
             const int32_t end = t.kv_end;
             t.partial = static_cast<int32_t>(num_partials);
             t.num_splits = static_cast<int32_t>(splits);
             for (int64_t k = 0; k < splits; ++k) {
                 Tile piece = t;
                 piece.partial = static_cast<int32_t>(num_partials++);
-                piece.kv_begin = static_cast<int32_t>(chunks * k / splits * kChunk);
-                piece.kv_end =
-                    k + 1 < splits ? static_cast<int32_t>(chunks * (k + 1) / splits * kChunk) : end;
+                piece.split = static_cast<int32_t>(k);
+                piece.kv_begin = static_cast<int32_t>(begin + chunks * k / splits * kChunk);
+                piece.kv_end = k + 1 < splits
+                                   ? static_cast<int32_t>(begin + chunks * (k + 1) / splits * kChunk)
+                                   : end;
                 piece.cost = t.cost / splits;
                 if (k == 0) {
                     tiles[i] = piece;
@@ -672,8 +703,10 @@ void PagedAttentionBatched(const float* q, int64_t q_stride, const PagedKvLayer&
 #pragma omp for schedule(dynamic, 1) nowait
             for (int64_t i = 0; i < num_tiles; ++i) {
                 const Tile& t = tiles[i];
-                // The first split (kv_begin 0) merges the tile it was split from.
-                if (t.num_splits > 1 && t.kv_begin == 0) MergeSplits(p, t, sc, partials.data());
+                // The first split merges the tile it was split from.
+                if (t.num_splits > 1 && t.split == 0) {
+                    MergeSplits(p, t, sc, partials.data());
+                }
             }
         }
     }

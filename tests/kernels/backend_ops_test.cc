@@ -256,6 +256,63 @@ TEST_P(BackendOps, NormsRopeAndSiluMul) {
     }
 }
 
+// The ops of the architectures past Llama: GeGLU (Gemma), the fused QKV bias (Qwen 2), per-head
+// q/k norms inside a strided row (Qwen 3, Gemma 3) and the embedding scale (Gemma).
+TEST_P(BackendOps, GeluBiasHeadNormAndScale) {
+    Device dev(*backend_);
+    const int64_t rows = 5, dim = 80;
+    {
+        const std::vector<float> gu = Random(rows * 2 * dim, 11, 4.0f);
+        float* out = dev.Put(std::vector<float>(rows * dim));
+        backend_->GeluTanhMul(dev.Put(gu), rows, dim, out);
+        std::vector<double> want(rows * dim);
+        for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t i = 0; i < dim; ++i) {
+                const double g = gu[r * 2 * dim + i];
+                const double gelu =
+                    0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g)));
+                want[r * dim + i] = gelu * gu[r * 2 * dim + dim + i];
+            }
+        }
+        EXPECT_LE(NormalizedError(dev.Get(out, want.size()), want), 1e-6) << "gelu_tanh";
+    }
+    {
+        const std::vector<float> x = Random(rows * dim, 12), b = Random(dim, 13);
+        float* dx = dev.Put(x);
+        backend_->AddBias(dx, dev.Put(b), rows, dim);
+        std::vector<double> want(x.size());
+        for (size_t i = 0; i < x.size(); ++i) want[i] = double(x[i]) + b[i % dim];
+        EXPECT_LE(NormalizedError(dev.Get(dx, x.size()), want), 1e-7) << "bias";
+    }
+    {
+        // 3 heads of 16 at offset 0 of rows of 80 floats; the rest of each row is untouched.
+        const int64_t heads = 3, hd = 16;
+        const float eps = 1e-6f;
+        const std::vector<float> x = Random(rows * dim, 14), w = Random(hd, 15);
+        float* dx = dev.Put(x);
+        backend_->HeadRmsNorm(dx, dim, rows, heads, hd, dev.Put(w), eps);
+        std::vector<double> want(x.begin(), x.end());
+        for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t h = 0; h < heads; ++h) {
+                double* v = &want[r * dim + h * hd];
+                double ss = 0;
+                for (int64_t i = 0; i < hd; ++i) ss += v[i] * v[i];
+                const double s = 1.0 / std::sqrt(ss / hd + eps);
+                for (int64_t i = 0; i < hd; ++i) v[i] = v[i] * s * w[i];
+            }
+        }
+        EXPECT_LE(NormalizedError(dev.Get(dx, x.size()), want), 1e-6) << "head norm";
+    }
+    {
+        const std::vector<float> x = Random(rows * dim, 16);
+        float* dx = dev.Put(x);
+        backend_->Scale(dx, 25.3f, rows * dim);
+        std::vector<double> want(x.size());
+        for (size_t i = 0; i < x.size(); ++i) want[i] = double(x[i]) * 25.3f;
+        EXPECT_LE(NormalizedError(dev.Get(dx, x.size()), want), 1e-7) << "scale";
+    }
+}
+
 // KV written at slots of scattered blocks, then the step's attention (a prefill chunk that
 // starts mid-sequence, a decode row, a fresh prompt), against a double-precision causal softmax
 // over the same K/V; then block copies and row gathers.

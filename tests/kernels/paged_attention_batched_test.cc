@@ -27,6 +27,7 @@ struct BatchedCase {
     KvStorage storage = KvStorage::kF32;
     std::vector<int32_t> kv_head_of_q = {};  // empty: null (h / group)
     int64_t q_stride_extra = 0;              // floats after each q row's heads (fused QKV)
+    int64_t window = 0;                      // sliding window (0: none)
 };
 
 std::ostream& operator<<(std::ostream& os, const BatchedCase& c) { return os << c.name; }
@@ -114,7 +115,7 @@ TEST_P(PagedAttentionBatchedTest, MatchesPagedAttentionPerSequence) {
         }
         PagedAttention(dense.data(), pool.kv, pool.tables.data() + pool.table_starts[s],
                        want.data() + query_starts[s] * q_width, n, c.seqs[s].context_len - n,
-                       c.num_heads, map);
+                       c.num_heads, map, c.window);
     }
 
     PagedAttentionBatch batch;
@@ -123,6 +124,7 @@ TEST_P(PagedAttentionBatchedTest, MatchesPagedAttentionPerSequence) {
     batch.context_lens = context_lens.data();
     batch.block_table_starts = pool.table_starts.data();
     batch.block_tables = pool.tables.data();
+    batch.window = c.window;
     // One thread runs every tile whole; several split long KV walks of small batches.
     const int saved_threads = omp_get_max_threads();
     for (int threads : {1, 3}) {
@@ -168,7 +170,28 @@ INSTANTIATE_TEST_SUITE_P(
         BatchedCase{"Int8HeadDim128Block4", {{75, 30}, {700, 1}}, 4, 2, 128, 4, KvStorage::kInt8},
         BatchedCase{"Fp8Mixed", kMixed, 9, 3, 64, 16, KvStorage::kFp8E4M3},
         BatchedCase{
-            "Fp8Stories260KShape", {{60, 60}, {33, 1}}, 8, 4, 8, 1, KvStorage::kFp8E4M3, {}, 16}),
+            "Fp8Stories260KShape", {{60, 60}, {33, 1}}, 8, 4, 8, 1, KvStorage::kFp8E4M3, {}, 16},
+        // Sliding windows: shorter than a prefill chunk (late lanes see nothing in the first
+        // chunks), across split decode walks, of one position, longer than the context, and
+        // Gemma 3's 512 over a long prefill chunk.
+        BatchedCase{"WindowMixed", kMixed, 9, 3, 64, 16, KvStorage::kF32, {}, 0, 40},
+        BatchedCase{"WindowPrefillChunk", {{300, 200}}, 9, 3, 64, 16, KvStorage::kF32, {}, 0, 7},
+        BatchedCase{"WindowLongDecodesSplitKv",
+                    {{2048, 1}, {1500, 1}},
+                    9,
+                    3,
+                    64,
+                    16,
+                    KvStorage::kF32,
+                    {},
+                    0,
+                    700},
+        BatchedCase{"WindowOne", {{70, 20}, {33, 1}}, 4, 2, 64, 16, KvStorage::kF32, {}, 0, 1},
+        BatchedCase{"WindowPastContext", kMixed, 4, 1, 64, 16, KvStorage::kF32, {}, 0, 5000},
+        BatchedCase{"WindowGemma512", {{1100, 300}, {900, 1}}, 4, 1, 256, 16, KvStorage::kF32,
+                    {}, 0, 512},
+        BatchedCase{"WindowInt8HeadDim8", {{60, 60}, {33, 1}}, 8, 4, 8, 4, KvStorage::kInt8, {},
+                    0, 9}),
     [](const ::testing::TestParamInfo<BatchedCase>& info) { return info.param.name; });
 
 TEST(PagedAttentionBatchedTest, EmptyBatchWritesNothing) {
