@@ -1,5 +1,6 @@
 // ModelFile over a GGUF file (llama.cpp's format): spec from llama.* metadata, tensors as stored.
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
 #include "model/gguf.h"
@@ -95,30 +96,79 @@ Result<std::unique_ptr<ModelFile>> GgufModel::Open(const std::string& path) {
     return std::unique_ptr<ModelFile>(std::move(model));
 }
 
+// Keys of features kvshard does not implement: present (and not zero) means the file is refused,
+// never run without them.
+Status RefuseUnsupportedKeys(const GgufFile& g, const std::string& path, const std::string& p) {
+    struct Refused {
+        const char* key;
+        const char* what;
+    };
+    static constexpr Refused kRefused[] = {
+        {"expert_count", "mixture-of-experts models"},
+        {"attention.kv_lora_rank", "multi-head latent attention (MLA)"},
+        {"attention.q_lora_rank", "multi-head latent attention (MLA)"},
+        {"attn_logit_softcapping", "attention logit soft-capping"},
+        {"final_logit_softcapping", "final logit soft-capping"},
+    };
+    for (const Refused& r : kRefused) {
+        const std::string key = p + r.key;
+        if (!g.Has(key)) continue;
+        KV_ASSIGN_OR_RETURN(double value, g.GetFloat(key));
+        if (value == 0) continue;
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "%g", value);
+        return Unimplemented(path + ": " + key + " = " + buf + ": " + r.what +
+                             " are not supported");
+    }
+    return Status::Ok();
+}
+
 Status GgufModel::ReadSpec() {
     const GgufFile& g = *gguf_;
     KV_ASSIGN_OR_RETURN(std::string arch, g.GetString("general.architecture"));
-    if (arch != "llama") {
-        return Unimplemented(path_ + ": architecture '" + arch +
-                             "' is not supported (kvshard runs 'llama')");
+    if (!IsSupportedArchitecture(arch)) {
+        return Unimplemented(path_ + ": general.architecture = '" + arch +
+                             "' is not supported (kvshard runs llama, mistral, qwen2, qwen3, "
+                             "gemma3)");
     }
     const std::string p = arch + ".";
-    KV_ASSIGN_OR_RETURN(int64_t experts, IntOr(g, p + "expert_count", 0));
-    if (experts > 0) {
-        return Unimplemented(path_ + ": mixture-of-experts models (" + p + "expert_count " +
-                             std::to_string(experts) + ") are not supported");
-    }
+    KV_RETURN_IF_ERROR(RefuseUnsupportedKeys(g, path_, p));
     ModelSpec& s = spec_;
     s.architecture = arch;
-    s.qk_layout = QkLayout::kInterleaved;
+    // llama.cpp's converters permute Llama's (and Mistral's) Q/K rows into interleaved RoPE pairs
+    // and leave the others in Hugging Face's order (llama.cpp's NEOX RoPE).
+    const bool neox = arch == "qwen2" || arch == "qwen3" || arch == "gemma3";
+    s.qk_layout = neox ? QkLayout::kHalfSplit : QkLayout::kInterleaved;
+    s.attn_bias = g.FindTensor("blk.0.attn_q.bias") != nullptr;
+    s.qk_norm = arch == "qwen3" || arch == "gemma3";
+    if (arch == "llama" || arch == "mistral" || arch == "gemma3") {
+        KV_ASSIGN_OR_RETURN(s.sliding_window, IntOr(g, p + "attention.sliding_window", 0));
+    }
+    if (arch == "gemma3") {
+        s.post_norms = true;
+        s.activation = Activation::kGeluTanh;
+        if (s.sliding_window > 0) {
+            const std::string key = p + "attention.sliding_window_pattern";
+            if (g.Has(key) && !g.GetInt(key).ok()) {
+                return Unimplemented(path_ + ": " + key +
+                                     " as a per-layer list is not supported (a period is)");
+            }
+            KV_ASSIGN_OR_RETURN(s.sliding_window_pattern, IntOr(g, key, 6));
+            KV_ASSIGN_OR_RETURN(double local_theta, FloatOr(g, p + "rope.freq_base_swa", 10000.0));
+            s.rope_theta_local = static_cast<float>(local_theta);
+        }
+    }
     KV_ASSIGN_OR_RETURN(s.num_layers, g.GetInt(p + "block_count"));
     KV_ASSIGN_OR_RETURN(s.hidden_size, g.GetInt(p + "embedding_length"));
     KV_ASSIGN_OR_RETURN(s.num_heads, g.GetInt(p + "attention.head_count"));
     KV_ASSIGN_OR_RETURN(s.num_kv_heads, IntOr(g, p + "attention.head_count_kv", s.num_heads));
     KV_ASSIGN_OR_RETURN(s.ffn_size, g.GetInt(p + "feed_forward_length"));
     const int64_t default_head_dim = s.num_heads > 0 ? s.hidden_size / s.num_heads : 0;
-    KV_ASSIGN_OR_RETURN(int64_t rope_dim, IntOr(g, p + "rope.dimension_count", default_head_dim));
-    KV_ASSIGN_OR_RETURN(s.head_dim, IntOr(g, p + "attention.key_length", rope_dim));
+    KV_ASSIGN_OR_RETURN(int64_t rope_dim_or_default,
+                        IntOr(g, p + "rope.dimension_count", default_head_dim));
+    // An explicit head width (qwen3, gemma3) need not be hidden / heads; RoPE then covers it.
+    KV_ASSIGN_OR_RETURN(s.head_dim, IntOr(g, p + "attention.key_length", rope_dim_or_default));
+    KV_ASSIGN_OR_RETURN(int64_t rope_dim, IntOr(g, p + "rope.dimension_count", s.head_dim));
     KV_ASSIGN_OR_RETURN(int64_t value_dim, IntOr(g, p + "attention.value_length", s.head_dim));
     if (rope_dim != s.head_dim || value_dim != s.head_dim) {
         return Unimplemented(path_ + ": head_dim " + std::to_string(s.head_dim) +
@@ -141,6 +191,15 @@ Status GgufModel::ReadSpec() {
     s.rope_theta = static_cast<float>(theta);
     KV_ASSIGN_OR_RETURN(double eps, FloatOr(g, p + "attention.layer_norm_rms_epsilon", 1e-5));
     s.norm_eps = static_cast<float>(eps);
+    if (arch == "gemma3") {
+        s.embedding_scale = std::sqrt(static_cast<float>(s.hidden_size));
+        // llama.cpp scales Gemma 3 27B's queries by 1/sqrt(hidden / heads), not 1/sqrt(head_dim).
+        if (s.num_layers == 62 && s.num_heads > 0 && s.hidden_size / s.num_heads != s.head_dim) {
+            return Unimplemented(path_ + ": " + p +
+                                 "block_count = 62 (Gemma 3 27B): its attention scale "
+                                 "1/sqrt(hidden / heads) is not supported");
+        }
+    }
     s.tied_embeddings = g.FindTensor("output.weight") == nullptr;
     KV_ASSIGN_OR_RETURN(s.bos_token_id, TokenIdOr(g, "tokenizer.ggml.bos_token_id"));
     KV_ASSIGN_OR_RETURN(s.eos_token_id, TokenIdOr(g, "tokenizer.ggml.eos_token_id"));

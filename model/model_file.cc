@@ -95,6 +95,20 @@ Status ForEachExpectedTensor(const ModelSpec& spec,
             {LayerTensorName(l, "ffn_down"), {h, f}},
         };
         for (const ExpectedTensor& e : layer) KV_RETURN_IF_ERROR(visit(e));
+        const std::string blk = "blk." + std::to_string(l) + ".";
+        if (spec.attn_bias) {
+            KV_RETURN_IF_ERROR(visit({blk + "attn_q.bias", {q}}));
+            KV_RETURN_IF_ERROR(visit({blk + "attn_k.bias", {kv}}));
+            KV_RETURN_IF_ERROR(visit({blk + "attn_v.bias", {kv}}));
+        }
+        if (spec.qk_norm) {
+            KV_RETURN_IF_ERROR(visit({LayerTensorName(l, "attn_q_norm"), {spec.head_dim}}));
+            KV_RETURN_IF_ERROR(visit({LayerTensorName(l, "attn_k_norm"), {spec.head_dim}}));
+        }
+        if (spec.post_norms) {
+            KV_RETURN_IF_ERROR(visit({LayerTensorName(l, "post_attention_norm"), {h}}));
+            KV_RETURN_IF_ERROR(visit({LayerTensorName(l, "post_ffw_norm"), {h}}));
+        }
     }
     KV_RETURN_IF_ERROR(visit({"output_norm.weight", {h}}));
     if (!spec.tied_embeddings) KV_RETURN_IF_ERROR(visit({"output.weight", {spec.vocab_size, h}}));

@@ -14,6 +14,10 @@
 //   blk.N.ffn_down.weight        {hidden, ffn}
 //   output_norm.weight           {hidden}
 //   output.weight                {vocab, hidden}   (absent when embeddings are tied)
+// and, where the spec's architecture features ask for them (config/model_spec.h):
+//   blk.N.attn_{q,k,v}.bias      {heads*head_dim}, {kv_heads*head_dim} x 2   (attn_bias)
+//   blk.N.attn_{q,k}_norm.weight {head_dim}                                 (qk_norm)
+//   blk.N.post_attention_norm.weight, blk.N.post_ffw_norm.weight {hidden}   (post_norms)
 // spec().qk_layout says how attn_q/attn_k rows are ordered inside each head (HF: kHalfSplit).
 #pragma once
 
@@ -98,7 +102,8 @@ struct ExpectedTensor {
 };
 // Every tensor `spec` implies, with its shape, in canonical order: token_embd, each layer's
 // tensors (attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up,
-// ffn_down), output_norm, and output unless embeddings are tied.
+// ffn_down, then the biases, q/k norms and post norms the spec asks for), output_norm, and output
+// unless embeddings are tied.
 // REQUIRES: `spec` is of an opened model (a valid spec from a file is checked against the
 // tensors there before its layer count is trusted with a list this long).
 std::vector<ExpectedTensor> ExpectedTensors(const ModelSpec& spec);

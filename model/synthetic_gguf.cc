@@ -29,23 +29,37 @@ class Rng {
 GgufWriter SyntheticLlamaGguf(const ModelSpec& spec, const SyntheticGgufOptions& options) {
     KV_CHECK(spec.Validate().ok()) << spec.Validate().ToString();
     GgufWriter w;
-    w.AddString("general.architecture", "llama");
+    const std::string& arch = spec.architecture;
+    const std::string p = arch + ".";
+    w.AddString("general.architecture", arch);
     w.AddString("general.name", "synthetic");
-    w.AddUInt32("llama.block_count", static_cast<uint32_t>(spec.num_layers));
-    w.AddUInt32("llama.embedding_length", static_cast<uint32_t>(spec.hidden_size));
-    w.AddUInt32("llama.attention.head_count", static_cast<uint32_t>(spec.num_heads));
-    w.AddUInt32("llama.attention.head_count_kv", static_cast<uint32_t>(spec.num_kv_heads));
-    w.AddUInt32("llama.rope.dimension_count", static_cast<uint32_t>(spec.head_dim));
-    w.AddUInt32("llama.feed_forward_length", static_cast<uint32_t>(spec.ffn_size));
-    w.AddUInt32("llama.vocab_size", static_cast<uint32_t>(spec.vocab_size));
-    if (spec.max_position > 0) {
-        w.AddUInt32("llama.context_length", static_cast<uint32_t>(spec.max_position));
+    w.AddUInt32(p + "block_count", static_cast<uint32_t>(spec.num_layers));
+    w.AddUInt32(p + "embedding_length", static_cast<uint32_t>(spec.hidden_size));
+    w.AddUInt32(p + "attention.head_count", static_cast<uint32_t>(spec.num_heads));
+    w.AddUInt32(p + "attention.head_count_kv", static_cast<uint32_t>(spec.num_kv_heads));
+    w.AddUInt32(p + "rope.dimension_count", static_cast<uint32_t>(spec.head_dim));
+    if (spec.head_dim * spec.num_heads != spec.hidden_size) {
+        w.AddUInt32(p + "attention.key_length", static_cast<uint32_t>(spec.head_dim));
+        w.AddUInt32(p + "attention.value_length", static_cast<uint32_t>(spec.head_dim));
     }
-    w.AddFloat32("llama.rope.freq_base", spec.rope_theta);
-    w.AddFloat32("llama.attention.layer_norm_rms_epsilon", spec.norm_eps);
+    w.AddUInt32(p + "feed_forward_length", static_cast<uint32_t>(spec.ffn_size));
+    w.AddUInt32(p + "vocab_size", static_cast<uint32_t>(spec.vocab_size));
+    if (spec.max_position > 0) {
+        w.AddUInt32(p + "context_length", static_cast<uint32_t>(spec.max_position));
+    }
+    w.AddFloat32(p + "rope.freq_base", spec.rope_theta);
+    w.AddFloat32(p + "attention.layer_norm_rms_epsilon", spec.norm_eps);
     if (spec.rope_scaling.type == RopeScalingType::kLinear) {
-        w.AddString("llama.rope.scaling.type", "linear");
-        w.AddFloat32("llama.rope.scaling.factor", spec.rope_scaling.factor);
+        w.AddString(p + "rope.scaling.type", "linear");
+        w.AddFloat32(p + "rope.scaling.factor", spec.rope_scaling.factor);
+    }
+    if (spec.sliding_window > 0) {
+        w.AddUInt32(p + "attention.sliding_window", static_cast<uint32_t>(spec.sliding_window));
+        if (arch == "gemma3") {
+            w.AddUInt32(p + "attention.sliding_window_pattern",
+                        static_cast<uint32_t>(spec.sliding_window_pattern));
+            w.AddFloat32(p + "rope.freq_base_swa", spec.rope_theta_local);
+        }
     }
 
     std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
@@ -84,18 +98,74 @@ GgufWriter SyntheticLlamaGguf(const ModelSpec& spec, const SyntheticGgufOptions&
         TensorInfo shape_only;
         shape_only.shape = e.shape;
         std::vector<float> values(static_cast<size_t>(shape_only.NumElements()));
-        const bool is_norm = e.shape.size() == 1;
+        const bool is_vector = e.shape.size() == 1;
+        const bool is_norm = is_vector && !e.name.ends_with(".bias");
         for (float& v : values) {
             v = is_norm ? 1.0f + options.weight_scale * rng.Uniform()
                         : options.weight_scale * rng.Uniform();
         }
         const DType dtype =
-            !is_norm && shape_only.NumCols() % BlockElements(options.weight_dtype) == 0
+            !is_vector && shape_only.NumCols() % BlockElements(options.weight_dtype) == 0
                 ? options.weight_dtype
                 : DType::kF32;
         w.AddTensorFromFloats(e.name, dtype, e.shape, values);
     }
     return w;
+}
+
+ModelSpec SyntheticArchSpec(const std::string& architecture) {
+    ModelSpec s;
+    s.architecture = architecture;
+    s.num_layers = 2;
+    s.hidden_size = 64;
+    s.num_heads = 4;
+    s.num_kv_heads = 2;
+    s.head_dim = 16;
+    s.ffn_size = 128;
+    s.vocab_size = 256;  // below 3 + 256: no byte tokens (llama-server holds back the
+                         // probabilities of tokens that end inside a UTF-8 character)
+    s.max_position = 512;
+    s.rope_theta = 10000.0f;
+    s.norm_eps = 1e-5f;
+    if (architecture == "llama") {
+    } else if (architecture == "mistral") {
+        s.sliding_window = 8;
+    } else if (architecture == "qwen2") {
+        s.qk_layout = QkLayout::kHalfSplit;
+        s.attn_bias = true;
+        s.rope_theta = 1000000.0f;
+        s.norm_eps = 1e-6f;
+        s.tied_embeddings = true;
+    } else if (architecture == "qwen3") {
+        s.qk_layout = QkLayout::kHalfSplit;
+        s.qk_norm = true;
+        s.head_dim = 32;
+        s.rope_theta = 1000000.0f;
+        s.norm_eps = 1e-6f;
+    } else if (architecture == "gemma3") {
+        s.qk_layout = QkLayout::kHalfSplit;
+        s.num_layers = 3;
+        s.num_kv_heads = 1;
+        s.head_dim = 32;
+        s.qk_norm = true;
+        s.post_norms = true;
+        s.activation = Activation::kGeluTanh;
+        s.embedding_scale = 8.0f;  // sqrt(64)
+        s.sliding_window = 6;
+        s.sliding_window_pattern = 3;
+        s.rope_theta = 1000000.0f;
+        s.rope_theta_local = 10000.0f;
+        s.norm_eps = 1e-6f;
+        s.tied_embeddings = true;
+    } else {
+        KV_CHECK(false) << "no synthetic spec for architecture '" << architecture << "'";
+    }
+    return s;
+}
+
+GgufWriter SyntheticArchGguf(const std::string& architecture) {
+    return SyntheticLlamaGguf(SyntheticArchSpec(architecture),
+                              {.weight_dtype = DType::kF32, .seed = 7, .weight_scale = 0.5f});
 }
 
 }  // namespace kvshard

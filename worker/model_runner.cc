@@ -100,12 +100,19 @@ ModelRunner::ModelRunner(const ModelSpec& spec, std::unique_ptr<Backend> backend
             << "collective rank " << collective_->rank() << "/" << collective_->size()
             << " for the weights of rank " << shard.rank << "/" << shard.tp;
     }
-    // Constants: the RoPE frequencies (computed once on the host, as the model defines them)
-    // and the KV head of each query head, copied to the backend once.
+    // Constants: the RoPE frequencies (computed once on the host, as the model defines them; the
+    // windowed layers' own when they have a base of their own) and the KV head of each query
+    // head, copied to the backend once.
     const int64_t half = spec.head_dim / 2;
-    std::vector<float> inv_freq(static_cast<size_t>(half));
+    std::vector<float> inv_freq(static_cast<size_t>(2 * half));
     cpu::RopeInvFreq(spec.head_dim, spec.rope_theta, RopeParams(spec.rope_scaling),
                      inv_freq.data());
+    if (spec.rope_theta_local > 0) {
+        cpu::RopeInvFreq(spec.head_dim, spec.rope_theta_local, RopeParams(RopeScaling{}),
+                         inv_freq.data() + half);
+    } else {
+        std::copy(inv_freq.begin(), inv_freq.begin() + half, inv_freq.begin() + half);
+    }
     const std::vector<int32_t>& map = weights_.layout.kv_head_of_q;
     const size_t freq_bytes = Aligned(inv_freq.size() * sizeof(float));
     Result<BackendBuffer> constants =
@@ -118,6 +125,7 @@ ModelRunner::ModelRunner(const ModelSpec& spec, std::unique_ptr<Backend> backend
         backend_->CopyToDevice(base + freq_bytes, map.data(), map.size() * sizeof(int32_t)).ok());
     KV_CHECK(backend_->Synchronize().ok());
     inv_freq_ = reinterpret_cast<const float*>(base);
+    inv_freq_local_ = inv_freq_ + half;
     kv_head_of_q_ = reinterpret_cast<const int32_t*>(base + freq_bytes);
 
     const int64_t num_blocks = options.num_kv_blocks == RunnerOptions::kOneSequence
@@ -300,7 +308,7 @@ Status ModelRunner::PackInputs(std::span<const SequenceChunk> batch, int64_t row
 }
 
 Status ModelRunner::RowParallel(const float* in, const WeightView& w, int64_t rows,
-                                const float* next_norm) {
+                                const float* next_norm, const WeightView& post_norm) {
     const int64_t hidden = spec_.hidden_size;
     const int64_t n = rows * hidden;
     if (w.cols == 0) {
@@ -315,6 +323,11 @@ Status ModelRunner::RowParallel(const float* in, const WeightView& w, int64_t ro
         ScopedTimer timer(&comm_stats_.seconds);
         KV_RETURN_IF_ERROR(collective_->AllReduceSum(partial_, n));
         comm_stats_.layer_all_reduce_bytes += n * int64_t(sizeof(float));
+    }
+    if (post_norm.data != nullptr) {
+        // Gemma: the block's output is normed before it joins the residual.
+        backend_->RmsNorm(partial_, static_cast<const float*>(post_norm.data), partial_, rows,
+                          hidden, spec_.norm_eps);
     }
     if (next_norm != nullptr) {
         backend_->AddRmsNorm(x_, partial_, next_norm, xn_, rows, hidden, spec_.norm_eps);
@@ -372,7 +385,7 @@ Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<fl
     for (const SequenceChunk& c : batch) rows += static_cast<int64_t>(c.tokens.size());
     const auto num_seqs = static_cast<int64_t>(batch.size());
     KV_RETURN_IF_ERROR(PackInputs(batch, rows));
-    const PagedAttentionBatch attention{.num_seqs = num_seqs,
+    PagedAttentionBatch attention{.num_seqs = num_seqs,
                                         .query_starts = query_starts_,
                                         .context_lens = context_lens_,
                                         .block_table_starts = table_starts_,
@@ -385,14 +398,27 @@ Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<fl
         KV_RETURN_IF_ERROR(collective_->AllReduceSum(x_, rows * hidden));
         comm_stats_.embedding_all_reduce_bytes += rows * hidden * int64_t(sizeof(float));
     }
+    if (spec_.embedding_scale != 1.0f) backend_->Scale(x_, spec_.embedding_scale, rows * hidden);
     const auto& layers = weights_.layers;
     backend_->RmsNorm(x_, static_cast<const float*>(layers[0].attn_norm.data), xn_, rows, hidden,
                       eps);
     for (int64_t l = 0; l < spec_.num_layers; ++l) {
         const LayerWeights& w = layers[static_cast<size_t>(l)];
+        const bool windowed = spec_.IsWindowed(l);
+        const float* inv_freq = windowed ? inv_freq_local_ : inv_freq_;
+        attention.window = windowed ? spec_.sliding_window : 0;
         backend_->MatMul(xn_, rows, w.qkv, qkv_);
-        backend_->Rope(qkv_, qkv_dim_, positions_, rows, num_q_heads, hd, inv_freq_);
-        backend_->Rope(qkv_ + q_dim_, qkv_dim_, positions_, rows, num_kv_heads, hd, inv_freq_);
+        if (w.qkv_bias.data != nullptr) {
+            backend_->AddBias(qkv_, static_cast<const float*>(w.qkv_bias.data), rows, qkv_dim_);
+        }
+        if (w.q_norm.data != nullptr) {
+            backend_->HeadRmsNorm(qkv_, qkv_dim_, rows, num_q_heads, hd,
+                                  static_cast<const float*>(w.q_norm.data), eps);
+            backend_->HeadRmsNorm(qkv_ + q_dim_, qkv_dim_, rows, num_kv_heads, hd,
+                                  static_cast<const float*>(w.k_norm.data), eps);
+        }
+        backend_->Rope(qkv_, qkv_dim_, positions_, rows, num_q_heads, hd, inv_freq);
+        backend_->Rope(qkv_ + q_dim_, qkv_dim_, positions_, rows, num_kv_heads, hd, inv_freq);
         // Every chunk of the step writes before any reads, so chunks may share blocks (a fork
         // and its parent).
         const PagedKvLayer kv = pool_->Layer(l);
@@ -402,16 +428,21 @@ Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<fl
             after_layer_kv(l);
         }
         backend_->PagedAttention(qkv_, qkv_dim_, kv, attention, att_, num_q_heads, kv_head_of_q_);
-        KV_RETURN_IF_ERROR(
-            RowParallel(att_, w.wo, rows, static_cast<const float*>(w.ffn_norm.data)));
+        KV_RETURN_IF_ERROR(RowParallel(att_, w.wo, rows,
+                                       static_cast<const float*>(w.ffn_norm.data),
+                                       w.post_attn_norm));
 
         backend_->MatMul(xn_, rows, w.gate_up, gate_up_);
-        backend_->SiluMul(gate_up_, rows, ffn_dim_, act_);
+        if (spec_.activation == Activation::kGeluTanh) {
+            backend_->GeluTanhMul(gate_up_, rows, ffn_dim_, act_);
+        } else {
+            backend_->SiluMul(gate_up_, rows, ffn_dim_, act_);
+        }
         const float* next_norm =
             l + 1 < spec_.num_layers
                 ? static_cast<const float*>(layers[static_cast<size_t>(l + 1)].attn_norm.data)
                 : nullptr;
-        KV_RETURN_IF_ERROR(RowParallel(act_, w.down, rows, next_norm));
+        KV_RETURN_IF_ERROR(RowParallel(act_, w.down, rows, next_norm, w.post_ffn_norm));
     }
 
     // Final norm and classifier on the last row of each chunk only.

@@ -1,5 +1,7 @@
-// ModelRunner: the Llama forward pass of one worker over a batch of sequences, each bringing a
-// chunk of new tokens (a prefill of many tokens or a decode of one) at consecutive positions.
+// ModelRunner: the forward pass of one worker over a batch of sequences, each bringing a chunk of
+// new tokens (a prefill of many tokens or a decode of one) at consecutive positions: Llama and the
+// features config/model_spec.h adds to it (Q/K/V biases, q/k norms, post norms, GeGLU, sliding
+// windows with their own RoPE base), all of them ops of the Backend.
 //
 // It runs only on its Backend (kernels/backend.h): weights live in backend memory in their stored
 // format (worker/weights.h), the KV of every position lives in the runner's paged pool
@@ -134,9 +136,11 @@ class ModelRunner {
     // Packs the step's inputs and copies them to the backend in one copy; sizes the workspace.
     Status PackInputs(std::span<const SequenceChunk> batch, int64_t rows);
     Status EnsureWorkspace(int64_t rows, int64_t num_seqs, int64_t block_table_entries);
-    // partial_ = all-reduce(in · w^T), then x_ += partial_ and (when `next_norm` is given)
-    // xn_ = RmsNorm(x_): the row-parallel projection, its reduction, the residual and next norm.
-    Status RowParallel(const float* in, const WeightView& w, int64_t rows, const float* next_norm);
+    // partial_ = all-reduce(in · w^T), normed by `post_norm` when it has data (Gemma), then
+    // x_ += partial_ and (when `next_norm` is given) xn_ = RmsNorm(x_): the row-parallel
+    // projection, its reduction, the residual and next norm.
+    Status RowParallel(const float* in, const WeightView& w, int64_t rows, const float* next_norm,
+                       const WeightView& post_norm);
     // The logits of the last row of each chunk (xn_ holds the normed rows).
     Status Classify(int64_t num_out, std::vector<float>* logits);
 
@@ -154,10 +158,11 @@ class ModelRunner {
     int64_t tokens_processed_ = 0;
     RunnerOptions options_;
 
-    // Constant inputs in backend memory: RoPE inverse frequencies and the KV head of each query
-    // head.
+    // Constant inputs in backend memory: RoPE inverse frequencies (global layers', windowed
+    // layers') and the KV head of each query head.
     BackendBuffer constants_;
     const float* inv_freq_ = nullptr;
+    const float* inv_freq_local_ = nullptr;  // the windowed layers' (spec.rope_theta_local)
     const int32_t* kv_head_of_q_ = nullptr;
 
     // The workspace (backend memory), sized for ws_rows_ tokens and ws_seqs_ sequences.

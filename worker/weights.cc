@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "common/mapped_file.h"
 
@@ -26,6 +27,7 @@ struct Part {
 // One matrix of the arena and where its view goes.
 struct Matrix {
     std::vector<Part> parts;
+    std::vector<float> host;  // a vector built on the host (no parts): F32, one row
     WeightView* view = nullptr;
     DType dtype = DType::kF32;
     size_t offset = 0;
@@ -73,6 +75,29 @@ class ArenaPlan {
         return Status::Ok();
     }
 
+    // A vector of `values` built on the host (sliced, permuted biases and q/k norms), as F32.
+    void FinishHost(std::vector<float> values, WeightView* view) {
+        Matrix m;
+        m.host = std::move(values);
+        m.dtype = DType::kF32;
+        m.bytes = m.host.size() * sizeof(float);
+        m.offset = total_;
+        total_ += (m.bytes + kAlign - 1) / kAlign * kAlign;
+        m.view = view;
+        view->dtype = DType::kF32;
+        view->rows = 1;
+        view->cols = static_cast<int64_t>(m.host.size());
+        matrices_.push_back(std::move(m));
+    }
+
+    // The floats of the 1-D tensor `name` of `size` elements.
+    Result<std::vector<float>> ReadVector(const std::string& name, int64_t size) {
+        KV_ASSIGN_OR_RETURN(const TensorInfo* t, Checked(name, {size}));
+        std::vector<float> out(static_cast<size_t>(size));
+        DequantizeRows(*t, 0, 1, out.data());
+        return out;
+    }
+
     // Places `m` in the arena: its dtype is the parts' common stored format, or F32, in the form
     // the backend reads for `use` (ResidentWeightFormat).
     void Finish(Matrix m, WeightView* view, WeightUse use, bool force_f32 = false) {
@@ -112,7 +137,14 @@ class ArenaPlan {
     Status Fill(Backend& backend, BackendBuffer& arena) {
         std::vector<uint8_t> staging;
         std::vector<float> row;
+        auto* base = static_cast<uint8_t*>(arena.data());
         for (Matrix& m : matrices_) {
+            if (m.parts.empty()) {
+                KV_RETURN_IF_ERROR(backend.CopyToDevice(base + m.offset, m.host.data(), m.bytes));
+                KV_RETURN_IF_ERROR(backend.Synchronize());
+                m.view->data = base + m.offset;
+                continue;
+            }
             staging.resize(m.bytes);
             uint8_t* dst = staging.data();
             const size_t out_row = RowBytes(m.dtype, m.view->cols);
@@ -142,7 +174,6 @@ class ArenaPlan {
                     }
                 }
             }
-            auto* base = static_cast<uint8_t*>(arena.data());
             KV_RETURN_IF_ERROR(backend.CopyToDevice(base + m.offset, staging.data(), m.bytes));
             // The copy is queued: the staging buffer must live until it ran.
             KV_RETURN_IF_ERROR(backend.Synchronize());
@@ -175,6 +206,21 @@ class ArenaPlan {
 
 IndexRange Scaled(IndexRange heads, int64_t head_dim) {
     return {heads.begin * head_dim, heads.end * head_dim};
+}
+
+// Elements [range) of `v`, each head of `permute_head_dim` (when positive) taken from half-split
+// order into interleaved order, as the Q/K rows are.
+void AppendSlice(const std::vector<float>& v, IndexRange range, int64_t permute_head_dim,
+                 std::vector<float>* out) {
+    for (int64_t j = 0; j < range.size(); ++j) {
+        int64_t i = range.begin + j;
+        if (permute_head_dim > 0) {
+            const int64_t hd = permute_head_dim;
+            const int64_t within = j % hd;
+            i = range.begin + (j - within) + (within % 2) * (hd / 2) + within / 2;
+        }
+        out->push_back(v[static_cast<size_t>(i)]);
+    }
 }
 
 }  // namespace
@@ -253,6 +299,36 @@ Result<ModelWeights> LoadWeights(const ModelFile& model, Backend& backend,
         plan.Finish(std::move(ffn_norm), &l.ffn_norm, kMat, true);
         plan.Finish(std::move(gate_up), &l.gate_up, kMat);
         plan.Finish(std::move(down), &l.down, kMat);
+        if (s.attn_bias) {
+            // One bias row for the fused QKV product: the rank's Q, K and V parts.
+            const std::string blk = "blk." + std::to_string(i) + ".";
+            KV_ASSIGN_OR_RETURN(std::vector<float> bq, plan.ReadVector(blk + "attn_q.bias", q_dim));
+            KV_ASSIGN_OR_RETURN(std::vector<float> bk, plan.ReadVector(blk + "attn_k.bias", kv_dim));
+            KV_ASSIGN_OR_RETURN(std::vector<float> bv, plan.ReadVector(blk + "attn_v.bias", kv_dim));
+            std::vector<float> bias;
+            AppendSlice(bq, q_rows, permute, &bias);
+            AppendSlice(bk, kv_rows, permute, &bias);
+            AppendSlice(bv, kv_rows, 0, &bias);
+            plan.FinishHost(std::move(bias), &l.qkv_bias);
+        }
+        if (s.qk_norm) {
+            const IndexRange head = {0, s.head_dim};
+            for (auto [suffix, view] : {std::pair{"attn_q_norm", &l.q_norm},
+                                        std::pair{"attn_k_norm", &l.k_norm}}) {
+                KV_ASSIGN_OR_RETURN(std::vector<float> v, plan.ReadVector(name(suffix), s.head_dim));
+                std::vector<float> permuted;
+                AppendSlice(v, head, permute, &permuted);
+                plan.FinishHost(std::move(permuted), view);
+            }
+        }
+        if (s.post_norms) {
+            Matrix post_attn, post_ffn;
+            KV_RETURN_IF_ERROR(
+                plan.AddVector(&post_attn, name("post_attention_norm"), s.hidden_size));
+            KV_RETURN_IF_ERROR(plan.AddVector(&post_ffn, name("post_ffw_norm"), s.hidden_size));
+            plan.Finish(std::move(post_attn), &l.post_attn_norm, kMat, true);
+            plan.Finish(std::move(post_ffn), &l.post_ffn_norm, kMat, true);
+        }
     }
     if (plan.converted_bf16() + plan.converted_f32() > 0) {
         spdlog::info("{}: {} matrices converted to BF16 and {} to F32 at load for the {} backend "

@@ -34,6 +34,11 @@ struct LayerWeights {
     WeightView ffn_norm;   // F32 {1, hidden}
     WeightView gate_up;    // {2 ffn_r, hidden}
     WeightView down;       // {hidden, ffn_r}: the rank's columns
+    // Present (data != nullptr) only where the spec asks for them:
+    WeightView qkv_bias;        // F32 {1, (heads_r + 2 kv_heads_r) * head_dim}   (attn_bias)
+    WeightView q_norm, k_norm;  // F32 {1, head_dim}, interleaved like Q/K          (qk_norm)
+    WeightView post_attn_norm;  // F32 {1, hidden}                                  (post_norms)
+    WeightView post_ffn_norm;   // F32 {1, hidden}
 };
 
 struct ModelWeights {

@@ -243,11 +243,39 @@ GgufWriter SyntheticWithTensorChanged(const ModelSpec& spec, const std::string& 
 
 TEST(ModelFileTest, BadGgufModelsNameTheProblem) {
     const Variant variants[] = {
-        {"other architecture", StatusCode::kUnimplemented, "qwen2",
+        {"other architecture", StatusCode::kUnimplemented, "general.architecture = 'deepseek2'",
          [] {
              GgufWriter w;
-             w.AddString("general.architecture", "qwen2");
+             w.AddString("general.architecture", "deepseek2");
              return w;
+         }},
+        {"multi-head latent attention", StatusCode::kUnimplemented,
+         "llama.attention.kv_lora_rank = 512",
+         [] {
+             GgufWriter w = SyntheticLlamaGguf(TinySpec());
+             w.AddUInt32("llama.attention.kv_lora_rank", 512);
+             return w;
+         }},
+        {"final logit soft-capping", StatusCode::kUnimplemented,
+         "gemma3.final_logit_softcapping = 30",
+         [] {
+             GgufWriter w = SyntheticLlamaGguf(SyntheticArchSpec("gemma3"));
+             w.AddFloat32("gemma3.final_logit_softcapping", 30.0f);
+             return w;
+         }},
+        {"attention logit soft-capping", StatusCode::kUnimplemented,
+         "gemma3.attn_logit_softcapping = 50",
+         [] {
+             GgufWriter w = SyntheticLlamaGguf(SyntheticArchSpec("gemma3"));
+             w.AddFloat32("gemma3.attn_logit_softcapping", 50.0f);
+             return w;
+         }},
+        {"qwen2 without its biases", StatusCode::kNotFound, "blk.1.attn_v.bias",
+         [] { return SyntheticWithTensorChanged(SyntheticArchSpec("qwen2"), "blk.1.attn_v.bias"); }},
+        {"qwen3 without its k norm", StatusCode::kNotFound, "blk.0.attn_k_norm.weight",
+         [] {
+             return SyntheticWithTensorChanged(SyntheticArchSpec("qwen3"),
+                                               "blk.0.attn_k_norm.weight");
          }},
         {"missing tensor", StatusCode::kNotFound, "blk.1.ffn_up.weight",
          [] { return SyntheticWithTensorChanged(TinySpec(), "blk.1.ffn_up.weight"); }},
@@ -263,7 +291,7 @@ TEST(ModelFileTest, BadGgufModelsNameTheProblem) {
                                    std::vector<float>(64 * 96));
              return w;
          }},
-        {"mixture of experts", StatusCode::kUnimplemented, "expert_count",
+        {"mixture of experts", StatusCode::kUnimplemented, "llama.expert_count = 8",
          [] {
              GgufWriter w = SyntheticLlamaGguf(TinySpec());
              w.AddUInt32("llama.expert_count", 8);

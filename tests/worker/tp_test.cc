@@ -2,7 +2,7 @@
 // tp N equal tp 1's, logits agree within a relative tolerance, for stories260K (tp 2, 4), the
 // default model (tp 2 with its uneven head split, tp 3), a synthetic model with the attention
 // geometry of a 70B-class Llama (64 query heads, 8 KV heads; tp 2, 4, 8, 16 with KV heads
-// replicated past 8), and a Hugging Face folder. Also: the bytes all-reduced per step, and the
+// replicated past 8), a Hugging Face folder, and the synthetic qwen2/qwen3/mistral/gemma3 models. Also: the bytes all-reduced per step, and the
 // embedded group as a StepExecutor.
 //
 // Tolerance: tp N adds each row-parallel product's partial sums in another order than tp 1, so
@@ -172,6 +172,22 @@ TEST(TpInvariance, Llama70BGeometryAtTp2To16) {
     std::unique_ptr<ModelFile> f = Open(path);
     ASSERT_NE(f, nullptr);
     ExpectSameAsTp1(*f, {2, 4, 8, 16}, {1, 300, 301, 302, 17, 40, 41, 290}, 16);
+}
+
+// The architectures past Llama at tp 2: Qwen 2's biases sliced with their heads, Qwen 3's and
+// Gemma 3's q/k norms on every rank, Gemma 3's single KV head replicated, Mistral's window.
+TEST(TpInvariance, ArchitecturesAtTp2) {
+    for (const char* arch : {"qwen2", "qwen3", "mistral", "gemma3"}) {
+        SCOPED_TRACE(arch);
+        TempDir dir;
+        const std::string path = dir.File(std::string(arch) + ".gguf");
+        ASSERT_TRUE(SyntheticArchGguf(arch).WriteFile(path).ok());
+        std::unique_ptr<ModelFile> f = Open(path);
+        ASSERT_NE(f, nullptr);
+        std::vector<int32_t> prompt;
+        for (int i = 0; i < 20; ++i) prompt.push_back(3 + (i * 53) % 250);
+        ExpectSameAsTp1(*f, {2}, prompt, 12);
+    }
 }
 
 // The layers all-reduce 2 × layers × hidden × tokens × 4 bytes per step, whatever the batch;
