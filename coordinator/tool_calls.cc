@@ -100,6 +100,10 @@ Result<ToolCallSyntax> ToolCallSyntaxFor(ChatTemplateStyle style) {
             return InvalidArgument(
                 "this model's chat template (Llama 2) has no tool-call convention; tools need a "
                 "ChatML or Llama 3 template");
+        case ChatTemplateStyle::kGemma:
+            return InvalidArgument(
+                "this model's chat template (Gemma) has no tool-call convention; tools need a "
+                "ChatML or Llama 3 template");
     }
     return InvalidArgument("unknown chat template style");
 }

@@ -14,6 +14,8 @@ std::string_view ChatTemplateStyleName(ChatTemplateStyle style) {
             return "llama2";
         case ChatTemplateStyle::kLlama3:
             return "llama3";
+        case ChatTemplateStyle::kGemma:
+            return "gemma";
     }
     return "chatml";
 }
@@ -33,6 +35,8 @@ constexpr std::string_view kImEnd = "<|im_end|>";
 constexpr std::string_view kHeaderStart = "<|start_header_id|>";
 constexpr std::string_view kHeaderEnd = "<|end_header_id|>";
 constexpr std::string_view kEotId = "<|eot_id|>";
+constexpr std::string_view kStartOfTurn = "<start_of_turn>";
+constexpr std::string_view kEndOfTurn = "<end_of_turn>";
 
 bool Contains(std::string_view s, std::string_view needle) {
     return s.find(needle) != std::string_view::npos;
@@ -256,8 +260,9 @@ RenderedChat RenderChatMl(const std::vector<ChatMessage>& messages, bool add_gen
     return r;
 }
 
-Status NoToolConvention(std::string_view what) {
-    return InvalidArgument("the Llama 2 chat template has no tool-call convention, so " +
+Status NoToolConvention(std::string_view what, std::string_view style = "Llama 2") {
+    return InvalidArgument("the " + std::string(style) +
+                           " chat template has no tool-call convention, so " +
                            std::string(what) +
                            " cannot be rendered; use a ChatML or Llama 3 model (or "
                            "--chat-template chatml|llama3)");
@@ -308,6 +313,45 @@ Result<RenderedChat> RenderLlama2(const std::vector<ChatMessage>& messages,
             out.Markup(" ").Markup(tokens.eos);
         }
     }
+    r.pieces = out.Take();
+    return r;
+}
+
+// Gemma's template: BOS, then "<start_of_turn>role\ncontent<end_of_turn>\n" per message with the
+// assistant's role named "model", content stripped, a system message's text + "\n\n" opening the
+// first user turn, roles alternating user/model; no tool convention.
+Result<RenderedChat> RenderGemma(const std::vector<ChatMessage>& messages,
+                                 bool add_generation_prompt, const ChatTemplateTokens& tokens,
+                                 const ChatTools* tools) {
+    if (HasTools(tools)) return NoToolConvention("tools", "Gemma");
+    const bool has_system = !messages.empty() && messages.front().role == "system";
+    const size_t first = has_system ? 1 : 0;
+    PieceWriter out;
+    RenderedChat r;
+    out.Markup(tokens.bos);
+    for (size_t i = first; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        if (m.role == "tool" || !m.tool_calls.empty()) {
+            return NoToolConvention("tool calls and tool results", "Gemma");
+        }
+        const bool expect_user = (i - first) % 2 == 0;
+        if ((m.role == "user") != expect_user || (m.role != "user" && m.role != "assistant")) {
+            return InvalidArgument(
+                "the Gemma chat template needs roles alternating user/assistant/user/... after "
+                "an optional first system message; message " +
+                std::to_string(i) + " has role '" + m.role + "'");
+        }
+        out.Markup(kStartOfTurn).Markup(m.role == "assistant" ? "model" : "user").Markup("\n");
+        if (i == first && has_system) {
+            out.Content(messages.front().content, messages.front().cache_marks, &r.cache_marks);
+            out.Markup("\n\n");
+        }
+        const std::string_view stripped = Strip(m.content);
+        out.Content(stripped, StrippedMarks(m.cache_marks, LeadingSpace(m.content), stripped.size()),
+                    &r.cache_marks);
+        out.Markup(kEndOfTurn).Markup("\n");
+    }
+    if (add_generation_prompt) out.Markup(kStartOfTurn).Markup("model\n");
     r.pieces = out.Take();
     return r;
 }
@@ -368,16 +412,19 @@ Result<ChatTemplate> ChatTemplate::FromJinja(std::string_view jinja,
     if (Contains(jinja, "[INST]") && Contains(jinja, "<<SYS>>")) {
         return ChatTemplate(ChatTemplateStyle::kLlama2, tokens, "");
     }
+    if (Contains(jinja, kStartOfTurn) && Contains(jinja, kEndOfTurn)) {
+        return ChatTemplate(ChatTemplateStyle::kGemma, tokens, "");
+    }
     std::string head(jinja.substr(0, 80));
     for (char& c : head) {
         if (c == '\n') c = ' ';
     }
     return Unimplemented(std::string(origin) +
-                         " is not a chat template kvshard knows (it renders ChatML, Llama 2 and "
-                         "Llama 3 templates; this one starts \"" +
+                         " is not a chat template kvshard knows (it renders ChatML, Llama 2, "
+                         "Llama 3 and Gemma templates; this one starts \"" +
                          head +
-                         "\"). Start the server with --chat-template chatml, llama2 or llama3, "
-                         "or a file holding one of those templates");
+                         "\"). Start the server with --chat-template chatml, llama2, llama3 or "
+                         "gemma, or a file holding one of those templates");
 }
 
 ChatTemplate ChatTemplate::FromStyle(ChatTemplateStyle style, const ChatTemplateTokens& tokens) {
@@ -409,6 +456,8 @@ Result<RenderedChat> ChatTemplate::RenderChat(const std::vector<ChatMessage>& me
             return RenderLlama2(messages, tokens_, tools);
         case ChatTemplateStyle::kLlama3:
             return RenderLlama3(messages, add_generation_prompt, tokens_, tools);
+        case ChatTemplateStyle::kGemma:
+            return RenderGemma(messages, add_generation_prompt, tokens_, tools);
     }
     return Internal("unknown chat template style");
 }
@@ -421,6 +470,8 @@ std::string ChatTemplate::end_of_turn() const {
             return tokens_.eos;
         case ChatTemplateStyle::kLlama3:
             return std::string(kEotId);
+        case ChatTemplateStyle::kGemma:
+            return std::string(kEndOfTurn);
     }
     return tokens_.eos;
 }
@@ -430,7 +481,8 @@ Result<std::optional<ChatTemplate>> ResolveChatTemplate(std::string_view model_t
                                                         const ChatTemplateTokens& tokens) {
     if (!override_spec.empty()) {
         for (ChatTemplateStyle style :
-             {ChatTemplateStyle::kChatMl, ChatTemplateStyle::kLlama2, ChatTemplateStyle::kLlama3}) {
+             {ChatTemplateStyle::kChatMl, ChatTemplateStyle::kLlama2, ChatTemplateStyle::kLlama3,
+              ChatTemplateStyle::kGemma}) {
             if (override_spec == ChatTemplateStyleName(style)) {
                 return std::optional<ChatTemplate>(ChatTemplate::FromStyle(style, tokens));
             }
@@ -438,8 +490,8 @@ Result<std::optional<ChatTemplate>> ResolveChatTemplate(std::string_view model_t
         std::ifstream in(override_spec, std::ios::binary);
         if (!in) {
             return NotFound("--chat-template " + override_spec +
-                            ": neither a built-in style (chatml, llama2, llama3) nor a readable "
-                            "file");
+                            ": neither a built-in style (chatml, llama2, llama3, gemma) nor a "
+                            "readable file");
         }
         std::stringstream text;
         text << in.rdbuf();

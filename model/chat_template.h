@@ -11,6 +11,9 @@
 //            after an optional system message must alternate user/assistant.
 //   kLlama3  "<|begin_of_text|><|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>"
 //            (Llama 3.0's template; 3.1's date preamble is not reproduced).
+//   kGemma   "<bos><start_of_turn>user\ncontent<end_of_turn>\n<start_of_turn>model\n..." (Gemma
+//            2/3): the assistant's turn is "model", a system message opens the first user turn
+//            followed by a blank line, roles alternate user/assistant; no tool convention.
 // Tool use (RenderChat with ChatTools; coordinator/tool_calls.h writes the tools prompt):
 //   kChatMl  the Hermes / Qwen 2.5 convention: the tools prompt follows the system prompt in
 //            the system turn; an assistant's calls are "\n<tool_call>\n{"name": ..., "arguments":
@@ -21,7 +24,7 @@
 //            "tool" message is an "ipython" turn.
 //   kLlama2  has no tool convention: tools, tool calls and "tool" messages are InvalidArgument.
 // Any other template is Unimplemented: the server refuses to start and names the way out
-// (--chat-template chatml|llama2|llama3).
+// (--chat-template chatml|llama2|llama3|gemma).
 //
 // Thread-safety: immutable after creation; Render may be called from any thread.
 #pragma once
@@ -80,8 +83,9 @@ struct RenderedChat {
     std::vector<RenderedCacheMark> cache_marks;  // in the order of the text
 };
 
-enum class ChatTemplateStyle { kChatMl, kLlama2, kLlama3 };
-std::string_view ChatTemplateStyleName(ChatTemplateStyle style);  // "chatml", "llama2", "llama3"
+enum class ChatTemplateStyle { kChatMl, kLlama2, kLlama3, kGemma };
+// "chatml", "llama2", "llama3", "gemma"
+std::string_view ChatTemplateStyleName(ChatTemplateStyle style);
 
 // Text of the special tokens the Jinja templates refer to as bos_token / eos_token.
 struct ChatTemplateTokens {

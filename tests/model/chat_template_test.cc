@@ -173,6 +173,37 @@ TEST(ChatTemplate, Llama2RejectsRolesOutOfOrder) {
     }
 }
 
+// Gemma 3's template (its Jinja, rendered by hand from the template's text): BOS, turns of
+// "<start_of_turn>role\n...<end_of_turn>\n" with the assistant as "model", the system message
+// opening the first user turn, content stripped; no tools.
+TEST(ChatTemplate, GemmaStyle) {
+    auto recognised = ChatTemplate::FromJinja(
+        "{{ bos_token }}{%- for message in loop_messages -%}{{ '<start_of_turn>' + role + '\\n' "
+        "}}{{ message['content'] | trim }}{{ '<end_of_turn>\\n' }}{%- endfor -%}",
+        {"<bos>", "<eos>"}, "test");
+    ASSERT_TRUE(recognised.ok()) << recognised.status().ToString();
+    EXPECT_EQ(recognised->style(), ChatTemplateStyle::kGemma);
+    ChatTemplate t = ChatTemplate::FromStyle(ChatTemplateStyle::kGemma, {"<bos>", "<eos>"});
+    EXPECT_EQ(t.end_of_turn(), "<end_of_turn>");
+    EXPECT_EQ(*t.Render({{"system", "Be brief."}, {"user", " Hi \n"}, {"assistant", "Hello."},
+                         {"user", "Bye"}},
+                        true),
+              "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+              "<start_of_turn>model\nHello.<end_of_turn>\n"
+              "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n");
+    auto out_of_order = t.Render({{"user", "a"}, {"user", "b"}}, true);
+    ASSERT_FALSE(out_of_order.ok());
+    EXPECT_NE(out_of_order.status().message().find("alternating"), std::string::npos);
+    ChatTools tools;
+    tools.prompt = "tools";
+    auto with_tools = t.RenderChat({{"user", "a"}}, true, &tools);
+    ASSERT_FALSE(with_tools.ok());
+    EXPECT_NE(with_tools.status().message().find("Gemma"), std::string::npos);
+    auto by_name = ResolveChatTemplate("", "gemma", {"<bos>", "<eos>"});
+    ASSERT_TRUE(by_name.ok() && by_name->has_value());
+    EXPECT_EQ((*by_name)->style(), ChatTemplateStyle::kGemma);
+}
+
 TEST(ChatTemplate, UnknownTemplateIsUnimplemented) {
     auto r = ChatTemplate::FromJinja("{{ bos_token }}{% for m in messages %}<|user|>{% endfor %}",
                                      {}, "the model's chat template");
