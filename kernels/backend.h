@@ -137,18 +137,26 @@ class Backend {
                       int64_t num_heads, int64_t head_dim, const float* inv_freq) = 0;
     // out[r, i] = silu(gate_up[r, i]) * gate_up[r, dim + i]: gate and up fused in one row.
     virtual void SiluMul(const float* gate_up, int64_t rows, int64_t dim, float* out) = 0;
+    // ---- the ops of the architectures past Llama (Qwen, Gemma) ----
+    // Each has a portable default here that copies its operands to the host, computes there
+    // (kernels/cpu_ops.h) and copies the result back, synchronizing: correct on any backend,
+    // slow on a device; a device backend overrides them with kernels of its own.
     // out[r, i] = gelu_tanh(gate_up[r, i]) * gate_up[r, dim + i], GELU's tanh approximation
     // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): Gemma's GeGLU.
-    virtual void GeluTanhMul(const float* gate_up, int64_t rows, int64_t dim, float* out) = 0;
+    virtual void GeluTanhMul(const float* gate_up, int64_t rows, int64_t dim, float* out);
     // x[r, :] += bias over `rows` rows of `dim` floats (Qwen 2's Q/K/V biases, on the fused row).
-    virtual void AddBias(float* x, const float* bias, int64_t rows, int64_t dim) = 0;
+    virtual void AddBias(float* x, const float* bias, int64_t rows, int64_t dim);
     // RMSNorm, in place, of each of the `num_heads` heads (head_dim floats, one weight of head_dim
     // for every head) that start each row of x, rows `row_stride` floats apart: the q and k norms
     // of Qwen 3 and Gemma 3 inside the fused QKV row, before RoPE.
     virtual void HeadRmsNorm(float* x, int64_t row_stride, int64_t rows, int64_t num_heads,
-                             int64_t head_dim, const float* weight, float eps) = 0;
+                             int64_t head_dim, const float* weight, float eps);
     // x *= s over n floats (Gemma's embedding scale).
-    virtual void Scale(float* x, float s, int64_t n) = 0;
+    virtual void Scale(float* x, float s, int64_t n);
+    // Whether PagedAttention honours PagedAttentionBatch::window (sliding-window layers). A
+    // backend that does not is refused models with a window (MakeModelRunner).
+    virtual bool SupportsSlidingWindow() const { return false; }
+
     // Writes n rows of K and V (row stride row_stride floats) at their slots.
     virtual void KvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_t row_stride,
                          const int64_t* slots, int64_t n) = 0;

@@ -38,6 +38,7 @@ class CpuBackend final : public Backend {
     void HeadRmsNorm(float* x, int64_t row_stride, int64_t rows, int64_t num_heads,
                      int64_t head_dim, const float* weight, float eps) override;
     void Scale(float* x, float s, int64_t n) override;
+    bool SupportsSlidingWindow() const override { return true; }
     void KvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_t row_stride,
                  const int64_t* slots, int64_t n) override;
     void PagedAttention(const float* q, int64_t q_stride, const PagedKvLayer& kv,

@@ -458,6 +458,12 @@ Result<std::unique_ptr<ModelRunner>> MakeModelRunner(const ModelFile& model, con
                                                      const RunnerOptions& options,
                                                      Collective* collective) {
     KV_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeBackend(options.backend));
+    if (model.spec().sliding_window > 0 && !backend->SupportsSlidingWindow()) {
+        return Unimplemented(model.path() + ": " + model.spec().architecture +
+                             " sliding window of " + std::to_string(model.spec().sliding_window) +
+                             ": the " + std::string(BackendKindName(backend->kind())) +
+                             " backend does not implement sliding-window attention");
+    }
     KV_ASSIGN_OR_RETURN(
         ModelWeights weights,
         LoadWeights(model, *backend, {.shard = shard, .format = options.weight_format}));
