@@ -22,8 +22,8 @@ import random
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
+
+from llamacpp_server import LlamaServer
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
 VOCAB = 256
@@ -32,49 +32,19 @@ NEW_TOKENS = 16
 PORT = 18471
 
 
-def post(path, body):
-    req = urllib.request.Request(f"http://127.0.0.1:{PORT}{path}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())
-
-
 def prompts():
     rng = random.Random(15)
     return [[rng.randrange(3, VOCAB) for _ in range(n)] for n in PROMPT_LENGTHS]
 
 
 def run(server, model_path):
-    proc = subprocess.Popen([server, "-m", model_path, "--port", str(PORT), "-c", "256", "-t",
-                             "2", "-np", "1", "--no-warmup"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(240):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except Exception:
-                time.sleep(0.5)
-        cases = []
+    cases = []
+    with LlamaServer(server, model_path, PORT, 256) as llama:
         for ids in prompts():
-            r = post("/completion", {"prompt": ids, "n_predict": NEW_TOKENS, "temperature": 0,
-                                     "top_k": 1, "samplers": ["top_k"], "cache_prompt": False,
-                                     "return_tokens": True, "ignore_eos": True})
+            r, first = llama.greedy(ids, NEW_TOKENS, n_probs=VOCAB)
             if r["timings"]["prompt_n"] != len(ids):
                 sys.exit(f"llama.cpp evaluated {r['timings']['prompt_n']} prompt tokens, "
                          f"sent {len(ids)}")
-            # The probabilities in a request of one token: in a longer one llama-server leaves
-            # out the entries of tokens it accepted from its own drafts, so entry 0 need not be
-            # the first token's.
-            one = post("/completion", {"prompt": ids, "n_predict": 1, "temperature": 0,
-                                       "top_k": 1, "samplers": ["top_k"], "cache_prompt": False,
-                                       "return_tokens": True, "n_probs": VOCAB,
-                                       "post_sampling_probs": False, "ignore_eos": True})
-            probs = one["completion_probabilities"]
-            if len(probs) != 1 or probs[0]["id"] != r["tokens"][0]:
-                sys.exit(f"llama.cpp's first-token probabilities do not match its first token")
-            first = probs[0]["top_logprobs"]
             logprobs = [None] * VOCAB
             for t in first:
                 logprobs[t["id"]] = round(t["logprob"], 6)
@@ -84,10 +54,7 @@ def run(server, model_path):
                           "last_logprobs": logprobs})
             print(f"{os.path.basename(model_path)} prompt of {len(ids)}: {r['tokens']}",
                   file=sys.stderr)
-        return cases
-    finally:
-        proc.terminate()
-        proc.wait()
+    return cases
 
 
 def main():

@@ -14,10 +14,9 @@ activations quantized to 8 bits (Q8_K), so kvshard's fp32 arithmetic parts from 
 """
 import json
 import os
-import subprocess
 import sys
-import time
-import urllib.request
+
+from llamacpp_server import LlamaServer
 
 PROMPTS = [
     "Once upon a time",
@@ -34,33 +33,16 @@ MODELS = ["SmolLM2-135M-Instruct.Q4_K_M.gguf", "SmolLM2-135M-Instruct.Q6_K.gguf"
 PORT = 18467
 
 
-def post(path, body):
-    req = urllib.request.Request(f"http://127.0.0.1:{PORT}{path}", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())
-
-
 def run(server, model_path):
-    proc = subprocess.Popen([server, "-m", model_path, "--port", str(PORT), "-c", "512", "-t",
-                             "2", "-np", "1", "--no-warmup"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(240):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except Exception:
-                time.sleep(0.5)
-        cases = []
+    cases = []
+    with LlamaServer(server, model_path, PORT, 512) as llama:
         for prompt in PROMPTS:
-            ids = post("/tokenize", {"content": prompt, "add_special": False,
-                                     "parse_special": True})["tokens"]
-            r = post("/completion", {"prompt": ids, "n_predict": NEW_TOKENS, "temperature": 0,
-                                     "top_k": 1, "samplers": ["top_k"], "cache_prompt": False,
-                                     "return_tokens": True, "n_probs": 10,
-                                     "post_sampling_probs": False})
+            ids = llama.post("/tokenize", {"content": prompt, "add_special": False,
+                                           "parse_special": True})["tokens"]
+            r = llama.post("/completion", {"prompt": ids, "n_predict": NEW_TOKENS,
+                                           "temperature": 0, "top_k": 1, "samplers": ["top_k"],
+                                           "cache_prompt": False, "return_tokens": True,
+                                           "n_probs": 10, "post_sampling_probs": False})
             first = r["completion_probabilities"][0]["top_logprobs"]
             cases.append({
                 "prompt": prompt,
@@ -71,10 +53,7 @@ def run(server, model_path):
             })
             print(f"{os.path.basename(model_path)} {prompt[:30]!r}: {len(r['tokens'])} tokens",
                   file=sys.stderr)
-        return cases
-    finally:
-        proc.terminate()
-        proc.wait()
+    return cases
 
 
 def main():
