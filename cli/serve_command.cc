@@ -17,7 +17,10 @@
 
 #include "cli/commands.h"
 #include "cli/process_instance.h"
+#include "common/build_config.h"
+#include "common/device.h"
 #include "common/logging.h"
+#include "config/device_plan.h"
 #include "config/server_config.h"
 #include "coordinator/api_service.h"
 #include "coordinator/engine.h"
@@ -130,6 +133,10 @@ int RunServe(ServeFlags f) {
     if (!cr.ok()) return Fail(cr.status().message());
     const ServerConfig& c = *cr;
     InitLogging("coordinator", c.log_level);
+    // Before the model is opened: config/device_plan.h.
+    if (Status st = CheckServeBackend(c.backend, KVSHARD_WITH_CUDA != 0, DeviceCount()); !st.ok()) {
+        return Fail((c.source.empty() ? std::string() : c.source + ": ") + st.message());
+    }
 
     OpenModelOptions open;
     open.tokenizer_path = c.tokenizer_path;

@@ -14,6 +14,18 @@
 
 namespace kvshard {
 
+std::string_view ServeBackendName(ServeBackend backend) {
+    switch (backend) {
+        case ServeBackend::kCpu:
+            return "cpu";
+        case ServeBackend::kCuda:
+            return "cuda";
+        case ServeBackend::kAuto:
+            return "auto";
+    }
+    return "cpu";
+}
+
 std::string_view KvCacheDtypeName(KvCacheDtype dtype) {
     switch (dtype) {
         case KvCacheDtype::kAuto:
@@ -214,6 +226,19 @@ const std::vector<Setting>& Settings() {
                          c.weight_format = v;
                          return Status::Ok();
                      }});
+        s.push_back({"backend",
+                     [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                         KV_RETURN_IF_ERROR(RequireScalar(at, n));
+                         const std::string v = ScalarText(n);
+                         for (ServeBackend b :
+                              {ServeBackend::kCpu, ServeBackend::kCuda, ServeBackend::kAuto}) {
+                             if (v == ServeBackendName(b)) {
+                                 c.backend = b;
+                                 return Status::Ok();
+                             }
+                         }
+                         return BadValue(at, v, "expected cpu, cuda or auto");
+                     }});
         s.push_back(
             {"log_level",
              [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
@@ -325,6 +350,15 @@ const std::vector<Setting>& Settings() {
             "kv_cache.memory_mib",
             [](ServerConfig& c) -> int64_t& { return c.kv_cache.memory_mib; }, 1, int64_t{1} << 30,
             "must be >= 1"));
+        s.push_back({"kv_cache.gpu_memory_utilization",
+                     [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                         KV_RETURN_IF_ERROR(RequireScalar(at, n));
+                         const std::string text = ScalarText(n);
+                         KV_ASSIGN_OR_RETURN(double v, ParseDouble(at, text));
+                         if (!(v > 0 && v <= 1)) return BadValue(at, text, "must be in (0, 1]");
+                         c.kv_cache.gpu_memory_utilization = v;
+                         return Status::Ok();
+                     }});
         s.push_back({"kv_cache.dtype",
                      [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
                          KV_RETURN_IF_ERROR(RequireScalar(at, n));

@@ -58,7 +58,10 @@ struct ServeSchedulerConfig {
 struct ServeKvCacheConfig {
     int64_t block_size = 16;   // token slots per block
     int64_t num_blocks = 0;    // 0: as many as memory_mib holds
-    int64_t memory_mib = 512;  // per worker, when num_blocks is 0
+    int64_t memory_mib = 512;  // per worker, when num_blocks is 0 (CPU workers)
+    // GPU workers: the fraction of the device's free memory (at start) the rank's weights,
+    // buffers and KV pool may take; the KV pool is what is left after the weights and buffers.
+    double gpu_memory_utilization = 0.9;
     KvCacheDtype dtype = KvCacheDtype::kAuto;
     bool enable_prefix_caching = true;
     // Prompt caching (docs/prompt-caching.md): the most of the pool pins may hold, [0, 1], and
@@ -122,6 +125,11 @@ struct KvTransferConfig {
     int64_t timeout_ms = 10'000;  // per transfer, sending and receiving
 };
 
+// backend: where the workers run. kAuto: cuda when this kvshard is built with CUDA and a device
+// is present, else cpu (config/device_plan.h resolves it).
+enum class ServeBackend { kCpu, kCuda, kAuto };
+std::string_view ServeBackendName(ServeBackend backend);  // "cpu", "cuda", "auto"
+
 struct ServerConfig {
     std::string source;             // the file read ("" when built from defaults and flags)
     std::string model_path;         // required
@@ -133,6 +141,7 @@ struct ServerConfig {
     // "stored": matrix products read weights in the file's format; "f32": dequantized at load
     // (the reference path).
     std::string weight_format = "stored";
+    ServeBackend backend = ServeBackend::kCpu;
     std::string log_level = "info";
     HttpConfig http;
     ServeSchedulerConfig scheduler;

@@ -202,7 +202,7 @@ TEST(ServerConfig, ExampleParsesAndEveryKeyIsDocumented) {
     auto c = LoadServerConfig(root + "/config/examples/serve.yaml");
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     const std::string doc = testing::ReadFile(root + "/docs/config.md");
-    EXPECT_EQ(ServerConfigKeys().size(), 44u);
+    EXPECT_EQ(ServerConfigKeys().size(), 46u);
     for (std::string_view key : ServerConfigKeys()) {
         EXPECT_NE(doc.find("`" + std::string(key) + "`"), std::string::npos) << key;
     }

@@ -1,0 +1,184 @@
+#include "config/device_plan.h"
+
+#include <cstdio>
+#include <map>
+#include <set>
+
+namespace kvshard {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+std::string Mib(int64_t bytes) { return std::to_string(bytes / kMiB) + " MiB"; }
+
+std::string InstanceKey(const std::vector<PoolConfig>& pools, size_t p, size_t i) {
+    return "pools[" + std::to_string(p) + "] (" + pools[p].name + ").instances[" +
+           std::to_string(i) + "]";
+}
+
+std::string Ordinals(const std::vector<GpuInfo>& gpus) {
+    std::string s;
+    for (const GpuInfo& g : gpus) s += (s.empty() ? "" : ", ") + std::to_string(g.ordinal);
+    return s.empty() ? "none" : s;
+}
+
+}  // namespace
+
+Result<bool> ResolveCudaBackend(ServeBackend backend, bool built_with_cuda, int device_count) {
+    switch (backend) {
+        case ServeBackend::kCpu:
+            return false;
+        case ServeBackend::kCuda:
+            if (!built_with_cuda) {
+                return InvalidArgument("backend: cuda: this kvshard was built without CUDA");
+            }
+            if (device_count <= 0) {
+                return InvalidArgument("backend: cuda: no CUDA device found (0 devices)");
+            }
+            return true;
+        case ServeBackend::kAuto:
+            return built_with_cuda && device_count > 0;
+    }
+    return false;
+}
+
+Status CheckServeBackend(ServeBackend backend, bool built_with_cuda, int device_count) {
+    KV_ASSIGN_OR_RETURN(bool cuda, ResolveCudaBackend(backend, built_with_cuda, device_count));
+    if (!cuda) return Status::Ok();
+    return InvalidArgument("backend: " + std::string(ServeBackendName(backend)) +
+                           ": resolves to cuda (" + std::to_string(device_count) +
+                           " CUDA devices found), and kvshard serve does not run workers on GPUs "
+                           "yet: set backend: cpu (kvshard generate --backend cuda runs one GPU)");
+}
+
+Result<DevicePlan> PlanDevices(const std::vector<PoolConfig>& pools, const DevicePlanInputs& in) {
+    DevicePlan plan;
+    KV_ASSIGN_OR_RETURN(plan.cuda, ResolveCudaBackend(in.backend, in.built_with_cuda,
+                                                      static_cast<int>(in.gpus.size())));
+    if (!plan.cuda) {
+        for (size_t p = 0; p < pools.size(); ++p) {
+            for (size_t i = 0; i < pools[p].instances.size(); ++i) {
+                for (const std::string& d : pools[p].instances[i].devices) {
+                    if (d != "cpu") {
+                        plan.warnings.push_back(InstanceKey(pools, p, i) + ".devices: GPU " + d +
+                                                " ignored: the workers run on the CPU (backend: " +
+                                                std::string(ServeBackendName(in.backend)) + ")");
+                        break;
+                    }
+                }
+            }
+        }
+        return plan;
+    }
+    if (!(in.gpu_memory_utilization > 0 && in.gpu_memory_utilization <= 1)) {
+        return InvalidArgument("kv_cache.gpu_memory_utilization: " +
+                               std::to_string(in.gpu_memory_utilization) + ": must be in (0, 1]");
+    }
+    std::map<int, const GpuInfo*> by_ordinal;
+    for (const GpuInfo& g : in.gpus) by_ordinal[g.ordinal] = &g;
+    // Place every rank first: the memory of a device is shared by the ranks placed on it.
+    int next_free = 0;
+    for (size_t p = 0; p < pools.size(); ++p) {
+        for (size_t i = 0; i < pools[p].instances.size(); ++i) {
+            const InstanceConfig& inst = pools[p].instances[i];
+            const std::string key = InstanceKey(pools, p, i);
+            if (inst.tp > static_cast<int>(in.gpus.size())) {
+                return InvalidArgument(key + ".tp: " + std::to_string(inst.tp) +
+                                       " is larger than the " + std::to_string(in.gpus.size()) +
+                                       " GPUs present (" + Ordinals(in.gpus) + ")");
+            }
+            for (int r = 0; r < inst.tp; ++r) {
+                RankPlacement rp{.pool = static_cast<int>(p), .instance = static_cast<int>(i), .rank = r};
+                if (inst.devices.empty()) {
+                    rp.gpu = in.gpus[static_cast<size_t>(next_free++) % in.gpus.size()].ordinal;
+                } else {
+                    const std::string& d = inst.devices[static_cast<size_t>(r)];
+                    const std::string at = key + ".devices[" + std::to_string(r) + "]";
+                    if (d == "cpu") {
+                        return InvalidArgument(at + ": cpu with backend: cuda (give every rank of "
+                                               "a GPU instance a GPU ordinal)");
+                    }
+                    const int ordinal = std::stoi(d);  // pool_config.cc checked it is a number
+                    if (by_ordinal.count(ordinal) == 0) {
+                        return InvalidArgument(at + ": GPU " + d + " does not exist (" +
+                                               std::to_string(in.gpus.size()) + " devices: " +
+                                               Ordinals(in.gpus) + ")");
+                    }
+                    rp.gpu = ordinal;
+                }
+                const GpuInfo& g = *by_ordinal.at(rp.gpu);
+                if (g.cc_major < 8) {
+                    return InvalidArgument(key + ": GPU " + std::to_string(g.ordinal) + " (" +
+                                           g.name + ") has compute capability " +
+                                           std::to_string(g.cc_major) + "." +
+                                           std::to_string(g.cc_minor) +
+                                           "; the CUDA backend needs 8.0 or newer");
+                }
+                plan.ranks.push_back(rp);
+            }
+        }
+    }
+    std::map<int, int> ranks_on;
+    for (const RankPlacement& rp : plan.ranks) ++ranks_on[rp.gpu];
+    for (RankPlacement& rp : plan.ranks) {
+        const GpuInfo& g = *by_ordinal.at(rp.gpu);
+        const int tp = pools[static_cast<size_t>(rp.pool)].instances[static_cast<size_t>(rp.instance)].tp;
+        rp.ranks_on_gpu = ranks_on[rp.gpu];
+        rp.free_bytes = g.free_bytes;
+        rp.usable_bytes = static_cast<int64_t>(static_cast<double>(g.free_bytes) *
+                                               in.gpu_memory_utilization) /
+                          rp.ranks_on_gpu;
+        rp.weight_bytes = in.weight_bytes_per_rank ? in.weight_bytes_per_rank(tp) : 0;
+        rp.reserve_bytes = in.reserve_bytes_per_rank ? in.reserve_bytes_per_rank(tp) : 0;
+        const int64_t block = in.kv_bytes_per_block ? in.kv_bytes_per_block(tp) : 0;
+        const std::string key = InstanceKey(pools, static_cast<size_t>(rp.pool),
+                                            static_cast<size_t>(rp.instance)) +
+                                " rank " + std::to_string(rp.rank) + " on GPU " +
+                                std::to_string(rp.gpu);
+        char util[32];
+        std::snprintf(util, sizeof util, "%.2f", in.gpu_memory_utilization);
+        const std::string share = Mib(rp.free_bytes) + " free × kv_cache.gpu_memory_utilization " +
+                                  util + (rp.ranks_on_gpu > 1
+                                              ? " ÷ " + std::to_string(rp.ranks_on_gpu) + " ranks"
+                                              : std::string()) +
+                                  " = " + Mib(rp.usable_bytes);
+        const int64_t left = rp.usable_bytes - rp.weight_bytes - rp.reserve_bytes;
+        if (left < 0) {
+            return InvalidArgument(key + ": weights " + Mib(rp.weight_bytes) + " + buffers " +
+                                   Mib(rp.reserve_bytes) + " do not fit in " + share);
+        }
+        rp.kv_blocks = block > 0 ? left / block : 0;
+        if (rp.kv_blocks < 1) {
+            return InvalidArgument(key + ": weights " + Mib(rp.weight_bytes) + " + buffers " +
+                                   Mib(rp.reserve_bytes) + " leave " + Mib(left) + " of " + share +
+                                   ": no room for one KV block of " + std::to_string(block) +
+                                   " bytes");
+        }
+        if (in.fixed_kv_blocks > 0) {
+            if (in.fixed_kv_blocks > rp.kv_blocks) {
+                return InvalidArgument("kv_cache.num_blocks: " + std::to_string(in.fixed_kv_blocks) +
+                                       " blocks do not fit " + key + ": " + Mib(left) + " left of " +
+                                       share + " hold " + std::to_string(rp.kv_blocks));
+            }
+            rp.kv_blocks = in.fixed_kv_blocks;
+        }
+        rp.kv_bytes = rp.kv_blocks * block;
+    }
+    return plan;
+}
+
+std::vector<std::string> DevicePlan::Describe(const std::vector<PoolConfig>& pools) const {
+    std::vector<std::string> lines;
+    for (const RankPlacement& rp : ranks) {
+        if (rp.gpu < 0) continue;
+        lines.push_back("pool " + pools[static_cast<size_t>(rp.pool)].name + " instance " +
+                        std::to_string(rp.instance) + " rank " + std::to_string(rp.rank) +
+                        ": GPU " + std::to_string(rp.gpu) + ", " + Mib(rp.free_bytes) +
+                        " free, " + Mib(rp.usable_bytes) + " usable, weights " +
+                        Mib(rp.weight_bytes) + ", buffers " + Mib(rp.reserve_bytes) + ", KV " +
+                        std::to_string(rp.kv_blocks) + " blocks (" + Mib(rp.kv_bytes) + ")");
+    }
+    return lines;
+}
+
+}  // namespace kvshard

@@ -1,0 +1,77 @@
+// Where every worker of the serving config runs and how large its KV pool is (issue 13, item 4):
+// `backend:` resolved (auto: cuda when this kvshard is built with CUDA and a device is present),
+// each rank of each instance placed on its GPU (pools[].instances[].devices, or the next free
+// ordinals when none are given), and on a GPU the KV pool sized from the device's free memory ×
+// kv_cache.gpu_memory_utilization, less the rank's weights and its fixed buffers, shared evenly by
+// the ranks placed on that device. Pure: the device query is passed in (tests inject it), and the
+// plan is made before any weight is read.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "config/server_config.h"
+
+namespace kvshard {
+
+// One device as the CUDA runtime reports it.
+struct GpuInfo {
+    int ordinal = 0;
+    std::string name;
+    int cc_major = 0, cc_minor = 0;
+    int64_t total_bytes = 0;
+    int64_t free_bytes = 0;
+};
+
+struct DevicePlanInputs {
+    ServeBackend backend = ServeBackend::kCpu;
+    bool built_with_cuda = false;
+    std::vector<GpuInfo> gpus;  // every device found (empty: none, or a build without CUDA)
+    double gpu_memory_utilization = 0.9;
+    int64_t fixed_kv_blocks = 0;  // kv_cache.num_blocks; 0: from the free memory
+    // Per rank of an instance of tensor-parallel size tp: its weight bytes, one KV block's bytes
+    // (every layer), and the device buffers beside them (activations, workspaces).
+    std::function<int64_t(int tp)> weight_bytes_per_rank;
+    std::function<int64_t(int tp)> kv_bytes_per_block;
+    std::function<int64_t(int tp)> reserve_bytes_per_rank;
+};
+
+struct RankPlacement {
+    int pool = 0, instance = 0, rank = 0;
+    int gpu = -1;  // -1: the CPU
+    int ranks_on_gpu = 0;
+    int64_t free_bytes = 0;    // the device's free memory
+    int64_t usable_bytes = 0;  // free × utilization ÷ ranks on the device
+    int64_t weight_bytes = 0, reserve_bytes = 0, kv_bytes = 0;
+    int64_t kv_blocks = 0;
+};
+
+struct DevicePlan {
+    bool cuda = false;  // the resolved backend: cuda, else cpu
+    std::vector<RankPlacement> ranks;  // pool by pool, instance by instance, rank by rank (cuda)
+    std::vector<std::string> warnings;  // e.g. devices ignored by the CPU backend
+    // One line per GPU rank with the numbers `kvshard plan` prints for a pool.
+    std::vector<std::string> Describe(const std::vector<PoolConfig>& pools) const;
+};
+
+// Whether `backend` resolves to cuda (true) or cpu (false) with `device_count` devices.
+// InvalidArgument for backend: cuda in a build without CUDA or with no device.
+Result<bool> ResolveCudaBackend(ServeBackend backend, bool built_with_cuda, int device_count);
+
+// What `kvshard serve` can run today: the plan is checked, but its workers run on the CPU only.
+// InvalidArgument, naming the setting and the device count, when `backend` resolves to cuda (or
+// ResolveCudaBackend's error).
+Status CheckServeBackend(ServeBackend backend, bool built_with_cuda, int device_count);
+
+// InvalidArgument, one line naming the setting and the numbers: backend cuda in a build without
+// CUDA or with no device; a devices entry "cpu" with backend cuda; a devices entry naming a missing
+// GPU; tp larger than the GPUs present; compute capability below 8.0; a rank's weights and buffers
+// over its share of free × gpu_memory_utilization, or room for no KV block, or fewer than
+// kv_cache.num_blocks.
+Result<DevicePlan> PlanDevices(const std::vector<PoolConfig>& pools, const DevicePlanInputs& in);
+
+}  // namespace kvshard

@@ -1,0 +1,158 @@
+// PlanDevices with injected device queries: backend resolution, rank placement, KV sizing from
+// free memory × gpu_memory_utilization, and the one-line refusals of issue 13 item 4.
+#include "config/device_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace kvshard {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+GpuInfo H200(int ordinal, int64_t free_bytes = 140 * kGiB) {
+    return {.ordinal = ordinal, .name = "NVIDIA H200", .cc_major = 9, .cc_minor = 0,
+            .total_bytes = 141 * kGiB, .free_bytes = free_bytes};
+}
+
+std::vector<PoolConfig> Pools(std::vector<InstanceConfig> instances) {
+    return {PoolConfig{.name = "main", .role = PoolRole::kMixed, .instances = std::move(instances)}};
+}
+
+DevicePlanInputs Inputs(ServeBackend backend, std::vector<GpuInfo> gpus) {
+    DevicePlanInputs in;
+    in.backend = backend;
+    in.built_with_cuda = true;
+    in.gpus = std::move(gpus);
+    in.gpu_memory_utilization = 0.5;
+    in.weight_bytes_per_rank = [](int tp) { return 16 * kGiB / tp; };
+    in.kv_bytes_per_block = [](int tp) { return 2 * kMiB / tp; };
+    in.reserve_bytes_per_rank = [](int) { return 1 * kGiB; };
+    return in;
+}
+
+std::string Error(const Result<DevicePlan>& r) { return r.ok() ? "(ok)" : r.status().message(); }
+
+TEST(DevicePlan, AutoIsCudaOnlyWithCudaAndADevice) {
+    const auto pools = Pools({InstanceConfig{.tp = 1, .devices = {}}});
+    auto in = Inputs(ServeBackend::kAuto, {H200(0)});
+    ASSERT_TRUE(PlanDevices(pools, in).ok());
+    EXPECT_TRUE(PlanDevices(pools, in)->cuda);
+    in.gpus.clear();
+    EXPECT_FALSE(PlanDevices(pools, in)->cuda);
+    in.gpus = {H200(0)};
+    in.built_with_cuda = false;
+    EXPECT_FALSE(PlanDevices(pools, in)->cuda);
+}
+
+TEST(DevicePlan, KvPoolFromFreeMemoryTimesUtilization) {
+    const auto pools = Pools({InstanceConfig{.tp = 1, .devices = {}}});
+    Result<DevicePlan> plan = PlanDevices(pools, Inputs(ServeBackend::kCuda, {H200(0, 100 * kGiB)}));
+    ASSERT_TRUE(plan.ok()) << Error(plan);
+    ASSERT_EQ(plan->ranks.size(), 1u);
+    const RankPlacement& r = plan->ranks[0];
+    EXPECT_EQ(r.gpu, 0);
+    EXPECT_EQ(r.usable_bytes, 50 * kGiB);
+    // 50 GiB - 16 GiB weights - 1 GiB buffers = 33 GiB of 2 MiB blocks.
+    EXPECT_EQ(r.kv_blocks, 33 * 512);
+    EXPECT_EQ(r.kv_bytes, 33 * kGiB);
+    const std::vector<std::string> lines = plan->Describe(pools);
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_EQ(lines[0], "pool main instance 0 rank 0: GPU 0, 102400 MiB free, 51200 MiB usable, "
+                        "weights 16384 MiB, buffers 1024 MiB, KV 16896 blocks (33792 MiB)");
+}
+
+TEST(DevicePlan, DevicesPlaceRanksAndSharedDevicesSplitTheirMemory) {
+    // Two instances of tp 2: the first on GPUs 1 and 0, the second (no devices) on 0 and 1 again.
+    const auto pools = Pools({InstanceConfig{.tp = 2, .devices = {"1", "0"}}, InstanceConfig{.tp = 2, .devices = {}}});
+    Result<DevicePlan> plan = PlanDevices(pools, Inputs(ServeBackend::kCuda, {H200(0), H200(1)}));
+    ASSERT_TRUE(plan.ok()) << Error(plan);
+    ASSERT_EQ(plan->ranks.size(), 4u);
+    EXPECT_EQ(plan->ranks[0].gpu, 1);
+    EXPECT_EQ(plan->ranks[1].gpu, 0);
+    EXPECT_EQ(plan->ranks[2].gpu, 0);
+    EXPECT_EQ(plan->ranks[3].gpu, 1);
+    for (const RankPlacement& r : plan->ranks) {
+        EXPECT_EQ(r.ranks_on_gpu, 2);
+        EXPECT_EQ(r.usable_bytes, 35 * kGiB);  // 140 GiB × 0.5 ÷ 2
+        EXPECT_EQ(r.weight_bytes, 8 * kGiB);
+        EXPECT_EQ(r.kv_blocks, (35 - 8 - 1) * 1024);  // blocks of 1 MiB at tp 2
+    }
+}
+
+TEST(DevicePlan, FixedBlockCountMustFit) {
+    const auto pools = Pools({InstanceConfig{.tp = 1, .devices = {}}});
+    auto in = Inputs(ServeBackend::kCuda, {H200(0, 40 * kGiB)});
+    in.fixed_kv_blocks = 100;
+    Result<DevicePlan> plan = PlanDevices(pools, in);
+    ASSERT_TRUE(plan.ok()) << Error(plan);
+    EXPECT_EQ(plan->ranks[0].kv_blocks, 100);
+    in.fixed_kv_blocks = 2000;  // 20 - 17 GiB = 1536 blocks
+    EXPECT_EQ(Error(PlanDevices(pools, in)),
+              "kv_cache.num_blocks: 2000 blocks do not fit pools[0] (main).instances[0] rank 0 on "
+              "GPU 0: 3072 MiB left of 40960 MiB free × kv_cache.gpu_memory_utilization 0.50 = "
+              "20480 MiB hold 1536");
+}
+
+TEST(DevicePlan, CpuBackendWarnsAboutGpuDevices) {
+    const auto pools = Pools({InstanceConfig{.tp = 1, .devices = {"0"}}});
+    Result<DevicePlan> plan = PlanDevices(pools, Inputs(ServeBackend::kCpu, {H200(0)}));
+    ASSERT_TRUE(plan.ok());
+    EXPECT_FALSE(plan->cuda);
+    ASSERT_EQ(plan->warnings.size(), 1u);
+    EXPECT_EQ(plan->warnings[0], "pools[0] (main).instances[0].devices: GPU 0 ignored: the "
+                                 "workers run on the CPU (backend: cpu)");
+}
+
+TEST(DevicePlan, BadInputIsOneLineNamingTheSettingAndNumbers) {
+    const auto one = Pools({InstanceConfig{.tp = 1, .devices = {}}});
+    auto in = Inputs(ServeBackend::kCuda, {});
+    EXPECT_EQ(Error(PlanDevices(one, in)), "backend: cuda: no CUDA device found (0 devices)");
+    in.built_with_cuda = false;
+    EXPECT_EQ(Error(PlanDevices(one, in)), "backend: cuda: this kvshard was built without CUDA");
+
+    in = Inputs(ServeBackend::kCuda, {H200(0), H200(1)});
+    EXPECT_EQ(Error(PlanDevices(Pools({InstanceConfig{.tp = 1, .devices = {"3"}}}), in)),
+              "pools[0] (main).instances[0].devices[0]: GPU 3 does not exist (2 devices: 0, 1)");
+    EXPECT_EQ(Error(PlanDevices(Pools({InstanceConfig{.tp = 2, .devices = {"0", "cpu"}}}), in)),
+              "pools[0] (main).instances[0].devices[1]: cpu with backend: cuda (give every rank "
+              "of a GPU instance a GPU ordinal)");
+    EXPECT_EQ(Error(PlanDevices(Pools({InstanceConfig{.tp = 4, .devices = {}}}), in)),
+              "pools[0] (main).instances[0].tp: 4 is larger than the 2 GPUs present (0, 1)");
+
+    GpuInfo t4 = H200(0);
+    t4.name = "Tesla T4";
+    t4.cc_major = 7;
+    t4.cc_minor = 5;
+    EXPECT_EQ(Error(PlanDevices(one, Inputs(ServeBackend::kCuda, {t4}))),
+              "pools[0] (main).instances[0]: GPU 0 (Tesla T4) has compute capability 7.5; the "
+              "CUDA backend needs 8.0 or newer");
+
+    EXPECT_EQ(Error(PlanDevices(one, Inputs(ServeBackend::kCuda, {H200(0, 30 * kGiB)}))),
+              "pools[0] (main).instances[0] rank 0 on GPU 0: weights 16384 MiB + buffers 1024 MiB "
+              "do not fit in 30720 MiB free × kv_cache.gpu_memory_utilization 0.50 = 15360 MiB");
+    EXPECT_EQ(Error(PlanDevices(one, Inputs(ServeBackend::kCuda, {H200(0, 34 * kGiB)}))),
+              "pools[0] (main).instances[0] rank 0 on GPU 0: weights 16384 MiB + buffers 1024 MiB "
+              "leave 0 MiB of 34816 MiB free × kv_cache.gpu_memory_utilization 0.50 = 17408 MiB: "
+              "no room for one KV block of 2097152 bytes");
+}
+
+TEST(DevicePlan, ServeRefusesWhatResolvesToCuda) {
+    EXPECT_TRUE(CheckServeBackend(ServeBackend::kCpu, true, 8).ok());
+    EXPECT_TRUE(CheckServeBackend(ServeBackend::kAuto, true, 0).ok());
+    EXPECT_TRUE(CheckServeBackend(ServeBackend::kAuto, false, 2).ok());
+    EXPECT_EQ(CheckServeBackend(ServeBackend::kAuto, true, 2).message(),
+              "backend: auto: resolves to cuda (2 CUDA devices found), and kvshard serve does not "
+              "run workers on GPUs yet: set backend: cpu (kvshard generate --backend cuda runs one "
+              "GPU)");
+    EXPECT_EQ(CheckServeBackend(ServeBackend::kCuda, false, 0).message(),
+              "backend: cuda: this kvshard was built without CUDA");
+    EXPECT_EQ(CheckServeBackend(ServeBackend::kCuda, true, 0).message(),
+              "backend: cuda: no CUDA device found (0 devices)");
+}
+
+}  // namespace
+}  // namespace kvshard
