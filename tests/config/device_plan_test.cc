@@ -154,5 +154,29 @@ TEST(DevicePlan, ServeRefusesWhatResolvesToCuda) {
               "backend: cuda: no CUDA device found (0 devices)");
 }
 
+TEST(DevicePlan, BackendAndUtilizationAreServeSettings) {
+    auto d = ParseServerConfig("model: m.gguf\n", "serve.yaml");
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->backend, ServeBackend::kCpu);
+    EXPECT_DOUBLE_EQ(d->kv_cache.gpu_memory_utilization, 0.9);
+    auto c = ParseServerConfig(
+        "model: m.gguf\nbackend: auto\nkv_cache:\n  gpu_memory_utilization: 0.8\n", "serve.yaml");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_EQ(c->backend, ServeBackend::kAuto);
+    EXPECT_DOUBLE_EQ(c->kv_cache.gpu_memory_utilization, 0.8);
+    auto bad = ParseServerConfig("model: m.gguf\nbackend: rocm\n", "serve.yaml");
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.status().message().find("backend"), std::string::npos);
+    EXPECT_NE(bad.status().message().find("rocm"), std::string::npos);
+    EXPECT_NE(bad.status().message().find("cpu, cuda or auto"), std::string::npos);
+    for (const char* v : {"0", "1.5", "-0.1"}) {
+        auto u = ParseServerConfig(std::string("model: m.gguf\nkv_cache:\n  gpu_memory_utilization: ") + v + "\n",
+                                   "serve.yaml");
+        ASSERT_FALSE(u.ok()) << v;
+        EXPECT_NE(u.status().message().find("kv_cache.gpu_memory_utilization"), std::string::npos)
+            << u.status().message();
+    }
+}
+
 }  // namespace
 }  // namespace kvshard
