@@ -363,6 +363,15 @@ std::variant<PreparedGeneration, ApiError> ApiService::Prepare(const OpenAiReque
     c.logprobs = r.num_top_logprobs >= 0;
     c.include_usage = r.include_usage;
     c.tools = std::move(tool_parsing);
+    if (r.echo) {
+        // The prompt as the client sent it; token ids as /detokenize writes them.
+        std::vector<std::string> prompts = {r.prompt_is_token_ids ? DetokenizeText(r.prompt_token_ids)
+                                                                  : r.prompt};
+        for (const OpenAiRequest::MorePrompt& more : r.more_prompts) {
+            prompts.push_back(more.is_token_ids ? DetokenizeText(more.token_ids) : more.text);
+        }
+        for (const std::string& text : prompts) c.echo.insert(c.echo.end(), r.n, text);
+    }
     return p;
 }
 
@@ -431,11 +440,11 @@ std::variant<std::string, ApiError> ApiService::TokenizeAnswer(const TokenizeReq
 // skip_special_tokens) writes them, so tokenize -> detokenize -> tokenize gives the same ids.
 // Each run of other tokens is decoded with the token before it, so SentencePiece drops the
 // space after BOS as Decode does.
-std::string ApiService::DetokenizeAnswer(const DetokenizeRequest& r) const {
+std::string ApiService::DetokenizeText(const std::vector<int32_t>& tokens) const {
     std::string text;
     size_t i = 0;
-    while (i < r.tokens.size()) {
-        const int32_t id = r.tokens[i];
+    while (i < tokens.size()) {
+        const int32_t id = tokens[i];
         if (tokenizer_.IsControl(id) && tokenizer_.TokenBytes(id).empty()) {
             text += tokenizer_.data().tokens[static_cast<size_t>(id)];
             ++i;
@@ -443,15 +452,19 @@ std::string ApiService::DetokenizeAnswer(const DetokenizeRequest& r) const {
         }
         // The token before the run, if any, is a control token: it adds no bytes.
         std::vector<int32_t> run;
-        if (i > 0) run.push_back(r.tokens[i - 1]);
-        while (i < r.tokens.size() &&
-               !(tokenizer_.IsControl(r.tokens[i]) && tokenizer_.TokenBytes(r.tokens[i]).empty())) {
-            run.push_back(r.tokens[i++]);
+        if (i > 0) run.push_back(tokens[i - 1]);
+        while (i < tokens.size() &&
+               !(tokenizer_.IsControl(tokens[i]) && tokenizer_.TokenBytes(tokens[i]).empty())) {
+            run.push_back(tokens[i++]);
         }
         text += tokenizer_.Decode(run);
     }
+    return text;
+}
+
+std::string ApiService::DetokenizeAnswer(const DetokenizeRequest& r) const {
     // Bytes that are not UTF-8 (a token split inside a character) become U+FFFD.
-    return Dump(json{{"prompt", text}});
+    return Dump(json{{"prompt", DetokenizeText(r.tokens)}});
 }
 
 std::pair<int, std::string> ApiService::Health() const {

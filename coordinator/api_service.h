@@ -151,6 +151,8 @@ class ApiService {
         const std::string& id_prefix) const;
     std::variant<std::string, ApiError> TokenizeAnswer(const TokenizeRequest& request) const;
     std::string DetokenizeAnswer(const DetokenizeRequest& request) const;
+    // `tokens` as text: control tokens as their pieces, the rest decoded (DetokenizeAnswer).
+    std::string DetokenizeText(const std::vector<int32_t>& tokens) const;
     std::string NewRequestId(ApiEndpoint endpoint) const;
     std::string NewIdHex() const;  // 24 hex digits, unique for this server
     uint64_t RandomSeed() const;

@@ -581,7 +581,17 @@ void ReadCommon(const json& body, const ServedModel& model, OpenAiRequest& r) {
         }
     }
     r.ignore_eos = OptBool(body, "ignore_eos").value_or(false);
-    if (OptBool(body, "echo").value_or(false)) Fail("'echo' is not supported", "echo");
+    if (OptBool(body, "echo").value_or(false)) {
+        if (r.endpoint != ApiEndpoint::kCompletions) {
+            Fail("'echo' is not supported on chat completions", "echo");
+        }
+        if (r.num_top_logprobs >= 0) {
+            Fail("'echo' with 'logprobs' is not supported: this server does not compute the "
+                 "prompt tokens' logprobs",
+                 "echo");
+        }
+        r.echo = true;
+    }
     if (auto best_of = OptInt(body, "best_of", 1, kMaxChoices, "must be in 1..16");
         best_of && *best_of != r.n) {
         Fail("'best_of' is not supported (only equal to n)", "best_of");

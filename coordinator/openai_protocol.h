@@ -69,6 +69,9 @@ struct OpenAiRequest {
         bool is_token_ids = false;
     };
     std::vector<MorePrompt> more_prompts;
+    // Completions: each choice's text starts with its prompt's text (without logprobs: the
+    // prompt tokens' logprobs are not computed).
+    bool echo = false;
     // Chat.
     std::vector<ChatMessage> messages;
     bool add_generation_prompt = true;

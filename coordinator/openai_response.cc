@@ -98,6 +98,9 @@ CompletionAccumulator::CompletionAccumulator(ResponseContext context, TokenBytes
     if (context_.tools) {
         for (Choice& c : choices_) c.parser.emplace(*context_.tools);
     }
+    for (size_t i = 0; i < context_.echo.size() && i < choices_.size(); ++i) {
+        choices_[i].text = context_.echo[i];
+    }
 }
 
 void CompletionAccumulator::Add(const GenerationDelta& delta) {
@@ -163,7 +166,8 @@ StreamFormatter::StreamFormatter(ResponseContext context, TokenBytesFn token_byt
     : context_(std::move(context)),
       token_bytes_(std::move(token_bytes)),
       text_offsets_(context_.n, 0),
-      num_calls_(context_.n, 0) {
+      num_calls_(context_.n, 0),
+      echoed_(context_.n, false) {
     if (context_.tools) {
         for (int i = 0; i < context_.n; ++i) parsers_.emplace_back(*context_.tools);
     }
@@ -211,7 +215,13 @@ std::string StreamFormatter::Delta(const GenerationDelta& delta) {
         return out.empty() ? out : RoleChunks() + out;
     }
     const bool has_logprobs = context_.logprobs && !delta.logprobs.empty();
-    if (delta.text.empty() && !delta.finish_reason && !has_logprobs) return "";
+    // Echo: the prompt's text opens the choice's first chunk (as vLLM streams it).
+    std::string text = delta.text;
+    if (static_cast<size_t>(delta.index) < context_.echo.size() && !echoed_[delta.index]) {
+        echoed_[delta.index] = true;
+        text = context_.echo[delta.index] + text;
+    }
+    if (text.empty() && !delta.finish_reason && !has_logprobs) return "";
     const std::string finish =
         delta.finish_reason ? std::string(FinishReasonName(*delta.finish_reason)) : "";
     json choice = {{"index", delta.index}};
@@ -220,7 +230,7 @@ std::string StreamFormatter::Delta(const GenerationDelta& delta) {
         choice["delta"] = delta.text.empty() ? json::object() : json{{"content", delta.text}};
         if (has_logprobs) logprobs = ChatLogprobs(delta.logprobs, token_bytes_);
     } else {
-        choice["text"] = delta.text;
+        choice["text"] = text;
         if (has_logprobs) {
             logprobs =
                 CompletionLogprobs(delta.logprobs, token_bytes_, &text_offsets_[delta.index]);

@@ -49,6 +49,8 @@ struct ResponseContext {
     bool include_usage = false;  // streams only
     // Chat with tools: each choice's output is parsed for calls.
     std::optional<ToolCallParserOptions> tools;
+    // Completions with echo: the text each choice starts with (its prompt's), one per choice.
+    std::vector<std::string> echo;
 };
 
 // Collects the deltas of a non-streamed request into the final JSON body.
@@ -95,6 +97,7 @@ class StreamFormatter {
     std::vector<int64_t> text_offsets_;    // completions logprobs: bytes of text sent per choice
     std::vector<ToolCallParser> parsers_;  // chat with tools: one per choice
     std::vector<int> num_calls_;           // per choice
+    std::vector<bool> echoed_;             // completions with echo: the prompt was sent
     bool role_sent_ = false;
 };
 

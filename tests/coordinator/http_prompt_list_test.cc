@@ -135,3 +135,44 @@ TEST(HttpPromptList, APartThatFailsEndsTheAnswer) {
 
 }  // namespace
 }  // namespace kvshard
+
+namespace kvshard {
+namespace {
+
+// echo: each choice's text starts with its prompt's, whole and streamed; token-id prompts are
+// echoed as their text.
+TEST(HttpEcho, ChoicesStartWithTheirPrompt) {
+    TestServer server;
+    auto r = Post(server.port(), "/v1/completions",
+                  R"({"prompt": ["Hi", "Ho"], "n": 2, "max_tokens": 2, "echo": true})");
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json body = json::parse(r.body);
+    ASSERT_EQ(body["choices"].size(), 4u);
+    EXPECT_EQ(body["choices"][0]["text"], "HiHello,");
+    EXPECT_EQ(body["choices"][1]["text"], "HiHello,");
+    EXPECT_EQ(body["choices"][2]["text"], "HoHello,");
+    EXPECT_EQ(body["choices"][3]["text"], "HoHello,");
+    EXPECT_EQ(body["usage"]["completion_tokens"], 8);  // the echo is not generated
+    auto ids = Post(server.port(), "/v1/completions",
+                    R"({"prompt": [[72, 111]], "max_tokens": 1, "echo": true})");
+    ASSERT_EQ(ids.status, 200) << ids.body;
+    EXPECT_EQ(json::parse(ids.body)["choices"][0]["text"], "HoHello");
+
+    auto s = Post(server.port(), "/v1/completions",
+                  R"({"prompt": "Hi", "max_tokens": 3, "echo": true, "stream": true})");
+    ASSERT_EQ(s.status, 200) << s.body;
+    const std::vector<std::string> events = SseData(s.body);
+    ASSERT_GE(events.size(), 2u);
+    EXPECT_EQ(json::parse(events[0])["choices"][0]["text"], "HiHello");
+    std::string text;
+    for (size_t i = 0; i + 1 < events.size(); ++i) {
+        text += json::parse(events[i])["choices"][0]["text"].get<std::string>();
+    }
+    EXPECT_EQ(text, "HiHello, world");
+    // Without echo, as before.
+    auto plain = Post(server.port(), "/v1/completions", R"({"prompt": "Hi", "max_tokens": 2})");
+    EXPECT_EQ(json::parse(plain.body)["choices"][0]["text"], "Hello,");
+}
+
+}  // namespace
+}  // namespace kvshard

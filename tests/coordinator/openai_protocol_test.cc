@@ -174,7 +174,8 @@ TEST(OpenAiProtocol, RejectsBadRequests) {
         {kCmpl, "{" + p + R"(, "stream": true, "stream_options": {"include_usage": 1}})", 400,
          "stream_options.include_usage", "must be a boolean"},
         {kCmpl, "{" + p + R"(, "ignore_eos": 1})", 400, "ignore_eos", "must be a boolean"},
-        {kCmpl, "{" + p + R"(, "echo": true})", 400, "echo", "not supported"},
+        {kCmpl, "{" + p + R"(, "echo": true, "logprobs": 1})", 400, "echo", "prompt tokens' logprobs"},
+        {kChat, "{" + m + R"(, "echo": true})", 400, "echo", "not supported on chat"},
         {kCmpl, "{" + p + R"(, "suffix": "x"})", 400, "suffix", "not supported"},
         {kCmpl, "{" + p + R"(, "user": 5})", 400, "user", "must be a string"},
         {kChat, "{" + m + R"(, "tools": [{"type": "function"}]})", 400, "tools[0].function",
@@ -293,6 +294,8 @@ TEST(OpenAiProtocol, ListsOfPrompts) {
     ASSERT_EQ(r.more_prompts.size(), 1u);
     EXPECT_TRUE(r.more_prompts[0].is_token_ids);
     EXPECT_EQ(r.more_prompts[0].token_ids, (std::vector<int32_t>{3}));
+    EXPECT_FALSE(r.echo);
+    EXPECT_TRUE(ParseOk(kCmpl, R"({"prompt": ["a", "b"], "echo": true})").echo);
     // One prompt in a list, and one token-id list, are a single prompt.
     r = ParseOk(kCmpl, R"({"prompt": ["a"]})");
     EXPECT_EQ(r.prompt, "a");
