@@ -13,7 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/step_plan.h"
+#include "comm/step_plan.h"  // SampledToken (a delta's logprobs)
+#include "common/request.h"
 #include "common/status.h"
 
 namespace kvshard {

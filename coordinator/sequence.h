@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "comm/step_plan.h"
+#include "common/request.h"
 
 namespace kvshard {
 
