@@ -41,11 +41,23 @@ Status BlockManagerConfig::Validate() const {
     if (min_pinned_tokens < 0) {
         return InvalidArgument("min_pinned_tokens must be >= 0, got " + Str(min_pinned_tokens));
     }
+    if (static_cast<int64_t>(group_windows.size()) > kMaxKvCacheGroups) {
+        return InvalidArgument("group_windows has " + Str(group_windows.size()) +
+                               " groups, more than " + Str(kMaxKvCacheGroups));
+    }
+    for (size_t g = 0; g < group_windows.size(); ++g) {
+        if (group_windows[g] < 0) {
+            return InvalidArgument("group_windows[" + Str(static_cast<int64_t>(g)) +
+                                   "] must be >= 0 (0: full attention), got " +
+                                   Str(group_windows[g]));
+        }
+    }
     return Status::Ok();
 }
 
 BlockManager::BlockManager(const BlockManagerConfig& config)
     : config_(Checked(config)), cache_(config.num_blocks, config.block_size) {
+    windows_ = config.group_windows.empty() ? std::vector<int64_t>{0} : config.group_windows;
     watermark_blocks_ =
         static_cast<int64_t>(std::floor(config.watermark * static_cast<double>(config.num_blocks)));
     max_pinned_blocks_ = static_cast<int64_t>(
@@ -68,26 +80,85 @@ Result<BlockManager> BlockManager::Create(const BlockManagerConfig& config) {
 
 // ---- Admission ----
 
+int64_t BlockManager::NumReleasable(int64_t group, int64_t num_computed) const {
+    const int64_t window = windows_[static_cast<size_t>(group)];
+    if (window == 0) return 0;
+    // Future queries sit at num_computed or later and read from position query - window + 1.
+    const int64_t first_read = num_computed - window + 1;
+    return first_read <= 0 ? 0 : first_read / config_.block_size;
+}
+
 BlockManager::PrefixMatch BlockManager::MatchPrefix(std::span<const int32_t> token_ids) const {
     PrefixMatch m;
     if (!config_.enable_prefix_caching || token_ids.empty()) return m;
     const int64_t bs = config_.block_size;
+    const int64_t num_groups = this->num_groups();
+    auto block_tokens = [&](int64_t i) { return token_ids.subspan(i * bs, bs); };
     // Leave at least one token to compute: its logits start the generation.
     const int64_t max_blocks = (static_cast<int64_t>(token_ids.size()) - 1) / bs;
-    uint64_t parent_hash = kRootHash;
+    // The anchor, group 0: its chain must be cached whole.
+    GroupMatch anchor;
+    uint64_t parent_hash = GroupRootHash(0);
     uint64_t parent_content = kRootContentId;
     for (int64_t i = 0; i < max_blocks; ++i) {
-        std::span<const int32_t> block_tokens = token_ids.subspan(i * bs, bs);
-        const uint64_t hash = ChainHash(parent_hash, block_tokens);
-        std::optional<BlockId> hit = cache_.Find(hash, parent_content, block_tokens);
+        const uint64_t hash = ChainHash(parent_hash, block_tokens(i));
+        std::optional<BlockId> hit = cache_.Find(hash, parent_content, block_tokens(i));
         if (!hit) break;
-        m.blocks.push_back(*hit);
-        m.hashes.push_back(hash);
+        anchor.blocks.push_back(*hit);
+        anchor.hashes.push_back(hash);
         parent_hash = hash;
         parent_content = cache_.ContentId(*hit);
-        m.content_ids.push_back(parent_content);
-        // A pinned unreferenced block is not among the available blocks to begin with.
-        if (ref_counts_[*hit] == 0 && cache_.IsEvictable(*hit)) ++m.num_cached_unreferenced;
+        anchor.content_ids.push_back(parent_content);
+    }
+    auto h = static_cast<int64_t>(anchor.blocks.size());
+    if (h == 0) return m;
+    m.groups.resize(static_cast<size_t>(num_groups));
+    m.groups[0] = std::move(anchor);
+    // The other groups: each block found under its group's chain hash with the anchor's block
+    // before it as parent; missing[g][i]: blocks not found among the first i.
+    std::vector<std::vector<int64_t>> missing(static_cast<size_t>(num_groups));
+    for (int64_t g = 1; g < num_groups; ++g) {
+        GroupMatch& gm = m.groups[static_cast<size_t>(g)];
+        std::vector<int64_t>& miss = missing[static_cast<size_t>(g)];
+        miss.assign(static_cast<size_t>(h + 1), 0);
+        uint64_t hash = GroupRootHash(g);
+        for (int64_t i = 0; i < h; ++i) {
+            hash = ChainHash(hash, block_tokens(i));
+            const uint64_t parent = i == 0 ? kRootContentId : m.groups[0].content_ids[i - 1];
+            std::optional<BlockId> hit =
+                cache_.Find(hash, parent, block_tokens(i), static_cast<int32_t>(g));
+            gm.hashes.push_back(hash);
+            gm.blocks.push_back(hit ? *hit : kNoBlock);
+            gm.content_ids.push_back(hit ? cache_.ContentId(*hit) : 0);
+            miss[i + 1] = miss[i] + (hit ? 0 : 1);
+        }
+    }
+    // The longest hit every group can serve: a group needs the blocks its window reads from the
+    // first computed position (h * bs) on.
+    for (; h > 0; --h) {
+        bool ok = true;
+        for (int64_t g = 1; g < num_groups && ok; ++g) {
+            const std::vector<int64_t>& miss = missing[static_cast<size_t>(g)];
+            ok = miss[h] - miss[NumReleasable(g, h * bs)] == 0;
+        }
+        if (ok) break;
+    }
+    if (h == 0) {
+        m.groups.clear();
+        return m;
+    }
+    m.num_blocks = h;
+    for (int64_t g = 0; g < num_groups; ++g) {
+        GroupMatch& gm = m.groups[static_cast<size_t>(g)];
+        gm.blocks.resize(static_cast<size_t>(h));
+        gm.hashes.resize(static_cast<size_t>(h));
+        gm.content_ids.resize(static_cast<size_t>(h));
+        for (int64_t i = NumReleasable(g, h * bs); i < h; ++i) {
+            const BlockId b = gm.blocks[static_cast<size_t>(i)];
+            ++m.num_referenced;
+            // A pinned unreferenced block is not among the available blocks to begin with.
+            if (ref_counts_[b] == 0 && cache_.IsEvictable(b)) ++m.num_cached_unreferenced;
+        }
     }
     return m;
 }
@@ -96,10 +167,9 @@ bool BlockManager::CanAllocate(const SequenceRequest& request) const {
     const auto len = static_cast<int64_t>(request.prompt_token_ids.size());
     if (len == 0 || seqs_.contains(request.seq_id)) return false;
     const PrefixMatch m = MatchPrefix(request.prompt_token_ids);
-    const int64_t new_blocks =
-        CeilDiv(len, config_.block_size) - static_cast<int64_t>(m.blocks.size());
+    const int64_t new_blocks = num_groups() * (CeilDiv(len, config_.block_size) - m.num_blocks);
     const int64_t available_after = num_available_blocks() - m.num_cached_unreferenced - new_blocks;
-    const int64_t own_next_decode = len % config_.block_size == 0 ? 1 : 0;
+    const int64_t own_next_decode = len % config_.block_size == 0 ? num_groups() : 0;
     const int64_t reserve = watermark_blocks_ + NumBlocksForNextDecode() + own_next_decode;
     return available_after >= reserve;
 }
@@ -111,33 +181,45 @@ int64_t BlockManager::Allocate(const SequenceRequest& request) {
     const PrefixMatch m = MatchPrefix(request.prompt_token_ids);
     const int64_t bs = config_.block_size;
     const auto len = static_cast<int64_t>(request.prompt_token_ids.size());
+    const int64_t num_blocks = CeilDiv(len, bs);
+    const int64_t hit = m.num_blocks;
 
     Sequence s;
     s.token_ids.assign(request.prompt_token_ids.begin(), request.prompt_token_ids.end());
-    s.blocks.reserve(static_cast<size_t>(CeilDiv(len, bs)));
-    // Take the hits first: once referenced they cannot be evicted by TakeBlock below.
-    for (BlockId b : m.blocks) {
-        AddRef(b);
-        s.blocks.push_back(b);
+    s.num_cached_tokens = hit * bs;
+    s.num_computed = s.num_cached_tokens;
+    s.groups.resize(static_cast<size_t>(num_groups()));
+    // Take the hits of every group first: once referenced they cannot be evicted by TakeBlock.
+    for (int64_t g = 0; g < num_groups() && hit > 0; ++g) {
+        GroupTable& t = s.groups[static_cast<size_t>(g)];
+        const GroupMatch& gm = m.groups[static_cast<size_t>(g)];
+        t.blocks.reserve(static_cast<size_t>(num_blocks));
+        t.num_released = NumReleasable(g, s.num_computed);
+        for (int64_t i = 0; i < hit; ++i) {
+            const BlockId b = i < t.num_released ? kNoBlock : gm.blocks[static_cast<size_t>(i)];
+            if (b != kNoBlock) AddRef(b);
+            t.blocks.push_back(b);
+        }
+        t.chain_hashes = gm.hashes;
+        t.chain_content_ids = gm.content_ids;
     }
-    for (int64_t i = static_cast<int64_t>(m.blocks.size()); i < CeilDiv(len, bs); ++i) {
-        const BlockId b = TakeBlock();
-        const int64_t tokens_in_block = std::min(bs, len - i * bs);
-        block_num_tokens_[b] = static_cast<int32_t>(tokens_in_block);
-        stored_tokens_ += tokens_in_block;
-        s.blocks.push_back(b);
+    for (GroupTable& t : s.groups) {
+        for (int64_t i = hit; i < num_blocks; ++i) {
+            const BlockId b = TakeBlock();
+            const int64_t tokens_in_block = std::min(bs, len - i * bs);
+            block_num_tokens_[b] = static_cast<int32_t>(tokens_in_block);
+            stored_tokens_ += tokens_in_block;
+            t.blocks.push_back(b);
+        }
     }
-    s.num_cached_tokens = static_cast<int64_t>(m.blocks.size()) * bs;
-    s.chain_hashes = m.hashes;
-    s.chain_content_ids = m.content_ids;
     if (config_.enable_prefix_caching) {
         prompt_tokens_ += len;
         prompt_tokens_from_cache_ += s.num_cached_tokens;
         // A read of a pinned prefix: the pins it covers whole start their TTL again.
         bool read_pinned = false;
-        for (size_t i = 0; i < m.blocks.size(); ++i) {
-            read_pinned = read_pinned || pin_counts_[m.blocks[i]] > 0;
-            auto pin = pins_.find(m.content_ids[i]);
+        for (int64_t i = 0; i < hit; ++i) {
+            read_pinned = read_pinned || pin_counts_[m.groups[0].blocks[static_cast<size_t>(i)]] > 0;
+            auto pin = pins_.find(m.groups[0].content_ids[static_cast<size_t>(i)]);
             if (pin != pins_.end()) TouchPin(pin->first, pin->second.ttl);
         }
         if (read_pinned) ++pin_hits_;
@@ -148,15 +230,15 @@ int64_t BlockManager::Allocate(const SequenceRequest& request) {
 }
 
 int64_t BlockManager::CachedPrefixTokens(std::span<const int32_t> token_ids) const {
-    return static_cast<int64_t>(MatchPrefix(token_ids).blocks.size()) * config_.block_size;
+    return MatchPrefix(token_ids).num_blocks * config_.block_size;
 }
 
 int64_t BlockManager::PinnedPrefixTokens(std::span<const int32_t> token_ids) const {
     if (pins_.empty()) return 0;
     const PrefixMatch m = MatchPrefix(token_ids);
     int64_t pinned = 0;
-    for (size_t i = 0; i < m.blocks.size(); ++i) {
-        if (pin_counts_[m.blocks[i]] > 0) pinned = static_cast<int64_t>(i + 1);
+    for (int64_t i = 0; i < m.num_blocks; ++i) {
+        if (pin_counts_[m.groups[0].blocks[static_cast<size_t>(i)]] > 0) pinned = i + 1;
     }
     return pinned * config_.block_size;
 }
@@ -167,13 +249,15 @@ int64_t BlockManager::NumNewBlocksToAppend(const Sequence& s, int64_t num_tokens
     if (num_tokens == 0) return 0;
     const int64_t bs = config_.block_size;
     const auto cur = static_cast<int64_t>(s.token_ids.size());
-    int64_t n = CeilDiv(cur + num_tokens, bs) - static_cast<int64_t>(s.blocks.size());
-    if (cur % bs != 0 && ref_counts_[s.blocks.back()] > 1) ++n;  // copy-on-write
+    const int64_t per_group =
+        CeilDiv(cur + num_tokens, bs) - static_cast<int64_t>(s.groups[0].blocks.size());
+    int64_t n = per_group * num_groups();
+    if (cur % bs != 0) {
+        // Copy-on-write. A partial last block is never out of a window (it holds position
+        // cur - 1, which the next query at cur reads).
+        for (const GroupTable& t : s.groups) n += ref_counts_[t.blocks.back()] > 1 ? 1 : 0;
+    }
     return n;
-}
-
-bool BlockManager::NeedsBlockForNextToken(const Sequence& s) const {
-    return NumNewBlocksToAppend(s, 1) > 0;
 }
 
 bool BlockManager::CanAppend(SeqId seq, int64_t num_tokens) const {
@@ -190,23 +274,34 @@ AppendResult BlockManager::AppendSlots(SeqId seq, std::span<const int32_t> token
     const int64_t bs = config_.block_size;
     AppendResult r;
     if (n == 0) return r;
-    if (static_cast<int64_t>(s.token_ids.size()) % bs != 0 && ref_counts_[s.blocks.back()] > 1) {
-        const BlockId shared = s.blocks.back();
-        const BlockId copy = TakeBlock();
-        block_num_tokens_[copy] = block_num_tokens_[shared];
-        stored_tokens_ += block_num_tokens_[copy];
-        DropRef(shared);  // still referenced by the other side of the fork
-        s.blocks.back() = copy;
-        r.copy = CopyOp{shared, copy};
+    if (static_cast<int64_t>(s.token_ids.size()) % bs != 0) {
+        for (size_t g = 0; g < s.groups.size(); ++g) {
+            GroupTable& t = s.groups[g];
+            if (ref_counts_[t.blocks.back()] <= 1) continue;
+            const BlockId shared = t.blocks.back();
+            const BlockId copy = TakeBlock();
+            block_num_tokens_[copy] = block_num_tokens_[shared];
+            stored_tokens_ += block_num_tokens_[copy];
+            DropRef(shared);  // still referenced by the other side of the fork
+            t.blocks.back() = copy;
+            if (g == 0) {
+                r.copy = CopyOp{shared, copy};
+            } else {
+                r.group_copies.push_back(CopyOp{shared, copy});
+            }
+        }
     }
     r.slots.reserve(static_cast<size_t>(n));
     for (int32_t token : token_ids) {
         const auto pos = static_cast<int64_t>(s.token_ids.size());
-        if (pos % bs == 0) s.blocks.push_back(TakeBlock());
-        const BlockId b = s.blocks[static_cast<size_t>(pos / bs)];
-        ++block_num_tokens_[b];
-        ++stored_tokens_;
-        r.slots.push_back(static_cast<int64_t>(b) * bs + pos % bs);
+        for (size_t g = 0; g < s.groups.size(); ++g) {
+            GroupTable& t = s.groups[g];
+            if (pos % bs == 0) t.blocks.push_back(TakeBlock());
+            const BlockId b = t.blocks[static_cast<size_t>(pos / bs)];
+            ++block_num_tokens_[b];
+            ++stored_tokens_;
+            if (g == 0) r.slots.push_back(static_cast<int64_t>(b) * bs + pos % bs);
+        }
         s.token_ids.push_back(token);
     }
     return r;
@@ -218,7 +313,7 @@ AppendResult BlockManager::AppendSlot(SeqId seq, int32_t token_id) {
 
 int64_t BlockManager::NumBlocksForNextDecode() const {
     int64_t n = 0;
-    for (const auto& [id, s] : seqs_) n += NeedsBlockForNextToken(s) ? 1 : 0;
+    for (const auto& [id, s] : seqs_) n += NumNewBlocksToAppend(s, 1);
     return n;
 }
 
@@ -231,46 +326,89 @@ bool BlockManager::NeedsPreemption() const {
 void BlockManager::Fork(SeqId parent, SeqId child) {
     KV_CHECK(!seqs_.contains(child)) << "seq " << child << " exists";
     Sequence copy = Get(parent);
-    for (BlockId b : copy.blocks) AddRef(b);
+    for (const GroupTable& t : copy.groups) {
+        for (BlockId b : t.blocks) {
+            if (b != kNoBlock) AddRef(b);
+        }
+    }
     seqs_.emplace(child, std::move(copy));
+}
+
+void BlockManager::PublishGroup(Sequence& s, int64_t group, int64_t full_blocks, SeqId seq) {
+    const int64_t bs = config_.block_size;
+    GroupTable& t = s.groups[static_cast<size_t>(group)];
+    const GroupTable& anchor = s.groups[0];
+    // A group other than the anchor chains to the anchor's blocks: it goes no further than they.
+    const int64_t limit =
+        group == 0 ? full_blocks
+                   : std::min(full_blocks, static_cast<int64_t>(anchor.chain_content_ids.size()));
+    for (auto i = static_cast<int64_t>(t.chain_hashes.size()); i < limit && !t.chain_broken; ++i) {
+        const uint64_t parent_hash = i == 0 ? GroupRootHash(group) : t.chain_hashes[i - 1];
+        const uint64_t parent_content =
+            i == 0 ? kRootContentId : anchor.chain_content_ids[static_cast<size_t>(i - 1)];
+        std::span<const int32_t> tokens(s.token_ids.data() + i * bs, static_cast<size_t>(bs));
+        const uint64_t hash = ChainHash(parent_hash, tokens);
+        const BlockId b = t.blocks[static_cast<size_t>(i)];
+        const auto g32 = static_cast<int32_t>(group);
+        uint64_t content;
+        if (b == kNoBlock) {
+            // Released before it could be published (not reached: publishing comes first).
+            t.chain_broken = true;
+            break;
+        } else if (cache_.IsCached(b)) {
+            // Shared with the fork or sequence that published it: same tokens, same prefix.
+            KV_CHECK_EQ(cache_.Hash(b), hash) << "seq " << seq << " group " << group << " block " << i;
+            content = cache_.ContentId(b);
+        } else if (std::optional<BlockId> twin = cache_.Find(hash, parent_content, tokens, g32)) {
+            // Computed twice (e.g. two prompts admitted before either was published): keep the
+            // first; this block stays private and is freed, not cached, when the sequence ends.
+            content = cache_.ContentId(*twin);
+        } else if (cache_.ContainsHash(hash)) {
+            t.chain_broken = true;
+            break;
+        } else {
+            content = cache_.Insert(b, hash, parent_content, tokens, g32);
+        }
+        t.chain_hashes.push_back(hash);
+        t.chain_content_ids.push_back(content);
+    }
+}
+
+void BlockManager::ReleaseOutOfWindow(GroupTable& t, int64_t group, int64_t num_computed) {
+    const int64_t releasable = NumReleasable(group, num_computed);
+    // Oldest first: the earliest blocks, which later prefix hits need least, are evicted first.
+    for (int64_t i = t.num_released; i < releasable; ++i) {
+        const BlockId b = t.blocks[static_cast<size_t>(i)];
+        t.blocks[static_cast<size_t>(i)] = kNoBlock;
+        if (b != kNoBlock) {
+            DropRef(b);
+            ++num_window_released_;
+        }
+    }
+    t.num_released = std::max(t.num_released, releasable);
 }
 
 void BlockManager::MarkComputed(SeqId seq, int64_t num_computed_tokens) {
     Sequence& s = Get(seq);
     KV_CHECK_LE(num_computed_tokens, static_cast<int64_t>(s.token_ids.size()));
-    if (!config_.enable_prefix_caching) return;
-    const int64_t bs = config_.block_size;
-    const int64_t full_blocks = num_computed_tokens / bs;
-    for (auto i = static_cast<int64_t>(s.chain_hashes.size()); i < full_blocks && !s.chain_broken;
-         ++i) {
-        const uint64_t parent_hash = i == 0 ? kRootHash : s.chain_hashes[i - 1];
-        const uint64_t parent_content = i == 0 ? kRootContentId : s.chain_content_ids[i - 1];
-        std::span<const int32_t> tokens(s.token_ids.data() + i * bs, static_cast<size_t>(bs));
-        const uint64_t hash = ChainHash(parent_hash, tokens);
-        const BlockId b = s.blocks[static_cast<size_t>(i)];
-        uint64_t content;
-        if (cache_.IsCached(b)) {
-            // Shared with the fork or sequence that published it: same tokens, same prefix.
-            KV_CHECK_EQ(cache_.Hash(b), hash) << "seq " << seq << " block " << i;
-            content = cache_.ContentId(b);
-        } else if (std::optional<BlockId> twin = cache_.Find(hash, parent_content, tokens)) {
-            // Computed twice (e.g. two prompts admitted before either was published): keep the
-            // first; this block stays private and is freed, not cached, when the sequence ends.
-            content = cache_.ContentId(*twin);
-        } else if (cache_.ContainsHash(hash)) {
-            s.chain_broken = true;
-            break;
-        } else {
-            content = cache_.Insert(b, hash, parent_content, tokens);
-        }
-        s.chain_hashes.push_back(hash);
-        s.chain_content_ids.push_back(content);
+    s.num_computed = std::max(s.num_computed, num_computed_tokens);
+    if (config_.enable_prefix_caching) {
+        // The anchor first: the other groups' blocks take its content ids as parents.
+        for (int64_t g = 0; g < num_groups(); ++g)
+            PublishGroup(s, g, num_computed_tokens / config_.block_size, seq);
     }
+    for (int64_t g = 0; g < num_groups(); ++g)
+        ReleaseOutOfWindow(s.groups[static_cast<size_t>(g)], g, s.num_computed);
 }
 
 void BlockManager::Free(SeqId seq) {
     Sequence& s = Get(seq);
-    for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) DropRef(*it);
+    // The anchor last, each table last block first: the anchor's first blocks are evicted last.
+    for (auto t = s.groups.rbegin(); t != s.groups.rend(); ++t) {
+        for (auto it = t->blocks.rbegin(); it != t->blocks.rend(); ++it) {
+            if (*it != kNoBlock) DropRef(*it);
+        }
+    }
     seqs_.erase(seq);
 }
 
@@ -355,32 +493,44 @@ PinResult BlockManager::Pin(SeqId seq, int64_t prefix_tokens, Clock::duration tt
     }
     const Sequence& s = Get(seq);
     const int64_t bs = config_.block_size;
+    const GroupTable& anchor = s.groups[0];
     const auto want =
         std::min({prefix_tokens / bs, static_cast<int64_t>(s.token_ids.size()) / bs,
-                  static_cast<int64_t>(s.chain_content_ids.size())});
-    // The published block of each position of the chain: this sequence's own, or the twin that
-    // was published first.
-    std::vector<BlockId> blocks;
-    blocks.reserve(static_cast<size_t>(std::max<int64_t>(want, 0)));
+                  static_cast<int64_t>(anchor.chain_content_ids.size())});
+    // The anchor's published blocks along the chain, up to the first that is gone.
+    std::vector<BlockId> anchor_blocks;
+    anchor_blocks.reserve(static_cast<size_t>(std::max<int64_t>(want, 0)));
     for (int64_t i = 0; i < want; ++i) {
-        const uint64_t content = s.chain_content_ids[static_cast<size_t>(i)];
-        const BlockId own = s.blocks[static_cast<size_t>(i)];
-        if (cache_.IsCached(own) && cache_.ContentId(own) == content) {
-            blocks.push_back(own);
-            continue;
-        }
-        std::span<const int32_t> tokens(s.token_ids.data() + i * bs, static_cast<size_t>(bs));
-        const uint64_t parent = i == 0 ? kRootContentId : s.chain_content_ids[i - 1];
-        std::optional<BlockId> twin = cache_.Find(s.chain_hashes[i], parent, tokens);
-        if (!twin || cache_.ContentId(*twin) != content) break;  // the published twin is gone
-        blocks.push_back(*twin);
+        const BlockId b = PublishedBlock(s, 0, i);
+        if (b == kNoBlock) break;
+        anchor_blocks.push_back(b);
     }
-    if (blocks.empty()) {
+    // The longest prefix whose hit every other group could serve: a group's published blocks
+    // from where its window reads at the prefix's end. The pin holds those blocks, the other
+    // groups' first, the anchor's last.
+    std::vector<BlockId> blocks;
+    auto n = static_cast<int64_t>(anchor_blocks.size());
+    for (; n > 0; --n) {
+        blocks.clear();
+        bool ok = true;
+        for (int64_t g = num_groups() - 1; g >= 1 && ok; --g) {
+            const GroupTable& t = s.groups[static_cast<size_t>(g)];
+            for (int64_t i = NumReleasable(g, n * bs); i < n && ok; ++i) {
+                const BlockId b = i < static_cast<int64_t>(t.chain_content_ids.size())
+                                      ? PublishedBlock(s, g, i)
+                                      : kNoBlock;
+                ok = b != kNoBlock;
+                if (ok) blocks.push_back(b);
+            }
+        }
+        if (ok) break;
+    }
+    if (n == 0) {
         r.outcome = PinResult::Outcome::kNothingCached;
         return r;
     }
-    const auto n = static_cast<int64_t>(blocks.size());
-    const uint64_t key = s.chain_content_ids[static_cast<size_t>(n - 1)];
+    blocks.insert(blocks.end(), anchor_blocks.begin(), anchor_blocks.begin() + n);
+    const uint64_t key = anchor.chain_content_ids[static_cast<size_t>(n - 1)];
     if (auto it = pins_.find(key); it != pins_.end()) {
         TouchPin(key, std::max(it->second.ttl, ttl));
         r.outcome = PinResult::Outcome::kRefreshed;
@@ -399,8 +549,8 @@ PinResult BlockManager::Pin(SeqId seq, int64_t prefix_tokens, Clock::duration tt
     };
     // Make room: the least recently used pins lapse first, except the pins of a prefix of this
     // one (their blocks are this pin's too: letting them lapse frees nothing).
-    std::set<uint64_t> own_prefixes(s.chain_content_ids.begin(),
-                                    s.chain_content_ids.begin() + static_cast<ptrdiff_t>(n));
+    std::set<uint64_t> own_prefixes(anchor.chain_content_ids.begin(),
+                                    anchor.chain_content_ids.begin() + static_cast<ptrdiff_t>(n));
     for (auto it = pins_by_use_.begin();
          num_pinned_blocks_ + new_blocks() > max_pinned_blocks_ && it != pins_by_use_.end();) {
         const uint64_t victim = it->second;
@@ -421,6 +571,22 @@ PinResult BlockManager::Pin(SeqId seq, int64_t prefix_tokens, Clock::duration tt
     r.outcome = PinResult::Outcome::kPinned;
     r.pinned_tokens = n * bs;
     return r;
+}
+
+BlockId BlockManager::PublishedBlock(const Sequence& s, int64_t group, int64_t i) const {
+    const GroupTable& t = s.groups[static_cast<size_t>(group)];
+    const uint64_t content = t.chain_content_ids[static_cast<size_t>(i)];
+    if (content == 0) return kNoBlock;  // a hit's block released at admission, never found
+    const BlockId own = t.blocks[static_cast<size_t>(i)];
+    if (own != kNoBlock && cache_.IsCached(own) && cache_.ContentId(own) == content) return own;
+    const int64_t bs = config_.block_size;
+    std::span<const int32_t> tokens(s.token_ids.data() + i * bs, static_cast<size_t>(bs));
+    const uint64_t parent =
+        i == 0 ? kRootContentId : s.groups[0].chain_content_ids[static_cast<size_t>(i - 1)];
+    std::optional<BlockId> twin = cache_.Find(t.chain_hashes[static_cast<size_t>(i)], parent,
+                                              tokens, static_cast<int32_t>(group));
+    if (!twin || cache_.ContentId(*twin) != content) return kNoBlock;  // the published one is gone
+    return *twin;
 }
 
 bool BlockManager::LapseOldestPin() {
@@ -492,25 +658,44 @@ int64_t BlockManager::NumTokens(SeqId seq) const {
 
 int64_t BlockManager::NumCachedTokens(SeqId seq) const { return Get(seq).num_cached_tokens; }
 
-std::span<const BlockId> BlockManager::BlockTable(SeqId seq) const { return Get(seq).blocks; }
+std::span<const BlockId> BlockManager::BlockTable(SeqId seq, int64_t group) const {
+    KV_CHECK(group >= 0 && group < num_groups()) << "group " << group;
+    return Get(seq).groups[static_cast<size_t>(group)].blocks;
+}
 
 std::span<const int32_t> BlockManager::TokenIds(SeqId seq) const { return Get(seq).token_ids; }
 
-int64_t BlockManager::Slot(SeqId seq, int64_t position) const {
+int64_t BlockManager::Slot(SeqId seq, int64_t position, int64_t group) const {
     const Sequence& s = Get(seq);
     KV_CHECK(position >= 0 && position < static_cast<int64_t>(s.token_ids.size()))
         << "seq " << seq << " position " << position;
     const int64_t bs = config_.block_size;
-    return static_cast<int64_t>(s.blocks[static_cast<size_t>(position / bs)]) * bs + position % bs;
+    const BlockId b = BlockTable(seq, group)[static_cast<size_t>(position / bs)];
+    KV_CHECK_NE(b, kNoBlock) << "seq " << seq << " position " << position << " of group " << group
+                             << " is out of its window";
+    return static_cast<int64_t>(b) * bs + position % bs;
 }
 
-std::vector<int64_t> BlockManager::SlotMapping(SeqId seq, int64_t begin, int64_t end) const {
+std::vector<int64_t> BlockManager::SlotMapping(SeqId seq, int64_t begin, int64_t end,
+                                               int64_t group) const {
     KV_CHECK(0 <= begin && begin <= end && end <= NumTokens(seq))
         << "seq " << seq << " [" << begin << ", " << end << ")";
     std::vector<int64_t> slots;
     slots.reserve(static_cast<size_t>(end - begin));
-    for (int64_t p = begin; p < end; ++p) slots.push_back(Slot(seq, p));
+    for (int64_t p = begin; p < end; ++p) slots.push_back(Slot(seq, p, group));
     return slots;
+}
+
+int64_t BlockManager::NumHeldBlocks(SeqId seq) const {
+    int64_t n = 0;
+    for (const GroupTable& t : Get(seq).groups)
+        n += static_cast<int64_t>(t.blocks.size()) - t.num_released;
+    return n;
+}
+
+int64_t BlockManager::NumReleasedBlocks(SeqId seq, int64_t group) const {
+    KV_CHECK(group >= 0 && group < num_groups()) << "group " << group;
+    return Get(seq).groups[static_cast<size_t>(group)].num_released;
 }
 
 int64_t BlockManager::num_available_blocks() const {
@@ -542,6 +727,7 @@ BlockManagerStats BlockManager::Stats() const {
     st.pin_hits = pin_hits_;
     st.pins_expired = pins_expired_;
     st.pins_refused = pins_refused_;
+    st.num_window_released = num_window_released_;
     return st;
 }
 
@@ -559,44 +745,64 @@ Status BlockManager::CheckInvariants() const {
         const std::string who = "seq " + Str(id);  // short: fits the small-string buffer
         ++seq_index;
         if (len == 0) return fail(who + " has no tokens");
-        if (static_cast<int64_t>(s.blocks.size()) != CeilDiv(len, bs)) {
-            return fail(who + " has " + Str(len) + " tokens in " + Str(s.blocks.size()) +
-                        " blocks");
-        }
-        for (size_t i = 0; i < s.blocks.size(); ++i) {
-            const BlockId b = s.blocks[i];
-            if (b < 0 || b >= nb) return fail(who + " holds block id " + Str(b));
-            if (last_holder[b] == seq_index) return fail(who + " holds block " + Str(b) + " twice");
-            last_holder[b] = seq_index;
-            ++refs[b];
-            const int64_t want = std::min(bs, len - static_cast<int64_t>(i) * bs);
-            if (expected_tokens[b] != -1 && expected_tokens[b] != want) {
-                return fail("block " + Str(b) +
-                            " is shared by sequences that disagree on its fill");
+        if (static_cast<int64_t>(s.groups.size()) != num_groups())
+            return fail(who + " has " + Str(s.groups.size()) + " block tables");
+        if (s.num_computed > len) return fail(who + " computed past its tokens");
+        for (int64_t g = 0; g < num_groups(); ++g) {
+            const GroupTable& t = s.groups[static_cast<size_t>(g)];
+            const std::string where = who + " group " + Str(g);
+            if (static_cast<int64_t>(t.blocks.size()) != CeilDiv(len, bs)) {
+                return fail(where + " has " + Str(len) + " tokens in " + Str(t.blocks.size()) +
+                            " blocks");
             }
-            expected_tokens[b] = static_cast<int32_t>(want);
-        }
-        if (s.chain_hashes.size() != s.chain_content_ids.size() ||
-            static_cast<int64_t>(s.chain_hashes.size()) > len / bs) {
-            return fail(who + " has a chain of " + Str(s.chain_hashes.size()) + " blocks");
-        }
-        uint64_t parent_hash = kRootHash;
-        for (size_t i = 0; i < s.chain_hashes.size(); ++i) {
-            std::span<const int32_t> tokens(s.token_ids.data() + i * bs, static_cast<size_t>(bs));
-            const uint64_t hash = ChainHash(parent_hash, tokens);
-            if (hash != s.chain_hashes[i]) return fail(who + " chain hash " + Str(i) + " is stale");
-            parent_hash = hash;
-            const BlockId b = s.blocks[i];
-            if (cache_.IsCached(b)) {
-                std::span<const int32_t> stored = cache_.TokenIds(b);
-                if (!std::equal(stored.begin(), stored.end(), tokens.begin(), tokens.end())) {
-                    return fail(who + " block " + Str(i) + " (id " + Str(b) +
-                                ") differs from its cached tokens");
+            if (t.num_released != NumReleasable(g, s.num_computed)) {
+                return fail(where + " released " + Str(t.num_released) + " blocks, its window " +
+                            Str(NumReleasable(g, s.num_computed)));
+            }
+            for (size_t i = 0; i < t.blocks.size(); ++i) {
+                const BlockId b = t.blocks[i];
+                if (static_cast<int64_t>(i) < t.num_released) {
+                    if (b != kNoBlock) return fail(where + " holds released entry " + Str(i));
+                    continue;
                 }
-                // The content id may differ: when this block was registered as the twin of a
-                // block since evicted, a fork sharing it may have published it under a new id.
-                if (cache_.Hash(b) != hash) {
-                    return fail(who + " block " + Str(i) + " is cached under another hash");
+                if (b < 0 || b >= nb) return fail(where + " holds block id " + Str(b));
+                if (last_holder[b] == seq_index)
+                    return fail(who + " holds block " + Str(b) + " twice");
+                last_holder[b] = seq_index;
+                ++refs[b];
+                const int64_t want = std::min(bs, len - static_cast<int64_t>(i) * bs);
+                if (expected_tokens[b] != -1 && expected_tokens[b] != want) {
+                    return fail("block " + Str(b) +
+                                " is shared by sequences that disagree on its fill");
+                }
+                expected_tokens[b] = static_cast<int32_t>(want);
+            }
+            if (t.chain_hashes.size() != t.chain_content_ids.size() ||
+                static_cast<int64_t>(t.chain_hashes.size()) > len / bs ||
+                (g > 0 && t.chain_hashes.size() > s.groups[0].chain_hashes.size())) {
+                return fail(where + " has a chain of " + Str(t.chain_hashes.size()) + " blocks");
+            }
+            uint64_t parent_hash = GroupRootHash(g);
+            for (size_t i = 0; i < t.chain_hashes.size(); ++i) {
+                std::span<const int32_t> tokens(s.token_ids.data() + i * bs,
+                                                static_cast<size_t>(bs));
+                const uint64_t hash = ChainHash(parent_hash, tokens);
+                if (hash != t.chain_hashes[i])
+                    return fail(where + " chain hash " + Str(i) + " is stale");
+                parent_hash = hash;
+                const BlockId b = t.blocks[i];
+                if (b != kNoBlock && cache_.IsCached(b)) {
+                    std::span<const int32_t> stored = cache_.TokenIds(b);
+                    if (!std::equal(stored.begin(), stored.end(), tokens.begin(), tokens.end())) {
+                        return fail(where + " block " + Str(i) + " (id " + Str(b) +
+                                    ") differs from its cached tokens");
+                    }
+                    // The content id may differ: when this block was registered as the twin of a
+                    // block since evicted, a fork sharing it may have published it under a new id.
+                    if (cache_.Hash(b) != hash || cache_.Group(b) != g) {
+                        return fail(where + " block " + Str(i) +
+                                    " is cached under another hash or group");
+                    }
                 }
             }
         }

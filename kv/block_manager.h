@@ -36,6 +36,23 @@
 // steps and CanAppend(seq, 1) is false for some running sequence, NeedsPreemption() is true: the
 // scheduler must free (preempt by recompute) a sequence before that one can continue.
 //
+// KV cache groups (sliding-window KV; vLLM's hybrid KV cache manager is the model): the layers of
+// a model are split into groups of equal size (kv/kv_cache_groups.h), each with an attention
+// window (0: full attention). A block id names `block_size` slots of one group's layers, so every
+// block of the pool fits every group, and all groups draw from the one free list and the one LRU
+// list. Each sequence keeps one block table per group, all as long as the sequence. A windowed
+// group's query at position p reads positions p - window + 1 .. p only: once every position a
+// future query of the sequence may sit at (from the first not yet computed, MarkComputed) is past
+// a block's last position + window - 1, the group's table entry becomes kNoBlock and the block
+// loses the sequence's reference (it turns cached, evictable, when published, else free). The
+// attention kernels never read such an entry: they start each query's walk at its window.
+// Prefix caching per group: group 0 is the anchor (a full-attention group when the model has
+// one); its chain must be cached whole for a hit, as without groups. Any other group's block is
+// cached under its own hash chain (GroupRootHash) with the anchor's block before it as parent, so
+// a hit of h blocks needs, in a full group, all h blocks, and in a windowed group only the blocks
+// its window still reads from position h * block_size on; the others stay kNoBlock. Without
+// groups (group_windows empty) there is one full-attention group: everything is as it always was.
+//
 // Thread-safety: none. Owned by one instance's engine thread (DESIGN.md "Threads").
 #pragma once
 
@@ -54,6 +71,8 @@
 
 namespace kvshard::kv {
 
+inline constexpr int64_t kMaxKvCacheGroups = 1024;
+
 struct BlockManagerConfig {
     int64_t num_blocks = 0;
     int64_t block_size = 16;  // token slots per block
@@ -65,6 +84,9 @@ struct BlockManagerConfig {
     // shortest prefix (in tokens) that is pinned.
     double max_pinned_fraction = 0.5;
     int64_t min_pinned_tokens = 1024;
+    // KV cache groups: the attention window of each group in tokens (0: full attention), group 0
+    // first. Empty: one full-attention group (a model without windows). At most kMaxKvCacheGroups.
+    std::vector<int64_t> group_windows = {};
 
     // Names the bad field and its value.
     Status Validate() const;
@@ -79,8 +101,9 @@ struct SequenceRequest {
 // The slots of appended tokens, in order, and the copy the worker must execute before it writes
 // them (present when the sequence's last partial block was shared with a fork).
 struct AppendResult {
-    std::vector<int64_t> slots;
-    std::optional<CopyOp> copy;
+    std::vector<int64_t> slots;  // group 0's (SlotMapping(seq, begin, end, g) for the others)
+    std::optional<CopyOp> copy;  // group 0's
+    std::vector<CopyOp> group_copies;  // the other groups' copies, in group order
 };
 
 struct BlockManagerStats {
@@ -107,6 +130,8 @@ struct BlockManagerStats {
     int64_t pin_hits = 0;       // Allocate calls whose prefix hit read a pinned block
     int64_t pins_expired = 0;   // pins that lapsed at their TTL
     int64_t pins_refused = 0;   // pins not made, or lapsed before their TTL, for lack of room
+    // Windows: table entries released because no future query of their group reads them.
+    int64_t num_window_released = 0;
 };
 
 // What Pin did: the prompt tokens now covered by the pin (a multiple of block_size; 0 when no pin
@@ -172,9 +197,11 @@ class BlockManager {
     void Fork(SeqId parent, SeqId child);
     // Declares that the KV of the first `num_computed_tokens` tokens of `seq` is written, so its
     // full blocks may be served to other sequences: each is published in the prefix cache, unless
-    // an equal block (same tokens, same prefix) is already there. Call it after the step that
-    // writes them, or when planning that step if the worker writes all of a step's KV before
-    // attention reads it (DESIGN.md data flow, step 4). A no-op when prefix caching is off.
+    // an equal block (same tokens, same prefix) is already there (prefix caching on). Then, in
+    // every windowed group, the blocks that no query at position num_computed_tokens or later
+    // reads are released (their entries become kNoBlock). Call it after the step that computed
+    // those tokens (its queries read the blocks released here). With one full-attention group and
+    // prefix caching off, a no-op.
     // REQUIRES: HasSequence(seq), num_computed_tokens <= NumTokens(seq).
     void MarkComputed(SeqId seq, int64_t num_computed_tokens);
 
@@ -216,12 +243,25 @@ class BlockManager {
     int64_t NumTokens(SeqId seq) const;
     // Prompt tokens served from the cache at Allocate (usage.prompt_tokens_details.cached_tokens).
     int64_t NumCachedTokens(SeqId seq) const;
-    std::span<const BlockId> BlockTable(SeqId seq) const;
+    // Group `group`'s table: entry i holds positions [i * block_size, (i + 1) * block_size), or
+    // is kNoBlock when the group's window no longer reads them. REQUIRES: 0 <= group < num_groups().
+    std::span<const BlockId> BlockTable(SeqId seq, int64_t group = 0) const;
     std::span<const int32_t> TokenIds(SeqId seq) const;
-    // The slot of token `position`. REQUIRES: 0 <= position < NumTokens(seq).
-    int64_t Slot(SeqId seq, int64_t position) const;
-    // Slots of positions [begin, end). REQUIRES: 0 <= begin <= end <= NumTokens(seq).
-    std::vector<int64_t> SlotMapping(SeqId seq, int64_t begin, int64_t end) const;
+    // The slot of token `position` in group `group`. REQUIRES: 0 <= position < NumTokens(seq),
+    // and its block held (not released by the window).
+    int64_t Slot(SeqId seq, int64_t position, int64_t group = 0) const;
+    // Slots of positions [begin, end). REQUIRES: 0 <= begin <= end <= NumTokens(seq), all held.
+    std::vector<int64_t> SlotMapping(SeqId seq, int64_t begin, int64_t end,
+                                     int64_t group = 0) const;
+    // Blocks the sequence references now, over all groups (entries that are not kNoBlock; a block
+    // shared with a fork or a prefix hit counts for each sequence).
+    int64_t NumHeldBlocks(SeqId seq) const;
+    // Leading entries of group `group`'s table released by its window.
+    int64_t NumReleasedBlocks(SeqId seq, int64_t group) const;
+
+    int64_t num_groups() const { return static_cast<int64_t>(windows_.size()); }
+    // Group `group`'s window in tokens, 0 for full attention.
+    int64_t group_window(int64_t group) const { return windows_[static_cast<size_t>(group)]; }
 
     int64_t RefCount(BlockId block) const { return ref_counts_[block]; }
     const PrefixCache& prefix_cache() const { return cache_; }
@@ -239,27 +279,50 @@ class BlockManager {
     Status CheckInvariants() const;
 
   private:
-    struct Sequence {
-        std::vector<int32_t> token_ids;
-        std::vector<BlockId> blocks;
-        int64_t num_cached_tokens = 0;
+    // One group's view of a sequence.
+    struct GroupTable {
+        std::vector<BlockId> blocks;  // kNoBlock for the first num_released entries
+        int64_t num_released = 0;
         // The leading full blocks already matched to the prefix cache (MarkComputed or a hit):
         // chain hash and content id of each. A block whose equal twin was published first carries
         // the twin's content id, so the chain continues (if the twin is later evicted, blocks
         // published after it under that id become unreachable and age out: a lost hit, never a
         // wrong one). `chain_broken` stops the chain at a hash taken by different content (a
-        // 64-bit collision): later blocks are not published.
+        // 64-bit collision): later blocks are not published. In a group other than 0 the content
+        // id is 0 where a prefix hit found no block (released at admission, nothing published).
         std::vector<uint64_t> chain_hashes;
         std::vector<uint64_t> chain_content_ids;
         bool chain_broken = false;
     };
 
-    struct PrefixMatch {
-        std::vector<BlockId> blocks;
+    struct Sequence {
+        std::vector<int32_t> token_ids;
+        int64_t num_cached_tokens = 0;
+        int64_t num_computed = 0;  // the most MarkComputed (or a prefix hit) declared
+        std::vector<GroupTable> groups;  // num_groups()
+    };
+
+    struct GroupMatch {
+        std::vector<BlockId> blocks;  // kNoBlock where the window does not need the block
         std::vector<uint64_t> hashes;
         std::vector<uint64_t> content_ids;
-        int64_t num_cached_unreferenced = 0;  // hits on blocks no sequence references
     };
+    struct PrefixMatch {
+        int64_t num_blocks = 0;  // the hit, in blocks
+        std::vector<GroupMatch> groups;  // num_groups(), each num_blocks long; empty: no hit
+        int64_t num_referenced = 0;  // blocks of the hit the sequence references (not kNoBlock)
+        int64_t num_cached_unreferenced = 0;  // ... of them, evictable blocks no one references
+    };
+
+    // Entries of a table of `group` released when future queries start at `num_computed`.
+    int64_t NumReleasable(int64_t group, int64_t num_computed) const;
+    // Releases the entries NumReleasable gives, oldest first.
+    void ReleaseOutOfWindow(GroupTable& t, int64_t group, int64_t num_computed);
+    // Publishes the full blocks of `group` below `full_blocks` (MarkComputed).
+    void PublishGroup(Sequence& s, int64_t group, int64_t full_blocks, SeqId seq);
+    // The published block of chain position i of `group` in `s` (its own or the twin published
+    // first), or kNoBlock.
+    BlockId PublishedBlock(const Sequence& s, int64_t group, int64_t i) const;
 
     // A pin: the blocks of one prefix (in order), keyed by the content id of its last block.
     struct PinState {
@@ -278,7 +341,6 @@ class BlockManager {
     void PinBlock(BlockId block);
     void UnpinBlock(BlockId block);
     int64_t NumNewBlocksToAppend(const Sequence& s, int64_t num_tokens) const;
-    bool NeedsBlockForNextToken(const Sequence& s) const;
     // Takes a block from the free list, else evicts the least recently released cached block.
     // REQUIRES: num_available_blocks() > 0.
     BlockId TakeBlock();
@@ -288,6 +350,7 @@ class BlockManager {
     Sequence& Get(SeqId seq);
 
     BlockManagerConfig config_;
+    std::vector<int64_t> windows_;  // by group
     int64_t watermark_blocks_ = 0;
     std::vector<int32_t> ref_counts_;        // by block id
     std::vector<int32_t> block_num_tokens_;  // tokens written in each block (0..block_size)
@@ -312,6 +375,7 @@ class BlockManager {
     int64_t pin_hits_ = 0;
     int64_t pins_expired_ = 0;
     int64_t pins_refused_ = 0;
+    int64_t num_window_released_ = 0;
 };
 
 }  // namespace kvshard::kv

@@ -12,6 +12,15 @@ uint64_t ChainHash(uint64_t parent_hash, std::span<const int32_t> token_ids) {
     return XXH3_64bits_withSeed(token_ids.data(), token_ids.size_bytes(), parent_hash);
 }
 
+uint64_t GroupRootHash(int64_t group) {
+    if (group == 0) return kRootHash;
+    // splitmix64 of the group number: any fixed, distinct, nonzero seed would do.
+    uint64_t z = static_cast<uint64_t>(group) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 PrefixCache::PrefixCache(int64_t num_blocks, int64_t block_size)
     : block_size_(block_size),
       entries_(static_cast<size_t>(num_blocks)),
@@ -21,11 +30,12 @@ PrefixCache::PrefixCache(int64_t num_blocks, int64_t block_size)
 }
 
 std::optional<BlockId> PrefixCache::Find(uint64_t hash, uint64_t parent_content_id,
-                                         std::span<const int32_t> token_ids) const {
+                                         std::span<const int32_t> token_ids, int32_t group) const {
     auto it = by_hash_.find(hash);
     if (it == by_hash_.end()) return std::nullopt;
     const BlockId block = it->second;
     if (entries_[block].parent_content_id != parent_content_id) return std::nullopt;
+    if (entries_[block].group != group) return std::nullopt;
     std::span<const int32_t> stored = TokenIds(block);
     if (!std::equal(stored.begin(), stored.end(), token_ids.begin(), token_ids.end())) {
         return std::nullopt;
@@ -34,7 +44,7 @@ std::optional<BlockId> PrefixCache::Find(uint64_t hash, uint64_t parent_content_
 }
 
 uint64_t PrefixCache::Insert(BlockId block, uint64_t hash, uint64_t parent_content_id,
-                             std::span<const int32_t> token_ids) {
+                             std::span<const int32_t> token_ids, int32_t group) {
     KV_CHECK(!IsCached(block)) << "block " << block;
     KV_CHECK(!ContainsHash(hash)) << "hash " << hash;
     KV_CHECK_EQ(static_cast<int64_t>(token_ids.size()), block_size_);
@@ -42,6 +52,7 @@ uint64_t PrefixCache::Insert(BlockId block, uint64_t hash, uint64_t parent_conte
     e.content_id = next_content_id_++;
     e.hash = hash;
     e.parent_content_id = parent_content_id;
+    e.group = group;
     e.evictable = false;
     std::copy(token_ids.begin(), token_ids.end(), token_ids_.begin() + block * block_size_);
     by_hash_.emplace(hash, block);
@@ -61,6 +72,11 @@ uint64_t PrefixCache::Hash(BlockId block) const {
 uint64_t PrefixCache::ParentContentId(BlockId block) const {
     KV_CHECK(IsCached(block)) << "block " << block;
     return entries_[block].parent_content_id;
+}
+
+int32_t PrefixCache::Group(BlockId block) const {
+    KV_CHECK(IsCached(block)) << "block " << block;
+    return entries_[block].group;
 }
 
 std::span<const int32_t> PrefixCache::TokenIds(BlockId block) const {

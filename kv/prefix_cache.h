@@ -32,27 +32,34 @@ inline constexpr uint64_t kRootContentId = 0;
 // Chain hash (xxh3-64 seeded with the parent's hash) of one full block of token ids.
 uint64_t ChainHash(uint64_t parent_hash, std::span<const int32_t> token_ids);
 
+// The parent hash of the first block of a sequence in KV cache group `group` (block_manager.h):
+// kRootHash for group 0, so a model with one group hashes exactly as before groups existed; a
+// distinct seed for every other group, so the same tokens in two groups (whose blocks hold
+// different layers) are cached under different hashes.
+uint64_t GroupRootHash(int64_t group);
+
 class PrefixCache {
   public:
     PrefixCache(int64_t num_blocks, int64_t block_size);
 
-    // The cached block with chain hash `hash`, token ids `token_ids` and parent `parent_content_id`
-    // (kRootContentId for the first block of a sequence), or nullopt.
+    // The cached block of KV cache group `group` with chain hash `hash`, token ids `token_ids` and
+    // parent `parent_content_id` (kRootContentId for the first block of a sequence), or nullopt.
     std::optional<BlockId> Find(uint64_t hash, uint64_t parent_content_id,
-                                std::span<const int32_t> token_ids) const;
+                                std::span<const int32_t> token_ids, int32_t group = 0) const;
     // True when some block is cached under `hash` (whatever its tokens).
     bool ContainsHash(uint64_t hash) const { return by_hash_.contains(hash); }
 
     // Publishes `block` (referenced by a sequence, so not evictable) and returns its new content
     // id. REQUIRES: !IsCached(block); !ContainsHash(hash); token_ids.size() == block_size.
     uint64_t Insert(BlockId block, uint64_t hash, uint64_t parent_content_id,
-                    std::span<const int32_t> token_ids);
+                    std::span<const int32_t> token_ids, int32_t group = 0);
 
     bool IsCached(BlockId block) const { return entries_[block].content_id != 0; }
     // REQUIRES: IsCached(block).
     uint64_t ContentId(BlockId block) const;
     uint64_t Hash(BlockId block) const;
     uint64_t ParentContentId(BlockId block) const;
+    int32_t Group(BlockId block) const;
     std::span<const int32_t> TokenIds(BlockId block) const;
 
     // The last reference to cached `block` was dropped: it becomes the most recently released
@@ -78,6 +85,7 @@ class PrefixCache {
         uint64_t content_id = 0;  // 0: not cached
         uint64_t hash = 0;
         uint64_t parent_content_id = 0;
+        int32_t group = 0;  // the KV cache group whose layers the block holds
         bool evictable = false;
         BlockId lru_prev = kNoBlock;  // towards the least recently released end
         BlockId lru_next = kNoBlock;

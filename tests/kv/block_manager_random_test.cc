@@ -6,6 +6,8 @@
 //   - every live sequence reads back its exact token ids through its block table, so a prefix hit
 //     served the right tokens, a copy-on-write happened before a shared block was written, and no
 //     block in use was evicted or handed to someone else.
+// With KV cache groups (sliding windows), every group's table is read back, over the positions
+// its window still holds.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,6 +26,7 @@ struct RandomCase {
     int64_t block_size;
     bool prefix_caching;
     double watermark;
+    std::vector<int64_t> group_windows = {};
 };
 
 struct Coverage {
@@ -58,7 +61,8 @@ class RandomRun {
   public:
     RandomRun(const RandomCase& c, uint64_t seed)
         : c_(c),
-          bm_(WithPins(BlockManagerConfig{c.num_blocks, c.block_size, c.watermark, c.prefix_caching})),
+          bm_(WithPins(BlockManagerConfig{c.num_blocks, c.block_size, c.watermark, c.prefix_caching},
+                       c.group_windows)),
           worker_(c.num_blocks, c.block_size),
           rng_(seed) {
         // A few shared "system prompts" of 0 to 3 blocks and a bit.
@@ -104,6 +108,7 @@ class RandomRun {
     }
 
     int64_t evictions() const { return bm_.Stats().num_evictions; }
+    int64_t window_released() const { return bm_.Stats().num_window_released; }
 
   private:
     int64_t Uniform(int64_t lo, int64_t hi) {
@@ -142,11 +147,14 @@ class RandomRun {
         ASSERT_EQ(bm_.NumCachedTokens(id), cached);
         ASSERT_EQ(cached % c_.block_size, 0);
         ASSERT_LT(cached, static_cast<int64_t>(prompt.size()));
-        for (int64_t p = 0; p < cached; ++p) {
-            ASSERT_EQ(worker_.Read(bm_.Slot(id, p)), prompt[p]) << "hit served wrong KV at " << p;
+        for (int64_t g = 0; g < bm_.num_groups(); ++g) {
+            for (int64_t p = HeldFrom(id, g); p < cached; ++p) {
+                ASSERT_EQ(worker_.Read(bm_.Slot(id, p, g)), prompt[p])
+                    << "hit served wrong KV at " << p << " in group " << g;
+            }
+            const std::vector<int64_t> slots = bm_.SlotMapping(id, cached, prompt.size(), g);
+            for (size_t i = 0; i < slots.size(); ++i) worker_.Write(slots[i], prompt[cached + i]);
         }
-        const std::vector<int64_t> slots = bm_.SlotMapping(id, cached, prompt.size());
-        for (size_t i = 0; i < slots.size(); ++i) worker_.Write(slots[i], prompt[cached + i]);
         if (Uniform(0, 9) < 7) bm_.MarkComputed(id, static_cast<int64_t>(prompt.size()));
         live_.push_back(id);
         ++cov_.allocations;
@@ -170,7 +178,12 @@ class RandomRun {
             return;
         }
         const std::vector<BlockId> before(bm_.BlockTable(s).begin(), bm_.BlockTable(s).end());
+        const int64_t begin = bm_.NumTokens(s);
         const AppendResult r = bm_.AppendSlots(s, tokens);
+        for (const CopyOp& op : r.group_copies) {
+            worker_.Copy(op);
+            ++cov_.copies;
+        }
         if (r.copy) {
             ASSERT_EQ(r.copy->src_block, before.back());
             ASSERT_EQ(bm_.BlockTable(s)[before.size() - 1], r.copy->dst_block);
@@ -180,6 +193,10 @@ class RandomRun {
         }
         ASSERT_EQ(r.slots.size(), tokens.size());
         for (size_t i = 0; i < tokens.size(); ++i) worker_.Write(r.slots[i], tokens[i]);
+        for (int64_t g = 1; g < bm_.num_groups(); ++g) {
+            const std::vector<int64_t> slots = bm_.SlotMapping(s, begin, bm_.NumTokens(s), g);
+            for (size_t i = 0; i < tokens.size(); ++i) worker_.Write(slots[i], tokens[i]);
+        }
         if (Uniform(0, 1) == 0) bm_.MarkComputed(s, bm_.NumTokens(s));
         ++cov_.appends;
     }
@@ -203,10 +220,16 @@ class RandomRun {
         }
     }
 
-    static BlockManagerConfig WithPins(BlockManagerConfig c) {
+    static BlockManagerConfig WithPins(BlockManagerConfig c, std::vector<int64_t> windows) {
         c.max_pinned_fraction = 0.5;
         c.min_pinned_tokens = 0;
+        c.group_windows = std::move(windows);
         return c;
+    }
+
+    // The first position group g's window still holds for `s`.
+    int64_t HeldFrom(SeqId s, int64_t g) const {
+        return bm_.NumReleasedBlocks(s, g) * c_.block_size;
     }
 
     void Fork() {
@@ -232,9 +255,12 @@ class RandomRun {
         ASSERT_LE(stats.num_pinned_blocks, bm_.max_pinned_blocks());
         for (SeqId s : live_) {
             std::span<const int32_t> tokens = bm_.TokenIds(s);
-            for (int64_t p = 0; p < static_cast<int64_t>(tokens.size()); ++p) {
-                ASSERT_EQ(worker_.Read(bm_.Slot(s, p)), tokens[p])
-                    << "after op " << op << ": seq " << s << " position " << p;
+            for (int64_t g = 0; g < bm_.num_groups(); ++g) {
+                for (int64_t p = HeldFrom(s, g); p < static_cast<int64_t>(tokens.size()); ++p) {
+                    ASSERT_EQ(worker_.Read(bm_.Slot(s, p, g)), tokens[p])
+                        << "after op " << op << ": seq " << s << " position " << p << " group "
+                        << g;
+                }
             }
         }
     }
@@ -257,6 +283,11 @@ TEST(BlockManagerRandomTest, InvariantsHoldOverManyOperations) {
         {"block 1", 48, 1, true, 0.0},
         {"block 3", 50, 3, true, 0.02},
         {"block 4, no prefix caching", 64, 4, false, 0.0},
+        // Sliding windows: a full group and two windows (the anchor is full), and a windowed
+        // anchor alone (Mistral).
+        {"block 4, windows 0/6/9", 96, 4, true, 0.0, {0, 6, 9, 6}},
+        {"block 3, window 5 only", 36, 3, true, 0.0, {5}},
+        {"block 4, windows, no prefix caching", 96, 4, false, 0.0, {0, 7}},
     };
     constexpr int64_t kOps = 100'000;
     uint64_t seed = 20240601;
@@ -294,6 +325,9 @@ TEST(BlockManagerRandomTest, InvariantsHoldOverManyOperations) {
         } else {
             EXPECT_EQ(cov.prefix_hits, 0);
             EXPECT_EQ(run.evictions(), 0);
+        }
+        if (!c.group_windows.empty()) {
+            EXPECT_GT(run.window_released(), 1000);
         }
     }
 }
