@@ -9,23 +9,13 @@
 #include <vector>
 
 #include "kv/block_manager.h"
+#include "tests/kv/block_manager_test_util.h"
 
 namespace kvshard::kv {
 namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-std::vector<int32_t> Tokens(int64_t n, int32_t first = 1000) {
-    std::vector<int32_t> t(static_cast<size_t>(n));
-    std::iota(t.begin(), t.end(), first);
-    return t;
-}
-
-std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-}
 
 BlockManager Make(int64_t num_blocks, double max_pinned_fraction = 0.5,
                   int64_t min_pinned_tokens = 8) {

@@ -7,19 +7,10 @@
 #include <numeric>
 #include <vector>
 
+#include "tests/kv/block_manager_test_util.h"
+
 namespace kvshard::kv {
 namespace {
-
-std::vector<int32_t> Tokens(int64_t n, int32_t first = 1000) {
-    std::vector<int32_t> t(static_cast<size_t>(n));
-    std::iota(t.begin(), t.end(), first);
-    return t;
-}
-
-std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-}
 
 BlockManager Make(int64_t num_blocks, int64_t block_size = 4, double watermark = 0.0,
                   bool prefix_caching = true) {
@@ -29,16 +20,6 @@ BlockManager Make(int64_t num_blocks, int64_t block_size = 4, double watermark =
     c.watermark = watermark;
     c.enable_prefix_caching = prefix_caching;
     return BlockManager(c);
-}
-
-// Allocates and asserts success; returns the cached token count.
-int64_t MustAllocate(BlockManager& bm, SeqId id, const std::vector<int32_t>& prompt) {
-    SequenceRequest r{id, prompt};
-    EXPECT_TRUE(bm.CanAllocate(r)) << "seq " << id;
-    if (!bm.CanAllocate(r)) return -1;
-    const int64_t cached = bm.Allocate(r);
-    EXPECT_TRUE(bm.CheckInvariants().ok()) << bm.CheckInvariants().ToString();
-    return cached;
 }
 
 TEST(BlockManagerConfigTest, Validate) {

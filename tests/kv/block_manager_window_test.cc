@@ -13,15 +13,10 @@
 #include "kv/block_manager.h"
 #include "kv/capacity_planner.h"
 #include "kv/kv_cache_groups.h"
+#include "tests/kv/block_manager_test_util.h"
 
 namespace kvshard::kv {
 namespace {
-
-std::vector<int32_t> Tokens(int64_t n, int32_t first = 1000) {
-    std::vector<int32_t> t(static_cast<size_t>(n));
-    std::iota(t.begin(), t.end(), first);
-    return t;
-}
 
 BlockManager Make(int64_t num_blocks, std::vector<int64_t> windows, int64_t block_size = 4,
                   bool prefix_caching = true) {
@@ -32,20 +27,6 @@ BlockManager Make(int64_t num_blocks, std::vector<int64_t> windows, int64_t bloc
     c.enable_prefix_caching = prefix_caching;
     c.group_windows = std::move(windows);
     return BlockManager(c);
-}
-
-void ExpectValid(const BlockManager& bm) {
-    const Status s = bm.CheckInvariants();
-    EXPECT_TRUE(s.ok()) << s.ToString();
-}
-
-int64_t MustAllocate(BlockManager& bm, SeqId id, const std::vector<int32_t>& prompt) {
-    SequenceRequest r{id, prompt};
-    EXPECT_TRUE(bm.CanAllocate(r)) << "seq " << id;
-    if (!bm.CanAllocate(r)) return -1;
-    const int64_t cached = bm.Allocate(r);
-    ExpectValid(bm);
-    return cached;
 }
 
 // Decodes `n` tokens as the scheduler does: the next token's slot, then the step computes it.
