@@ -57,6 +57,7 @@ bool Scheduler::ReserveSlots(size_t i, StepPlan* plan) {
             .subspan(static_cast<size_t>(blocks_.NumTokens(seq->seq_id)));
     kv::AppendResult r = blocks_.AppendSlots(seq->seq_id, new_tokens);
     if (r.copy) plan->block_copies.push_back({r.copy->src_block, r.copy->dst_block});
+    for (const kv::CopyOp& c : r.group_copies) plan->block_copies.push_back({c.src_block, c.dst_block});
     return true;
 }
 

@@ -74,13 +74,14 @@ std::vector<int32_t> PromptTokens(int64_t request, int64_t len) {
 class Harness {
   public:
     Harness(const SchedulerConfig& sched, int64_t num_blocks, bool prefix_caching,
-            double max_pinned_fraction = 0.5)
+            double max_pinned_fraction = 0.5, std::vector<int64_t> group_windows = {})
         : blocks_(kv::BlockManagerConfig{.num_blocks = num_blocks,
                                          .block_size = kBlockSize,
                                          .watermark = 0.0,
                                          .enable_prefix_caching = prefix_caching,
                                          .max_pinned_fraction = max_pinned_fraction,
-                                         .min_pinned_tokens = 0}),
+                                         .min_pinned_tokens = 0,
+                                         .group_windows = std::move(group_windows)}),
           scheduler_(sched, blocks_),
           config_(sched) {}
 
@@ -761,6 +762,48 @@ TEST(SchedulerTest, PinsLapseOnlyWhenNothingElseCouldRun) {
         EXPECT_EQ(h.blocks().Stats().pins_refused, 0);
         ExpectNoBlockHeld(h.blocks());
     }
+}
+
+// Sliding-window KV (kv/block_manager.h "KV cache groups"): a windowed sequence decodes far past
+// what its pool could hold for every position, and its blocks out of the window go back as each
+// step is computed.
+TEST(SchedulerTest, WindowedGroupReleasesBlocksAsDecodeAdvances) {
+    for (bool caching : {false, true}) {
+        SCOPED_TRACE(caching ? "prefix caching" : "no prefix caching");
+        // Window 8, block 4: the query at p reads from p - 7, at most 3 blocks (+ 1 new).
+        Harness h({.max_num_seqs = 2, .max_num_batched_tokens = 8}, 5, caching, 0.5, {8});
+        Sequence* seq = h.Add(1, PromptTokens(1, 10), 40);  // 50 tokens: 13 blocks all-global
+        while (h.scheduler().HasWork()) {
+            const StepPlan plan = h.Schedule();
+            h.Compute(plan);
+            if (!h.blocks().HasSequence(1)) continue;
+            const int64_t computed = seq->num_computed;
+            EXPECT_EQ(h.blocks().NumReleasedBlocks(1, 0),
+                      std::max<int64_t>(0, computed - 8 + 1) / kBlockSize)
+                << "after " << computed << " tokens";
+            EXPECT_LE(h.blocks().NumHeldBlocks(1), 4);
+        }
+        EXPECT_EQ(seq->num_generated, 40);
+        EXPECT_EQ(h.scheduler().Stats().num_preemptions, 0);
+        ExpectNoBlockHeld(h.blocks());
+    }
+}
+
+TEST(SchedulerTest, ForkCopyOnWriteCopiesEveryGroupsPartialBlock) {
+    Harness h({.max_num_seqs = 4, .max_num_batched_tokens = 16}, 32, true, 0.5, {0, 8});
+    h.Add(1, PromptTokens(1, 6), 3, 2);
+    h.Compute(h.Schedule());  // the parent's first 5 tokens
+    h.Compute(h.Schedule());  // forked: both compute the last prompt token
+    const StepPlan diverge = h.Schedule();
+    ASSERT_EQ(diverge.sequences.size(), 2u);
+    // The parent copies the shared partial block of both groups; the child, its last holder,
+    // keeps them.
+    ASSERT_EQ(diverge.block_copies.size(), 2u);
+    EXPECT_EQ(diverge.block_copies[0].dst_block, h.blocks().BlockTable(1, 0)[1]);
+    EXPECT_EQ(diverge.block_copies[1].dst_block, h.blocks().BlockTable(1, 1)[1]);
+    h.Compute(diverge);
+    while (h.scheduler().HasWork()) h.Compute(h.Schedule());
+    ExpectNoBlockHeld(h.blocks());
 }
 
 }  // namespace
