@@ -127,9 +127,9 @@ bool HasInt8Kernel(DType dtype) {
     return dtype == DType::kQ8_0 || dtype == DType::kQ4_0 || dtype == DType::kQ4_1;
 }
 
-// Whether the AVX2/AVX-512 kernels read `dtype`. The others (Q5_0, Q5_1, the K-quants) are
-// multiplied by the portable kernel: a weight row dequantized once into fp32 by common/dtype.cc,
-// then dotted with every activation row (so still read in their stored format, once per product).
+// Whether the AVX2/AVX-512 kernels read `dtype`. The others (Q2_K, Q3_K, Q8_K) are multiplied by
+// the portable kernel: a weight row dequantized once into fp32 by common/dtype.cc, then dotted
+// with every activation row (so still read in their stored format, once per product).
 bool HasSimdKernel(DType dtype) {
     switch (dtype) {
         case DType::kF32:
@@ -138,6 +138,11 @@ bool HasSimdKernel(DType dtype) {
         case DType::kQ8_0:
         case DType::kQ4_0:
         case DType::kQ4_1:
+        case DType::kQ5_0:
+        case DType::kQ5_1:
+        case DType::kQ4_K:
+        case DType::kQ5_K:
+        case DType::kQ6_K:
             return true;
         default:
             return false;

@@ -20,8 +20,10 @@
 //  |logit| instead of 1e-6 (DESIGN.md's tensor-parallel rule asks 1e-5). F32/F16/BF16, Q5_0/Q5_1
 //  and the K-quants always take fp32 activations.
 // Kernel choice (KernelIsa): AVX-512 (F/BW/VL, with F16C for half scales) when the CPU has it,
-// else AVX2+FMA, else portable C++. ForceKernelIsa() pins a choice for tests and benchmarks;
-// asking for an ISA the CPU lacks falls back to the best one it has.
+// else AVX2+FMA, else portable C++. The AVX2/AVX-512 kernels read F16, BF16, Q8_0, Q4_0, Q4_1,
+// Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (F32 goes to sgemm); Q2_K, Q3_K and Q8_K take the portable
+// kernel (a row dequantized, then dotted) whatever the ISA. ForceKernelIsa() pins a choice for
+// tests and benchmarks; asking for an ISA the CPU lacks falls back to the best one it has.
 // Thread-safety: the products are pure functions of their arguments; they parallelize over output
 // columns with the calling thread's OpenMP team (cpu::SetThisThreadNumThreads).
 #pragma once

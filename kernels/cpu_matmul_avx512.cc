@@ -39,7 +39,18 @@ template <DType T>
 constexpr size_t kBlockBytes = T == DType::kQ8_0   ? 34
                                : T == DType::kQ4_0 ? 18
                                : T == DType::kQ4_1 ? 20
+                               : T == DType::kQ5_0 ? 22
+                               : T == DType::kQ5_1 ? 24
                                                    : 64;
+
+// The K-quants read by super-blocks of 256 weights (kSuperBlock) in eight sub-blocks of 32.
+template <DType T>
+constexpr bool kIsSuper = T == DType::kQ4_K || T == DType::kQ5_K || T == DType::kQ6_K;
+
+template <DType T>
+constexpr size_t kSuperBytes = T == DType::kQ4_K   ? 144
+                               : T == DType::kQ5_K ? 176
+                                                   : 210;
 
 template <DType T>
 constexpr bool kIsFloat = T == DType::kF16 || T == DType::kBF16;
@@ -56,6 +67,10 @@ KV_AVX512_INLINE __m512 Iota() {
 
 KV_AVX512_INLINE __m512 IotaMinus8() {
     return _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+
+KV_AVX512_INLINE __m512 Iota16() {
+    return _mm512_setr_ps(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31);
 }
 
 // A float in memory broadcast to 16 lanes by the load unit. GCC would otherwise keep a value just
@@ -106,6 +121,34 @@ KV_AVX512_INLINE void LoadBlock(const uint8_t* p, __m512& w0, __m512& w1) {
         const __m512i idx = _mm512_cvtepu8_epi32(LoadBytes16(p + 4));
         w0 = _mm512_permutexvar_ps(idx, table);
         w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), table);
+    } else if constexpr (T == DType::kQ5_0 || T == DType::kQ5_1) {
+        // 5-bit quants: a 32-entry table in two halves (vpermt2ps reads an index's low 5 bits),
+        // the low nibble from the byte and the 5th bit, bit j of qh for weight j, or-ed in under
+        // a mask. Q5_0's entries are d·(q - 16), Q5_1's d·q + m.
+        constexpr int kQh = T == DType::kQ5_0 ? 2 : 4;
+        __m512 lo;
+        __m512 hi;
+        if constexpr (T == DType::kQ5_0) {
+            const __m512 d = _mm512_set1_ps(LoadHalf(p));
+            lo = _mm512_mul_ps(d, _mm512_sub_ps(Iota(), _mm512_set1_ps(16.0f)));
+            hi = _mm512_mul_ps(d, Iota());
+        } else {
+            __m512 d;
+            __m512 mn;
+            LoadTwoHalves(p, d, mn);
+            lo = _mm512_fmadd_ps(Iota(), d, mn);
+            hi = _mm512_fmadd_ps(Iota16(), d, mn);
+        }
+        uint32_t qh;
+        std::memcpy(&qh, p + kQh, sizeof(qh));
+        const __m512i idx = _mm512_cvtepu8_epi32(LoadBytes16(p + kQh + 4));
+        const __m512i sixteen = _mm512_set1_epi32(16);
+        const __m512i i0 = _mm512_mask_or_epi32(_mm512_and_si512(idx, _mm512_set1_epi32(15)),
+                                                static_cast<__mmask16>(qh), idx, sixteen);
+        const __m512i i1 = _mm512_srli_epi32(idx, 4);
+        w0 = _mm512_permutex2var_ps(lo, i0, hi);
+        w1 = _mm512_permutex2var_ps(
+            lo, _mm512_mask_or_epi32(i1, static_cast<__mmask16>(qh >> 16), i1, sixteen), hi);
     } else if constexpr (T == DType::kF16) {
         w0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
         w1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
@@ -136,12 +179,202 @@ KV_AVX512_INLINE void TailMasks(int64_t rem, __mmask16& m0, __mmask16& m1) {
     m1 = static_cast<__mmask16>(rem > 16 ? (1u << (rem - 16)) - 1 : 0);
 }
 
+// ---------------------------------------------------------------------------------------------
+// K-quants (Q4_K, Q5_K, Q6_K). Per super-block and weight row the sub-block scales are unpacked
+// once into a row of 32 floats (SuperScales); each sub-block of 32 weights then dequantizes like a
+// 32-weight block of the simple formats (SubBlock), its scale and offset broadcast from that row:
+//  - Q4_K/Q5_K: [0, 8) d·scale_s, [8, 16) -dmin·min_s; a sub-block is a 16-entry (Q5_K: 32-entry)
+//    table d_s·q - m_s indexed by the nibbles (Q5_K: with the 5th bit of qh or-ed in).
+//  - Q6_K: [0, 16) d·scale_i (one per 16 weights), [16, 32) -32·d·scale_i; the 6-bit quant is
+//    assembled from its nibble and 2 high bits as a byte and converted, w = q·ds - 32·ds (exactly
+//    ds·(q - 32) rounded once, as common/dtype.cc computes it).
+struct alignas(64) SuperScales {
+    float f[32];
+};
+
+template <DType T>
+KV_AVX512_INLINE void UnpackSuperScales(const uint8_t* sb, SuperScales& out) {
+    if constexpr (T == DType::kQ6_K) {
+        const __m512 d = _mm512_set1_ps(LoadHalf(sb + 208));
+        const __m512 ds =
+            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(LoadBytes16(sb + 192))), d);
+        _mm512_store_ps(out.f, ds);
+        _mm512_store_ps(out.f + 16, _mm512_mul_ps(ds, _mm512_set1_ps(-32.0f)));
+    } else {
+        alignas(16) uint8_t bytes[16];
+        UnpackScalesK4(sb + 4, bytes);
+        __m512 d;
+        __m512 dmin;
+        LoadTwoHalves(sb, d, dmin);
+        const __m512 mul = _mm512_mask_blend_ps(static_cast<__mmask16>(0xFF00), d,
+                                                _mm512_sub_ps(_mm512_setzero_ps(), dmin));
+        _mm512_store_ps(out.f, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(
+                                                 reinterpret_cast<const __m128i*>(bytes)))),
+                                             mul));
+    }
+}
+
+// Weights 32·S .. 32·S+15 of the super-block at `sb` into w0, the next 16 into w1.
+template <DType T, int S>
+KV_AVX512_INLINE void SubBlock(const uint8_t* sb, const SuperScales& sc, __m512& w0, __m512& w1) {
+    if constexpr (T == DType::kQ4_K || T == DType::kQ5_K) {
+        // 32 bytes of nibbles per pair of sub-blocks: the low nibbles are sub-block 2g, the high
+        // ones 2g + 1. Q5_K's 5th bits: bit S of qh[l] for weight l of sub-block S.
+        constexpr int kQs = T == DType::kQ4_K ? 16 : 48;
+        const uint8_t* q = sb + kQs + 32 * (S / 2);
+        const __m512 ds = BroadcastFromMemory(&sc.f[S]);
+        const __m512 ms = BroadcastFromMemory(&sc.f[8 + S]);
+        __m512i i0 = _mm512_cvtepu8_epi32(LoadBytes16(q));
+        __m512i i1 = _mm512_cvtepu8_epi32(LoadBytes16(q + 16));
+        if constexpr (S % 2 == 1) {
+            i0 = _mm512_srli_epi32(i0, 4);
+            i1 = _mm512_srli_epi32(i1, 4);
+        }
+        const __m512 lo = _mm512_fmadd_ps(Iota(), ds, ms);
+        if constexpr (T == DType::kQ4_K) {
+            w0 = _mm512_permutexvar_ps(i0, lo);
+            w1 = _mm512_permutexvar_ps(i1, lo);
+        } else {
+            const __m512 hi = _mm512_fmadd_ps(Iota16(), ds, ms);
+            const __mmask32 bits =
+                _mm256_test_epi8_mask(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 16)),
+                                      _mm256_set1_epi8(static_cast<char>(1 << S)));
+            const __m512i sixteen = _mm512_set1_epi32(16);
+            if constexpr (S % 2 == 0) {
+                const __m512i low4 = _mm512_set1_epi32(15);
+                i0 = _mm512_and_si512(i0, low4);
+                i1 = _mm512_and_si512(i1, low4);
+            }
+            i0 = _mm512_mask_or_epi32(i0, static_cast<__mmask16>(bits), i0, sixteen);
+            i1 = _mm512_mask_or_epi32(i1, static_cast<__mmask16>(bits >> 16), i1, sixteen);
+            w0 = _mm512_permutex2var_ps(lo, i0, hi);
+            w1 = _mm512_permutex2var_ps(lo, i1, hi);
+        }
+    } else {
+        static_assert(T == DType::kQ6_K);
+        // Half h of the super-block (128 weights: 64 bytes of ql, 32 of qh) holds sub-blocks
+        // 4h + t: nibble t / 2 of ql[32 · (t % 2) + l], bits 2t, 2t + 1 of qh[l].
+        constexpr int kHalf = S / 4;
+        constexpr int kT = S % 4;
+        __m256i lo =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 64 * kHalf + 32 * (kT % 2)));
+        if constexpr (kT >= 2) lo = _mm256_srli_epi16(lo, 4);
+        __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 128 + 32 * kHalf));
+        if constexpr (kT < 2) {
+            hi = _mm256_slli_epi16(hi, 4 - 2 * kT);
+        } else if constexpr (kT == 3) {
+            hi = _mm256_srli_epi16(hi, 2);
+        }
+        const __m256i q = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi8(0x0F)),
+                                          _mm256_and_si256(hi, _mm256_set1_epi8(0x30)));
+        constexpr int kScale = 8 * kHalf + 2 * kT;
+        w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q))),
+                             BroadcastFromMemory(&sc.f[kScale]),
+                             BroadcastFromMemory(&sc.f[16 + kScale]));
+        w1 = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1))),
+            BroadcastFromMemory(&sc.f[kScale + 1]), BroadcastFromMemory(&sc.f[16 + kScale + 1]));
+    }
+}
+
+// One sub-block S of a super-block tile: C weight rows' 32 weights against R activation rows.
+template <DType T, int R, int C, int S, bool kSplit>
+KV_AVX512_INLINE void SuperStep(const float* xs, int64_t k, const uint8_t* wsb, size_t row_bytes,
+                                const SuperScales (&sc)[C], __m512 (&acc)[R][C],
+                                __m512 (&acc1)[R][C]) {
+    __m512 w0[C];
+    __m512 w1[C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) SubBlock<T, S>(wsb + c * row_bytes, sc[c], w0[c], w1[c]);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+        const __m512 x0 = _mm512_loadu_ps(xs + r * k + 32 * S);
+        const __m512 x1 = _mm512_loadu_ps(xs + r * k + 32 * S + 16);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            acc[r][c] = _mm512_fmadd_ps(x0, w0[c], acc[r][c]);
+            if constexpr (kSplit) {
+                acc1[r][c] = _mm512_fmadd_ps(x1, w1[c], acc1[r][c]);
+            } else {
+                acc[r][c] = _mm512_fmadd_ps(x1, w1[c], acc[r][c]);
+            }
+        }
+    }
+}
+
+// Tile (below) for the K-quants: the same accumulators, walked super-block by super-block.
+template <DType T, int R, int C>
+KV_AVX512 void TileSuper(const float* x, int64_t k, const uint8_t* w, size_t row_bytes, float* y,
+                         int64_t ldy) {
+    constexpr bool kSplit = R * C <= 8;
+    __m512 acc[R][C];
+    __m512 acc1[R][C];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            acc[r][c] = _mm512_setzero_ps();
+            acc1[r][c] = _mm512_setzero_ps();
+        }
+    }
+    const int64_t supers = k / kSuperBlock;
+    for (int64_t b = 0; b < supers; ++b) {
+        const uint8_t* wsb = w + b * kSuperBytes<T>;
+        SuperScales sc[C];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) UnpackSuperScales<T>(wsb + c * row_bytes, sc[c]);
+        const float* xs = x + b * kSuperBlock;
+        SuperStep<T, R, C, 0, kSplit>(xs, k, wsb, row_bytes, sc, acc, acc1);
+        SuperStep<T, R, C, 1, kSplit>(xs, k, wsb, row_bytes, sc, acc, acc1);
+        SuperStep<T, R, C, 2, kSplit>(xs, k, wsb, row_bytes, sc, acc, acc1);
+        SuperStep<T, R, C, 3, kSplit>(xs, k, wsb, row_bytes, sc, acc, acc1);
+        SuperStep<T, R, C, 4, kSplit>(xs, k, wsb, row_bytes, sc, acc, acc1);
+        SuperStep<T, R, C, 5, kSplit>(xs, k, wsb, row_bytes, sc, acc, acc1);
+        SuperStep<T, R, C, 6, kSplit>(xs, k, wsb, row_bytes, sc, acc, acc1);
+        SuperStep<T, R, C, 7, kSplit>(xs, k, wsb, row_bytes, sc, acc, acc1);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            y[r * ldy + c] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][c], acc1[r][c]));
+        }
+    }
+}
+
+template <DType T, int S>
+KV_AVX512_INLINE void StoreSubBlock(const uint8_t* sb, const SuperScales& sc, float* out) {
+    __m512 w0;
+    __m512 w1;
+    SubBlock<T, S>(sb, sc, w0, w1);
+    _mm512_storeu_ps(out + 32 * S, w0);
+    _mm512_storeu_ps(out + 32 * S + 16, w1);
+}
+
+template <DType T>
+KV_AVX512 void DequantizeSuperRow(const uint8_t* row, int64_t k, float* out) {
+    for (int64_t b = 0; b < k / kSuperBlock; ++b) {
+        const uint8_t* sb = row + b * kSuperBytes<T>;
+        SuperScales sc;
+        UnpackSuperScales<T>(sb, sc);
+        float* o = out + b * kSuperBlock;
+        StoreSubBlock<T, 0>(sb, sc, o);
+        StoreSubBlock<T, 1>(sb, sc, o);
+        StoreSubBlock<T, 2>(sb, sc, o);
+        StoreSubBlock<T, 3>(sb, sc, o);
+        StoreSubBlock<T, 4>(sb, sc, o);
+        StoreSubBlock<T, 5>(sb, sc, o);
+        StoreSubBlock<T, 6>(sb, sc, o);
+        StoreSubBlock<T, 7>(sb, sc, o);
+    }
+}
+
 // y[r * ldy + c] = x row r · weight row c, for r < R, c < C. x rows have stride k; weight row c
 // starts at w + c * row_bytes. With few accumulators, the two halves of a block go to separate
 // ones so that the FMA latency chain does not limit a single-row product.
 template <DType T, int R, int C>
-KV_AVX512 void Tile(const float* x, int64_t k, const uint8_t* w, size_t row_bytes, float* y,
-                    int64_t ldy) {
+KV_AVX512 void TileBlocks(const float* x, int64_t k, const uint8_t* w, size_t row_bytes, float* y,
+                          int64_t ldy) {
     constexpr bool kSplit = R * C <= 8;
     __m512 acc[R][C];
     __m512 acc1[R][C];
@@ -209,6 +442,16 @@ KV_AVX512 void Tile(const float* x, int64_t k, const uint8_t* w, size_t row_byte
     }
 }
 
+template <DType T, int R, int C>
+KV_AVX512 void Tile(const float* x, int64_t k, const uint8_t* w, size_t row_bytes, float* y,
+                    int64_t ldy) {
+    if constexpr (kIsSuper<T>) {
+        TileSuper<T, R, C>(x, k, w, row_bytes, y, ldy);
+    } else {
+        TileBlocks<T, R, C>(x, k, w, row_bytes, y, ldy);
+    }
+}
+
 // `rows` (1..8) activation rows against C weight rows.
 template <DType T, int C>
 KV_AVX512 void TileRows(int rows, const float* x, int64_t k, const uint8_t* w, size_t row_bytes,
@@ -269,8 +512,8 @@ KV_AVX512 void RowsT(const float* x, int64_t m, int64_t k, const uint8_t* w, siz
 }
 
 template <DType T>
-KV_AVX512 void DequantizeRowsT(const uint8_t* w, size_t row_bytes, int64_t k, int64_t r0,
-                               int64_t r1, float* out) {
+KV_AVX512 void DequantizeBlockRows(const uint8_t* w, size_t row_bytes, int64_t k, int64_t r0,
+                                   int64_t r1, float* out) {
     const int64_t blocks = k / kBlock;
     for (int64_t r = r0; r < r1; ++r) {
         const uint8_t* row = w + r * row_bytes;
@@ -298,6 +541,18 @@ KV_AVX512 void DequantizeRowsT(const uint8_t* w, size_t row_bytes, int64_t k, in
     }
 }
 
+template <DType T>
+KV_AVX512 void DequantizeRowsT(const uint8_t* w, size_t row_bytes, int64_t k, int64_t r0,
+                               int64_t r1, float* out) {
+    if constexpr (kIsSuper<T>) {
+        for (int64_t r = r0; r < r1; ++r) {
+            DequantizeSuperRow<T>(w + r * row_bytes, k, out + (r - r0) * k);
+        }
+    } else {
+        DequantizeBlockRows<T>(w, row_bytes, k, r0, r1, out);
+    }
+}
+
 }  // namespace
 
 KV_AVX512 void MatMulRowsAvx512(const float* x, int64_t m, const StoredMatrix& w, int64_t n0,
@@ -316,8 +571,18 @@ KV_AVX512 void MatMulRowsAvx512(const float* x, int64_t m, const StoredMatrix& w
             return RowsT<DType::kQ4_0>(x, m, w.cols, w.data, row_bytes, n0, n1, y, w.rows);
         case DType::kQ4_1:
             return RowsT<DType::kQ4_1>(x, m, w.cols, w.data, row_bytes, n0, n1, y, w.rows);
+        case DType::kQ5_0:
+            return RowsT<DType::kQ5_0>(x, m, w.cols, w.data, row_bytes, n0, n1, y, w.rows);
+        case DType::kQ5_1:
+            return RowsT<DType::kQ5_1>(x, m, w.cols, w.data, row_bytes, n0, n1, y, w.rows);
+        case DType::kQ4_K:
+            return RowsT<DType::kQ4_K>(x, m, w.cols, w.data, row_bytes, n0, n1, y, w.rows);
+        case DType::kQ5_K:
+            return RowsT<DType::kQ5_K>(x, m, w.cols, w.data, row_bytes, n0, n1, y, w.rows);
+        case DType::kQ6_K:
+            return RowsT<DType::kQ6_K>(x, m, w.cols, w.data, row_bytes, n0, n1, y, w.rows);
         default:
-            // Q5_0/Q5_1 and the K-quants: cpu_matmul.cc sends them to the portable kernel.
+            // Q2_K, Q3_K, Q8_K: cpu_matmul.cc sends them to the portable kernel.
             KV_CHECK(false) << "no avx512 kernel for " << DTypeName(w.dtype);
     }
 }
@@ -338,10 +603,20 @@ KV_AVX512 void DequantizeRowsAvx512(const StoredMatrix& w, int64_t r0, int64_t r
             return DequantizeRowsT<DType::kQ4_0>(w.data, row_bytes, w.cols, r0, r1, out);
         case DType::kQ4_1:
             return DequantizeRowsT<DType::kQ4_1>(w.data, row_bytes, w.cols, r0, r1, out);
+        case DType::kQ5_0:
+            return DequantizeRowsT<DType::kQ5_0>(w.data, row_bytes, w.cols, r0, r1, out);
+        case DType::kQ5_1:
+            return DequantizeRowsT<DType::kQ5_1>(w.data, row_bytes, w.cols, r0, r1, out);
+        case DType::kQ4_K:
+            return DequantizeRowsT<DType::kQ4_K>(w.data, row_bytes, w.cols, r0, r1, out);
+        case DType::kQ5_K:
+            return DequantizeRowsT<DType::kQ5_K>(w.data, row_bytes, w.cols, r0, r1, out);
+        case DType::kQ6_K:
+            return DequantizeRowsT<DType::kQ6_K>(w.data, row_bytes, w.cols, r0, r1, out);
         default:
             break;
     }
-    // Q5_0/Q5_1 and the K-quants: the scalar dequantizer of common/dtype.cc.
+    // Q2_K, Q3_K, Q8_K: the scalar dequantizer of common/dtype.cc.
     for (int64_t r = r0; r < r1; ++r) {
         DequantizeRow(w.dtype, w.data + r * row_bytes, w.cols, out + (r - r0) * w.cols);
     }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu_matmul.h"
 
@@ -35,6 +36,26 @@ size_t Int8Avx2Bytes(int64_t m, int64_t k);
 void QuantizeRowsAvx2(DType dtype, const float* x, int64_t m, int64_t k, uint8_t* out);
 void MatMulRowsInt8Avx2(const uint8_t* xq, int64_t m, const StoredMatrix& w, int64_t n0, int64_t n1,
                         float* y);
+
+// The K-quant super-block (256 weights) of Q4_K, Q5_K and Q6_K, which the fp32 kernels read in
+// eight sub-blocks of 32 weights (common/dtype.h has the layouts).
+constexpr int64_t kSuperBlock = 256;
+
+// The eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K super-block (the 12 bytes at
+// `packed`) as 16 bytes: scales 0..7, then mins 0..7. Bytes 0..3 of `packed` hold scales 0..3 in
+// their low 6 bits, bytes 4..7 mins 0..3; bytes 8..11 the low 4 bits of scales 4..7 (low nibble)
+// and mins 4..7 (high nibble), whose top 2 bits are the top bits of bytes 0..3 and 4..7. Four
+// bytes at a time: a shift by 6 of a word brings each byte's top bits to its own low bits.
+inline void UnpackScalesK4(const uint8_t* packed, uint8_t out[16]) {
+    uint32_t u[3];
+    std::memcpy(u, packed, sizeof(u));
+    constexpr uint32_t kLow6 = 0x3F3F3F3Fu;
+    constexpr uint32_t kLow4 = 0x0F0F0F0Fu;
+    constexpr uint32_t kLow2 = 0x03030303u;
+    const uint32_t s[4] = {u[0] & kLow6, (u[2] & kLow4) | (((u[0] >> 6) & kLow2) << 4),
+                           u[1] & kLow6, ((u[2] >> 4) & kLow4) | (((u[1] >> 6) & kLow2) << 4)};
+    std::memcpy(out, s, sizeof(s));
+}
 
 constexpr int64_t kInt8Block = 32;
 

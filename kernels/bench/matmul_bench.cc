@@ -1,6 +1,8 @@
 // kvshard_matmul_bench: MatMulStored (kernels/cpu_matmul.h) on the default model's matrices
 // (SmolLM2-135M: hidden 576, fused qkv n=960, o n=576, fused gate|up n=3072, down k=1536 n=576,
-// classifier n=49152), printing GFLOP/s and the weight bytes streamed per second.
+// classifier n=49152; and wide_1536, n=3072 k=1536, for the K-quants, whose 256-weight
+// super-blocks do not divide 576), printing GFLOP/s and the weight bytes streamed per second.
+// A matrix whose k is not a multiple of the type's block is skipped.
 //
 //   kvshard_matmul_bench [--dtypes Q4_1,Q8_0,F32] [--m 1,16,128] [--threads 1,2]
 //                        [--isa portable|avx2|avx512] [--activations fp32,int8] [--hot]
@@ -51,7 +53,10 @@ constexpr Shape kShapes[] = {{"qkv", 960, 576},
                              {"o", 576, 576},
                              {"gate_up", 3072, 576},
                              {"down", 576, 1536},
-                             {"classifier", 49152, 576}};
+                             {"classifier", 49152, 576},
+                             // k = 1536: a multiple of the K-quants' 256-weight super-block (the
+                             // k = 576 matrices are Q5_0/Q8_0 in a K-quant file of this model).
+                             {"wide_1536", 3072, 1536}};
 
 std::vector<std::string> Split(const std::string& s) {
     std::vector<std::string> out;
@@ -66,8 +71,9 @@ std::vector<std::string> Split(const std::string& s) {
 }
 
 bool ParseDType(const std::string& name, DType* out) {
-    for (DType d :
-         {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+    for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0,
+                    DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K,
+                    DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_K}) {
         if (kvshard::DTypeName(d) == name) {
             *out = d;
             return true;
@@ -105,6 +111,40 @@ void FillRandom(DType dtype, uint8_t* p, size_t bytes, std::mt19937& gen) {
                     std::memcpy(b + 2 * s, &h, sizeof(h));
                 }
                 for (size_t i = 2 * scales; i < block; ++i) b[i] = static_cast<uint8_t>(gen());
+                break;
+            }
+            default: {
+                // Q5_0/Q5_1 and the K-quants: random quants and sub-block scales, small fp16
+                // (Q8_K: f32) super-block scales at their offsets (common/dtype.h).
+                for (size_t i = 0; i < block; ++i) b[i] = static_cast<uint8_t>(gen());
+                std::vector<size_t> halves;
+                switch (dtype) {
+                    case DType::kQ5_0:
+                        halves = {0};
+                        break;
+                    case DType::kQ5_1:
+                    case DType::kQ4_K:
+                    case DType::kQ5_K:
+                        halves = {0, 2};
+                        break;
+                    case DType::kQ2_K:
+                        halves = {80, 82};
+                        break;
+                    case DType::kQ3_K:
+                        halves = {108};
+                        break;
+                    case DType::kQ6_K:
+                        halves = {208};
+                        break;
+                    default: {
+                        const float d = 0.02f * unit(gen);  // Q8_K
+                        std::memcpy(b, &d, sizeof(d));
+                    }
+                }
+                for (size_t at : halves) {
+                    const uint16_t h = kvshard::FloatToHalf(0.02f * unit(gen));
+                    std::memcpy(b + at, &h, sizeof(h));
+                }
                 break;
             }
         }
@@ -211,6 +251,7 @@ int main(int argc, char** argv) {
     std::mt19937 gen(1);
     for (const Shape& shape : kShapes) {
         for (DType dtype : dtypes) {
+            if (shape.k % kvshard::BlockElements(dtype) != 0) continue;  // not storable
             const size_t matrix_bytes = kvshard::RowBytes(dtype, shape.k) * shape.n;
             const size_t copies = hot ? 1 : std::max<size_t>(2, cold_bytes / matrix_bytes + 1);
             // 64-byte aligned copies, as GGUF tensor data are (32-byte) aligned in a mapping.

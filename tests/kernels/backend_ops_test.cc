@@ -1,14 +1,16 @@
 // One table of {op, shapes, dtype}, run on every backend this build and machine have, each
 // compared with a plain double-precision reference written here under a normalized error bound
 // (max |got - want| / max |want|), as llama.cpp's test-backend-ops does. The CPU backend is also
-// run with its kernels pinned to the portable ISA, the fallback a CPU without AVX takes. The
-// CUDA backend adds its rows by being constructible (MakeBackend).
+// run with its kernels pinned to AVX2 (a CPU without AVX-512) and to the portable ISA (the
+// fallback a CPU without AVX takes). The CUDA backend adds its rows by being constructible
+// (MakeBackend).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -24,13 +26,15 @@ namespace {
 struct BackendCase {
     std::string name;
     BackendConfig config;
-    bool portable = false;
+    // The CPU kernels pinned to this ISA (or the best the machine has below it); none: detected.
+    std::optional<cpu::KernelIsa> isa;
 };
 
 std::vector<BackendCase> Backends() {
-    return {{"cpu", {.kind = BackendKind::kCpu}, false},
-            {"cpu_portable", {.kind = BackendKind::kCpu}, true},
-            {"cuda", {.kind = BackendKind::kCuda}, false}};
+    return {{"cpu", {.kind = BackendKind::kCpu}, std::nullopt},
+            {"cpu_avx2", {.kind = BackendKind::kCpu}, cpu::KernelIsa::kAvx2},
+            {"cpu_portable", {.kind = BackendKind::kCpu}, cpu::KernelIsa::kPortable},
+            {"cuda", {.kind = BackendKind::kCuda}, std::nullopt}};
 }
 
 // Host vectors moved to and from backend memory.
@@ -104,6 +108,17 @@ std::vector<uint8_t> RandomStored(DType dtype, int64_t rows, int64_t cols, uint3
                 if (dtype == DType::kQ4_1) put16(at + 2, FloatToHalf(0.1f * u(rng)));
                 break;
             }
+            default: {
+                // Q5_0/Q5_1, the K-quants: random quants and sub-block scales, finite fp16 scales.
+                for (size_t i = 0; i < block; ++i) bytes[at + i] = uint8_t(rng());
+                const size_t d_at = dtype == DType::kQ6_K ? 208 : 0;
+                put16(at + d_at, FloatToHalf(0.01f + 0.05f * std::fabs(u(rng))));
+                if (dtype == DType::kQ5_1 || dtype == DType::kQ4_K || dtype == DType::kQ5_K) {
+                    put16(at + 2, FloatToHalf(dtype == DType::kQ5_1 ? 0.1f * u(rng)
+                                                                    : 0.01f * std::fabs(u(rng))));
+                }
+                break;
+            }
         }
     }
     return bytes;
@@ -124,7 +139,7 @@ class BackendOps : public ::testing::TestWithParam<BackendCase> {
         Result<std::unique_ptr<Backend>> b = MakeBackend(GetParam().config);
         if (!b.ok()) GTEST_SKIP() << GetParam().name << ": " << b.status().message();
         backend_ = std::move(*b);
-        if (GetParam().portable) cpu::ForceKernelIsa(cpu::KernelIsa::kPortable);
+        if (GetParam().isa) cpu::ForceKernelIsa(*GetParam().isa);
     }
     void TearDown() override { cpu::ResetKernelIsa(); }
     std::unique_ptr<Backend> backend_;
@@ -141,7 +156,11 @@ TEST_P(BackendOps, MatMulAgainstTheDequantizedWeight) {
         {DType::kF16, 17, 40, 96},    {DType::kBF16, 3, 24, 64},   {DType::kBF16, 64, 24, 64},
         {DType::kQ8_0, 1, 960, 576},  {DType::kQ8_0, 16, 37, 128}, {DType::kQ8_0, 100, 64, 64},
         {DType::kQ4_0, 1, 50, 256},   {DType::kQ4_0, 9, 50, 256},  {DType::kQ4_1, 1, 960, 576},
-        {DType::kQ4_1, 16, 3072, 64}, {DType::kQ4_1, 130, 48, 96}};
+        {DType::kQ4_1, 16, 3072, 64}, {DType::kQ4_1, 130, 48, 96}, {DType::kQ5_0, 1, 960, 576},
+        {DType::kQ5_0, 9, 50, 64},    {DType::kQ5_1, 1, 70, 576},  {DType::kQ5_1, 100, 33, 96},
+        {DType::kQ4_K, 1, 1536, 512}, {DType::kQ4_K, 7, 50, 256},  {DType::kQ4_K, 64, 48, 512},
+        {DType::kQ5_K, 1, 70, 1536},  {DType::kQ5_K, 16, 37, 256}, {DType::kQ6_K, 1, 577, 768},
+        {DType::kQ6_K, 5, 70, 256},   {DType::kQ6_K, 130, 24, 512}};
     for (const MatMulRow& r : rows) {
         Device dev(*backend_);
         const std::vector<uint8_t> w = RandomStored(r.dtype, r.n, r.k, 7);

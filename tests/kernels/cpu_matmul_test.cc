@@ -28,6 +28,22 @@ std::vector<float> RandomFloats(size_t n, uint32_t seed) {
 
 void StoreU16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, sizeof(v)); }
 
+// Where the fp16 scales of a Q5_0/Q5_1/K-quant block lie (common/dtype.h has the layouts).
+std::vector<size_t> HalfScaleOffsets(DType dtype) {
+    switch (dtype) {
+        case DType::kQ5_0:
+            return {0};
+        case DType::kQ5_1:
+        case DType::kQ4_K:
+        case DType::kQ5_K:
+            return {0, 2};
+        case DType::kQ6_K:
+            return {208};
+        default:
+            return {};
+    }
+}
+
 // A {rows, cols} matrix of `dtype` with random contents, placed at byte `misalign` of its buffer
 // (the kernels must not assume alignment). Quantized blocks get random bytes for the quants and
 // small finite fp16 scales, like a real model's.
@@ -65,6 +81,18 @@ class RandomStoredMatrix {
                         at = 4;
                     }
                     for (; at < BlockBytes(dtype); ++at) p[at] = static_cast<uint8_t>(byte(gen));
+                    break;
+                }
+                default: {
+                    // Q5_0/Q5_1 and the K-quants: random quants (and 6-bit sub-block scales),
+                    // small finite fp16 super-block scales at their offsets.
+                    for (size_t at = 0; at < BlockBytes(dtype); ++at) {
+                        p[at] = static_cast<uint8_t>(byte(gen));
+                    }
+                    for (size_t off : HalfScaleOffsets(dtype)) {
+                        const float sign = unit(gen) < 0 ? -1.0f : 1.0f;
+                        StoreU16(p + off, FloatToHalf(sign * scale(gen)));
+                    }
                     break;
                 }
             }
@@ -140,6 +168,9 @@ struct Shape {
 // Model shapes (SmolLM2-135M's kv projection, its down projection's k), n not a multiple of the
 // kernels' strip of 4 or chunk of 16, the smallest k; k not a multiple of 32 for the float types.
 constexpr Shape kQuantShapes[] = {{192, 576}, {70, 1536}, {37, 32}, {13, 64}, {1, 96}};
+// The K-quants' rows are whole super-blocks of 256: the default model's k = 576 is not one, so
+// SmolLM2's Q4_K_M file stores those matrices as Q5_0 (1536 is).
+constexpr Shape kSuperBlockShapes[] = {{70, 1536}, {37, 256}, {5, 512}};
 constexpr Shape kFloatOnlyShapes[] = {{7, 45}, {19, 1000}, {5, 1}};
 
 using MatMulParam = std::tuple<DType, int64_t, Shape>;
@@ -165,8 +196,13 @@ TEST_P(MatMulStoredTest, MatchesDequantizedReferenceOnEveryIsa) {
 std::vector<MatMulParam> AllCases() {
     std::vector<MatMulParam> cases;
     for (DType dtype :
-         {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1}) {
+         {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+          DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
         for (int64_t m : {1, 2, 3, 5, 16, 17, 64, 130}) {
+            if (IsKQuant(dtype)) {
+                for (const Shape& shape : kSuperBlockShapes) cases.emplace_back(dtype, m, shape);
+                continue;
+            }
             for (const Shape& shape : kQuantShapes) cases.emplace_back(dtype, m, shape);
             if (BlockElements(dtype) > 1) continue;
             for (const Shape& shape : kFloatOnlyShapes) cases.emplace_back(dtype, m, shape);
@@ -410,7 +446,7 @@ TEST_P(EmbeddingRowsTest, GathersTheSliceAndZeroesIdsOutsideIt) {
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, EmbeddingRowsTest,
                          ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0,
-                                           DType::kQ4_0, DType::kQ4_1),
+                                           DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1),
                          [](const ::testing::TestParamInfo<DType>& info) {
                              return std::string(DTypeName(info.param));
                          });
