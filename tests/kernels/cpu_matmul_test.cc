@@ -12,6 +12,7 @@
 
 #include "common/dtype.h"
 #include "kernels/cpu_matmul_internal.h"
+#include "tests/kernels/quant_scale_offsets.h"
 
 namespace kvshard::cpu {
 namespace {
@@ -28,21 +29,7 @@ std::vector<float> RandomFloats(size_t n, uint32_t seed) {
 
 void StoreU16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, sizeof(v)); }
 
-// Where the fp16 scales of a Q5_0/Q5_1/K-quant block lie (common/dtype.h has the layouts).
-std::vector<size_t> HalfScaleOffsets(DType dtype) {
-    switch (dtype) {
-        case DType::kQ5_0:
-            return {0};
-        case DType::kQ5_1:
-        case DType::kQ4_K:
-        case DType::kQ5_K:
-            return {0, 2};
-        case DType::kQ6_K:
-            return {208};
-        default:
-            return {};
-    }
-}
+using test::HalfScaleOffsets;
 
 // A {rows, cols} matrix of `dtype` with random contents, placed at byte `misalign` of its buffer
 // (the kernels must not assume alignment). Quantized blocks get random bytes for the quants and

@@ -11,30 +11,12 @@
 
 #include "common/dtype.h"
 #include "kernels/cpu_matmul.h"
+#include "tests/kernels/quant_scale_offsets.h"
 
 namespace kvshard::cpu {
 namespace {
 
-// Offsets of each type's float scale fields inside a block (fp16; Q8_K's d is f32 at 0).
-std::vector<size_t> HalfFields(DType dtype) {
-    switch (dtype) {
-        case DType::kQ5_0:
-            return {0};
-        case DType::kQ5_1:
-            return {0, 2};
-        case DType::kQ2_K:
-            return {80, 82};
-        case DType::kQ3_K:
-            return {108};
-        case DType::kQ4_K:
-        case DType::kQ5_K:
-            return {0, 2};
-        case DType::kQ6_K:
-            return {208};
-        default:
-            return {};
-    }
-}
+using test::HalfScaleOffsets;
 
 // Random blocks of `dtype` with small finite scales, at byte 3 of the buffer (unaligned).
 struct RandomMatrix {
@@ -52,7 +34,7 @@ struct RandomMatrix {
                 const float d = scale(gen);
                 std::memcpy(blk, &d, 4);
             }
-            for (size_t off : HalfFields(dtype)) {
+            for (size_t off : HalfScaleOffsets(dtype)) {
                 const uint16_t h = FloatToHalf(scale(gen));
                 std::memcpy(blk + off, &h, 2);
             }
