@@ -127,6 +127,46 @@ __global__ void SiluMulKernel(const float* gate_up, int64_t rows, int64_t dim, f
     }
 }
 
+// GELU's tanh approximation times up, the arithmetic of cpu::GeluTanhMulFused.
+__global__ void GeluTanhMulKernel(const float* gate_up, int64_t rows, int64_t dim, float* out) {
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+    const int64_t n = rows * dim;
+    for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n;
+         e += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t r = e / dim, i = e % dim;
+        const float x = gate_up[r * 2 * dim + i];
+        const float inner = kSqrt2OverPi * (x + 0.044715f * x * x * x);
+        out[e] = 0.5f * x * (1.0f + tanhf(inner)) * gate_up[r * 2 * dim + dim + i];
+    }
+}
+
+__global__ void AddBiasKernel(float* x, const float* bias, int64_t rows, int64_t dim) {
+    const int64_t n = rows * dim;
+    for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n;
+         e += int64_t(gridDim.x) * blockDim.x) {
+        x[e] += bias[e % dim];
+    }
+}
+
+// Grid (rows, num_heads): the RMSNorm of one head of one row, in place.
+__global__ void HeadRmsNormKernel(float* x, int64_t row_stride, int64_t head_dim,
+                                  const float* weight, float eps) {
+    float* xh = x + static_cast<int64_t>(blockIdx.x) * row_stride +
+                static_cast<int64_t>(blockIdx.y) * head_dim;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) ss += xh[i] * xh[i];
+    ss = BlockReduce<false>(ss);
+    const float scale = 1.0f / sqrtf(ss / static_cast<float>(head_dim) + eps);
+    for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) xh[i] = xh[i] * scale * weight[i];
+}
+
+__global__ void ScaleKernel(float* x, float s, int64_t n) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        x[i] *= s;
+    }
+}
+
 __global__ void F32ToBf16Kernel(const float* x, int64_t n, uint16_t* out) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
          i += int64_t(gridDim.x) * blockDim.x) {
@@ -250,6 +290,7 @@ struct AttnArgs {
     int num_splits;
     float* partials;
     float scale;
+    int64_t window;  // > 0: sliding-window attention over the last `window` positions
 };
 
 constexpr int kAccPerThread = kAttnMaxAccFloats / kAttnThreads;
@@ -306,7 +347,7 @@ __global__ void __launch_bounds__(kAttnThreads, 1) PagedAttentionKernel(AttnArgs
     const bool decode = plan.decode;
     for (int64_t item = FirstItem(plan, z); item < plan.items;
          item += ItemStride(plan, a.num_splits)) {
-        const AttnItem work = ItemOf(plan, item, n_rows, len, g_size, a.num_splits, z);
+        const AttnItem work = ItemOf(plan, item, n_rows, len, g_size, a.num_splits, z, a.window);
         const int64_t r_begin = work.r_begin, k_begin = work.k_begin, k_end = work.k_end;
         const int h_begin = work.h_begin;
         const int nh = work.h_end - work.h_begin;
@@ -345,7 +386,7 @@ __global__ void __launch_bounds__(kAttnThreads, 1) PagedAttentionKernel(AttnArgs
             for (int e = threadIdx.x; e < nq * kAttnTileKeys; e += blockDim.x) {
                 const int i = e / kAttnTileKeys, t = e % kAttnTileKeys;
                 float sc = -INFINITY;
-                if (t < nt && t0 + t <= q_pos[i]) {
+                if (t < nt && KeyVisible(t0 + t, q_pos[i], a.window)) {
                     const float* qi = sq + i * hd;
                     const float* kt = skv + t * kv_row;
                     float dot = 0.0f;
@@ -479,6 +520,34 @@ int LaunchSiluMul(const float* gate_up, int64_t rows, int64_t dim, float* out,
     return LastError();
 }
 
+int LaunchGeluTanhMul(const float* gate_up, int64_t rows, int64_t dim, float* out,
+                      StreamHandle stream) {
+    if (rows * dim == 0) return 0;
+    GeluTanhMulKernel<<<GridFor(rows * dim, 256), 256, 0, stream>>>(gate_up, rows, dim, out);
+    return LastError();
+}
+
+int LaunchAddBias(float* x, const float* bias, int64_t rows, int64_t dim, StreamHandle stream) {
+    if (rows * dim == 0) return 0;
+    AddBiasKernel<<<GridFor(rows * dim, 256), 256, 0, stream>>>(x, bias, rows, dim);
+    return LastError();
+}
+
+int LaunchHeadRmsNorm(float* x, int64_t row_stride, int64_t rows, int64_t num_heads,
+                      int64_t head_dim, const float* weight, float eps, StreamHandle stream) {
+    if (rows == 0 || num_heads == 0) return 0;
+    const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(num_heads));
+    HeadRmsNormKernel<<<grid, RowThreads(head_dim), 0, stream>>>(x, row_stride, head_dim, weight,
+                                                                 eps);
+    return LastError();
+}
+
+int LaunchScale(float* x, float s, int64_t n, StreamHandle stream) {
+    if (n == 0) return 0;
+    ScaleKernel<<<GridFor(n, 256), 256, 0, stream>>>(x, s, n);
+    return LastError();
+}
+
 int LaunchF32ToBf16(const float* x, int64_t n, uint16_t* out, StreamHandle stream) {
     if (n == 0) return 0;
     F32ToBf16Kernel<<<GridFor(n, 256), 256, 0, stream>>>(x, n, out);
@@ -521,7 +590,8 @@ int LaunchPagedAttention(const float* q, int64_t q_stride, const cpu::PagedKvLay
                      kv_head_of_q,
                      num_splits,
                      partials,
-                     1.0f / sqrtf(static_cast<float>(kv.head_dim))};
+                     1.0f / sqrtf(static_cast<float>(kv.head_dim)),
+                     batch.window};
     const dim3 grid(static_cast<unsigned>(batch.num_seqs), static_cast<unsigned>(kv.num_kv_heads),
                     static_cast<unsigned>(num_splits));
     const size_t shared = static_cast<size_t>(AttentionSharedBytes(kv.head_dim));

@@ -30,6 +30,12 @@ int LaunchRope(float* x, int64_t row_stride, const int32_t* positions, int64_t r
                int64_t num_heads, int64_t head_dim, const float* inv_freq, StreamHandle stream);
 int LaunchSiluMul(const float* gate_up, int64_t rows, int64_t dim, float* out,
                   StreamHandle stream);
+int LaunchGeluTanhMul(const float* gate_up, int64_t rows, int64_t dim, float* out,
+                      StreamHandle stream);
+int LaunchAddBias(float* x, const float* bias, int64_t rows, int64_t dim, StreamHandle stream);
+int LaunchHeadRmsNorm(float* x, int64_t row_stride, int64_t rows, int64_t num_heads,
+                      int64_t head_dim, const float* weight, float eps, StreamHandle stream);
+int LaunchScale(float* x, float s, int64_t n, StreamHandle stream);
 // out[i] = bf16(x[i]), round to nearest even.
 int LaunchF32ToBf16(const float* x, int64_t n, uint16_t* out, StreamHandle stream);
 
@@ -38,6 +44,7 @@ int LaunchKvWrite(const cpu::PagedKvLayer& kv, const float* k, const float* v, i
 // `num_splits` blocks share the keys of each decode row (a sequence with one new row); their
 // partial results go to `partials` (num_seqs × num_heads × num_splits × (head_dim + 2) floats)
 // and a second kernel merges them. Prefill rows are spread over the same blocks by row tiles.
+// batch.window > 0: each query sees only the last `window` positions up to its own.
 int LaunchPagedAttention(const float* q, int64_t q_stride, const cpu::PagedKvLayer& kv,
                          const cpu::PagedAttentionBatch& batch, float* out, int64_t num_heads,
                          const int32_t* kv_head_of_q, int num_splits, float* partials,

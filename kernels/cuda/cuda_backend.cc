@@ -20,13 +20,6 @@
 namespace kvshard::cuda {
 namespace {
 
-// The cuBLASLt workspace of the backend's stream.
-constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
-// Floats of the split-KV partial results (m, l, head_dim sums per decode row, head and split).
-constexpr int64_t kPartialFloats = int64_t{8} << 20;
-// Initial bf16 copy of a product's activations; grows (logged) for a larger product.
-constexpr size_t kInitialActivationBytes = size_t{16} << 20;
-
 Status CudaStatus(cudaError_t err, const std::string& what) {
     return Unavailable("cuda backend: " + what + ": CUDA error " + std::to_string(int(err)) + " (" +
                        cudaGetErrorName(err) + "): " + cudaGetErrorString(err));
@@ -517,6 +510,30 @@ void CudaBackend::Rope(float* x, int64_t row_stride, const int32_t* positions, i
 void CudaBackend::SiluMul(const float* gate_up, int64_t rows, int64_t dim, float* out) {
     cudaSetDevice(device_);
     Check(LaunchSiluMul(gate_up, rows, dim, out, stream_), "SiluMul");
+}
+
+void CudaBackend::GeluTanhMul(const float* gate_up, int64_t rows, int64_t dim, float* out) {
+    cudaSetDevice(device_);
+    Check(LaunchGeluTanhMul(gate_up, rows, dim, out, stream_), "GeluTanhMul");
+}
+
+void CudaBackend::AddBias(float* x, const float* bias, int64_t rows, int64_t dim) {
+    cudaSetDevice(device_);
+    Check(LaunchAddBias(x, bias, rows, dim, stream_), "AddBias");
+}
+
+void CudaBackend::HeadRmsNorm(float* x, int64_t row_stride, int64_t rows, int64_t num_heads,
+                              int64_t head_dim, const float* weight, float eps) {
+    KV_CHECK(head_dim > 0 && row_stride >= num_heads * head_dim)
+        << "head_dim=" << head_dim << " num_heads=" << num_heads << " row_stride=" << row_stride;
+    cudaSetDevice(device_);
+    Check(LaunchHeadRmsNorm(x, row_stride, rows, num_heads, head_dim, weight, eps, stream_),
+          "HeadRmsNorm");
+}
+
+void CudaBackend::Scale(float* x, float s, int64_t n) {
+    cudaSetDevice(device_);
+    Check(LaunchScale(x, s, n, stream_), "Scale");
 }
 
 void CudaBackend::KvWrite(const PagedKvLayer& kv, const float* k, const float* v,

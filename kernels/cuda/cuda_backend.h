@@ -41,6 +41,16 @@ namespace kvshard::cuda {
 
 class CudaBackend final : public Backend {
   public:
+    // Device memory the backend allocates for itself at Create, beside what the runner asks for:
+    // the cuBLASLt (and cuBLAS) workspace, the split-KV partial results, and the bf16 copy of a
+    // product's activations, which grows to the largest product's rows × columns × 2 (logged).
+    static constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
+    static constexpr int64_t kPartialFloats = int64_t{8} << 20;
+    static constexpr size_t kInitialActivationBytes = size_t{16} << 20;
+    static constexpr int64_t kFixedBytes = static_cast<int64_t>(kLtWorkspaceBytes) +
+                                           kPartialFloats * 4 +
+                                           static_cast<int64_t>(kInitialActivationBytes);
+
     // Use Create: it checks the device first.
     static Result<std::unique_ptr<CudaBackend>> Create(const BackendConfig& config);
     ~CudaBackend() override;
@@ -63,6 +73,12 @@ class CudaBackend final : public Backend {
     void Rope(float* x, int64_t row_stride, const int32_t* positions, int64_t rows,
               int64_t num_heads, int64_t head_dim, const float* inv_freq) override;
     void SiluMul(const float* gate_up, int64_t rows, int64_t dim, float* out) override;
+    void GeluTanhMul(const float* gate_up, int64_t rows, int64_t dim, float* out) override;
+    void AddBias(float* x, const float* bias, int64_t rows, int64_t dim) override;
+    void HeadRmsNorm(float* x, int64_t row_stride, int64_t rows, int64_t num_heads,
+                     int64_t head_dim, const float* weight, float eps) override;
+    void Scale(float* x, float s, int64_t n) override;
+    bool SupportsSlidingWindow() const override { return true; }
     void KvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_t row_stride,
                  const int64_t* slots, int64_t n) override;
     void PagedAttention(const float* q, int64_t q_stride, const PagedKvLayer& kv,

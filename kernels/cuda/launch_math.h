@@ -90,6 +90,23 @@ KV_HD KeyRange SplitKeyRange(int64_t len, int num_splits, int split) {
     return {begin, end};
 }
 
+// The same over the keys [first, len) only (a sliding window's): whole tiles from `first`.
+KV_HD KeyRange SplitKeyRange(int64_t first, int64_t len, int num_splits, int split) {
+    const KeyRange r = SplitKeyRange(len - first, num_splits, split);
+    return {first + r.begin, first + r.end};
+}
+
+// ---- sliding windows (PagedAttentionBatch::window) ----
+
+// The first key a query at position `pos` sees: pos - window + 1, or 0 (window <= 0: no window).
+KV_HD int64_t WindowStart(int64_t pos, int64_t window) {
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+// Whether the query at `pos` attends to the key at `key`: causal, and inside its window.
+KV_HD bool KeyVisible(int64_t key, int64_t pos, int64_t window) {
+    return key <= pos && key >= WindowStart(pos, window);
+}
+
 // ---- how an attention block deals out its sequence's work ----
 
 // A block (sequence s, KV head, split z) holds at most QueryVectorsPerPass(head_dim) query
@@ -119,14 +136,15 @@ KV_HD int64_t ItemStride(const AttnPlan& p, int num_splits) { return p.decode ? 
 
 // One item: rows [r_begin, r_end) of the sequence, group heads [h_begin, h_end), keys
 // [k_begin, k_end). `len` is the sequence's context after the step; its rows sit at positions
-// len - n_rows + r.
+// len - n_rows + r. With a sliding window (window > 0) the keys start at the window of the item's
+// first row (a decode row's splits share its window), and KeyVisible masks each row's.
 struct AttnItem {
     int64_t r_begin, r_end;
     int h_begin, h_end;
     int64_t k_begin, k_end;
 };
 KV_HD AttnItem ItemOf(const AttnPlan& p, int64_t item, int64_t n_rows, int64_t len,
-                      int group_size, int num_splits, int z) {
+                      int group_size, int num_splits, int z, int64_t window = 0) {
     AttnItem w;
     const int64_t tile = item / p.head_passes;
     const int pass = static_cast<int>(item % p.head_passes);
@@ -135,11 +153,11 @@ KV_HD AttnItem ItemOf(const AttnPlan& p, int64_t item, int64_t n_rows, int64_t l
     w.h_begin = pass * p.heads_per_pass;
     w.h_end = w.h_begin + p.heads_per_pass < group_size ? w.h_begin + p.heads_per_pass : group_size;
     if (p.decode) {
-        const KeyRange range = SplitKeyRange(len, num_splits, z);
+        const KeyRange range = SplitKeyRange(WindowStart(len - 1, window), len, num_splits, z);
         w.k_begin = range.begin;
         w.k_end = range.end;
     } else {
-        w.k_begin = 0;
+        w.k_begin = WindowStart(len - n_rows + w.r_begin, window);
         w.k_end = len - n_rows + w.r_end;  // causal bound of the item's last row
     }
     return w;

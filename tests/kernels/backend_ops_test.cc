@@ -334,7 +334,7 @@ TEST_P(BackendOps, GeluBiasHeadNormAndScale) {
 
 // KV written at slots of scattered blocks, then the step's attention (a prefill chunk that
 // starts mid-sequence, a decode row, a fresh prompt), against a double-precision causal softmax
-// over the same K/V; then block copies and row gathers.
+// over the same K/V, with and without a sliding window; then block copies and row gathers.
 TEST_P(BackendOps, KvWriteAttentionCopiesAndGathers) {
     for (KvStorage storage : {KvStorage::kF32, KvStorage::kInt8}) {
         Device dev(*backend_);
@@ -368,44 +368,53 @@ TEST_P(BackendOps, KvWriteAttentionCopiesAndGathers) {
             ts.push_back(int32_t(flat.size()));
         }
         const std::vector<int32_t> kv_of_q = {0, 0, 0, 1, 1, 1};
-        const PagedAttentionBatch batch{.num_seqs = 3,
-                                        .query_starts = dev.Put(qs),
-                                        .context_lens = dev.Put(ctx),
-                                        .block_table_starts = dev.Put(ts),
-                                        .block_tables = dev.Put(flat)};
-        float* out = dev.Put(std::vector<float>(rows * heads * hd));
-        backend_->PagedAttention(dev.Put(q), q_stride, kv, batch, out, heads, dev.Put(kv_of_q));
-        std::vector<double> want(rows * heads * hd, 0.0);
-        for (size_t s = 0, pos0 = 0; s < ctx.size(); pos0 += ctx[s], ++s) {
-            for (int32_t i = 0; i < news[s]; ++i) {
-                const int64_t row = qs[s] + i, p = ctx[s] - news[s] + i;
-                for (int64_t h = 0; h < heads; ++h) {
-                    const int64_t g = kv_of_q[h];
-                    std::vector<double> sc(p + 1);
-                    double mx = -1e300, sum = 0;
-                    for (int64_t t = 0; t <= p; ++t) {
-                        double dot = 0;
-                        for (int64_t c = 0; c < hd; ++c) {
-                            dot += double(q[row * q_stride + h * hd + c]) *
-                                   k[(pos0 + t) * kvw + g * hd + c];
+        // Full causal attention, then a sliding window of 4 (a layer of a windowed model).
+        float* out = nullptr;
+        std::vector<double> want;
+        for (int64_t window : {4, 0}) {
+            if (window > 0 && !backend_->SupportsSlidingWindow()) continue;
+            const PagedAttentionBatch batch{.num_seqs = 3,
+                                            .query_starts = dev.Put(qs),
+                                            .context_lens = dev.Put(ctx),
+                                            .block_table_starts = dev.Put(ts),
+                                            .block_tables = dev.Put(flat),
+                                            .window = window};
+            out = dev.Put(std::vector<float>(rows * heads * hd));
+            backend_->PagedAttention(dev.Put(q), q_stride, kv, batch, out, heads,
+                                     dev.Put(kv_of_q));
+            want.assign(rows * heads * hd, 0.0);
+            for (size_t s = 0, pos0 = 0; s < ctx.size(); pos0 += ctx[s], ++s) {
+                for (int32_t i = 0; i < news[s]; ++i) {
+                    const int64_t row = qs[s] + i, p = ctx[s] - news[s] + i;
+                    const int64_t first = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+                    for (int64_t h = 0; h < heads; ++h) {
+                        const int64_t g = kv_of_q[h];
+                        std::vector<double> sc(p + 1 - first);
+                        double mx = -1e300, sum = 0;
+                        for (int64_t t = first; t <= p; ++t) {
+                            double dot = 0;
+                            for (int64_t c = 0; c < hd; ++c) {
+                                dot += double(q[row * q_stride + h * hd + c]) *
+                                       k[(pos0 + t) * kvw + g * hd + c];
+                            }
+                            sc[t - first] = dot / std::sqrt(double(hd));
+                            mx = std::max(mx, sc[t - first]);
                         }
-                        sc[t] = dot / std::sqrt(double(hd));
-                        mx = std::max(mx, sc[t]);
-                    }
-                    for (double& e : sc) sum += (e = std::exp(e - mx));
-                    for (int64_t c = 0; c < hd; ++c) {
-                        double o = 0;
-                        for (int64_t t = 0; t <= p; ++t)
-                            o += sc[t] * v[(pos0 + t) * kvw + g * hd + c];
-                        want[(row * heads + h) * hd + c] = o / sum;
+                        for (double& e : sc) sum += (e = std::exp(e - mx));
+                        for (int64_t c = 0; c < hd; ++c) {
+                            double o = 0;
+                            for (int64_t t = first; t <= p; ++t)
+                                o += sc[t - first] * v[(pos0 + t) * kvw + g * hd + c];
+                            want[(row * heads + h) * hd + c] = o / sum;
+                        }
                     }
                 }
             }
+            // 8-bit storage carries its quantization error (about 1/127 of each head's range).
+            const double bound = storage == KvStorage::kF32 ? 1e-5 : 2e-2;
+            EXPECT_LE(NormalizedError(dev.Get(out, want.size()), want), bound)
+                << "storage " << int(storage) << " window " << window;
         }
-        // 8-bit storage carries its quantization error (about 1/127 of each head's range).
-        const double bound = storage == KvStorage::kF32 ? 1e-5 : 2e-2;
-        EXPECT_LE(NormalizedError(dev.Get(out, want.size()), want), bound)
-            << "storage " << int(storage);
 
         // Block copies: block 7 -> 20 and 0 -> 21 carry every byte.
         const std::vector<int32_t> pairs = {7, 20, 0, 21};

@@ -168,21 +168,29 @@ TEST_F(CudaBackendGpuTest, KvBytesAndSplitAttentionMatchTheCpu) {
 
         const int64_t rows = qs.back();
         const std::vector<float> q = Random(rows * heads * hd, 3);
-        const PagedAttentionBatch cpu_batch{.num_seqs = 3,
-                                            .query_starts = qs.data(),
-                                            .context_lens = ctx.data(),
-                                            .block_table_starts = ts.data(),
-                                            .block_tables = flat.data()};
-        const PagedAttentionBatch gpu_batch{.num_seqs = 3,
-                                            .query_starts = Put(qs),
-                                            .context_lens = Put(ctx),
-                                            .block_table_starts = Put(ts),
-                                            .block_tables = Put(flat)};
-        std::vector<float> want(rows * heads * hd);
-        cpu_->PagedAttention(q.data(), heads * hd, cpu_kv, cpu_batch, want.data(), heads, nullptr);
-        float* out = Put(std::vector<float>(want.size(), NAN));
-        gpu_->PagedAttention(Put(q), heads * hd, gpu_kv, gpu_batch, out, heads, nullptr);
-        EXPECT_LE(RelL2(Get(out, want.size()), want), 1e-5) << "storage " << int(storage);
+        // Without a window, and a window of 100 (the decode row's splits mostly empty; the
+        // prefill chunk's rows each starting at their own key).
+        for (int64_t window : {0, 100}) {
+            const PagedAttentionBatch cpu_batch{.num_seqs = 3,
+                                                .query_starts = qs.data(),
+                                                .context_lens = ctx.data(),
+                                                .block_table_starts = ts.data(),
+                                                .block_tables = flat.data(),
+                                                .window = window};
+            const PagedAttentionBatch gpu_batch{.num_seqs = 3,
+                                                .query_starts = Put(qs),
+                                                .context_lens = Put(ctx),
+                                                .block_table_starts = Put(ts),
+                                                .block_tables = Put(flat),
+                                                .window = window};
+            std::vector<float> want(rows * heads * hd);
+            cpu_->PagedAttention(q.data(), heads * hd, cpu_kv, cpu_batch, want.data(), heads,
+                                 nullptr);
+            float* out = Put(std::vector<float>(want.size(), NAN));
+            gpu_->PagedAttention(Put(q), heads * hd, gpu_kv, gpu_batch, out, heads, nullptr);
+            EXPECT_LE(RelL2(Get(out, want.size()), want), 1e-5)
+                << "storage " << int(storage) << " window " << window;
+        }
     }
 }
 

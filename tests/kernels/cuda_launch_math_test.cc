@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -106,6 +107,51 @@ TEST(CudaLaunchMathTest, AttentionItemsCoverEveryRowAndHeadOnce) {
                     if (plan.decode) {
                         for (int64_t k : keys_of_head) EXPECT_EQ(k, len);
                     }
+                }
+            }
+        }
+    }
+}
+
+// A sliding window: a decode row's splits cover exactly its window's keys; a prefill item starts
+// at its first row's window and every row's keys are the CPU's (p - window, p].
+TEST(CudaLaunchMathTest, WindowedItemsCoverEachRowsWindow) {
+    EXPECT_EQ(WindowStart(10, 0), 0);
+    EXPECT_EQ(WindowStart(10, 4), 7);
+    EXPECT_EQ(WindowStart(2, 4), 0);
+    for (int64_t pos : {0, 3, 9, 40}) {
+        for (int64_t window : {0, 1, 4, 32}) {
+            for (int64_t key = 0; key <= pos + 2; ++key) {
+                const bool cpu = key <= pos && (window == 0 || key > pos - window);
+                EXPECT_EQ(KeyVisible(key, pos, window), cpu) << key << " " << pos << " " << window;
+            }
+        }
+    }
+    for (int64_t window : {1, 5, 32, 100, 600}) {
+        for (int64_t len : {1, 7, 64, 301, 1000}) {
+            for (int splits : {1, 3, 32}) {
+                // Decode: every key of the window once, no key before it.
+                const AttnPlan d = PlanAttention(1, 4, 16);
+                std::vector<int> seen(static_cast<size_t>(len), 0);
+                for (int z = 0; z < splits; ++z) {
+                    const AttnItem w = ItemOf(d, 0, 1, len, 4, splits, z, window);
+                    for (int64_t t = w.k_begin; t < w.k_end; ++t) ++seen[t];
+                }
+                for (int64_t t = 0; t < len; ++t) {
+                    ASSERT_EQ(seen[t], t >= len - window ? 1 : 0)
+                        << "window " << window << " len " << len << " splits " << splits << " key " << t;
+                }
+            }
+            // Prefill: an item's keys hold every visible key of each of its rows.
+            const int64_t n_rows = std::min<int64_t>(len, 45);
+            const AttnPlan p = PlanAttention(n_rows, 2, 16);
+            for (int64_t it = 0; it < p.items; ++it) {
+                const AttnItem w = ItemOf(p, it, n_rows, len, 2, 3, 0, window);
+                EXPECT_EQ(w.k_begin, WindowStart(len - n_rows + w.r_begin, window));
+                for (int64_t r = w.r_begin; r < w.r_end; ++r) {
+                    const int64_t pos = len - n_rows + r;
+                    EXPECT_LE(w.k_begin, WindowStart(pos, window));
+                    EXPECT_GE(w.k_end, pos + 1);
                 }
             }
         }
