@@ -17,6 +17,7 @@
 
 #include "cli/commands.h"
 #include "cli/process_instance.h"
+#include "cli/serve_devices.h"
 #include "common/build_config.h"
 #include "common/device.h"
 #include "common/logging.h"
@@ -40,7 +41,7 @@ struct ServeFlags {
     std::string config;
     std::vector<ConfigOverride> overrides;
     // Flag values, turned into overrides when given.
-    std::string model, tokenizer, host, chat_template, log_level;
+    std::string model, tokenizer, host, chat_template, log_level, backend;
     int port = -1, tp = 0, threads = -1;
     std::vector<std::string> sets;  // --set key=value
 };
@@ -58,15 +59,11 @@ cpu::KvStorage StorageOf(KvCacheDtype dtype) {
     return cpu::KvStorage::kF32;
 }
 
-// Blocks that memory_mib holds on the worker with the most KV heads (ranks whose query heads
-// straddle a KV group hold that head too, hence the + 1).
+// Blocks that memory_mib holds on the worker with the most KV heads.
 int64_t BlocksFor(const ServerConfig& c, const ModelSpec& s, int tp) {
     if (c.kv_cache.num_blocks > 0) return c.kv_cache.num_blocks;
-    const int64_t local_kv =
-        std::min<int64_t>(s.num_kv_heads, (s.num_kv_heads + tp - 1) / tp + (tp > 1 ? 1 : 0));
     const int64_t bytes_per_block =
-        s.num_layers * cpu::PagedLayerBytes(StorageOf(c.kv_cache.dtype), c.kv_cache.block_size,
-                                            local_kv, s.head_dim);
+        KvBlockBytes(s, StorageOf(c.kv_cache.dtype), c.kv_cache.block_size, tp);
     return std::max<int64_t>(1, (c.kv_cache.memory_mib << 20) / bytes_per_block);
 }
 
@@ -123,6 +120,7 @@ int RunServe(ServeFlags f) {
     if (f.threads >= 0) add("threads", std::to_string(f.threads), "--threads");
     if (!f.chat_template.empty()) add("chat_template", f.chat_template, "--chat-template");
     if (!f.log_level.empty()) add("log_level", f.log_level, "--log-level");
+    if (!f.backend.empty()) add("backend", f.backend, "--backend");
     for (const std::string& kv : f.sets) {
         const size_t eq = kv.find('=');
         if (eq == std::string::npos || eq == 0)
@@ -133,9 +131,14 @@ int RunServe(ServeFlags f) {
     if (!cr.ok()) return Fail(cr.status().message());
     const ServerConfig& c = *cr;
     InitLogging("coordinator", c.log_level);
-    // Before the model is opened: config/device_plan.h.
-    if (Status st = CheckServeBackend(c.backend, KVSHARD_WITH_CUDA != 0, DeviceCount()); !st.ok()) {
-        return Fail((c.source.empty() ? std::string() : c.source + ": ") + st.message());
+    // Before the model is opened: a backend that needs a device this machine lacks
+    // (cli/serve_devices.h).
+    const std::string source = c.source.empty() ? std::string() : c.source + ": ";
+    const DeviceQuery devices = c.backend == ServeBackend::kCpu ? DeviceQuery{} : QueryDevices();
+    if (Result<bool> r = ResolveCudaBackend(c.backend, KVSHARD_WITH_CUDA != 0,
+                                            static_cast<int>(devices.devices.size()), devices.error);
+        !r.ok()) {
+        return Fail(source + r.status().message());
     }
 
     OpenModelOptions open;
@@ -199,15 +202,6 @@ int RunServe(ServeFlags f) {
             pi.pool = &pool;
             pi.config = &pool.instances[k];
             pi.name = pool.instances.size() == 1 ? pool.name : pool.name + "-" + std::to_string(k);
-            for (const std::string& d : pi.config->devices) {
-                if (d != "cpu") {
-                    spdlog::warn(
-                        "instance {}: device {} requested; this build's CPU backend runs every "
-                        "worker on the CPU",
-                        pi.name, d);
-                    break;
-                }
-            }
             pi.runner.max_context = max_context;
             pi.runner.block_size = c.kv_cache.block_size;
             pi.runner.num_kv_blocks = BlocksFor(c, spec, pi.config->tp);
@@ -217,6 +211,21 @@ int RunServe(ServeFlags f) {
             pi.runner.max_step_tokens = c.scheduler.max_num_batched_tokens;
             pi.runner.max_step_seqs = c.scheduler.max_num_seqs;
             planned.push_back(std::move(pi));
+        }
+    }
+    // Every rank on its device, before any weight is read (the CPU: warnings only).
+    if (!planned.empty()) {
+        Result<DevicePlan> dp =
+            PlanServeDevices(c, pools, *stop_ids_of.file, planned[0].runner, max_context,
+                             KVSHARD_WITH_CUDA != 0, devices);
+        if (!dp.ok()) return Fail(source + dp.status().message());
+        for (const std::string& w : dp->warnings) spdlog::warn("{}", w);
+        for (const std::string& line : dp->Describe(pools)) spdlog::info("device plan: {}", line);
+        size_t k = 0;
+        for (size_t p = 0; p < pools.size(); ++p) {
+            for (size_t i = 0; i < pools[p].instances.size(); ++i, ++k) {
+                ApplyDevicePlan(*dp, static_cast<int>(p), static_cast<int>(i), &planned[k].runner);
+            }
         }
     }
     std::vector<ServedInstance> instances(planned.size());
@@ -291,10 +300,13 @@ int RunServe(ServeFlags f) {
                                                        : inst.process->executor();
         inst.engine = std::make_unique<InstanceEngine>(ec, *stop_ids_of.tokenizer, executor);
         inst.engine->Start();
-        spdlog::info("instance {} ({} pool {}): tp {}, {} KV blocks of {} tokens, {} workers",
+        spdlog::info("instance {} ({} pool {}): tp {}, {} KV blocks of {} tokens, {} workers on {}",
                      inst.name, InstanceRoleName(ec.role), pool.name, ic.tp,
                      pi.runner.num_kv_blocks, c.kv_cache.block_size,
-                     WorkersModeName(c.workers.mode));
+                     WorkersModeName(c.workers.mode),
+                     pi.runner.backend.kind == BackendKind::kCuda
+                         ? "GPU " + std::to_string(pi.runner.backend.device)
+                         : std::string("the CPU"));
     }
     std::vector<InstanceEngine*> engines;
     for (ServedInstance& i : instances) engines.push_back(i.engine.get());
@@ -368,6 +380,8 @@ Command RegisterServe(CLI::App& app) {
     sub->add_option("--chat-template", f->chat_template,
                     "chatml, llama2, llama3 or a Jinja file of one of those shapes");
     sub->add_option("--log-level", f->log_level, "trace|debug|info|warn|error|off");
+    sub->add_option("--backend", f->backend,
+                    "Where the workers run: cpu, cuda (one GPU per instance) or auto");
     for (CLI::Option* o : sub->get_options())
         o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     sub->add_option("--set", f->sets,

@@ -12,6 +12,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -26,6 +29,25 @@ using StreamHandle = CUstream_st*;
 // Number of usable CUDA devices; 0 when there is no driver, no device, the runtime fails, or the
 // build has no CUDA. Never fails, so code and tests can ask before touching a GPU.
 int DeviceCount();
+
+// One device as the CUDA runtime reports it.
+struct DeviceInfo {
+    int ordinal = 0;
+    std::string name;
+    int cc_major = 0, cc_minor = 0;
+    int64_t total_bytes = 0;
+    int64_t free_bytes = 0;  // cudaMemGetInfo, after this process's context on it was made
+};
+
+// Every usable device, or none with the reason: `error` names what the runtime said (no driver,
+// no device, a build without CUDA) when `devices` is empty for lack of a device, and the call that
+// failed when a device was found but could not be queried. Never fails otherwise, so `backend:
+// auto` can fall back to the CPU. Makes a context on each device (to read its free memory).
+struct DeviceQuery {
+    std::vector<DeviceInfo> devices;
+    std::string error;
+};
+DeviceQuery QueryDevices();
 
 // Selects the device the calling thread's later CUDA calls use.
 // InvalidArgument unless 0 <= device < DeviceCount().

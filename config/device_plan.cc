@@ -24,7 +24,8 @@ std::string Ordinals(const std::vector<GpuInfo>& gpus) {
 
 }  // namespace
 
-Result<bool> ResolveCudaBackend(ServeBackend backend, bool built_with_cuda, int device_count) {
+Result<bool> ResolveCudaBackend(ServeBackend backend, bool built_with_cuda, int device_count,
+                                const std::string& no_device_reason) {
     switch (backend) {
         case ServeBackend::kCpu:
             return false;
@@ -33,7 +34,9 @@ Result<bool> ResolveCudaBackend(ServeBackend backend, bool built_with_cuda, int 
                 return InvalidArgument("backend: cuda: this kvshard was built without CUDA");
             }
             if (device_count <= 0) {
-                return InvalidArgument("backend: cuda: no CUDA device found (0 devices)");
+                return InvalidArgument(
+                    "backend: cuda: no CUDA device found (0 devices" +
+                    (no_device_reason.empty() ? std::string() : "; " + no_device_reason) + ")");
             }
             return true;
         case ServeBackend::kAuto:
@@ -42,19 +45,37 @@ Result<bool> ResolveCudaBackend(ServeBackend backend, bool built_with_cuda, int 
     return false;
 }
 
-Status CheckServeBackend(ServeBackend backend, bool built_with_cuda, int device_count) {
-    KV_ASSIGN_OR_RETURN(bool cuda, ResolveCudaBackend(backend, built_with_cuda, device_count));
-    if (!cuda) return Status::Ok();
-    return InvalidArgument("backend: " + std::string(ServeBackendName(backend)) +
-                           ": resolves to cuda (" + std::to_string(device_count) +
-                           " CUDA devices found), and kvshard serve does not run workers on GPUs "
-                           "yet: set backend: cpu (kvshard generate --backend cuda runs one GPU)");
+Status CheckGpuServing(const std::vector<PoolConfig>& pools, WorkersMode mode) {
+    if (mode != WorkersMode::kEmbedded) {
+        return InvalidArgument("workers.mode: " + std::string(WorkersModeName(mode)) +
+                               " with backend: cuda: GPU workers run in the serving process only "
+                               "so far (workers.mode: embedded)");
+    }
+    for (size_t p = 0; p < pools.size(); ++p) {
+        if (pools[p].role != PoolRole::kMixed) {
+            // The handoff packs and unpacks pool blocks with host copies (worker/kv_handoff.h).
+            return InvalidArgument("pools[" + std::to_string(p) + "] (" + pools[p].name +
+                                   ").role: " + std::string(PoolRoleName(pools[p].role)) +
+                                   " with backend: cuda: KV handoff between GPU pools is not "
+                                   "implemented yet (role: mixed)");
+        }
+        for (size_t i = 0; i < pools[p].instances.size(); ++i) {
+            const int tp = pools[p].instances[i].tp;
+            if (tp > 1) {
+                return InvalidArgument(InstanceKey(pools, p, i) + ".tp: " + std::to_string(tp) +
+                                       " with backend: cuda: an instance runs on one GPU so far "
+                                       "(tp 1; give more instances for more GPUs)");
+            }
+        }
+    }
+    return Status::Ok();
 }
 
 Result<DevicePlan> PlanDevices(const std::vector<PoolConfig>& pools, const DevicePlanInputs& in) {
     DevicePlan plan;
-    KV_ASSIGN_OR_RETURN(plan.cuda, ResolveCudaBackend(in.backend, in.built_with_cuda,
-                                                      static_cast<int>(in.gpus.size())));
+    KV_ASSIGN_OR_RETURN(plan.cuda,
+                        ResolveCudaBackend(in.backend, in.built_with_cuda,
+                                           static_cast<int>(in.gpus.size()), in.no_device_reason));
     if (!plan.cuda) {
         for (size_t p = 0; p < pools.size(); ++p) {
             for (size_t i = 0; i < pools[p].instances.size(); ++i) {
@@ -165,6 +186,13 @@ Result<DevicePlan> PlanDevices(const std::vector<PoolConfig>& pools, const Devic
         rp.kv_bytes = rp.kv_blocks * block;
     }
     return plan;
+}
+
+const RankPlacement* DevicePlan::Find(int pool, int instance, int rank) const {
+    for (const RankPlacement& rp : ranks) {
+        if (rp.pool == pool && rp.instance == instance && rp.rank == rank) return &rp;
+    }
+    return nullptr;
 }
 
 std::vector<std::string> DevicePlan::Describe(const std::vector<PoolConfig>& pools) const {

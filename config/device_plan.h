@@ -13,24 +13,20 @@
 #include <string_view>
 #include <vector>
 
+#include "common/device.h"
 #include "common/status.h"
 #include "config/server_config.h"
 
 namespace kvshard {
 
-// One device as the CUDA runtime reports it.
-struct GpuInfo {
-    int ordinal = 0;
-    std::string name;
-    int cc_major = 0, cc_minor = 0;
-    int64_t total_bytes = 0;
-    int64_t free_bytes = 0;
-};
+// One device as the CUDA runtime reports it (common/device.h QueryDevices).
+using GpuInfo = DeviceInfo;
 
 struct DevicePlanInputs {
     ServeBackend backend = ServeBackend::kCpu;
     bool built_with_cuda = false;
     std::vector<GpuInfo> gpus;  // every device found (empty: none, or a build without CUDA)
+    std::string no_device_reason;  // why `gpus` is empty (DeviceQuery::error), for the message
     double gpu_memory_utilization = 0.9;
     int64_t fixed_kv_blocks = 0;  // kv_cache.num_blocks; 0: from the free memory
     // Per rank of an instance of tensor-parallel size tp: its weight bytes, one KV block's bytes
@@ -56,16 +52,20 @@ struct DevicePlan {
     std::vector<std::string> warnings;  // e.g. devices ignored by the CPU backend
     // One line per GPU rank with the numbers `kvshard plan` prints for a pool.
     std::vector<std::string> Describe(const std::vector<PoolConfig>& pools) const;
+    // The placement of rank `rank` of instance `instance` of pool `pool`; nullptr on the CPU.
+    const RankPlacement* Find(int pool, int instance, int rank) const;
 };
 
 // Whether `backend` resolves to cuda (true) or cpu (false) with `device_count` devices.
-// InvalidArgument for backend: cuda in a build without CUDA or with no device.
-Result<bool> ResolveCudaBackend(ServeBackend backend, bool built_with_cuda, int device_count);
+// InvalidArgument for backend: cuda in a build without CUDA or with no device (`no_device_reason`,
+// when given, says what the runtime reported).
+Result<bool> ResolveCudaBackend(ServeBackend backend, bool built_with_cuda, int device_count,
+                                const std::string& no_device_reason = "");
 
-// What `kvshard serve` can run today: the plan is checked, but its workers run on the CPU only.
-// InvalidArgument, naming the setting and the device count, when `backend` resolves to cuda (or
-// ResolveCudaBackend's error).
-Status CheckServeBackend(ServeBackend backend, bool built_with_cuda, int device_count);
+// What `kvshard serve` runs on GPUs so far: each instance on one GPU (tp 1) of a mixed pool in
+// this process. InvalidArgument naming the setting for an instance of tp above 1, a prefill or
+// decode pool (no KV handoff from device pools), or workers.mode: processes.
+Status CheckGpuServing(const std::vector<PoolConfig>& pools, WorkersMode mode);
 
 // InvalidArgument, one line naming the setting and the numbers: backend cuda in a build without
 // CUDA or with no device; a devices entry "cpu" with backend cuda; a devices entry naming a missing

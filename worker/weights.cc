@@ -242,19 +242,21 @@ Result<WeightFormat> ParseWeightFormat(std::string_view name) {
                            "': expected 'stored' (as the file stores them) or 'f32'");
 }
 
-Result<ModelWeights> LoadWeights(const ModelFile& model, Backend& backend,
-                                 const WeightLoadOptions& options) {
+namespace {
+
+// Every tensor of rank options.shard placed in `plan` (in the resident formats of the plan's
+// backend kind), its views in `w` given their shapes; nothing copied yet.
+Status PlanWeights(const ModelFile& model, const WeightLoadOptions& options, ModelWeights& w,
+                   ArenaPlan& plan) {
     const ModelSpec& s = model.spec();
     const int64_t q_dim = s.num_heads * s.head_dim;
     const int64_t kv_dim = s.num_kv_heads * s.head_dim;
-    ModelWeights w;
     w.format = options.format;
     KV_ASSIGN_OR_RETURN(w.layout, MakeShardLayout(s, options.shard));
     const ShardLayout& sl = w.layout;
     const IndexRange q_rows = Scaled(sl.q_heads, s.head_dim);
     const IndexRange kv_rows = Scaled(sl.kv_heads, s.head_dim);
     const int64_t permute = s.qk_layout == QkLayout::kHalfSplit ? s.head_dim : 0;
-    ArenaPlan plan(model, options.format, options.formats_of.value_or(backend.kind()));
     const std::vector<int64_t> embd_shape = {s.vocab_size, s.hidden_size};
     {
         Matrix m;
@@ -330,6 +332,24 @@ Result<ModelWeights> LoadWeights(const ModelFile& model, Backend& backend,
             plan.Finish(std::move(post_ffn), &l.post_ffn_norm, kMat, true);
         }
     }
+    return Status::Ok();
+}
+
+}  // namespace
+
+Result<int64_t> ResidentWeightBytes(const ModelFile& model, BackendKind kind,
+                                    const WeightLoadOptions& options) {
+    ModelWeights w;
+    ArenaPlan plan(model, options.format, options.formats_of.value_or(kind));
+    KV_RETURN_IF_ERROR(PlanWeights(model, options, w, plan));
+    return static_cast<int64_t>(plan.total_bytes());
+}
+
+Result<ModelWeights> LoadWeights(const ModelFile& model, Backend& backend,
+                                 const WeightLoadOptions& options) {
+    ModelWeights w;
+    ArenaPlan plan(model, options.format, options.formats_of.value_or(backend.kind()));
+    KV_RETURN_IF_ERROR(PlanWeights(model, options, w, plan));
     if (plan.converted_bf16() + plan.converted_f32() > 0) {
         spdlog::info("{}: {} matrices converted to BF16 and {} to F32 at load for the {} backend "
                      "({} bytes resident, no stored-format copy kept)",

@@ -78,6 +78,12 @@ struct WeightLoadOptions {
 Result<ModelWeights> LoadWeights(const ModelFile& model, Backend& backend,
                                  const WeightLoadOptions& options = {});
 
+// The bytes LoadWeights would allocate for `options` on a backend of `kind` (its resident formats),
+// from the file's tensor table (and its few bias and q/k-norm vectors) without reading the weights:
+// what a device plan needs before loading. Errors: LoadWeights's, but none of the backend's.
+Result<int64_t> ResidentWeightBytes(const ModelFile& model, BackendKind kind,
+                                    const WeightLoadOptions& options = {});
+
 // The rows of a weight as floats (copied out of backend memory and dequantized): for tests and
 // tools, not for the forward pass.
 std::vector<float> ReadWeightRows(Backend& backend, const WeightView& w);

@@ -49,6 +49,43 @@ int DeviceCount() {
     return count;
 }
 
+DeviceQuery QueryDevices() {
+    DeviceQuery q;
+    int count = 0;
+    if (const cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
+        cudaGetLastError();
+        q.error = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(err) + ": " +
+                  cudaGetErrorString(err);
+        return q;
+    }
+    if (count == 0) {
+        q.error = "cudaGetDeviceCount: 0 devices";
+        return q;
+    }
+    int current = 0;
+    cudaGetDevice(&current);
+    for (int d = 0; d < count; ++d) {
+        cudaDeviceProp prop{};
+        size_t free_b = 0, total_b = 0;
+        cudaError_t err = cudaGetDeviceProperties(&prop, d);
+        if (err == cudaSuccess) err = cudaSetDevice(d);
+        if (err == cudaSuccess) err = cudaMemGetInfo(&free_b, &total_b);
+        if (err != cudaSuccess) {
+            q.error = CudaStatus(err, "querying CUDA device " + std::to_string(d)).message();
+            q.devices.clear();
+            break;
+        }
+        q.devices.push_back({.ordinal = d,
+                             .name = prop.name,
+                             .cc_major = prop.major,
+                             .cc_minor = prop.minor,
+                             .total_bytes = static_cast<int64_t>(total_b),
+                             .free_bytes = static_cast<int64_t>(free_b)});
+    }
+    cudaSetDevice(current);
+    return q;
+}
+
 Status SetDevice(int device) {
     const cudaError_t err = cudaSetDevice(device);
     if (err == cudaSuccess) return Status::Ok();

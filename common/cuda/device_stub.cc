@@ -26,6 +26,10 @@ Status CheckCopy(std::string_view what, size_t bytes, size_t capacity) {
 
 int DeviceCount() { return 0; }
 
+DeviceQuery QueryDevices() {
+    return {.devices = {}, .error = "this kvshard was built without CUDA (KVSHARD_WITH_CUDA=OFF)"};
+}
+
 Status SetDevice(int device) {
     return InvalidArgument("CUDA device " + std::to_string(device) +
                            " does not exist (0 visible: built without CUDA)");

@@ -1,5 +1,6 @@
-// `kvshard` itself, before any subcommand runs: --version, and a mistyped subcommand, as a user
-// meets them (a real process, its exit code, stdout and stderr).
+// `kvshard` itself, before any subcommand runs: --version, a mistyped subcommand, and a backend
+// refused before anything is opened, as a user meets them (a real process, its exit code, stdout
+// and stderr).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -7,6 +8,7 @@
 #include <string>
 
 #include "common/build_config.h"
+#include "common/device.h"
 #include "tests/test_util.h"
 
 namespace kvshard {
@@ -77,6 +79,18 @@ TEST(MainCli, KnownCommandsStillParse) {
     const Output bad = RunKvshard("serve --no-such-flag");
     EXPECT_NE(bad.exit_code, 0);
     EXPECT_EQ(bad.err.find("unknown command"), std::string::npos) << bad.err;
+}
+
+// backend: cuda on a machine (or a build) without a device: one line naming the setting, before
+// the model is opened (the model path does not exist).
+TEST(MainCli, ServeRefusesCudaWithoutADeviceBeforeOpeningTheModel) {
+    if (KVSHARD_WITH_CUDA && DeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
+    const Output o = RunKvshard("serve --model /nonexistent/model.gguf --backend cuda");
+    EXPECT_NE(o.exit_code, 0);
+    const std::string want = KVSHARD_WITH_CUDA ? "backend: cuda: no CUDA device found (0 devices"
+                                               : "backend: cuda: this kvshard was built without CUDA";
+    EXPECT_NE(o.err.find(want), std::string::npos) << o.err;
+    EXPECT_EQ(o.err.find("nonexistent"), std::string::npos) << o.err;
 }
 
 }  // namespace

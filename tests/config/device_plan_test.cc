@@ -140,18 +140,42 @@ TEST(DevicePlan, BadInputIsOneLineNamingTheSettingAndNumbers) {
               "no room for one KV block of 2097152 bytes");
 }
 
-TEST(DevicePlan, ServeRefusesWhatResolvesToCuda) {
-    EXPECT_TRUE(CheckServeBackend(ServeBackend::kCpu, true, 8).ok());
-    EXPECT_TRUE(CheckServeBackend(ServeBackend::kAuto, true, 0).ok());
-    EXPECT_TRUE(CheckServeBackend(ServeBackend::kAuto, false, 2).ok());
-    EXPECT_EQ(CheckServeBackend(ServeBackend::kAuto, true, 2).message(),
-              "backend: auto: resolves to cuda (2 CUDA devices found), and kvshard serve does not "
-              "run workers on GPUs yet: set backend: cpu (kvshard generate --backend cuda runs one "
-              "GPU)");
-    EXPECT_EQ(CheckServeBackend(ServeBackend::kCuda, false, 0).message(),
-              "backend: cuda: this kvshard was built without CUDA");
-    EXPECT_EQ(CheckServeBackend(ServeBackend::kCuda, true, 0).message(),
-              "backend: cuda: no CUDA device found (0 devices)");
+TEST(DevicePlan, NoDeviceSaysWhatTheRuntimeReported) {
+    auto in = Inputs(ServeBackend::kCuda, {});
+    in.no_device_reason = "cudaGetDeviceCount: cudaErrorInsufficientDriver: CUDA driver version is "
+                          "insufficient for CUDA runtime version";
+    EXPECT_EQ(Error(PlanDevices(Pools({InstanceConfig{.tp = 1, .devices = {}}}), in)),
+              "backend: cuda: no CUDA device found (0 devices; cudaGetDeviceCount: "
+              "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime "
+              "version)");
+}
+
+TEST(DevicePlan, GpuServingIsOneGpuPerInstanceInProcess) {
+    const auto ok = Pools({InstanceConfig{.tp = 1, .devices = {}}, InstanceConfig{.tp = 1, .devices = {"1"}}});
+    EXPECT_TRUE(CheckGpuServing(ok, WorkersMode::kEmbedded).ok());
+    EXPECT_EQ(CheckGpuServing(ok, WorkersMode::kProcesses).message(),
+              "workers.mode: processes with backend: cuda: GPU workers run in the serving process "
+              "only so far (workers.mode: embedded)");
+    std::vector<PoolConfig> disagg = ok;
+    disagg.push_back({.name = "decode", .role = PoolRole::kDecode, .instances = {InstanceConfig{.tp = 1, .devices = {}}}});
+    EXPECT_EQ(CheckGpuServing(disagg, WorkersMode::kEmbedded).message(),
+              "pools[1] (decode).role: decode with backend: cuda: KV handoff between GPU pools is "
+              "not implemented yet (role: mixed)");
+    const auto tp2 = Pools({InstanceConfig{.tp = 1, .devices = {}}, InstanceConfig{.tp = 2, .devices = {}}});
+    EXPECT_EQ(CheckGpuServing(tp2, WorkersMode::kEmbedded).message(),
+              "pools[0] (main).instances[1].tp: 2 with backend: cuda: an instance runs on one GPU "
+              "so far (tp 1; give more instances for more GPUs)");
+}
+
+TEST(DevicePlan, FindsEachRanksPlacement) {
+    const auto pools = Pools({InstanceConfig{.tp = 1, .devices = {"1"}}, InstanceConfig{.tp = 1, .devices = {"0"}}});
+    Result<DevicePlan> plan = PlanDevices(pools, Inputs(ServeBackend::kCuda, {H200(0), H200(1)}));
+    ASSERT_TRUE(plan.ok()) << Error(plan);
+    ASSERT_NE(plan->Find(0, 1, 0), nullptr);
+    EXPECT_EQ(plan->Find(0, 0, 0)->gpu, 1);
+    EXPECT_EQ(plan->Find(0, 1, 0)->gpu, 0);
+    EXPECT_EQ(plan->Find(0, 2, 0), nullptr);
+    EXPECT_EQ(plan->Find(0, 0, 1), nullptr);
 }
 
 TEST(DevicePlan, BackendAndUtilizationAreServeSettings) {

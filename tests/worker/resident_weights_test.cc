@@ -9,6 +9,7 @@
 
 #include "kernels/cpu_backend.h"
 #include "model/model_file.h"
+#include "model/synthetic_gguf.h"
 #include "tests/test_util.h"
 #include "worker/weights.h"
 
@@ -57,6 +58,37 @@ void ExpectConverted(Backend& backend, const WeightView& stored, const WeightVie
         mismatches += got[i] != w;
     }
     EXPECT_EQ(mismatches, 0u) << "of " << want.size();
+}
+
+// The bytes a device plan reserves for the weights are the bytes LoadWeights allocates, for every
+// backend's forms, at tp 1 and on rank 0 of tp 2, with biases and q/k norms built on the host.
+TEST(ResidentWeights, PlannedBytesAreTheLoadedArena) {
+    testing::TempDir dir;
+    for (const char* arch : {"llama", "qwen2", "gemma3"}) {
+        SCOPED_TRACE(arch);
+        const std::string path = dir.File(std::string(arch) + ".gguf");
+        const SyntheticGgufOptions o{.weight_dtype = DType::kQ8_0, .seed = 5};
+        ASSERT_TRUE(SyntheticLlamaGguf(SyntheticArchSpec(arch), o).WriteFile(path).ok());
+        Result<std::unique_ptr<ModelFile>> model = OpenModel(path);
+        ASSERT_TRUE(model.ok()) << model.status().ToString();
+        CpuBackend backend(BackendConfig{});
+        for (BackendKind kind : {BackendKind::kCpu, BackendKind::kCuda}) {
+            for (int tp : {1, 2}) {
+                const WeightLoadOptions opt{.shard = {.rank = 0, .tp = tp},
+                                            .format = WeightFormat::kStored,
+                                            .formats_of = kind};
+                Result<ModelWeights> w = LoadWeights(**model, backend, opt);
+                ASSERT_TRUE(w.ok()) << w.status().ToString();
+                Result<int64_t> planned = ResidentWeightBytes(**model, kind, {.shard = opt.shard});
+                ASSERT_TRUE(planned.ok()) << planned.status().ToString();
+                EXPECT_EQ(*planned, static_cast<int64_t>(w->NumBytes()))
+                    << BackendKindName(kind) << " tp " << tp;
+            }
+        }
+        // CUDA keeps Q8_0 products as BF16: more bytes than the CPU's stored form.
+        EXPECT_GT(*ResidentWeightBytes(**model, BackendKind::kCuda),
+                  *ResidentWeightBytes(**model, BackendKind::kCpu));
+    }
 }
 
 TEST(ResidentWeights, CudaFormatsLoadedOnTheCpuHoldOnlyTheConvertedForm) {

@@ -1,0 +1,106 @@
+#include "cli/serve_devices.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/paged_attention.h"
+#include "worker/shard.h"
+#include "worker/weights.h"
+
+namespace kvshard::cli {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+// cuBLAS's and cuBLASLt's handles and the kernels' modules, loaded into the context after the
+// device query measured its free memory.
+constexpr int64_t kModuleMarginBytes = 256 * kMiB;
+
+int64_t Aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+}  // namespace
+
+int64_t KvBlockBytes(const ModelSpec& spec, KvStorage storage, int64_t block_size, int tp) {
+    // Ranks whose query heads straddle a KV group hold that head too, hence the + 1.
+    const int64_t local_kv = std::min<int64_t>(
+        spec.num_kv_heads, (spec.num_kv_heads + tp - 1) / tp + (tp > 1 ? 1 : 0));
+    return spec.num_layers * cpu::PagedLayerBytes(storage, block_size, local_kv, spec.head_dim);
+}
+
+int64_t GpuRankReserveBytes(const ModelSpec& spec, const RunnerOptions& runner, int64_t max_context,
+                            int tp) {
+    const int64_t rows = std::max<int64_t>(1, runner.max_step_tokens);
+    const int64_t seqs = std::max<int64_t>(1, runner.max_step_seqs);
+    // The widest rank: ceil of every split.
+    const int64_t heads = (spec.num_heads + tp - 1) / tp;
+    const int64_t kv_heads = std::min<int64_t>(
+        spec.num_kv_heads, (spec.num_kv_heads + tp - 1) / tp + (tp > 1 ? 1 : 0));
+    const int64_t q_dim = heads * spec.head_dim;
+    const int64_t qkv_dim = q_dim + 2 * kv_heads * spec.head_dim;
+    const int64_t ffn = (spec.ffn_size + tp - 1) / tp + ShardLayout::kColumnAlign;
+    const int64_t vocab = (spec.vocab_size + tp - 1) / tp;
+    const int64_t logits = tp == 1 ? spec.vocab_size : vocab * (1 + tp);
+    // ModelRunner::EnsureWorkspace: x, xn, partial (hidden), qkv, att, gate_up, act per token.
+    const int64_t workspace =
+        4 * (rows * (3 * spec.hidden_size + qkv_dim + q_dim + 3 * ffn) + seqs * logits);
+    const int64_t table_entries = seqs * ((max_context + runner.block_size - 1) / runner.block_size);
+    const int64_t inputs = rows * (4 + 4 + 8) + seqs * (4 * 4) + table_entries * 4;
+    const int64_t activation_copy =
+        std::max<int64_t>(static_cast<int64_t>(cuda::CudaBackend::kInitialActivationBytes),
+                          rows * std::max({spec.hidden_size, q_dim, ffn}) * 2);
+    return Aligned(workspace) + Aligned(inputs) + cuda::CudaBackend::kFixedBytes -
+           static_cast<int64_t>(cuda::CudaBackend::kInitialActivationBytes) + activation_copy +
+           kModuleMarginBytes;
+}
+
+Result<DevicePlan> PlanServeDevices(const ServerConfig& c, const std::vector<PoolConfig>& pools,
+                                    const ModelFile& model, const RunnerOptions& runner,
+                                    int64_t max_context, bool built_with_cuda,
+                                    const DeviceQuery& devices) {
+    DevicePlanInputs in;
+    in.backend = c.backend;
+    in.built_with_cuda = built_with_cuda;
+    in.gpus = devices.devices;
+    in.no_device_reason = devices.error;
+    in.gpu_memory_utilization = c.kv_cache.gpu_memory_utilization;
+    in.fixed_kv_blocks = c.kv_cache.num_blocks;
+    KV_ASSIGN_OR_RETURN(bool cuda, ResolveCudaBackend(in.backend, built_with_cuda,
+                                                      static_cast<int>(in.gpus.size()),
+                                                      in.no_device_reason));
+    std::map<int, int64_t> weight_bytes;  // by tp
+    if (cuda) {
+        KV_RETURN_IF_ERROR(CheckGpuServing(pools, c.workers.mode));
+        for (const PoolConfig& p : pools) {
+            for (const InstanceConfig& i : p.instances) {
+                if (weight_bytes.count(i.tp) != 0) continue;
+                // Rank 0 holds the most of every uneven split.
+                KV_ASSIGN_OR_RETURN(
+                    weight_bytes[i.tp],
+                    ResidentWeightBytes(model, BackendKind::kCuda,
+                                        {.shard = {.rank = 0, .tp = i.tp},
+                                         .format = runner.weight_format}));
+            }
+        }
+    }
+    const ModelSpec& spec = model.spec();
+    in.weight_bytes_per_rank = [&weight_bytes](int tp) { return weight_bytes.at(tp); };
+    in.kv_bytes_per_block = [&](int tp) {
+        return KvBlockBytes(spec, runner.kv_storage, runner.block_size, tp);
+    };
+    in.reserve_bytes_per_rank = [&](int tp) {
+        return GpuRankReserveBytes(spec, runner, max_context, tp);
+    };
+    return PlanDevices(pools, in);
+}
+
+void ApplyDevicePlan(const DevicePlan& plan, int pool, int instance, RunnerOptions* runner) {
+    if (!plan.cuda) return;
+    const RankPlacement* rp = plan.Find(pool, instance, 0);
+    if (rp == nullptr) return;
+    runner->backend.kind = BackendKind::kCuda;
+    runner->backend.device = rp->gpu;
+    runner->num_kv_blocks = rp->kv_blocks;
+}
+
+}  // namespace kvshard::cli

@@ -1,0 +1,45 @@
+// The devices of `kvshard serve` (issue 13, item 4): `backend:` resolved against the devices this
+// machine has, and on GPUs every worker placed on its pool's `devices:` ordinal with a KV pool
+// sized from the device's free memory × kv_cache.gpu_memory_utilization, less the rank's resident
+// weights (ResidentWeightBytes: the CUDA backend's forms, from the file's tensor table) and its
+// buffers (GpuRankReserveBytes). The device query is passed in, so tests plan against fake GPUs;
+// everything here runs before any weight is read.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/device.h"
+#include "common/status.h"
+#include "config/device_plan.h"
+#include "config/server_config.h"
+#include "model/model_file.h"
+#include "worker/model_runner.h"
+
+namespace kvshard::cli {
+
+// Bytes of one KV block (every layer) on the rank of an instance of size tp that holds the most KV
+// heads, in `storage`.
+int64_t KvBlockBytes(const ModelSpec& spec, KvStorage storage, int64_t block_size, int tp);
+
+// Device memory a GPU rank of an instance of size tp uses beside its weights and KV pool: the
+// runner's workspace and step inputs sized for `runner`'s step (ModelRunner::EnsureWorkspace), the
+// CUDA backend's own buffers (CudaBackend::kFixedBytes, the activation copy grown to the step's
+// widest product) and a margin for cuBLAS and the kernels' modules.
+int64_t GpuRankReserveBytes(const ModelSpec& spec, const RunnerOptions& runner, int64_t max_context,
+                            int tp);
+
+// The plan of every rank of `pools` for config `c` (its backend, kv_cache.gpu_memory_utilization,
+// kv_cache.num_blocks, weight_format): on the CPU, the warnings about GPU devices the CPU ignores;
+// on cuda, CheckGpuServing's limits and PlanDevices' placement and one-line refusals.
+// `runner` is an instance's runner options before placement (step sizes, KV storage).
+Result<DevicePlan> PlanServeDevices(const ServerConfig& c, const std::vector<PoolConfig>& pools,
+                                    const ModelFile& model, const RunnerOptions& runner,
+                                    int64_t max_context, bool built_with_cuda,
+                                    const DeviceQuery& devices);
+
+// Puts instance `instance` of pool `pool` where `plan` placed it: on cuda, the backend on its GPU
+// and the plan's KV block count; unchanged on the CPU.
+void ApplyDevicePlan(const DevicePlan& plan, int pool, int instance, RunnerOptions* runner);
+
+}  // namespace kvshard::cli

@@ -1,0 +1,164 @@
+// kvshard serve's device plan (cli/serve_devices.h) against fake device queries, on the CPU: where
+// each instance runs, how its KV pool is sized from free memory × gpu_memory_utilization less the
+// resident weights and buffers, what the startup log prints, and the one-line refusals.
+#include "cli/serve_devices.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "model/synthetic_gguf.h"
+#include "tests/test_util.h"
+#include "worker/weights.h"
+
+namespace kvshard::cli {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+DeviceInfo Gpu(int ordinal, int64_t free_bytes, int cc_major = 9) {
+    return {.ordinal = ordinal, .name = "NVIDIA H200", .cc_major = cc_major, .cc_minor = 0,
+            .total_bytes = 141 * kGiB, .free_bytes = free_bytes};
+}
+
+class ServeDevicesTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        const std::string path = dir_.File("q8.gguf");
+        const SyntheticGgufOptions o{.weight_dtype = DType::kQ8_0, .seed = 3};
+        ASSERT_TRUE(SyntheticLlamaGguf(SyntheticArchSpec("llama"), o).WriteFile(path).ok());
+        Result<std::unique_ptr<ModelFile>> m = OpenModel(path);
+        ASSERT_TRUE(m.ok()) << m.status().ToString();
+        model_ = std::move(*m);
+        runner_.block_size = 16;
+        runner_.max_step_tokens = 256;
+        runner_.max_step_seqs = 8;
+    }
+
+    ServerConfig Config(const std::string& yaml) {
+        Result<ServerConfig> c = ParseServerConfig("model: m.gguf\n" + yaml, "serve.yaml");
+        EXPECT_TRUE(c.ok()) << c.status().ToString();
+        return c.ok() ? *c : ServerConfig{};
+    }
+
+    Result<DevicePlan> Plan(const ServerConfig& c, const DeviceQuery& q, bool with_cuda = true) {
+        return PlanServeDevices(c, c.EffectivePools(), *model_, runner_, 512, with_cuda, q);
+    }
+
+    std::string Error(const ServerConfig& c, const DeviceQuery& q, bool with_cuda = true) {
+        Result<DevicePlan> r = Plan(c, q, with_cuda);
+        return r.ok() ? "(ok)" : r.status().message();
+    }
+
+    testing::TempDir dir_;
+    std::unique_ptr<ModelFile> model_;
+    RunnerOptions runner_;
+};
+
+TEST_F(ServeDevicesTest, EachInstanceOnItsGpuWithTheKvPoolTheMemoryLeaves) {
+    const ServerConfig c = Config(
+        "backend: cuda\nkv_cache:\n  gpu_memory_utilization: 0.5\npools:\n"
+        "  - name: main\n    instances:\n      - devices: [1]\n      - devices: [0]\n");
+    const DeviceQuery q{.devices = {Gpu(0, 40 * kGiB), Gpu(1, 20 * kGiB)}, .error = ""};
+    Result<DevicePlan> plan = Plan(c, q);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    ASSERT_TRUE(plan->cuda);
+    ASSERT_EQ(plan->ranks.size(), 2u);
+
+    Result<int64_t> weights = ResidentWeightBytes(*model_, BackendKind::kCuda);
+    ASSERT_TRUE(weights.ok()) << weights.status().ToString();
+    const ModelSpec& s = model_->spec();
+    const int64_t block = KvBlockBytes(s, runner_.kv_storage, 16, 1);
+    EXPECT_EQ(block, s.num_layers * 2 * s.num_kv_heads * 16 * s.head_dim * 4);
+    const int64_t reserve = GpuRankReserveBytes(s, runner_, 512, 1);
+    EXPECT_GE(reserve, cuda::CudaBackend::kFixedBytes);
+    for (const RankPlacement& r : plan->ranks) {
+        EXPECT_EQ(r.weight_bytes, *weights);
+        EXPECT_EQ(r.reserve_bytes, reserve);
+        EXPECT_EQ(r.usable_bytes, r.free_bytes / 2);
+        EXPECT_EQ(r.kv_blocks, (r.usable_bytes - *weights - reserve) / block);
+    }
+    EXPECT_EQ(plan->ranks[0].gpu, 1);
+    EXPECT_EQ(plan->ranks[0].free_bytes, 20 * kGiB);
+    EXPECT_EQ(plan->ranks[1].gpu, 0);
+
+    RunnerOptions first = runner_, second = runner_;
+    ApplyDevicePlan(*plan, 0, 0, &first);
+    ApplyDevicePlan(*plan, 0, 1, &second);
+    EXPECT_EQ(first.backend.kind, BackendKind::kCuda);
+    EXPECT_EQ(first.backend.device, 1);
+    EXPECT_EQ(first.num_kv_blocks, plan->ranks[0].kv_blocks);
+    EXPECT_EQ(second.backend.device, 0);
+    EXPECT_EQ(second.num_kv_blocks, plan->ranks[1].kv_blocks);
+
+    // The startup log: one line per rank with the plan's numbers.
+    const std::vector<std::string> lines = plan->Describe(c.EffectivePools());
+    ASSERT_EQ(lines.size(), 2u);
+    EXPECT_EQ(lines[0], "pool main instance 0 rank 0: GPU 1, 20480 MiB free, 10240 MiB usable, "
+                        "weights " + std::to_string(*weights / kMiB) + " MiB, buffers " +
+                            std::to_string(reserve / kMiB) + " MiB, KV " +
+                            std::to_string(plan->ranks[0].kv_blocks) + " blocks (" +
+                            std::to_string(plan->ranks[0].kv_blocks * block / kMiB) + " MiB)");
+}
+
+TEST_F(ServeDevicesTest, FixedBlockCountAndTheSingleInstanceOfTp) {
+    const ServerConfig c = Config("backend: auto\nkv_cache:\n  num_blocks: 64\n");
+    Result<DevicePlan> plan = Plan(c, {.devices = {Gpu(0, 10 * kGiB)}, .error = ""});
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    ASSERT_EQ(plan->ranks.size(), 1u);
+    EXPECT_EQ(plan->ranks[0].gpu, 0);
+    EXPECT_EQ(plan->ranks[0].kv_blocks, 64);
+}
+
+TEST_F(ServeDevicesTest, CpuLeavesTheRunnerAndWarnsAboutGpuOrdinals) {
+    const ServerConfig c =
+        Config("pools:\n  - name: main\n    instances:\n      - devices: [0]\n");
+    Result<DevicePlan> plan = Plan(c, {});
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_FALSE(plan->cuda);
+    ASSERT_EQ(plan->warnings.size(), 1u);
+    EXPECT_NE(plan->warnings[0].find("GPU 0 ignored"), std::string::npos) << plan->warnings[0];
+    RunnerOptions r = runner_;
+    ApplyDevicePlan(*plan, 0, 0, &r);
+    EXPECT_EQ(r.backend.kind, BackendKind::kCpu);
+    EXPECT_EQ(r.num_kv_blocks, runner_.num_kv_blocks);
+    // auto without a device is the CPU too.
+    Result<DevicePlan> none = Plan(Config("backend: auto\n"), {.devices = {}, .error = "x"});
+    ASSERT_TRUE(none.ok());
+    EXPECT_FALSE(none->cuda);
+}
+
+TEST_F(ServeDevicesTest, RefusalsNameTheSettingAndTheNumbers) {
+    const DeviceQuery one{.devices = {Gpu(0, 40 * kGiB)}, .error = ""};
+    EXPECT_EQ(Error(Config("backend: cuda\n"),
+                    {.devices = {}, .error = "cudaGetDeviceCount: cudaErrorNoDevice: no "
+                                             "CUDA-capable device is detected"}),
+              "backend: cuda: no CUDA device found (0 devices; cudaGetDeviceCount: "
+              "cudaErrorNoDevice: no CUDA-capable device is detected)");
+    EXPECT_EQ(Error(Config("backend: cuda\n"), one, /*with_cuda=*/false),
+              "backend: cuda: this kvshard was built without CUDA");
+    EXPECT_EQ(Error(Config("backend: cuda\ntp: 2\n"), one),
+              "pools[0] (default).instances[0].tp: 2 with backend: cuda: an instance runs on one "
+              "GPU so far (tp 1; give more instances for more GPUs)");
+    EXPECT_EQ(Error(Config("backend: cuda\nworkers:\n  mode: processes\n"), one),
+              "workers.mode: processes with backend: cuda: GPU workers run in the serving "
+              "process only so far (workers.mode: embedded)");
+    EXPECT_EQ(Error(Config("backend: cuda\npools:\n  - name: main\n    instances:\n"
+                           "      - devices: [2]\n"),
+                    one),
+              "pools[0] (main).instances[0].devices[0]: GPU 2 does not exist (1 devices: 0)");
+    EXPECT_EQ(Error(Config("backend: cuda\n"), {.devices = {Gpu(0, 40 * kGiB, 7)}, .error = ""}),
+              "pools[0] (default).instances[0]: GPU 0 (NVIDIA H200) has compute capability 7.0; "
+              "the CUDA backend needs 8.0 or newer");
+    const std::string small = Error(Config("backend: cuda\n"), {.devices = {Gpu(0, 64 * kMiB)}, .error = ""});
+    EXPECT_NE(small.find("rank 0 on GPU 0: weights "), std::string::npos) << small;
+    EXPECT_NE(small.find("do not fit in 64 MiB free × kv_cache.gpu_memory_utilization 0.90 = 57 MiB"),
+              std::string::npos)
+        << small;
+}
+
+}  // namespace
+}  // namespace kvshard::cli
