@@ -333,6 +333,27 @@ std::variant<PreparedGeneration, ApiError> ApiService::Prepare(const OpenAiReque
     g.skip_special_tokens = r.skip_special_tokens;
     g.n = r.n;
     g.num_top_logprobs = r.num_top_logprobs;
+    g.grammar = r.grammar;
+    if (tool_parsing && (r.tool_choice.mode == ToolChoiceMode::kRequired ||
+                         r.tool_choice.mode == ToolChoiceMode::kNamed)) {
+        // A call is required: the answer is held to calls whose arguments fit the schemas.
+        if (g.grammar != nullptr) {
+            return BadRequest("'response_format' (or guided_*) and a required tool call both "
+                              "constrain the output; give one", "tool_choice");
+        }
+        auto calls = ToolCallGrammar(tool_parsing->syntax, r.tools, r.tool_choice,
+                                     tool_parsing->max_calls == 1);
+        if (!calls.ok()) return BadRequest(calls.status().message(), "tools");
+        g.grammar = *calls;
+    } else if (tool_parsing) {
+        for (size_t i = 0; i < r.tools.size(); ++i) {
+            if (!r.tools[i].strict) continue;
+            const std::string param = "tools[" + std::to_string(i) + "].function.strict";
+            return BadRequest("'" + param + "' needs tool_choice \"required\" or a named "
+                              "function: with \"auto\" the model may answer in text, and "
+                              "kvshard holds only required calls to the schema", param);
+        }
+    }
 
     // The other prompts of a list: the same request with its own prompt, id and token budget.
     for (size_t i = 0; i < r.more_prompts.size(); ++i) {

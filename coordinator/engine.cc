@@ -153,6 +153,11 @@ Status InstanceEngine::SubmitWithHandoff(GenerationRequest request,
             return InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary");
     }
     KV_RETURN_IF_ERROR(ValidateCacheBreakpoints(request.cache_breakpoints, prompt_len));
+    if (request.grammar != nullptr &&
+        !grammar::Constraint(request.grammar, GrammarVocabulary()).AnyAllowed()) {
+        return InvalidArgument(
+            "the structured output cannot begin with any token of the model's vocabulary");
+    }
     if (!executor_.Health().ok()) {
         return Status(StatusCode::kUnavailable,
                       "instance '" + config_.name + "' cannot serve now: its workers are down");
@@ -289,6 +294,10 @@ void InstanceEngine::Admit(std::unique_ptr<RequestState> state) {
             tokenizer_, req.stop, req.prompt_token_ids.back(),
             TextStreamOptions{req.include_stop_str_in_output, req.skip_special_tokens}));
         r.choices.push_back(std::move(seq));
+        if (req.grammar != nullptr) {
+            r.constraints.push_back(
+                std::make_unique<grammar::Constraint>(req.grammar, GrammarVocabulary()));
+        }
     }
     for (int i = 1; i < req.n; ++i)
         r.choices[0]->fork_children.push_back(r.choices[static_cast<size_t>(i)].get());
@@ -400,6 +409,24 @@ void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result
             output_.OnToken(r.request, index, t, *r.streams[static_cast<size_t>(index)],
                             seq->num_generated, seq->num_tokens());
         if (out.append) scheduler_.AppendToken(seq, t.token_id);
+        if (!r.constraints.empty() && out.append && !out.finish) {
+            grammar::Constraint& c = *r.constraints[static_cast<size_t>(index)];
+            if (!c.Accept(t.token_id)) {
+                // The mask allowed it; a worker that ignored the mask would get here.
+                spdlog::error("request {}: sampled token {} outside its grammar",
+                              r.request.request_id, t.token_id);
+                out.delta.text += r.streams[static_cast<size_t>(index)]->Finish();
+                out.finish = FinishReason::kAbort;
+            } else if (c.state().Finished() && c.state().CanEnd()) {
+                // Complete and nothing may follow: end here rather than wait for an end token.
+                out.delta.text += r.streams[static_cast<size_t>(index)]->Finish();
+                out.finish = FinishReason::kStop;
+            } else if (!c.AnyAllowed()) {
+                // No token of the vocabulary continues the text: it cannot be completed.
+                out.delta.text += r.streams[static_cast<size_t>(index)]->Finish();
+                out.finish = FinishReason::kLength;
+            }
+        }
         if (out.finish) FinishChoice(r, index, *out.finish, &out.delta);
         r.sink->OnDelta(out.delta);
         if (r.handoff_to != nullptr) {
@@ -475,11 +502,36 @@ std::optional<StepPlan> InstanceEngine::PlanStep() {
     if (!scheduler_.HasWork() && !has_discards) return std::nullopt;
     StepPlan plan = scheduler_.Schedule();
     AddTransferOps(&plan);
+    AddTokenMasks(&plan);
     // Nothing fits now (every waiting prompt needs blocks that running sequences hold and nothing
     // is running): cannot happen with a validated config, but the caller must not spin on it.
     if (plan.sequences.empty() && plan.block_copies.empty() && plan.kv_discards.empty())
         return std::nullopt;
     return plan;
+}
+
+std::shared_ptr<const grammar::Vocabulary> InstanceEngine::GrammarVocabulary() {
+    std::lock_guard<std::mutex> lock(grammar_vocab_mu_);
+    if (grammar_vocab_ == nullptr) {
+        std::vector<std::string> bytes(static_cast<size_t>(tokenizer_.vocab_size()));
+        for (int32_t id = 0; id < tokenizer_.vocab_size(); ++id) {
+            if (!tokenizer_.IsControl(id)) bytes[static_cast<size_t>(id)] = tokenizer_.TokenBytes(id);
+        }
+        grammar_vocab_ = std::make_shared<grammar::Vocabulary>(std::move(bytes),
+                                                               config_.stop_token_ids);
+    }
+    return grammar_vocab_;
+}
+
+void InstanceEngine::AddTokenMasks(StepPlan* plan) {
+    for (ScheduledSequence& s : plan->sequences) {
+        if (!s.sample) continue;
+        auto where = by_seq_.find(s.seq_id);
+        if (where == by_seq_.end()) continue;
+        RequestState& r = *where->second.first;
+        if (r.constraints.empty()) continue;
+        s.allowed_tokens = r.constraints[static_cast<size_t>(where->second.second)]->Mask();
+    }
 }
 
 void InstanceEngine::CompleteStep(const StepPlan& plan, Result<StepResult> result) {

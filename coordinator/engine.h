@@ -58,6 +58,10 @@
 
 namespace kvshard {
 
+namespace grammar {
+class Vocabulary;
+}
+
 class EngineObserver;
 
 enum class InstanceRole { kMixed, kPrefill, kDecode };
@@ -199,6 +203,11 @@ class InstanceEngine : public Engine {
     // the prefix cache forgets its blocks. Engine thread; REQUIRES blocks_mu_.
     void CheckEpoch();
     void PublishStats();
+    // Structured outputs: the tokenizer's vocabulary as bytes, built on first use. Any thread.
+    std::shared_ptr<const grammar::Vocabulary> GrammarVocabulary();
+    // Puts each constrained sequence's allowed tokens into `plan`, from its grammar state
+    // after its last token (the step loop is synchronous: results are applied before planning).
+    void AddTokenMasks(StepPlan* plan);
 
     const InstanceEngineConfig config_;
     const Clock& clock_;
@@ -213,6 +222,8 @@ class InstanceEngine : public Engine {
     std::unordered_map<int64_t, std::pair<RequestState*, int>>
         by_seq_;  // seq id -> (request, choice)
     int64_t next_seq_id_ = 1;
+    std::mutex grammar_vocab_mu_;
+    std::shared_ptr<const grammar::Vocabulary> grammar_vocab_;  // guarded by grammar_vocab_mu_
     uint64_t epoch_ = 0;  // the executor epoch whose workers hold this engine's cached KV
     uint64_t plan_epoch_ = 0;  // epoch_ when the plan in flight was made
     const uint64_t first_epoch_;  // the executor's epoch when the engine was made

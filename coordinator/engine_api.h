@@ -19,6 +19,10 @@
 
 namespace kvshard {
 
+namespace grammar {
+class Grammar;
+}
+
 // A prompt-caching breakpoint (Anthropic's cache_control, and the same extension field on the
 // OpenAI routes; docs/prompt-caching.md): the full KV blocks of the prompt's first
 // `prefix_tokens` tokens stay in the instance's prefix cache until `ttl_ms` after this request
@@ -45,6 +49,10 @@ struct GenerationRequest {
     int32_t num_top_logprobs = -1;   // -1: none; 0: the chosen token's; k: also the top k
     // At most 4, in increasing prefix_tokens order (the front end checks both).
     std::vector<CacheBreakpoint> cache_breakpoints;
+    // Structured outputs (grammar/): every choice's text is held to this grammar — each step
+    // samples only tokens that keep it alive, and a choice whose text is complete and can go no
+    // further ends there with kStop. Null: unconstrained.
+    std::shared_ptr<const grammar::Grammar> grammar;
 };
 
 // Some new output of one choice. Text is UTF-8 complete and never part of a stop string.

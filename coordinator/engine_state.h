@@ -9,6 +9,7 @@
 
 #include "coordinator/engine.h"
 #include "coordinator/sequence.h"
+#include "grammar/token_mask.h"
 #include "model/tokenizer.h"
 
 namespace kvshard {
@@ -18,6 +19,9 @@ struct InstanceEngine::RequestState {
     std::shared_ptr<RequestSink> sink;
     std::vector<std::unique_ptr<Sequence>> choices;
     std::vector<std::unique_ptr<TextStream>> streams;
+    // Structured outputs: each choice's grammar state (empty when request.grammar is null). It
+    // moves with the request on a handoff and is untouched by preemption (the tokens stay).
+    std::vector<std::unique_ptr<grammar::Constraint>> constraints;
     std::vector<bool> finished;
     int num_finished = 0;
     GenerationUsage usage;

@@ -10,6 +10,7 @@
 #include "common/utf8.h"
 #include "coordinator/anthropic_protocol.h"
 #include "coordinator/json_fields.h"
+#include "coordinator/structured_output.h"
 
 namespace kvshard {
 
@@ -535,8 +536,7 @@ void ReadOutputControls(const json& body, const ServedModel& model, OpenAiReques
 // than ignored, so that no client believes it was obeyed. A value that asks for the default
 // behaviour is accepted.
 void RefuseUnimplemented(const json& body) {
-    for (const char* name : {"guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                             "structured_outputs", "prompt_logprobs", "truncate_prompt_tokens"}) {
+    for (const char* name : {"prompt_logprobs", "truncate_prompt_tokens"}) {
         if (Field(body, name) != nullptr) {
             Fail(std::string("'") + name + "' is not supported by this server", name);
         }
@@ -660,12 +660,7 @@ void ReadTools(const json& body, OpenAiRequest& r) {
                 }
                 tool.parameters = p->dump(-1, ' ', false, json::error_handler_t::replace);
             }
-            if (OptBool(*fn, "strict").value_or(false)) {
-                Fail("'" + param +
-                         ".function.strict' is not supported: kvshard has no constrained "
-                         "decoding to guarantee the schema",
-                     param + ".function.strict");
-            }
+            tool.strict = OptBool(*fn, "strict").value_or(false);
             r.tools.push_back(std::move(tool));
         }
     }
@@ -723,12 +718,14 @@ void ReadChat(const json& body, OpenAiRequest& r) {
     if (logprobs) r.num_top_logprobs = static_cast<int32_t>(top.value_or(0));
     r.add_generation_prompt = OptBool(body, "add_generation_prompt").value_or(true);
     ReadTools(body, r);
-    if (const json* format = Field(body, "response_format")) {
-        if (!format->is_object() || format->value("type", json()) != "text") {
-            Fail("'response_format' is not supported (only {\"type\": \"text\"})",
-                 "response_format");
-        }
-    }
+}
+
+// Structured outputs (coordinator/structured_output.h); chat also reads response_format.
+void ReadConstraint(const json& body, bool chat, OpenAiRequest& r) {
+    std::string param;
+    Result<StructuredOutput> so = ReadStructuredOutput(body, chat, &param);
+    if (!so.ok()) Fail(so.status().message(), param);
+    r.grammar = so->grammar;
 }
 
 // The body checks every route shares, then `read` on the JSON object; the error a client gets
@@ -818,6 +815,7 @@ ParsedRequest ParseOpenAiRequest(ApiEndpoint endpoint, std::string_view body,
                      std::to_string(kMaxPromptChoices),
                  "n");
         }
+        ReadConstraint(j, endpoint == ApiEndpoint::kChatCompletions, r);
         if (r.max_tokens && r.sampling.min_tokens > *r.max_tokens) {
             Fail("'min_tokens' (" + std::to_string(r.sampling.min_tokens) +
                      ") must not exceed the maximum tokens (" + std::to_string(*r.max_tokens) + ")",

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -17,6 +18,7 @@
 
 #include "comm/step_plan.h"
 #include "coordinator/tool_calls.h"
+#include "grammar/grammar.h"
 #include "model/chat_template.h"
 
 namespace kvshard {
@@ -93,6 +95,9 @@ struct OpenAiRequest {
     std::vector<int32_t> stop_token_ids;
     bool include_stop_str_in_output = false;
     bool skip_special_tokens = true;
+    // Structured outputs (coordinator/structured_output.h): response_format, guided_*,
+    // structured_outputs. Null: none.
+    std::shared_ptr<const grammar::Grammar> grammar;
 };
 
 using ParsedRequest = std::variant<OpenAiRequest, ApiError>;

@@ -1,5 +1,7 @@
 #include "coordinator/tool_calls.h"
 
+#include "grammar/compilers.h"
+
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
@@ -308,6 +310,55 @@ std::vector<ToolCallOutput> ToolCallParser::Finish() {
     }
     pending_ws_.clear();
     return out;
+}
+
+Result<std::shared_ptr<const grammar::Grammar>> ToolCallGrammar(
+    ToolCallSyntax syntax, const std::vector<ToolDefinition>& tools, const ToolChoice& choice,
+    bool single_call) {
+    auto g = std::make_shared<grammar::Grammar>();
+    const grammar::Symbol sp = g->Optional({g->Byte(' ')});
+    std::vector<std::vector<grammar::Symbol>> calls;
+    for (size_t i = 0; i < tools.size(); ++i) {
+        const ToolDefinition& t = tools[i];
+        if (choice.mode == ToolChoiceMode::kNamed && t.name != choice.name) continue;
+        const std::string path = "tools[" + std::to_string(i) + "].function.parameters";
+        json schema = json::parse(t.parameters, nullptr, /*allow_exceptions=*/false);
+        if (schema.is_discarded()) return InvalidArgument(path + ": not valid JSON");
+        KV_ASSIGN_OR_RETURN(const grammar::Symbol args,
+                            grammar::AddJsonSchema(g.get(), schema, schema, path));
+        // {"name": "NAME", "arguments": ARGS} (Llama 3: "parameters").
+        std::vector<grammar::Symbol> call = g->Literal("{\"name\":");
+        call.push_back(sp);
+        for (grammar::Symbol s : g->Literal(json(t.name).dump() + ",")) call.push_back(s);
+        call.push_back(sp);
+        const char* key = syntax == ToolCallSyntax::kHermes ? "\"arguments\":" : "\"parameters\":";
+        for (grammar::Symbol s : g->Literal(key)) call.push_back(s);
+        call.push_back(sp);
+        call.push_back(args);
+        call.push_back(g->Byte('}'));
+        calls.push_back(std::move(call));
+    }
+    if (calls.empty()) return InvalidArgument("tool_choice: no tool of the request to call");
+    std::vector<grammar::Symbol> one;
+    const grammar::Symbol body = g->Alt(calls);
+    switch (syntax) {
+        case ToolCallSyntax::kHermes: {
+            one = g->Literal(std::string(kCallOpen) + "\n");
+            one.push_back(body);
+            for (grammar::Symbol s : g->Literal("\n</tool_call>")) one.push_back(s);
+            break;
+        }
+        case ToolCallSyntax::kLlama3Json:
+            one = {body};
+            break;
+    }
+    std::vector<grammar::Symbol> more = {g->Byte('\n')};
+    more.insert(more.end(), one.begin(), one.end());
+    std::vector<grammar::Symbol> answer = one;
+    if (!single_call) answer.push_back(g->Star(more));
+    const uint32_t root = g->Rule("tool_calls", {answer});
+    KV_RETURN_IF_ERROR(g->Finish(root));
+    return std::shared_ptr<const grammar::Grammar>(std::move(g));
 }
 
 }  // namespace kvshard

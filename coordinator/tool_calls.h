@@ -9,20 +9,23 @@
 //                with a bare {"name": ..., "parameters": {...}} object (one or more, separated
 //                by ";" or newlines), optionally after <|python_tag|>.
 //
-// There is no constrained decoding: tool_choice "required"/"any" and a named tool are asked for
-// in the prompt, and checked in the output (only calls to the allowed tools become calls); a
-// model that answers with text instead gives a text answer (docs/http_api.md). A call whose JSON
-// does not parse, or that names a tool the request may not call, stays text.
+// With tool_choice "required"/"any" or a named tool the answer is held by constrained decoding
+// (ToolCallGrammar, grammar/) to calls of the allowed tools in the family's syntax, with
+// arguments valid for each tool's parameters schema. Otherwise ("auto") calls are parsed from
+// free output: a call whose JSON does not parse, or that names a tool the request may not call,
+// stays text (docs/http_api.md).
 //
 // Thread-safety: ToolCallParser is used by one session at a time; the rest are pure functions.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "common/status.h"
+#include "grammar/grammar.h"
 #include "model/chat_template.h"
 
 namespace kvshard {
@@ -32,6 +35,7 @@ struct ToolDefinition {
     std::string description;
     std::string parameters = R"({"type":"object","properties":{}})";  // JSON Schema, as JSON text
     int64_t cache_ttl_ms = 0;  // > 0: a prompt-caching breakpoint after this tool
+    bool strict = false;       // OpenAI "strict": calls must follow the schema exactly
 };
 
 enum class ToolChoiceMode {
@@ -55,6 +59,14 @@ Result<ToolCallSyntax> ToolCallSyntaxFor(ChatTemplateStyle style);
 // kNone. Each tool with cache_ttl_ms gets a cache mark after its definition.
 ChatTools RenderTools(ToolCallSyntax syntax, const std::vector<ToolDefinition>& tools,
                       const ToolChoice& choice);
+
+// The grammar of an answer made only of calls (one when single_call, else one or more, a newline
+// apart) of the tools `choice` allows, each call's arguments valid for its tool's parameters
+// (grammar/compilers.h's JSON Schema subset): for tool_choice kRequired and kNamed. Errors name
+// the schema keyword by its path, "tools[i].function.parameters....".
+Result<std::shared_ptr<const grammar::Grammar>> ToolCallGrammar(
+    ToolCallSyntax syntax, const std::vector<ToolDefinition>& tools, const ToolChoice& choice,
+    bool single_call);
 
 // What the parser recognised in the output: text to show, or a whole call.
 struct ToolCallOutput {

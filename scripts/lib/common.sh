@@ -98,10 +98,11 @@ ensure_python_venv() {
     python3 -m venv "$venv" >&2
   fi
   # openai and anthropic: the clients the integration tests drive the server with;
-  # kubernetes-validate: the Kubernetes schemas the k8s/ manifests are checked against.
-  if ! "$venv/bin/python" -c "import openai, anthropic, kubernetes_validate" 2>/dev/null; then
-    log "installing openai, anthropic and kubernetes-validate into $venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai anthropic kubernetes-validate >&2
+  # kubernetes-validate: the Kubernetes schemas the k8s/ manifests are checked against;
+  # jsonschema: the validator the structured-output test checks generated JSON with.
+  if ! "$venv/bin/python" -c "import openai, anthropic, kubernetes_validate, jsonschema" 2>/dev/null; then
+    log "installing openai, anthropic, kubernetes-validate and jsonschema into $venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai anthropic kubernetes-validate jsonschema >&2
   fi
   echo "$venv/bin/python"
 }

@@ -131,13 +131,23 @@ TEST(OpenAiProtocol, RejectsBadRequests) {
         {kCmpl, "{" + p + R"(, "skip_special_tokens": "no"})", 400, "skip_special_tokens",
          "must be a boolean"},
         // vLLM and OpenAI options kvshard does not implement: refused by name, never ignored.
-        {kChat, "{" + m + R"(, "guided_json": {"type": "object"}})", 400, "guided_json",
+        // Structured outputs: what the grammar compilers do not support, named with its path.
+        {kChat, "{" + m + R"(, "guided_json": {"type": "integer", "minimum": 1}})", 400,
+         "guided_json", "guided_json.minimum: JSON Schema keyword not supported"},
+        {kChat, "{" + m + R"(, "guided_choice": []})", 400, "guided_choice", "non-empty"},
+        {kCmpl, "{" + p + R"(, "guided_regex": "(a"})", 400, "guided_regex", "unterminated"},
+        {kCmpl, "{" + p + R"(, "guided_grammar": "root ::= \"a\""})", 400, "guided_grammar",
          "not supported"},
-        {kChat, "{" + m + R"(, "guided_choice": ["a", "b"]})", 400, "guided_choice",
-         "not supported"},
-        {kCmpl, "{" + p + R"(, "guided_regex": "a+"})", 400, "guided_regex", "not supported"},
-        {kChat, "{" + m + R"(, "structured_outputs": {"choice": ["a"]}})", 400,
-         "structured_outputs", "not supported"},
+        {kChat, "{" + m + R"(, "structured_outputs": {"grammar": "x"}})", 400,
+         "structured_outputs.grammar", "not supported"},
+        {kChat, "{" + m + R"(, "guided_choice": ["a"], "guided_regex": "b"})", 400,
+         "guided_regex", "give one"},
+        {kChat, "{" + m + R"(, "response_format": {"type": "xml"}})", 400,
+         "response_format.type", "must be"},
+        {kChat, "{" + m + R"(, "response_format": {"type": "json_schema", "json_schema": {"name":
+         "n", "schema": {"type": "object", "properties": {"s": {"type": "string", "format":
+         "email"}}}}}})", 400, "response_format.json_schema.schema",
+         "response_format.json_schema.schema.properties.s.format"},
         {kCmpl, "{" + p + R"(, "prompt_logprobs": 1})", 400, "prompt_logprobs", "not supported"},
         {kCmpl, "{" + p + R"(, "use_beam_search": true})", 400, "use_beam_search",
          "not supported"},
@@ -182,8 +192,6 @@ TEST(OpenAiProtocol, RejectsBadRequests) {
          "must be an object"},
         {kChat, "{" + m + R"(, "tool_choice": "required"})", 400, "tool_choice",
          "there are no 'tools'"},
-        {kChat, "{" + m + R"(, "response_format": {"type": "json_object"}})", 400,
-         "response_format", "not supported"},
     };
     for (const BadCase& c : cases) {
         ParsedRequest r = ParseOpenAiRequest(c.endpoint, c.body, kModel);
@@ -444,6 +452,38 @@ TEST(OpenAiProtocol, ResolveMaxTokens) {
     EXPECT_EQ(too_long.param, "prompt");
     EXPECT_NE(too_long.message.find("100 tokens"), std::string::npos);
     EXPECT_EQ(std::get<ApiError>(ResolveMaxTokens(chat, 150, 100)).param, "messages");
+}
+
+TEST(OpenAiProtocolTest, StructuredOutputsCompileIntoTheRequestsGrammar) {
+    const std::string m = R"("model": "m", "messages": [{"role": "user", "content": "x"}])";
+    auto accepts = [](const OpenAiRequest& r, const std::string& text) {
+        grammar::GrammarState s(r.grammar);
+        return s.AdvanceBytes(text) && s.CanEnd();
+    };
+    EXPECT_EQ(ParseOk(ApiEndpoint::kChatCompletions, "{" + m + "}").grammar, nullptr);
+    EXPECT_EQ(ParseOk(ApiEndpoint::kChatCompletions,
+                      "{" + m + R"(, "response_format": {"type": "text"}})")
+                  .grammar,
+              nullptr);
+    OpenAiRequest r = ParseOk(ApiEndpoint::kChatCompletions,
+                              "{" + m + R"(, "response_format": {"type": "json_schema",
+        "json_schema": {"name": "p", "strict": true, "schema": {"type": "object",
+        "properties": {"n": {"type": "integer"}}, "required": ["n"],
+        "additionalProperties": false}}}})");
+    ASSERT_NE(r.grammar, nullptr);
+    EXPECT_TRUE(accepts(r, R"({"n": 3})"));
+    EXPECT_FALSE(accepts(r, R"({"n": "3"})"));
+    r = ParseOk(ApiEndpoint::kChatCompletions, "{" + m + R"(, "response_format": {"type": "json_object"}})");
+    EXPECT_TRUE(accepts(r, R"({"any": [1]})"));
+    r = ParseOk(ApiEndpoint::kCompletions,
+                R"({"model": "m", "prompt": "x", "guided_json": "{\"type\": \"boolean\"}"})");
+    EXPECT_TRUE(accepts(r, "false"));
+    r = ParseOk(ApiEndpoint::kCompletions,
+                R"({"model": "m", "prompt": "x", "structured_outputs": {"choice": ["up", "down"]}})");
+    EXPECT_TRUE(accepts(r, "down"));
+    EXPECT_FALSE(accepts(r, "do"));
+    r = ParseOk(ApiEndpoint::kChatCompletions, "{" + m + R"(, "guided_regex": "[0-9]{2}"})");
+    EXPECT_TRUE(accepts(r, "42"));
 }
 
 }  // namespace

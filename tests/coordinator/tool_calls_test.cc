@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "grammar/grammar.h"
 #include "tests/coordinator/http_test_util.h"
 
 namespace kvshard {
@@ -141,6 +142,43 @@ TEST(RenderTools, HermesListsEachToolAndMarksBreakpoints) {
               std::string::npos);
     EXPECT_NE(RenderTools(ToolCallSyntax::kLlama3Json, tools, {}).prompt.find("\"parameters\""),
               std::string::npos);
+}
+
+TEST(ToolCallGrammar, RequiredCallsFollowTheToolsSchemas) {
+    std::vector<ToolDefinition> tools = {
+        {"get_weather", "", R"({"type":"object","properties":{"city":{"type":"string"}},
+            "required":["city"],"additionalProperties":false})"},
+        {"get_time", "", R"({"type":"object","properties":{}})"}};
+    auto accepts = [](const std::shared_ptr<const grammar::Grammar>& g, const std::string& t) {
+        grammar::GrammarState s(g);
+        return s.AdvanceBytes(t) && s.CanEnd();
+    };
+    auto any = ToolCallGrammar(ToolCallSyntax::kHermes, tools, {ToolChoiceMode::kRequired}, false);
+    ASSERT_TRUE(any.ok()) << any.status().ToString();
+    const std::string call =
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+    EXPECT_TRUE(accepts(*any, call));
+    EXPECT_TRUE(accepts(*any, call + "\n<tool_call>\n{\"name\":\"get_time\",\"arguments\":{}}\n</tool_call>"));
+    EXPECT_FALSE(accepts(*any, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"));
+    EXPECT_FALSE(accepts(*any, "Sure!"));
+    // What the grammar lets through, the parser takes as a call.
+    ToolCallParser parser({.syntax = ToolCallSyntax::kHermes, .allowed_names = {"get_weather"}});
+    std::vector<ToolCallOutput> out = parser.Feed(call);
+    for (ToolCallOutput& o : parser.Finish()) out.push_back(std::move(o));
+    ASSERT_EQ(out.size(), 1u);
+    ASSERT_TRUE(out[0].call.has_value());
+    EXPECT_EQ(out[0].call->arguments, R"({"city":"Oslo"})");
+
+    auto named = ToolCallGrammar(ToolCallSyntax::kLlama3Json, tools,
+                                 {ToolChoiceMode::kNamed, "get_time"}, true);
+    ASSERT_TRUE(named.ok());
+    EXPECT_TRUE(accepts(*named, R"({"name": "get_time", "parameters": {}})"));
+    EXPECT_FALSE(accepts(*named, R"({"name": "get_weather", "parameters": {"city": "x"}})"));
+    tools[0].parameters = R"({"type":"object","properties":{"n":{"type":"integer","maximum":3}}})";
+    auto bad = ToolCallGrammar(ToolCallSyntax::kHermes, tools, {ToolChoiceMode::kRequired}, false);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.status().message().rfind("tools[0].function.parameters.properties.n.maximum", 0), 0u)
+        << bad.status().message();
 }
 
 TEST(ToolCallSyntax, ByTemplateStyle) {

@@ -1,0 +1,178 @@
+#include "coordinator/structured_output.h"
+
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "grammar/compilers.h"
+
+namespace kvshard {
+namespace {
+
+using nlohmann::json;
+using GrammarResult = Result<std::shared_ptr<const grammar::Grammar>>;
+
+// Compiled grammars by what they were compiled from, so that requests with one schema share a
+// grammar and with it the masks the vocabulary caches for its states (grammar/token_mask.h).
+GrammarResult Cached(const std::string& key, const std::function<GrammarResult()>& compile) {
+    static std::mutex mu;
+    static std::unordered_map<std::string, std::shared_ptr<const grammar::Grammar>> cache;
+    static std::deque<std::string> order;  // oldest first
+    constexpr size_t kMaxGrammars = 64;
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        if (auto it = cache.find(key); it != cache.end()) return it->second;
+    }
+    GrammarResult g = compile();
+    if (!g.ok()) return g;
+    std::lock_guard<std::mutex> lock(mu);
+    if (cache.emplace(key, *g).second) {
+        order.push_back(key);
+        if (order.size() > kMaxGrammars) {
+            cache.erase(order.front());
+            order.pop_front();
+        }
+    }
+    return g;
+}
+
+// A schema given as an object, or (vLLM accepts both) as its JSON text.
+Result<std::shared_ptr<const grammar::Grammar>> SchemaGrammar(const json& value,
+                                                              const std::string& path) {
+    if (value.is_string()) {
+        json parsed = json::parse(value.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+        if (parsed.is_discarded()) return InvalidArgument(path + ": the schema is not valid JSON");
+        return Cached("json:" + parsed.dump(),
+                      [&] { return grammar::CompileJsonSchema(parsed, path); });
+    }
+    if (!value.is_object() && !value.is_boolean())
+        return InvalidArgument(path + ": must be a JSON Schema object");
+    return Cached("json:" + value.dump(), [&] { return grammar::CompileJsonSchema(value, path); });
+}
+
+GrammarResult JsonObject() {
+    return Cached("json_object", [] { return GrammarResult(grammar::CompileJsonObject()); });
+}
+
+Result<std::shared_ptr<const grammar::Grammar>> ChoiceGrammar(const json& value,
+                                                              const std::string& path) {
+    if (!value.is_array() || value.empty())
+        return InvalidArgument(path + ": must be a non-empty array of strings");
+    std::vector<std::string> choices;
+    for (const json& c : value) {
+        if (!c.is_string()) return InvalidArgument(path + ": must hold strings only");
+        choices.push_back(c.get<std::string>());
+    }
+    auto g = Cached("choice:" + value.dump(), [&] { return grammar::CompileChoice(choices); });
+    if (!g.ok()) return InvalidArgument(path + ": " + g.status().message());
+    return g;
+}
+
+Result<std::shared_ptr<const grammar::Grammar>> RegexGrammar(const json& value,
+                                                             const std::string& path) {
+    if (!value.is_string()) return InvalidArgument(path + ": must be a string");
+    auto g = Cached("regex:" + value.get<std::string>(),
+                    [&] { return grammar::CompileRegex(value.get<std::string>()); });
+    if (!g.ok()) return InvalidArgument(path + ": " + g.status().message());
+    return g;
+}
+
+Result<std::shared_ptr<const grammar::Grammar>> ResponseFormat(const json& f, std::string* param) {
+    *param = "response_format";
+    if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+        return InvalidArgument("'response_format' must be an object with a 'type'");
+    const std::string type = f["type"].get<std::string>();
+    if (type == "text") return std::shared_ptr<const grammar::Grammar>();
+    if (type == "json_object") return JsonObject();
+    if (type != "json_schema") {
+        *param = "response_format.type";
+        return InvalidArgument("'response_format.type' must be \"text\", \"json_object\" or "
+                               "\"json_schema\", got '" + type + "'");
+    }
+    *param = "response_format.json_schema";
+    if (!f.contains("json_schema") || !f["json_schema"].is_object())
+        return InvalidArgument("'response_format.json_schema' must be an object");
+    const json& js = f["json_schema"];
+    if (js.contains("strict") && !js["strict"].is_boolean() && !js["strict"].is_null())
+        return InvalidArgument("'response_format.json_schema.strict' must be a boolean");
+    // No schema: any JSON value, as OpenAI documents for a missing schema.
+    if (!js.contains("schema") || js["schema"].is_null())
+        return grammar::CompileJsonSchema(json::object(), "response_format.json_schema.schema");
+    *param = "response_format.json_schema.schema";
+    return SchemaGrammar(js["schema"], "response_format.json_schema.schema");
+}
+
+}  // namespace
+
+Result<StructuredOutput> ReadStructuredOutput(const json& body, bool chat, std::string* param) {
+    StructuredOutput out;
+    std::vector<std::string> given;
+    auto take = [&](Result<std::shared_ptr<const grammar::Grammar>> g,
+                    const std::string& name) -> Status {
+        if (!g.ok()) return g.status();
+        if (*g == nullptr) return Status::Ok();
+        given.push_back(name);
+        if (given.size() > 1) {
+            *param = name;
+            return InvalidArgument("'" + given[0] + "' and '" + name +
+                                   "' both constrain the output; give one");
+        }
+        out.grammar = *g;
+        return Status::Ok();
+    };
+    auto field = [&](const char* name) -> const json* {
+        auto it = body.find(name);
+        return it == body.end() || it->is_null() ? nullptr : &*it;
+    };
+    if (field("guided_grammar") != nullptr) {
+        *param = "guided_grammar";
+        return Unimplemented("'guided_grammar' is not supported: kvshard has no GBNF/EBNF "
+                             "grammar front end (use guided_json, guided_regex or guided_choice)");
+    }
+    if (chat) {
+        if (const json* f = field("response_format")) {
+            KV_RETURN_IF_ERROR(take(ResponseFormat(*f, param), "response_format"));
+        }
+    }
+    if (const json* f = field("guided_json")) {
+        *param = "guided_json";
+        KV_RETURN_IF_ERROR(take(SchemaGrammar(*f, "guided_json"), "guided_json"));
+    }
+    if (const json* f = field("guided_regex")) {
+        *param = "guided_regex";
+        KV_RETURN_IF_ERROR(take(RegexGrammar(*f, "guided_regex"), "guided_regex"));
+    }
+    if (const json* f = field("guided_choice")) {
+        *param = "guided_choice";
+        KV_RETURN_IF_ERROR(take(ChoiceGrammar(*f, "guided_choice"), "guided_choice"));
+    }
+    if (const json* so = field("structured_outputs")) {
+        *param = "structured_outputs";
+        if (!so->is_object()) return InvalidArgument("'structured_outputs' must be an object");
+        for (const auto& [key, value] : so->items()) {
+            const std::string path = "structured_outputs." + key;
+            *param = path;
+            if (value.is_null()) continue;
+            if (key == "json") {
+                KV_RETURN_IF_ERROR(take(SchemaGrammar(value, path), path));
+            } else if (key == "regex") {
+                KV_RETURN_IF_ERROR(take(RegexGrammar(value, path), path));
+            } else if (key == "choice") {
+                KV_RETURN_IF_ERROR(take(ChoiceGrammar(value, path), path));
+            } else if (key == "json_object") {
+                if (value == true) KV_RETURN_IF_ERROR(take(JsonObject(), path));
+            } else if (key == "grammar" || key == "structural_tag") {
+                return Unimplemented("'" + path + "' is not supported: kvshard has no GBNF/EBNF "
+                                     "grammar front end");
+            } else {
+                return InvalidArgument("'" + path + "' is not a structured output kvshard knows "
+                                       "(json, regex, choice, json_object)");
+            }
+        }
+    }
+    return out;
+}
+
+}  // namespace kvshard

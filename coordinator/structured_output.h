@@ -1,0 +1,32 @@
+// Structured outputs on the OpenAI routes: the request fields that hold a choice's text to a
+// grammar (grammar/compilers.h), read into one compiled grammar.
+//
+//   chat:  response_format {"type": "json_object"} | {"type": "json_schema", "json_schema":
+//          {"name", "schema", "strict"}} | {"type": "text"}
+//   both:  vLLM's guided_json (a schema, or its JSON text), guided_regex, guided_choice, and
+//          structured_outputs {"json" | "regex" | "choice" | "json_object": true}
+//
+// At most one of them per request. guided_grammar (and structured_outputs.grammar) is refused by
+// name: kvshard has no GBNF/EBNF front end. Errors name the field and, for a schema, the keyword
+// path ("response_format.json_schema.schema.properties.age.minimum").
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "grammar/grammar.h"
+
+namespace kvshard {
+
+struct StructuredOutput {
+    std::shared_ptr<const grammar::Grammar> grammar;  // null: none asked for
+};
+
+// `chat`: response_format is read too. On error, *param is the field to name.
+Result<StructuredOutput> ReadStructuredOutput(const nlohmann::json& body, bool chat,
+                                              std::string* param);
+
+}  // namespace kvshard

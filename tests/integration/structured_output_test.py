@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""Structured outputs with the official `openai` client on the default model: response_format
+json_schema through client.chat.completions.parse(PydanticModel), json_object, vLLM's
+guided_choice / guided_regex / guided_json on chat and completions, a required tool call whose
+arguments fit the tool's schema, and the 400s for what kvshard does not support. The model is
+tiny (135M): only the grammar makes its output valid. Exits 77 when a package or the model is
+missing."""
+import argparse
+import json
+import os
+import re
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvshard_server import Server  # noqa: E402
+
+SKIP = 77
+ARGS = None
+SERVER = None
+STORIES = None
+
+
+class StructuredOutputTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        import openai
+        cls.openai = openai
+        cls.client = openai.OpenAI(base_url=SERVER.url + "/v1", api_key="none", max_retries=0)
+        cls.model = SERVER.model
+
+    def chat(self, content, **kw):
+        kw.setdefault("max_tokens", 120)
+        kw.setdefault("temperature", 0)
+        return self.client.chat.completions.create(
+            model=self.model, messages=[{"role": "user", "content": content}], **kw)
+
+    def test_parse_returns_a_validated_pydantic_object(self):
+        from typing import Annotated
+        import pydantic
+
+        class City(pydantic.BaseModel):
+            name: Annotated[str, pydantic.Field(max_length=24)]
+            population: int
+            coastal: bool
+            landmarks: Annotated[list[Annotated[str, pydantic.Field(max_length=16)]],
+                                 pydantic.Field(max_length=2)]
+
+        r = self.client.chat.completions.parse(
+            model=self.model, response_format=City, temperature=0, max_tokens=100,
+            messages=[{"role": "user", "content": "Describe Paris as JSON."}])
+        choice = r.choices[0]
+        self.assertEqual(choice.finish_reason, "stop")
+        self.assertIsInstance(choice.message.parsed, City, choice.message.content)
+
+    def test_json_object_and_schema_validate(self):
+        import jsonschema
+        r = self.chat("Give me a JSON object about a cat.",
+                      response_format={"type": "json_object"}, max_tokens=80)
+        if r.choices[0].finish_reason == "stop":
+            self.assertIsInstance(json.loads(r.choices[0].message.content), dict)
+        schema = {"type": "object", "properties": {
+            "color": {"enum": ["red", "green", "blue"]},
+            "sizes": {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3},
+            "note": {"anyOf": [{"type": "string", "maxLength": 12}, {"type": "null"}]}},
+            "required": ["color", "sizes", "note"], "additionalProperties": False}
+        for seed in range(4):
+            r = self.chat("Pick a color.", temperature=1.0, seed=seed, max_tokens=80,
+                          response_format={"type": "json_schema", "json_schema": {
+                              "name": "pick", "schema": schema, "strict": True}})
+            self.assertEqual(r.choices[0].finish_reason, "stop", r.choices[0].message.content)
+            jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+
+    def test_guided_choice_and_regex(self):
+        for seed in range(3):
+            r = self.chat("Is the sky blue?", temperature=1.0, seed=seed,
+                          extra_body={"guided_choice": ["yes", "no", "maybe so"]})
+            self.assertIn(r.choices[0].message.content, ["yes", "no", "maybe so"])
+            self.assertEqual(r.choices[0].finish_reason, "stop")
+        pattern = r"\d{3}-[A-Z][a-z]{2,5}"
+        r = self.chat("Write a code.", extra_body={"guided_regex": pattern})
+        self.assertRegex(r.choices[0].message.content, "^" + pattern + "$")
+        # Completions, and structured_outputs, the newer spelling.
+        c = self.client.completions.create(
+            model=self.model, prompt="The answer is", max_tokens=10, temperature=0,
+            extra_body={"structured_outputs": {"regex": "(true|false)!"}})
+        self.assertIn(c.choices[0].text, ["true!", "false!"])
+
+    def test_guided_json_on_completions(self):
+        import jsonschema
+        schema = {"type": "object", "properties": {"x": {"type": "integer"}, "ok": {"type": "boolean"}},
+                  "required": ["x", "ok"], "additionalProperties": False}
+        c = self.client.completions.create(model=self.model, prompt="Data:", max_tokens=40,
+                                           temperature=0, extra_body={"guided_json": schema})
+        self.assertEqual(c.choices[0].finish_reason, "stop", c.choices[0].text)
+        jsonschema.validate(json.loads(c.choices[0].text), schema)
+
+    def test_budget_too_small_ends_with_length(self):
+        r = self.chat("Count.", max_tokens=3, extra_body={"guided_regex": "(ab){40}"})
+        self.assertEqual(r.choices[0].finish_reason, "length")
+        self.assertTrue("abababababab"[:len(r.choices[0].message.content)] ==
+                        r.choices[0].message.content, r.choices[0].message.content)
+
+    def test_required_tool_call_fits_the_schema(self):
+        import jsonschema
+        params = {"type": "object", "properties": {"city": {"type": "string"},
+                  "unit": {"enum": ["C", "F"]}}, "required": ["city", "unit"],
+                  "additionalProperties": False}
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": params,
+                                                   "strict": True}}]
+        r = self.chat("What is the weather in Oslo?", tools=tools, tool_choice="required",
+                      max_tokens=60)
+        calls = r.choices[0].message.tool_calls
+        self.assertTrue(calls, r.choices[0].message)
+        self.assertEqual(calls[0].function.name, "get_weather")
+        jsonschema.validate(json.loads(calls[0].function.arguments), params)
+        # strict with tool_choice auto is refused, naming the field.
+        with self.assertRaises(self.openai.BadRequestError) as e:
+            self.chat("Weather?", tools=tools)
+        self.assertIn("tools[0].function.strict", str(e.exception))
+
+    def test_unsupported_is_refused_by_name(self):
+        cases = [
+            ({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+                "type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}}}},
+             "response_format.json_schema.schema.properties.age.minimum"),
+            ({"extra_body": {"guided_grammar": "root ::= \"a\""}}, "guided_grammar"),
+            ({"extra_body": {"guided_regex": "(a)\\1"}}, "guided_regex"),
+            ({"extra_body": {"guided_choice": ["a"], "guided_regex": "b"}}, "guided_regex"),
+        ]
+        for kw, name in cases:
+            with self.assertRaises(self.openai.BadRequestError, msg=name) as e:
+                self.chat("x", **kw)
+            self.assertIn(name, str(e.exception))
+
+
+class NonsenseModelTest(unittest.TestCase):
+    """stories260K writes children's stories, never JSON: every output must still validate, from
+    the grammar alone (and its SentencePiece vocabulary's byte pieces must map right)."""
+
+    SCHEMA = {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer"},
+        "pets": {"type": "array", "items": {"enum": ["cat", "dog"]}, "maxItems": 2},
+        "home": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {
+            "town": {"type": "string", "maxLength": 10}}, "required": ["town"],
+            "additionalProperties": False}]}},
+        "required": ["name", "age", "pets", "home"], "additionalProperties": False}
+
+    def test_many_generations_validate(self):
+        import jsonschema
+        if STORIES is None:
+            self.skipTest("stories260K.gguf not found")
+        valid = length = 0
+        for seed in range(ARGS.stories_runs):
+            status, body = STORIES.http("POST", "/v1/completions", {
+                "model": STORIES.model, "prompt": "Once upon a time", "max_tokens": 80,
+                "temperature": 1.0, "seed": seed, "guided_json": self.SCHEMA})
+            self.assertEqual(status, 200, body)
+            choice = json.loads(body)["choices"][0]
+            if choice["finish_reason"] == "length":
+                length += 1
+                continue
+            self.assertEqual(choice["finish_reason"], "stop", choice)
+            jsonschema.validate(json.loads(choice["text"]), self.SCHEMA)
+            valid += 1
+        print(f"stories260K: {valid} of {ARGS.stories_runs} outputs complete and valid, "
+              f"{length} cut by max_tokens", file=sys.stderr)
+        self.assertGreater(valid, 0)
+
+
+def main():
+    global ARGS, SERVER
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvshard", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--stories", default="")
+    ap.add_argument("--stories-runs", type=int, default=20)
+    ARGS, rest = ap.parse_known_args()
+    try:
+        import jsonschema  # noqa: F401
+        import openai  # noqa: F401
+        import pydantic  # noqa: F401
+    except ImportError as e:
+        print(f"SKIP: {e.name} is not installed (scripts/test installs it)")
+        return SKIP
+    if not os.path.exists(ARGS.model):
+        print(f"SKIP: {ARGS.model} not found")
+        return SKIP
+    global STORIES
+    SERVER = Server(ARGS.kvshard, ARGS.model, [])
+    if ARGS.stories and os.path.exists(ARGS.stories):
+        STORIES = Server(ARGS.kvshard, ARGS.stories, [])
+    try:
+        prog = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2)
+        return 0 if prog.result.wasSuccessful() else 1
+    finally:
+        SERVER.stop()
+        if STORIES is not None:
+            STORIES.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
