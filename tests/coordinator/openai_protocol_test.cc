@@ -141,7 +141,7 @@ TEST(OpenAiProtocol, RejectsBadRequests) {
         {kChat, "{" + m + R"(, "structured_outputs": {"grammar": "x"}})", 400,
          "structured_outputs.grammar", "not supported"},
         {kChat, "{" + m + R"(, "guided_choice": ["a"], "guided_regex": "b"})", 400,
-         "guided_regex", "give one"},
+         "guided_choice", "give one"},
         {kChat, "{" + m + R"(, "response_format": {"type": "xml"}})", 400,
          "response_format.type", "must be"},
         {kChat, "{" + m + R"(, "response_format": {"type": "json_schema", "json_schema": {"name":
@@ -455,7 +455,7 @@ TEST(OpenAiProtocol, ResolveMaxTokens) {
 }
 
 TEST(OpenAiProtocolTest, StructuredOutputsCompileIntoTheRequestsGrammar) {
-    const std::string m = R"("model": "m", "messages": [{"role": "user", "content": "x"}])";
+    const std::string m = R"("model": "smol", "messages": [{"role": "user", "content": "x"}])";
     auto accepts = [](const OpenAiRequest& r, const std::string& text) {
         grammar::GrammarState s(r.grammar);
         return s.AdvanceBytes(text) && s.CanEnd();
@@ -476,10 +476,10 @@ TEST(OpenAiProtocolTest, StructuredOutputsCompileIntoTheRequestsGrammar) {
     r = ParseOk(ApiEndpoint::kChatCompletions, "{" + m + R"(, "response_format": {"type": "json_object"}})");
     EXPECT_TRUE(accepts(r, R"({"any": [1]})"));
     r = ParseOk(ApiEndpoint::kCompletions,
-                R"({"model": "m", "prompt": "x", "guided_json": "{\"type\": \"boolean\"}"})");
+                R"({"model": "smol", "prompt": "x", "guided_json": "{\"type\": \"boolean\"}"})");
     EXPECT_TRUE(accepts(r, "false"));
     r = ParseOk(ApiEndpoint::kCompletions,
-                R"({"model": "m", "prompt": "x", "structured_outputs": {"choice": ["up", "down"]}})");
+                R"({"model": "smol", "prompt": "x", "structured_outputs": {"choice": ["up", "down"]}})");
     EXPECT_TRUE(accepts(r, "down"));
     EXPECT_FALSE(accepts(r, "do"));
     r = ParseOk(ApiEndpoint::kChatCompletions, "{" + m + R"(, "guided_regex": "[0-9]{2}"})");
