@@ -711,6 +711,8 @@ void ReadChat(const json& body, OpenAiRequest& r) {
             OptInt(body, "max_tokens", 1, std::numeric_limits<int64_t>::max(), "must be > 0");
         legacy && !r.max_tokens) {
         r.max_tokens = legacy;
+    } else if (r.max_tokens) {
+        r.max_tokens_param = "max_completion_tokens";
     }
     const bool logprobs = OptBool(body, "logprobs").value_or(false);
     auto top = OptInt(body, "top_logprobs", 0, kMaxChatTopLogprobs, "must be in 0..20");
@@ -904,10 +906,11 @@ std::variant<int64_t, ApiError> ResolveMaxTokens(const OpenAiRequest& request,
                    : room;
     }
     if (*request.max_tokens > room) {
-        return BadRequest("prompt (" + std::to_string(prompt_tokens) + " tokens) + max_tokens (" +
+        return BadRequest("prompt (" + std::to_string(prompt_tokens) + " tokens) + " +
+                              request.max_tokens_param + " (" +
                               std::to_string(*request.max_tokens) + ") exceeds the context of " +
                               std::to_string(max_context) + " tokens",
-                          "max_tokens", "context_length_exceeded");
+                          request.max_tokens_param, "context_length_exceeded");
     }
     return *request.max_tokens;
 }

@@ -83,6 +83,9 @@ struct OpenAiRequest {
     bool parallel_tool_calls = true;
 
     std::optional<int64_t> max_tokens;  // absent: see ResolveMaxTokens
+    // The field max_tokens was read from, named in its errors: "max_tokens",
+    // "max_completion_tokens" (chat), "max_output_tokens" (the Responses API).
+    std::string max_tokens_param = "max_tokens";
     SamplingParams sampling;            // temperature defaults to 1 as in the OpenAI API
     bool has_seed = false;              // false: the server picks a random seed
     std::vector<std::string> stop;

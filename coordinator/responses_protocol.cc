@@ -4,6 +4,7 @@
 
 #include "common/utf8.h"
 #include "coordinator/json_fields.h"
+#include "coordinator/structured_output.h"
 
 namespace kvshard {
 
@@ -79,10 +80,7 @@ void RefuseUnimplemented(const json& body) {
         if (!text->is_object()) Fail("'text' must be an object, got " + TypeName(*text), "text");
         for (const auto& [key, value] : text->items()) {
             if (key == "format") {
-                if (!value.is_object() || value.value("type", json()) != "text") {
-                    Fail("'text.format' is not supported (only {\"type\": \"text\"})",
-                         "text.format");
-                }
+                continue;  // structured outputs: read with the chat request (ParseResponsesRequest)
             } else if (key == "verbosity") {
                 if (!value.is_null() && value != "medium") {
                     Fail("'text.verbosity' is not supported (only \"medium\")", "text.verbosity");
@@ -249,6 +247,23 @@ std::variant<ResponsesRequest, ApiError> ParseResponsesRequest(std::string_view 
     if (auto* error = std::get_if<ApiError>(&parsed)) return *error;
     out.chat = std::move(std::get<OpenAiRequest>(parsed));
     out.chat.max_tokens = out.max_output_tokens;
+    out.chat.max_tokens_param = "max_output_tokens";
+    // Structured outputs: text.format holds the text to a schema as response_format does on chat.
+    if (const json* text = Field(j, "text"); text != nullptr && Field(*text, "format") != nullptr) {
+        const json& format = *Field(*text, "format");
+        std::string param;
+        Result<StructuredOutput> so = ReadTextFormat(format, &param);
+        if (!so.ok()) return BadRequest(so.status().message(), param);
+        if (so->grammar != nullptr) {
+            if (out.chat.grammar != nullptr) {
+                return BadRequest("'text.format' and vLLM's guided_* or structured_outputs both "
+                                  "constrain the output; give one",
+                                  "text.format");
+            }
+            out.chat.grammar = so->grammar;
+        }
+        out.text_format = format.dump(-1, ' ', false, json::error_handler_t::replace);
+    }
     // The client's own numbers, not their float rounding.
     if (const json* t = Field(j, "temperature")) out.temperature = t->get<double>();
     if (const json* p = Field(j, "top_p")) out.top_p = p->get<double>();

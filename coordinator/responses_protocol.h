@@ -8,11 +8,12 @@
 // developer, "content": a string or input_text/output_text parts}, "type": "message" optional),
 // instructions, max_output_tokens, temperature, top_p, stream, store false, metadata, user,
 // safety_identifier, prompt_cache_key, service_tier, parallel_tool_calls, tool_choice "none" or
-// "auto" with no tools, text.format {"type": "text"}, truncation "disabled", and vLLM's sampling
-// extensions (top_k, min_p, seed, penalties, stop, ...). Refused by name with a 400: tools,
-// previous_response_id, conversation, store true (nothing is kept), background, include,
-// reasoning, prompt, max_tool_calls, top_logprobs, truncation "auto", text.format other than
-// text, non-text input items, and stream_options.include_obfuscation true.
+// "auto" with no tools, text.format {"type": "text" | "json_object" | "json_schema"} (the latter
+// two held by the grammar as chat's response_format is), truncation "disabled", and vLLM's
+// sampling and structured-output extensions (top_k, min_p, seed, penalties, stop, guided_*, ...).
+// Refused by name with a 400: tools, previous_response_id, conversation, store true (nothing is
+// kept), background, include, reasoning, prompt, max_tool_calls, top_logprobs, truncation "auto",
+// non-text input items, and stream_options.include_obfuscation true.
 #pragma once
 
 #include <optional>
@@ -38,6 +39,7 @@ struct ResponsesRequest {
     std::optional<std::string> user;
     std::string service_tier = "auto";
     bool parallel_tool_calls = true;
+    std::string text_format = R"({"type":"text"})";  // text.format, a JSON object as sent
 };
 
 // `body` may be any bytes; every mistake is a 400 naming the field (an unknown model a 404).

@@ -62,7 +62,7 @@ json ResponsesResponseWriter::Response(const std::string& status, const Generati
               {"service_tier", context_.service_tier},
               {"store", false},
               {"temperature", context_.temperature},
-              {"text", {{"format", {{"type", "text"}}}}},
+              {"text", {{"format", json::parse(context_.text_format, nullptr, false)}}},
               {"tool_choice", "auto"},
               {"tools", json::array()},
               {"top_p", context_.top_p},

@@ -44,6 +44,7 @@ struct ResponsesContext {
     std::optional<std::string> user;
     std::string service_tier = "auto";
     bool parallel_tool_calls = true;
+    std::string text_format = R"({"type":"text"})";  // text.format, JSON object text
 };
 
 class ResponsesResponseWriter : public ResponseWriter {

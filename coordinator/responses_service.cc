@@ -25,9 +25,8 @@ std::variant<PreparedGeneration, ApiError> ApiService::PrepareResponses(
     const ResponsesRequest& r) const {
     auto prepared = Prepare(r.chat);
     if (auto* error = std::get_if<ApiError>(&prepared)) {
-        // The chat route's words name its fields; here they are the input and its budget.
+        // The chat route names its prompt "messages"; here it is the input.
         if (error->param == "messages") error->param = "input";
-        if (error->param == "max_tokens") error->param = "max_output_tokens";
         return *error;
     }
     PreparedGeneration& p = std::get<PreparedGeneration>(prepared);
@@ -49,6 +48,7 @@ std::variant<PreparedGeneration, ApiError> ApiService::PrepareResponses(
     c.user = r.user;
     c.service_tier = r.service_tier;
     c.parallel_tool_calls = r.parallel_tool_calls;
+    c.text_format = r.text_format;
     p.responses = std::move(c);
     return p;
 }

@@ -79,29 +79,39 @@ Result<std::shared_ptr<const grammar::Grammar>> RegexGrammar(const json& value,
     return g;
 }
 
-Result<std::shared_ptr<const grammar::Grammar>> ResponseFormat(const json& f, std::string* param) {
-    *param = "response_format";
+// A json_schema format's {"schema", "strict", ...}: chat's response_format.json_schema, or the
+// Responses API's text.format itself. `at` names the object in errors.
+GrammarResult JsonSchemaFormat(const json& f, const std::string& at, std::string* param) {
+    *param = at;
+    if (f.contains("strict") && !f["strict"].is_boolean() && !f["strict"].is_null())
+        return InvalidArgument("'" + at + ".strict' must be a boolean");
+    // No schema: any JSON value, as OpenAI documents for a missing schema.
+    if (!f.contains("schema") || f["schema"].is_null())
+        return grammar::CompileJsonSchema(json::object(), at + ".schema");
+    *param = at + ".schema";
+    return SchemaGrammar(f["schema"], at + ".schema");
+}
+
+// A format object: chat's response_format (`at` "response_format", its schema nested under
+// "json_schema") or the Responses API's text.format (`at` "text.format", the schema's fields beside
+// "type"). {"type": "text"} is a null grammar.
+GrammarResult Format(const json& f, const std::string& at, std::string* param) {
+    *param = at;
     if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
-        return InvalidArgument("'response_format' must be an object with a 'type'");
+        return InvalidArgument("'" + at + "' must be an object with a 'type'");
     const std::string type = f["type"].get<std::string>();
     if (type == "text") return std::shared_ptr<const grammar::Grammar>();
     if (type == "json_object") return JsonObject();
     if (type != "json_schema") {
-        *param = "response_format.type";
-        return InvalidArgument("'response_format.type' must be \"text\", \"json_object\" or "
+        *param = at + ".type";
+        return InvalidArgument("'" + at + ".type' must be \"text\", \"json_object\" or "
                                "\"json_schema\", got '" + type + "'");
     }
-    *param = "response_format.json_schema";
+    if (at != "response_format") return JsonSchemaFormat(f, at, param);
+    *param = at + ".json_schema";
     if (!f.contains("json_schema") || !f["json_schema"].is_object())
-        return InvalidArgument("'response_format.json_schema' must be an object");
-    const json& js = f["json_schema"];
-    if (js.contains("strict") && !js["strict"].is_boolean() && !js["strict"].is_null())
-        return InvalidArgument("'response_format.json_schema.strict' must be a boolean");
-    // No schema: any JSON value, as OpenAI documents for a missing schema.
-    if (!js.contains("schema") || js["schema"].is_null())
-        return grammar::CompileJsonSchema(json::object(), "response_format.json_schema.schema");
-    *param = "response_format.json_schema.schema";
-    return SchemaGrammar(js["schema"], "response_format.json_schema.schema");
+        return InvalidArgument("'" + at + ".json_schema' must be an object");
+    return JsonSchemaFormat(f["json_schema"], at + ".json_schema", param);
 }
 
 }  // namespace
@@ -133,7 +143,7 @@ Result<StructuredOutput> ReadStructuredOutput(const json& body, bool chat, std::
     }
     if (chat) {
         if (const json* f = field("response_format")) {
-            KV_RETURN_IF_ERROR(take(ResponseFormat(*f, param), "response_format"));
+            KV_RETURN_IF_ERROR(take(Format(*f, "response_format", param), "response_format"));
         }
     }
     if (const json* f = field("guided_json")) {
@@ -173,6 +183,12 @@ Result<StructuredOutput> ReadStructuredOutput(const json& body, bool chat, std::
         }
     }
     return out;
+}
+
+Result<StructuredOutput> ReadTextFormat(const json& format, std::string* param) {
+    GrammarResult g = Format(format, "text.format", param);
+    if (!g.ok()) return g.status();
+    return StructuredOutput{*g};
 }
 
 }  // namespace kvshard

@@ -29,4 +29,9 @@ struct StructuredOutput {
 Result<StructuredOutput> ReadStructuredOutput(const nlohmann::json& body, bool chat,
                                               std::string* param);
 
+// The Responses API's text.format: {"type": "text"} | {"type": "json_object"} |
+// {"type": "json_schema", "name", "schema", "strict", "description"} (the schema beside the type,
+// not nested as on chat). On error, *param is the field to name ("text.format.schema....").
+Result<StructuredOutput> ReadTextFormat(const nlohmann::json& format, std::string* param);
+
 }  // namespace kvshard

@@ -452,6 +452,14 @@ TEST(OpenAiProtocol, ResolveMaxTokens) {
     EXPECT_EQ(too_long.param, "prompt");
     EXPECT_NE(too_long.message.find("100 tokens"), std::string::npos);
     EXPECT_EQ(std::get<ApiError>(ResolveMaxTokens(chat, 150, 100)).param, "messages");
+    // The error names the field the client sent.
+    auto parsed = ParseOpenAiRequest(
+        kChat, R"({"model": "smol", "messages": [{"role": "user", "content": "x"}],
+                   "max_completion_tokens": 95})",
+        kModel);
+    const ApiError named = std::get<ApiError>(ResolveMaxTokens(std::get<OpenAiRequest>(parsed), 10, 100));
+    EXPECT_EQ(named.param, "max_completion_tokens");
+    EXPECT_NE(named.message.find("max_completion_tokens (95)"), std::string::npos) << named.message;
 }
 
 TEST(OpenAiProtocolTest, StructuredOutputsCompileIntoTheRequestsGrammar) {

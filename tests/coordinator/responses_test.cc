@@ -8,6 +8,7 @@
 
 #include "coordinator/responses_protocol.h"
 #include "coordinator/responses_response.h"
+#include "grammar/grammar.h"
 #include "tests/coordinator/http_test_util.h"
 
 namespace kvshard {
@@ -68,6 +69,37 @@ TEST(ResponsesProtocol, InputBecomesChatMessages) {
     EXPECT_TRUE(r.chat.has_seed);
 }
 
+// text.format json_schema / json_object: the text is held to the grammar, as chat's
+// response_format holds it; the format is echoed in the response object.
+TEST(ResponsesProtocol, TextFormatHoldsTheOutputToTheSchema) {
+    auto accepts = [](const ResponsesRequest& r, const std::string& text) {
+        grammar::GrammarState s(r.chat.grammar);
+        return s.AdvanceBytes(text) && s.CanEnd();
+    };
+    ResponsesRequest r = ParseOk(R"({"input": "x", "text": {"format": {"type": "json_schema",
+        "name": "pick", "strict": true, "schema": {"type": "object", "properties":
+        {"c": {"enum": ["red", "blue"]}}, "required": ["c"], "additionalProperties": false}}}})");
+    ASSERT_NE(r.chat.grammar, nullptr);
+    EXPECT_TRUE(accepts(r, R"({"c": "red"})"));
+    EXPECT_FALSE(accepts(r, R"({"c": "green"})"));
+    EXPECT_EQ(json::parse(r.text_format)["name"], "pick");
+    r = ParseOk(R"({"input": "x", "text": {"format": {"type": "json_object"}}})");
+    ASSERT_NE(r.chat.grammar, nullptr);
+    EXPECT_TRUE(accepts(r, R"({"a": [1, 2]})"));
+    EXPECT_FALSE(accepts(r, "[1]"));
+    r = ParseOk(R"({"input": "x", "text": {"format": {"type": "text"}}})");
+    EXPECT_EQ(r.chat.grammar, nullptr);
+    // vLLM's extensions mean what they mean on chat.
+    r = ParseOk(R"({"input": "x", "guided_choice": ["yes", "no"]})");
+    ASSERT_NE(r.chat.grammar, nullptr);
+    EXPECT_TRUE(accepts(r, "no"));
+
+    ResponsesContext c;
+    c.text_format = R"({"type":"json_object"})";
+    ResponsesResponseWriter w(c);
+    EXPECT_EQ(json::parse(w.Body(GenerationUsage{}))["text"]["format"]["type"], "json_object");
+}
+
 TEST(ResponsesProtocol, RefusesWhatItCannotDoByName) {
     struct Case {
         std::string body;
@@ -95,13 +127,19 @@ TEST(ResponsesProtocol, RefusesWhatItCannotDoByName) {
         {R"({"input": "x", "reasoning": {"effort": "high"}})", 400, "reasoning"},
         {R"({"input": "x", "top_logprobs": 2})", 400, "top_logprobs"},
         {R"({"input": "x", "truncation": "auto"})", 400, "truncation"},
-        {R"({"input": "x", "text": {"format": {"type": "json_object"}}})", 400, "text.format"},
+        {R"({"input": "x", "text": {"format": {"type": "xml"}}})", 400, "text.format.type"},
+        {R"({"input": "x", "text": {"format": "json"}})", 400, "text.format"},
+        {R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema":
+            {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}}}}})",
+         400, "text.format.schema"},
+        {R"({"input": "x", "guided_regex": "a+", "text": {"format": {"type": "json_object"}}})",
+         400, "text.format"},
         {R"({"input": "x", "tool_choice": "required"})", 400, "tool_choice"},
         {R"({"input": "x", "max_output_tokens": 0})", 400, "max_output_tokens"},
         {R"({"input": "x", "max_tokens": 5})", 400, "max_tokens"},
         {R"({"input": "x", "n": 2})", 400, "n"},
         {R"({"input": "x", "temperature": 3})", 400, "temperature"},
-        {R"({"input": "x", "guided_regex": "a+"})", 400, "guided_regex"},
+        {R"({"input": "x", "guided_regex": "(a)\\1"})", 400, "guided_regex"},
         {R"({"input": "x", "stream_options": {"include_obfuscation": true}})", 400,
          "stream_options.include_obfuscation"},
         {R"({"input": "x", "metadata": {"k": 1}})", 400, "metadata.k"},
@@ -270,6 +308,16 @@ TEST(ResponsesRoute, EndToEnd) {
                          R"({"input": "Hi", "max_output_tokens": 100000})");
     EXPECT_EQ(too_long.status, 400);
     EXPECT_EQ(json::parse(too_long.body)["error"]["param"], "max_output_tokens");
+    const std::string message = json::parse(too_long.body)["error"]["message"];
+    EXPECT_NE(message.find("max_output_tokens (100000)"), std::string::npos) << message;
+    EXPECT_EQ(message.find("max_tokens"), std::string::npos) << message;
+    // text.format json_schema reaches the engine as the request's grammar.
+    auto schema = Post(server.port(), "/v1/responses",
+                       R"({"input": "Hi", "max_output_tokens": 3, "text": {"format":
+                           {"type": "json_schema", "name": "n", "schema": {"type": "object"}}}})");
+    ASSERT_EQ(schema.status, 200) << schema.body;
+    EXPECT_EQ(json::parse(schema.body)["text"]["format"]["type"], "json_schema");
+    EXPECT_NE(server.engine().submitted().back().grammar, nullptr);
 }
 
 }  // namespace
