@@ -138,6 +138,33 @@ class KvTransport {
     virtual Status Send(const std::string& dst_endpoint, const KvPiece& piece,
                         std::chrono::steady_clock::time_point deadline) = 0;
 
+    // Like Send, but may return before the receiver's verdict: once the piece is on its way and
+    // the caller's buffers are free to reuse (TCP through a shared-memory region: its payload is
+    // in the region), so that the next piece travels while the receiver still copies this one
+    // out. The verdicts of a transfer's pieces are collected by Flush, which a sender must call
+    // before it relies on the transfer having arrived. The pieces awaiting a verdict are bounded
+    // per destination (by the region and a count; a call waits, under its deadline, for room).
+    // Errors: those of Send for this piece, and the first failed verdict of an earlier piece of
+    // the same transfer to that destination, if one arrived already (this piece is then not
+    // sent). The default is Send.
+    virtual Status SendPipelined(const std::string& dst_endpoint, const KvPiece& piece,
+                                 std::chrono::steady_clock::time_point deadline) {
+        return Send(dst_endpoint, piece, deadline);
+    }
+
+    // Waits until every piece of `transfer_id` sent to `dst_endpoint` with SendPipelined has its
+    // verdict and returns the first failed one (Send's errors; a connection lost or the deadline
+    // passed before a verdict: Unavailable or DeadlineExceeded, and the connection is closed, so
+    // nothing of the transfer is left in flight). OK when every piece was staged (or there were
+    // none). The default has nothing to wait for.
+    virtual Status Flush(const std::string& dst_endpoint, uint64_t transfer_id,
+                         std::chrono::steady_clock::time_point deadline) {
+        (void)dst_endpoint;
+        (void)transfer_id;
+        (void)deadline;
+        return Status::Ok();
+    }
+
     // Waits until pieces of `transfer_id` covering `expected_cells` (layers × heads, summed over
     // pieces) are staged, then removes and returns them. DeadlineExceeded when they have not all
     // arrived by `deadline` (what arrived stays staged until Discard or staleness); Aborted when
@@ -193,7 +220,10 @@ Result<std::unique_ptr<KvTransport>> MakeLocalKvTransport(const std::string& nam
 // malformed frame, a wrong token, a piece of a transfer not named on that connection, a piece that
 // does not fit the receive geometry, or a connection stalled mid-frame past read_timeout_ms closes
 // that connection (never crashes). Sends to one destination are serialized; a Send that misses its
-// deadline closes that connection. Endpoints are "HOST:PORT" (InvalidArgument otherwise).
+// deadline closes that connection. Through a region, SendPipelined returns once the payload is in
+// the region, and the next piece's chunks follow before the previous verdict: the region is a
+// ring freed in order by credits and acknowledgements, which later calls read. Endpoints are
+// "HOST:PORT" (InvalidArgument otherwise).
 Result<std::unique_ptr<KvTransport>> MakeTcpKvTransport(const std::string& host, uint16_t port,
                                                         const KvTransportOptions& options = {});
 

@@ -65,8 +65,9 @@ Result<uint64_t> DecodeKvTransferFrame(const KvTransferFrame& bytes);
 //   | 36 i32 block_size | 40 i32 head_dim | 44 u64 payload bytes | 52 u64 XXH3-64 of the payload
 // flags: kKvPieceInRegion (the payload comes as chunk frames through the offered region; the
 // hash field is then 0, each chunk carrying its own); kKvPieceUncredited, with kKvPieceInRegion
-// only (its chunks all fit in distinct slots of the region, so the sender reuses none within
-// the piece: the receiver sends no credit frames for it, the acknowledgement frees every chunk);
+// only (the piece fits the region whole, so the sender reuses none of its chunks before its
+// acknowledgement: the receiver sends no credit frames for it, the acknowledgement frees every
+// chunk);
 // other bits must be 0.
 inline constexpr uint8_t kKvPieceInRegion = 1;
 inline constexpr uint8_t kKvPieceUncredited = 2;

@@ -141,10 +141,26 @@ Status StepRunner::SendLayers(const PreparedSend& send, int64_t layer_begin, int
         if (send.heads[dst].size() == 0) continue;
         PackKvPiece(*runner_.pool(), runner_.layout(), op.transfer_id, send.blocks, layer_begin,
                     layer_end, send.heads[dst], &send_piece_);
-        KV_RETURN_IF_ERROR(transport_->Send(op.dst_endpoints[dst], send_piece_, deadline));
+        // Pipelined: the next piece (layer-wise: the next layer's compute) proceeds while the
+        // receiver takes this one; FlushSend collects the verdicts.
+        KV_RETURN_IF_ERROR(transport_->SendPipelined(op.dst_endpoints[dst], send_piece_, deadline));
         result->kv_bytes_sent += static_cast<int64_t>(send_piece_.data.size());
     }
     return Status::Ok();
+}
+
+Status StepRunner::FlushSend(const PreparedSend& send) {
+    const KvSendOp& op = *send.op;
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(op.timeout_ms);
+    Status first;
+    for (size_t dst = 0; dst < send.heads.size(); ++dst) {
+        if (send.heads[dst].size() == 0) continue;
+        // Every destination is flushed, failed or not, so nothing of the transfer stays in flight.
+        Status st = transport_->Flush(op.dst_endpoints[dst], op.transfer_id, deadline);
+        if (first.ok()) first = std::move(st);
+    }
+    return first;
 }
 
 Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
@@ -252,6 +268,14 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
         timed([&] {
             if (Status st = SendLayers(send, 0, runner_.spec().num_layers, &result); !st.ok())
                 send_failed(op, st);
+        });
+    }
+    // The verdicts of every send's pieces (sent pipelined): a transfer the receiver refused fails
+    // here, as if its Send had.
+    for (const PreparedSend& send : sends) {
+        timed([&] {
+            Status st = FlushSend(send);
+            if (!st.ok() && !has_failed(send.op->transfer_id)) send_failed(*send.op, st);
         });
     }
     result.kv_transfer_seconds = transfer_seconds;

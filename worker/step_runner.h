@@ -45,9 +45,13 @@ class StepRunner : public StepExecutor {
         std::vector<IndexRange> heads;  // per receiving rank; empty range: nothing for it
     };
     Result<PreparedSend> PrepareSend(const KvSendOp& op) const;
-    // Sends layers [layer_begin, layer_end) to every receiving rank.
+    // Sends layers [layer_begin, layer_end) to every receiving rank, pipelined
+    // (KvTransport::SendPipelined).
     Status SendLayers(const PreparedSend& send, int64_t layer_begin, int64_t layer_end,
                       StepResult* result);
+    // Waits for the verdicts of every piece of the send, at every receiving rank: the first
+    // failed one.
+    Status FlushSend(const PreparedSend& send);
 
     ModelRunner& runner_;
     KvTransport* transport_;

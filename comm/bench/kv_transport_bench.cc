@@ -2,7 +2,7 @@
 // the engine sends (issue 16, part 6; scripts/bench-kv-transfer runs it).
 //
 //   kvshard_kv_transport_bench [--layers 30] [--kv-heads 3] [--head-dim 64] [--block-size 16]
-//                              [--tokens 512,2048] [--runs 7] [--paths local,shm,tcp]
+//                              [--tokens 512,2048] [--runs 7] [--paths local,shm,tcp] [--sync]
 //
 // Defaults: the default model's fp32 KV (30 layers x 3 KV heads x head_dim 64: 46 KB a token) for
 // prompts of 512 and 2048 tokens, blockwise (one piece of every layer) and layerwise (one piece
@@ -15,6 +15,8 @@
 //   shm          TcpKvTransport to a child process on this host: payloads through the shared
 //                region (shared_memory on);
 //   tcp          the same with shared_memory off on the sender: payloads over the socket.
+// The sender sends every piece with SendPipelined and then Flushes the transfer, as a sending
+// worker does (--sync: Send of every piece, each waiting for its verdict, as before pipelining).
 // A run is timed from the first Send to the receiver's Receive returning every piece (the child
 // reports its steady_clock, the same clock across processes); the receiver then recycles the
 // buffers, as a decode worker does. Figures are medians of --runs after one warm-up run (checked
@@ -53,6 +55,9 @@ struct Options {
     int runs = 7;
     // The transports measured (memcpy and socket, their ceilings, always are).
     bool local = true, shm = true, tcp = true;
+    // Send of every piece, each waiting for its verdict (as before pipelining), instead of
+    // SendPipelined of every piece and one Flush, as a sending worker does.
+    bool sync = false;
 };
 
 [[noreturn]] void Die(const std::string& what) {
@@ -243,7 +248,7 @@ bool ParseInt(const char* s, int64_t* out) {
 int Usage(const char* argv0) {
     std::fprintf(stderr,
                  "usage: %s [--layers 30] [--kv-heads 3] [--head-dim 64] [--block-size 16] "
-                 "[--tokens 512,2048] [--runs 7] [--paths local,shm,tcp]\n",
+                 "[--tokens 512,2048] [--runs 7] [--paths local,shm,tcp] [--sync]\n",
                  argv0);
     return 2;
 }
@@ -253,6 +258,10 @@ int Main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
         int64_t v = 0;
+        if (arg == "--sync") {
+            o.sync = true;
+            continue;
+        }
         if (i + 1 >= argc) return Usage(argv[0]);
         if (arg == "--tokens") {
             o.tokens.clear();
@@ -316,9 +325,10 @@ int Main(int argc, char** argv) {
     std::printf(
         "KV transports: %lld layers x %lld KV heads x head_dim %lld, f32, block_size %lld; %u "
         "hardware threads; medians of %d runs after 1 warm-up; receiver in a child process for "
-        "socket/shm/tcp\n",
+        "socket/shm/tcp; %s\n",
         (long long)o.layers, (long long)o.kv_heads, (long long)o.head_dim, (long long)o.block_size,
-        std::thread::hardware_concurrency(), o.runs);
+        std::thread::hardware_concurrency(), o.runs,
+        o.sync ? "Send per piece (--sync)" : "SendPipelined per piece, one Flush");
     std::printf("%6s %8s %9s  %-7s %-10s %8s %8s  %-7s %8s\n", "tokens", "MB", "piece MB", "path",
                 "mode", "GB/s", "ms", "ceiling", "ratio");
     uint64_t next_id = 1;
@@ -353,11 +363,14 @@ int Main(int argc, char** argv) {
                 const uint64_t id = next_id++;
                 for (KvPiece& p : pieces) p.header.transfer_id = id;
                 const auto t0 = Clock::now();
-                for (const KvPiece& p : pieces)
-                    CheckOk((*local_src)
-                                ->Send((*local_dst)->endpoint(), p,
-                                       Clock::now() + std::chrono::seconds(60)),
+                const auto deadline = Clock::now() + std::chrono::seconds(60);
+                const std::string& dst = (*local_dst)->endpoint();
+                for (const KvPiece& p : pieces) {
+                    CheckOk(o.sync ? (*local_src)->Send(dst, p, deadline)
+                                   : (*local_src)->SendPipelined(dst, p, deadline),
                             "local Send");
+                }
+                if (!o.sync) CheckOk((*local_src)->Flush(dst, id, deadline), "local Flush");
                 Result<std::vector<KvPiece>> r =
                     (*local_dst)->Receive(id, cells, Clock::now() + std::chrono::seconds(60));
                 const double s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -374,10 +387,16 @@ int Main(int argc, char** argv) {
                     const Command c{1, id, cells};
                     WriteAll(child.commands, &c, sizeof(c));
                     const int64_t t0 = NowNs();
-                    for (const KvPiece& p : pieces)
-                        CheckOk(from.Send(child.kv_endpoint, p,
-                                          Clock::now() + std::chrono::seconds(60)),
-                                "Send");
+                    const auto deadline = Clock::now() + std::chrono::seconds(60);
+                    if (o.sync) {
+                        for (const KvPiece& p : pieces)
+                            CheckOk(from.Send(child.kv_endpoint, p, deadline), "Send");
+                    } else {
+                        for (const KvPiece& p : pieces)
+                            CheckOk(from.SendPipelined(child.kv_endpoint, p, deadline),
+                                    "SendPipelined");
+                        CheckOk(from.Flush(child.kv_endpoint, id, deadline), "Flush");
+                    }
                     Reply reply{};
                     ReadAll(child.replies, &reply, sizeof(reply));
                     *got = reply.checksum;
