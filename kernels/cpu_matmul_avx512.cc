@@ -302,21 +302,11 @@ KV_AVX512_INLINE void SuperStep(const float* xs, int64_t k, const uint8_t* wsb, 
     }
 }
 
-// Tile (below) for the K-quants: the same accumulators, walked super-block by super-block.
-template <DType T, int R, int C>
-KV_AVX512 void TileSuper(const float* x, int64_t k, const uint8_t* w, size_t row_bytes, float* y,
-                         int64_t ldy) {
-    constexpr bool kSplit = R * C <= 8;
-    __m512 acc[R][C];
-    __m512 acc1[R][C];
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
-        for (int c = 0; c < C; ++c) {
-            acc[r][c] = _mm512_setzero_ps();
-            acc1[r][c] = _mm512_setzero_ps();
-        }
-    }
+// Tile's (below) accumulation for the K-quants, super-block by super-block.
+template <DType T, int R, int C, bool kSplit>
+KV_AVX512_INLINE void AccumulateSuperBlocks(const float* x, int64_t k, const uint8_t* w,
+                                            size_t row_bytes, __m512 (&acc)[R][C],
+                                            __m512 (&acc1)[R][C]) {
     const int64_t supers = k / kSuperBlock;
     for (int64_t b = 0; b < supers; ++b) {
         const uint8_t* wsb = w + b * kSuperBytes<T>;
@@ -332,13 +322,6 @@ KV_AVX512 void TileSuper(const float* x, int64_t k, const uint8_t* w, size_t row
         SuperStep<T, R, C, 5, kSplit>(xs, k, wsb, row_bytes, sc, acc, acc1);
         SuperStep<T, R, C, 6, kSplit>(xs, k, wsb, row_bytes, sc, acc, acc1);
         SuperStep<T, R, C, 7, kSplit>(xs, k, wsb, row_bytes, sc, acc, acc1);
-    }
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
-        for (int c = 0; c < C; ++c) {
-            y[r * ldy + c] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][c], acc1[r][c]));
-        }
     }
 }
 
@@ -369,23 +352,11 @@ KV_AVX512 void DequantizeSuperRow(const uint8_t* row, int64_t k, float* out) {
     }
 }
 
-// y[r * ldy + c] = x row r · weight row c, for r < R, c < C. x rows have stride k; weight row c
-// starts at w + c * row_bytes. With few accumulators, the two halves of a block go to separate
-// ones so that the FMA latency chain does not limit a single-row product.
-template <DType T, int R, int C>
-KV_AVX512 void TileBlocks(const float* x, int64_t k, const uint8_t* w, size_t row_bytes, float* y,
-                          int64_t ldy) {
-    constexpr bool kSplit = R * C <= 8;
-    __m512 acc[R][C];
-    __m512 acc1[R][C];
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 4
-        for (int c = 0; c < C; ++c) {
-            acc[r][c] = _mm512_setzero_ps();
-            acc1[r][c] = _mm512_setzero_ps();
-        }
-    }
+// Tile's accumulation for the 32-weight block formats (and the float types' tail).
+template <DType T, int R, int C, bool kSplit>
+KV_AVX512_INLINE void AccumulateBlocks(const float* x, int64_t k, const uint8_t* w,
+                                       size_t row_bytes, __m512 (&acc)[R][C],
+                                       __m512 (&acc1)[R][C]) {
     const int64_t blocks = k / kBlock;
     for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t* wb = w + b * kBlockBytes<T>;
@@ -433,22 +404,36 @@ KV_AVX512 void TileBlocks(const float* x, int64_t k, const uint8_t* w, size_t ro
             }
         }
     }
+}
+
+// y[r * ldy + c] = x row r · weight row c, for r < R, c < C. x rows have stride k; weight row c
+// starts at w + c * row_bytes. With few accumulators, the two halves of a block go to separate
+// ones so that the FMA latency chain does not limit a single-row product.
+template <DType T, int R, int C>
+KV_AVX512 void Tile(const float* x, int64_t k, const uint8_t* w, size_t row_bytes, float* y,
+                    int64_t ldy) {
+    constexpr bool kSplit = R * C <= 8;
+    __m512 acc[R][C];
+    __m512 acc1[R][C];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+            acc[r][c] = _mm512_setzero_ps();
+            acc1[r][c] = _mm512_setzero_ps();
+        }
+    }
+    if constexpr (kIsSuper<T>) {
+        AccumulateSuperBlocks<T, R, C, kSplit>(x, k, w, row_bytes, acc, acc1);
+    } else {
+        AccumulateBlocks<T, R, C, kSplit>(x, k, w, row_bytes, acc, acc1);
+    }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
         for (int c = 0; c < C; ++c) {
             y[r * ldy + c] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][c], acc1[r][c]));
         }
-    }
-}
-
-template <DType T, int R, int C>
-KV_AVX512 void Tile(const float* x, int64_t k, const uint8_t* w, size_t row_bytes, float* y,
-                    int64_t ldy) {
-    if constexpr (kIsSuper<T>) {
-        TileSuper<T, R, C>(x, k, w, row_bytes, y, ldy);
-    } else {
-        TileBlocks<T, R, C>(x, k, w, row_bytes, y, ldy);
     }
 }
 
