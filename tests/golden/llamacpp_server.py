@@ -39,14 +39,15 @@ class LlamaServer:
         with urllib.request.urlopen(req, timeout=self.timeout) as r:
             return json.loads(r.read())
 
-    def greedy(self, ids, n_predict, n_probs=0):
-        """Greedy (top-k 1) completion of the prompt ids, EOS ignored; with n_probs, also the
-        top log-probabilities at the last prompt position, from a request of one token: in a
-        longer one llama-server leaves out the entries of tokens that end inside a UTF-8
-        character or came from its own drafts, so entry 0 need not be the first token's."""
+    def greedy(self, ids, n_predict, n_probs=0, ignore_eos=True):
+        """Greedy (top-k 1) completion of the prompt ids, EOS ignored unless ignore_eos is False
+        (then the continuation ends with the EOS token); with n_probs, also the top
+        log-probabilities at the last prompt position, from a request of one token: in a longer
+        one llama-server leaves out the entries of tokens that end inside a UTF-8 character or
+        came from its own drafts, so entry 0 need not be the first token's."""
         body = {"prompt": ids, "n_predict": n_predict, "temperature": 0, "top_k": 1,
                 "samplers": ["top_k"], "cache_prompt": False, "return_tokens": True,
-                "ignore_eos": True}
+                "ignore_eos": ignore_eos}
         r = self.post("/completion", body)
         if n_probs == 0:
             return r, None

@@ -6,8 +6,9 @@ tensors; Q6_K: Q6_K and Q8_0), read by tests/worker/kquant_model_test.cc.
 llama.cpp (an independent implementation) runs as its own llama-server, greedy (top-k 1), on the
 same file kvshard loads. For each prompt it records llama.cpp's prompt token ids (special tokens
 parsed, no BOS), its greedy continuation (32 tokens, stopping early only at EOS), and the top-10
-log-probabilities at the last prompt position. llama.cpp multiplies K-quant weights with
-activations quantized to 8 bits (Q8_K), so kvshard's fp32 arithmetic parts from it at near-ties.
+log-probabilities at the last prompt position (which llamacpp_server.py asks for in a request of
+their own). llama.cpp multiplies K-quant weights with activations quantized to 8 bits (Q8_K), so
+kvshard's fp32 arithmetic parts from it at near-ties.
 
     scripts/make-kquant-models
     python3 tests/golden/make_kquant_llamacpp.py [build-peer/llama.cpp/bin/llama-server]
@@ -39,11 +40,7 @@ def run(server, model_path):
         for prompt in PROMPTS:
             ids = llama.post("/tokenize", {"content": prompt, "add_special": False,
                                            "parse_special": True})["tokens"]
-            r = llama.post("/completion", {"prompt": ids, "n_predict": NEW_TOKENS,
-                                           "temperature": 0, "top_k": 1, "samplers": ["top_k"],
-                                           "cache_prompt": False, "return_tokens": True,
-                                           "n_probs": 10, "post_sampling_probs": False})
-            first = r["completion_probabilities"][0]["top_logprobs"]
+            r, first = llama.greedy(ids, NEW_TOKENS, n_probs=10, ignore_eos=False)
             cases.append({
                 "prompt": prompt,
                 "prompt_token_ids": ids,
