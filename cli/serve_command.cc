@@ -149,7 +149,8 @@ int RunServe(ServeFlags f) {
     Result<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Create((*model)->tokenizer_data());
     if (!tokenizer.ok()) return Fail(c.model_path + ": " + tokenizer.status().message());
     Result<std::optional<ChatTemplate>> chat = ResolveChatTemplate(
-        spec.chat_template, c.chat_template, ChatTemplateTokensOf((*model)->tokenizer_data()));
+        spec.chat_template, c.chat_template, ChatTemplateTokensOf((*model)->tokenizer_data()),
+        spec.architecture);
     if (!chat.ok()) return Fail(chat.status().message());
 
     const int64_t max_context = c.scheduler.max_model_len > 0 ? c.scheduler.max_model_len

@@ -4,6 +4,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <spdlog/spdlog.h>
+
 namespace kvshard {
 
 std::string_view ChatTemplateStyleName(ChatTemplateStyle style) {
@@ -476,9 +478,15 @@ std::string ChatTemplate::end_of_turn() const {
     return tokens_.eos;
 }
 
+std::optional<ChatTemplateStyle> DefaultChatStyleFor(std::string_view architecture) {
+    if (architecture == "gemma3") return ChatTemplateStyle::kGemma;
+    return std::nullopt;
+}
+
 Result<std::optional<ChatTemplate>> ResolveChatTemplate(std::string_view model_template,
                                                         const std::string& override_spec,
-                                                        const ChatTemplateTokens& tokens) {
+                                                        const ChatTemplateTokens& tokens,
+                                                        std::string_view architecture) {
     if (!override_spec.empty()) {
         for (ChatTemplateStyle style :
              {ChatTemplateStyle::kChatMl, ChatTemplateStyle::kLlama2, ChatTemplateStyle::kLlama3,
@@ -500,7 +508,15 @@ Result<std::optional<ChatTemplate>> ResolveChatTemplate(std::string_view model_t
             ChatTemplate::FromJinja(text.str(), tokens, "chat template file " + override_spec));
         return std::optional<ChatTemplate>(std::move(t));
     }
-    if (model_template.empty()) return std::optional<ChatTemplate>();
+    if (model_template.empty()) {
+        const std::optional<ChatTemplateStyle> style = DefaultChatStyleFor(architecture);
+        if (!style) return std::optional<ChatTemplate>();
+        spdlog::info(
+            "the model has no chat template: using the built-in '{}' template of its "
+            "architecture {} (--chat-template overrides)",
+            ChatTemplateStyleName(*style), architecture);
+        return std::optional<ChatTemplate>(ChatTemplate::FromStyle(*style, tokens));
+    }
     KV_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::FromJinja(model_template, tokens,
                                                                 "the model's chat template"));
     return std::optional<ChatTemplate>(std::move(t));

@@ -140,12 +140,19 @@ class ChatTemplate {
     std::string default_system_prompt_;
 };
 
+// The built-in style a model of `architecture` (ModelSpec::architecture) was trained to chat in
+// when its file carries no template: kGemma for "gemma3" (Google's GGUF conversions of the base
+// models ship without tokenizer.chat_template, yet the vocabulary has <start_of_turn>). nullopt
+// for the others, whose format varies by fine-tune.
+std::optional<ChatTemplateStyle> DefaultChatStyleFor(std::string_view architecture);
+
 // The template the server uses. `override_spec` (--chat-template / chat_template in the config)
 // wins: a style name, else a file holding a Jinja template of a recognised shape. Otherwise the
-// model's own template. nullopt when neither exists (the model has no chat template): chat
-// requests then fail with a message saying how to give one.
+// model's own template; without one, DefaultChatStyleFor(architecture) (logged at info). nullopt
+// when none of them exists: chat requests then fail with a message saying how to give one.
 Result<std::optional<ChatTemplate>> ResolveChatTemplate(std::string_view model_template,
                                                         const std::string& override_spec,
-                                                        const ChatTemplateTokens& tokens);
+                                                        const ChatTemplateTokens& tokens,
+                                                        std::string_view architecture = "");
 
 }  // namespace kvshard

@@ -204,6 +204,32 @@ TEST(ChatTemplate, GemmaStyle) {
     EXPECT_EQ((*by_name)->style(), ChatTemplateStyle::kGemma);
 }
 
+// Gemma 3's base GGUF files (models/gemma-3-270m-q4_k_m.gguf) carry no tokenizer.chat_template:
+// the gemma3 architecture then chats in Gemma's turn format; other architectures get none, and
+// the model's own template or an override still wins.
+TEST(ResolveChatTemplate, GemmaArchitectureWithoutTemplateGetsGemmaTurns) {
+    const ChatTemplateTokens tokens{"<bos>", "<eos>"};
+    auto gemma = ResolveChatTemplate("", "", tokens, "gemma3");
+    ASSERT_TRUE(gemma.ok()) << gemma.status().ToString();
+    ASSERT_TRUE(gemma->has_value());
+    EXPECT_EQ((*gemma)->style(), ChatTemplateStyle::kGemma);
+    EXPECT_EQ(*(*gemma)->Render({{"user", "Hi"}}, true),
+              "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n");
+    EXPECT_EQ((*gemma)->end_of_turn(), "<end_of_turn>");
+    for (const char* arch : {"llama", "mistral", "qwen2", "qwen3", ""}) {
+        auto none = ResolveChatTemplate("", "", tokens, arch);
+        ASSERT_TRUE(none.ok());
+        EXPECT_FALSE(none->has_value()) << arch;
+    }
+    const std::string smol = Golden()["templates"]["smollm2"]["jinja"];
+    auto own = ResolveChatTemplate(smol, "", tokens, "gemma3");
+    ASSERT_TRUE(own.ok());
+    EXPECT_EQ((*own)->style(), ChatTemplateStyle::kChatMl);
+    auto named = ResolveChatTemplate("", "chatml", tokens, "gemma3");
+    ASSERT_TRUE(named.ok());
+    EXPECT_EQ((*named)->style(), ChatTemplateStyle::kChatMl);
+}
+
 TEST(ChatTemplate, UnknownTemplateIsUnimplemented) {
     auto r = ChatTemplate::FromJinja("{{ bos_token }}{% for m in messages %}<|user|>{% endfor %}",
                                      {}, "the model's chat template");
