@@ -34,9 +34,7 @@ std::string_view TorchDType(DType dtype) {
             return "bfloat16";
         case DType::kF16:
             return "float16";
-        case DType::kQ8_0:
-        case DType::kQ4_0:
-        case DType::kQ4_1:
+        default:  // the block types are dequantized into one of the three
             break;
     }
     return "";
@@ -56,9 +54,11 @@ std::string ShardName(size_t index, size_t count) {
     return buf;
 }
 
-// The export entry of one canonical tensor: dequantized, Q/K permuted, encoded as `dtype`.
+// The export entry of one canonical tensor: dequantized, Q/K permuted, Gemma 3's norms shifted
+// back to the w of x * (1 + w), encoded as `dtype`.
 SafetensorsWriteEntry MakeEntry(const ModelFile& model, const TensorInfo& t, DType dtype) {
     const ModelSpec& spec = model.spec();
+    const bool shift_norm = spec.architecture == "gemma3" && t.name.ends_with("norm.weight");
     int64_t permute_heads = 0;
     if (spec.qk_layout == QkLayout::kInterleaved) {
         const std::string_view name = t.name;
@@ -69,16 +69,19 @@ SafetensorsWriteEntry MakeEntry(const ModelFile& model, const TensorInfo& t, DTy
         if (ends(".attn_k.weight")) permute_heads = spec.num_kv_heads;
     }
     SafetensorsWriteEntry e;
-    e.name = HfNameFromCanonical(t.name);
+    e.name = HfNameFromCanonical(t.name, spec.architecture);
     e.dtype = dtype;
     e.shape = t.shape;
     const TensorInfo* tensor = &t;
     const int64_t head_dim = spec.head_dim;
-    e.fill = [tensor, dtype, permute_heads, head_dim](uint8_t* out) {
+    e.fill = [tensor, dtype, permute_heads, head_dim, shift_norm](uint8_t* out) {
         const int64_t rows = tensor->NumRows();
         const int64_t cols = tensor->NumCols();
         std::vector<float> values(static_cast<size_t>(rows * cols));
         DequantizeRows(*tensor, 0, rows, values.data());
+        if (shift_norm) {
+            for (float& v : values) v -= 1.0f;
+        }
         if (permute_heads > 0) {
             std::vector<float> permuted(values.size());
             InterleavedToHalfSplit(values.data(), permute_heads, head_dim, cols, permuted.data());

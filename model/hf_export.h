@@ -1,7 +1,9 @@
-// Writes any opened model as a Hugging Face Llama folder: config.json, safetensors weights (one
-// file or shards with model.safetensors.index.json), tokenizer.json, tokenizer_config.json and
-// generation_config.json. Quantized tensors are dequantized; Q/K rows are permuted into Hugging
-// Face's half-split order, so OpenModel(out_dir) reads back the same model.
+// Writes any opened model as a Hugging Face folder of its architecture (LlamaForCausalLM,
+// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM): config.json,
+// safetensors weights (one file or shards with model.safetensors.index.json), tokenizer.json,
+// tokenizer_config.json and generation_config.json. Quantized tensors are dequantized; Q/K rows
+// are permuted into Hugging Face's half-split order; Gemma 3's norm weights are stored as the w
+// of its x * (1 + w). OpenModel(out_dir) reads back the same model.
 #pragma once
 
 #include <cstdint>
