@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
@@ -56,6 +57,8 @@ struct CudaBackend::Impl {
     float* partials = nullptr;
     void* activations = nullptr;  // bf16 copy of a product's x
     size_t activation_bytes = 0;
+    // Outgrown activation copies, kept until the backend goes: captured graphs still use them.
+    std::vector<void*> retired_activations;
     GemmAlgoCache<LtPlan> plans;
     // Device copies of weights, keyed by the stored data pointer and the use.
     struct Copy {
@@ -150,6 +153,7 @@ CudaBackend::~CudaBackend() {
     for (auto& [key, copy] : im.copies) cudaFree(copy.data);
     for (cudaGraphExec_t g : im.graphs) cudaGraphExecDestroy(g);
     cudaFree(im.activations);
+    for (void* p : im.retired_activations) cudaFree(p);
     cudaFree(im.partials);
     cudaFree(im.lt_workspace);
     im.cublas.reset();
@@ -251,13 +255,18 @@ Result<int> CudaBackend::EndCapture() {
     cudaSetDevice(device_);
     cudaGraph_t graph = nullptr;
     const cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+    // BeginCapture found no error: one recorded since failed the capture only (nothing ran), so
+    // the backend stays usable eagerly.
+    Status failed = std::exchange(first_error_, Status::Ok());
     if (err != cudaSuccess) {
         cudaGetLastError();
+        if (graph != nullptr) cudaGraphDestroy(graph);
+        if (!failed.ok()) return failed;
         return CudaStatus(err, "cudaStreamEndCapture (did an op allocate or synchronize?)");
     }
-    if (!first_error_.ok()) {
+    if (!failed.ok()) {
         cudaGraphDestroy(graph);
-        return first_error_;
+        return failed;
     }
     cudaGraphExec_t exec = nullptr;
     const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
@@ -387,7 +396,7 @@ void CudaBackend::MatMul(const float* x, int64_t m, const WeightView& w, float* 
         spdlog::info("cuda backend: the activation copy grows to {} bytes (a product of {} rows)",
                      x_bytes, m);
         cudaStreamSynchronize(stream_);
-        cudaFree(im.activations);
+        im.retired_activations.push_back(im.activations);
         im.activations = nullptr;
         im.activation_bytes = 0;
         Result<void*> p = AllocateRaw(x_bytes);

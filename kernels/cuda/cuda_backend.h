@@ -97,8 +97,9 @@ class CudaBackend final : public Backend {
     // run, and Replay(id) runs them again on the stream (the same pointers and shapes; the data
     // behind them may change). REQUIRES during a capture: nothing allocates, copies to or from the
     // host, or synchronizes — run the step once eagerly first (that makes the weight copies and
-    // the cuBLASLt plans). Errors: the CUDA errors of the capture, an op that failed inside it,
-    // an unknown id.
+    // the cuBLASLt plans). Errors: the CUDA errors of the capture, an op that failed inside it
+    // (which fails the capture only: the backend runs eagerly after it), an unknown id. A graph
+    // stays valid when a later product outgrows the activation copy it was captured with.
     Status BeginCapture();
     Result<int> EndCapture();
     Status Replay(int graph);

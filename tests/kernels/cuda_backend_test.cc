@@ -280,6 +280,50 @@ TEST_F(CudaBackendGpuTest, GraphReplayGivesTheEagerLogits) {
     EXPECT_FALSE(cuda->Replay(*graph + 1).ok());
 }
 
+// Graphs stay valid when a later, larger product outgrows the activation copy they were captured
+// with (the old copy is kept), and a capture refused for a missing weight copy fails EndCapture
+// only: the backend runs eagerly after it.
+TEST_F(CudaBackendGpuTest, GraphsOutliveActivationGrowthAndRefusedCapturesDoNotStick) {
+    auto* cuda = dynamic_cast<cuda::CudaBackend*>(gpu_.get());
+    ASSERT_NE(cuda, nullptr);
+    const int64_t n = 64, k = 256;
+    std::vector<uint16_t> wb(static_cast<size_t>(n * k));
+    const std::vector<float> wf = Random(wb.size(), 6);
+    for (size_t i = 0; i < wb.size(); ++i) wb[i] = FloatToBF16(wf[i]);
+    const WeightView w{.dtype = DType::kBF16, .data = Put(wb), .rows = n, .cols = k};
+    float* x = Put(Random(k, 7));
+    float* y = Put(std::vector<float>(n, 0.0f));
+    gpu_->MatMul(x, 1, w, y);
+    const std::vector<float> eager = Get(y, n);
+    ASSERT_TRUE(cuda->BeginCapture().ok());
+    gpu_->MatMul(x, 1, w, y);
+    Result<int> graph = cuda->EndCapture();
+    ASSERT_TRUE(graph.ok()) << graph.status().ToString();
+    // 40000 rows × 256 columns of bf16 activations: 20 MB, past the initial 16 MiB copy.
+    const int64_t big = 40000;
+    float* bx = Put(Random(static_cast<size_t>(big * k), 8));
+    float* by = Put(std::vector<float>(static_cast<size_t>(big * n)));
+    gpu_->MatMul(bx, big, w, by);
+    ASSERT_TRUE(gpu_->Synchronize().ok());
+    const std::vector<float> zeros(n, 0.0f);
+    ASSERT_TRUE(gpu_->CopyToDevice(y, zeros.data(), n * sizeof(float)).ok());
+    ASSERT_TRUE(cuda->Replay(*graph).ok());
+    EXPECT_EQ(Get(y, n), eager);
+
+    // A Q8_0 weight (all zeros: scale 0) has no bf16 copy yet: refused inside the capture.
+    const std::vector<uint8_t> q8(RowBytes(DType::kQ8_0, k) * static_cast<size_t>(n), 0);
+    const WeightView wq{.dtype = DType::kQ8_0, .data = Put(q8), .rows = n, .cols = k};
+    ASSERT_TRUE(cuda->BeginCapture().ok());
+    gpu_->MatMul(x, 1, wq, y);
+    Result<int> refused = cuda->EndCapture();
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("run the step once eagerly"), std::string::npos)
+        << refused.status().message();
+    gpu_->MatMul(x, 1, w, y);
+    EXPECT_TRUE(gpu_->Synchronize().ok());
+    EXPECT_EQ(Get(y, n), eager);
+}
+
 #endif  // KVSHARD_WITH_CUDA
 
 }  // namespace
