@@ -82,7 +82,7 @@ InstanceEngine::InstanceEngine(const InstanceEngineConfig& config, const Tokeniz
       epoch_(executor.epoch()),
       first_epoch_(epoch_) {
     KV_CHECK(ValidateConfig(config).ok()) << ValidateConfig(config).ToString();
-    PublishStats();
+    Publish();
 }
 
 namespace {
@@ -196,16 +196,6 @@ int64_t InstanceEngine::NumRequests() const {
     return num_queued_;
 }
 
-int64_t InstanceEngine::CachedPrefixTokens(std::span<const int32_t> token_ids) const {
-    std::lock_guard<std::mutex> lock(blocks_mu_);
-    return blocks_.CachedPrefixTokens(token_ids);
-}
-
-int64_t InstanceEngine::PinnedPrefixTokens(std::span<const int32_t> token_ids) const {
-    std::lock_guard<std::mutex> lock(blocks_mu_);
-    return blocks_.PinnedPrefixTokens(token_ids);
-}
-
 Status InstanceEngine::Health() const {
     if (!executor_.Health().ok()) {
         return Status(StatusCode::kUnavailable,
@@ -234,34 +224,31 @@ void InstanceEngine::CheckEpoch() {
 }
 
 EngineStats InstanceEngine::Stats() const {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    EngineStats s = stats_;
+    EngineStats s = snapshot()->stats;
     s.instances[0].up = executor_.Health().ok();  // now, not as of the last step
     return s;
 }
 
-kv::BlockManagerStats InstanceEngine::BlockStats() const {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    return block_stats_;
-}
-
-void InstanceEngine::PublishStats() {
+void InstanceEngine::Publish() {
+    auto snap = std::make_shared<EngineSnapshot>();
+    snap->version = ++snapshot_version_;
+    snap->prefix = prefix_index_.Update(blocks_);
     const SchedulerStats s = scheduler_.Stats();
     const kv::BlockManagerStats b = blocks_.Stats();
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_.instances = {{config_.name, config_.pool, executor_.Health().ok()}};
-    stats_.num_running = s.num_running;
-    stats_.num_waiting = s.num_waiting;
-    stats_.kv_cache_usage =
-        b.num_blocks > 0 ? double(b.num_used_blocks) / double(b.num_blocks) : 0.0;
-    stats_.prefix_cache_queries_tokens = b.prompt_tokens;
-    stats_.prefix_cache_hits_tokens = b.prompt_tokens_from_cache;
-    stats_.num_preemptions = s.num_preemptions;
-    stats_.pinned_blocks = b.num_pinned_blocks;
-    stats_.pin_hits_total = b.pin_hits;
-    stats_.pins_expired_total = b.pins_expired;
-    stats_.pins_refused_total = b.pins_refused;
-    block_stats_ = b;
+    EngineStats& st = snap->stats;
+    st.instances = {{config_.name, config_.pool, executor_.Health().ok()}};
+    st.num_running = s.num_running;
+    st.num_waiting = s.num_waiting;
+    st.kv_cache_usage = b.num_blocks > 0 ? double(b.num_used_blocks) / double(b.num_blocks) : 0.0;
+    st.prefix_cache_queries_tokens = b.prompt_tokens;
+    st.prefix_cache_hits_tokens = b.prompt_tokens_from_cache;
+    st.num_preemptions = s.num_preemptions;
+    st.pinned_blocks = b.num_pinned_blocks;
+    st.pin_hits_total = b.pin_hits;
+    st.pins_expired_total = b.pins_expired;
+    st.pins_refused_total = b.pins_refused;
+    snap->blocks = b;
+    snapshot_.store(std::move(snap));
 }
 
 // The tokens min_tokens holds back: every token that would end the choice (EOS and the like,
@@ -445,7 +432,6 @@ void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result
 
 void InstanceEngine::FailAll(const StepPlan& plan, const Status& cause, bool stopping) {
     if (requests_.empty()) return;
-    std::lock_guard<std::mutex> lock(blocks_mu_);
     if (stopping) {
         spdlog::warn("[{}] {}: ending {} requests", config_.name, cause.message(),
                      requests_.size());
@@ -489,7 +475,12 @@ bool InstanceEngine::HasWork() const {
 }
 
 std::optional<StepPlan> InstanceEngine::PlanStep() {
-    std::lock_guard<std::mutex> blocks_lock(blocks_mu_);
+    std::optional<StepPlan> plan = Plan();
+    Publish();  // admissions and evictions change the prefix cache too
+    return plan;
+}
+
+std::optional<StepPlan> InstanceEngine::Plan() {
     CheckEpoch();
     plan_epoch_ = epoch_;
     blocks_.SetTime(clock_.Now());  // pins past their TTL lapse before this step's admissions
@@ -552,18 +543,14 @@ void InstanceEngine::CompleteStep(const StepPlan& plan, Result<StepResult> resul
     if (!status.ok()) {
         FailAll(plan, status);
     } else {
-        std::lock_guard<std::mutex> lock(blocks_mu_);
         HandleResult(plan, *result);
     }
-    PublishStats();
+    Publish();
 }
 
 bool InstanceEngine::RunStep() {
     std::optional<StepPlan> plan = PlanStep();
-    if (!plan) {
-        PublishStats();
-        return false;
-    }
+    if (!plan) return false;
     CompleteStep(*plan, executor_.Execute(*plan));
     return true;
 }
@@ -586,14 +573,11 @@ void InstanceEngine::Loop() {
 
 void InstanceEngine::Shutdown() {
     // Finish what is left.
-    {
-        std::lock_guard<std::mutex> lock(blocks_mu_);
-        DrainInbox();
-    }
+    DrainInbox();
     StepPlan none;
     FailAll(none, Status(StatusCode::kUnavailable, "the server is shutting down"),
             /*stopping=*/true);
-    PublishStats();
+    Publish();
 }
 
 }  // namespace kvshard

@@ -51,6 +51,7 @@
 #include "comm/step_executor.h"
 #include "common/clock.h"
 #include "coordinator/engine_api.h"
+#include "coordinator/engine_snapshot.h"
 #include "coordinator/output_stage.h"
 #include "coordinator/scheduler.h"
 #include "kv/block_manager.h"
@@ -153,10 +154,9 @@ class InstanceEngine : public Engine {
     // Requests on this instance now: submitted or handed over and not yet finished or handed on,
     // including those not yet taken from the inbox (any thread; the router's load).
     int64_t NumRequests() const;
-    // Prompt tokens of `token_ids` this instance's prefix cache holds (any thread).
-    int64_t CachedPrefixTokens(std::span<const int32_t> token_ids) const;
-    // Of those, the tokens up to the last block that a prompt-caching pin holds (any thread).
-    int64_t PinnedPrefixTokens(std::span<const int32_t> token_ids) const;
+    // What the engine published at the end of its last PlanStep or CompleteStep (any thread):
+    // its prefix cache as the router reads it, and its stats (engine_snapshot.h). Never null.
+    std::shared_ptr<const EngineSnapshot> snapshot() const { return snapshot_.load(); }
     const InstanceEngineConfig& config() const { return config_; }
     void Abort(const std::string& request_id) override;
     EngineStats Stats() const override;
@@ -169,14 +169,15 @@ class InstanceEngine : public Engine {
     std::vector<std::string> kv_endpoints() const;
     int64_t max_context() const override { return config_.max_context; }
 
-    // Block-manager stats as of the last step (for tests: every block free or cached when idle).
-    kv::BlockManagerStats BlockStats() const;
+    // Block-manager stats as of the last publish (for tests: every block free or cached when idle).
+    kv::BlockManagerStats BlockStats() const { return snapshot()->blocks; }
     int64_t num_steps() const { return num_steps_.load(); }
 
   private:
     struct RequestState;
 
     void Loop();
+    std::optional<StepPlan> Plan();  // PlanStep without the publish
     void Shutdown();  // after the last step: ends what is left
     bool HasWorkLocked() const;  // REQUIRES mu_
     void DrainInbox();
@@ -200,9 +201,10 @@ class InstanceEngine : public Engine {
     // (ClientStatus), or as it is when `stopping`.
     void FailAll(const StepPlan& plan, const Status& cause, bool stopping = false);
     // Workers re-formed since the last step (a new executor epoch): their KV pools are empty, so
-    // the prefix cache forgets its blocks. Engine thread; REQUIRES blocks_mu_.
+    // the prefix cache forgets its blocks. Engine thread.
     void CheckEpoch();
-    void PublishStats();
+    // Publishes a new snapshot of the block manager and the stats (the stepping thread).
+    void Publish();
     // Structured outputs: the tokenizer's vocabulary as bytes, built on first use. Any thread.
     std::shared_ptr<const grammar::Vocabulary> GrammarVocabulary();
     // Puts each constrained sequence's allowed tokens into `plan`, from its grammar state
@@ -232,10 +234,6 @@ class InstanceEngine : public Engine {
         unknown_aborts_;  // recent aborts of ids not here (a handoff in transit)
 
     // Inbox: guarded by mu_.
-    // Held by the engine thread while it changes blocks_ (everything but Execute), so that
-    // CachedPrefixTokens can read it from the router's threads.
-    mutable std::mutex blocks_mu_;
-
     mutable std::mutex mu_;
     std::condition_variable cv_;
     std::deque<std::unique_ptr<RequestState>> inbox_;
@@ -251,12 +249,14 @@ class InstanceEngine : public Engine {
     bool stopping_ = false;
     int64_t num_queued_ = 0;  // submitted, not yet finished (guarded by mu_)
 
-    // Published by the engine thread after each step.
+    // Published by the stepping thread: after each PlanStep and CompleteStep (snapshot_), and
+    // the outcome of each step (under stats_mu_). No other thread reads blocks_ or scheduler_.
+    PrefixIndexBuilder prefix_index_;  // the stepping thread's
+    uint64_t snapshot_version_ = 0;    // the stepping thread's
+    std::atomic<std::shared_ptr<const EngineSnapshot>> snapshot_;
     mutable std::mutex stats_mu_;
-    EngineStats stats_;
     Status last_step_status_;
     uint64_t last_step_epoch_ = 0;  // the epoch last_step_status_ was seen in
-    kv::BlockManagerStats block_stats_;
     std::atomic<int64_t> num_steps_{0};
 
     std::thread thread_;

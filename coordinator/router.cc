@@ -95,7 +95,7 @@ InstanceEngine* Router::PickPrefix(const std::vector<InstanceEngine*>& candidate
     int64_t best_cached = -1, best_load = 0;
     for (size_t i = 0; i < candidates.size(); ++i) {
         if (loads[i] > min_load + config_.prefix_load_slack) continue;
-        const int64_t cached = candidates[i]->CachedPrefixTokens(prompt);
+        const int64_t cached = candidates[i]->snapshot()->prefix.CachedPrefixTokens(prompt);
         if (cached > best_cached || (cached == best_cached && loads[i] < best_load)) {
             best = candidates[i];
             best_cached = cached;
@@ -115,7 +115,8 @@ InstanceEngine* Router::PickPinned(const std::vector<InstanceEngine*>& candidate
     int64_t best_pinned = 0, best_load = 0;
     for (size_t i = 0; i < candidates.size(); ++i) {
         if (loads[i] > min_load + config_.pin_load_slack) continue;
-        const int64_t pinned = candidates[i]->PinnedPrefixTokens(request.prompt_token_ids);
+        const int64_t pinned =
+            candidates[i]->snapshot()->prefix.PinnedPrefixTokens(request.prompt_token_ids);
         if (pinned > best_pinned || (pinned == best_pinned && best != nullptr && loads[i] < best_load)) {
             best = candidates[i];
             best_pinned = pinned;

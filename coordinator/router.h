@@ -14,6 +14,10 @@
 //     pins hold the longest prefix of its prompt, unless that instance is more than
 //     pin_load_slack requests busier than the least loaded one (then the rules above apply, and
 //     the instance it lands on pins the prefix too).
+// What the router reads of an instance: its load (NumRequests, counted as requests arrive), its
+// health, and the prefix cache as of the snapshot the instance's engine thread last published
+// (InstanceEngine::snapshot, engine_snapshot.h) — never the instance's block manager, which only
+// its engine thread touches.
 // Thread-safety: Submit, Abort and Stats may be called from any thread.
 #pragma once
 

@@ -390,8 +390,8 @@ TEST_F(Disaggregation, RouterPrefersThePrefillInstanceWithTheCachedPrefix) {
     auto sink = std::make_shared<CollectingSink>(1);
     ASSERT_TRUE(p1.engine->SubmitWithHandoff(warm, sink, decode.engine.get(), 1'000'000).ok());
     sink->Wait();
-    EXPECT_GT(p1.engine->CachedPrefixTokens(prompt), 0);
-    EXPECT_EQ(p0.engine->CachedPrefixTokens(prompt), 0);
+    EXPECT_GT(p1.engine->snapshot()->prefix.CachedPrefixTokens(prompt), 0);
+    EXPECT_EQ(p0.engine->snapshot()->prefix.CachedPrefixTokens(prompt), 0);
     Run(**router, {prompt}, 2, false);
     const std::vector<int32_t> other = Prompts(3).back();
     Run(**router, {other}, 2, false);

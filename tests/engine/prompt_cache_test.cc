@@ -248,9 +248,9 @@ TEST_P(PromptCacheTp, PinSurvivesEvictionStormAndLapsesAfterTtl) {
     EXPECT_EQ(e.Stats().pinned_blocks, 0);
     EXPECT_EQ(e.Stats().pins_expired_total, 1);
     // Lapsed into the LRU list: still cached until a storm takes it.
-    EXPECT_EQ(e.CachedPrefixTokens(Concat(system, Tokens(8, 5))), 96);
+    EXPECT_EQ(e.snapshot()->prefix.CachedPrefixTokens(Concat(system, Tokens(8, 5))), 96);
     Storm(e, {&e}, 8);
-    EXPECT_EQ(e.CachedPrefixTokens(Concat(system, Tokens(8, 5))), 0);
+    EXPECT_EQ(e.snapshot()->prefix.CachedPrefixTokens(Concat(system, Tokens(8, 5))), 0);
     e.Stop();
     ExpectNoLeak(e);
 }
@@ -334,7 +334,7 @@ TEST_F(PromptCache, RouterSendsARequestToTheInstanceHoldingItsPins) {
     Instance b = Make({.name = "b"});
     const auto system = Tokens(96, 31);
     Run(*b.engine, Request(Concat(system, Tokens(5, 1)), {96}));
-    ASSERT_EQ(b.engine->PinnedPrefixTokens(Concat(system, Tokens(5, 2))), 96);
+    ASSERT_EQ(b.engine->snapshot()->prefix.PinnedPrefixTokens(Concat(system, Tokens(5, 2))), 96);
     Result<std::unique_ptr<Router>> router = Router::Create({a.engine.get(), b.engine.get()});
     ASSERT_TRUE(router.ok());
     // Six requests queued on b (not stepped yet): b is 6 busier than a.

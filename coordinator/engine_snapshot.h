@@ -1,0 +1,91 @@
+// EngineSnapshot: what an instance's engine thread publishes after each PlanStep and CompleteStep
+// for other threads to read — the router's prefix lookups and the stats — so that no thread but
+// the engine's ever touches its BlockManager ("one owner thread", kv/block_manager.h).
+//
+// A snapshot is immutable: a reader holds a shared_ptr<const EngineSnapshot> for as long as it
+// likes while the engine goes on and publishes newer ones. Its PrefixIndex answers the two
+// questions the router asks of an instance, with the BlockManager's answers as of the publish:
+//   CachedPrefixTokens(prompt)  the tokens of `prompt` a prefix hit would serve from the cache;
+//   PinnedPrefixTokens(prompt)  of those, the tokens up to the last block a pin covers.
+// It keeps, for every published block, its chain hash, content id, parent content id and whether
+// a pin covers it, and walks a prompt's chain hashes as the prefix cache does (the parent of each
+// hit must be the block matched one position earlier). The one difference: it compares hashes,
+// not token ids (it keeps none), so a 64-bit chain-hash collision could make it count a block the
+// cache would refuse — a placement off by one block, never a wrong KV read.
+//
+// Cost: the index is sharded by hash into kShards copy-on-write maps. PrefixIndexBuilder::Update
+// compares each block's state with what it published last (O(num_blocks) reads of the prefix
+// cache's arrays) and copies only the shards a change falls in; an unchanged shard is shared
+// between consecutive snapshots.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "coordinator/engine_api.h"
+#include "kv/block_manager.h"
+
+namespace kvshard {
+
+class PrefixIndex {
+  public:
+    static constexpr int kShards = 64;
+
+    struct Entry {
+        uint64_t content_id = 0;
+        uint64_t parent_content_id = 0;
+        bool pinned = false;
+        friend bool operator==(const Entry&, const Entry&) = default;
+    };
+    using Shard = std::unordered_map<uint64_t, Entry>;  // chain hash -> block
+
+    // Answers as BlockManager::CachedPrefixTokens / PinnedPrefixTokens did when it was built.
+    int64_t CachedPrefixTokens(std::span<const int32_t> token_ids) const;
+    int64_t PinnedPrefixTokens(std::span<const int32_t> token_ids) const;
+    int64_t num_blocks() const { return num_entries_; }  // published blocks indexed
+
+  private:
+    friend class PrefixIndexBuilder;
+    // The matched blocks of `token_ids`, and how many of the first of them end with a pinned one.
+    struct Match {
+        int64_t blocks = 0;
+        int64_t through_last_pinned = 0;
+    };
+    Match MatchPrefix(std::span<const int32_t> token_ids) const;
+    const Entry* Find(uint64_t hash) const;
+
+    bool enabled_ = false;
+    int64_t block_size_ = 16;
+    int64_t num_entries_ = 0;
+    int64_t num_pinned_ = 0;
+    std::array<std::shared_ptr<const Shard>, kShards> shards_;
+};
+
+// Builds successive PrefixIndexes of one BlockManager, on its owner thread.
+class PrefixIndexBuilder {
+  public:
+    // The index of `blocks` now. REQUIRES: the same BlockManager (or one of the same num_blocks)
+    // at every call.
+    PrefixIndex Update(const kv::BlockManager& blocks);
+
+  private:
+    struct Seen {
+        uint64_t hash = 0;
+        PrefixIndex::Entry entry;  // content_id 0: not published
+    };
+    std::vector<Seen> seen_;  // by block id, as last published
+    PrefixIndex last_;
+};
+
+struct EngineSnapshot {
+    uint64_t version = 0;  // grows by one with each publish
+    PrefixIndex prefix;
+    EngineStats stats;  // instances[0].up as of the publish (InstanceEngine::Stats reads it now)
+    kv::BlockManagerStats blocks;
+};
+
+}  // namespace kvshard

@@ -1,0 +1,154 @@
+// The prefix index an engine publishes (coordinator/engine_snapshot.h) answers the router's two
+// questions exactly as the block manager it was built from, through admissions, prefix hits,
+// evictions, re-publication under new content ids, pins and their lapse, and a dropped cache; an
+// index once built never changes. The router side is in router_test.cc.
+#include "coordinator/engine_snapshot.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kv/block_manager.h"
+
+namespace kvshard {
+namespace {
+
+constexpr int64_t kBlockSize = 4;
+
+kv::BlockManagerConfig Config() {
+    kv::BlockManagerConfig c;
+    c.num_blocks = 48;
+    c.block_size = kBlockSize;
+    c.watermark = 0.0;
+    c.max_pinned_fraction = 0.5;
+    c.min_pinned_tokens = 4;
+    return c;
+}
+
+// Prompts from a few families that share prefixes of several lengths, so that hits, partial
+// hits and twins (equal blocks computed twice) all happen.
+std::vector<int32_t> Prompt(std::mt19937& rng) {
+    const int family = static_cast<int>(rng() % 4);
+    const int shared_blocks = static_cast<int>(rng() % 5);
+    const int own = 1 + static_cast<int>(rng() % 9);
+    std::vector<int32_t> p;
+    for (int i = 0; i < shared_blocks * kBlockSize; ++i) p.push_back(100 * family + i);
+    for (int i = 0; i < own; ++i) p.push_back(10'000 + static_cast<int32_t>(rng() % 7));
+    return p;
+}
+
+// Every query the router could make of the families, with and without a tail.
+std::vector<std::vector<int32_t>> Queries() {
+    std::vector<std::vector<int32_t>> out;
+    for (int family = 0; family < 4; ++family) {
+        for (int blocks = 1; blocks <= 5; ++blocks) {
+            std::vector<int32_t> q;
+            for (int i = 0; i < blocks * kBlockSize; ++i) q.push_back(100 * family + i);
+            out.push_back(q);
+            q.push_back(10'000);
+            out.push_back(q);
+        }
+    }
+    return out;
+}
+
+void ExpectSameAnswers(const kv::BlockManager& bm, const PrefixIndex& index,
+                       const std::vector<std::vector<int32_t>>& queries, const std::string& at) {
+    for (size_t i = 0; i < queries.size(); ++i) {
+        ASSERT_EQ(index.CachedPrefixTokens(queries[i]), bm.CachedPrefixTokens(queries[i]))
+            << at << ", query " << i;
+        ASSERT_EQ(index.PinnedPrefixTokens(queries[i]), bm.PinnedPrefixTokens(queries[i]))
+            << at << ", query " << i;
+    }
+    ASSERT_EQ(index.num_blocks(), bm.Stats().num_published_blocks) << at;
+}
+
+TEST(PrefixIndex, AnswersAsTheBlockManagerThroughRandomWork) {
+    const std::vector<std::vector<int32_t>> queries = Queries();
+    for (uint32_t seed = 1; seed <= 6; ++seed) {
+        std::mt19937 rng(seed);
+        kv::BlockManager bm(Config());
+        PrefixIndexBuilder builder;
+        std::vector<kv::SeqId> live;
+        kv::SeqId next = 1;
+        Clock::time_point now{};
+        // An index kept from early on, with its answers then: it must never change.
+        PrefixIndex kept;
+        std::vector<int64_t> kept_answers;
+        for (int op = 0; op < 400; ++op) {
+            const uint32_t what = rng() % 10;
+            if (what < 5) {
+                const std::vector<int32_t> p = Prompt(rng);
+                const kv::SequenceRequest req{next, p};
+                if (bm.CanAllocate(req)) {
+                    bm.Allocate(req);
+                    bm.MarkComputed(next, static_cast<int64_t>(p.size()));
+                    live.push_back(next);
+                    ++next;
+                } else if (!live.empty()) {
+                    bm.Free(live.front());
+                    live.erase(live.begin());
+                }
+            } else if (what < 8 && !live.empty()) {
+                const size_t i = rng() % live.size();
+                bm.Free(live[i]);
+                live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+            } else if (what == 8 && !live.empty()) {
+                const kv::SeqId s = live[rng() % live.size()];
+                bm.Pin(s, std::max<int64_t>(1, bm.NumTokens(s) - 1),
+                       std::chrono::seconds(1 + rng() % 5));
+            } else {
+                now += std::chrono::seconds(1 + rng() % 3);
+                bm.SetTime(now);
+                if (rng() % 20 == 0) bm.DropCachedBlocks();
+            }
+            const PrefixIndex index = builder.Update(bm);
+            ExpectSameAnswers(bm, index, queries,
+                              "seed " + std::to_string(seed) + ", op " + std::to_string(op));
+            if (op == 50) {
+                kept = index;
+                for (const auto& q : queries) kept_answers.push_back(kept.CachedPrefixTokens(q));
+            }
+        }
+        for (size_t i = 0; i < queries.size(); ++i)
+            EXPECT_EQ(kept.CachedPrefixTokens(queries[i]), kept_answers[i]) << "query " << i;
+    }
+}
+
+TEST(PrefixIndex, EmptyAndDisabled) {
+    const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    EXPECT_EQ(PrefixIndex().CachedPrefixTokens(prompt), 0);
+    EXPECT_EQ(PrefixIndex().PinnedPrefixTokens(prompt), 0);
+
+    kv::BlockManagerConfig c = Config();
+    c.enable_prefix_caching = false;
+    kv::BlockManager bm(c);
+    bm.Allocate({1, prompt});
+    bm.MarkComputed(1, 9);
+    PrefixIndexBuilder builder;
+    EXPECT_EQ(builder.Update(bm).CachedPrefixTokens(prompt), 0);
+}
+
+TEST(PrefixIndex, AnIndexNeverChangesOnceBuilt) {
+    kv::BlockManager bm(Config());
+    PrefixIndexBuilder builder;
+    const std::vector<int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    bm.Allocate({1, a});
+    bm.MarkComputed(1, 9);
+    const PrefixIndex first = builder.Update(bm);
+    EXPECT_EQ(first.CachedPrefixTokens(a), 8);
+    // Nothing changed: the same answers.
+    const PrefixIndex second = builder.Update(bm);
+    EXPECT_EQ(second.CachedPrefixTokens(a), 8);
+    bm.Free(1);
+    bm.DropCachedBlocks();
+    const PrefixIndex third = builder.Update(bm);
+    EXPECT_EQ(third.CachedPrefixTokens(a), 0);
+    EXPECT_EQ(first.CachedPrefixTokens(a), 8) << "an index never changes once built";
+}
+
+}  // namespace
+}  // namespace kvshard
