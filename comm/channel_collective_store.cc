@@ -10,13 +10,13 @@
 
 namespace kvshard {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 // ---- ChannelCollectiveStore ----
 
 Result<std::optional<std::string>> ChannelCollectiveStore::Ask(bool set, const std::string& key,
                                                                const std::string& value,
-                                                               Clock::time_point deadline) {
+                                                               SteadyClock::time_point deadline) {
     StoreRequestMessage request;
     request.set = set;
     request.key = key;
@@ -47,17 +47,17 @@ Status ChannelCollectiveStore::Set(const std::string& key, const std::string& va
     KV_RETURN_IF_ERROR(CheckCollectiveStoreEntry(key, value));
     std::lock_guard<std::mutex> lock(mu_);
     // A Set is answered at once; the channel's own send timeout and heartbeats bound it.
-    return Ask(true, key, value, Clock::now() + std::chrono::seconds(30)).status();
+    return Ask(true, key, value, SteadyClock::now() + std::chrono::seconds(30)).status();
 }
 
 Result<std::string> ChannelCollectiveStore::Get(const std::string& key,
-                                                Clock::time_point deadline) {
+                                                SteadyClock::time_point deadline) {
     KV_RETURN_IF_ERROR(CheckCollectiveStoreEntry(key, ""));
     std::lock_guard<std::mutex> lock(mu_);
     for (;;) {
         KV_ASSIGN_OR_RETURN(std::optional<std::string> value, Ask(false, key, "", deadline));
         if (value.has_value()) return std::move(*value);
-        if (Clock::now() >= deadline) {
+        if (SteadyClock::now() >= deadline) {
             return Status(StatusCode::kDeadlineExceeded,
                           "collective store: key '" + key +
                               "' not set in time (another rank did not reach the coordinator)");

@@ -21,7 +21,7 @@ namespace kvshard {
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 namespace {
 
@@ -51,12 +51,17 @@ Status ValidateFrameChannelOptions(const FrameChannelOptions& o) {
 
 // All socket work happens on io_thread_; other threads talk to it through asio::post and the
 // inbox. Members marked "io thread" are touched only there.
-class FrameChannel::Impl {
+class FrameChannel::Impl final : public ClockListener {
   public:
     explicit Impl(const FrameChannelOptions& options)
-        : options_(options), socket_(io_), timer_(io_), work_(asio::make_work_guard(io_)) {}
+        : options_(options),
+          clock_(options.clock != nullptr ? *options.clock : Clock::Real()),
+          socket_(io_),
+          timer_(io_),
+          work_(asio::make_work_guard(io_)) {}
 
     ~Impl() {
+        clock_.RemoveListener(this);  // before the I/O thread stops: a move waits for it
         Close();
         work_.reset();
         io_.stop();
@@ -72,11 +77,28 @@ class FrameChannel::Impl {
         socket_.set_option(tcp::no_delay(true), ec);  // small frames: latency over batching
         const tcp::endpoint remote = socket_.remote_endpoint(ec);
         peer_ = ec ? "unknown peer" : EndpointText(remote);
-        last_rx_ = Clock::now();
+        last_rx_ = clock_.Now();
+        next_beat_ = last_rx_ + Interval();
         io_.restart();
         StartRead();
-        ArmTimer();
+        if (!clock_.is_virtual()) ArmTimer();
         io_thread_ = std::thread([this] { io_.run(); });
+        if (clock_.is_virtual()) clock_.AddListener(this);
+    }
+
+    // A virtual clock moved (its driver's thread): the heartbeat due by `now`, if any, runs on
+    // the I/O thread before this returns.
+    void OnClockMoved(Clock::time_point now) override {
+        auto done = std::make_shared<std::promise<void>>();
+        std::future<void> beaten = done->get_future();
+        asio::post(io_, [this, now, done] {
+            if (closed_ok_io_ && now >= next_beat_) {
+                next_beat_ = now + Interval();
+                Beat();
+            }
+            done->set_value();
+        });
+        beaten.wait();
     }
 
     Status Send(const Message& message) {
@@ -102,7 +124,8 @@ class FrameChannel::Impl {
             writes_.push_back({frame, done});
             if (!writing_) WriteNext();
         });
-        const auto deadline = Clock::now() + std::chrono::milliseconds(options_.send_timeout_ms);
+        const auto deadline =
+            SteadyClock::now() + std::chrono::milliseconds(options_.send_timeout_ms);
         if (result.wait_until(deadline) == std::future_status::timeout) {
             const Status late(StatusCode::kDeadlineExceeded,
                               "send to " + peer_ + ": " + std::to_string(frame->size()) +
@@ -114,7 +137,7 @@ class FrameChannel::Impl {
         return result.get();
     }
 
-    Result<Message> Receive(Clock::time_point deadline) {
+    Result<Message> Receive(SteadyClock::time_point deadline) {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait_until(lock, deadline, [&] { return !inbox_.empty() || !closed_.ok(); });
         if (!inbox_.empty()) {
@@ -243,7 +266,7 @@ class FrameChannel::Impl {
             Shutdown(ReadError(ec, n, kFrameHeaderBytes, "header"));
             return;
         }
-        last_rx_ = Clock::now();
+        last_rx_ = clock_.Now();
         Result<FrameHeader> header = DecodeFrameHeader(
             std::string_view(header_.data(), header_.size()), options_.max_payload_bytes);
         if (!header.ok()) {
@@ -271,7 +294,7 @@ class FrameChannel::Impl {
                     Shutdown(ReadError(ec, payload_read_, payload_.size(), "payload"));
                     return;
                 }
-                last_rx_ = Clock::now();
+                last_rx_ = clock_.Now();
                 ReadPayload();
             });
     }
@@ -303,32 +326,43 @@ class FrameChannel::Impl {
 
     // ---- heartbeats (io thread) ----
 
+    Clock::duration Interval() const {
+        return std::chrono::milliseconds(options_.heartbeat_interval_ms);
+    }
+
+    // On the real clock: a timer every heartbeat interval.
     void ArmTimer() {
-        timer_.expires_after(std::chrono::milliseconds(options_.heartbeat_interval_ms));
+        timer_.expires_after(Interval());
         timer_.async_wait([this](const boost::system::error_code& ec) {
             if (ec || !closed_ok_io_) return;
-            const auto silent_ms =
-                std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_rx_)
-                    .count();
-            if (silent_ms > options_.dead_after_ms) {
-                Shutdown(Unavailable("peer " + peer_ + " sent nothing for " +
-                                     std::to_string(silent_ms) + " ms (dead after " +
-                                     std::to_string(options_.dead_after_ms) + " ms)"));
-                return;
-            }
-            // Heartbeats are not piled up behind a slow write; the write itself is news enough.
-            if (writes_.size() < 2) {
-                writes_.push_back({std::make_shared<std::string>(
-                                       EncodeFrame(HeartbeatMessage{++heartbeat_sequence_})),
-                                   nullptr});
-                heartbeats_sent_.fetch_add(1);
-                if (!writing_) WriteNext();
-            }
-            ArmTimer();
+            if (Beat()) ArmTimer();
         });
     }
 
+    // A heartbeat is due: a peer silent for more than dead_after_ms (on the clock) is dead;
+    // otherwise one heartbeat goes out. False when the channel closed.
+    bool Beat() {
+        const auto silent_ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(clock_.Now() - last_rx_).count();
+        if (silent_ms > options_.dead_after_ms) {
+            Shutdown(Unavailable("peer " + peer_ + " sent nothing for " +
+                                 std::to_string(silent_ms) + " ms (dead after " +
+                                 std::to_string(options_.dead_after_ms) + " ms)"));
+            return false;
+        }
+        // Heartbeats are not piled up behind a slow write; the write itself is news enough.
+        if (writes_.size() < 2) {
+            writes_.push_back({std::make_shared<std::string>(
+                                   EncodeFrame(HeartbeatMessage{++heartbeat_sequence_})),
+                               nullptr});
+            heartbeats_sent_.fetch_add(1);
+            if (!writing_) WriteNext();
+        }
+        return true;
+    }
+
     const FrameChannelOptions options_;
+    const Clock& clock_;  // heartbeats and the dead-peer check
     asio::io_context io_;
     tcp::socket socket_;
     asio::steady_timer timer_;
@@ -344,7 +378,8 @@ class FrameChannel::Impl {
     size_t payload_read_ = 0;
     std::deque<PendingWrite> writes_;
     bool writing_ = false;
-    Clock::time_point last_rx_;
+    Clock::time_point last_rx_;    // on clock_
+    Clock::time_point next_beat_;  // on clock_ (a virtual one; the timer's on the real one)
     uint64_t heartbeat_sequence_ = 0;
 
     mutable std::mutex mu_;
@@ -530,8 +565,8 @@ Result<std::unique_ptr<FrameChannel>> ConnectFrameChannel(const std::string& hos
         });
     // The channel's work guard keeps its io_context from running out of work, so run handlers
     // one at a time until the connect completed or the deadline passed.
-    const auto deadline = Clock::now() + timeout;
-    while (!done && Clock::now() < deadline) {
+    const auto deadline = SteadyClock::now() + timeout;
+    while (!done && SteadyClock::now() < deadline) {
         channel->io().run_one_until(deadline);
     }
     if (!done) {

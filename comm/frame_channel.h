@@ -9,6 +9,12 @@
 // vanished from the network is detected within dead_after_ms + heartbeat_interval_ms even by a
 // caller blocked in Receive with a distant deadline.
 //
+// Heartbeat time is FrameChannelOptions::clock's (common/clock.h): on the real clock a timer
+// fires every interval; on a VirtualClock nothing fires by itself — each move of the clock
+// (its driver's Set or Advance) runs the heartbeat due by then, on the I/O thread, before the
+// move returns, so a test declares a peer dead or keeps it alive by moving time, never by
+// sleeping. Send's timeout and Receive's deadline stay real time: they wait on the socket.
+//
 // Failure: the first error closes the channel for good (a TCP stream cannot resynchronize after
 // a bad frame): the peer closed the connection (also mid-frame), a malformed, oversized or
 // wrong-version frame, a dead peer, a Send that did not complete in time. Messages received
@@ -22,6 +28,7 @@
 
 #include "comm/control_messages.h"
 #include "comm/plan_codec.h"
+#include "common/clock.h"
 #include "common/status.h"
 
 namespace kvshard {
@@ -34,6 +41,9 @@ struct FrameChannelOptions {
     // Frames received but not yet taken by Receive; more closes the channel (ResourceExhausted)
     // rather than growing without bound. The protocol is request/response, so a few suffice.
     size_t max_queued_messages = 1'024;
+    // What heartbeat_interval_ms and dead_after_ms are measured on; null: Clock::Real(). Not
+    // owned; must outlive the channel.
+    const Clock* clock = nullptr;
 };
 
 // InvalidArgument naming the bad field, or OK.

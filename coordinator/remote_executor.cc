@@ -17,7 +17,7 @@
 
 namespace kvshard {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 // One instance's ranks. The registry fills a rank's slot (channel, peer, kv_endpoint) while the
 // instance takes registrations (before its first formation, and while re-forming); the executor
@@ -288,7 +288,7 @@ void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel>& channel,
     // A thread of its own per connection: a silent peer holds only this one, for
     // register_message_timeout_ms at most.
     Result<Message> first = channel->Receive(
-        Clock::now() + std::chrono::milliseconds(options_.register_message_timeout_ms));
+        SteadyClock::now() + std::chrono::milliseconds(options_.register_message_timeout_ms));
     if (!first.ok()) {
         Reject(*channel, "no Register message: " + first.status().message());
         return;
@@ -584,7 +584,7 @@ Status RemoteStepExecutor::WaitReady(std::chrono::milliseconds timeout,
 
 Status RemoteStepExecutor::WaitFormed(uint64_t generation, std::chrono::milliseconds timeout,
                                       const std::function<Status()>& check_workers) {
-    const auto deadline = Clock::now() + timeout;
+    const auto deadline = SteadyClock::now() + timeout;
     const int n = tp();
     for (;;) {
         std::vector<FrameChannel*> pending(static_cast<size_t>(n), nullptr);
@@ -608,14 +608,14 @@ Status RemoteStepExecutor::WaitFormed(uint64_t generation, std::chrono::millisec
         for (int r = 0; r < n; ++r) {
             FrameChannel* c = pending[static_cast<size_t>(r)];
             if (c == nullptr) continue;
-            Result<Message> m = c->Receive(Clock::now());
+            Result<Message> m = c->Receive(SteadyClock::now());
             // A rank meeting its peers asks the store a few times; the answers go at once.
             while (m.ok() && std::holds_alternative<StoreRequestMessage>(*m)) {
                 const Status sent = c->Send(ServeStore(*store, std::get<StoreRequestMessage>(*m)));
                 if (!sent.ok()) {
                     return Fail(generation, RankError(r, "connection lost before Ready", sent));
                 }
-                m = c->Receive(Clock::now());
+                m = c->Receive(SteadyClock::now());
             }
             if (!m.ok()) {
                 if (m.status().code() == StatusCode::kDeadlineExceeded) continue;
@@ -679,7 +679,7 @@ Status RemoteStepExecutor::WaitFormed(uint64_t generation, std::chrono::millisec
                             Unavailable("instance " + instance_id() + ": " + alive.message()));
             }
         }
-        if (Clock::now() >= deadline) {
+        if (SteadyClock::now() >= deadline) {
             std::string missing;
             if (!unregistered.empty()) missing += "ranks not registered: " + RankList(unregistered);
             if (!loading.empty()) {
@@ -695,7 +695,7 @@ Status RemoteStepExecutor::WaitFormed(uint64_t generation, std::chrono::millisec
         std::unique_lock<std::mutex> lock(slots_->mu);
         const int registered = slots_->num_registered;
         slots_->cv.wait_until(
-            lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(20)), [&] {
+            lock, std::min(deadline, SteadyClock::now() + std::chrono::milliseconds(20)), [&] {
                 return slots_->num_registered != registered ||
                        (!slots_->failed.ok() && !slots_->reforming) ||
                        slots_->generation != generation;
@@ -725,7 +725,7 @@ Result<StepResult> RemoteStepExecutor::Execute(const StepPlan& plan) {
         if (!sent.ok()) return Fail(generation, RankError(r, "sending " + step, sent));
     }
     const auto timeout = std::chrono::milliseconds(slots_->options.step_timeout_ms);
-    const auto deadline = Clock::now() + timeout;
+    const auto deadline = SteadyClock::now() + timeout;
     std::vector<StepResult> results(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) {
         Result<Message> m = channels[static_cast<size_t>(r)]->Receive(deadline);

@@ -18,7 +18,7 @@
 namespace kvshard {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 constexpr std::string_view kKeyMaxContext = "max_context";
 constexpr std::string_view kKeyBlockSize = "block_size";
@@ -75,11 +75,11 @@ Result<std::unique_ptr<Collective>> FormGlooGroup(const WorkerServiceOptions& o,
 
 // Connection refused while the coordinator is not listening yet: try again until the deadline.
 Result<std::unique_ptr<FrameChannel>> ConnectWithRetry(const WorkerServiceOptions& o) {
-    const auto deadline = Clock::now() + std::chrono::milliseconds(o.connect_timeout_ms);
+    const auto deadline = SteadyClock::now() + std::chrono::milliseconds(o.connect_timeout_ms);
     Status last;
     for (;;) {
         const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
         if (left.count() <= 0) break;
         Result<std::unique_ptr<FrameChannel>> channel =
             ConnectFrameChannel(o.coordinator_host, o.coordinator_port,
@@ -213,7 +213,7 @@ Status RunWorkerService(const WorkerServiceOptions& options) {
     reg.model = o.model;
     KV_RETURN_IF_ERROR(channel->Send(reg).WithContext(who + ": Register"));
     Result<Message> answer =
-        channel->Receive(Clock::now() + std::chrono::milliseconds(o.register_timeout_ms));
+        channel->Receive(SteadyClock::now() + std::chrono::milliseconds(o.register_timeout_ms));
     if (!answer.ok()) return answer.status().WithContext(who + ": waiting for RegisterAck");
     const auto* ack = std::get_if<RegisterAckMessage>(&*answer);
     if (ack == nullptr) {
@@ -274,7 +274,7 @@ Status RunWorkerService(const WorkerServiceOptions& options) {
 
     for (;;) {
         // No deadline of our own: heartbeats tell a dead coordinator from an idle one.
-        Result<Message> message = channel->Receive(Clock::now() + std::chrono::hours(1));
+        Result<Message> message = channel->Receive(SteadyClock::now() + std::chrono::hours(1));
         if (!message.ok()) {
             if (message.status().code() == StatusCode::kDeadlineExceeded) continue;
             return Status(StatusCode::kUnavailable, who + ": connection to the coordinator (" +

@@ -11,17 +11,19 @@
 #include <string>
 #include <thread>
 
+#include "common/clock.h"
+
 namespace kvshard {
 namespace {
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 using std::chrono::milliseconds;
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 constexpr milliseconds kConnectTimeout{10'000};
 
-Clock::time_point In(milliseconds ms) { return Clock::now() + ms; }
+SteadyClock::time_point In(milliseconds ms) { return SteadyClock::now() + ms; }
 
 // A connected coordinator-side and worker-side channel on a loopback ephemeral port.
 struct Pair {
@@ -213,31 +215,116 @@ TEST(FrameChannel, MalformedFramesCloseTheChannel) {
     }
 }
 
-TEST(FrameChannel, SilentPeerIsDeclaredDead) {
+// Heartbeats on a VirtualClock: time moves only when the test moves it, and each move runs the
+// heartbeat due by then before it returns, so nothing here sleeps or depends on real time.
+TEST(FrameChannel, SilentPeerIsDeclaredDeadWhenTheClockSaysSo) {
+    VirtualClock clock;
     RawPair pair;
     FrameChannelOptions options;
     options.heartbeat_interval_ms = 20;
     options.dead_after_ms = 200;
+    options.clock = &clock;
     ASSERT_NO_FATAL_FAILURE(ConnectRaw(pair, options));
     // The raw peer keeps the connection open but never sends: only heartbeats would save it.
-    const Result<Message> got = pair.server->Receive(In(milliseconds(60'000)));
+    // A receiver waiting with a distant deadline is released when the peer is declared dead.
+    Result<Message> got = Status(StatusCode::kInternal, "not received");
+    std::thread receiver([&] { got = pair.server->Receive(In(milliseconds(600'000))); });
+    for (int i = 0; i < 10; ++i) {
+        clock.Advance(milliseconds(20));  // 200 ms of silence: not more than dead_after_ms
+        ASSERT_TRUE(pair.server->status().ok()) << "at " << 20 * (i + 1) << " ms";
+    }
+    EXPECT_EQ(pair.server->heartbeats_sent(), 10);
+    clock.Advance(milliseconds(20));
+    receiver.join();
     EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status().ToString();
-    EXPECT_NE(got.status().message().find("sent nothing"), std::string::npos)
+    EXPECT_NE(got.status().message().find("sent nothing for 220 ms (dead after 200 ms)"),
+              std::string::npos)
         << got.status().ToString();
+    EXPECT_EQ(pair.server->status().code(), StatusCode::kUnavailable);
+}
+
+TEST(FrameChannel, AClockMoveRunsAtMostTheHeartbeatDue) {
+    VirtualClock clock;
+    RawPair pair;
+    FrameChannelOptions options;
+    options.heartbeat_interval_ms = 100;
+    options.dead_after_ms = 1'000;
+    options.clock = &clock;
+    ASSERT_NO_FATAL_FAILURE(ConnectRaw(pair, options));
+    clock.Advance(milliseconds(99));
+    EXPECT_EQ(pair.server->heartbeats_sent(), 0) << "not due yet";
+    clock.Advance(milliseconds(1));
+    EXPECT_EQ(pair.server->heartbeats_sent(), 1);
+    clock.Advance(milliseconds(50));
+    EXPECT_EQ(pair.server->heartbeats_sent(), 1);
+    // A jump of several intervals is one check at its end (nobody could answer in between).
+    clock.Advance(milliseconds(500));
+    EXPECT_EQ(pair.server->heartbeats_sent(), 2);
+    EXPECT_TRUE(pair.server->status().ok());
+    clock.Advance(milliseconds(451));  // 1101 ms of silence
+    EXPECT_EQ(pair.server->status().code(), StatusCode::kUnavailable);
 }
 
 TEST(FrameChannel, HeartbeatsKeepAnIdleChannelAlive) {
+    VirtualClock clock;
     FrameChannelOptions options;
     options.heartbeat_interval_ms = 20;
-    options.dead_after_ms = 400;
+    options.dead_after_ms = 100;
+    options.clock = &clock;
     Pair pair = Connect(options);
     ASSERT_TRUE(pair.server && pair.client);
-    // Wait well past dead_after_ms with nothing but heartbeats on the wire.
-    const Result<Message> got = pair.server->Receive(In(milliseconds(1'500)));
-    EXPECT_EQ(got.status().code(), StatusCode::kDeadlineExceeded) << got.status().ToString();
+    // Ten times dead_after_ms with nothing but heartbeats on the wire. After each move both
+    // sides have queued a heartbeat; a message sent after it arrives after it (one TCP stream),
+    // so receiving the message means the heartbeat arrived before time moves on.
+    constexpr int kBeats = 50;
+    for (int i = 1; i <= kBeats; ++i) {
+        clock.Advance(milliseconds(20));
+        ASSERT_TRUE(pair.client->Send(ShutdownMessage{"to server"}).ok());
+        ASSERT_TRUE(pair.server->Receive(In(kConnectTimeout)).ok()) << "beat " << i;
+        ASSERT_TRUE(pair.server->Send(ShutdownMessage{"to client"}).ok());
+        ASSERT_TRUE(pair.client->Receive(In(kConnectTimeout)).ok()) << "beat " << i;
+        ASSERT_EQ(pair.server->heartbeats_received(), i);
+        ASSERT_EQ(pair.client->heartbeats_received(), i);
+    }
+    // Only heartbeats now: still alive after another 10 intervals, each answered in time.
+    for (int i = 0; i < 10; ++i) {
+        clock.Advance(milliseconds(20));
+        const int64_t want = kBeats + i + 1;
+        // Wait (on the socket, not on time) for the other side's heartbeat to arrive.
+        while (pair.server->heartbeats_received() < want ||
+               pair.client->heartbeats_received() < want) {
+            ASSERT_TRUE(pair.server->status().ok() && pair.client->status().ok());
+            std::this_thread::yield();
+        }
+    }
     EXPECT_TRUE(pair.server->status().ok()) << pair.server->status().ToString();
-    EXPECT_GT(pair.server->heartbeats_received(), 0);
-    EXPECT_GT(pair.client->heartbeats_sent(), 0);
+    EXPECT_TRUE(pair.client->status().ok()) << pair.client->status().ToString();
+    EXPECT_EQ(pair.client->heartbeats_sent(), kBeats + 10);
+    EXPECT_EQ(pair.server->heartbeats_sent(), kBeats + 10);
+}
+
+TEST(FrameChannel, APeerWhoseClockStopsIsDeclaredDead) {
+    // The client's heartbeats run on a clock nobody moves: it sends none, and the server, whose
+    // clock moves, declares it dead after dead_after_ms though the connection stays open.
+    VirtualClock server_clock, client_clock;
+    FrameChannelOptions server_options, client_options;
+    server_options.heartbeat_interval_ms = client_options.heartbeat_interval_ms = 10;
+    server_options.dead_after_ms = client_options.dead_after_ms = 50;
+    server_options.clock = &server_clock;
+    client_options.clock = &client_clock;
+    Result<std::unique_ptr<FrameListener>> listener = FrameListener::Listen("127.0.0.1", 0);
+    ASSERT_TRUE(listener.ok());
+    Result<std::unique_ptr<FrameChannel>> client =
+        ConnectFrameChannel("127.0.0.1", (*listener)->port(), kConnectTimeout, client_options);
+    ASSERT_TRUE(client.ok());
+    Result<std::unique_ptr<FrameChannel>> server =
+        (*listener)->Accept(kConnectTimeout, server_options);
+    ASSERT_TRUE(server.ok());
+    for (int i = 0; i < 5; ++i) server_clock.Advance(milliseconds(10));
+    EXPECT_TRUE((*server)->status().ok());
+    server_clock.Advance(milliseconds(10));
+    EXPECT_EQ((*server)->status().code(), StatusCode::kUnavailable);
+    EXPECT_EQ((*client)->heartbeats_sent(), 0);
 }
 
 TEST(FrameChannel, CloseReleasesAWaitingReceiver) {

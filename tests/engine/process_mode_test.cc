@@ -45,7 +45,7 @@ extern char** environ;
 namespace kvshard {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 // Collects a request's tokens; Wait() has a generous bound so a regression fails instead of
@@ -61,7 +61,7 @@ class Sink : public RequestSink {
         std::lock_guard<std::mutex> lock(mu_);
         status_ = status;
         done_ = true;
-        finished_at_ = Clock::now();
+        finished_at_ = SteadyClock::now();
         cv_.notify_all();
     }
     bool WaitDone(milliseconds timeout = milliseconds(60'000)) {
@@ -80,7 +80,7 @@ class Sink : public RequestSink {
         std::lock_guard<std::mutex> lock(mu_);
         return status_;
     }
-    Clock::time_point finished_at() {
+    SteadyClock::time_point finished_at() {
         std::lock_guard<std::mutex> lock(mu_);
         return finished_at_;
     }
@@ -91,7 +91,7 @@ class Sink : public RequestSink {
     std::vector<int32_t> ids_;
     Status status_;
     bool done_ = false;
-    Clock::time_point finished_at_;
+    SteadyClock::time_point finished_at_;
 };
 
 std::string KvshardBinary() {
@@ -108,9 +108,9 @@ bool HaveMpirun() {
 // Polls `condition` until it holds or a generous deadline passes (a regression fails instead of
 // hanging; no test depends on how soon).
 bool WaitFor(const std::function<bool()>& condition, milliseconds timeout = milliseconds(90'000)) {
-    const auto deadline = Clock::now() + timeout;
+    const auto deadline = SteadyClock::now() + timeout;
     while (!condition()) {
-        if (Clock::now() >= deadline) return false;
+        if (SteadyClock::now() >= deadline) return false;
         std::this_thread::sleep_for(milliseconds(10));
     }
     return true;
@@ -307,7 +307,7 @@ TEST_P(ProcessModeFailureTest, InFlightRequestsFailWithUnavailableAndLaterOnesAt
     ASSERT_TRUE(engine->Submit(Request("long", "Once upon a time", 400, true), sink).ok());
     ASSERT_TRUE(sink->WaitFirstToken());
     ASSERT_EQ(kill(worker, SIGSTOP), 0);
-    const auto stopped_at = Clock::now();
+    const auto stopped_at = SteadyClock::now();
     if (GetParam().kill) {
         ASSERT_EQ(kill(worker, SIGKILL), 0);
     }
@@ -330,7 +330,7 @@ TEST_P(ProcessModeFailureTest, InFlightRequestsFailWithUnavailableAndLaterOnesAt
 
     // Later submissions fail fast with the same error.
     auto later = std::make_shared<Sink>();
-    const auto submitted_at = Clock::now();
+    const auto submitted_at = SteadyClock::now();
     const Status submitted = engine->Submit(Request("later", "The little dog", 8), later);
     if (submitted.ok()) {
         ASSERT_TRUE(later->WaitDone(milliseconds(10'000)));
@@ -371,13 +371,14 @@ TEST_F(ProcessModeTest, AWorkerThatExitsEarlyFailsStartupWithItsExitStatus) {
     ServerConfig config = Config();
     cli::ProcessInstanceSpec spec = Spec(1);
     spec.worker_executable = "/bin/false";
-    const auto started = Clock::now();
+    const auto started = SteadyClock::now();
     Result<std::unique_ptr<cli::ProcessInstance>> instance =
         cli::StartProcessInstance(config, spec);
     ASSERT_FALSE(instance.ok());
     EXPECT_NE(instance.status().message().find("exited: exit code 1"), std::string::npos)
         << instance.status().ToString();
-    EXPECT_LT(std::chrono::duration_cast<milliseconds>(Clock::now() - started).count(), 30'000);
+    EXPECT_LT(std::chrono::duration_cast<milliseconds>(SteadyClock::now() - started).count(),
+              30'000);
 }
 
 #if !KVSHARD_WITH_GLOO
@@ -404,7 +405,7 @@ RegisterAckMessage RegisterAs(uint16_t port, const RegisterMessage& reg,
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     if (!c.ok()) return {};
     EXPECT_TRUE((*c)->Send(reg).ok());
-    Result<Message> answer = (*c)->Receive(Clock::now() + milliseconds(10'000));
+    Result<Message> answer = (*c)->Receive(SteadyClock::now() + milliseconds(10'000));
     EXPECT_TRUE(answer.ok()) << answer.status().ToString();
     if (!answer.ok()) return {};
     const auto* ack = std::get_if<RegisterAckMessage>(&*answer);
@@ -561,7 +562,7 @@ TEST(WorkerRegistryTest, AssignsTheLowestFreeRankAndServesTheRendezvousStore) {
     std::thread waiter([&] { ready = (*executor)->WaitReady(milliseconds(20'000)); });
     auto ask = [&](int rank, const StoreRequestMessage& request) -> StoreReplyMessage {
         EXPECT_TRUE(ranks[rank]->Send(request).ok());
-        Result<Message> answer = ranks[rank]->Receive(Clock::now() + milliseconds(10'000));
+        Result<Message> answer = ranks[rank]->Receive(SteadyClock::now() + milliseconds(10'000));
         EXPECT_TRUE(answer.ok()) << answer.status().ToString();
         if (!answer.ok()) return {};
         const auto* reply = std::get_if<StoreReplyMessage>(&*answer);
@@ -1156,7 +1157,7 @@ TEST_F(ProcessModeTest, GlooTp2InstanceWithAMissingRankFailsNamingIt) {
             token + "\n  register_timeout_ms: 8000\n  restart_limit: 0\n",
         "test.yaml");
     ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
-    const auto began = Clock::now();
+    const auto began = SteadyClock::now();
     Result<std::unique_ptr<cli::ProcessInstance>> instance = Internal("not started");
     std::thread start([&] { instance = cli::StartProcessInstance(*parsed, Spec(2), registry); });
     ASSERT_TRUE(InstanceDeclared(registry->port(), token));
@@ -1165,7 +1166,7 @@ TEST_F(ProcessModeTest, GlooTp2InstanceWithAMissingRankFailsNamingIt) {
                     {"KVSHARD_WORKER_TOKEN=" + token});
     start.join();
     ASSERT_FALSE(instance.ok());
-    EXPECT_LT(Clock::now() - began, milliseconds(30'000));  // not the 60 s rendezvous
+    EXPECT_LT(SteadyClock::now() - began, milliseconds(30'000));  // not the 60 s rendezvous
     EXPECT_EQ(instance.status().code(), StatusCode::kDeadlineExceeded)
         << instance.status().ToString();
     EXPECT_NE(instance.status().message().find("ranks not registered: 1"), std::string::npos)
