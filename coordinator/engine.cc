@@ -165,7 +165,7 @@ Status InstanceEngine::SubmitWithHandoff(GenerationRequest request,
     auto state = std::make_unique<RequestState>();
     state->request = std::move(request);
     state->sink = std::move(sink);
-    state->arrival = clock_.Now();
+    state->arrival = state->request.arrival.value_or(clock_.Now());
     state->handoff_to = decode;
     state->transfer_id = transfer_id;
     {

@@ -168,6 +168,7 @@ class InstanceEngine : public Engine {
     // re-formed; then the new workers' (StepExecutor::kv_endpoints).
     std::vector<std::string> kv_endpoints() const;
     int64_t max_context() const override { return config_.max_context; }
+    const Clock& clock() const override { return clock_; }
 
     // Block-manager stats as of the last publish (for tests: every block free or cached when idle).
     kv::BlockManagerStats BlockStats() const { return snapshot()->blocks; }

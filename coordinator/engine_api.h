@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comm/step_plan.h"  // SampledToken (a delta's logprobs)
+#include "common/clock.h"
 #include "common/request.h"
 #include "common/status.h"
 
@@ -53,6 +54,10 @@ struct GenerationRequest {
     // samples only tokens that keep it alive, and a choice whose text is complete and can go no
     // further ends there with kStop. Null: unconstrained.
     std::shared_ptr<const grammar::Grammar> grammar;
+    // When the request arrived, on the engine's clock (Engine::clock): the front end's time of
+    // reading it, from which time to first token and end-to-end latency are measured, by the
+    // front end and the engine alike. Unset: when Submit is called.
+    std::optional<Clock::time_point> arrival;
 };
 
 // Some new output of one choice. Text is UTF-8 complete and never part of a stop string.
@@ -119,6 +124,8 @@ public:
     // OK while the engine can serve requests; otherwise why not (e.g. its workers died). GET
     // /health answers 503 with this message.
     virtual Status Health() const { return Status::Ok(); }
+    // What the engine reads arrival and token times from; the front end stamps arrivals with it.
+    virtual const Clock& clock() const { return Clock::Real(); }
 };
 
 }  // namespace kvshard

@@ -160,7 +160,7 @@ void HttpSession::OnRead(beast::error_code ec) {
 }
 
 void HttpSession::HandleRequest(HttpRequest request) {
-    arrival_ = std::chrono::steady_clock::now();
+    arrival_ = api_.engine().clock().Now();  // the engine measures latencies from it too
     version_ = request.version();
     // A draining server closes connections after their answer.
     keep_alive_ = request.keep_alive() && !state_->draining.load();
@@ -335,13 +335,14 @@ void HttpSession::OnPrepared(std::variant<PreparedGeneration, ApiError> prepared
     for (const GenerationRequest& r : requests) {
         Generation::Part part;
         part.request_id = r.request_id;
-        part.sink = std::make_shared<StreamSink>(api_.metrics(), arrival_, r.n, [weak, state] {
-            state->gate.Run([&weak] {
-                if (auto self = weak.lock()) {
-                    net::post(self->stream_.get_executor(), [self] { self->OnSinkEvents(); });
-                }
+        part.sink = std::make_shared<StreamSink>(
+            api_.metrics(), api_.engine().clock(), arrival_, r.n, [weak, state] {
+                state->gate.Run([&weak] {
+                    if (auto self = weak.lock()) {
+                        net::post(self->stream_.get_executor(), [self] { self->OnSinkEvents(); });
+                    }
+                });
             });
-        });
         g->parts.push_back(std::move(part));
     }
     g->parts_left = static_cast<int>(g->parts.size());
@@ -350,6 +351,7 @@ void HttpSession::OnPrepared(std::variant<PreparedGeneration, ApiError> prepared
     const std::string request_id = generation_->request_id;
     for (size_t k = 0; k < requests.size(); ++k) {
         const std::shared_ptr<StreamSink> sink = generation_->parts[k].sink;
+        requests[k].arrival = arrival_;
         Status submitted = api_.engine().Submit(std::move(requests[k]), sink);
         if (!submitted.ok()) {
             // The parts already submitted go too: the client gets the one error.

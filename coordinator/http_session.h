@@ -130,7 +130,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     ErrorShape error_shape_ = ErrorShape::kOpenAi;
     std::string cors_origin_;  // Access-Control-Allow-Origin of the answer; "": none
     bool in_flight_ = false;  // counted in state_'s generations in flight
-    std::chrono::steady_clock::time_point arrival_;
+    Clock::time_point arrival_;  // of the request being answered, on the engine's clock
     std::unique_ptr<Generation> generation_;
     uint64_t generation_seq_ = 0;  // tells stale socket watches from the current one
 };

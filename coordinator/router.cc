@@ -39,6 +39,13 @@ Result<std::unique_ptr<Router>> Router::Create(std::vector<InstanceEngine*> inst
                                                const RouterConfig& config) {
     if (instances.empty()) return InvalidArgument("the router needs at least one instance");
     std::unique_ptr<Router> router(new Router(std::move(instances), config));
+    for (InstanceEngine* e : router->all_) {
+        if (&e->clock() != &router->all_[0]->clock()) {
+            return InvalidArgument("instance " + e->config().name + " reads another clock than " +
+                                   router->all_[0]->config().name +
+                                   ": a request's times must be read from one clock");
+        }
+    }
     if (!router->mixed_.empty() && !router->prefill_.empty()) {
         return InvalidArgument("mixed instances cannot be combined with prefill/decode instances");
     }

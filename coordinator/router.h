@@ -40,7 +40,8 @@ struct RouterConfig {
 class Router : public Engine {
   public:
     // `instances` (not owned) must outlive the router. REQUIRES: not empty; either some mixed
-    // instances and no prefill/decode ones, or at least one prefill and one decode instance.
+    // instances and no prefill/decode ones, or at least one prefill and one decode instance; one
+    // clock for all (InstanceEngineConfig::clock).
     static Result<std::unique_ptr<Router>> Create(std::vector<InstanceEngine*> instances,
                                                   const RouterConfig& config = {});
 
@@ -53,6 +54,8 @@ class Router : public Engine {
     // (disaggregated: a prefill instance decodes by itself when no decode instance can) is
     // healthy; otherwise the first instance's error.
     Status Health() const override;
+    // The instances' clock (Create checks they read one).
+    const Clock& clock() const override { return all_[0]->clock(); }
 
     bool disaggregated() const { return !prefill_.empty(); }
 

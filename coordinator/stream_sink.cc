@@ -4,19 +4,20 @@ namespace kvshard {
 
 namespace {
 
-double Seconds(StreamSink::Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 }  // namespace
 
-StreamSink::StreamSink(std::shared_ptr<ServerMetrics> metrics, Clock::time_point arrival, int n,
-                       std::function<void()> wake)
+StreamSink::StreamSink(std::shared_ptr<ServerMetrics> metrics, const Clock& clock,
+                       Clock::time_point arrival, int n, std::function<void()> wake)
     : metrics_(std::move(metrics)),
       wake_(std::move(wake)),
+      clock_(clock),
       arrival_(arrival),
       last_token_at_(static_cast<size_t>(n > 0 ? n : 1), arrival) {}
 
 void StreamSink::OnDelta(const GenerationDelta& delta) {
-    const Clock::time_point now = Clock::now();
+    const Clock::time_point now = clock_.Now();
     const size_t num_tokens = delta.token_ids.size();
     if (num_tokens > 0 && metrics_) {
         const size_t choice = static_cast<size_t>(delta.index) < last_token_at_.size()
@@ -41,7 +42,7 @@ void StreamSink::OnDelta(const GenerationDelta& delta) {
 
 void StreamSink::OnFinish(const GenerationUsage& usage, const Status& status) {
     if (metrics_) {
-        metrics_->ObserveRequestFinished(Seconds(Clock::now() - arrival_), usage,
+        metrics_->ObserveRequestFinished(Seconds(clock_.Now() - arrival_), usage,
                                          status.ok() ? finish_reason_ : "error");
     }
     SinkEvent e;

@@ -52,12 +52,12 @@ struct SinkEvent {
 
 class StreamSink : public RequestSink {
   public:
-    using Clock = std::chrono::steady_clock;
-
     // `wake` is called (from the engine thread) when events arrive and the session has not yet
     // been told; it must post, not run, the session's drain.
-    StreamSink(std::shared_ptr<ServerMetrics> metrics, Clock::time_point arrival, int n,
-               std::function<void()> wake);
+    // Latencies are measured on `clock` (the engine's: Engine::clock) from `arrival`, the time
+    // GenerationRequest::arrival carries to the engine. `clock` must outlive the sink.
+    StreamSink(std::shared_ptr<ServerMetrics> metrics, const Clock& clock,
+               Clock::time_point arrival, int n, std::function<void()> wake);
 
     void OnDelta(const GenerationDelta& delta) override;
     void OnFinish(const GenerationUsage& usage, const Status& status) override;
@@ -76,6 +76,7 @@ class StreamSink : public RequestSink {
     bool wake_pending_ = false;      // guarded by mu_
     std::function<void()> wake_;     // guarded by mu_; empty once detached
 
+    const Clock& clock_;
     // Engine thread only.
     Clock::time_point arrival_;
     bool first_token_seen_ = false;

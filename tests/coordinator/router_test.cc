@@ -6,7 +6,10 @@
 //   - a snapshot once read never changes while the engine goes on;
 //   - an eviction on one instance is seen by the router after the step that made it;
 //   - a request with cache breakpoints goes to the instance that pins its prefix, even when busier,
-//     until the pin lapses on the engine's clock (seen after that instance's next PlanStep).
+//     until the pin lapses on the engine's clock (seen after that instance's next PlanStep);
+//   - instances on different clocks are refused;
+//   - time to first token is measured from the front end's arrival time, on the engine's clock,
+//     by the front end's sink and the engine's observer alike.
 #include "coordinator/router.h"
 
 #include <gtest/gtest.h>
@@ -14,11 +17,14 @@
 #include <algorithm>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/clock.h"
 #include "coordinator/engine.h"
+#include "coordinator/metrics.h"
+#include "coordinator/stream_sink.h"
 #include "model/bpe_tokenizer.h"
 #include "model/tokenizer.h"
 
@@ -67,8 +73,10 @@ class RouterTest : public ::testing::Test {
   protected:
     RouterTest() : tokenizer_(ByteTokenizer()) {}
 
-    InstanceEngine* Add(const std::string& name, int64_t num_blocks = 32) {
+    InstanceEngine* Add(const std::string& name, int64_t num_blocks = 32,
+                        EngineObserver* observer = nullptr, const Clock* clock = nullptr) {
         InstanceEngineConfig c;
+        c.observer = observer;
         c.name = name;
         c.scheduler.max_num_seqs = 8;
         c.scheduler.max_num_batched_tokens = 256;
@@ -77,7 +85,7 @@ class RouterTest : public ::testing::Test {
         c.blocks.watermark = 0.0;
         c.blocks.min_pinned_tokens = 8;
         c.max_context = std::min<int64_t>(64, num_blocks * kBlockSize);
-        c.clock = &clock_;
+        c.clock = clock != nullptr ? clock : &clock_;
         engines_.push_back(std::make_unique<InstanceEngine>(c, *tokenizer_, executor_));
         return engines_.back().get();
     }
@@ -226,6 +234,46 @@ TEST_F(RouterTest, FollowsPinsUntilTheyLapseOnTheEngineClock) {
     Drain(a);
     Drain(b);
     for (auto& s : sinks_) EXPECT_TRUE(s->finished && s->ok);
+}
+
+TEST_F(RouterTest, RefusesInstancesOnDifferentClocks) {
+    VirtualClock other;
+    Add("a");
+    Add("b", 32, nullptr, &other);
+    std::vector<InstanceEngine*> all = {engines_[0].get(), engines_[1].get()};
+    Result<std::unique_ptr<Router>> r = Router::Create(all);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("instance b reads another clock than a"), std::string::npos)
+        << r.status().ToString();
+}
+
+// The value of one sample of `metrics`' exposition, -1 when absent.
+double Sample(ServerMetrics& metrics, const std::string& name) {
+    std::istringstream lines(metrics.Render(EngineStats{}));
+    for (std::string line; std::getline(lines, line);) {
+        if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+    }
+    return -1;
+}
+
+TEST_F(RouterTest, LatenciesAreMeasuredFromTheFrontEndsArrival) {
+    auto metrics = std::make_shared<ServerMetrics>("m");
+    InstanceEngine* e = Add("a", 32, metrics.get());
+    // The front end read the request at 10 s and submitted it at 11 s (tokenizing, say); the
+    // first token is sampled at 11.5 s.
+    clock_.AdvanceSeconds(10);
+    GenerationRequest request = Request(Tokens(300, 9));
+    request.arrival = e->clock().Now();
+    auto sink = std::make_shared<StreamSink>(metrics, e->clock(), *request.arrival, 1, [] {});
+    clock_.AdvanceSeconds(1);
+    ASSERT_TRUE(e->Submit(std::move(request), sink).ok());
+    clock_.AdvanceSeconds(0.5);
+    Drain(e);
+    const std::string model = "{model_name=\"m\"}";
+    const std::string pool = "{model_name=\"m\",pool=\"default\"}";
+    EXPECT_DOUBLE_EQ(Sample(*metrics, "kvshard:time_to_first_token_seconds_sum" + model), 1.5);
+    EXPECT_DOUBLE_EQ(Sample(*metrics, "kvshard:pool_time_to_first_token_seconds_sum" + pool), 1.5);
+    EXPECT_DOUBLE_EQ(Sample(*metrics, "kvshard:e2e_request_latency_seconds_sum" + model), 1.5);
 }
 
 }  // namespace
