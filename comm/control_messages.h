@@ -22,7 +22,8 @@ namespace kvshard {
 //    RegisterAckMessage.rank), RegisterMessage.model, StoreRequest/StoreReply (the collective's
 //    rendezvous).
 // 6: ScheduledSequence.allowed_tokens (structured outputs' token mask).
-inline constexpr uint32_t kControlProtocolVersion = 6;
+// 7: StepResult.error_code (a failed step's Status code travels with its message).
+inline constexpr uint32_t kControlProtocolVersion = 7;
 
 // RegisterMessage.worker_rank: the coordinator assigns the lowest free rank.
 inline constexpr int32_t kAnyRank = -1;

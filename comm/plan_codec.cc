@@ -129,6 +129,7 @@ void Encode(Writer& w, const StepResult& result) {
         w.Fixed(token.rng_state);
     }
     w.F64(result.compute_seconds);
+    w.Fixed(static_cast<uint32_t>(result.error_code));
     w.String(result.error);
     w.Count(result.failed_transfers.size());
     for (const TransferFailure& failure : result.failed_transfers) {
@@ -223,6 +224,14 @@ class Reader {
         const auto byte = Fixed<uint8_t>(field);
         if (byte > 1) Fail(std::string(field) + ": bool byte " + std::to_string(byte));
         return byte == 1;
+    }
+    StatusCode Code(const char* field) {
+        const auto code = Fixed<uint32_t>(field);
+        if (code > static_cast<uint32_t>(StatusCode::kInternal)) {
+            Fail(std::string(field) + ": " + std::to_string(code) + " is no status code");
+            return StatusCode::kInternal;
+        }
+        return static_cast<StatusCode>(code);
     }
     // An element count, refused when the remaining bytes cannot hold that many elements of at
     // least `min_element_bytes` each: what makes the reserve() calls below safe.
@@ -398,6 +407,7 @@ StepResult DecodeStepResult(Reader& r) {
         token.rng_state = r.Fixed<uint64_t>("SampledToken.rng_state");
     }
     result.compute_seconds = r.F64("StepResult.compute_seconds");
+    result.error_code = r.Code("StepResult.error_code");
     result.error = r.String("StepResult.error");
     const uint32_t num_failures = r.Count("StepResult.failed_transfers", kMinTransferFailureBytes);
     result.failed_transfers.reserve(num_failures);

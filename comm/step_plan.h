@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/request.h"
+#include "common/status.h"
 
 namespace kvshard {
 
@@ -110,7 +111,10 @@ struct StepResult {
     uint64_t step_id = 0;
     std::vector<SampledToken> tokens;  // one per sequence with sample = true, in plan order
     double compute_seconds = 0.0;
-    std::string error;  // empty on success; a failed step samples nothing
+    // A failed step's Status as the worker had it, code and message (StepError, SetStepError);
+    // kOk on success. A failed step samples nothing.
+    StatusCode error_code = StatusCode::kOk;
+    std::string error;
     // Transfers of this step that failed (on any rank); the other sequences ran normally.
     std::vector<TransferFailure> failed_transfers;
     int64_t kv_bytes_sent = 0;         // summed over the instance's ranks
@@ -118,5 +122,16 @@ struct StepResult {
     double kv_transfer_seconds = 0.0;  // rank 0's time in sends and receives
     friend bool operator==(const StepResult&, const StepResult&) = default;
 };
+
+// The Status of a step: OK, or the worker's error with its code.
+inline Status StepError(const StepResult& result) {
+    if (result.error_code == StatusCode::kOk) return Status::Ok();
+    return Status(result.error_code, result.error);
+}
+// Marks `result` failed with `status` (REQUIRES: !status.ok()).
+inline void SetStepError(StepResult* result, const Status& status) {
+    result->error_code = status.code();
+    result->error = status.message();
+}
 
 }  // namespace kvshard

@@ -532,9 +532,7 @@ void InstanceEngine::CompleteStep(const StepPlan& plan, Result<StepResult> resul
         // workers.
         result = Status(StatusCode::kUnavailable, "the workers were re-formed during the step");
     }
-    const Status status = !result.ok()             ? result.status()
-                          : !result->error.empty() ? Internal(result->error)
-                                                   : Status::Ok();
+    const Status status = !result.ok() ? result.status() : StepError(*result);
     {
         std::lock_guard<std::mutex> lock(stats_mu_);
         last_step_status_ = status.ok() ? status : ClientStatus(config_.name, status);

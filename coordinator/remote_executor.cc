@@ -755,20 +755,23 @@ Result<StepResult> RemoteStepExecutor::Execute(const StepPlan& plan) {
     int num_failed = 0;
     int first_failed = -1;
     for (int r = 0; r < n; ++r) {
-        if (results[static_cast<size_t>(r)].error.empty()) continue;
+        if (StepError(results[static_cast<size_t>(r)]).ok()) continue;
         if (first_failed < 0) first_failed = r;
         ++num_failed;
     }
     if (num_failed == n) {
         // The same error on every rank (a bad plan): found before any collective, group intact.
-        return Internal("instance " + instance_id() + ": " + step + ": " + results[0].error);
+        // The workers' own code (a bad plan is InvalidArgument, a timed-out receive
+        // DeadlineExceeded), with where it happened.
+        return StepError(results[0]).WithContext("instance " + instance_id() + ": " + step);
     }
     if (num_failed > 0) {
-        return Fail(generation, Internal("instance " + instance_id() +
-                                         ": tensor-parallel group broken: " + step + " failed on " +
-                                         std::to_string(num_failed) + " of " + std::to_string(n) +
-                                         " ranks; rank " + std::to_string(first_failed) + ": " +
-                                         results[static_cast<size_t>(first_failed)].error));
+        return Fail(
+            generation,
+            Internal("instance " + instance_id() + ": tensor-parallel group broken: " + step +
+                     " failed on " + std::to_string(num_failed) + " of " + std::to_string(n) +
+                     " ranks; rank " + std::to_string(first_failed) + ": " +
+                     StepError(results[static_cast<size_t>(first_failed)]).ToString()));
     }
     StepResult merged = std::move(results[0]);
     std::unordered_set<uint64_t> failed_ids;

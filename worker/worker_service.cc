@@ -125,7 +125,7 @@ StepResult RunStep(StepRunner& steps, const StepPlan& plan) {
     if (result.ok()) return std::move(*result);
     StepResult failed;
     failed.step_id = plan.step_id;
-    failed.error = result.status().ToString();
+    SetStepError(&failed, result.status());
     return failed;
 }
 

@@ -104,6 +104,7 @@ class Generator {
             result.tokens.push_back(std::move(token));
         }
         result.compute_seconds = static_cast<double>(Float());
+        result.error_code = static_cast<StatusCode>(Int(0, 10));
         result.error = Bytes(30);
         for (int64_t i = Int(0, 3); i > 0; --i)
             result.failed_transfers.push_back({rng_(), Bytes(30)});
@@ -217,7 +218,11 @@ TEST(PlanCodec, RoundTripsEveryMessageType) {
     plan.kv_recvs = {{7, -3, {4, 9}, 20, 1500}, {8, 5, {}, 0, 0}};
     plan.kv_sends = {{11, 6, {1, 2, 3}, 40, 2, {"10.0.0.1:5000", "10.0.0.2:5001"}, true, 250},
                      {12, 7, {}, 0, 1, {}, false, 0}};
-    StepResult result{42, {{-3, 5, -0.25f, {{5, -0.25f}, {6, -2.0f}}}}, 0.125, "oops", {}, 0, 0, 0};
+    StepResult result{42,     {{-3, 5, -0.25f, {{5, -0.25f}, {6, -2.0f}}}},
+                      0.125,  StatusCode::kDeadlineExceeded,
+                      "oops", {},
+                      0,      0,
+                      0};
     StepResult transfers = result;
     transfers.failed_transfers = {{7, "receiver gone"}, {8, ""}};
     transfers.kv_bytes_sent = int64_t{1} << 40;
@@ -415,11 +420,34 @@ TEST(PlanCodec, RejectsMalformedPayloads) {
         {"ready bool byte 7", MessageType::kReady,
          std::string(1, '\7') + u32(0) + std::string(8, '\0')},
         {"empty heartbeat", MessageType::kHeartbeat, ""},
+        // A step's error code past the last StatusCode.
+        {"unknown error code", MessageType::kStepResult,
+         step_id + u32(0) + std::string(8, '\0') + u32(11) + u32(0) + u32(0) +
+             std::string(8 + 8 + 8, '\0')},
     };
     for (const Case& c : cases) {
         const Status status = DecodeFrame(FrameAround(c.type, c.payload)).status();
         EXPECT_EQ(status.code(), StatusCode::kDataLoss) << c.name << ": " << status.ToString();
     }
+}
+
+TEST(PlanCodec, AStepErrorKeepsItsCode) {
+    StepResult failed;
+    failed.step_id = 7;
+    SetStepError(&failed, Status(StatusCode::kDeadlineExceeded, "rank 1: KV receive timed out"));
+    Result<Message> decoded = DecodeFrame(EncodeFrame(failed));
+    ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+    const Status back = StepError(std::get<StepResult>(*decoded));
+    EXPECT_EQ(back.code(), StatusCode::kDeadlineExceeded);
+    EXPECT_EQ(back.message(), "rank 1: KV receive timed out");
+    EXPECT_TRUE(StepError(StepResult{}).ok());
+
+    std::string payload = EncodeFrame(failed).substr(kFrameHeaderBytes);
+    // step_id, no tokens, compute_seconds, then the code: 11 is past kInternal.
+    payload[8 + 4 + 8] = 11;
+    const Status bad = DecodeFrame(FrameAround(MessageType::kStepResult, payload)).status();
+    EXPECT_EQ(bad.code(), StatusCode::kDataLoss);
+    EXPECT_NE(bad.message().find("StepResult.error_code: 11"), std::string::npos) << bad.ToString();
 }
 
 TEST(PlanCodec, ErrorsNameTheProblem) {
