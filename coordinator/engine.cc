@@ -218,6 +218,7 @@ void InstanceEngine::CheckEpoch() {
     const uint64_t now = executor_.epoch();
     if (now == epoch_) return;
     const int64_t dropped = blocks_.DropCachedBlocks();
+    prefix_forced_++;
     spdlog::info("[{}] workers re-formed (epoch {} -> {}): {} cached KV blocks forgotten",
                  config_.name, epoch_, now, dropped);
     epoch_ = now;
@@ -229,12 +230,40 @@ EngineStats InstanceEngine::Stats() const {
     return s;
 }
 
-void InstanceEngine::Publish() {
+// The blocks whose prefix-cache entry the step of `plan` may have added: those its chunks filled
+// (OnStepComputed publishes each full block once) and those it received.
+static std::vector<kv::BlockId> ComputedBlocks(const StepPlan& plan, int64_t block_size) {
+    std::vector<kv::BlockId> out;
+    for (const ScheduledSequence& s : plan.sequences) {
+        const auto end =
+            std::min<int64_t>((s.start_pos + static_cast<int64_t>(s.token_ids.size())) / block_size,
+                              static_cast<int64_t>(s.block_table.size()));
+        for (int64_t i = s.start_pos / block_size; i < end; ++i)
+            out.push_back(s.block_table[static_cast<size_t>(i)]);
+    }
+    for (const KvRecvOp& op : plan.kv_recvs)
+        out.insert(out.end(), op.block_table.begin(), op.block_table.end());
+    return out;
+}
+
+void InstanceEngine::Publish(const StepPlan* computed) {
     auto snap = std::make_shared<EngineSnapshot>();
     snap->version = ++snapshot_version_;
-    snap->prefix = prefix_index_.Update(blocks_);
     const SchedulerStats s = scheduler_.Stats();
     const kv::BlockManagerStats b = blocks_.Stats();
+    // Entries leave the prefix cache only by eviction or a dropped cache, and pins change only
+    // with these counts or a Pin: without any of those, only what a step computed can be new.
+    const PrefixChanges changes{b.num_evictions, b.num_pins,     b.num_pinned_blocks,
+                                b.pins_expired,  b.pins_refused, prefix_forced_};
+    if (snapshot_version_ == 1 || changes != prefix_changes_) {
+        snap->prefix = prefix_index_.Update(blocks_);
+    } else if (computed != nullptr) {
+        snap->prefix =
+            prefix_index_.UpdateBlocks(blocks_, ComputedBlocks(*computed, blocks_.block_size()));
+    } else {
+        snap->prefix = prefix_index_.last();
+    }
+    prefix_changes_ = changes;
     EngineStats& st = snap->stats;
     st.instances = {{config_.name, config_.pool, executor_.Health().ok()}};
     st.num_running = s.num_running;
@@ -358,6 +387,7 @@ void InstanceEngine::CompleteIfDone(const std::string& request_id) {
 void InstanceEngine::MakePins(RequestState& r) {
     r.pins_made = true;
     if (config_.role == InstanceRole::kDecode) return;  // pins live where prompts are computed
+    prefix_forced_++;                                   // the next publish reads every block's pins
     const Sequence& seq = *r.choices[0];
     int64_t pinned = 0;
     for (const CacheBreakpoint& b : r.request.cache_breakpoints) {
@@ -540,10 +570,11 @@ void InstanceEngine::CompleteStep(const StepPlan& plan, Result<StepResult> resul
     }
     if (!status.ok()) {
         FailAll(plan, status);
+        Publish();
     } else {
         HandleResult(plan, *result);
+        Publish(&plan);
     }
-    Publish();
 }
 
 bool InstanceEngine::RunStep() {

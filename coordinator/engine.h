@@ -204,8 +204,9 @@ class InstanceEngine : public Engine {
     // Workers re-formed since the last step (a new executor epoch): their KV pools are empty, so
     // the prefix cache forgets its blocks. Engine thread.
     void CheckEpoch();
-    // Publishes a new snapshot of the block manager and the stats (the stepping thread).
-    void Publish();
+    // Publishes a new snapshot of the block manager and the stats (the stepping thread), after
+    // `computed` ran, if not null.
+    void Publish(const StepPlan* computed = nullptr);
     // Structured outputs: the tokenizer's vocabulary as bytes, built on first use. Any thread.
     std::shared_ptr<const grammar::Vocabulary> GrammarVocabulary();
     // Puts each constrained sequence's allowed tokens into `plan`, from its grammar state
@@ -252,8 +253,16 @@ class InstanceEngine : public Engine {
 
     // Published by the stepping thread: after each PlanStep and CompleteStep (snapshot_), and
     // the outcome of each step (under stats_mu_). No other thread reads blocks_ or scheduler_.
-    PrefixIndexBuilder prefix_index_;  // the stepping thread's
-    uint64_t snapshot_version_ = 0;    // the stepping thread's
+    // The stepping thread's: the index builder, and what tells it whether a full update is due.
+    struct PrefixChanges {
+        int64_t evictions = 0, pins = 0, pinned_blocks = 0, pins_expired = 0, pins_refused = 0;
+        uint64_t forced = 0;
+        friend bool operator==(const PrefixChanges&, const PrefixChanges&) = default;
+    };
+    PrefixIndexBuilder prefix_index_;
+    PrefixChanges prefix_changes_;
+    uint64_t prefix_forced_ = 0;  // grows with each dropped cache and each Pin call
+    uint64_t snapshot_version_ = 0;
     std::atomic<std::shared_ptr<const EngineSnapshot>> snapshot_;
     mutable std::mutex stats_mu_;
     Status last_step_status_;

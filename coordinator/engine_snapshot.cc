@@ -1,5 +1,6 @@
 #include "coordinator/engine_snapshot.h"
 
+#include "common/check.h"
 #include "kv/prefix_cache.h"
 
 namespace kvshard {
@@ -45,40 +46,48 @@ int64_t PrefixIndex::PinnedPrefixTokens(std::span<const int32_t> token_ids) cons
     return MatchPrefix(token_ids).through_last_pinned * block_size_;
 }
 
-PrefixIndex PrefixIndexBuilder::Update(const kv::BlockManager& blocks) {
+void PrefixIndexBuilder::Check(const kv::BlockManager& blocks, kv::BlockId block) {
     const kv::PrefixCache& cache = blocks.prefix_cache();
+    Seen& before = seen_[static_cast<size_t>(block)];
+    const bool pinned = blocks.PinCount(block) > 0;
+    if (!cache.IsCached(block)) {
+        if (before.entry.content_id == 0) return;
+        removed_.push_back(before.hash);
+        before = Seen{};
+        return;
+    }
+    // Content ids are never reused: the same id is the same hash and parent.
+    const uint64_t content = cache.ContentId(block);
+    if (content == before.entry.content_id && pinned == before.entry.pinned) return;
+    if (before.entry.content_id != 0) removed_.push_back(before.hash);
+    before.hash = cache.Hash(block);
+    before.entry = {content, cache.ParentContentId(block), pinned};
+    added_.emplace_back(before.hash, before.entry);
+}
+
+PrefixIndex PrefixIndexBuilder::Update(const kv::BlockManager& blocks) {
     const auto n = static_cast<size_t>(blocks.num_blocks());
     if (seen_.size() != n) {
         seen_.assign(n, Seen{});
         last_ = PrefixIndex();
         for (auto& shard : last_.shards_) shard = std::make_shared<const PrefixIndex::Shard>();
     }
+    for (size_t b = 0; b < n; ++b) Check(blocks, static_cast<kv::BlockId>(b));
+    return Apply(blocks);
+}
+
+PrefixIndex PrefixIndexBuilder::UpdateBlocks(const kv::BlockManager& blocks,
+                                             std::span<const kv::BlockId> changed) {
+    KV_CHECK(seen_.size() == static_cast<size_t>(blocks.num_blocks()));
+    for (kv::BlockId b : changed) Check(blocks, b);
+    return Apply(blocks);
+}
+
+PrefixIndex PrefixIndexBuilder::Apply(const kv::BlockManager& blocks) {
     PrefixIndex out = last_;
     out.enabled_ = blocks.config().enable_prefix_caching;
     out.block_size_ = blocks.block_size();
-
-    // What changed since the last update: entries to drop, then entries to add (a hash may move
-    // from an evicted block to a new one between two updates).
-    std::vector<uint64_t> removed;
-    std::vector<std::pair<uint64_t, PrefixIndex::Entry>> added;
-    for (size_t b = 0; b < n; ++b) {
-        const auto id = static_cast<kv::BlockId>(b);
-        Seen now;
-        if (cache.IsCached(id)) {
-            now.hash = cache.Hash(id);
-            now.entry = {cache.ContentId(id), cache.ParentContentId(id), blocks.PinCount(id) > 0};
-        }
-        Seen& before = seen_[b];
-        if (now.hash == before.hash && now.entry == before.entry) continue;
-        if (before.entry.content_id != 0) removed.push_back(before.hash);
-        if (now.entry.content_id != 0) added.emplace_back(now.hash, now.entry);
-        before = now;
-    }
-    if (removed.empty() && added.empty()) {
-        last_ = out;
-        return out;
-    }
-    // Copy each shard a change falls in once; the others stay shared with the last index.
+    // Removals first: a hash may move from an evicted block to a new one between two updates.
     std::array<std::shared_ptr<PrefixIndex::Shard>, PrefixIndex::kShards> copies;
     auto writable = [&](uint64_t hash) -> PrefixIndex::Shard& {
         const size_t s = ShardOf(hash);
@@ -88,7 +97,7 @@ PrefixIndex PrefixIndexBuilder::Update(const kv::BlockManager& blocks) {
         }
         return *copies[s];
     };
-    for (uint64_t hash : removed) {
+    for (uint64_t hash : removed_) {
         PrefixIndex::Shard& shard = writable(hash);
         auto it = shard.find(hash);
         if (it == shard.end()) continue;
@@ -96,7 +105,7 @@ PrefixIndex PrefixIndexBuilder::Update(const kv::BlockManager& blocks) {
         if (it->second.pinned) out.num_pinned_--;
         shard.erase(it);
     }
-    for (const auto& [hash, entry] : added) {
+    for (const auto& [hash, entry] : added_) {
         PrefixIndex::Shard& shard = writable(hash);
         auto it = shard.find(hash);
         if (it == shard.end()) {
@@ -108,6 +117,8 @@ PrefixIndex PrefixIndexBuilder::Update(const kv::BlockManager& blocks) {
         }
         if (entry.pinned) out.num_pinned_++;
     }
+    removed_.clear();
+    added_.clear();
     last_ = out;
     return out;
 }

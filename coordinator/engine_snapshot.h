@@ -13,10 +13,11 @@
 // not token ids (it keeps none), so a 64-bit chain-hash collision could make it count a block the
 // cache would refuse — a placement off by one block, never a wrong KV read.
 //
-// Cost: the index is sharded by hash into kShards copy-on-write maps. PrefixIndexBuilder::Update
-// compares each block's state with what it published last (O(num_blocks) reads of the prefix
-// cache's arrays) and copies only the shards a change falls in; an unchanged shard is shared
-// between consecutive snapshots.
+// Cost: the index is sharded by hash into kShards copy-on-write maps, and an update copies only
+// the shards a change falls in; an unchanged shard is shared between consecutive snapshots.
+// PrefixIndexBuilder::Update compares every block with what it published last (O(num_blocks));
+// UpdateBlocks only the blocks the caller names, for when it knows which may have changed (the
+// engine: those its last step computed or received, when nothing was evicted and no pin changed).
 #pragma once
 
 #include <array>
@@ -71,12 +72,22 @@ class PrefixIndexBuilder {
     // The index of `blocks` now. REQUIRES: the same BlockManager (or one of the same num_blocks)
     // at every call.
     PrefixIndex Update(const kv::BlockManager& blocks);
+    // The same, when only `changed` can differ from the last update (ids may repeat).
+    // REQUIRES: Update was called before.
+    PrefixIndex UpdateBlocks(const kv::BlockManager& blocks, std::span<const kv::BlockId> changed);
+    const PrefixIndex& last() const { return last_; }
 
   private:
     struct Seen {
         uint64_t hash = 0;
         PrefixIndex::Entry entry;  // content_id 0: not published
     };
+    // Compares `block` with what was published; records the change.
+    void Check(const kv::BlockManager& blocks, kv::BlockId block);
+    // Applies the recorded changes to a copy of the last index.
+    PrefixIndex Apply(const kv::BlockManager& blocks);
+    std::vector<uint64_t> removed_;
+    std::vector<std::pair<uint64_t, PrefixIndex::Entry>> added_;
     std::vector<Seen> seen_;  // by block id, as last published
     PrefixIndex last_;
 };

@@ -72,6 +72,15 @@ TEST(PrefixIndex, AnswersAsTheBlockManagerThroughRandomWork) {
         std::mt19937 rng(seed);
         kv::BlockManager bm(Config());
         PrefixIndexBuilder builder;
+        // Updated as the engine does: every block only after an eviction, a pin change or a
+        // dropped cache; otherwise only the blocks just computed.
+        PrefixIndexBuilder incremental;
+        auto changes = [&bm] {
+            const kv::BlockManagerStats st = bm.Stats();
+            return std::vector<int64_t>{st.num_evictions, st.num_pins, st.num_pinned_blocks,
+                                        st.pins_expired, st.pins_refused};
+        };
+        std::vector<int64_t> last_changes;
         std::vector<kv::SeqId> live;
         kv::SeqId next = 1;
         Clock::time_point now{};
@@ -80,12 +89,16 @@ TEST(PrefixIndex, AnswersAsTheBlockManagerThroughRandomWork) {
         std::vector<int64_t> kept_answers;
         for (int op = 0; op < 400; ++op) {
             const uint32_t what = rng() % 10;
+            bool forced = op == 0;  // a Pin call or a dropped cache
+            std::vector<kv::BlockId> computed;
             if (what < 5) {
                 const std::vector<int32_t> p = Prompt(rng);
                 const kv::SequenceRequest req{next, p};
                 if (bm.CanAllocate(req)) {
                     bm.Allocate(req);
                     bm.MarkComputed(next, static_cast<int64_t>(p.size()));
+                    const auto table = bm.BlockTable(next);
+                    computed.assign(table.begin(), table.end());
                     live.push_back(next);
                     ++next;
                 } else if (!live.empty()) {
@@ -100,14 +113,24 @@ TEST(PrefixIndex, AnswersAsTheBlockManagerThroughRandomWork) {
                 const kv::SeqId s = live[rng() % live.size()];
                 bm.Pin(s, std::max<int64_t>(1, bm.NumTokens(s) - 1),
                        std::chrono::seconds(1 + rng() % 5));
+                forced = true;
             } else {
                 now += std::chrono::seconds(1 + rng() % 3);
                 bm.SetTime(now);
-                if (rng() % 20 == 0) bm.DropCachedBlocks();
+                if (rng() % 20 == 0) {
+                    bm.DropCachedBlocks();
+                    forced = true;
+                }
             }
+            const std::string at = "seed " + std::to_string(seed) + ", op " + std::to_string(op);
             const PrefixIndex index = builder.Update(bm);
-            ExpectSameAnswers(bm, index, queries,
-                              "seed " + std::to_string(seed) + ", op " + std::to_string(op));
+            ExpectSameAnswers(bm, index, queries, at);
+            const std::vector<int64_t> now_changes = changes();
+            const PrefixIndex inc = forced || now_changes != last_changes
+                                        ? incremental.Update(bm)
+                                        : incremental.UpdateBlocks(bm, computed);
+            last_changes = now_changes;
+            ExpectSameAnswers(bm, inc, queries, at + " (incremental)");
             if (op == 50) {
                 kept = index;
                 for (const auto& q : queries) kept_answers.push_back(kept.CachedPrefixTokens(q));
