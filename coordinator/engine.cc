@@ -255,7 +255,8 @@ void InstanceEngine::Publish(const StepPlan* computed) {
     // with these counts or a Pin: without any of those, only what a step computed can be new.
     const PrefixChanges changes{b.num_evictions, b.num_pins,     b.num_pinned_blocks,
                                 b.pins_expired,  b.pins_refused, prefix_forced_};
-    if (snapshot_version_ == 1 || changes != prefix_changes_) {
+    // (ComputedBlocks names group 0's blocks only: with KV cache groups, every block is read.)
+    if (snapshot_version_ == 1 || changes != prefix_changes_ || blocks_.num_groups() > 1) {
         snap->prefix = prefix_index_.Update(blocks_);
     } else if (computed != nullptr) {
         snap->prefix =

@@ -21,18 +21,57 @@ PrefixIndex::Match PrefixIndex::MatchPrefix(std::span<const int32_t> token_ids) 
     Match m;
     if (!enabled_ || token_ids.empty() || num_entries_ == 0) return m;
     const int64_t bs = block_size_;
+    auto block_tokens = [&](int64_t i) { return token_ids.subspan(i * bs, bs); };
     // As the block manager: at least one token is left to compute.
     const int64_t max_blocks = (static_cast<int64_t>(token_ids.size()) - 1) / bs;
-    uint64_t parent_hash = kv::kRootHash;
+    // Group 0, the anchor: its chain must be cached whole.
+    std::vector<const Entry*> anchor;
+    uint64_t parent_hash = kv::GroupRootHash(0);
     uint64_t parent_content = kv::kRootContentId;
     for (int64_t i = 0; i < max_blocks; ++i) {
-        const uint64_t hash = kv::ChainHash(parent_hash, token_ids.subspan(i * bs, bs));
+        const uint64_t hash = kv::ChainHash(parent_hash, block_tokens(i));
         const Entry* e = Find(hash);
         if (e == nullptr || e->parent_content_id != parent_content) break;
-        m.blocks = i + 1;
-        if (e->pinned) m.through_last_pinned = i + 1;
+        anchor.push_back(e);
         parent_hash = hash;
         parent_content = e->content_id;
+    }
+    auto h = static_cast<int64_t>(anchor.size());
+    // The other groups: block i under the group's chain hash, the anchor's block i - 1 as parent.
+    // missing[g][i]: the blocks of group g not found among the first i.
+    const auto num_groups = static_cast<int64_t>(windows_.size());
+    std::vector<std::vector<int64_t>> missing(static_cast<size_t>(num_groups));
+    for (int64_t g = 1; g < num_groups && h > 0; ++g) {
+        std::vector<int64_t>& miss = missing[static_cast<size_t>(g)];
+        miss.assign(static_cast<size_t>(h + 1), 0);
+        uint64_t hash = kv::GroupRootHash(g);
+        for (int64_t i = 0; i < h; ++i) {
+            hash = kv::ChainHash(hash, block_tokens(i));
+            const uint64_t parent =
+                i == 0 ? kv::kRootContentId : anchor[static_cast<size_t>(i - 1)]->content_id;
+            const Entry* e = Find(hash);
+            const bool hit = e != nullptr && e->parent_content_id == parent;
+            miss[static_cast<size_t>(i + 1)] = miss[static_cast<size_t>(i)] + (hit ? 0 : 1);
+        }
+    }
+    // The longest hit every group can serve: a group needs the blocks its window reads from the
+    // first computed position on (BlockManager::NumReleasable).
+    auto releasable = [&](int64_t g, int64_t num_computed) -> int64_t {
+        const int64_t window = windows_[static_cast<size_t>(g)];
+        const int64_t first_read = num_computed - window + 1;
+        return window == 0 || first_read <= 0 ? 0 : first_read / bs;
+    };
+    for (; h > 0; --h) {
+        bool ok = true;
+        for (int64_t g = 1; g < num_groups && ok; ++g) {
+            const std::vector<int64_t>& miss = missing[static_cast<size_t>(g)];
+            ok = miss[static_cast<size_t>(h)] == miss[static_cast<size_t>(releasable(g, h * bs))];
+        }
+        if (ok) break;
+    }
+    m.blocks = h;
+    for (int64_t i = 0; i < h; ++i) {
+        if (anchor[static_cast<size_t>(i)]->pinned) m.through_last_pinned = i + 1;
     }
     return m;
 }
@@ -87,6 +126,9 @@ PrefixIndex PrefixIndexBuilder::Apply(const kv::BlockManager& blocks) {
     PrefixIndex out = last_;
     out.enabled_ = blocks.config().enable_prefix_caching;
     out.block_size_ = blocks.block_size();
+    out.windows_.resize(static_cast<size_t>(blocks.num_groups()));
+    for (int64_t g = 0; g < blocks.num_groups(); ++g)
+        out.windows_[static_cast<size_t>(g)] = blocks.group_window(g);
     // Removals first: a hash may move from an evicted block to a new one between two updates.
     std::array<std::shared_ptr<PrefixIndex::Shard>, PrefixIndex::kShards> copies;
     auto writable = [&](uint64_t hash) -> PrefixIndex::Shard& {

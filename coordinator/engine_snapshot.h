@@ -8,10 +8,11 @@
 //   CachedPrefixTokens(prompt)  the tokens of `prompt` a prefix hit would serve from the cache;
 //   PinnedPrefixTokens(prompt)  of those, the tokens up to the last block a pin covers.
 // It keeps, for every published block, its chain hash, content id, parent content id and whether
-// a pin covers it, and walks a prompt's chain hashes as the prefix cache does (the parent of each
-// hit must be the block matched one position earlier). The one difference: it compares hashes,
-// not token ids (it keeps none), so a 64-bit chain-hash collision could make it count a block the
-// cache would refuse — a placement off by one block, never a wrong KV read.
+// a pin covers it, and walks a prompt's chain hashes as the block manager does (the parent of each
+// hit must be the block matched one position earlier; with KV cache groups, group 0's chain is
+// the anchor and every other group must hold the blocks its window reads). The one difference: it
+// compares hashes, not token ids (it keeps none), so a 64-bit chain-hash collision could make it
+// count a block the cache would refuse — a placement off by one block, never a wrong KV read.
 //
 // Cost: the index is sharded by hash into kShards copy-on-write maps, and an update copies only
 // the shards a change falls in; an unchanged shard is shared between consecutive snapshots.
@@ -61,6 +62,7 @@ class PrefixIndex {
 
     bool enabled_ = false;
     int64_t block_size_ = 16;
+    std::vector<int64_t> windows_ = {0};  // by KV cache group (0: full attention)
     int64_t num_entries_ = 0;
     int64_t num_pinned_ = 0;
     std::array<std::shared_ptr<const Shard>, kShards> shards_;

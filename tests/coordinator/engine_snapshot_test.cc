@@ -1,11 +1,13 @@
 // The prefix index an engine publishes (coordinator/engine_snapshot.h) answers the router's two
 // questions exactly as the block manager it was built from, through admissions, prefix hits,
-// evictions, re-publication under new content ids, pins and their lapse, and a dropped cache; an
-// index once built never changes. The router side is in router_test.cc.
+// evictions, re-publication under new content ids, pins and their lapse, and a dropped cache,
+// with and without sliding-window KV cache groups, updated whole or from the blocks just computed;
+// an index once built never changes. The router side is in router_test.cc.
 #include "coordinator/engine_snapshot.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 #include <string>
@@ -18,8 +20,9 @@ namespace {
 
 constexpr int64_t kBlockSize = 4;
 
-kv::BlockManagerConfig Config() {
+kv::BlockManagerConfig Config(std::vector<int64_t> group_windows = {}) {
     kv::BlockManagerConfig c;
+    c.group_windows = std::move(group_windows);
     c.num_blocks = 48;
     c.block_size = kBlockSize;
     c.watermark = 0.0;
@@ -68,9 +71,14 @@ void ExpectSameAnswers(const kv::BlockManager& bm, const PrefixIndex& index,
 
 TEST(PrefixIndex, AnswersAsTheBlockManagerThroughRandomWork) {
     const std::vector<std::vector<int32_t>> queries = Queries();
-    for (uint32_t seed = 1; seed <= 6; ++seed) {
+    // Without KV cache groups, and with a sliding-window group or two beside the full one.
+    const std::vector<std::vector<int64_t>> layouts = {{}, {0, 8}, {0, 5, 0}};
+    for (uint32_t seed = 1; seed <= 9; ++seed) {
         std::mt19937 rng(seed);
-        kv::BlockManager bm(Config());
+        const std::vector<int64_t>& layout = layouts[seed % layouts.size()];
+        kv::BlockManagerConfig config = Config(layout);
+        config.num_blocks *= std::max<int64_t>(1, static_cast<int64_t>(layout.size()));
+        kv::BlockManager bm(config);
         PrefixIndexBuilder builder;
         // Updated as the engine does: every block only after an eviction, a pin change or a
         // dropped cache; otherwise only the blocks just computed.
@@ -122,11 +130,13 @@ TEST(PrefixIndex, AnswersAsTheBlockManagerThroughRandomWork) {
                     forced = true;
                 }
             }
-            const std::string at = "seed " + std::to_string(seed) + ", op " + std::to_string(op);
+            const std::string at = "seed " + std::to_string(seed) + " (" +
+                                   std::to_string(layout.size()) + " groups), op " +
+                                   std::to_string(op);
             const PrefixIndex index = builder.Update(bm);
             ExpectSameAnswers(bm, index, queries, at);
             const std::vector<int64_t> now_changes = changes();
-            const PrefixIndex inc = forced || now_changes != last_changes
+            const PrefixIndex inc = forced || now_changes != last_changes || bm.num_groups() > 1
                                         ? incremental.Update(bm)
                                         : incremental.UpdateBlocks(bm, computed);
             last_changes = now_changes;
