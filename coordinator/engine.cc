@@ -243,6 +243,8 @@ static std::vector<kv::BlockId> ComputedBlocks(const StepPlan& plan, int64_t blo
     }
     for (const KvRecvOp& op : plan.kv_recvs)
         out.insert(out.end(), op.block_table.begin(), op.block_table.end());
+    // A table entry that holds no block (kv::kNoBlock) names nothing the cache can have added.
+    std::erase_if(out, [](kv::BlockId b) { return b == kv::kNoBlock; });
     return out;
 }
 

@@ -118,7 +118,10 @@ PrefixIndex PrefixIndexBuilder::Update(const kv::BlockManager& blocks) {
 PrefixIndex PrefixIndexBuilder::UpdateBlocks(const kv::BlockManager& blocks,
                                              std::span<const kv::BlockId> changed) {
     KV_CHECK(seen_.size() == static_cast<size_t>(blocks.num_blocks()));
-    for (kv::BlockId b : changed) Check(blocks, b);
+    for (kv::BlockId b : changed) {
+        KV_CHECK(b >= 0 && b < blocks.num_blocks()) << "block " << b << " of " << blocks.num_blocks();
+        Check(blocks, b);
+    }
     return Apply(blocks);
 }
 
