@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "coordinator/engine.h"
@@ -390,6 +392,10 @@ TEST_F(Disaggregation, RouterPrefersThePrefillInstanceWithTheCachedPrefix) {
     auto sink = std::make_shared<CollectingSink>(1);
     ASSERT_TRUE(p1.engine->SubmitWithHandoff(warm, sink, decode.engine.get(), 1'000'000).ok());
     sink->Wait();
+    // The sink hears the last token before the step that produced it publishes its snapshot:
+    // wait (bounded) for the snapshot of that step.
+    for (int i = 0; i < 2000 && p1.engine->snapshot()->prefix.CachedPrefixTokens(prompt) == 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
     EXPECT_GT(p1.engine->snapshot()->prefix.CachedPrefixTokens(prompt), 0);
     EXPECT_EQ(p0.engine->snapshot()->prefix.CachedPrefixTokens(prompt), 0);
     Run(**router, {prompt}, 2, false);
