@@ -468,7 +468,9 @@ int RunSimulate(const SimulateFlags& f) {
         std::fprintf(stderr,
                      "simulate: from %s: pools, scheduler, kv_cache (block_size, num_blocks, "
                      "enable_prefix_caching) and kv_transfer.layerwise; not simulated: model, "
-                     "server, workers, kv_cache.memory_mib, pools' devices\n",
+                     "server, workers, kv_cache.memory_mib, kv_cache.max_pinned_fraction, "
+                     "kv_cache.min_pinned_tokens, scheduler.max_waiting_requests, "
+                     "kv_transfer.timeout_ms, pools' devices\n",
                      f.config.c_str());
     } else if (!f.placement.empty()) {
         Result<std::vector<PoolConfig>> pools = ParsePlacement(f.placement);
