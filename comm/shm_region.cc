@@ -6,6 +6,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
@@ -56,6 +60,47 @@ uint64_t CopyAndHash(uint8_t* to, const uint8_t* from, size_t n, bool hash_desti
         XXH3_64bits_update(&state, (hash_destination ? to : from) + at, piece);
     }
     return XXH3_64bits_digest(&state);
+}
+
+// The receiver's copy out of the region into a staging buffer that is not read again until the
+// decode worker unpacks it, usually after the piece has left the caches: piece by piece through a
+// bounce buffer that stays in L1 (copied, then hashed there, so what is hashed is what is
+// written), then to `to` with non-temporal stores, which do not read the destination's lines
+// first. A plain memcpy into a cold destination moves each byte over the memory bus three times
+// (read for ownership, write back, and the source); this moves it twice, which is what lets the
+// receiver keep pace with a sender copying on the other core.
+uint64_t CopyOutAndHash(uint8_t* to, const uint8_t* from, size_t n) {
+#if defined(__x86_64__)
+    constexpr size_t kBounceBytes = 16 << 10;
+    alignas(64) uint8_t bounce[kBounceBytes];
+    XXH3_state_t state;
+    XXH3_INITSTATE(&state);
+    XXH3_64bits_reset(&state);
+    for (size_t at = 0; at < n; at += kBounceBytes) {
+        const size_t piece = std::min(kBounceBytes, n - at);
+        std::memcpy(bounce, from + at, piece);
+        XXH3_64bits_update(&state, bounce, piece);
+        uint8_t* out = to + at;
+        size_t done = 0;
+        // Head up to 16-byte alignment of the destination, then streamed 16-byte stores.
+        const size_t head = std::min(piece, (16 - reinterpret_cast<uintptr_t>(out) % 16) % 16);
+        std::memcpy(out, bounce, head);
+        done = head;
+        for (; done + 64 <= piece; done += 64) {
+            const auto* s = reinterpret_cast<const __m128i*>(bounce + done);
+            auto* d = reinterpret_cast<__m128i*>(out + done);
+            _mm_stream_si128(d, _mm_loadu_si128(s));
+            _mm_stream_si128(d + 1, _mm_loadu_si128(s + 1));
+            _mm_stream_si128(d + 2, _mm_loadu_si128(s + 2));
+            _mm_stream_si128(d + 3, _mm_loadu_si128(s + 3));
+        }
+        std::memcpy(out + done, bounce + done, piece - done);
+    }
+    _mm_sfence();  // the streamed stores are visible before the piece is staged
+    return XXH3_64bits_digest(&state);
+#else
+    return CopyAndHash(to, from, n, /*hash_destination=*/true);
+#endif
 }
 
 // A hexadecimal field of a name: digits only, at most `max_digits`.
@@ -250,7 +295,7 @@ Result<uint64_t> KvShmReceiverRegion::CopyOut(int64_t offset, int64_t n, uint8_t
                                std::to_string(n) + ") outside the region of " +
                                std::to_string(bytes_));
     }
-    return CopyAndHash(out, data_ + offset, static_cast<size_t>(n), /*hash_destination=*/true);
+    return CopyOutAndHash(out, data_ + offset, static_cast<size_t>(n));
 }
 
 }  // namespace kvshard::internal

@@ -14,7 +14,9 @@
 // processes, so nothing outlives them whatever happens to either.
 //
 // Copies into and out of the region are hashed (XXH3-64) in cache-sized pieces right after they
-// are copied, so a chunk is read from memory once on each side.
+// are copied, so a chunk is read from memory once on each side. The receiver's copy out goes
+// through a bounce buffer in L1 and on to its staging buffer with non-temporal stores, so the
+// staging buffer's lines are not read before they are overwritten.
 //
 // Thread-safety: a region is used by one thread at a time (its connection's).
 #pragma once
@@ -105,8 +107,9 @@ class KvShmReceiverRegion {
     int64_t bytes() const { return bytes_; }
 
     // Copies [offset, offset + n) of the region into `out` and returns the XXH3-64 of what was
-    // copied (of `out`, hashed piece by piece while in cache: bytes the sender changes meanwhile
-    // cannot pass the check unseen). InvalidArgument when the range is not inside the region.
+    // copied (hashed piece by piece in a bounce buffer, which is then what is written to `out`:
+    // bytes the sender changes meanwhile cannot pass the check unseen). `out` needs no
+    // alignment. InvalidArgument when the range is not inside the region.
     Result<uint64_t> CopyOut(int64_t offset, int64_t n, uint8_t* out) const;
 
   private:

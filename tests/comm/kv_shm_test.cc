@@ -757,5 +757,40 @@ TEST(KvShm, RegionCopiesStayInsideTheAnnouncedSizeAndCheckWhatWasCopied) {
     EXPECT_TRUE(internal::IsKvShmName("/kvshard-kv-1f-3-0123456789abcdef"));
 }
 
+// The receiver's copy out streams to its destination past a bounce buffer: every destination
+// alignment and every size around the 16-byte stores and the bounce buffer's edge gets exactly
+// the bytes, and the hash of what it wrote.
+TEST(KvShm, CopiesOutIntactAtEveryDestinationAlignmentAndSize) {
+    SKIP_WITHOUT_SHM();
+    Result<internal::KvShmSenderRegion> region =
+        internal::KvShmSenderRegion::Create(internal::kMinKvShmRegionBytes);
+    ASSERT_TRUE(region.ok());
+    std::vector<uint8_t> in(40'000);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(i * 13 + (i >> 7));
+    region->CopyIn(0, in.data(), in.size());
+    Result<internal::KvShmReceiverRegion> opened =
+        internal::KvShmReceiverRegion::Open(region->name(), region->bytes());
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    std::vector<uint8_t> out(in.size() + 80);
+    for (size_t misalign = 0; misalign < 17; ++misalign) {
+        for (size_t n : {size_t{1}, size_t{15}, size_t{16}, size_t{63}, size_t{64}, size_t{65},
+                         size_t{16'383}, size_t{16'384}, size_t{16'385}, size_t{39'999}}) {
+            std::fill(out.begin(), out.end(), uint8_t{0xA5});
+            Result<uint64_t> got =
+                opened->CopyOut(1, static_cast<int64_t>(n), out.data() + misalign);
+            ASSERT_TRUE(got.ok()) << got.status().ToString();
+            const std::vector<uint8_t> want(in.begin() + 1, in.begin() + 1 + static_cast<long>(n));
+            EXPECT_EQ(*got, internal::KvPayloadHash(want)) << misalign << " " << n;
+            EXPECT_TRUE(std::equal(want.begin(), want.end(), out.begin() + misalign))
+                << misalign << " " << n;
+            // Nothing written outside [misalign, misalign + n).
+            for (size_t i = 0; i < misalign; ++i) ASSERT_EQ(out[i], 0xA5) << misalign << " " << n;
+            for (size_t i = misalign + n; i < out.size(); ++i) {
+                ASSERT_EQ(out[i], 0xA5) << misalign << " " << n;
+            }
+        }
+    }
+}
+
 }  // namespace
 }  // namespace kvshard
