@@ -57,6 +57,10 @@ constexpr int64_t kMinRegionSlots = 4;
 constexpr int64_t kMaxChunkBytes = 4 << 20;
 constexpr int64_t kMinChunkBytes = 256 << 10;
 constexpr int64_t kChunksPerPiece = 4;
+// A piece up to this size travels as one chunk: cut into four, each chunk's frame, wake-up and
+// bookkeeping cost more than the overlap of its copies saves, and the next piece's copy in
+// overlaps this one's copy out anyway (a layerwise transfer is many such pieces).
+constexpr int64_t kWholePieceBytes = 1 << 20;
 
 struct HostPort {
     std::string host;
@@ -621,9 +625,14 @@ class TcpKvTransport final : public KvTransport {
         const auto total = static_cast<int64_t>(piece.data.size());
         const int64_t region_bytes = peer.region.bytes();
         int64_t slots = std::max(kMinRegionSlots, region_bytes / kMaxChunkBytes);
-        while (region_bytes / (slots * 2) >= kMinChunkBytes &&
-               total / (region_bytes / slots) < kChunksPerPiece) {
-            slots *= 2;
+        if (total <= kWholePieceBytes) {
+            // A small piece goes as one chunk in the smallest slot that holds it.
+            while (region_bytes / (slots * 2) >= total) slots *= 2;
+        } else {
+            while (region_bytes / (slots * 2) >= kMinChunkBytes &&
+                   total / (region_bytes / slots) < kChunksPerPiece) {
+                slots *= 2;
+            }
         }
         const int64_t chunk_bytes = region_bytes / slots;
         const int64_t chunks = (total + chunk_bytes - 1) / chunk_bytes;
