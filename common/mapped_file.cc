@@ -67,8 +67,13 @@ void ReleaseMappedPages(const void* data, size_t bytes) {
     const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
     const auto begin = reinterpret_cast<uintptr_t>(data) / page * page;
     const auto end = (reinterpret_cast<uintptr_t>(data) + bytes + page - 1) / page * page;
-    // Read-only MAP_PRIVATE pages that were never written: dropping them loses nothing.
-    ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+    // MADV_PAGEOUT, not MADV_DONTNEED: on the clean pages of a read-only file mapping both give
+    // the pages back (they are read from the file again if touched), but on any other memory
+    // DONTNEED discards what the pages hold (anonymous pages come back as zeros), while PAGEOUT
+    // only moves them to swap, or leaves them where there is none. The range is rounded out to
+    // whole pages, which may take in a neighbour's bytes: so it must be harmless on any memory.
+    // Kernels before 5.4 refuse PAGEOUT (EINVAL): the pages then simply stay.
+    ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_PAGEOUT);
 }
 
 }  // namespace kvshard

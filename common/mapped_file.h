@@ -32,10 +32,10 @@ class MappedFile {
     size_t size_ = 0;
 };
 
-// Tells the kernel that the pages under [data, data + bytes) of a read-only file mapping are not
-// needed now: they leave the process's resident memory and are read from the file again if
-// touched. For weights copied out of a mapping at load. Not an error on memory that is not a
-// file mapping (the advice is then ignored).
+// Tells the kernel that the pages under [data, data + bytes) (rounded out to whole pages) are not
+// needed now: on a read-only file mapping they leave the process's resident memory and are read
+// from the file again if touched. For weights copied out of a mapping at load. Safe on any other
+// memory (heap, anonymous mappings): what the pages hold is kept (at most moved to swap).
 void ReleaseMappedPages(const void* data, size_t bytes);
 
 // Reads a whole (small) file into a string: configs, tokenizer.json.
