@@ -15,6 +15,8 @@
 #include "loadgen/result_file.h"
 #include "loadgen/sharegpt.h"
 #include "loadgen/tls.h"
+#include "model/model_file.h"
+#include "model/tokenizer.h"
 
 namespace kvshard::cli {
 namespace {
@@ -45,7 +47,26 @@ struct BenchFlags {
     bool insecure = false;
     std::string ca_cert;
     std::string result_file;
+    std::string tokenizer;
 };
+
+// --tokenizer MODEL_FILE: ShareGPT lengths counted with a local model's tokenizer, as the
+// server's completions route counts a prompt (special-token text parsed; BOS when the model adds
+// one and it is asked for), for servers without a /tokenize route or offline.
+Result<loadgen::TokenCounter> LocalTokenCounter(const std::string& path) {
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<ModelFile> file, OpenModel(path));
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
+                        Tokenizer::Create(file->tokenizer_data()));
+    const bool model_adds_bos = file->tokenizer_data().add_bos;
+    std::shared_ptr<const Tokenizer> shared = std::move(tokenizer);
+    return loadgen::TokenCounter(
+        [shared, model_adds_bos](const std::string& text, bool add_special_tokens) {
+            EncodeOptions options;
+            options.add_bos = add_special_tokens && model_adds_bos && !text.empty();
+            options.parse_special = true;
+            return Result<int64_t>(static_cast<int64_t>(shared->Encode(text, options).size()));
+        });
+}
 
 // The prompts of the --dataset: made from words, or (sharegpt) read from --dataset-path and
 // measured with the server's /tokenize, which needs the model name.
@@ -53,8 +74,9 @@ Result<std::vector<loadgen::BenchPrompt>> LoadPrompts(const BenchFlags& f,
                                                       loadgen::DatasetKind kind,
                                                       loadgen::BenchOptions* options) {
     if (kind != loadgen::DatasetKind::kShareGpt) {
-        if (!f.dataset_path.empty()) {
-            return InvalidArgument("--dataset-path is read by --dataset sharegpt only, not " +
+        if (!f.dataset_path.empty() || !f.tokenizer.empty()) {
+            const char* flag = f.dataset_path.empty() ? "--tokenizer" : "--dataset-path";
+            return InvalidArgument(std::string(flag) + " is read by --dataset sharegpt only, not " +
                                    f.dataset);
         }
         loadgen::DatasetOptions data;
@@ -71,19 +93,24 @@ Result<std::vector<loadgen::BenchPrompt>> LoadPrompts(const BenchFlags& f,
     }
     if (f.dataset_path.empty()) return InvalidArgument("--dataset sharegpt needs --dataset-path");
     KV_ASSIGN_OR_RETURN(loadgen::ShareGptFile file, loadgen::ReadShareGpt(f.dataset_path));
-    KV_RETURN_IF_ERROR(loadgen::CheckConnection(options->url, 30));
-    if (options->model.empty()) {
-        KV_ASSIGN_OR_RETURN(options->model, loadgen::ServedModel(options->url, options->api_key));
+    loadgen::TokenCounter count_tokens;
+    if (!f.tokenizer.empty()) {
+        KV_ASSIGN_OR_RETURN(count_tokens, LocalTokenCounter(f.tokenizer));
+    } else {
+        KV_RETURN_IF_ERROR(loadgen::CheckConnection(options->url, 30));
+        if (options->model.empty()) {
+            KV_ASSIGN_OR_RETURN(options->model,
+                                loadgen::ServedModel(options->url, options->api_key));
+        }
+        count_tokens =
+            loadgen::ServerTokenCounter(options->url, options->model, options->api_key, 60);
     }
     loadgen::ShareGptOptions sample_options;
     sample_options.num_prompts = f.num_requests;
     sample_options.seed = f.seed;
     sample_options.output_len = f.output_len_given ? f.output_len : 0;
-    KV_ASSIGN_OR_RETURN(
-        loadgen::ShareGptSample sample,
-        loadgen::SampleShareGpt(
-            file, sample_options,
-            loadgen::ServerTokenCounter(options->url, options->model, options->api_key, 60)));
+    KV_ASSIGN_OR_RETURN(loadgen::ShareGptSample sample,
+                        loadgen::SampleShareGpt(file, sample_options, count_tokens));
     if (static_cast<int64_t>(sample.prompts.size()) < f.num_requests) {
         std::fprintf(stderr,
                      "kvshard bench: only %zu of the %zu human/gpt pairs of %s pass the length "
@@ -210,6 +237,9 @@ Command RegisterBench(CLI::App& app) {
     sub->add_option(
         "--dataset-path", f->dataset_path,
         "sharegpt: the ShareGPT JSON file (a list of {conversations: [{from, value}]})");
+    sub->add_option("--tokenizer", f->tokenizer,
+                    "sharegpt: count lengths with this model file's tokenizer (default: the "
+                    "server's POST /tokenize)");
     sub->add_option("--input-len", f->input_len, "Prompt words (random; chat: median)")
         ->capture_default_str();
     sub->add_option("--output-len", f->output_len,

@@ -154,15 +154,19 @@ TokenCounter ServerTokenCounter(const BaseUrl& url, const std::string& model,
                                             bool add_special_tokens) -> Result<int64_t> {
         const json body = {
             {"model", model}, {"prompt", text}, {"add_special_tokens", add_special_tokens}};
-        KV_ASSIGN_OR_RETURN(
-            std::string answer,
+        // Servers without vLLM's route (llama.cpp's takes "content") can be measured locally.
+        const std::string hint = " (--tokenizer MODEL_FILE counts with a local model instead)";
+        Result<std::string> answer =
             HttpPost(url, "/tokenize", body.dump(-1, ' ', false, json::error_handler_t::replace),
-                     api_key, timeout_s));
-        const json j = json::parse(answer, nullptr, false);
+                     api_key, timeout_s);
+        if (!answer.ok()) {
+            return Status(answer.status().code(), answer.status().message() + hint);
+        }
+        const json j = json::parse(*answer, nullptr, false);
         if (!j.is_object() || !j.contains("count") || !j["count"].is_number_integer()) {
-            return Status(
-                StatusCode::kUnavailable,
-                "POST /tokenize answered without an integer 'count': " + answer.substr(0, 200));
+            return Status(StatusCode::kUnavailable,
+                          "POST /tokenize answered without an integer 'count': " +
+                              answer->substr(0, 200) + hint);
         }
         return j["count"].get<int64_t>();
     };

@@ -2,7 +2,7 @@
 """Integration test of `kvshard bench` over https: a TLS reverse proxy (Python's ssl, a certificate
 made here with the openssl command) in front of `kvshard serve` on stories260K. The bench trusts
 the certificate with --ca-cert and completes (a ShareGPT file measured with the server's /tokenize,
-a per-request result file whose lines match the report), refuses it in one line without, refuses a
+or with --tokenizer and the model file, and a per-request result file whose lines match the report), refuses it in one line without, refuses a
 name the certificate does not carry, and completes with --insecure.
 
     tests/integration/bench_https_test.py --kvshard build/cli/kvshard --model .../stories260K.bin
@@ -149,6 +149,20 @@ class BenchHttpsTest(unittest.TestCase):
         self.assertAlmostEqual((ttft[2] + ttft[3]) / 2, report["ttft_ms"]["median"], places=6)
         # "Hi" is shorter than vLLM's 4-token minimum: never sent.
         self.assertNotIn(True, [row["dataset_prompt_tokens"] < 4 for row in rows])
+
+    def test_local_tokenizer_counts_as_the_server_does(self):
+        results = os.path.join(self.dir, "local.jsonl")
+        r = self.bench("--insecure", "--dataset", "sharegpt", "--dataset-path", self.sharegpt,
+                       "--tokenizer", ARGS.model, "--num-prompts", "3", "--output-len", "5",
+                       "--result-file", results)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(results) as f:
+            rows = [json.loads(line) for line in f]
+        self.assertEqual(len(rows), 3)
+        for row in rows:
+            self.assertTrue(row["ok"], row)
+            self.assertEqual(row["output_tokens"], 5)  # --output-len instead of the answer's
+            self.assertEqual(row["prompt_tokens"], row["dataset_prompt_tokens"])
 
     def test_untrusted_certificate_is_one_line(self):
         before = self.proxy.handshakes
