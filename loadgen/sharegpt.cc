@@ -6,8 +6,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <random>
-#include <sstream>
 
 #include "loadgen/http_client.h"
 
@@ -21,66 +21,173 @@ constexpr int64_t kMinTokens = 4;
 constexpr int64_t kMaxPromptTokens = 1024;
 constexpr int64_t kMaxTotalTokens = 2048;
 
-const char* TypeName(const json& j) { return j.type_name(); }
+// Reads the file as a stream of SAX events and keeps only each conversation's pair, so memory is
+// the pairs (plus one conversation's turns), not a JSON tree several times the file's size.
+class ShareGptReader {
+  public:
+    ShareGptReader(const std::string& name, ShareGptFile* out) : name_(name), out_(out) {}
+    const std::string& error() const { return error_; }
 
-// The string field `key` of turn `t` of entry `e`, or an error naming both.
-Result<std::string> TurnField(const json& turn, const char* key, const std::string& where) {
-    auto it = turn.find(key);
-    if (it == turn.end()) return InvalidArgument(where + "." + key + " is missing");
-    if (!it->is_string()) {
-        return InvalidArgument(where + "." + key + " is " + TypeName(*it) + ", not a string");
+    // nlohmann::json's SAX interface; false stops the parse (error_ says why).
+    bool null() { return Scalar("null", nullptr); }
+    bool boolean(bool) { return Scalar("boolean", nullptr); }
+    bool number_integer(json::number_integer_t) { return Scalar("number", nullptr); }
+    bool number_unsigned(json::number_unsigned_t) { return Scalar("number", nullptr); }
+    bool number_float(json::number_float_t, const std::string&) {
+        return Scalar("number", nullptr);
     }
-    return it->get<std::string>();
-}
+    bool string(std::string& s) { return Scalar("string", &s); }
+    bool binary(json::binary_t&) { return Scalar("binary", nullptr); }
+    bool start_object(std::size_t) { return Open(true); }
+    bool start_array(std::size_t) { return Open(false); }
+    bool end_object() { return Close(); }
+    bool end_array() { return Close(); }
+    bool key(std::string& k) {
+        if (skip_depth_ == 0) key_ = k;
+        return true;
+    }
+    bool parse_error(std::size_t byte, const std::string&, const nlohmann::detail::exception&) {
+        if (error_.empty()) error_ = name_ + ": not JSON (byte " + std::to_string(byte) + ")";
+        return false;
+    }
 
-}  // namespace
+  private:
+    // The containers being read, outermost first.
+    enum class In { kRoot, kEntry, kConversations, kTurn };
 
-Result<ShareGptFile> ParseShareGpt(std::string_view text, const std::string& name) {
-    json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (root.is_discarded()) {
-        // Parse again with exceptions for the byte offset of the error.
-        try {
-            root = json::parse(text);
-        } catch (const json::parse_error& e) {
-            return InvalidArgument(name + ": not JSON (byte " + std::to_string(e.byte) + ")");
-        }
+    bool Fail(const std::string& why) {
+        error_ = why;
+        return false;
     }
-    if (!root.is_array()) {
-        return InvalidArgument(name + ": expected a JSON list of conversations, got " +
-                               TypeName(root));
+    std::string Entry() const { return name_ + ": entry " + std::to_string(entry_); }
+    std::string TurnAt() const {
+        return Entry() + ": conversations[" + std::to_string(turns_.size()) + "]";
     }
-    ShareGptFile file;
-    file.num_entries = static_cast<int64_t>(root.size());
-    for (size_t i = 0; i < root.size(); ++i) {
-        const json& entry = root[i];
-        const std::string where = name + ": entry " + std::to_string(i);
-        if (!entry.is_object()) {
-            return InvalidArgument(where + " is " + TypeName(entry) + ", not an object");
+    bool TurnKey() const { return key_ == "from" || key_ == "value"; }
+
+    bool Scalar(const char* type, std::string* text) {
+        if (skip_depth_ > 0) return true;
+        if (stack_.empty()) {
+            return Fail(name_ + ": expected a JSON list of conversations, got " + type);
         }
-        auto conv = entry.find("conversations");
-        if (conv == entry.end()) return InvalidArgument(where + ": 'conversations' is missing");
-        if (!conv->is_array()) {
-            return InvalidArgument(where + ": 'conversations' is " + TypeName(*conv) +
-                                   ", not a list");
+        switch (stack_.back()) {
+            case In::kRoot:
+                entry_ = out_->num_entries++;
+                return Fail(Entry() + " is " + type + ", not an object");
+            case In::kEntry:
+                if (key_ != "conversations") return true;
+                return Fail(Entry() + ": 'conversations' is " + type + ", not a list");
+            case In::kConversations:
+                return Fail(TurnAt() + " is " + type + ", not an object");
+            case In::kTurn:
+                if (!TurnKey()) return true;
+                if (text == nullptr) {
+                    return Fail(TurnAt() + "." + key_ + " is " + type + ", not a string");
+                }
+                (key_ == "from" ? from_ : value_) = std::move(*text);
+                return true;
         }
-        std::vector<std::pair<std::string, std::string>> turns;  // (from, value)
-        for (size_t t = 0; t < conv->size(); ++t) {
-            const json& turn = (*conv)[t];
-            const std::string turn_where = where + ": conversations[" + std::to_string(t) + "]";
-            if (!turn.is_object()) {
-                return InvalidArgument(turn_where + " is " + TypeName(turn) + ", not an object");
-            }
-            KV_ASSIGN_OR_RETURN(std::string from, TurnField(turn, "from", turn_where));
-            KV_ASSIGN_OR_RETURN(std::string value, TurnField(turn, "value", turn_where));
-            turns.emplace_back(std::move(from), std::move(value));
+        return true;
+    }
+
+    bool Open(bool object) {
+        const char* type = object ? "object" : "array";
+        if (skip_depth_ > 0) {
+            ++skip_depth_;
+            return true;
         }
-        auto human = std::find_if(turns.begin(), turns.end(),
+        if (stack_.empty()) {
+            if (object) return Fail(name_ + ": expected a JSON list of conversations, got object");
+            stack_.push_back(In::kRoot);
+            return true;
+        }
+        switch (stack_.back()) {
+            case In::kRoot:
+                entry_ = out_->num_entries++;
+                if (!object) return Fail(Entry() + " is array, not an object");
+                turns_.clear();
+                has_conversations_ = false;
+                key_.clear();
+                stack_.push_back(In::kEntry);
+                return true;
+            case In::kEntry:
+                if (key_ != "conversations") {
+                    skip_depth_ = 1;
+                    return true;
+                }
+                if (object) return Fail(Entry() + ": 'conversations' is object, not a list");
+                has_conversations_ = true;
+                turns_.clear();
+                stack_.push_back(In::kConversations);
+                return true;
+            case In::kConversations:
+                if (!object) return Fail(TurnAt() + " is array, not an object");
+                from_.reset();
+                value_.reset();
+                key_.clear();
+                stack_.push_back(In::kTurn);
+                return true;
+            case In::kTurn:
+                if (TurnKey())
+                    return Fail(TurnAt() + "." + key_ + " is " + type + ", not a string");
+                skip_depth_ = 1;
+                return true;
+        }
+        return true;
+    }
+
+    bool Close() {
+        if (skip_depth_ > 0) {
+            --skip_depth_;
+            return true;
+        }
+        const In closed = stack_.back();
+        stack_.pop_back();
+        switch (closed) {
+            case In::kRoot:
+            case In::kConversations:
+                key_.clear();
+                return true;
+            case In::kTurn:
+                if (!from_) return Fail(TurnAt() + ".from is missing");
+                if (!value_) return Fail(TurnAt() + ".value is missing");
+                turns_.emplace_back(std::move(*from_), std::move(*value_));
+                key_.clear();
+                return true;
+            case In::kEntry:
+                if (!has_conversations_) return Fail(Entry() + ": 'conversations' is missing");
+                KeepPair();
+                return true;
+        }
+        return true;
+    }
+
+    // The first human turn and, when it is a gpt turn, the one after it.
+    void KeepPair() {
+        auto human = std::find_if(turns_.begin(), turns_.end(),
                                   [](const auto& turn) { return turn.first == "human"; });
-        if (human == turns.end() || human + 1 == turns.end() || (human + 1)->first != "gpt") {
-            continue;
+        if (human == turns_.end() || human + 1 == turns_.end() || (human + 1)->first != "gpt") {
+            return;
         }
-        file.pairs.push_back(
-            {std::move(human->second), std::move((human + 1)->second), static_cast<int64_t>(i)});
+        out_->pairs.push_back({std::move(human->second), std::move((human + 1)->second), entry_});
+    }
+
+    std::string name_;
+    ShareGptFile* out_;
+    std::string error_;
+    std::vector<In> stack_;
+    int64_t skip_depth_ = 0;  // > 0: inside a value nothing is read from
+    std::string key_;         // the last key of the entry or turn being read
+    int64_t entry_ = 0;
+    bool has_conversations_ = false;
+    std::vector<std::pair<std::string, std::string>> turns_;  // (from, value) of this entry
+    std::optional<std::string> from_, value_;                 // of the turn being read
+};
+
+Result<ShareGptFile> Finish(bool parsed, const ShareGptReader& reader, ShareGptFile file,
+                            const std::string& name) {
+    if (!parsed || !reader.error().empty()) {
+        return InvalidArgument(reader.error().empty() ? name + ": not JSON" : reader.error());
     }
     if (file.pairs.empty()) {
         return InvalidArgument(name + ": none of its " + std::to_string(file.num_entries) +
@@ -89,16 +196,26 @@ Result<ShareGptFile> ParseShareGpt(std::string_view text, const std::string& nam
     return file;
 }
 
+}  // namespace
+
+Result<ShareGptFile> ParseShareGpt(std::string_view text, const std::string& name) {
+    ShareGptFile file;
+    ShareGptReader reader(name, &file);
+    const bool parsed = json::sax_parse(text.begin(), text.end(), &reader);
+    return Finish(parsed, reader, std::move(file), name);
+}
+
 Result<ShareGptFile> ReadShareGpt(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     if (!in) {
         return InvalidArgument("--dataset-path " + path + ": cannot open (" + std::strerror(errno) +
                                ")");
     }
-    std::ostringstream text;
-    text << in.rdbuf();
+    ShareGptFile file;
+    ShareGptReader reader(path, &file);
+    const bool parsed = json::sax_parse(in, &reader);
     if (in.bad()) return InvalidArgument("--dataset-path " + path + ": read failed");
-    return ParseShareGpt(text.str(), path);
+    return Finish(parsed, reader, std::move(file), path);
 }
 
 bool KeepShareGptPair(int64_t prompt_tokens, int64_t output_tokens, bool fixed_output_len) {

@@ -42,8 +42,7 @@ struct ShareGptFile {
 // object, `conversations` missing or not a list, a turn that is not an object or whose `from` or
 // `value` is missing or not a string (the entry's index and the field named), or no pair at all.
 Result<ShareGptFile> ParseShareGpt(std::string_view text, const std::string& name);
-// Reads and parses the file: the whole file and its JSON tree are held in memory while it is
-// parsed (about 12 times the file's size at the peak).
+// Reads the file as a stream: memory holds the pairs, not the file or a JSON tree of it.
 Result<ShareGptFile> ReadShareGpt(const std::string& path);
 
 // The tokens of `text` as the served model counts them; `add_special_tokens` adds BOS where the

@@ -61,11 +61,20 @@ TEST(ShareGpt, ReadsTheFirstHumanTurnAndTheGptAnswerAfterIt) {
         Conversation("e", {Turn("human", "q"), Turn("human", "q2")}),  // not a gpt turn
         Conversation("f", {}),                                         // empty
         json{{"conversations", json::array({Turn("human", "no id"), Turn("gpt", "fine")})}},
+        // Fields the reader does not use, nested, with names it does use: skipped whole.
+        json{{"meta", {{"conversations", 5}, {"from", 1}, {"list", {1, {{"value", 2}}}}}},
+             {"conversations",
+              json::array({json{{"from", "human"}, {"extra", {{"value", 3}}}, {"value", "nested"}},
+                           json{{"tags", {"a", "b"}}, {"from", "gpt"}, {"value", "ok"}}})},
+             {"after", {{"conversations", nullptr}}}},
     });
     auto parsed = ParseShareGpt(file.dump(), "f.json");
     ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
-    EXPECT_EQ(parsed->num_entries, 7);
-    ASSERT_EQ(parsed->pairs.size(), 3u);
+    EXPECT_EQ(parsed->num_entries, 8);
+    ASSERT_EQ(parsed->pairs.size(), 4u);
+    EXPECT_EQ(parsed->pairs[3].prompt, "nested");
+    EXPECT_EQ(parsed->pairs[3].completion, "ok");
+    EXPECT_EQ(parsed->pairs[3].entry, 7);
     EXPECT_EQ(parsed->pairs[0].prompt, "first question");
     EXPECT_EQ(parsed->pairs[0].completion, "first answer");
     EXPECT_EQ(parsed->pairs[0].entry, 0);
@@ -126,6 +135,12 @@ TEST(ShareGpt, ReadsAFileAndNamesOneThatCannotBeOpened) {
     auto read = ReadShareGpt(dir.File("sharegpt.json"));
     ASSERT_TRUE(read.ok()) << read.status().ToString();
     EXPECT_EQ(read->pairs[0].prompt, "hello there");
+    testing::WriteFile(dir.File("cut.json"), file.dump().substr(0, 30));
+    auto cut = ReadShareGpt(dir.File("cut.json"));
+    ASSERT_FALSE(cut.ok());
+    EXPECT_NE(cut.status().message().find(dir.File("cut.json") + ": not JSON (byte "),
+              std::string::npos)
+        << cut.status().message();
     auto missing = ReadShareGpt(dir.File("absent.json"));
     ASSERT_FALSE(missing.ok());
     EXPECT_NE(missing.status().message().find(dir.File("absent.json") + ": cannot open"),
