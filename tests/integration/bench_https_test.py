@@ -35,6 +35,8 @@ class TlsProxy:
         self.upstream = upstream
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.load_cert_chain(cert, key)
+        self.server_names = []  # the SNI of each ClientHello (None: none sent)
+        self.context.sni_callback = lambda sock, name, ctx: self.server_names.append(name)
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.handshakes = 0
@@ -182,6 +184,8 @@ class BenchHttpsTest(unittest.TestCase):
         self.assertEqual(r.returncode, 1)
         self.assertIn("not trusted", r.stderr)
         self.assertIn("mismatch", r.stderr)
+        self.assertIn("localhost", self.proxy.server_names)  # SNI for a DNS name
+        self.assertNotIn("127.0.0.1", self.proxy.server_names)  # never for an IP address
 
     def test_insecure_skips_the_check(self):
         r = self.bench("--insecure", "--num-requests", "4", "--input-len", "8", "--output-len", "6",
