@@ -65,13 +65,9 @@ Distribution Summarize(std::vector<double> values) {
     return d;
 }
 
-namespace {
-
-double Tpot(const RequestOutcome& o) {
+double TimePerOutputToken(const RequestOutcome& o) {
     return (o.e2e_s - o.ttft_s) / static_cast<double>(o.output_tokens - 1);
 }
-
-}  // namespace
 
 BenchReport MakeReport(const BenchRun& run, const Slo& slo) {
     BenchReport r;
@@ -101,10 +97,11 @@ BenchReport MakeReport(const BenchRun& run, const Slo& slo) {
         e2el.push_back(o.e2e_s * 1e3);
         for (double gap : o.itl_s) itl.push_back(gap * 1e3);
         const bool has_tpot = o.output_tokens > 1;
-        if (has_tpot) tpot.push_back(Tpot(o) * 1e3);
-        const bool within = (!slo.ttft_ms || o.ttft_s * 1e3 <= *slo.ttft_ms) &&
-                            (!slo.tpot_ms || !has_tpot || Tpot(o) * 1e3 <= *slo.tpot_ms) &&
-                            (!slo.e2el_ms || o.e2e_s * 1e3 <= *slo.e2el_ms);
+        if (has_tpot) tpot.push_back(TimePerOutputToken(o) * 1e3);
+        const bool within =
+            (!slo.ttft_ms || o.ttft_s * 1e3 <= *slo.ttft_ms) &&
+            (!slo.tpot_ms || !has_tpot || TimePerOutputToken(o) * 1e3 <= *slo.tpot_ms) &&
+            (!slo.e2el_ms || o.e2e_s * 1e3 <= *slo.e2el_ms);
         if (within) ++good;
     }
     if (r.duration_s > 0) {

@@ -56,6 +56,10 @@ struct BenchReport {
     Distribution ttft_ms, tpot_ms, itl_ms, e2el_ms;
 };
 
+// TPOT of one request in seconds: (E2E - TTFT) / (output tokens - 1).
+// REQUIRES: outcome.output_tokens > 1.
+double TimePerOutputToken(const RequestOutcome& outcome);
+
 BenchReport MakeReport(const BenchRun& run, const Slo& slo);
 std::string ReportText(const BenchReport& report);
 std::string ReportJson(const BenchReport& report);

@@ -64,10 +64,8 @@ std::string RequestBody(ApiKind api, const std::string& model, const BenchPrompt
     return body.dump();
 }
 
-namespace {
-
-Result<std::string> FirstModel(const BenchOptions& o) {
-    KV_ASSIGN_OR_RETURN(std::string body, HttpGet(o.url, "/v1/models", o.api_key, 30));
+Result<std::string> ServedModel(const BaseUrl& url, const std::string& api_key) {
+    KV_ASSIGN_OR_RETURN(std::string body, HttpGet(url, "/v1/models", api_key, 30));
     const json j = json::parse(body, nullptr, false);
     if (j.is_object() && j.contains("data") && j["data"].is_array() && !j["data"].empty() &&
         j["data"][0].contains("id") && j["data"][0]["id"].is_string()) {
@@ -75,6 +73,8 @@ Result<std::string> FirstModel(const BenchOptions& o) {
     }
     return InvalidArgument("GET /v1/models gave no model id; pass --model");
 }
+
+namespace {
 
 // Arrival offsets from the start, in seconds: 0 for every request at an infinite rate, else the
 // running sum of exponential gaps (a Poisson process).
@@ -173,8 +173,10 @@ Result<BenchRun> RunBench(const BenchOptions& options, const std::vector<BenchPr
     BenchRun run;
     run.model = options.model;
     if (run.model.empty()) {
-        KV_ASSIGN_OR_RETURN(run.model, FirstModel(options));
+        KV_ASSIGN_OR_RETURN(run.model, ServedModel(options.url, options.api_key));
     }
+    // A certificate the client does not trust is one line here, not one per request.
+    KV_RETURN_IF_ERROR(CheckConnection(options.url, 30));
     if (prompts.empty()) return run;
     boost::asio::io_context io;
     Scheduler scheduler(io, options, prompts, run.model);

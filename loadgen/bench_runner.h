@@ -48,6 +48,9 @@ std::string RequestBody(ApiKind api, const std::string& model, const BenchPrompt
 // "completions", "chat" or "messages" -> its path.
 std::string_view ApiPath(ApiKind api);
 
+// The id of the server's first model (GET /v1/models), for runs without --model.
+Result<std::string> ServedModel(const BaseUrl& url, const std::string& api_key);
+
 // Runs the whole schedule and returns when every request has ended. Fails only before sending
 // (no model could be found); failed requests are reported in their outcomes.
 Result<BenchRun> RunBench(const BenchOptions& options, const std::vector<BenchPrompt>& prompts);

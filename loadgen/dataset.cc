@@ -49,8 +49,9 @@ Result<DatasetKind> ParseDatasetKind(std::string_view name) {
     if (name == "random") return DatasetKind::kRandom;
     if (name == "shared-prefix") return DatasetKind::kSharedPrefix;
     if (name == "chat") return DatasetKind::kChat;
+    if (name == "sharegpt") return DatasetKind::kShareGpt;
     return InvalidArgument("--dataset: unknown dataset '" + std::string(name) +
-                           "' (random, shared-prefix, chat)");
+                           "' (random, shared-prefix, chat, sharegpt)");
 }
 
 namespace {
@@ -87,6 +88,9 @@ Status Positive(const char* flag, int64_t v) {
 }  // namespace
 
 Result<std::vector<BenchPrompt>> MakeDataset(const DatasetOptions& o) {
+    if (o.kind == DatasetKind::kShareGpt) {
+        return InvalidArgument("--dataset sharegpt is read from --dataset-path, not generated");
+    }
     KV_RETURN_IF_ERROR(Positive("--num-requests", o.num_requests));
     KV_RETURN_IF_ERROR(Positive("--output-len", o.output_len));
     if (o.kind == DatasetKind::kSharedPrefix) {
@@ -124,6 +128,8 @@ Result<std::vector<BenchPrompt>> MakeDataset(const DatasetOptions& o) {
                 p.num_words = LogNormal(o.input_len, 0.8, 4, rng);
                 p.output_len = LogNormal(o.output_len, 0.6, 1, rng);
                 p.text = Words(p.num_words, rng);
+                break;
+            case DatasetKind::kShareGpt:  // refused above
                 break;
         }
         prompts.push_back(std::move(p));

@@ -23,9 +23,10 @@
 
 namespace kvshard::loadgen {
 
-enum class DatasetKind { kRandom, kSharedPrefix, kChat };
+// kShareGpt is read from a file (loadgen/sharegpt.h), not made by MakeDataset.
+enum class DatasetKind { kRandom, kSharedPrefix, kChat, kShareGpt };
 
-// "random", "shared-prefix", "chat"; InvalidArgument naming the value otherwise.
+// "random", "shared-prefix", "chat", "sharegpt"; InvalidArgument naming the value otherwise.
 Result<DatasetKind> ParseDatasetKind(std::string_view name);
 
 struct DatasetOptions {
@@ -45,9 +46,11 @@ struct BenchPrompt {
     std::string text;    // the rest of the prompt (the user message on chat)
     int64_t num_words = 0;   // of prefix and text together
     int64_t output_len = 0;  // max_tokens, sent with ignore_eos
+    int64_t prompt_tokens = -1;  // as the dataset measured them (sharegpt); -1: not measured
 };
 
-// The same options and seed give the same prompts. InvalidArgument for out-of-range options.
+// The same options and seed give the same prompts. InvalidArgument for out-of-range options and
+// for kShareGpt.
 Result<std::vector<BenchPrompt>> MakeDataset(const DatasetOptions& options);
 
 // The word list prompts are drawn from.

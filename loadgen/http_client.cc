@@ -6,11 +6,14 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include "loadgen/sse_parser.h"
+#include "loadgen/tls.h"
 
 namespace kvshard::loadgen {
 
@@ -19,15 +22,21 @@ namespace http = beast::http;
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
 Result<BaseUrl> ParseBaseUrl(std::string_view url) {
-    constexpr std::string_view kScheme = "http://";
-    if (url.substr(0, kScheme.size()) != kScheme) {
-        return InvalidArgument(
-            "--base-url must start with http:// (https is not supported), got '" +
-            std::string(url) + "'");
+    BaseUrl out;
+    std::string_view rest;
+    if (url.substr(0, 7) == "http://") {
+        rest = url.substr(7);
+    } else if (url.substr(0, 8) == "https://") {
+        out.https = true;
+        out.port = "443";
+        rest = url.substr(8);
+    } else {
+        return InvalidArgument("--base-url must start with http:// or https://, got '" +
+                               std::string(url) + "'");
     }
-    std::string_view rest = url.substr(kScheme.size());
     const size_t slash = rest.find('/');
     std::string_view authority = rest.substr(0, slash);
     std::string prefix = slash == std::string_view::npos ? "" : std::string(rest.substr(slash));
@@ -35,7 +44,6 @@ Result<BaseUrl> ParseBaseUrl(std::string_view url) {
     if (prefix.size() >= 3 && prefix.compare(prefix.size() - 3, 3, "/v1") == 0) {
         prefix.resize(prefix.size() - 3);
     }
-    BaseUrl out;
     out.prefix = prefix;
     const size_t colon = authority.rfind(':');
     if (colon != std::string_view::npos && authority.find(']') == std::string_view::npos) {
@@ -51,6 +59,10 @@ Result<BaseUrl> ParseBaseUrl(std::string_view url) {
     return out;
 }
 
+std::string UrlText(const BaseUrl& url) {
+    return (url.https ? "https://" : "http://") + url.host + ":" + url.port + url.prefix;
+}
+
 namespace {
 
 double Since(Clock::time_point from, Clock::time_point to) {
@@ -61,12 +73,57 @@ std::chrono::steady_clock::duration Seconds(double s) {
     return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
-class StreamingRequest : public std::enable_shared_from_this<StreamingRequest> {
+template <class Stream>
+constexpr bool kIsTls = std::is_same_v<Stream, TlsStream>;
+
+template <class Stream>
+Stream MakeStream(net::io_context& io, const BaseUrl& url) {
+    if constexpr (kIsTls<Stream>) {
+        return Stream(io, *url.tls);
+    } else {
+        return Stream(io);
+    }
+}
+
+// Resolves, connects and, on TLS, shakes hands; `ready` gets "" or why it failed (one line).
+// REQUIRES: `resolver`, `stream` and `url` outlive the callbacks.
+template <class Stream>
+void AsyncOpen(tcp::resolver& resolver, Stream& stream, const BaseUrl& url, double timeout_s,
+               std::function<void(std::string)> ready) {
+    resolver.async_resolve(
+        url.host, url.port,
+        [&stream, &url, timeout_s, ready](beast::error_code ec,
+                                          tcp::resolver::results_type results) {
+            if (ec) return ready("resolve " + url.host + ": " + ec.message());
+            auto& tcp_layer = beast::get_lowest_layer(stream);
+            tcp_layer.expires_after(Seconds(timeout_s));
+            tcp_layer.async_connect(results, [&stream, &url, ready](beast::error_code ec,
+                                                                    const tcp::endpoint&) {
+                if (ec) return ready("connect " + url.host + ":" + url.port + ": " + ec.message());
+                if constexpr (kIsTls<Stream>) {
+                    if (!PrepareTlsClient(stream.native_handle(), url.host)) {
+                        return ready("TLS: OpenSSL refused the host name '" + url.host + "'");
+                    }
+                    stream.async_handshake(net::ssl::stream_base::client,
+                                           [&stream, &url, ready](beast::error_code ec) {
+                                               if (!ec) return ready("");
+                                               ready(UrlText(url) + ": " +
+                                                     TlsHandshakeError(ec, stream.native_handle()));
+                                           });
+                } else {
+                    ready("");
+                }
+            });
+        });
+}
+
+template <class Stream>
+class StreamingRequest : public std::enable_shared_from_this<StreamingRequest<Stream>> {
   public:
     StreamingRequest(net::io_context& io, HttpTarget target, Clock::time_point run_start,
                      std::function<void(RequestOutcome)> done)
         : resolver_(io),
-          stream_(io),
+          stream_(MakeStream<Stream>(io, target.url)),
           target_(std::move(target)),
           run_start_(run_start),
           done_(std::move(done)) {
@@ -88,35 +145,30 @@ class StreamingRequest : public std::enable_shared_from_this<StreamingRequest> {
     void Run() {
         sent_ = Clock::now();
         outcome_.start_s = Since(run_start_, sent_);
-        resolver_.async_resolve(
-            target_.url.host, target_.url.port,
-            [self = shared_from_this()](beast::error_code ec, tcp::resolver::results_type results) {
-                if (ec) return self->Fail("resolve: " + ec.message());
-                self->Connect(results);
-            });
+        AsyncOpen(resolver_, stream_, target_.url, target_.read_timeout_s,
+                  [self = this->shared_from_this()](const std::string& error) {
+                      if (!error.empty()) return self->Fail(error);
+                      self->Write();
+                  });
     }
 
   private:
-    void Connect(const tcp::resolver::results_type& results) {
-        stream_.expires_after(Seconds(target_.read_timeout_s));
-        stream_.async_connect(results, [self = shared_from_this()](beast::error_code ec,
-                                                                   const tcp::endpoint&) {
-            if (ec) return self->Fail("connect: " + ec.message());
-            self->stream_.expires_after(Seconds(self->target_.read_timeout_s));
-            http::async_write(self->stream_, self->request_, [self](beast::error_code ec, size_t) {
-                if (ec) return self->Fail("write: " + ec.message());
-                self->ReadSome();
-            });
-        });
+    void Write() {
+        beast::get_lowest_layer(stream_).expires_after(Seconds(target_.read_timeout_s));
+        http::async_write(stream_, request_,
+                          [self = this->shared_from_this()](beast::error_code ec, size_t) {
+                              if (ec) return self->Fail("write: " + ec.message());
+                              self->ReadSome();
+                          });
     }
 
     void ReadSome() {
         parser_.get().body().data = chunk_.data();
         parser_.get().body().size = chunk_.size();
-        stream_.expires_after(Seconds(target_.read_timeout_s));
+        beast::get_lowest_layer(stream_).expires_after(Seconds(target_.read_timeout_s));
         http::async_read_some(
             stream_, buffer_, parser_,
-            [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+            [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
     }
 
     void OnRead(beast::error_code ec) {
@@ -234,14 +286,14 @@ class StreamingRequest : public std::enable_shared_from_this<StreamingRequest> {
     void Done() {
         if (!done_) return;
         beast::error_code ignored;
-        stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+        beast::get_lowest_layer(stream_).socket().shutdown(tcp::socket::shutdown_both, ignored);
         auto done = std::move(done_);
         done_ = nullptr;
         done(std::move(outcome_));
     }
 
     tcp::resolver resolver_;
-    beast::tcp_stream stream_;
+    Stream stream_;
     beast::flat_buffer buffer_;
     HttpTarget target_;
     http::request<http::string_body> request_;
@@ -260,54 +312,103 @@ class StreamingRequest : public std::enable_shared_from_this<StreamingRequest> {
     bool done_seen_ = false;
 };
 
-}  // namespace
-
-void StartStreamingRequest(net::io_context& io, const HttpTarget& target,
-                           Clock::time_point run_start, std::function<void(RequestOutcome)> done) {
-    std::make_shared<StreamingRequest>(io, target, run_start, std::move(done))->Run();
-}
-
-Result<std::string> HttpGet(const BaseUrl& url, const std::string& path, const std::string& api_key,
-                            double timeout_s) {
-    const std::string where = "GET http://" + url.host + ":" + url.port + url.prefix + path;
+// One blocking exchange on its own io_context: `request` empty means connect (and shake hands)
+// only. The answer's body, or one line saying what failed.
+template <class Stream>
+Result<std::string> Exchange(const BaseUrl& url, http::request<http::string_body>* request,
+                             double timeout_s) {
+    const std::string where = request ? std::string(request->method_string()) + " " + UrlText(url) +
+                                            std::string(request->target().substr(url.prefix.size()))
+                                      : UrlText(url);
     net::io_context io;
     tcp::resolver resolver(io);
-    beast::tcp_stream stream(io);
+    Stream stream = MakeStream<Stream>(io, url);
     beast::flat_buffer buffer;
-    http::request<http::empty_body> req{http::verb::get, url.prefix + path, 11};
-    req.set(http::field::host, url.host);
-    if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
     http::response<http::string_body> res;
-    beast::error_code error;
+    std::string error;
     bool finished = false;
-    auto fail = [&](beast::error_code ec) {
-        error = ec;
+    auto fail = [&](std::string why) {
+        error = std::move(why);
         finished = true;
     };
-    resolver.async_resolve(
-        url.host, url.port, [&](beast::error_code ec, tcp::resolver::results_type results) {
-            if (ec) return fail(ec);
-            stream.expires_after(Seconds(timeout_s));
-            stream.async_connect(results, [&](beast::error_code ec, const tcp::endpoint&) {
-                if (ec) return fail(ec);
-                http::async_write(stream, req, [&](beast::error_code ec, size_t) {
-                    if (ec) return fail(ec);
-                    http::async_read(stream, buffer, res, [&](beast::error_code ec, size_t) {
-                        if (ec) return fail(ec);
-                        finished = true;
-                    });
-                });
+    AsyncOpen(resolver, stream, url, timeout_s, [&](const std::string& open_error) {
+        if (!open_error.empty()) return fail(open_error);
+        if (!request) {
+            finished = true;
+            return;
+        }
+        http::async_write(stream, *request, [&](beast::error_code ec, size_t) {
+            if (ec) return fail(where + ": write: " + ec.message());
+            http::async_read(stream, buffer, res, [&](beast::error_code ec, size_t) {
+                if (ec) return fail(where + ": read: " + ec.message());
+                finished = true;
             });
         });
+    });
     io.run_for(Seconds(timeout_s));
     if (!finished) return Status(StatusCode::kUnavailable, where + ": timed out");
-    if (error) return Status(StatusCode::kUnavailable, where + ": " + error.message());
+    if (!error.empty()) return Status(StatusCode::kUnavailable, error);
+    if (!request) return std::string();
     if (res.result() != http::status::ok) {
         return Status(StatusCode::kUnavailable, where + ": HTTP " +
                                                     std::to_string(res.result_int()) + ": " +
                                                     res.body().substr(0, 500));
     }
     return res.body();
+}
+
+Result<std::string> Exchange(const BaseUrl& url, http::request<http::string_body>* request,
+                             double timeout_s) {
+    if (!url.https) return Exchange<beast::tcp_stream>(url, request, timeout_s);
+    if (!url.tls) return InvalidArgument(UrlText(url) + ": https without a TLS context");
+    return Exchange<TlsStream>(url, request, timeout_s);
+}
+
+http::request<http::string_body> MakeRequest(http::verb verb, const BaseUrl& url,
+                                             const std::string& path, const std::string& api_key) {
+    http::request<http::string_body> req{verb, url.prefix + path, 11};
+    req.set(http::field::host, url.host);
+    if (!api_key.empty()) req.set(http::field::authorization, "Bearer " + api_key);
+    req.keep_alive(false);
+    return req;
+}
+
+}  // namespace
+
+void StartStreamingRequest(net::io_context& io, const HttpTarget& target,
+                           Clock::time_point run_start, std::function<void(RequestOutcome)> done) {
+    if (!target.url.https) {
+        std::make_shared<StreamingRequest<beast::tcp_stream>>(io, target, run_start,
+                                                              std::move(done))
+            ->Run();
+    } else if (!target.url.tls) {
+        RequestOutcome outcome;
+        outcome.error = UrlText(target.url) + ": https without a TLS context";
+        done(std::move(outcome));
+    } else {
+        std::make_shared<StreamingRequest<TlsStream>>(io, target, run_start, std::move(done))
+            ->Run();
+    }
+}
+
+Result<std::string> HttpGet(const BaseUrl& url, const std::string& path, const std::string& api_key,
+                            double timeout_s) {
+    auto req = MakeRequest(http::verb::get, url, path, api_key);
+    return Exchange(url, &req, timeout_s);
+}
+
+Result<std::string> HttpPost(const BaseUrl& url, const std::string& path, const std::string& body,
+                             const std::string& api_key, double timeout_s) {
+    auto req = MakeRequest(http::verb::post, url, path, api_key);
+    req.set(http::field::content_type, "application/json");
+    req.body() = body;
+    req.prepare_payload();
+    return Exchange(url, &req, timeout_s);
+}
+
+Status CheckConnection(const BaseUrl& url, double timeout_s) {
+    if (!url.https) return Status::Ok();
+    return Exchange(url, nullptr, timeout_s).status();
 }
 
 }  // namespace kvshard::loadgen

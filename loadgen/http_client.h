@@ -1,16 +1,18 @@
-// The load generator's HTTP side (Boost.Beast, plain HTTP/1.1): one streamed request on an
-// io_context, timed chunk by chunk — OpenAI's stream (chunks, then "data: [DONE]") or Anthropic's
-// Messages stream (message_start ... content_block_delta ... message_stop) — and a blocking GET
-// for /v1/models.
+// The load generator's HTTP side (Boost.Beast, HTTP/1.1, over TCP or TLS): one streamed request
+// on an io_context, timed chunk by chunk — OpenAI's stream (chunks, then "data: [DONE]") or
+// Anthropic's Messages stream (message_start ... content_block_delta ... message_stop) — and a
+// blocking GET for /v1/models and a blocking POST for /tokenize.
 //
 // Thread-safety: a request lives on the io_context it was started on; run that context on one
 // thread (the bench does) and the callback runs there.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ssl/context.hpp>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -20,14 +22,21 @@
 
 namespace kvshard::loadgen {
 
-// http://host[:port][/prefix]; a trailing "/v1" is dropped (OpenAI clients' base URLs have it),
-// so paths are always written "/v1/...".
+// http[s]://host[:port][/prefix]; a trailing "/v1" is dropped (OpenAI clients' base URLs have
+// it), so paths are always written "/v1/...".
 struct BaseUrl {
+    bool https = false;
     std::string host;
-    std::string port = "80";
-    std::string prefix;  // "" or "/something", no trailing slash
+    std::string port = "80";  // 443 for https unless given
+    std::string prefix;       // "" or "/something", no trailing slash
+    // https: how the server's certificate is checked (loadgen/tls.h MakeTlsContext). REQUIRES:
+    // set before any request when `https`; shared by every connection of the run.
+    std::shared_ptr<boost::asio::ssl::context> tls;
 };
+// Does not set `tls`.
 Result<BaseUrl> ParseBaseUrl(std::string_view url);
+// "https://host:port/prefix", for messages.
+std::string UrlText(const BaseUrl& url);
 
 struct HttpTarget {
     BaseUrl url;
@@ -61,8 +70,15 @@ void StartStreamingRequest(boost::asio::io_context& io, const HttpTarget& target
                            std::chrono::steady_clock::time_point run_start,
                            std::function<void(RequestOutcome)> done);
 
-// GET prefix + path; the body of a 200 answer, else Unavailable with the status and body.
+// GET prefix + path; the body of a 200 answer, else Unavailable with the status and body (or the
+// socket or TLS error), on one line.
 Result<std::string> HttpGet(const BaseUrl& url, const std::string& path, const std::string& api_key,
                             double timeout_s);
+// POST prefix + path with a JSON body; as HttpGet.
+Result<std::string> HttpPost(const BaseUrl& url, const std::string& path, const std::string& body,
+                             const std::string& api_key, double timeout_s);
+// https: connects and completes a TLS handshake (nothing is sent), so a certificate the client
+// does not trust is one clear error before a run starts; Ok at once for http.
+Status CheckConnection(const BaseUrl& url, double timeout_s);
 
 }  // namespace kvshard::loadgen

@@ -11,9 +11,9 @@ KVSHARD_DEBIAN_PACKAGES=(
   build-essential cmake pkg-config ccache git
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev libpcre2-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
-  libxxhash-dev zlib1g-dev libyaml-cpp-dev libboost-dev libopenmpi-dev openmpi-bin
+  libxxhash-dev zlib1g-dev libyaml-cpp-dev libboost-dev libssl-dev libopenmpi-dev openmpi-bin
   libgloo-dev libucx-dev yamllint
-  python3 python3-pip python3-venv curl
+  python3 python3-pip python3-venv curl openssl
 )
 
 log() { printf '[kvshard] %s\n' "$*" >&2; }

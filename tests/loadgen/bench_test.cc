@@ -113,7 +113,11 @@ TEST(Dataset, BadOptions) {
     o = {};
     o.range_ratio = 1.0;
     EXPECT_NE(MakeDataset(o).status().message().find("--range-ratio"), std::string::npos);
-    EXPECT_FALSE(ParseDatasetKind("sharegpt").ok());
+    EXPECT_FALSE(ParseDatasetKind("burstgpt").ok());
+    EXPECT_EQ(*ParseDatasetKind("sharegpt"), DatasetKind::kShareGpt);
+    o = {};
+    o.kind = DatasetKind::kShareGpt;  // read from a file, not generated
+    EXPECT_NE(MakeDataset(o).status().message().find("--dataset-path"), std::string::npos);
     EXPECT_EQ(*ParseDatasetKind("shared-prefix"), DatasetKind::kSharedPrefix);
 }
 
@@ -139,7 +143,12 @@ TEST(BaseUrl, Parse) {
     ASSERT_TRUE(p.ok());
     EXPECT_EQ(p->port, "80");
     EXPECT_EQ(p->prefix, "/proxy");
-    EXPECT_FALSE(ParseBaseUrl("https://x:1").ok());
+    auto s = ParseBaseUrl("https://example.com/v1");
+    ASSERT_TRUE(s.ok());
+    EXPECT_TRUE(s->https);
+    EXPECT_EQ(s->port, "443");
+    EXPECT_EQ(UrlText(*s), "https://example.com:443");
+    EXPECT_FALSE(ParseBaseUrl("ftp://x:1").ok());
     EXPECT_FALSE(ParseBaseUrl("http://:80").ok());
     EXPECT_FALSE(ParseBaseUrl("http://h:port").ok());
 }
