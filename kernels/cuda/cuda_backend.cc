@@ -14,6 +14,7 @@
 
 #include "common/dtype.h"
 #include "kernels/cuda/backend_kernels.h"
+#include "kernels/cuda/cublas_library.h"
 #include "kernels/cuda/launch_math.h"
 #include "kernels/cuda/weight_pack.h"
 #include "kernels/cuda_ops.h"
@@ -27,8 +28,8 @@ Status CudaStatus(cudaError_t err, const std::string& what) {
 }
 
 Status CublasStatus(cublasStatus_t st, const std::string& what) {
-    return Unavailable("cuda backend: " + what + ": cuBLAS error " + std::to_string(int(st)) + " (" +
-                       cublasGetStatusName(st) + ")");
+    return Unavailable("cuda backend: " + what + ": cuBLAS error " + std::to_string(int(st)) +
+                       " (" + Cublas().cublasGetStatusName(st) + ")");
 }
 
 // The largest power of two (at most 256) dividing the address: what cuBLASLt may assume.
@@ -110,7 +111,11 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendConfig& co
     }
     b->stream_ = stream;
     Impl& im = *b->impl_;
-    if (const cublasStatus_t st = cublasLtCreate(&im.lt); st != CUBLAS_STATUS_SUCCESS) {
+    // cuBLAS is opened here, by the first backend of the process, not at program start.
+    if (Result<const CublasLibrary*> cublas = LoadCublas(); !cublas.ok()) {
+        return cublas.status().WithContext("cuda backend");
+    }
+    if (const cublasStatus_t st = Cublas().cublasLtCreate(&im.lt); st != CUBLAS_STATUS_SUCCESS) {
         return CublasStatus(st, "cublasLtCreate");
     }
     im.cublas = std::make_unique<CublasHandle>();
@@ -120,7 +125,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendConfig& co
     }
     // cuBLAS shares it (one stream orders their use): an explicit workspace also keeps cuBLAS
     // from allocating inside a graph capture.
-    if (const cublasStatus_t st = cublasSetWorkspace(
+    if (const cublasStatus_t st = Cublas().cublasSetWorkspace(
             static_cast<cublasHandle_t>(im.cublas->get()), im.lt_workspace, kLtWorkspaceBytes);
         st != CUBLAS_STATUS_SUCCESS) {
         return CublasStatus(st, "cublasSetWorkspace");
@@ -145,9 +150,9 @@ CudaBackend::~CudaBackend() {
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     Impl& im = *impl_;
     im.plans.ForEach([](const GemmKey&, LtPlan& p) {
-        if (p.op != nullptr) cublasLtMatmulDescDestroy(p.op);
+        if (p.op != nullptr) Cublas().cublasLtMatmulDescDestroy(p.op);
         for (cublasLtMatrixLayout_t l : {p.a, p.b, p.c}) {
-            if (l != nullptr) cublasLtMatrixLayoutDestroy(l);
+            if (l != nullptr) Cublas().cublasLtMatrixLayoutDestroy(l);
         }
     });
     for (auto& [key, copy] : im.copies) cudaFree(copy.data);
@@ -157,7 +162,7 @@ CudaBackend::~CudaBackend() {
     cudaFree(im.partials);
     cudaFree(im.lt_workspace);
     im.cublas.reset();
-    if (im.lt != nullptr) cublasLtDestroy(im.lt);
+    if (im.lt != nullptr) Cublas().cublasLtDestroy(im.lt);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -191,9 +196,10 @@ Result<void*> CudaBackend::AllocateRaw(size_t bytes) {
         size_t free_b = 0, total_b = 0;
         cudaMemGetInfo(&free_b, &total_b);
         return Status(StatusCode::kResourceExhausted,
-                      "cuda backend: cannot allocate " + std::to_string(bytes) + " bytes on device " +
-                          std::to_string(device_) + " (" + std::to_string(free_b) + " of " +
-                          std::to_string(total_b) + " bytes free): " + cudaGetErrorString(err));
+                      "cuda backend: cannot allocate " + std::to_string(bytes) +
+                          " bytes on device " + std::to_string(device_) + " (" +
+                          std::to_string(free_b) + " of " + std::to_string(total_b) +
+                          " bytes free): " + cudaGetErrorString(err));
     }
     return p;
 }
@@ -218,7 +224,8 @@ Status CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return Status::Ok();
     cudaSetDevice(device_);
     const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_);
-    if (err != cudaSuccess) return CudaStatus(err, "copy of " + std::to_string(bytes) + " bytes to the device");
+    if (err != cudaSuccess)
+        return CudaStatus(err, "copy of " + std::to_string(bytes) + " bytes to the device");
     return Status::Ok();
 }
 
@@ -226,7 +233,8 @@ Status CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return Status::Ok();
     cudaSetDevice(device_);
     const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_);
-    if (err != cudaSuccess) return CudaStatus(err, "copy of " + std::to_string(bytes) + " bytes to the host");
+    if (err != cudaSuccess)
+        return CudaStatus(err, "copy of " + std::to_string(bytes) + " bytes to the host");
     return Status::Ok();
 }
 
@@ -239,7 +247,8 @@ Status CudaBackend::Synchronize() {
 
 Status CudaBackend::BeginCapture() {
     Impl& im = *impl_;
-    if (im.capturing) return InvalidArgument("cuda backend: BeginCapture: a capture is already open");
+    if (im.capturing)
+        return InvalidArgument("cuda backend: BeginCapture: a capture is already open");
     if (!first_error_.ok()) return first_error_;
     cudaSetDevice(device_);
     const cudaError_t err = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
@@ -377,7 +386,7 @@ void CudaBackend::MatMul(const float* x, int64_t m, const WeightView& w, float* 
             << "m=" << m << " n=" << w.rows << " k=" << w.cols;
         const int mi = int(m), ni = int(w.rows), ki = int(w.cols);
         const float alpha = 1.0f, beta = 0.0f;
-        const cublasStatus_t st = cublasSgemm(
+        const cublasStatus_t st = Cublas().cublasSgemm(
             static_cast<cublasHandle_t>(im.cublas->get()), CUBLAS_OP_T, CUBLAS_OP_N, ni, mi, ki,
             &alpha, static_cast<const float*>(w.data), ki, x, ki, &beta, y, ni);
         if (st != CUBLAS_STATUS_SUCCESS) Fail(CublasStatus(st, "cublasSgemm"));
@@ -420,55 +429,60 @@ void CudaBackend::MatMul(const float* x, int64_t m, const WeightView& w, float* 
     const LtPlan& plan = im.plans.Get(key, [&](const GemmKey& k) {
         LtPlan p;
         // Column-major view of the row-major product: yᵀ[n, m] = op_T(wᵀ[k, n]) · xᵀ[k, m].
-        cublasStatus_t st = cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+        cublasStatus_t st =
+            Cublas().cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
         const cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
         if (st == CUBLAS_STATUS_SUCCESS) {
-            st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans,
-                                                sizeof(trans));
+            st = Cublas().cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans,
+                                                         sizeof(trans));
         }
         if (st == CUBLAS_STATUS_SUCCESS) {
-            st = cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &no_trans,
-                                                sizeof(no_trans));
+            st = Cublas().cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                         &no_trans, sizeof(no_trans));
         }
         if (st == CUBLAS_STATUS_SUCCESS) {
-            st = cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, uint64_t(k.k), uint64_t(k.n), k.k);
+            st = Cublas().cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, uint64_t(k.k),
+                                                     uint64_t(k.n), k.k);
         }
         if (st == CUBLAS_STATUS_SUCCESS) {
-            st = cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, uint64_t(k.k), uint64_t(k.m), k.k);
+            st = Cublas().cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, uint64_t(k.k),
+                                                     uint64_t(k.m), k.k);
         }
         if (st == CUBLAS_STATUS_SUCCESS) {
-            st = cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, uint64_t(k.n), uint64_t(k.m), k.n);
+            st = Cublas().cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, uint64_t(k.n), uint64_t(k.m),
+                                                     k.n);
         }
         cublasLtMatmulPreference_t pref = nullptr;
-        if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceCreate(&pref);
+        if (st == CUBLAS_STATUS_SUCCESS) st = Cublas().cublasLtMatmulPreferenceCreate(&pref);
         const uint64_t ws = kLtWorkspaceBytes;
         const uint32_t a_align = uint32_t(k.w_align), c_align = uint32_t(k.y_align);
         const uint32_t b_align = 256;  // the activation copy is its own allocation
         if (st == CUBLAS_STATUS_SUCCESS) {
-            st = cublasLtMatmulPreferenceSetAttribute(
+            st = Cublas().cublasLtMatmulPreferenceSetAttribute(
                 pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
         }
         if (st == CUBLAS_STATUS_SUCCESS) {
-            st = cublasLtMatmulPreferenceSetAttribute(
+            st = Cublas().cublasLtMatmulPreferenceSetAttribute(
                 pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a_align, sizeof(a_align));
         }
         if (st == CUBLAS_STATUS_SUCCESS) {
-            st = cublasLtMatmulPreferenceSetAttribute(
+            st = Cublas().cublasLtMatmulPreferenceSetAttribute(
                 pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b_align, sizeof(b_align));
         }
         for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
                           CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
             if (st == CUBLAS_STATUS_SUCCESS) {
-                st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &c_align, sizeof(c_align));
+                st = Cublas().cublasLtMatmulPreferenceSetAttribute(pref, attr, &c_align,
+                                                                   sizeof(c_align));
             }
         }
         cublasLtMatmulHeuristicResult_t result{};
         int found = 0;
         if (st == CUBLAS_STATUS_SUCCESS) {
-            st = cublasLtMatmulAlgoGetHeuristic(im.lt, p.op, p.a, p.b, p.c, p.c, pref, 1, &result,
-                                                &found);
+            st = Cublas().cublasLtMatmulAlgoGetHeuristic(im.lt, p.op, p.a, p.b, p.c, p.c, pref, 1,
+                                                         &result, &found);
         }
-        if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+        if (pref != nullptr) Cublas().cublasLtMatmulPreferenceDestroy(pref);
         if (st != CUBLAS_STATUS_SUCCESS) {
             p.error = CublasStatus(st, "cuBLASLt plan").message();
         } else if (found == 0) {
@@ -486,8 +500,8 @@ void CudaBackend::MatMul(const float* x, int64_t m, const WeightView& w, float* 
     }
     const float alpha = 1.0f, beta = 0.0f;
     const cublasStatus_t st =
-        cublasLtMatmul(im.lt, plan.op, &alpha, wb, plan.a, xb, plan.b, &beta, y, plan.c, y, plan.c,
-                       &plan.algo, im.lt_workspace, kLtWorkspaceBytes, stream_);
+        Cublas().cublasLtMatmul(im.lt, plan.op, &alpha, wb, plan.a, xb, plan.b, &beta, y, plan.c, y,
+                                plan.c, &plan.algo, im.lt_workspace, kLtWorkspaceBytes, stream_);
     if (st != CUBLAS_STATUS_SUCCESS) Fail(CublasStatus(st, "cublasLtMatmul"));
 }
 

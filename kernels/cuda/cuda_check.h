@@ -2,11 +2,11 @@
 // through KV_CHECK's machinery with the file, line, the call and the library's error string.
 #pragma once
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include "common/check.h"
+#include "kernels/cuda/cublas_library.h"
 
 #define KV_CUDA_CHECK(call)                                                                     \
     do {                                                                                        \
@@ -21,15 +21,15 @@
 // Checks the launch of the kernel just queued (bad configuration, no kernel image for the device).
 #define KV_CUDA_CHECK_LAUNCH() KV_CUDA_CHECK(cudaGetLastError())
 
-#define KV_CUBLAS_CHECK(call)                                                  \
-    do {                                                                       \
-        const cublasStatus_t kv_cublas_err_ = (call);                          \
-        if (kv_cublas_err_ != CUBLAS_STATUS_SUCCESS) {                         \
-            ::kvshard::internal::CheckFailure(__FILE__, __LINE__, #call)       \
-                << "cuBLAS error " << static_cast<int>(kv_cublas_err_) << " (" \
-                << cublasGetStatusName(kv_cublas_err_)                         \
-                << "): " << cublasGetStatusString(kv_cublas_err_);             \
-        }                                                                      \
+#define KV_CUBLAS_CHECK(call)                                                                \
+    do {                                                                                     \
+        const cublasStatus_t kv_cublas_err_ = (call);                                        \
+        if (kv_cublas_err_ != CUBLAS_STATUS_SUCCESS) {                                       \
+            ::kvshard::internal::CheckFailure(__FILE__, __LINE__, #call)                     \
+                << "cuBLAS error " << static_cast<int>(kv_cublas_err_) << " ("               \
+                << ::kvshard::cuda::Cublas().cublasGetStatusName(kv_cublas_err_)             \
+                << "): " << ::kvshard::cuda::Cublas().cublasGetStatusString(kv_cublas_err_); \
+        }                                                                                    \
     } while (0)
 
 #define KV_NCCL_CHECK(call)                                                \
