@@ -129,18 +129,25 @@ TEST(ChatTemplate, SmolLm2DefaultSystemPrompt) {
     EXPECT_EQ(tmpl->default_system_prompt(),
               "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
     EXPECT_EQ(tmpl->end_of_turn(), "<|im_end|>");
-    // The same prompt written with Jinja "\n" escapes instead of real newlines.
+    // The same prompt written with Jinja "\n" escapes instead of real newlines (a whole
+    // template: one the built-in style does not render alike is interpreted instead).
     auto escaped = ChatTemplate::FromJinja(
-        "{{ '<|im_start|>system\\nBe nice.<|im_end|>\\n' }}{{'<|im_start|>' + message['role']}}",
+        "{% for m in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+        "{{ '<|im_start|>system\\nBe nice.<|im_end|>\\n' }}{% endif %}"
+        "{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
         {}, "test");
     ASSERT_TRUE(escaped.ok());
+    EXPECT_FALSE(escaped->interpreted());
     EXPECT_EQ(escaped->default_system_prompt(), "Be nice.");
     // A plain ChatML template (no literal system turn) has none.
     auto plain = ChatTemplate::FromJinja(
         "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + "
-        "'<|im_end|>\\n'}}{% endfor %}",
+        "'<|im_end|>\\n'}}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
         {}, "test");
     ASSERT_TRUE(plain.ok());
+    EXPECT_FALSE(plain->interpreted());
     EXPECT_EQ(plain->default_system_prompt(), "");
     EXPECT_EQ(*plain->Render({{"user", "x"}}, true),
               "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n");
