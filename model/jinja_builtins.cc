@@ -11,17 +11,9 @@ namespace {
 
 constexpr std::string_view kSpace = " \t\n\r\v\f";
 
-// The value of keyword `name`, else positional `index`, else nullptr.
-const Value* Arg(const CallArgs& args, size_t index, std::string_view name) {
-    for (const auto& [k, v] : args.keyword) {
-        if (k == name) return &v;
-    }
-    return index < args.positional.size() ? &args.positional[index] : nullptr;
-}
-
 Result<std::string> StrArg(const CallArgs& args, size_t index, std::string_view name,
                            std::string_view what, const char* dflt = nullptr) {
-    const Value* v = Arg(args, index, name);
+    const Value* v = args.Get(index, name);
     if (v == nullptr || v->is_none()) {
         if (dflt != nullptr) return std::string(dflt);
         return InvalidArgument(std::string(what) + " needs its argument '" + std::string(name) +
@@ -120,7 +112,7 @@ Result<Value> Replace(const Value& s, const CallArgs& args, Budget* budget) {
     KV_ASSIGN_OR_RETURN(std::string old, StrArg(args, 0, "old", "replace"));
     KV_ASSIGN_OR_RETURN(std::string repl, StrArg(args, 1, "new", "replace"));
     int64_t count = -1;
-    if (const Value* c = Arg(args, 2, "count"); c != nullptr && c->kind() == Value::Kind::kInt) {
+    if (const Value* c = args.Get(2, "count"); c != nullptr && c->kind() == Value::Kind::kInt) {
         count = c->i();
     }
     const std::string& text = s.str();
@@ -144,7 +136,7 @@ Result<Value> Replace(const Value& s, const CallArgs& args, Budget* budget) {
         }
     }
     if (pos < text.size()) out.append(text, pos);
-    const bool literal = s.HasLiteral() || Arg(args, 1, "new")->HasLiteral();
+    const bool literal = s.HasLiteral() || args.Get(1, "new")->HasLiteral();
     return Derived(std::move(out), literal);
 }
 
@@ -214,9 +206,9 @@ Result<Value> SelectFilter(const Value& seq, CallArgs& args, bool by_attr, bool 
 Result<Value> MapFilter(const Value& seq, CallArgs& args, Budget* budget) {
     KV_ASSIGN_OR_RETURN(List items, Iterate(seq));
     List out;
-    if (const Value* attr = Arg(args, SIZE_MAX, "attribute")) {
+    if (const Value* attr = args.Get(SIZE_MAX, "attribute")) {
         if (!attr->is_string()) return InvalidArgument("map: attribute must be a string");
-        const Value* dflt = Arg(args, SIZE_MAX, "default");
+        const Value* dflt = args.Get(SIZE_MAX, "default");
         for (const Value& item : items) {
             Value v = AttrPath(item, attr->str());
             if (v.is_undefined() && dflt != nullptr) v = *dflt;
@@ -241,7 +233,7 @@ Result<Value> MapFilter(const Value& seq, CallArgs& args, Budget* budget) {
 
 Result<Value> ToJsonFilter(const Value& v, const CallArgs& args, Budget* budget) {
     int indent = -1;
-    if (const Value* i = Arg(args, 0, "indent"); i != nullptr && !i->is_none()) {
+    if (const Value* i = args.Get(0, "indent"); i != nullptr && !i->is_none()) {
         if (i->kind() != Value::Kind::kInt || i->i() < 0 || i->i() > 64) {
             return InvalidArgument("tojson: indent must be an integer from 0 to 64");
         }
@@ -249,7 +241,7 @@ Result<Value> ToJsonFilter(const Value& v, const CallArgs& args, Budget* budget)
     }
     std::string item_sep = indent >= 0 ? "," : ", ";
     std::string key_sep = ": ";
-    if (const Value* s = Arg(args, SIZE_MAX, "separators"); s != nullptr && !s->is_none()) {
+    if (const Value* s = args.Get(SIZE_MAX, "separators"); s != nullptr && !s->is_none()) {
         if (!s->is_list() || s->list().size() != 2 || !s->list()[0].is_string() ||
             !s->list()[1].is_string()) {
             return InvalidArgument("tojson: separators must be two strings");
@@ -257,8 +249,8 @@ Result<Value> ToJsonFilter(const Value& v, const CallArgs& args, Budget* budget)
         item_sep = s->list()[0].str();
         key_sep = s->list()[1].str();
     }
-    const Value* sort = Arg(args, SIZE_MAX, "sort_keys");
-    if (const Value* a = Arg(args, SIZE_MAX, "ensure_ascii"); a != nullptr && a->Truthy()) {
+    const Value* sort = args.Get(SIZE_MAX, "sort_keys");
+    if (const Value* a = args.Get(SIZE_MAX, "ensure_ascii"); a != nullptr && a->Truthy()) {
         return InvalidArgument("tojson: ensure_ascii=true is not supported");
     }
     KV_ASSIGN_OR_RETURN(std::string text,
@@ -269,8 +261,8 @@ Result<Value> ToJsonFilter(const Value& v, const CallArgs& args, Budget* budget)
 
 Result<Value> JoinFilter(const Value& seq, const CallArgs& args, Budget* budget) {
     KV_ASSIGN_OR_RETURN(List items, Iterate(seq));
-    const Value* sep = Arg(args, 0, "d");
-    const Value* attr = Arg(args, 1, "attribute");
+    const Value* sep = args.Get(0, "d");
+    const Value* attr = args.Get(1, "attribute");
     MarkedText out;
     for (size_t i = 0; i < items.size(); ++i) {
         if (i > 0 && sep != nullptr) out.Append(sep->ToStr());
@@ -284,8 +276,8 @@ Result<Value> JoinFilter(const Value& seq, const CallArgs& args, Budget* budget)
 
 Result<Value> SortFilter(const Value& seq, const CallArgs& args) {
     KV_ASSIGN_OR_RETURN(List items, Iterate(seq));
-    const Value* reverse = Arg(args, 0, "reverse");
-    const Value* attr = Arg(args, 2, "attribute");
+    const Value* reverse = args.Get(0, "reverse");
+    const Value* attr = args.Get(2, "attribute");
     Status error;
     auto key = [&](const Value& v) {
         return attr != nullptr && attr->is_string() ? AttrPath(v, attr->str()) : v;
@@ -314,8 +306,8 @@ size_t ChargeOf(const Value& v) {
 
 Result<Value> ApplyFilter(std::string_view name, const Value& v, CallArgs& args, Budget* budget) {
     if (name == "default" || name == "d") {
-        const Value* dflt = Arg(args, 0, "default_value");
-        const Value* boolean = Arg(args, 1, "boolean");
+        const Value* dflt = args.Get(0, "default_value");
+        const Value* boolean = args.Get(1, "boolean");
         const bool use =
             v.is_undefined() || (boolean != nullptr && boolean->Truthy() && !v.Truthy());
         if (use) return dflt != nullptr ? *dflt : Value::String("");
@@ -384,7 +376,7 @@ Result<Value> ApplyFilter(std::string_view name, const Value& v, CallArgs& args,
     }
     if (name == "int" || name == "float") {
         const bool to_int = name == "int";
-        const Value* dflt = Arg(args, 0, "default");
+        const Value* dflt = args.Get(0, "default");
         Value fallback = dflt != nullptr ? *dflt : (to_int ? Value::Int(0) : Value::Float(0));
         if (v.kind() == Value::Kind::kInt || v.kind() == Value::Kind::kBool) {
             const int64_t i = v.kind() == Value::Kind::kBool ? v.b() : v.i();
@@ -417,7 +409,7 @@ Result<Value> ApplyFilter(std::string_view name, const Value& v, CallArgs& args,
     }
     if (name == "trim") {
         const Value s = v.ToStr();
-        const Value* chars = Arg(args, 0, "chars");
+        const Value* chars = args.Get(0, "chars");
         return StripChars(s, chars != nullptr && chars->is_string() ? chars->str() : kSpace, true,
                           true);
     }
@@ -432,87 +424,6 @@ Result<Value> ApplyFilter(std::string_view name, const Value& v, CallArgs& args,
     }
     if (name == "replace") return Replace(v.ToStr(), args, budget);
     return InvalidArgument("the filter '" + std::string(name) +
-                           "' is not supported by kvshard's chat template interpreter");
-}
-
-Result<bool> ApplyTest(std::string_view name, const Value& v, CallArgs& args) {
-    using K = Value::Kind;
-    const Value* other = Arg(args, 0, "other");
-    if (name == "defined") return !v.is_undefined();
-    if (name == "undefined") return v.is_undefined();
-    if (name == "none") return v.is_none();
-    if (name == "boolean") return v.kind() == K::kBool;
-    if (name == "true") return v.kind() == K::kBool && v.b();
-    if (name == "false") return v.kind() == K::kBool && !v.b();
-    if (name == "string") return v.is_string();
-    if (name == "number") return v.is_number() || v.kind() == K::kBool;
-    if (name == "integer") return v.kind() == K::kInt;
-    if (name == "float") return v.kind() == K::kFloat;
-    if (name == "mapping") return v.kind() == K::kDict;
-    if (name == "iterable")
-        return v.is_string() || v.is_list() || v.is_mapping() || v.is_undefined();
-    if (name == "sequence") return v.is_string() || v.is_list() || v.kind() == K::kDict;
-    if (name == "callable") return v.kind() == K::kFunction;
-    if (name == "lower" || name == "upper") {
-        if (!v.is_string()) return false;
-        const bool upper = name == "upper";
-        bool cased = false;
-        for (char c : v.str()) {
-            if (std::isalpha(static_cast<unsigned char>(c))) {
-                cased = true;
-                if ((std::isupper(static_cast<unsigned char>(c)) != 0) != upper) return false;
-            }
-        }
-        return cased;
-    }
-    if (name == "odd" || name == "even" || name == "divisibleby") {
-        if (v.kind() != K::kInt)
-            return InvalidArgument("the test '" + std::string(name) + "' needs an integer");
-        if (name == "odd") return v.i() % 2 != 0;
-        if (name == "even") return v.i() % 2 == 0;
-        const Value* n = Arg(args, 0, "num");
-        if (n == nullptr || n->kind() != K::kInt || n->i() == 0) {
-            return InvalidArgument("divisibleby needs a non-zero integer");
-        }
-        return v.i() % n->i() == 0;
-    }
-    if (other == nullptr && (name == "equalto" || name == "eq" || name == "==" || name == "ne" ||
-                             name == "!=" || name == "in" || name == "sameas" || name == "lt" ||
-                             name == "le" || name == "gt" || name == "ge")) {
-        return InvalidArgument("the test '" + std::string(name) + "' needs an argument");
-    }
-    if (name == "equalto" || name == "eq" || name == "==") return v == *other;
-    if (name == "ne" || name == "!=") return !(v == *other);
-    if (name == "sameas") return v == *other && (v.is_none() || v.kind() == K::kBool);
-    if (name == "lt" || name == "<") return Less(v, *other);
-    if (name == "gt" || name == ">") return Less(*other, v);
-    if (name == "le" || name == "<=") {
-        KV_ASSIGN_OR_RETURN(bool gt, Less(*other, v));
-        return !gt;
-    }
-    if (name == "ge" || name == ">=") {
-        KV_ASSIGN_OR_RETURN(bool lt, Less(v, *other));
-        return !lt;
-    }
-    if (name == "in") {
-        const Value& seq = *other;
-        if (seq.is_string()) {
-            if (!v.is_string()) {
-                return InvalidArgument("'in <string>' needs a string on the left, not " +
-                                       std::string(v.TypeName()));
-            }
-            return seq.str().find(v.str()) != std::string::npos;
-        }
-        if (seq.is_mapping()) return v.is_string() && seq.Find(v.str()) != nullptr;
-        if (seq.is_list()) {
-            return std::any_of(seq.list().begin(), seq.list().end(),
-                               [&](const Value& e) { return e == v; });
-        }
-        if (seq.is_undefined()) return false;
-        return InvalidArgument("argument of type '" + std::string(seq.TypeName()) +
-                               "' is not iterable");
-    }
-    return InvalidArgument("the test '" + std::string(name) +
                            "' is not supported by kvshard's chat template interpreter");
 }
 
@@ -543,7 +454,7 @@ Result<Value> CallMethod(const Value& obj, std::string_view name, CallArgs& args
         // get
         KV_ASSIGN_OR_RETURN(std::string key, StrArg(args, 0, "key", "dict.get"));
         if (const Value* v = obj.Find(key)) return *v;
-        const Value* dflt = Arg(args, 1, "default");
+        const Value* dflt = args.Get(1, "default");
         return dflt != nullptr ? *dflt : Value::None();
     }
     KV_RETURN_IF_ERROR(NeedString(obj, "a string method"));
@@ -554,19 +465,19 @@ Result<Value> CallMethod(const Value& obj, std::string_view name, CallArgs& args
     }
     if (name == "split" || name == "rsplit") {
         KV_ASSIGN_OR_RETURN(std::string sep, StrArg(args, 0, "sep", name, ""));
-        const Value* max = Arg(args, 1, "maxsplit");
+        const Value* max = args.Get(1, "maxsplit");
         const int64_t maxsplit = max != nullptr && max->kind() == Value::Kind::kInt ? max->i() : -1;
         if (name == "rsplit" && maxsplit >= 0) {
             return Status(StatusCode::kUnimplemented, "str.rsplit with maxsplit is not supported");
         }
-        if (Arg(args, 0, "sep") != nullptr && !Arg(args, 0, "sep")->is_none() && sep.empty()) {
+        if (args.Get(0, "sep") != nullptr && !args.Get(0, "sep")->is_none() && sep.empty()) {
             return InvalidArgument("str.split: empty separator");
         }
         KV_ASSIGN_OR_RETURN(List parts, Split(obj, sep, maxsplit, budget));
         return Value::NewList(std::move(parts));
     }
     if (name == "startswith" || name == "endswith") {
-        const Value* p = Arg(args, 0, "prefix");
+        const Value* p = args.Get(0, "prefix");
         if (p == nullptr) return InvalidArgument(std::string(name) + " needs an argument");
         List options = p->is_list() ? p->list() : List{*p};
         for (const Value& o : options) {
@@ -599,130 +510,11 @@ Result<Value> CallMethod(const Value& obj, std::string_view name, CallArgs& args
         return Value::Int(n);
     }
     // join
-    const Value* seq = Arg(args, 0, "iterable");
+    const Value* seq = args.Get(0, "iterable");
     if (seq == nullptr) return InvalidArgument("str.join needs an iterable");
     CallArgs join_args;
     join_args.positional.push_back(obj);
     return JoinFilter(*seq, join_args, budget);
-}
-
-Value GlobalFunction(std::string_view name, Budget* budget) {
-    if (name == "namespace" || name == "dict") {
-        const bool ns = name == "namespace";
-        return Value::NewFunction([ns](CallArgs& args) -> Result<Value> {
-            Dict items;
-            for (const Value& p : args.positional) {
-                if (!p.is_mapping())
-                    return InvalidArgument("namespace()/dict() take a mapping or keywords");
-                for (const auto& kv : p.dict()) items.push_back(kv);
-            }
-            for (auto& kv : args.keyword) items.push_back(kv);
-            return ns ? Value::NewNamespace(std::move(items)) : Value::NewDict(std::move(items));
-        });
-    }
-    if (name == "range") {
-        return Value::NewFunction([budget](CallArgs& args) -> Result<Value> {
-            int64_t v[3] = {0, 0, 1};
-            const size_t n = args.positional.size();
-            if (n < 1 || n > 3) return InvalidArgument("range takes 1 to 3 integers");
-            for (size_t i = 0; i < n; ++i) {
-                if (args.positional[i].kind() != Value::Kind::kInt) {
-                    return InvalidArgument("range takes integers");
-                }
-            }
-            if (n == 1) {
-                v[1] = args.positional[0].i();
-            } else {
-                for (size_t i = 0; i < n; ++i) v[i] = args.positional[i].i();
-            }
-            if (v[2] == 0) return InvalidArgument("range step must not be zero");
-            const double count = std::ceil((static_cast<double>(v[1]) - v[0]) / v[2]);
-            if (count > 1e7) return budget->Charge(SIZE_MAX);
-            List out;
-            if (count > 0) {
-                KV_RETURN_IF_ERROR(budget->Charge(static_cast<size_t>(count)));
-                for (int64_t x = v[0]; v[2] > 0 ? x < v[1] : x > v[1]; x += v[2]) {
-                    out.push_back(Value::Int(x));
-                }
-            }
-            return Value::NewList(std::move(out));
-        });
-    }
-    if (name == "raise_exception") {
-        return Value::NewFunction([](CallArgs& args) -> Result<Value> {
-            const std::string what =
-                args.positional.empty() ? std::string() : args.positional[0].ToStr().str();
-            return InvalidArgument("the model's chat template refused the conversation: " + what);
-        });
-    }
-    if (name == "strftime_now") {
-        return Value::NewFunction([](CallArgs& args) -> Result<Value> {
-            if (args.positional.empty() || !args.positional[0].is_string()) {
-                return InvalidArgument("strftime_now needs a format string");
-            }
-            const std::string& format = args.positional[0].str();
-            if (format.size() > 256) return InvalidArgument("strftime_now: format too long");
-            const std::time_t now =
-                std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-            std::tm tm{};
-            localtime_r(&now, &tm);
-            char buf[1024];
-            const size_t n = std::strftime(buf, sizeof(buf), format.c_str(), &tm);
-            return Value::String(std::string(buf, n));
-        });
-    }
-    return Value();
-}
-
-Result<List> Iterate(const Value& v) {
-    switch (v.kind()) {
-        case Value::Kind::kUndefined:
-            return List{};
-        case Value::Kind::kList:
-            return v.list();
-        case Value::Kind::kDict:
-        case Value::Kind::kNamespace: {
-            const bool literal = v.ContainsLiteral();
-            List keys;
-            for (const auto& kv : v.dict()) keys.push_back(Derived(kv.first, literal));
-            return keys;
-        }
-        case Value::Kind::kString: {
-            List chars;
-            const std::string& s = v.str();
-            size_t start = 0;
-            for (size_t i = 1; i <= s.size(); ++i) {
-                if (i == s.size() || (static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) {
-                    chars.push_back(Substr(v, start, i));
-                    start = i;
-                }
-            }
-            return chars;
-        }
-        case Value::Kind::kNone:
-        case Value::Kind::kBool:
-        case Value::Kind::kInt:
-        case Value::Kind::kFloat:
-        case Value::Kind::kFunction:
-            break;
-    }
-    return InvalidArgument("'" + std::string(v.TypeName()) + "' object is not iterable");
-}
-
-Result<bool> Less(const Value& a, const Value& b) {
-    auto num = [](const Value& v) { return v.is_number() || v.kind() == Value::Kind::kBool; };
-    auto as_double = [](const Value& v) {
-        return v.kind() == Value::Kind::kBool ? static_cast<double>(v.b()) : v.f();
-    };
-    if (num(a) && num(b)) {
-        if (a.kind() == Value::Kind::kInt && b.kind() == Value::Kind::kInt) return a.i() < b.i();
-        return as_double(a) < as_double(b);
-    }
-    if (a.is_string() && b.is_string()) return a.str() < b.str();
-    if (a.is_undefined()) return InvalidArgument(a.undefined_name());
-    if (b.is_undefined()) return InvalidArgument(b.undefined_name());
-    return InvalidArgument("'<' is not supported between '" + std::string(a.TypeName()) +
-                           "' and '" + std::string(b.TypeName()) + "'");
 }
 
 }  // namespace kvshard::jinja

@@ -6,6 +6,13 @@
 
 namespace kvshard::jinja {
 
+const Value* CallArgs::Get(size_t index, std::string_view name) const {
+    for (const auto& [k, v] : keyword) {
+        if (k == name) return &v;
+    }
+    return index < positional.size() ? &positional[index] : nullptr;
+}
+
 Value Value::Undefined(std::string why) {
     Value v;
     v.s_ = std::move(why);

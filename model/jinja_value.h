@@ -40,6 +40,9 @@ using Dict = std::vector<std::pair<std::string, Value>>;
 struct CallArgs {
     std::vector<Value> positional;
     std::vector<std::pair<std::string, Value>> keyword;
+
+    // The keyword argument `name`, else positional `index`, else nullptr.
+    const Value* Get(size_t index, std::string_view name) const;
 };
 using Function = std::function<Result<Value>(CallArgs& args)>;
 
