@@ -465,7 +465,12 @@ Result<ChatTemplate> ChatTemplate::FromJinja(std::string_view jinja,
                                              std::string_view origin) {
     const std::optional<ChatTemplateStyle> style = StyleByMarkers(jinja);
     Result<ChatTemplate> interpreted = FromJinjaInterpreted(jinja, tokens, origin);
-    if (!style) return interpreted;
+    if (!style) {
+        if (interpreted.ok()) {
+            spdlog::info("{} is of no built-in style; running the template itself", origin);
+        }
+        return interpreted;
+    }
     const std::string default_system =
         *style == ChatTemplateStyle::kChatMl ? DefaultChatMlSystemPrompt(jinja) : "";
     ChatTemplate native(*style, tokens, default_system);

@@ -50,6 +50,23 @@ WEATHER = {
 }
 
 
+# The same tool with the keys of every object in sorted order: kvshard's OpenAI parser keeps a
+# tool's parameters schema with sorted keys, so its prompt matches jinja2's for this one
+# (tests/integration/jinja_template_test.py sends it through /v1/chat/completions).
+WEATHER_SORTED = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {
+            "properties": {"city": {"description": "The city, e.g. Paris", "type": "string"}},
+            "required": ["city"],
+            "type": "object",
+        },
+    },
+}
+
+
 def user(text):
     return {"role": "user", "content": text}
 
@@ -79,6 +96,14 @@ CONVERSATIONS = {
         {"role": "tool", "tool_call_id": "call00001", "content": "{\"temp\": 18}"},
         assistant("It is 18 degrees in Paris."), user("And tomorrow?")]},
     "tools_first_turn": {"tools": [WEATHER], "messages": [user("Weather in Oslo?")]},
+    "api_tools": {"tools": [WEATHER_SORTED], "messages": [
+        {"role": "system", "content": "You help with weather."},
+        user("Weather in Paris?"),
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call00001", "type": "function",
+             "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "tool_call_id": "call00001", "content": "18 C"},
+        user("Thanks. And in Oslo?")]},
 }
 
 
