@@ -27,7 +27,7 @@ bool HasCacheMarks(const std::vector<ChatMessage>& messages, const ChatTools* to
     return false;
 }
 
-Value MessageValue(const ChatMessage& m) {
+Result<Value> MessageValue(const ChatMessage& m) {
     jinja::Dict d;
     d.emplace_back("role", Value::LiteralString(m.role));
     d.emplace_back("content", Value::LiteralString(m.content));
@@ -36,6 +36,11 @@ Value MessageValue(const ChatMessage& m) {
         for (const ChatToolCall& c : m.tool_calls) {
             nlohmann::ordered_json args =
                 nlohmann::ordered_json::parse(c.arguments, nullptr, false);
+            if (!args.is_discarded() && jinja::JsonDepth(args) > jinja::kMaxNesting) {
+                return InvalidArgument("tool_calls: the arguments of call '" + c.id +
+                                       "' nest deeper than " + std::to_string(jinja::kMaxNesting) +
+                                       " levels");
+            }
             Value arguments = args.is_discarded() ? Value::LiteralString(c.arguments)
                                                   : Value::FromJson(args, /*literal=*/true);
             Value function = Value::NewDict(
@@ -79,10 +84,17 @@ Result<RenderedChat> RenderJinjaChat(const jinja::Template& tmpl,
         if (defs.is_discarded() || !defs.is_array()) {
             return Internal("the tools definitions are not a JSON array");
         }
+        if (jinja::JsonDepth(defs) > jinja::kMaxNesting) {
+            return InvalidArgument("tools: the definitions nest deeper than " +
+                                   std::to_string(jinja::kMaxNesting) + " levels");
+        }
         tools_value = Value::FromJson(defs, /*literal=*/true);
     }
     jinja::List list;
-    for (const ChatMessage& m : messages) list.push_back(MessageValue(m));
+    for (const ChatMessage& m : messages) {
+        KV_ASSIGN_OR_RETURN(Value v, MessageValue(m));
+        list.push_back(std::move(v));
+    }
     const jinja::Dict context = {
         {"messages", Value::NewList(std::move(list))},
         {"tools", std::move(tools_value)},

@@ -11,6 +11,28 @@ namespace {
 
 enum class Flow { kNormal, kBreak, kContinue };
 
+// REQUIRES: v.depth() <= kMaxStoredDepth (the recursion is bounded by it).
+bool HoldsNamespace(const Value& v) {
+    switch (v.kind()) {
+        case Value::Kind::kNamespace:
+            return true;
+        case Value::Kind::kList:
+            return std::any_of(v.list().begin(), v.list().end(), HoldsNamespace);
+        case Value::Kind::kDict:
+            return std::any_of(v.dict().begin(), v.dict().end(),
+                               [](const auto& kv) { return HoldsNamespace(kv.second); });
+        case Value::Kind::kUndefined:
+        case Value::Kind::kNone:
+        case Value::Kind::kBool:
+        case Value::Kind::kInt:
+        case Value::Kind::kFloat:
+        case Value::Kind::kString:
+        case Value::Kind::kFunction:
+            return false;
+    }
+    return false;
+}
+
 class Renderer {
   public:
     Renderer(const Template& tmpl, const Dict& context, const RenderLimits& limits)
@@ -196,6 +218,12 @@ class Renderer {
         } else {
             KV_ASSIGN_OR_RETURN(v, Capture(s.bodies[0]));
         }
+        if (v.depth() > kMaxStoredDepth) {
+            return Status(StatusCode::kResourceExhausted,
+                          "chat template stopped at " + Position(tmpl_.source, s.pos) +
+                              ": it stores a value nested deeper than " +
+                              std::to_string(kMaxStoredDepth) + " levels");
+        }
         if (s.text.empty()) {
             scopes_.back()[s.targets[0]] = std::move(v);
             return Status::Ok();
@@ -204,6 +232,10 @@ class Renderer {
         if (ns.kind() != Value::Kind::kNamespace) {
             return Error(s.pos, "cannot set an attribute of '" + s.targets[0] +
                                     "', which is not a namespace()");
+        }
+        // A namespace in a namespace could hold itself: a cycle never freed.
+        if (HoldsNamespace(v)) {
+            return Error(s.pos, "kvshard's chat templates cannot store a namespace in a namespace");
         }
         KV_RETURN_IF_ERROR(budget_.Charge(1));
         ns.Set(s.text, std::move(v));

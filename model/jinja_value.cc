@@ -53,21 +53,36 @@ Value Value::LiteralString(std::string s) {
     if (!s.empty()) spans.push_back({0, s.size()});
     return String(std::move(s), std::move(spans));
 }
+namespace {
+
+uint16_t DepthOver(int deepest) {
+    return static_cast<uint16_t>(std::min(deepest + 1, int{UINT16_MAX}));
+}
+
+}  // namespace
+
 Value Value::NewList(List items) {
     Value v;
     v.kind_ = Kind::kList;
+    int deepest = 0;
+    for (const Value& item : items) deepest = std::max(deepest, item.depth());
+    v.depth_ = DepthOver(deepest);
     v.list_ = std::make_shared<List>(std::move(items));
     return v;
 }
 Value Value::NewDict(Dict items) {
     Value v;
     v.kind_ = Kind::kDict;
+    int deepest = 0;
+    for (const auto& kv : items) deepest = std::max(deepest, kv.second.depth());
+    v.depth_ = DepthOver(deepest);
     v.dict_ = std::make_shared<Dict>(std::move(items));
     return v;
 }
 Value Value::NewNamespace(Dict items) {
     Value v = NewDict(std::move(items));
     v.kind_ = Kind::kNamespace;
+    v.depth_ = 1;
     return v;
 }
 Value Value::NewFunction(Function fn) {
@@ -75,6 +90,14 @@ Value Value::NewFunction(Function fn) {
     v.kind_ = Kind::kFunction;
     v.fn_ = std::make_shared<Function>(std::move(fn));
     return v;
+}
+
+int JsonDepth(const nlohmann::ordered_json& j, int limit) {
+    if (!j.is_structured()) return 0;
+    if (limit < 0) return 1;
+    int deepest = 0;
+    for (const auto& e : j) deepest = std::max(deepest, JsonDepth(e, limit - 1));
+    return deepest + 1;
 }
 
 Value Value::FromJson(const nlohmann::ordered_json& j, bool literal) {
@@ -149,17 +172,21 @@ void Value::Set(const std::string& key, Value v) const {
     }
 }
 
-bool Value::ContainsLiteral() const {
+bool Value::ContainsLiteral() const { return ContainsLiteralAt(0); }
+
+bool Value::ContainsLiteralAt(int depth) const {
+    if (depth > kMaxNesting) return true;  // too deep to look: assume request text is inside
     switch (kind_) {
         case Kind::kString:
             return !spans_.empty();
         case Kind::kList:
             return std::any_of(list_->begin(), list_->end(),
-                               [](const Value& v) { return v.ContainsLiteral(); });
+                               [depth](const Value& v) { return v.ContainsLiteralAt(depth + 1); });
         case Kind::kDict:
         case Kind::kNamespace:
-            return std::any_of(dict_->begin(), dict_->end(),
-                               [](const auto& kv) { return kv.second.ContainsLiteral(); });
+            return std::any_of(dict_->begin(), dict_->end(), [depth](const auto& kv) {
+                return kv.second.ContainsLiteralAt(depth + 1);
+            });
         case Kind::kUndefined:
         case Kind::kNone:
         case Kind::kBool:
@@ -211,7 +238,11 @@ std::string StrRepr(const std::string& s) {
     return out;
 }
 
-void Repr(const Value& v, std::string* out, bool top) {
+void Repr(const Value& v, std::string* out, bool top, int depth = 0) {
+    if (depth > kMaxNesting) {
+        *out += "...";
+        return;
+    }
     switch (v.kind()) {
         case Value::Kind::kUndefined:
             if (!top) *out += "Undefined";
@@ -235,7 +266,7 @@ void Repr(const Value& v, std::string* out, bool top) {
             *out += '[';
             for (size_t i = 0; i < v.list().size(); ++i) {
                 if (i > 0) *out += ", ";
-                Repr(v.list()[i], out, false);
+                Repr(v.list()[i], out, false, depth + 1);
             }
             *out += ']';
             return;
@@ -247,7 +278,7 @@ void Repr(const Value& v, std::string* out, bool top) {
                 if (!first) *out += ", ";
                 first = false;
                 *out += StrRepr(k) + ": ";
-                Repr(e, out, false);
+                Repr(e, out, false, depth + 1);
             }
             *out += '}';
             return;
@@ -307,7 +338,10 @@ struct JsonStyle {
 };
 
 Status Json(const Value& v, const JsonStyle& style, int depth, std::string* out) {
-    if (depth > 64) return InvalidArgument("tojson: the value nests deeper than 64 levels");
+    if (depth > kMaxNesting) {
+        return InvalidArgument("tojson: the value nests deeper than " +
+                               std::to_string(kMaxNesting) + " levels");
+    }
     auto newline = [&](int level) {
         if (style.indent < 0) return;
         *out += '\n';
@@ -398,8 +432,11 @@ Result<std::string> Value::ToJson(int indent, std::string_view item_sep, std::st
     return out;
 }
 
-bool operator==(const Value& a, const Value& b) {
+bool operator==(const Value& a, const Value& b) { return Value::Equal(a, b, 0); }
+
+bool Value::Equal(const Value& a, const Value& b, int depth) {
     using K = Value::Kind;
+    if (depth > kMaxNesting) return false;
     if (a.is_number() && b.is_number()) {
         if (a.kind() == K::kInt && b.kind() == K::kInt) return a.i() == b.i();
         return a.f() == b.f();
@@ -425,7 +462,7 @@ bool operator==(const Value& a, const Value& b) {
             if (&a.list() == &b.list()) return true;
             if (a.list().size() != b.list().size()) return false;
             for (size_t i = 0; i < a.list().size(); ++i) {
-                if (!(a.list()[i] == b.list()[i])) return false;
+                if (!Equal(a.list()[i], b.list()[i], depth + 1)) return false;
             }
             return true;
         case K::kDict:
@@ -433,7 +470,7 @@ bool operator==(const Value& a, const Value& b) {
             if (a.dict().size() != b.dict().size()) return false;
             for (const auto& [k, v] : a.dict()) {
                 const Value* other = b.Find(k);
-                if (other == nullptr || !(v == *other)) return false;
+                if (other == nullptr || !Equal(v, *other, depth + 1)) return false;
             }
             return true;
         case K::kNamespace:

@@ -29,6 +29,13 @@
 
 namespace kvshard::jinja {
 
+// How deep values may nest before printing, comparing or converting them gives up (a template
+// can build deeper ones, or a namespace holding itself).
+inline constexpr int kMaxNesting = 64;
+// How deep a value a template may store in a variable (jinja_eval.cc): deeper ones could
+// exhaust the stack when they are freed.
+inline constexpr int kMaxStoredDepth = 256;
+
 // [begin, end) byte ranges of a string that are literal, sorted and disjoint.
 using LiteralSpans = std::vector<std::pair<size_t, size_t>>;
 
@@ -76,9 +83,13 @@ class Value {
     static Value NewNamespace(Dict items = {});
     static Value NewFunction(Function fn);
     // From request JSON; every string in it (keys excepted) is literal when `literal`.
+    // REQUIRES: JsonDepth(j) <= kMaxNesting.
     static Value FromJson(const nlohmann::ordered_json& j, bool literal);
 
     Kind kind() const { return kind_; }
+    // Levels of lists and dicts inside (0 for a scalar), as built; a namespace counts as one
+    // level whatever it holds later (jinja_eval.cc keeps namespaces out of namespaces).
+    int depth() const { return depth_; }
     bool is_undefined() const { return kind_ == Kind::kUndefined; }
     bool is_none() const { return kind_ == Kind::kNone; }
     bool is_string() const { return kind_ == Kind::kString; }
@@ -111,16 +122,21 @@ class Value {
     // filter calls it. InvalidArgument for undefined and functions.
     Result<std::string> ToJson(int indent, std::string_view item_sep, std::string_view key_sep,
                                bool sort_keys) const;
-    // True when any string reachable from the value has literal bytes.
+    // True when any string reachable from the value has literal bytes (also when the value
+    // nests deeper than kMaxNesting).
     bool ContainsLiteral() const;
 
-    // Python ==, for the kinds templates compare.
+    // Python ==, for the kinds templates compare (false past kMaxNesting levels).
     friend bool operator==(const Value& a, const Value& b);
     // Python's type name, for error messages ("str", "list", "dict", "undefined").
     std::string_view TypeName() const;
 
   private:
+    bool ContainsLiteralAt(int depth) const;
+    static bool Equal(const Value& a, const Value& b, int depth);
+
     Kind kind_ = Kind::kUndefined;
+    uint16_t depth_ = 0;
     bool b_ = false;
     int64_t i_ = 0;
     double f_ = 0;
@@ -130,6 +146,9 @@ class Value {
     std::shared_ptr<Dict> dict_;
     std::shared_ptr<Function> fn_;
 };
+
+// Nesting depth of a JSON value (a scalar is 0), counted no further than limit + 1.
+int JsonDepth(const nlohmann::ordered_json& j, int limit = kMaxNesting);
 
 // Text assembled with literal marks: output of a render and the operands of string operations.
 class MarkedText {

@@ -142,6 +142,25 @@ TEST(Jinja, BoundsHostileTemplates) {
         EXPECT_EQ(out.status().code(), StatusCode::kResourceExhausted)
             << source << ": " << out.status().ToString();
     }
+    // Values nested deeper than kMaxNesting (a namespace holding itself, lists in lists) print,
+    // compare and test for request text without recursing without end; tojson refuses them.
+    Result<std::string> nested = RenderText(
+        "{% set ns = namespace(x=[]) %}{% for i in range(200) %}{% set ns.x = [ns.x] %}"
+        "{% endfor %}{{ ns.x | string | length > 0 }}{{ ns.x == ns.x }}{{ ns.x ~ '' != '' }}",
+        limits);
+    ASSERT_TRUE(nested.ok()) << nested.status().ToString();
+    EXPECT_EQ(*nested, "TrueTrueTrue");
+    // Deeper values cannot be stored (freeing them could exhaust the stack), and a namespace
+    // cannot hold one (it could hold itself, a cycle never freed).
+    Result<std::string> deeper = RenderText(
+        "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}"
+        "{% endfor %}",
+        limits);
+    EXPECT_EQ(deeper.status().code(), StatusCode::kResourceExhausted) << deeper.status().ToString();
+    Result<std::string> cycle =
+        RenderText("{% set ns = namespace(a=1) %}{% set ns.me = [ns] %}", limits);
+    ASSERT_FALSE(cycle.ok());
+    EXPECT_NE(cycle.status().message().find("namespace in a namespace"), std::string::npos);
     // Deep nesting is refused at parse time, before the stack could overflow.
     std::string deep(100000, '(');
     EXPECT_FALSE(Parse("{{ " + deep + " }}").ok());
