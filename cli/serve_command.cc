@@ -379,7 +379,8 @@ Command RegisterServe(CLI::App& app) {
     sub->add_option("--port", f->port, "Port (default 8000; 0 picks a free one)");
     sub->add_option("--threads", f->threads, "CPU threads per worker (0: cores / tp)");
     sub->add_option("--chat-template", f->chat_template,
-                    "chatml, llama2, llama3 or a Jinja file of one of those shapes");
+                    "chatml, llama2, llama3, gemma, jinja (the model's template, interpreted) "
+                    "or a Jinja template file");
     sub->add_option("--log-level", f->log_level, "trace|debug|info|warn|error|off");
     sub->add_option("--backend", f->backend,
                     "Where the workers run: cpu, cuda (one GPU per instance) or auto");

@@ -268,7 +268,9 @@ ApiService::ToolsFor(const std::vector<ToolDefinition>& tools, const ToolChoice&
     if (tools.empty() || choice.mode == ToolChoiceMode::kNone || !options_.chat_template) {
         return out;
     }
-    Result<ToolCallSyntax> syntax = ToolCallSyntaxFor(options_.chat_template->style());
+    Result<ChatTemplateStyle> style = options_.chat_template->ToolCallStyle();
+    if (!style.ok()) return BadRequest("tools: " + style.status().message(), "tools");
+    Result<ToolCallSyntax> syntax = ToolCallSyntaxFor(*style);
     if (!syntax.ok()) return BadRequest("tools: " + syntax.status().message(), "tools");
     out.first = RenderTools(*syntax, tools, choice);
     ToolCallParserOptions parse;

@@ -114,6 +114,20 @@ ChatTools RenderTools(ToolCallSyntax syntax, const std::vector<ToolDefinition>& 
                       const ToolChoice& choice) {
     ChatTools out;
     if (tools.empty() || choice.mode == ToolChoiceMode::kNone) return out;
+    // For templates kvshard interprets, which render the tools themselves: the request's order
+    // of keys is kept (tojson prints them in that order, as a Python server would).
+    nlohmann::ordered_json definitions = nlohmann::ordered_json::array();
+    for (const ToolDefinition& tool : tools) {
+        nlohmann::ordered_json function = {{"name", tool.name}};
+        if (!tool.description.empty()) function["description"] = tool.description;
+        nlohmann::ordered_json parameters =
+            nlohmann::ordered_json::parse(tool.parameters, nullptr, /*allow_exceptions=*/false);
+        function["parameters"] =
+            parameters.is_discarded() ? nlohmann::ordered_json::object() : std::move(parameters);
+        definitions.push_back({{"type", "function"}, {"function", std::move(function)}});
+    }
+    out.definitions =
+        definitions.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
     std::string& p = out.prompt;
     switch (syntax) {
         case ToolCallSyntax::kHermes:

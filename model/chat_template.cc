@@ -1,10 +1,12 @@
 #include "model/chat_template.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>
 
-#include <spdlog/spdlog.h>
+#include "model/chat_template_jinja.h"
 
 namespace kvshard {
 
@@ -264,8 +266,7 @@ RenderedChat RenderChatMl(const std::vector<ChatMessage>& messages, bool add_gen
 
 Status NoToolConvention(std::string_view what, std::string_view style = "Llama 2") {
     return InvalidArgument("the " + std::string(style) +
-                           " chat template has no tool-call convention, so " +
-                           std::string(what) +
+                           " chat template has no tool-call convention, so " + std::string(what) +
                            " cannot be rendered; use a ChatML or Llama 3 model (or "
                            "--chat-template chatml|llama3)");
 }
@@ -349,7 +350,8 @@ Result<RenderedChat> RenderGemma(const std::vector<ChatMessage>& messages,
             out.Markup("\n\n");
         }
         const std::string_view stripped = Strip(m.content);
-        out.Content(stripped, StrippedMarks(m.cache_marks, LeadingSpace(m.content), stripped.size()),
+        out.Content(stripped,
+                    StrippedMarks(m.cache_marks, LeadingSpace(m.content), stripped.size()),
                     &r.cache_marks);
         out.Markup(kEndOfTurn).Markup("\n");
     }
@@ -402,31 +404,98 @@ Result<RenderedChat> RenderLlama3(const std::vector<ChatMessage>& messages,
 
 }  // namespace
 
+namespace {
+
+// The style a template's markers suggest, if any.
+std::optional<ChatTemplateStyle> StyleByMarkers(std::string_view jinja) {
+    if (Contains(jinja, kImStart)) return ChatTemplateStyle::kChatMl;
+    if (Contains(jinja, kHeaderStart) && Contains(jinja, kEotId)) return ChatTemplateStyle::kLlama3;
+    if (Contains(jinja, "[INST]") && Contains(jinja, "<<SYS>>")) return ChatTemplateStyle::kLlama2;
+    if (Contains(jinja, kStartOfTurn) && Contains(jinja, kEndOfTurn))
+        return ChatTemplateStyle::kGemma;
+    return std::nullopt;
+}
+
+// Conversations on which a native style must render as the template does to stand in for it.
+const std::vector<std::vector<ChatMessage>>& ProbeConversations() {
+    static const auto* kProbes = [] {
+        auto message = [](std::string role, std::string content) {
+            ChatMessage m;
+            m.role = std::move(role);
+            m.content = std::move(content);
+            return m;
+        };
+        return new std::vector<std::vector<ChatMessage>>{
+            {message("system", " Be brief.\n"), message("user", " Hi there "),
+             message("assistant", "Hello! "), message("user", "What is 2+2?")},
+            {message("user", "Hello")},
+            {message("user", "Hello"), message("assistant", " Hi.")},
+        };
+    }();
+    return *kProbes;
+}
+
+bool RendersAlike(const ChatTemplate& a, const ChatTemplate& b) {
+    for (const auto& conversation : ProbeConversations()) {
+        for (bool gen : {true, false}) {
+            Result<std::string> x = a.Render(conversation, gen);
+            Result<std::string> y = b.Render(conversation, gen);
+            if (!x.ok() || !y.ok() || *x != *y) return false;
+        }
+    }
+    return true;
+}
+
+}  // namespace
+
+Result<ChatTemplate> ChatTemplate::FromJinjaInterpreted(std::string_view jinja,
+                                                        const ChatTemplateTokens& tokens,
+                                                        std::string_view origin) {
+    Result<std::shared_ptr<const jinja::Template>> parsed = ParseChatJinja(jinja);
+    if (!parsed.ok()) {
+        return InvalidArgument(std::string(origin) + ": " + parsed.status().message());
+    }
+    const std::optional<ChatTemplateStyle> family = StyleByMarkers(jinja);
+    return ChatTemplate(family.value_or(ChatTemplateStyle::kLlama2), tokens, "",
+                        std::move(parsed).value(), family.has_value());
+}
+
 Result<ChatTemplate> ChatTemplate::FromJinja(std::string_view jinja,
                                              const ChatTemplateTokens& tokens,
                                              std::string_view origin) {
-    if (Contains(jinja, kImStart)) {
-        return ChatTemplate(ChatTemplateStyle::kChatMl, tokens, DefaultChatMlSystemPrompt(jinja));
+    const std::optional<ChatTemplateStyle> style = StyleByMarkers(jinja);
+    Result<ChatTemplate> interpreted = FromJinjaInterpreted(jinja, tokens, origin);
+    if (!style) {
+        if (interpreted.ok()) {
+            spdlog::info("{} is of no built-in style; running the template itself", origin);
+        }
+        return interpreted;
     }
-    if (Contains(jinja, kHeaderStart) && Contains(jinja, kEotId)) {
-        return ChatTemplate(ChatTemplateStyle::kLlama3, tokens, "");
+    const std::string default_system =
+        *style == ChatTemplateStyle::kChatMl ? DefaultChatMlSystemPrompt(jinja) : "";
+    ChatTemplate native(*style, tokens, default_system);
+    if (!interpreted.ok()) {
+        spdlog::warn(
+            "{} does not parse ({}); rendering it as the built-in '{}' style its "
+            "markers suggest",
+            origin, interpreted.status().message(), ChatTemplateStyleName(*style));
+        return native;
     }
-    if (Contains(jinja, "[INST]") && Contains(jinja, "<<SYS>>")) {
-        return ChatTemplate(ChatTemplateStyle::kLlama2, tokens, "");
+    if (RendersAlike(native, *interpreted)) return native;
+    spdlog::info(
+        "{} has '{}' markers but renders differently from kvshard's built-in style; "
+        "running the template itself",
+        origin, ChatTemplateStyleName(*style));
+    return interpreted;
+}
+
+Result<ChatTemplateStyle> ChatTemplate::ToolCallStyle() const {
+    if (interpreted() && !has_family_) {
+        return InvalidArgument(
+            "this model's chat template writes tool calls in a syntax kvshard does not parse "
+            "(kvshard parses Hermes <tool_call> and Llama 3 JSON calls)");
     }
-    if (Contains(jinja, kStartOfTurn) && Contains(jinja, kEndOfTurn)) {
-        return ChatTemplate(ChatTemplateStyle::kGemma, tokens, "");
-    }
-    std::string head(jinja.substr(0, 80));
-    for (char& c : head) {
-        if (c == '\n') c = ' ';
-    }
-    return Unimplemented(std::string(origin) +
-                         " is not a chat template kvshard knows (it renders ChatML, Llama 2, "
-                         "Llama 3 and Gemma templates; this one starts \"" +
-                         head +
-                         "\"). Start the server with --chat-template chatml, llama2, llama3 or "
-                         "gemma, or a file holding one of those templates");
+    return style_;
 }
 
 ChatTemplate ChatTemplate::FromStyle(ChatTemplateStyle style, const ChatTemplateTokens& tokens) {
@@ -451,6 +520,7 @@ Result<std::vector<TextPiece>> ChatTemplate::RenderPieces(const std::vector<Chat
 Result<RenderedChat> ChatTemplate::RenderChat(const std::vector<ChatMessage>& messages,
                                               bool add_generation_prompt,
                                               const ChatTools* tools) const {
+    if (jinja_) return RenderJinjaChat(*jinja_, messages, add_generation_prompt, tools, tokens_);
     switch (style_) {
         case ChatTemplateStyle::kChatMl:
             return RenderChatMl(messages, add_generation_prompt, default_system_prompt_, tools);
@@ -487,19 +557,28 @@ Result<std::optional<ChatTemplate>> ResolveChatTemplate(std::string_view model_t
                                                         const std::string& override_spec,
                                                         const ChatTemplateTokens& tokens,
                                                         std::string_view architecture) {
+    if (override_spec == "jinja") {
+        if (model_template.empty()) {
+            return NotFound("--chat-template jinja: the model carries no chat template to run");
+        }
+        KV_ASSIGN_OR_RETURN(ChatTemplate t,
+                            ChatTemplate::FromJinjaInterpreted(model_template, tokens,
+                                                               "the model's chat template"));
+        return std::optional<ChatTemplate>(std::move(t));
+    }
     if (!override_spec.empty()) {
-        for (ChatTemplateStyle style :
-             {ChatTemplateStyle::kChatMl, ChatTemplateStyle::kLlama2, ChatTemplateStyle::kLlama3,
-              ChatTemplateStyle::kGemma}) {
+        for (ChatTemplateStyle style : {ChatTemplateStyle::kChatMl, ChatTemplateStyle::kLlama2,
+                                        ChatTemplateStyle::kLlama3, ChatTemplateStyle::kGemma}) {
             if (override_spec == ChatTemplateStyleName(style)) {
                 return std::optional<ChatTemplate>(ChatTemplate::FromStyle(style, tokens));
             }
         }
         std::ifstream in(override_spec, std::ios::binary);
         if (!in) {
-            return NotFound("--chat-template " + override_spec +
-                            ": neither a built-in style (chatml, llama2, llama3, gemma) nor a "
-                            "readable file");
+            return NotFound(
+                "--chat-template " + override_spec +
+                ": neither a built-in style (chatml, llama2, llama3, gemma), nor jinja, "
+                "nor a readable file");
         }
         std::stringstream text;
         text << in.rdbuf();

@@ -1,8 +1,16 @@
 // ChatTemplate: turns chat messages into the prompt text a chat model was trained on.
 //
-// kvshard does not run Jinja. It recognises the template that comes with a model (GGUF
-// tokenizer.chat_template, tokenizer_config.json chat_template) as one of the styles below and
-// renders that style natively, producing the same text as the Jinja template would:
+// The template that comes with a model (GGUF tokenizer.chat_template, tokenizer_config.json
+// chat_template) is Jinja. kvshard renders it one of two ways:
+//   native       the template is recognised as one of the styles below by its markers AND renders
+//                a set of probe conversations byte for byte as the native renderer does (checked
+//                with the interpreter at load). Native rendering places cache_control
+//                breakpoints exactly.
+//   interpreted  any other template, or --chat-template jinja: kvshard's Jinja interpreter
+//                (model/jinja_*.h, model/chat_template_jinja.h) runs the template itself with
+//                the variables HF's apply_chat_template passes. cache_control breakpoints are
+//                refused by name; tools are passed as the OpenAI tools array.
+// The native styles:
 //   kChatMl  "<|im_start|>role\ncontent<|im_end|>\n" per message (SmolLM2, Qwen). A default
 //            system prompt written into the template (SmolLM2: "You are a helpful AI assistant
 //            named SmolLM, trained by Hugging Face") is inserted when the first message is not
@@ -10,7 +18,8 @@
 //   kLlama2  "<s>[INST] <<SYS>>\nsystem\n<</SYS>>\n\nuser [/INST] assistant </s>..."; roles
 //            after an optional system message must alternate user/assistant.
 //   kLlama3  "<|begin_of_text|><|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|>"
-//            (Llama 3.0's template; 3.1's date preamble is not reproduced).
+//            (Llama 3.0's template; 3.1's date preamble is not reproduced, so 3.1 templates are
+//            interpreted).
 //   kGemma   "<bos><start_of_turn>user\ncontent<end_of_turn>\n<start_of_turn>model\n..." (Gemma
 //            2/3): the assistant's turn is "model", a system message opens the first user turn
 //            followed by a blank line, roles alternate user/assistant; no tool convention.
@@ -23,12 +32,14 @@
 //            assistant's calls are {"name": ..., "parameters": ...} objects (one a line); a
 //            "tool" message is an "ipython" turn.
 //   kLlama2  has no tool convention: tools, tool calls and "tool" messages are InvalidArgument.
-// Any other template is Unimplemented: the server refuses to start and names the way out
-// (--chat-template chatml|llama2|llama3|gemma).
+// An interpreted template has a family, by its markers: ChatML (its tool calls are parsed as
+// Hermes <tool_call>), Llama 3 (JSON calls), Gemma, or none (Mistral, DeepSeek, ...: tools are
+// refused, since kvshard cannot parse that family's calls; turns end with EOS).
 //
 // Thread-safety: immutable after creation; Render may be called from any thread.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -70,6 +81,9 @@ struct ChatMessage {
 struct ChatTools {
     std::string prompt;
     std::vector<ChatCacheMark> cache_marks;  // breakpoints inside `prompt` (after a tool)
+    // The OpenAI "tools" array as JSON text ([{"type": "function", "function": {...}}]): what an
+    // interpreted template renders instead of `prompt`.
+    std::string definitions;
 };
 
 // A breakpoint's place in the rendered prompt.
@@ -96,13 +110,23 @@ struct ChatTemplateTokens {
 // The BOS and EOS piece texts of a vocabulary ("" where it has none).
 ChatTemplateTokens ChatTemplateTokensOf(const TokenizerData& data);
 
+namespace jinja {
+struct Template;
+}
+
 class ChatTemplate {
   public:
-    // Recognises a Jinja template by its markers ("<|im_start|>", "<|start_header_id|>",
-    // "[INST]" with "<<SYS>>"). Unimplemented when it is none of them; `origin` names the
-    // template in that message (a file, "the model's chat template").
+    // A native style when the template is recognised by its markers ("<|im_start|>",
+    // "<|start_header_id|>", "[INST]" with "<<SYS>>", "<start_of_turn>") and renders the probe
+    // conversations as that style does; otherwise the template interpreted. InvalidArgument
+    // naming the position when the template does not parse and is not recognised; `origin`
+    // names the template in messages (a file, "the model's chat template").
     static Result<ChatTemplate> FromJinja(std::string_view jinja, const ChatTemplateTokens& tokens,
                                           std::string_view origin);
+    // The template interpreted, whatever its shape (--chat-template jinja).
+    static Result<ChatTemplate> FromJinjaInterpreted(std::string_view jinja,
+                                                     const ChatTemplateTokens& tokens,
+                                                     std::string_view origin);
     // A built-in style with no default system prompt.
     static ChatTemplate FromStyle(ChatTemplateStyle style, const ChatTemplateTokens& tokens);
 
@@ -123,21 +147,32 @@ class ChatTemplate {
     Result<RenderedChat> RenderChat(const std::vector<ChatMessage>& messages,
                                     bool add_generation_prompt, const ChatTools* tools) const;
 
+    // The native style, or an interpreted template's family (kLlama2 when it has none: no tool
+    // convention, turns end with EOS).
     ChatTemplateStyle style() const { return style_; }
+    bool interpreted() const { return jinja_ != nullptr; }
+    // The style whose tool-call syntax the model writes: style(), or InvalidArgument for an
+    // interpreted template of no family kvshard parses calls of.
+    Result<ChatTemplateStyle> ToolCallStyle() const;
     const std::string& default_system_prompt() const { return default_system_prompt_; }
     // The text that ends an assistant turn ("<|im_end|>", "<|eot_id|>", the EOS text): callers
     // may stop generation on its token as well as on EOS.
     std::string end_of_turn() const;
 
   private:
-    ChatTemplate(ChatTemplateStyle style, ChatTemplateTokens tokens, std::string default_system)
+    ChatTemplate(ChatTemplateStyle style, ChatTemplateTokens tokens, std::string default_system,
+                 std::shared_ptr<const jinja::Template> jinja = nullptr, bool has_family = true)
         : style_(style),
           tokens_(std::move(tokens)),
-          default_system_prompt_(std::move(default_system)) {}
+          default_system_prompt_(std::move(default_system)),
+          jinja_(std::move(jinja)),
+          has_family_(has_family) {}
 
     ChatTemplateStyle style_;
     ChatTemplateTokens tokens_;
     std::string default_system_prompt_;
+    std::shared_ptr<const jinja::Template> jinja_;  // set: interpreted
+    bool has_family_;
 };
 
 // The built-in style a model of `architecture` (ModelSpec::architecture) was trained to chat in
@@ -147,9 +182,10 @@ class ChatTemplate {
 std::optional<ChatTemplateStyle> DefaultChatStyleFor(std::string_view architecture);
 
 // The template the server uses. `override_spec` (--chat-template / chat_template in the config)
-// wins: a style name, else a file holding a Jinja template of a recognised shape. Otherwise the
-// model's own template; without one, DefaultChatStyleFor(architecture) (logged at info). nullopt
-// when none of them exists: chat requests then fail with a message saying how to give one.
+// wins: a style name; "jinja" (the model's own template, interpreted); else a file holding a
+// Jinja template (FromJinja). Otherwise the model's own template (FromJinja); without one,
+// DefaultChatStyleFor(architecture) (logged at info). nullopt when none of them exists: chat
+// requests then fail with a message saying how to give one.
 Result<std::optional<ChatTemplate>> ResolveChatTemplate(std::string_view model_template,
                                                         const std::string& override_spec,
                                                         const ChatTemplateTokens& tokens,

@@ -129,18 +129,25 @@ TEST(ChatTemplate, SmolLm2DefaultSystemPrompt) {
     EXPECT_EQ(tmpl->default_system_prompt(),
               "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
     EXPECT_EQ(tmpl->end_of_turn(), "<|im_end|>");
-    // The same prompt written with Jinja "\n" escapes instead of real newlines.
+    // The same prompt written with Jinja "\n" escapes instead of real newlines (a whole
+    // template: one the built-in style does not render alike is interpreted instead).
     auto escaped = ChatTemplate::FromJinja(
-        "{{ '<|im_start|>system\\nBe nice.<|im_end|>\\n' }}{{'<|im_start|>' + message['role']}}",
+        "{% for m in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+        "{{ '<|im_start|>system\\nBe nice.<|im_end|>\\n' }}{% endif %}"
+        "{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
         {}, "test");
     ASSERT_TRUE(escaped.ok());
+    EXPECT_FALSE(escaped->interpreted());
     EXPECT_EQ(escaped->default_system_prompt(), "Be nice.");
     // A plain ChatML template (no literal system turn) has none.
     auto plain = ChatTemplate::FromJinja(
         "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + "
-        "'<|im_end|>\\n'}}{% endfor %}",
+        "'<|im_end|>\\n'}}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
         {}, "test");
     ASSERT_TRUE(plain.ok());
+    EXPECT_FALSE(plain->interpreted());
     EXPECT_EQ(plain->default_system_prompt(), "");
     EXPECT_EQ(*plain->Render({{"user", "x"}}, true),
               "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n");
@@ -230,16 +237,35 @@ TEST(ResolveChatTemplate, GemmaArchitectureWithoutTemplateGetsGemmaTurns) {
     EXPECT_EQ((*named)->style(), ChatTemplateStyle::kChatMl);
 }
 
-TEST(ChatTemplate, UnknownTemplateIsUnimplemented) {
+// A template of no built-in style is run by the Jinja interpreter; one that does not parse is
+// refused, naming where it came from and the position.
+TEST(ChatTemplate, UnknownTemplateIsInterpreted) {
+    auto Msg = [](std::string role, std::string content) {
+        ChatMessage m;
+        m.role = std::move(role);
+        m.content = std::move(content);
+        return m;
+    };
     auto r = ChatTemplate::FromJinja("{{ bos_token }}{% for m in messages %}<|user|>{% endfor %}",
-                                     {}, "the model's chat template");
-    ASSERT_FALSE(r.ok());
-    EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
-    EXPECT_NE(r.status().message().find("the model's chat template"), std::string::npos);
-    EXPECT_NE(r.status().message().find("--chat-template"), std::string::npos);
-    // Mistral's [INST] without <<SYS>> is a different format.
-    EXPECT_FALSE(
-        ChatTemplate::FromJinja("{{ '[INST] ' + m['content'] + ' [/INST]' }}", {}, "x").ok());
+                                     {"<s>", "</s>"}, "the model's chat template");
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_TRUE(r->interpreted());
+    EXPECT_EQ(*r->Render({Msg("user", "x"), Msg("assistant", "y")}, true), "<s><|user|><|user|>");
+    EXPECT_FALSE(r->ToolCallStyle().ok());  // no family whose tool calls kvshard parses
+    EXPECT_EQ(r->end_of_turn(), "</s>");
+    // Mistral's [INST] without <<SYS>> is not Llama 2's format: interpreted, and this one fails
+    // at render time as jinja2 would.
+    auto mistral = ChatTemplate::FromJinja("{{ '[INST] ' + m['content'] + ' [/INST]' }}", {}, "x");
+    ASSERT_TRUE(mistral.ok());
+    auto failed = mistral->Render({Msg("user", "hi")}, true);
+    ASSERT_FALSE(failed.ok());
+    EXPECT_NE(failed.status().message().find("'m' is undefined"), std::string::npos);
+    auto broken =
+        ChatTemplate::FromJinja("{% for m in messages %}", {}, "the model's chat template");
+    ASSERT_FALSE(broken.ok());
+    EXPECT_EQ(broken.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(broken.status().message().find("the model's chat template"), std::string::npos);
+    EXPECT_NE(broken.status().message().find("line 1"), std::string::npos);
 }
 
 TEST(ResolveChatTemplate, OverrideByNameOrFile) {
@@ -264,15 +290,28 @@ TEST(ResolveChatTemplate, OverrideByNameOrFile) {
     auto file = ResolveChatTemplate("", dir.File("t.jinja"), {"<s>", "</s>"});
     ASSERT_TRUE(file.ok()) << file.status().ToString();
     EXPECT_EQ((*file)->style(), ChatTemplateStyle::kLlama2);
-    // A file of an unknown shape, a missing file, an unknown model template.
+    // A file of an unknown shape and an unknown model template are interpreted; a file that
+    // does not parse is refused naming it; a missing file is NotFound.
     testing::WriteFile(dir.File("odd.jinja"), "{{ messages }}");
     auto odd = ResolveChatTemplate("", dir.File("odd.jinja"), {});
-    EXPECT_EQ(odd.status().code(), StatusCode::kUnimplemented);
-    EXPECT_NE(odd.status().message().find("odd.jinja"), std::string::npos);
+    ASSERT_TRUE(odd.ok()) << odd.status().ToString();
+    EXPECT_TRUE((*odd)->interpreted());
+    testing::WriteFile(dir.File("bad.jinja"), "{{ messages ");
+    auto bad = ResolveChatTemplate("", dir.File("bad.jinja"), {});
+    EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(bad.status().message().find("bad.jinja"), std::string::npos);
     EXPECT_EQ(ResolveChatTemplate("", dir.File("missing"), {}).status().code(),
               StatusCode::kNotFound);
-    EXPECT_EQ(ResolveChatTemplate("{{ messages }}", "", {}).status().code(),
-              StatusCode::kUnimplemented);
+    auto unknown = ResolveChatTemplate("{{ messages }}", "", {});
+    ASSERT_TRUE(unknown.ok());
+    EXPECT_TRUE((*unknown)->interpreted());
+    // "jinja" interprets the model's own template, even one a built-in style renders alike.
+    auto forced = ResolveChatTemplate(smol, "jinja", {});
+    ASSERT_TRUE(forced.ok());
+    EXPECT_TRUE((*forced)->interpreted());
+    EXPECT_EQ((*forced)->style(), ChatTemplateStyle::kChatMl);
+    EXPECT_FALSE((*model)->interpreted());
+    EXPECT_EQ(ResolveChatTemplate("", "jinja", {}).status().code(), StatusCode::kNotFound);
 }
 
 std::string Joined(const RenderedChat& r) {
