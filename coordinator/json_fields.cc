@@ -1,5 +1,6 @@
 #include "coordinator/json_fields.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -53,6 +54,38 @@ std::optional<int64_t> Integer(const json& v) {
         }
     }
     return std::nullopt;
+}
+
+int JsonNestingDepth(std::string_view text, int limit) {
+    int depth = 0, deepest = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (in_string) {
+            if (c == '\\') {
+                ++i;  // the escaped character, whatever it is
+            } else if (c == '"') {
+                in_string = false;
+            }
+            continue;
+        }
+        if (c == '"') {
+            in_string = true;
+        } else if (c == '[' || c == '{') {
+            deepest = std::max(deepest, ++depth);
+            if (deepest > limit) return deepest;
+        } else if ((c == ']' || c == '}') && depth > 0) {
+            --depth;
+        }
+    }
+    return deepest;
+}
+
+json ParseJson(std::string_view text, bool* too_deep) {
+    const bool deep = JsonNestingDepth(text) > kMaxJsonDepth;
+    if (too_deep != nullptr) *too_deep = deep;
+    if (deep) return json(json::value_t::discarded);
+    return json::parse(text, nullptr, /*allow_exceptions=*/false);
 }
 
 }  // namespace kvshard::json_fields
