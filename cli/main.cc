@@ -83,10 +83,25 @@ size_t EditDistance(const std::string& a, const std::string& b) {
 // that take a value). Returns the exit code (2, a usage error) when `argv` names none known.
 std::optional<int> CheckCommandName(int argc, char** argv,
                                     const std::map<std::string, kvshard::cli::Command>& commands) {
+    std::string option;  // the first option before the command (kvshard's own take no value)
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
-        if (!arg.empty() && arg[0] == '-') continue;
+        if (!arg.empty() && arg[0] == '-') {
+            if (option.empty() && arg != "-h" && arg != "--help" && arg != "--version") {
+                option = arg.substr(0, arg.find('='));
+            }
+            continue;
+        }
         if (commands.count(arg) != 0) return std::nullopt;
+        if (!option.empty()) {
+            // "kvshard --model README.md serve": the option's value is not a mistyped command.
+            std::fprintf(stderr,
+                         "kvshard: error: %s is an option of the commands: write it after the "
+                         "command (kvshard serve %s ...)\n",
+                         option.c_str(), option.c_str());
+            std::fprintf(stderr, "Run 'kvshard --help' for more information.\n");
+            return 2;
+        }
         std::string closest;
         size_t best = arg.size() / 2 + 1;  // beyond this many edits it is a different word
         std::string names;

@@ -13,9 +13,11 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/load_progress.h"
 #include "cli/process_instance.h"
 #include "cli/serve_devices.h"
 #include "common/build_config.h"
@@ -29,10 +31,12 @@
 #include "coordinator/router.h"
 #include "kernels/paged_attention.h"
 #include "model/chat_template.h"
+#include "model/hf_export.h"
 #include "model/model_file.h"
 #include "model/tokenizer.h"
 #include "worker/local_model.h"
 #include "worker/tp_group.h"
+#include "worker/weights.h"
 
 namespace kvshard::cli {
 namespace {
@@ -43,8 +47,24 @@ struct ServeFlags {
     // Flag values, turned into overrides when given.
     std::string model, tokenizer, host, chat_template, log_level, backend;
     int port = -1, tp = 0, threads = -1;
+    // vLLM's spellings of common settings.
+    std::vector<std::string> served_model_names, api_keys;
+    std::string max_model_len, kv_cache_dtype;
     std::vector<std::string> sets;  // --set key=value
 };
+
+// A list flag's values as one override value (config/server_config.h: comma-separated), or the
+// error naming the flag when a value holds the separator.
+Result<std::string> JoinListFlag(const std::vector<std::string>& values, const std::string& flag) {
+    std::string joined;
+    for (const std::string& v : values) {
+        if (v.find(',') != std::string::npos) {
+            return InvalidArgument(flag + ": invalid value '" + v + "': must not contain ','");
+        }
+        joined += (joined.empty() ? "" : ",") + v;
+    }
+    return joined;
+}
 
 cpu::KvStorage StorageOf(KvCacheDtype dtype) {
     switch (dtype) {
@@ -121,6 +141,21 @@ int RunServe(ServeFlags f) {
     if (!f.chat_template.empty()) add("chat_template", f.chat_template, "--chat-template");
     if (!f.log_level.empty()) add("log_level", f.log_level, "--log-level");
     if (!f.backend.empty()) add("backend", f.backend, "--backend");
+    if (!f.max_model_len.empty())
+        add("scheduler.max_model_len", f.max_model_len, "--max-model-len");
+    if (!f.kv_cache_dtype.empty()) {
+        // vLLM names kvshard's fp8 (E4M3) fp8_e4m3 as well.
+        add("kv_cache.dtype", f.kv_cache_dtype == "fp8_e4m3" ? "fp8" : f.kv_cache_dtype,
+            "--kv-cache-dtype");
+    }
+    for (const auto& [values, key, flag] :
+         {std::tuple{&f.served_model_names, "served_model_name", "--served-model-name"},
+          std::tuple{&f.api_keys, "server.api_keys", "--api-key"}}) {
+        if (values->empty()) continue;
+        Result<std::string> joined = JoinListFlag(*values, flag);
+        if (!joined.ok()) return Fail(joined.status().message());
+        add(key, *joined, flag);
+    }
     for (const std::string& kv : f.sets) {
         const size_t eq = kv.find('=');
         if (eq == std::string::npos || eq == 0)
@@ -141,6 +176,7 @@ int RunServe(ServeFlags f) {
         return Fail(source + r.status().message());
     }
 
+    const auto load_start = std::chrono::steady_clock::now();
     OpenModelOptions open;
     open.tokenizer_path = c.tokenizer_path;
     Result<std::unique_ptr<ModelFile>> model = OpenModel(c.model_path, open);
@@ -166,9 +202,9 @@ int RunServe(ServeFlags f) {
             stop_token_ids.push_back(eot);
         }
     }
-    const std::string served_name = c.served_model_name.empty()
+    const std::string served_name = c.served_model_names.empty()
                                         ? std::filesystem::path(c.model_path).filename().string()
-                                        : c.served_model_name;
+                                        : c.served_model_names[0];
     auto metrics = std::make_shared<ServerMetrics>(served_name);
 
     // One executor and one engine per instance of every pool.
@@ -227,6 +263,26 @@ int RunServe(ServeFlags f) {
             for (size_t i = 0; i < pools[p].instances.size(); ++i, ++k) {
                 ApplyDevicePlan(*dp, static_cast<int>(p), static_cast<int>(i), &planned[k].runner);
             }
+        }
+    }
+    // Embedded workers report their weights as they load (worker processes log their own).
+    int64_t weight_bytes = 0;
+    if (c.workers.mode == WorkersMode::kEmbedded) {
+        for (const PlannedInstance& pi : planned) {
+            for (int rank = 0; rank < pi.config->tp; ++rank) {
+                Result<int64_t> bytes =
+                    ResidentWeightBytes(*stop_ids_of.file, pi.runner.backend.kind,
+                                        {.shard = {.rank = rank, .tp = pi.config->tp},
+                                         .format = pi.runner.weight_format});
+                if (!bytes.ok()) return Fail(bytes.status().message());
+                weight_bytes += *bytes;
+            }
+        }
+    }
+    LoadProgress progress(weight_bytes, load_start);
+    if (c.workers.mode == WorkersMode::kEmbedded) {
+        for (PlannedInstance& pi : planned) {
+            pi.runner.on_weight_bytes_loaded = [&progress](int64_t bytes) { progress.Add(bytes); };
         }
     }
     std::vector<ServedInstance> instances(planned.size());
@@ -309,6 +365,7 @@ int RunServe(ServeFlags f) {
                          ? "GPU " + std::to_string(pi.runner.backend.device)
                          : std::string("the CPU"));
     }
+    progress.Finish();
     std::vector<InstanceEngine*> engines;
     for (ServedInstance& i : instances) engines.push_back(i.engine.get());
     Result<std::unique_ptr<Router>> router = Router::Create(engines);
@@ -321,6 +378,12 @@ int RunServe(ServeFlags f) {
 
     ApiServiceOptions ao;
     ao.model.name = served_name;
+    if (c.served_model_names.size() > 1) {
+        ao.model.aliases.assign(c.served_model_names.begin() + 1, c.served_model_names.end());
+    }
+    HfTokenizerFiles tokenizer_files = HfTokenizerFilesOf(*stop_ids_of.file);
+    ao.tokenizer_json = std::move(tokenizer_files.tokenizer_json);
+    ao.tokenizer_config_json = std::move(tokenizer_files.tokenizer_config_json);
     ao.model.path = c.model_path;
     ao.model.vocab_size = spec.vocab_size;
     ao.chat_template = *chat;
@@ -384,8 +447,18 @@ Command RegisterServe(CLI::App& app) {
     sub->add_option("--log-level", f->log_level, "trace|debug|info|warn|error|off");
     sub->add_option("--backend", f->backend,
                     "Where the workers run: cpu, cuda (one GPU per instance) or auto");
+    sub->add_option("--max-model-len", f->max_model_len,
+                    "Context length in tokens (scheduler.max_model_len; default: the model's)");
+    sub->add_option("--kv-cache-dtype,--kv-dtype", f->kv_cache_dtype,
+                    "KV cache element type (kv_cache.dtype): auto, fp32, int8 or fp8 (E4M3)");
     for (CLI::Option* o : sub->get_options())
         o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    sub->add_option("--served-model-name", f->served_model_names,
+                    "The names clients send as \"model\" (served_model_name); the first is the "
+                    "one answers carry. Default: the model file's name")
+        ->expected(1, CLI::detail::expected_max_vector_size);
+    sub->add_option("--api-key", f->api_keys,
+                    "Require Authorization: Bearer KEY (server.api_keys; repeatable)");
     sub->add_option("--set", f->sets,
                     "KEY=VALUE: any scalar setting of the config file (repeatable), e.g. "
                     "workers.mode=processes");

@@ -207,8 +207,31 @@ const std::vector<Setting>& Settings() {
         s.push_back(String("model", [](ServerConfig& c) -> std::string& { return c.model_path; }));
         s.push_back(
             String("tokenizer", [](ServerConfig& c) -> std::string& { return c.tokenizer_path; }));
-        s.push_back(String("served_model_name",
-                           [](ServerConfig& c) -> std::string& { return c.served_model_name; }));
+        // One name or a list of names; "" (the example file's value) is none.
+        s.push_back({"served_model_name",
+                     [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                         std::vector<std::string> names;
+                         if (n.IsScalar()) {
+                             if (!n.Scalar().empty()) names.push_back(n.Scalar());
+                         } else if (n.IsSequence()) {
+                             for (const YAML::Node& item : n) {
+                                 if (!item.IsScalar()) {
+                                     return InvalidArgument(at.where + ": " + at.key +
+                                                            ": every name must be a string");
+                                 }
+                                 if (item.Scalar().empty()) {
+                                     return BadValue(at, "",
+                                                     "a served model name must not be empty");
+                                 }
+                                 names.push_back(item.Scalar());
+                             }
+                         } else if (!n.IsNull()) {
+                             return InvalidArgument(at.where + ": " + at.key +
+                                                    ": expected a name or a list of names");
+                         }
+                         c.served_model_names = std::move(names);
+                         return Status::Ok();
+                     }});
         s.push_back(String("chat_template",
                            [](ServerConfig& c) -> std::string& { return c.chat_template; }));
         s.push_back(Int<int>(
@@ -530,7 +553,8 @@ Status ApplyOverride(const ConfigOverride& o, ServerConfig& config) {
     const Setting* setting = FindSetting(o.key);
     if (setting == nullptr) return UnknownKey(at.where, o.key);
     YAML::Node node;
-    if (o.key == "server.api_keys" || o.key == "server.cors_allowed_origins") {
+    if (o.key == "server.api_keys" || o.key == "server.cors_allowed_origins" ||
+        o.key == "served_model_name") {
         node = YAML::Node(YAML::NodeType::Sequence);
         std::stringstream in(o.value);
         std::string item;

@@ -131,13 +131,15 @@ enum class ServeBackend { kCpu, kCuda, kAuto };
 std::string_view ServeBackendName(ServeBackend backend);  // "cpu", "cuda", "auto"
 
 struct ServerConfig {
-    std::string source;             // the file read ("" when built from defaults and flags)
-    std::string model_path;         // required
-    std::string tokenizer_path;     // llama2.c tokenizer.bin; "" finds it beside the model
-    std::string served_model_name;  // the name clients pass as "model"; "" = the model's basename
-    std::string chat_template;      // "" (the model's), "chatml", "llama2", "llama3", or a file
-    int tp = 1;                     // tensor-parallel workers of the instance
-    int threads = 0;                // CPU threads per worker; 0 = the cores divided among workers
+    std::string source;          // the file read ("" when built from defaults and flags)
+    std::string model_path;      // required
+    std::string tokenizer_path;  // llama2.c tokenizer.bin; "" finds it beside the model
+    // The names clients may pass as "model" (a string or a list in the file): the first is the
+    // one answers carry; /v1/models lists every one. Empty: the model file's base name.
+    std::vector<std::string> served_model_names;
+    std::string chat_template;  // "" (the model's), "chatml", "llama2", "llama3", or a file
+    int tp = 1;                 // tensor-parallel workers of the instance
+    int threads = 0;            // CPU threads per worker; 0 = the cores divided among workers
     // "stored": matrix products read weights in the file's format; "f32": dequantized at load
     // (the reference path).
     std::string weight_format = "stored";
@@ -164,7 +166,7 @@ struct ConfigOverride {
 
 // Parses YAML text. `source` names it in messages. Overrides replace (or add) single scalar
 // values before validation, so a bad flag value gets the same message as a bad file value. For a
-// list key (server.api_keys) the value is a comma-separated list.
+// list key (server.api_keys, served_model_name) the value is a comma-separated list.
 Result<ServerConfig> ParseServerConfig(std::string_view yaml_text, const std::string& source,
                                        const std::vector<ConfigOverride>& overrides = {});
 // Every dotted key the file may hold, in documentation order.

@@ -60,9 +60,11 @@ int64_t PromptBytes(const OpenAiRequest& r) {
 // those become U+FFFD.
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-// One entry of GET /v1/models, and the answer of GET /v1/models/{id}.
-json ModelObject(const ServedModel& model, int64_t created, int64_t max_model_len) {
-    return {{"id", model.name},
+// One entry of GET /v1/models (`id` one of the served names), and the answer of
+// GET /v1/models/{id}.
+json ModelObject(const ServedModel& model, const std::string& id, int64_t created,
+                 int64_t max_model_len) {
+    return {{"id", id},
             {"object", "model"},
             {"created", created},
             {"owned_by", "kvshard"},
@@ -405,14 +407,37 @@ std::unique_ptr<ResponseWriter> ApiService::MakeResponseWriter(const PreparedGen
 }
 
 std::string ApiService::ModelsBody() const {
-    return Dump(json{
-        {"object", "list"},
-        {"data", json::array({ModelObject(options_.model, created_, engine_.max_context())})}});
+    json data = json::array(
+        {ModelObject(options_.model, options_.model.name, created_, engine_.max_context())});
+    for (const std::string& alias : options_.model.aliases) {
+        data.push_back(ModelObject(options_.model, alias, created_, engine_.max_context()));
+    }
+    return Dump(json{{"object", "list"}, {"data", std::move(data)}});
 }
 
 std::variant<std::string, ApiError> ApiService::ModelBody(std::string_view id) const {
     if (!ServesModel(options_.model, id)) return ModelNotFound(options_.model, id);
-    return Dump(ModelObject(options_.model, created_, engine_.max_context()));
+    const auto& aliases = options_.model.aliases;
+    const bool alias = std::find(aliases.begin(), aliases.end(), id) != aliases.end();
+    return Dump(ModelObject(options_.model, alias ? std::string(id) : options_.model.name, created_,
+                            engine_.max_context()));
+}
+
+std::variant<std::string, ApiError> ApiService::TokenizerFileBody(std::string_view id,
+                                                                  TokenizerFile file) const {
+    if (!ServesModel(options_.model, id)) return ModelNotFound(options_.model, id);
+    const std::string& text = file == TokenizerFile::kTokenizerJson
+                                  ? options_.tokenizer_json
+                                  : options_.tokenizer_config_json;
+    if (text.empty()) {
+        ApiError e;
+        e.http_status = 404;
+        e.message =
+            "this server has no Hugging Face tokenizer files for '" + options_.model.name + "'";
+        e.code = "not_found";
+        return e;
+    }
+    return text;
 }
 
 std::variant<std::string, ApiError> ApiService::TokenizerAnswer(TokenizerEndpoint endpoint,

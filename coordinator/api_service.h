@@ -48,7 +48,16 @@ struct ApiServiceOptions {
     // control tokens either way.
     HttpConfig::ContentSpecialTokens content_special_tokens =
         HttpConfig::ContentSpecialTokens::kText;
+    // GET /v1/models/{id}/tokenizer and /tokenizer_config: the served model's Hugging Face
+    // tokenizer.json and tokenizer_config.json (model/hf_export.h HfTokenizerFilesOf), for
+    // benchmark clients that load a tokenizer. Empty: those routes answer 404 saying why.
+    std::string tokenizer_json;
+    std::string tokenizer_config_json;
 };
+
+// The files of GET /v1/models/{id}/tokenizer (tokenizer.json) and /tokenizer_config
+// (tokenizer_config.json).
+enum class TokenizerFile { kTokenizerJson, kTokenizerConfig };
 
 // A request ready for Engine::Submit, and what its answer needs.
 struct PreparedGeneration {
@@ -109,10 +118,16 @@ class ApiService {
     // The prompt-bytes cap in force (options.max_prompt_bytes, or the automatic one).
     int64_t max_prompt_bytes() const { return max_prompt_bytes_; }
 
-    std::string ModelsBody() const;  // GET /v1/models
+    // True when `name` is one a request's "model" may send (openai_protocol.h ServesModel).
+    bool ServesModelName(std::string_view name) const { return ServesModel(options_.model, name); }
+    std::string ModelsBody() const;  // GET /v1/models: every served name
     // GET /v1/models/{id}: the model object (one entry of ModelsBody's list) when `id` names the
     // served model as a request's "model" may, else the 404 naming `id`.
     std::variant<std::string, ApiError> ModelBody(std::string_view id) const;
+    // GET /v1/models/{id}/tokenizer and /tokenizer_config: the file's text when `id` names the
+    // served model as ModelBody's does, else the 404 naming `id`.
+    std::variant<std::string, ApiError> TokenizerFileBody(std::string_view id,
+                                                          TokenizerFile file) const;
     // POST /tokenize ({"count", "max_model_len", "tokens"[, "token_strs"]}) and POST /detokenize
     // ({"prompt"}): the answer body, or the 4xx. Tokenizes: run off the I/O threads, as Prepare.
     std::variant<std::string, ApiError> TokenizerAnswer(TokenizerEndpoint endpoint,

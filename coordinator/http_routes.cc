@@ -2,7 +2,10 @@
 
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/rfc7230.hpp>
+#include <optional>
+#include <string>
 #include <string_view>
+#include <utility>
 
 #include "common/build_config.h"
 
@@ -313,7 +316,24 @@ RouteResult RouteRequest(const HttpRequest& request, const ApiService& api, bool
             a.body = api.ModelsBody();
             break;
         case Route::kModel: {
-            auto body = api.ModelBody(PercentDecode(target.substr(route->path.size())));
+            // {id} may hold "/" itself ("HuggingFaceTB/SmolLM2-135M-Instruct"): a path that is
+            // not a served name but ends in a tokenizer file's name asks for that file.
+            const std::string rest = PercentDecode(target.substr(route->path.size()));
+            std::optional<TokenizerFile> file;
+            std::string id = rest;
+            if (!api.ServesModelName(rest)) {
+                for (const auto& [suffix, which] :
+                     {std::pair<std::string_view, TokenizerFile>{"/tokenizer",
+                                                                 TokenizerFile::kTokenizerJson},
+                      {"/tokenizer_config", TokenizerFile::kTokenizerConfig}}) {
+                    if (rest.size() > suffix.size() &&
+                        std::string_view(rest).substr(rest.size() - suffix.size()) == suffix) {
+                        file = which;
+                        id = rest.substr(0, rest.size() - suffix.size());
+                    }
+                }
+            }
+            auto body = file ? api.TokenizerFileBody(id, *file) : api.ModelBody(id);
             if (auto* error = std::get_if<ApiError>(&body)) {
                 HttpAnswer e = ErrorAnswer(*error);
                 e.head = head;

@@ -3,14 +3,15 @@
 // whole request (paths, methods, API keys, draining, the GET endpoints). HttpSession
 // (http_session.h) does the I/O around these; coordinator/fuzz/http_fuzz.cc feeds them raw bytes.
 //
-// Routes: POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, POST /tokenize, POST /detokenize
-// (vLLM's), POST /v1/messages and POST /v1/messages/count_tokens (Anthropic's: their errors are
-// in Anthropic's shape, and they take the API key as x-api-key as well), GET (and HEAD) /v1/models,
-// /v1/models/{id}, /health, /metrics, /version. Unknown paths 404, wrong methods 405 with Allow,
-// bodies over the limit 413, a header block over 16 KiB 431, malformed HTTP 400, a transfer coding
-// other than chunked 501, a missing or wrong API key on /v1/*, /tokenize and /detokenize 401 with
-// WWW-Authenticate, every POST while draining 503 with Retry-After. With CORS on
-// (server.cors_allowed_origins), OPTIONS preflights on any path.
+// Routes: POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, POST /tokenize, POST
+// /detokenize (vLLM's), POST /v1/messages and POST /v1/messages/count_tokens (Anthropic's: their
+// errors are in Anthropic's shape, and they take the API key as x-api-key as well), GET (and HEAD)
+// /v1/models, /v1/models/{id}, /v1/models/{id}/tokenizer and /v1/models/{id}/tokenizer_config (the
+// Hugging Face tokenizer files), /health, /metrics, /version. Unknown paths 404, wrong methods 405
+// with Allow, bodies over the limit 413, a header block over 16 KiB 431, malformed HTTP 400, a
+// transfer coding other than chunked 501, a missing or wrong API key on /v1/*, /tokenize and
+// /detokenize 401 with WWW-Authenticate, every POST while draining 503 with Retry-After. With CORS
+// on (server.cors_allowed_origins), OPTIONS preflights on any path.
 //
 // Thread-safety: free functions over their arguments; RouteRequest calls only const ApiService
 // methods.

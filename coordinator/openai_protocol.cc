@@ -782,7 +782,9 @@ void RefuseTokenizeChatOptions(const json& body) {
 }  // namespace
 
 bool ServesModel(const ServedModel& model, std::string_view name) {
-    return name == model.name || (!model.path.empty() && name == BaseName(model.path));
+    return name == model.name ||
+           std::find(model.aliases.begin(), model.aliases.end(), name) != model.aliases.end() ||
+           (!model.path.empty() && name == BaseName(model.path));
 }
 
 ApiError ModelNotFound(const ServedModel& model, std::string_view name) {
@@ -790,6 +792,10 @@ ApiError ModelNotFound(const ServedModel& model, std::string_view name) {
     e.http_status = 404;
     e.message = "The model '" + std::string(name) + "' does not exist; this server serves '" +
                 model.name + "'";
+    for (size_t i = 0; i < model.aliases.size(); ++i) {
+        e.message += (i == 0 ? " (also named '" : ", '") + model.aliases[i] + "'";
+    }
+    if (!model.aliases.empty()) e.message += ")";
     e.param = "model";
     e.code = "model_not_found";
     return e;

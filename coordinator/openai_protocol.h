@@ -45,12 +45,16 @@ ApiError BadRequest(std::string message, std::string param = "", std::string cod
 
 // The model this server answers for.
 struct ServedModel {
-    std::string name;        // what /v1/models lists
+    std::string name;        // the first served name: what answers carry
     std::string path;        // the model file; its base name is accepted as "model" too
     int64_t vocab_size = 0;  // token-id prompts must be below it
+    // More served names (--served-model-name's second and later): listed by /v1/models and
+    // accepted as "model"; answers carry `name`.
+    std::vector<std::string> aliases = {};
 };
 
-// True when a request's "model" names the served model: its name, or the model file's base name.
+// True when a request's "model" names the served model: its name or one of its aliases, or the
+// model file's base name.
 bool ServesModel(const ServedModel& model, std::string_view name);
 // The 404 for a model this server does not serve (param "model", code "model_not_found").
 ApiError ModelNotFound(const ServedModel& model, std::string_view name);

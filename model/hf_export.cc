@@ -165,15 +165,28 @@ Status ExportHuggingFace(const ModelFile& model, const std::string& out_dir,
         WriteText(dir / "config.json", HfConfigText(model.spec(), TorchDType(opts.dtype))));
     KV_RETURN_IF_ERROR(
         WriteText(dir / "generation_config.json", GenerationConfigText(model.spec())));
-    KV_RETURN_IF_ERROR(
-        WriteText(dir / "tokenizer.json", TokenizerJsonText(model.tokenizer_data()) + "\n"));
+    return ExportHfTokenizer(model, out_dir);
+}
+
+HfTokenizerFiles HfTokenizerFilesOf(const ModelFile& model) {
+    HfTokenizerFiles files;
+    files.tokenizer_json = TokenizerJsonText(model.tokenizer_data()) + "\n";
     // The chat template is the spec's (GGUF keeps it beside the tokenizer keys; HF in
     // tokenizer_config.json), so it travels in tokenizer_config.json.
     TokenizerData tokenizer = model.tokenizer_data();
     if (!model.spec().chat_template.empty()) tokenizer.chat_template = model.spec().chat_template;
-    KV_RETURN_IF_ERROR(
-        WriteText(dir / "tokenizer_config.json", TokenizerConfigJsonText(tokenizer) + "\n"));
-    return Status::Ok();
+    files.tokenizer_config_json = TokenizerConfigJsonText(tokenizer) + "\n";
+    return files;
+}
+
+Status ExportHfTokenizer(const ModelFile& model, const std::string& out_dir) {
+    const fs::path dir(out_dir);
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) return NotFound(out_dir + ": cannot create folder: " + ec.message());
+    const HfTokenizerFiles files = HfTokenizerFilesOf(model);
+    KV_RETURN_IF_ERROR(WriteText(dir / "tokenizer.json", files.tokenizer_json));
+    return WriteText(dir / "tokenizer_config.json", files.tokenizer_config_json);
 }
 
 }  // namespace kvshard

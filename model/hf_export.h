@@ -28,6 +28,21 @@ struct HfExportOptions {
 Status ExportHuggingFace(const ModelFile& model, const std::string& out_dir,
                          const HfExportOptions& opts = {});
 
+// A model's tokenizer as Hugging Face keeps it: tokenizer.json, and tokenizer_config.json (bos,
+// eos, add_bos_token, and the model's chat template, which GGUF keeps beside the tokenizer keys).
+// The same text ExportHuggingFace writes; `kvshard serve` answers GET /v1/models/{id}/tokenizer
+// and /tokenizer_config with it.
+struct HfTokenizerFiles {
+    std::string tokenizer_json;
+    std::string tokenizer_config_json;
+};
+HfTokenizerFiles HfTokenizerFilesOf(const ModelFile& model);
+
+// Creates `out_dir` if needed and writes only tokenizer.json and tokenizer_config.json into it
+// (`kvshard convert --tokenizer-only`): enough for transformers' AutoTokenizer.from_pretrained.
+// Errors name the file.
+Status ExportHfTokenizer(const ModelFile& model, const std::string& out_dir);
+
 // Reorders the rows of a {num_heads*head_dim, cols} Q or K weight from interleaved RoPE pairs
 // to half-split order: within each head, half-split row k*head_dim/2 + i is interleaved row
 // 2i + k (k in {0, 1}).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <unordered_map>
 
 #include "common/mapped_file.h"
@@ -218,6 +219,22 @@ Result<std::unique_ptr<ModelFile>> Llama2cModel::Open(const std::string& path,
 }
 
 }  // namespace
+
+bool LooksLikeLlama2c(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    char bytes[sizeof(Header)] = {};
+    in.read(bytes, sizeof(Header));
+    const std::streamsize got = in.gcount();
+    uint32_t magic = 0;
+    if (got >= 4) std::memcpy(&magic, bytes, 4);
+    if (magic == kVersionedMagic) return true;
+    if (got != static_cast<std::streamsize>(sizeof(Header))) return false;
+    Header h;
+    std::memcpy(&h, bytes, sizeof(Header));
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(path, ec);
+    return !ec && CheckHeader(h, path).ok() && ExpectedBytes(h) == size;
+}
 
 Result<std::unique_ptr<ModelFile>> OpenLlama2cModel(const std::string& path,
                                                     const OpenModelOptions& options) {

@@ -174,8 +174,12 @@ Result<std::unique_ptr<ModelFile>> OpenModel(const std::string& path,
         KV_ASSIGN_OR_RETURN(model, internal::OpenHfModel(dir.empty() ? "." : dir));
     } else if (EndsWith(name, ".gguf") || HasGgufMagic(path)) {
         KV_ASSIGN_OR_RETURN(model, internal::OpenGgufModel(path));
-    } else {
+    } else if (EndsWith(name, ".bin") || internal::LooksLikeLlama2c(path)) {
         KV_ASSIGN_OR_RETURN(model, internal::OpenLlama2cModel(path, options));
+    } else {
+        return InvalidArgument(path +
+                               ": not a model file (expected GGUF, a llama2.c .bin checkpoint or "
+                               "a Hugging Face folder)");
     }
     KV_RETURN_IF_ERROR(CheckModel(*model));
     return model;

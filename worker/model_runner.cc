@@ -464,9 +464,11 @@ Result<std::unique_ptr<ModelRunner>> MakeModelRunner(const ModelFile& model, con
                              ": the " + std::string(BackendKindName(backend->kind())) +
                              " backend does not implement sliding-window attention");
     }
-    KV_ASSIGN_OR_RETURN(
-        ModelWeights weights,
-        LoadWeights(model, *backend, {.shard = shard, .format = options.weight_format}));
+    KV_ASSIGN_OR_RETURN(ModelWeights weights,
+                        LoadWeights(model, *backend,
+                                    {.shard = shard,
+                                     .format = options.weight_format,
+                                     .on_bytes_loaded = options.on_weight_bytes_loaded}));
     return std::make_unique<ModelRunner>(model.spec(), std::move(backend), std::move(weights),
                                          options, collective);
 }

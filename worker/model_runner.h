@@ -71,6 +71,9 @@ struct RunnerOptions {
     WeightFormat weight_format = WeightFormat::kStored;
     // The backend each runner builds (kind, device); CPU threads stay the calling thread's.
     BackendConfig backend;
+    // MakeModelRunner: reports the weights' load (WeightLoadOptions::on_bytes_loaded); called on
+    // the loading rank's thread. Not sent to worker processes.
+    std::function<void(int64_t bytes)> on_weight_bytes_loaded = nullptr;
 };
 
 // What this rank handed to collectives since construction (payload bytes, count × 4; zero

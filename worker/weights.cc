@@ -134,7 +134,8 @@ class ArenaPlan {
     int converted_f32() const { return converted_[1]; }
 
     // Copies every matrix into `arena` (through a host staging buffer, one matrix at a time).
-    Status Fill(Backend& backend, BackendBuffer& arena) {
+    Status Fill(Backend& backend, BackendBuffer& arena,
+                const std::function<void(int64_t)>& on_bytes_loaded) {
         std::vector<uint8_t> staging;
         std::vector<float> row;
         auto* base = static_cast<uint8_t*>(arena.data());
@@ -143,6 +144,7 @@ class ArenaPlan {
                 KV_RETURN_IF_ERROR(backend.CopyToDevice(base + m.offset, m.host.data(), m.bytes));
                 KV_RETURN_IF_ERROR(backend.Synchronize());
                 m.view->data = base + m.offset;
+                if (on_bytes_loaded) on_bytes_loaded(static_cast<int64_t>(m.bytes));
                 continue;
             }
             staging.resize(m.bytes);
@@ -180,6 +182,7 @@ class ArenaPlan {
             m.view->data = base + m.offset;
             // The file's pages of these tensors are not read again: give them back.
             for (const Part& p : m.parts) ReleaseMappedPages(p.tensor->data, p.tensor->num_bytes);
+            if (on_bytes_loaded) on_bytes_loaded(static_cast<int64_t>(m.bytes));
         }
         return Status::Ok();
     }
@@ -358,7 +361,7 @@ Result<ModelWeights> LoadWeights(const ModelFile& model, Backend& backend,
                      plan.total_bytes());
     }
     KV_ASSIGN_OR_RETURN(w.arena, backend.Allocate(plan.total_bytes()));
-    KV_RETURN_IF_ERROR(plan.Fill(backend, w.arena));
+    KV_RETURN_IF_ERROR(plan.Fill(backend, w.arena, options.on_bytes_loaded));
     return w;
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -60,6 +61,9 @@ struct WeightLoadOptions {
     // The backend kind whose resident formats (ResidentWeightFormat) the weights are converted to
     // at load; unset: the backend's own. Tests load CUDA's formats onto the CPU backend.
     std::optional<BackendKind> formats_of = std::nullopt;
+    // Called on the loading thread after each matrix is in the arena, with its bytes (their sum
+    // is the arena's size, ResidentWeightBytes). Unset: nothing is reported.
+    std::function<void(int64_t bytes)> on_bytes_loaded = nullptr;
 };
 
 // Each weight is kept in one form only: the format the backend's ops read it in

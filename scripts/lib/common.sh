@@ -99,10 +99,11 @@ ensure_python_venv() {
   fi
   # openai and anthropic: the clients the integration tests drive the server with;
   # kubernetes-validate: the Kubernetes schemas the k8s/ manifests are checked against;
-  # jsonschema: the validator the structured-output test checks generated JSON with.
-  if ! "$venv/bin/python" -c "import openai, anthropic, kubernetes_validate, jsonschema" 2>/dev/null; then
-    log "installing openai, anthropic, kubernetes-validate and jsonschema into $venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai anthropic kubernetes-validate jsonschema >&2
+  # jsonschema: the validator the structured-output test checks generated JSON with;
+  # tokenizers: Hugging Face's tokenizer, which loads the tokenizer.json the server serves.
+  if ! "$venv/bin/python" -c "import openai, anthropic, kubernetes_validate, jsonschema, tokenizers" 2>/dev/null; then
+    log "installing openai, anthropic, kubernetes-validate, jsonschema and tokenizers into $venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai anthropic kubernetes-validate jsonschema tokenizers >&2
   fi
   echo "$venv/bin/python"
 }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 
 #include "common/build_config.h"
 #include "tests/test_util.h"
@@ -67,7 +68,7 @@ kv_cache:
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     EXPECT_EQ(c->model_path, "/m/model.gguf");
     EXPECT_EQ(c->tokenizer_path, "/m/tok.bin");
-    EXPECT_EQ(c->served_model_name, "smol");
+    EXPECT_EQ(c->served_model_names, (std::vector<std::string>{"smol"}));
     EXPECT_EQ(c->chat_template, "chatml");
     EXPECT_EQ(c->tp, 2);
     EXPECT_EQ(c->threads, 3);
@@ -163,6 +164,10 @@ TEST(ServerConfig, ErrorsNameFileKeyAndValue) {
          "serve.yaml:3: unknown key 'scheduler.max_num_seq'"},
         {"model: m\nserver: 8000\n", "server: expected a map of settings"},
         {"model: m\nserver:\n  api_keys: key\n", "server.api_keys: expected a list of strings"},
+        {"model: m\nserved_model_name: [a, '']\n",
+         "served_model_name: invalid value '': a served model name must not be empty"},
+        {"model: m\nserved_model_name: {a: b}\n",
+         "served_model_name: expected a name or a list of names"},
         {"model: m\nserver:\n  api_keys: ['']\n", "server.api_keys: invalid value ''"},
         {"model: m\nserver:\n  host: ''\n", "server.host: invalid value '': must not be empty"},
         {"model: m\ntp: [1, 2]\n", "tp: expected a single value, got a list"},
@@ -186,6 +191,38 @@ TEST(ServerConfig, ErrorsNameFileKeyAndValue) {
         EXPECT_NE(r.status().message().find(c.expect), std::string::npos)
             << "yaml:\n"
             << c.yaml << "message: " << r.status().message();
+    }
+}
+
+// served_model_name: one name or a list in the file ("" is none), comma-separated in a flag;
+// the flags that `kvshard serve` spells as vLLM does name themselves in errors.
+TEST(ServerConfig, ServedModelNamesAndVllmFlags) {
+    auto one = ParseServerConfig("model: m\nserved_model_name: smol\n", "serve.yaml");
+    ASSERT_TRUE(one.ok()) << one.status().ToString();
+    EXPECT_EQ(one->served_model_names, (std::vector<std::string>{"smol"}));
+    auto none = ParseServerConfig("model: m\nserved_model_name: ''\n", "serve.yaml");
+    ASSERT_TRUE(none.ok()) << none.status().ToString();
+    EXPECT_TRUE(none->served_model_names.empty());
+    auto flags = ParseServerConfig("model: m\nserved_model_name: [x]\n", "serve.yaml",
+                                   {{"served_model_name", "org/a,b", "--served-model-name"},
+                                    {"scheduler.max_model_len", "1024", "--max-model-len"},
+                                    {"kv_cache.dtype", "int8", "--kv-cache-dtype"}});
+    ASSERT_TRUE(flags.ok()) << flags.status().ToString();
+    EXPECT_EQ(flags->served_model_names, (std::vector<std::string>{"org/a", "b"}));
+    EXPECT_EQ(flags->scheduler.max_model_len, 1024);
+    EXPECT_EQ(flags->kv_cache.dtype, KvCacheDtype::kInt8);
+    for (const auto& [key, value, flag, expect] :
+         {std::tuple{"scheduler.max_model_len", "4k", "--max-model-len",
+                     "flag --max-model-len: scheduler.max_model_len: invalid value '4k': expected "
+                     "an integer"},
+          std::tuple{"kv_cache.dtype", "bfloat16", "--kv-cache-dtype",
+                     "flag --kv-cache-dtype: kv_cache.dtype: invalid value 'bfloat16': expected "
+                     "auto, fp32, int8 or fp8"},
+          std::tuple{"served_model_name", "a,,b", "--served-model-name",
+                     "flag --served-model-name: served_model_name: invalid value ''"}}) {
+        auto r = ParseServerConfig("model: m\n", "serve.yaml", {{key, value, flag}});
+        ASSERT_FALSE(r.ok()) << flag;
+        EXPECT_NE(r.status().message().find(expect), std::string::npos) << r.status().message();
     }
 }
 

@@ -50,6 +50,8 @@ struct TestServerOptions {
     int64_t max_prompt_bytes = 0;
     HttpConfig::ContentSpecialTokens content_special_tokens =
         HttpConfig::ContentSpecialTokens::kText;
+    std::vector<std::string> model_aliases;             // ServedModel::aliases
+    std::string tokenizer_json, tokenizer_config_json;  // GET /v1/models/{id}/tokenizer...
 };
 
 // FakeEngine + ApiService + HttpServer on 127.0.0.1, an ephemeral port.
@@ -67,6 +69,9 @@ class TestServer {
         api.api_keys = options.api_keys;
         api.max_prompt_bytes = options.max_prompt_bytes;
         api.content_special_tokens = options.content_special_tokens;
+        api.model.aliases = options.model_aliases;
+        api.tokenizer_json = options.tokenizer_json;
+        api.tokenizer_config_json = options.tokenizer_config_json;
         api_ = std::make_unique<ApiService>(engine_, *tokenizer_, metrics_, api);
         HttpConfig http = options.http;
         http.host = "127.0.0.1";

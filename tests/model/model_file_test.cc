@@ -418,6 +418,52 @@ TEST(ModelFileTest, Llama2cVersionedCheckpointIsUnimplemented) {
     EXPECT_NE(m.status().message().find("version 2"), std::string::npos);
 }
 
+// A file that is no format kvshard reads is named as such (not as a llama2.c header error); a
+// llama2.c checkpoint is still found under any name, and a truncated GGUF or .bin keeps its own
+// error.
+TEST(ModelFileTest, AFileOfNoFormatIsNotAModelFile) {
+    TempDir dir;
+    const std::string kNotAModel =
+        ": not a model file (expected GGUF, a llama2.c .bin checkpoint or a Hugging Face folder)";
+    for (const auto& [name, bytes] :
+         {std::pair<std::string, std::string>{"README.md",
+                                              "# kvshard\n\nA tensor-parallel LLM "
+                                              "serving cluster.\n"},
+          {"empty", ""},
+          {"short.txt", "abc"}}) {
+        testing::WriteFile(dir.File(name), bytes);
+        auto m = OpenModel(dir.File(name));
+        ASSERT_FALSE(m.ok()) << name;
+        EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument) << name;
+        EXPECT_EQ(m.status().message(), dir.File(name) + kNotAModel);
+    }
+    const std::string bin = SharedModel("stories260K/stories260K.bin");
+    const std::string tok = SharedModel("stories260K/tok512.bin");
+    const std::string gguf = SharedModel("stories260K/stories260K.gguf");
+    KV_REQUIRE_FIXTURE(bin, "stories260K/stories260K.bin");
+    KV_REQUIRE_FIXTURE(tok, "stories260K/tok512.bin");
+    KV_REQUIRE_FIXTURE(gguf, "stories260K/stories260K.gguf");
+    const std::string checkpoint = testing::ReadFile(bin);
+    testing::WriteFile(dir.File("checkpoint"), checkpoint);
+    OpenModelOptions options;
+    options.tokenizer_path = tok;
+    auto renamed = OpenModel(dir.File("checkpoint"), options);
+    ASSERT_TRUE(renamed.ok()) << renamed.status().ToString();
+    EXPECT_EQ((*renamed)->format(), ModelFormat::kLlama2c);
+    testing::WriteFile(dir.File("cut.bin"), checkpoint.substr(0, checkpoint.size() / 2));
+    auto cut = OpenModel(dir.File("cut.bin"), options);
+    ASSERT_FALSE(cut.ok());
+    EXPECT_NE(cut.status().message().find("a llama2.c checkpoint with this header has"),
+              std::string::npos)
+        << cut.status().message();
+    const std::string g = testing::ReadFile(gguf);
+    testing::WriteFile(dir.File("cut"), g.substr(0, g.size() / 2));
+    auto cut_gguf = OpenModel(dir.File("cut"));
+    ASSERT_FALSE(cut_gguf.ok());
+    EXPECT_EQ(cut_gguf.status().message().find("not a model file"), std::string::npos)
+        << cut_gguf.status().message();
+}
+
 TEST(ModelFileTest, MissingPathIsNotFound) {
     auto m = OpenModel("/nonexistent/model.gguf");
     EXPECT_EQ(m.status().code(), StatusCode::kNotFound);
