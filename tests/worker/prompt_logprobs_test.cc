@@ -86,7 +86,9 @@ std::vector<PromptTokenLogprob> ScoreInChunks(StepExecutor& executor,
         Result<StepResult> r = executor.Execute(plan);
         EXPECT_TRUE(r.ok()) << r.status().ToString();
         if (!r.ok()) return out;
-        EXPECT_EQ(r->prompt_logprobs.size(), 1u);
+        // A one-token last chunk predicts no prompt token: it reports nothing.
+        const bool predicts = std::min(len, begin + chunk) - begin > 1 || begin + chunk < len;
+        EXPECT_EQ(r->prompt_logprobs.size(), predicts ? 1u : 0u);
         for (const PromptLogprobs& p : r->prompt_logprobs) {
             EXPECT_EQ(p.seq_id, seq_id);
             EXPECT_EQ(p.first_pos, static_cast<int64_t>(out.size()) + 1);
@@ -103,7 +105,9 @@ void ExpectSameScores(const std::vector<PromptTokenLogprob>& got,
     for (size_t i = 0; i < got.size(); ++i) {
         EXPECT_EQ(got[i].token_id, want[i].token_id) << what << " position " << i + 1;
         EXPECT_NEAR(got[i].logprob, want[i].logprob, 1e-4) << what << " position " << i + 1;
-        EXPECT_EQ(got[i].rank, want[i].rank) << what << " position " << i + 1;
+        // Deep in the tail (stories260K ranks some prompt tokens ~400th of 512) logits lie within
+        // float rounding of each other, and another summation order may swap neighbours there.
+        EXPECT_NEAR(got[i].rank, want[i].rank, want[i].rank / 50) << what << " position " << i + 1;
         ASSERT_EQ(got[i].top.size(), want[i].top.size()) << what;
         for (size_t k = 0; k < got[i].top.size(); ++k) {
             EXPECT_EQ(got[i].top[k].token_id, want[i].top[k].token_id) << what;
