@@ -101,8 +101,10 @@ TEST_F(PromptLogprobsEngine, MaxTokensZeroAnswersWithThePromptsScoresOnly) {
     auto plain = Run(prompt, 1, -1);
     EXPECT_GT(plain->usage_.cached_tokens, 0);
     EXPECT_EQ(plain->prompt_deltas_, 0);
+    engine_->Stop();  // its last publish follows the last request's end
     const kv::BlockManagerStats b = engine_->BlockStats();
     EXPECT_EQ(b.num_used_blocks, 0);
+    EXPECT_EQ(b.num_free_blocks + b.num_cached_blocks, b.num_blocks);
 }
 
 TEST_F(PromptLogprobsEngine, GeneratedLogprobsEqualThePromptLogprobsOfTheSameTokens) {
