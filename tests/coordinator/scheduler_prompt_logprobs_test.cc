@@ -126,7 +126,9 @@ TEST(SchedulerPromptLogprobs, ARecomputeAfterGeneratingScoresNothing) {
     rig.scheduler.AddWaiting(&again);
     const StepPlan plan = rig.Step();
     ASSERT_EQ(plan.sequences.size(), 1u);
-    EXPECT_EQ(plan.sequences[0].token_ids.size(), 6u);
+    // Its scores were reported: the cache serves the first block again, and nothing is scored.
+    EXPECT_EQ(plan.sequences[0].start_pos, 4);
+    EXPECT_EQ(plan.sequences[0].token_ids.size(), 2u);
     EXPECT_EQ(plan.sequences[0].num_prompt_logprobs, -1);
 }
 
