@@ -23,7 +23,8 @@ namespace kvshard {
 //    rendezvous).
 // 6: ScheduledSequence.allowed_tokens (structured outputs' token mask).
 // 7: StepResult.error_code (a failed step's Status code travels with its message).
-inline constexpr uint32_t kControlProtocolVersion = 7;
+// 8: ScheduledSequence.num_prompt_logprobs / next_prompt_token, StepResult.prompt_logprobs.
+inline constexpr uint32_t kControlProtocolVersion = 8;
 
 // RegisterMessage.worker_rank: the coordinator assigns the lowest free rank.
 inline constexpr int32_t kAnyRank = -1;

@@ -85,6 +85,8 @@ void Encode(Writer& w, const StepPlan& plan) {
         w.Ints(seq.history);
         w.Fixed(seq.history_prompt_tokens);
         w.Ints(seq.allowed_tokens);
+        w.Fixed(seq.num_prompt_logprobs);
+        w.Fixed(seq.next_prompt_token);
     }
     w.Count(plan.block_copies.size());
     for (const BlockCopyOp& op : plan.block_copies) {
@@ -127,6 +129,22 @@ void Encode(Writer& w, const StepResult& result) {
             w.F32(top.logprob);
         }
         w.Fixed(token.rng_state);
+    }
+    w.Count(result.prompt_logprobs.size());
+    for (const PromptLogprobs& chunk : result.prompt_logprobs) {
+        w.Fixed(chunk.seq_id);
+        w.Fixed(chunk.first_pos);
+        w.Count(chunk.tokens.size());
+        for (const PromptTokenLogprob& token : chunk.tokens) {
+            w.Fixed(token.token_id);
+            w.F32(token.logprob);
+            w.Fixed(token.rank);
+            w.Count(token.top.size());
+            for (const TokenLogprob& top : token.top) {
+                w.Fixed(top.token_id);
+                w.F32(top.logprob);
+            }
+        }
     }
     w.F64(result.compute_seconds);
     w.Fixed(static_cast<uint32_t>(result.error_code));
@@ -270,6 +288,13 @@ class Reader {
             Fail(std::to_string(bytes_.size() - pos_) + " bytes after the last field");
         }
     }
+    // Fails the decode (the first failure is kept).
+    void Fail(std::string message) {
+        if (status_.ok()) {
+            status_ = DataLoss("malformed payload at byte " + std::to_string(pos_) + ": " +
+                               std::move(message));
+        }
+    }
 
   private:
     bool Need(size_t n, const char* field) {
@@ -281,12 +306,6 @@ class Reader {
         }
         return true;
     }
-    void Fail(std::string message) {
-        if (status_.ok()) {
-            status_ = DataLoss("malformed payload at byte " + std::to_string(pos_) + ": " +
-                               std::move(message));
-        }
-    }
 
     std::string_view bytes_;
     size_t pos_ = 0;
@@ -297,7 +316,11 @@ class Reader {
 // smallest encoding in memory (ScheduledSequence: 152 bytes for 61), which bounds the memory a
 // frame can make the decoder allocate.
 constexpr size_t kMinSequenceBytes =
-    8 + 4 + 8 + 4 + 4 + 1 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 4 + 8 + 4;
+    8 + 4 + 8 + 4 + 4 + 1 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 4 + 8 + 4 + 4 + 4;
+// Prompt logprobs: a chunk (40 bytes in memory for 20) and a scored token (40 for 20), whose
+// alternatives are at most kMaxLogprobs.
+constexpr size_t kMinPromptLogprobsBytes = 8 + 8 + 4;
+constexpr size_t kMinPromptTokenBytes = 4 + 4 + 8 + 4;
 // A token mask covers a vocabulary of at most 2^24 tokens.
 constexpr uint32_t kMaxAllowedTokenWords = (1u << 24) / 64;
 constexpr size_t kMinSampledTokenBytes = 8 + 4 + 4 + 4 + 8;
@@ -338,7 +361,8 @@ StepPlan DecodeStepPlan(Reader& r) {
             bias.bias = r.F32("TokenBias.bias");
         }
         seq.sampling.min_tokens = r.Fixed<int64_t>("SamplingParams.min_tokens");
-        seq.sampling.min_tokens_banned_ids = r.Ints<int32_t>("SamplingParams.min_tokens_banned_ids");
+        seq.sampling.min_tokens_banned_ids =
+            r.Ints<int32_t>("SamplingParams.min_tokens_banned_ids");
         seq.num_top_logprobs = r.Fixed<int32_t>("ScheduledSequence.num_top_logprobs");
         seq.history = r.Ints<int32_t>("ScheduledSequence.history");
         seq.history_prompt_tokens = r.Fixed<int64_t>("ScheduledSequence.history_prompt_tokens");
@@ -348,6 +372,14 @@ StepPlan DecodeStepPlan(Reader& r) {
         for (uint32_t w = 0; w < num_words && r.status().ok(); ++w) {
             seq.allowed_tokens.push_back(r.Fixed<uint64_t>("ScheduledSequence.allowed_tokens"));
         }
+        seq.num_prompt_logprobs = r.Fixed<int32_t>("ScheduledSequence.num_prompt_logprobs");
+        if (r.status().ok() &&
+            (seq.num_prompt_logprobs < -1 || seq.num_prompt_logprobs > kMaxLogprobs)) {
+            r.Fail("ScheduledSequence.num_prompt_logprobs: " +
+                   std::to_string(seq.num_prompt_logprobs) + ", not in -1.." +
+                   std::to_string(kMaxLogprobs));
+        }
+        seq.next_prompt_token = r.Fixed<int32_t>("ScheduledSequence.next_prompt_token");
     }
     const uint32_t num_copies = r.Count("StepPlan.block_copies", 8);
     plan.block_copies.reserve(num_copies);
@@ -405,6 +437,28 @@ StepResult DecodeStepResult(Reader& r) {
             top.logprob = r.F32("TokenLogprob.logprob");
         }
         token.rng_state = r.Fixed<uint64_t>("SampledToken.rng_state");
+    }
+    const uint32_t num_chunks = r.Count("StepResult.prompt_logprobs", kMinPromptLogprobsBytes);
+    result.prompt_logprobs.reserve(num_chunks);
+    for (uint32_t i = 0; i < num_chunks && r.status().ok(); ++i) {
+        PromptLogprobs& chunk = result.prompt_logprobs.emplace_back();
+        chunk.seq_id = r.Fixed<int64_t>("PromptLogprobs.seq_id");
+        chunk.first_pos = r.Fixed<int64_t>("PromptLogprobs.first_pos");
+        const uint32_t n = r.Count("PromptLogprobs.tokens", kMinPromptTokenBytes);
+        chunk.tokens.reserve(n);
+        for (uint32_t t = 0; t < n && r.status().ok(); ++t) {
+            PromptTokenLogprob& token = chunk.tokens.emplace_back();
+            token.token_id = r.Fixed<int32_t>("PromptTokenLogprob.token_id");
+            token.logprob = r.F32("PromptTokenLogprob.logprob");
+            token.rank = r.Fixed<int64_t>("PromptTokenLogprob.rank");
+            const uint32_t k = r.Count("PromptTokenLogprob.top", 8, kMaxLogprobs);
+            token.top.reserve(k);
+            for (uint32_t j = 0; j < k && r.status().ok(); ++j) {
+                TokenLogprob& top = token.top.emplace_back();
+                top.token_id = r.Fixed<int32_t>("TokenLogprob.token_id");
+                top.logprob = r.F32("TokenLogprob.logprob");
+            }
+        }
     }
     result.compute_seconds = r.F64("StepResult.compute_seconds");
     result.error_code = r.Code("StepResult.error_code");

@@ -38,6 +38,13 @@ struct ScheduledSequence {
     // others are set to -inf after the logit controls; logprobs stay the raw model's. Computed
     // by the coordinator from the sequence's grammar state after its last token, every step.
     std::vector<uint64_t> allowed_tokens;
+    // Prompt logprobs: when >= 0 (at most kMaxLogprobs), the worker scores every prompt token
+    // this chunk's rows predict, with the top num_prompt_logprobs alternatives — token_ids[1..]
+    // from the rows before them, then next_prompt_token from the chunk's last row (chunked
+    // prefill: the first token of the next chunk). next_prompt_token is -1 when the chunk ends
+    // where the prompt does. Results in StepResult.prompt_logprobs.
+    int32_t num_prompt_logprobs = -1;
+    int32_t next_prompt_token = -1;
     friend bool operator==(const ScheduledSequence&, const ScheduledSequence&) = default;
 };
 
@@ -107,6 +114,15 @@ struct SampledToken {
     friend bool operator==(const SampledToken&, const SampledToken&) = default;
 };
 
+// The scored prompt tokens of one chunk (ScheduledSequence.num_prompt_logprobs): tokens[i] is the
+// prompt token at position first_pos + i (first_pos = the chunk's start_pos + 1).
+struct PromptLogprobs {
+    int64_t seq_id = 0;
+    int64_t first_pos = 0;
+    std::vector<PromptTokenLogprob> tokens;
+    friend bool operator==(const PromptLogprobs&, const PromptLogprobs&) = default;
+};
+
 struct StepResult {
     uint64_t step_id = 0;
     std::vector<SampledToken> tokens;  // one per sequence with sample = true, in plan order
@@ -120,6 +136,8 @@ struct StepResult {
     int64_t kv_bytes_sent = 0;         // summed over the instance's ranks
     int64_t kv_bytes_received = 0;     // summed over the instance's ranks
     double kv_transfer_seconds = 0.0;  // rank 0's time in sends and receives
+    // One per chunk that asked for prompt logprobs and scores at least one token, in plan order.
+    std::vector<PromptLogprobs> prompt_logprobs;
     friend bool operator==(const StepResult&, const StepResult&) = default;
 };
 

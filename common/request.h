@@ -45,9 +45,9 @@ struct SamplingParams {
     // vLLM's order (worker/sampler.h ApplyLogitControls): repetition penalty over the prompt and
     // the output so far, frequency and presence penalties over the output, logit_bias, then the
     // min_tokens ban. Logprobs stay those of the raw logits, as vLLM reports them by default.
-    float repetition_penalty = 1.0f;  // > 0; a seen token's logit is divided (> 0) or multiplied
-    float frequency_penalty = 0.0f;   // in [-2, 2]; times the token's count in the output
-    float presence_penalty = 0.0f;    // in [-2, 2]; once for a token present in the output
+    float repetition_penalty = 1.0f;    // > 0; a seen token's logit is divided (> 0) or multiplied
+    float frequency_penalty = 0.0f;     // in [-2, 2]; times the token's count in the output
+    float presence_penalty = 0.0f;      // in [-2, 2]; once for a token present in the output
     std::vector<TokenBias> logit_bias;  // by increasing token id, each id once
     // While fewer than min_tokens tokens have been generated, min_tokens_banned_ids (the stop
     // tokens: EOS and the request's stop_token_ids) cannot be sampled.
@@ -67,6 +67,20 @@ struct TokenLogprob {
     int32_t token_id = 0;
     float logprob = 0.0f;
     friend bool operator==(const TokenLogprob&, const TokenLogprob&) = default;
+};
+
+// The most alternatives a request may ask for per token, generated or prompt (vLLM's limit).
+inline constexpr int32_t kMaxLogprobs = 20;
+
+// One prompt token scored under the raw model's distribution at the position before it (prompt
+// logprobs, and echo with logprobs): its logprob, its rank in that distribution (1: the most
+// likely; ties share the better rank) and the top alternatives.
+struct PromptTokenLogprob {
+    int32_t token_id = 0;
+    float logprob = 0.0f;
+    int64_t rank = 1;
+    std::vector<TokenLogprob> top;  // highest first, ties by lower id
+    friend bool operator==(const PromptTokenLogprob&, const PromptTokenLogprob&) = default;
 };
 
 }  // namespace kvshard

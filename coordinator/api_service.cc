@@ -337,13 +337,16 @@ std::variant<PreparedGeneration, ApiError> ApiService::Prepare(const OpenAiReque
     g.skip_special_tokens = r.skip_special_tokens;
     g.n = r.n;
     g.num_top_logprobs = r.num_top_logprobs;
+    g.num_prompt_logprobs = r.num_prompt_logprobs;
     g.grammar = r.grammar;
     if (tool_parsing && (r.tool_choice.mode == ToolChoiceMode::kRequired ||
                          r.tool_choice.mode == ToolChoiceMode::kNamed)) {
         // A call is required: the answer is held to calls whose arguments fit the schemas.
         if (g.grammar != nullptr) {
-            return BadRequest("'response_format' (or guided_*) and a required tool call both "
-                              "constrain the output; give one", "tool_choice");
+            return BadRequest(
+                "'response_format' (or guided_*) and a required tool call both "
+                "constrain the output; give one",
+                "tool_choice");
         }
         auto calls = ToolCallGrammar(tool_parsing->syntax, r.tools, r.tool_choice,
                                      tool_parsing->max_calls == 1);
@@ -353,9 +356,11 @@ std::variant<PreparedGeneration, ApiError> ApiService::Prepare(const OpenAiReque
         for (size_t i = 0; i < r.tools.size(); ++i) {
             if (!r.tools[i].strict) continue;
             const std::string param = "tools[" + std::to_string(i) + "].function.strict";
-            return BadRequest("'" + param + "' needs tool_choice \"required\" or a named "
-                              "function: with \"auto\" the model may answer in text, and "
-                              "kvshard holds only required calls to the schema", param);
+            return BadRequest("'" + param +
+                                  "' needs tool_choice \"required\" or a named "
+                                  "function: with \"auto\" the model may answer in text, and "
+                                  "kvshard holds only required calls to the schema",
+                              param);
         }
     }
 
@@ -364,9 +369,8 @@ std::variant<PreparedGeneration, ApiError> ApiService::Prepare(const OpenAiReque
         const OpenAiRequest::MorePrompt& more = r.more_prompts[i];
         GenerationRequest other = g;
         other.request_id = g.request_id + "-" + std::to_string(i + 1);
-        other.prompt_token_ids = more.is_token_ids
-                                     ? more.token_ids
-                                     : EncodeText(more.text, /*add_special_tokens=*/true);
+        other.prompt_token_ids =
+            more.is_token_ids ? more.token_ids : EncodeText(more.text, /*add_special_tokens=*/true);
         if (other.prompt_token_ids.empty()) return BadRequest("the prompt is empty", "prompt");
         auto budget = ResolveMaxTokens(r, static_cast<int64_t>(other.prompt_token_ids.size()),
                                        engine_.max_context());
@@ -387,11 +391,19 @@ std::variant<PreparedGeneration, ApiError> ApiService::Prepare(const OpenAiReque
     c.n = r.n * static_cast<int>(1 + r.more_prompts.size());
     c.logprobs = r.num_top_logprobs >= 0;
     c.include_usage = r.include_usage;
+    c.choices_per_prompt = r.n;
+    c.prompt_logprobs = r.prompt_logprobs.has_value();
+    c.echo_logprobs = r.echo && c.logprobs;
+    if (r.num_prompt_logprobs >= 0) {
+        c.prompt_token_ids.push_back(g.prompt_token_ids);
+        for (const GenerationRequest& more : p.more_requests)
+            c.prompt_token_ids.push_back(more.prompt_token_ids);
+    }
     c.tools = std::move(tool_parsing);
     if (r.echo) {
         // The prompt as the client sent it; token ids as /detokenize writes them.
-        std::vector<std::string> prompts = {r.prompt_is_token_ids ? DetokenizeText(r.prompt_token_ids)
-                                                                  : r.prompt};
+        std::vector<std::string> prompts = {
+            r.prompt_is_token_ids ? DetokenizeText(r.prompt_token_ids) : r.prompt};
         for (const OpenAiRequest::MorePrompt& more : r.more_prompts) {
             prompts.push_back(more.is_token_ids ? DetokenizeText(more.token_ids) : more.text);
         }

@@ -29,9 +29,8 @@ Status ValidateCacheBreakpoints(const std::vector<CacheBreakpoint>& breakpoints,
     constexpr size_t kMaxBreakpoints = 4;
     constexpr int64_t kMaxTtlMs = 24 * 3'600'000;
     if (breakpoints.size() > kMaxBreakpoints) {
-        return InvalidArgument("cache_breakpoints: at most " +
-                               std::to_string(kMaxBreakpoints) + " per request, got " +
-                               std::to_string(breakpoints.size()));
+        return InvalidArgument("cache_breakpoints: at most " + std::to_string(kMaxBreakpoints) +
+                               " per request, got " + std::to_string(breakpoints.size()));
     }
     int64_t last = 0;
     for (size_t i = 0; i < breakpoints.size(); ++i) {
@@ -43,9 +42,9 @@ Status ValidateCacheBreakpoints(const std::vector<CacheBreakpoint>& breakpoints,
                                    std::to_string(b.prefix_tokens));
         }
         if (b.prefix_tokens <= last) {
-            return InvalidArgument(at + ".prefix_tokens must grow: " +
-                                   std::to_string(b.prefix_tokens) + " after " +
-                                   std::to_string(last));
+            return InvalidArgument(at +
+                                   ".prefix_tokens must grow: " + std::to_string(b.prefix_tokens) +
+                                   " after " + std::to_string(last));
         }
         if (b.ttl_ms < 1 || b.ttl_ms > kMaxTtlMs) {
             return InvalidArgument(at + ".ttl_ms must be in 1.." + std::to_string(kMaxTtlMs) +
@@ -134,7 +133,11 @@ Status InstanceEngine::SubmitWithHandoff(GenerationRequest request,
         return InvalidArgument("a handed-off request must have n = 1");
     const auto prompt_len = static_cast<int64_t>(request.prompt_token_ids.size());
     if (prompt_len == 0) return InvalidArgument("the prompt has no tokens");
-    if (request.max_tokens <= 0) return InvalidArgument("max_tokens must be positive");
+    if (request.max_tokens < 0) return InvalidArgument("max_tokens must not be negative");
+    if (request.num_prompt_logprobs < -1 || request.num_prompt_logprobs > kMaxLogprobs) {
+        return InvalidArgument("prompt logprobs must be -1 (none) or 0.." +
+                               std::to_string(kMaxLogprobs));
+    }
     if (request.n < 1) return InvalidArgument("n must be at least 1");
     if (request.n > config_.scheduler.max_num_seqs) {
         // Its n sequences must run at once, and a step runs at most max_num_seqs.
@@ -308,6 +311,7 @@ void InstanceEngine::Admit(std::unique_ptr<RequestState> state) {
             seq->sampling.min_tokens_banned_ids = MinTokensBans(req, config_.stop_token_ids);
         }
         seq->num_top_logprobs = req.num_top_logprobs;
+        seq->num_prompt_logprobs = req.num_prompt_logprobs;
         by_seq_[seq->seq_id] = {&r, i};
         r.streams.push_back(std::make_unique<TextStream>(
             tokenizer_, req.stop, req.prompt_token_ids.back(),
@@ -402,12 +406,32 @@ void InstanceEngine::MakePins(RequestState& r) {
     r.usage.cache_creation_tokens = std::max<int64_t>(0, pinned - seq.num_cached_tokens);
 }
 
+void InstanceEngine::CollectPromptLogprobs(const PromptLogprobs& scored) {
+    auto where = by_seq_.find(scored.seq_id);
+    if (where == by_seq_.end()) return;  // aborted during the step
+    RequestState& r = *where->second.first;
+    if (r.request.num_prompt_logprobs < 0 || r.prompt_logprobs_sent) return;
+    // Chunks arrive in prompt order; a recompute after preemption repeats positions held here.
+    for (size_t i = 0; i < scored.tokens.size(); ++i) {
+        const int64_t pos = scored.first_pos + static_cast<int64_t>(i);
+        if (pos == 1 + static_cast<int64_t>(r.prompt_logprobs.size()))
+            r.prompt_logprobs.push_back(scored.tokens[i]);
+    }
+    if (static_cast<int64_t>(r.prompt_logprobs.size()) + 1 < r.usage.prompt_tokens) return;
+    GenerationDelta d;
+    d.prompt_logprobs = std::move(r.prompt_logprobs);
+    r.prompt_logprobs_sent = true;
+    r.sink->OnDelta(d);
+}
+
 void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result) {
     // Failed receives leave the scheduler before OnStepComputed (their blocks hold no KV and
     // must not be published to the prefix cache).
     HandleTransfers(plan, result);
     scheduler_.OnStepComputed(plan);
     blocks_.SetTime(clock_.Now());
+    // Before the tokens: a request's prompt logprobs precede its first token.
+    for (const PromptLogprobs& scored : result.prompt_logprobs) CollectPromptLogprobs(scored);
     std::vector<std::string> to_hand_off;
     for (const SampledToken& t : result.tokens) {
         auto where = by_seq_.find(t.seq_id);
@@ -415,7 +439,7 @@ void InstanceEngine::HandleResult(const StepPlan& plan, const StepResult& result
         RequestState& r = *where->second.first;
         const int index = where->second.second;
         Sequence* seq = r.choices[static_cast<size_t>(index)].get();
-        r.usage.completion_tokens++;
+        if (r.request.max_tokens > 0) r.usage.completion_tokens++;
         ObserveToken(r, index);
         // A sampler created for this sequence elsewhere (after a handoff) continues this stream.
         if (t.rng_state != 0) seq->sampling.seed = t.rng_state;
@@ -539,10 +563,11 @@ std::shared_ptr<const grammar::Vocabulary> InstanceEngine::GrammarVocabulary() {
     if (grammar_vocab_ == nullptr) {
         std::vector<std::string> bytes(static_cast<size_t>(tokenizer_.vocab_size()));
         for (int32_t id = 0; id < tokenizer_.vocab_size(); ++id) {
-            if (!tokenizer_.IsControl(id)) bytes[static_cast<size_t>(id)] = tokenizer_.TokenBytes(id);
+            if (!tokenizer_.IsControl(id))
+                bytes[static_cast<size_t>(id)] = tokenizer_.TokenBytes(id);
         }
-        grammar_vocab_ = std::make_shared<grammar::Vocabulary>(std::move(bytes),
-                                                               config_.stop_token_ids);
+        grammar_vocab_ =
+            std::make_shared<grammar::Vocabulary>(std::move(bytes), config_.stop_token_ids);
     }
     return grammar_vocab_;
 }

@@ -179,8 +179,8 @@ class InstanceEngine : public Engine {
 
     void Loop();
     std::optional<StepPlan> Plan();  // PlanStep without the publish
-    void Shutdown();  // after the last step: ends what is left
-    bool HasWorkLocked() const;  // REQUIRES mu_
+    void Shutdown();                 // after the last step: ends what is left
+    bool HasWorkLocked() const;      // REQUIRES mu_
     void DrainInbox();
     void Admit(std::unique_ptr<RequestState> state);
     // Handoff steps (engine_handoff.cc), all on the engine thread.
@@ -196,6 +196,8 @@ class InstanceEngine : public Engine {
     // instance) and sets its usage.cache_creation_tokens.
     void MakePins(RequestState& r);
     void HandleResult(const StepPlan& plan, const StepResult& result);
+    // Adds a chunk's scored prompt tokens to its request; sends them once the prompt is whole.
+    void CollectPromptLogprobs(const PromptLogprobs& scored);
     void FinishChoice(RequestState& r, int index, FinishReason reason, GenerationDelta* delta);
     void CompleteIfDone(const std::string& request_id);
     // Ends every request with an error: `cause` is logged; clients get it in kvshard's words
@@ -228,8 +230,8 @@ class InstanceEngine : public Engine {
     int64_t next_seq_id_ = 1;
     std::mutex grammar_vocab_mu_;
     std::shared_ptr<const grammar::Vocabulary> grammar_vocab_;  // guarded by grammar_vocab_mu_
-    uint64_t epoch_ = 0;  // the executor epoch whose workers hold this engine's cached KV
-    uint64_t plan_epoch_ = 0;  // epoch_ when the plan in flight was made
+    uint64_t epoch_ = 0;          // the executor epoch whose workers hold this engine's cached KV
+    uint64_t plan_epoch_ = 0;     // epoch_ when the plan in flight was made
     const uint64_t first_epoch_;  // the executor's epoch when the engine was made
     std::unordered_map<uint64_t, int64_t> handed_off_;  // transfer id -> detached seq id
     std::deque<std::string>

@@ -38,16 +38,23 @@ struct GenerationRequest {
     std::string request_id;
     std::vector<int32_t> prompt_token_ids;  // tokenized by the front end (chat template applied)
     SamplingParams sampling;                // with n > 1, choice i uses seed + i
+    // 0: the prompt is computed (and scored, with num_prompt_logprobs) and every choice ends
+    // with kLength without a token (the loglikelihood call: echo + logprobs + max_tokens 0).
     int64_t max_tokens = 16;
-    std::vector<std::string> stop;         // stop strings; the text ends before them
+    std::vector<std::string> stop;  // stop strings; the text ends before them
     bool ignore_eos = false;
     // More tokens that end a choice (vLLM's stop_token_ids), whatever ignore_eos says. A stop
     // token that is not a control token joins the text, as in vLLM.
     std::vector<int32_t> stop_token_ids;
     bool include_stop_str_in_output = false;  // the text ends after a matched stop string
     bool skip_special_tokens = true;          // false: control tokens' text is output too
-    int n = 1;                       // choices sharing the prompt (blocks shared, copy on write)
-    int32_t num_top_logprobs = -1;   // -1: none; 0: the chosen token's; k: also the top k
+    int n = 1;                      // choices sharing the prompt (blocks shared, copy on write)
+    int32_t num_top_logprobs = -1;  // -1: none; 0: the chosen token's; k: also the top k
+    // Prompt logprobs (vLLM's prompt_logprobs, echo with logprobs): -1: none; k (at most
+    // kMaxLogprobs): every prompt token but the first is scored with the top k alternatives and
+    // delivered in one delta (GenerationDelta.prompt_logprobs) before any token of any choice.
+    // Such a request computes its whole prompt (no prefix-cache hit).
+    int32_t num_prompt_logprobs = -1;
     // At most 4, in increasing prefix_tokens order (the front end checks both).
     std::vector<CacheBreakpoint> cache_breakpoints;
     // Structured outputs (grammar/): every choice's text is held to this grammar — each step
@@ -65,8 +72,11 @@ struct GenerationDelta {
     int index = 0;  // choice
     std::string text;
     std::vector<int32_t> token_ids;
-    std::vector<SampledToken> logprobs;  // one per token id, when requested
+    std::vector<SampledToken> logprobs;         // one per token id, when requested
     std::optional<FinishReason> finish_reason;  // set on the last delta of this choice
+    // Once, on a delta of choice 0 with no tokens, when num_prompt_logprobs >= 0 and the prompt
+    // has more than one token: the prompt tokens 1 .. end, in order (token 0 has no logprob).
+    std::vector<PromptTokenLogprob> prompt_logprobs;
 };
 
 struct GenerationUsage {
@@ -79,7 +89,7 @@ struct GenerationUsage {
 };
 
 class RequestSink {
-public:
+  public:
     virtual ~RequestSink() = default;
     virtual void OnDelta(const GenerationDelta& delta) = 0;
     // The request is over: every choice finished (status OK), or it failed (the status says why:
@@ -110,7 +120,7 @@ struct EngineStats {
 };
 
 class Engine {
-public:
+  public:
     virtual ~Engine() = default;
     // Queues a request. Errors that can be told at once (prompt longer than the context, a full
     // queue) are returned here and the sink is not called.

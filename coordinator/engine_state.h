@@ -26,7 +26,11 @@ struct InstanceEngine::RequestState {
     int num_finished = 0;
     GenerationUsage usage;
     bool aborted = false;
-    bool pins_made = false;  // its cache breakpoints were pinned (or tried) once its prompt was computed
+    // Prompt logprobs gathered so far (positions 1 ..), until all are sent in one delta.
+    std::vector<PromptTokenLogprob> prompt_logprobs;
+    bool prompt_logprobs_sent = false;
+    bool pins_made =
+        false;  // its cache breakpoints were pinned (or tried) once its prompt was computed
 
     std::chrono::steady_clock::time_point arrival;
     std::chrono::steady_clock::time_point last_token;  // of choice 0 (inter-token latency)

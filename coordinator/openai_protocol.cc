@@ -14,10 +14,10 @@
 
 namespace kvshard {
 
-using nlohmann::json;
 using json_fields::Field;
 using json_fields::Number;
 using json_fields::TypeName;
+using nlohmann::json;
 
 std::string ApiErrorBody(const ApiError& error) {
     json e;
@@ -58,7 +58,6 @@ struct ValidationError {
 [[noreturn]] void Fail(std::string message, std::string param) {
     throw ValidationError{BadRequest(std::move(message), std::move(param))};
 }
-
 
 // Finds where a body that is not JSON goes wrong, without the parser's own words: the byte
 // offset, and whether the trouble is a number too large for a double (nlohmann error 406).
@@ -105,8 +104,6 @@ ApiError NotJson(std::string_view body) {
     }
     return BadRequest("the request body is not valid JSON" + at, "", "invalid_json");
 }
-
-
 
 std::optional<int64_t> OptInt(const json& body, const char* name, int64_t min, int64_t max,
                               std::string_view rule) {
@@ -176,7 +173,8 @@ void ReadOnePrompt(const json& p, const ServedModel& model, const std::string& w
     if (p.empty()) Fail("'" + where + "' must not be empty", "prompt");
     for (const json& t : p) {
         if (!t.is_number_integer()) {
-            Fail("'" + where + "' must be a string or an array of token ids, not an array holding " +
+            Fail("'" + where +
+                     "' must be a string or an array of token ids, not an array holding " +
                      TypeName(t),
                  "prompt");
         }
@@ -536,10 +534,8 @@ void ReadOutputControls(const json& body, const ServedModel& model, OpenAiReques
 // than ignored, so that no client believes it was obeyed. A value that asks for the default
 // behaviour is accepted.
 void RefuseUnimplemented(const json& body) {
-    for (const char* name : {"prompt_logprobs", "truncate_prompt_tokens"}) {
-        if (Field(body, name) != nullptr) {
-            Fail(std::string("'") + name + "' is not supported by this server", name);
-        }
+    if (Field(body, "truncate_prompt_tokens") != nullptr) {
+        Fail("'truncate_prompt_tokens' is not supported by this server", "truncate_prompt_tokens");
     }
     for (const char* name :
          {"use_beam_search", "return_tokens_as_token_ids", "continue_final_message"}) {
@@ -557,6 +553,26 @@ void RefuseUnimplemented(const json& body) {
             "'priority' is not supported: this server schedules first come, first served "
             "(only 0)",
             "priority");
+    }
+}
+
+// vLLM's prompt_logprobs (the answer's "prompt_logprobs"), and completions' echo with logprobs
+// (the prompt's tokens lead the "logprobs" object): both have the engine score the prompt.
+// REQUIRES: num_top_logprobs, echo and stream read.
+void ReadPromptLogprobs(const json& body, OpenAiRequest& r) {
+    if (auto k = OptInt(body, "prompt_logprobs", 0, kMaxLogprobs, "must be in 0..20")) {
+        if (r.stream) {
+            Fail("'prompt_logprobs' is not supported with 'stream' (echo with logprobs is)",
+                 "prompt_logprobs");
+        }
+        r.prompt_logprobs = static_cast<int32_t>(*k);
+    }
+    r.num_prompt_logprobs = r.prompt_logprobs.value_or(-1);
+    if (r.echo && r.num_top_logprobs >= 0)
+        r.num_prompt_logprobs = std::max(r.num_prompt_logprobs, r.num_top_logprobs);
+    if (r.max_tokens == 0 && !r.echo && !r.prompt_logprobs) {
+        Fail("'max_tokens' 0 asks for no output; it needs 'echo' or 'prompt_logprobs'",
+             "max_tokens");
     }
 }
 
@@ -585,13 +601,9 @@ void ReadCommon(const json& body, const ServedModel& model, OpenAiRequest& r) {
         if (r.endpoint != ApiEndpoint::kCompletions) {
             Fail("'echo' is not supported on chat completions", "echo");
         }
-        if (r.num_top_logprobs >= 0) {
-            Fail("'echo' with 'logprobs' is not supported: this server does not compute the "
-                 "prompt tokens' logprobs",
-                 "echo");
-        }
         r.echo = true;
     }
+    ReadPromptLogprobs(body, r);
     if (auto best_of = OptInt(body, "best_of", 1, kMaxChoices, "must be in 1..16");
         best_of && *best_of != r.n) {
         Fail("'best_of' is not supported (only equal to n)", "best_of");
@@ -601,8 +613,9 @@ void ReadCommon(const json& body, const ServedModel& model, OpenAiRequest& r) {
 
 void ReadCompletion(const json& body, const ServedModel& model, OpenAiRequest& r) {
     ReadPrompt(body, model, r);
+    // 0 only with echo or prompt_logprobs (ReadPromptLogprobs): the prompt is all the answer.
     r.max_tokens =
-        OptInt(body, "max_tokens", 1, std::numeric_limits<int64_t>::max(), "must be > 0");
+        OptInt(body, "max_tokens", 0, std::numeric_limits<int64_t>::max(), "must be >= 0");
     if (auto lp = OptInt(body, "logprobs", 0, kMaxCompletionLogprobs, "must be in 0..20")) {
         r.num_top_logprobs = static_cast<int32_t>(*lp);
     }

@@ -75,9 +75,14 @@ struct OpenAiRequest {
         bool is_token_ids = false;
     };
     std::vector<MorePrompt> more_prompts;
-    // Completions: each choice's text starts with its prompt's text (without logprobs: the
-    // prompt tokens' logprobs are not computed).
+    // Completions: each choice's text starts with its prompt's text; with logprobs, the
+    // prompt's tokens lead the logprobs too (the first one's logprob null).
     bool echo = false;
+    // vLLM's prompt_logprobs (0..20 alternatives): the answer's "prompt_logprobs". Not streamed.
+    std::optional<int32_t> prompt_logprobs;
+    // What the engine scores the prompt with (GenerationRequest.num_prompt_logprobs): the larger
+    // of prompt_logprobs and, with echo, logprobs; -1: none.
+    int32_t num_prompt_logprobs = -1;
     // Chat.
     std::vector<ChatMessage> messages;
     bool add_generation_prompt = true;
@@ -90,8 +95,8 @@ struct OpenAiRequest {
     // The field max_tokens was read from, named in its errors: "max_tokens",
     // "max_completion_tokens" (chat), "max_output_tokens" (the Responses API).
     std::string max_tokens_param = "max_tokens";
-    SamplingParams sampling;            // temperature defaults to 1 as in the OpenAI API
-    bool has_seed = false;              // false: the server picks a random seed
+    SamplingParams sampling;  // temperature defaults to 1 as in the OpenAI API
+    bool has_seed = false;    // false: the server picks a random seed
     std::vector<std::string> stop;
     int n = 1;
     int32_t num_top_logprobs = -1;  // -1: no logprobs; else the top k (0: the chosen token only)

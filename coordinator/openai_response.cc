@@ -1,5 +1,6 @@
 #include "coordinator/openai_response.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -50,26 +51,77 @@ json ChatLogprobs(const std::vector<SampledToken>& tokens, const TokenBytesFn& t
     return {{"content", std::move(content)}, {"refusal", nullptr}};
 }
 
-// `offset` is the byte offset of the first token in the choice's text; advanced past the tokens.
-json CompletionLogprobs(const std::vector<SampledToken>& tokens, const TokenBytesFn& token_bytes,
-                        int64_t* offset) {
-    json text = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+json EmptyCompletionLogprobs() {
+    return {{"tokens", json::array()},
+            {"token_logprobs", json::array()},
+            {"top_logprobs", json::array()},
+            {"text_offset", json::array()}};
+}
+
+// Appends one token to a completions logprobs object; `logprob` and `top` may be null (the
+// prompt's first token). `offset`, the byte offset of the token in the choice's text, is advanced
+// past it.
+void AppendCompletionToken(const std::string& bytes, json logprob, json top, int64_t* offset,
+                           json* out) {
+    (*out)["tokens"].push_back(ValidUtf8(bytes));
+    (*out)["token_logprobs"].push_back(std::move(logprob));
+    (*out)["top_logprobs"].push_back(std::move(top));
+    (*out)["text_offset"].push_back(*offset);
+    *offset += static_cast<int64_t>(bytes.size());
+}
+
+json TopJson(const std::vector<TokenLogprob>& top, const TokenBytesFn& token_bytes) {
+    json out = json::object();
+    for (const TokenLogprob& alt : top)
+        out[ValidUtf8(token_bytes(alt.token_id))] = Logprob(alt.logprob);
+    return out;
+}
+
+void AppendCompletionLogprobs(const std::vector<SampledToken>& tokens,
+                              const TokenBytesFn& token_bytes, int64_t* offset, json* out) {
     for (const SampledToken& t : tokens) {
-        const std::string bytes = token_bytes(t.token_id);
-        text.push_back(ValidUtf8(bytes));
-        lps.push_back(Logprob(t.logprob));
-        json top = json::object();
-        for (const TokenLogprob& alt : t.top_logprobs) {
-            top[ValidUtf8(token_bytes(alt.token_id))] = Logprob(alt.logprob);
-        }
-        tops.push_back(std::move(top));
-        offsets.push_back(*offset);
-        *offset += static_cast<int64_t>(bytes.size());
+        AppendCompletionToken(token_bytes(t.token_id), Logprob(t.logprob),
+                              TopJson(t.top_logprobs, token_bytes), offset, out);
     }
-    return {{"tokens", std::move(text)},
-            {"token_logprobs", std::move(lps)},
-            {"top_logprobs", std::move(tops)},
-            {"text_offset", std::move(offsets)}};
+}
+
+// Echo with logprobs: the prompt's tokens, scored[i - 1] being token i's (token 0 has none).
+void AppendPromptLogprobs(const std::vector<int32_t>& ids,
+                          const std::vector<PromptTokenLogprob>& scored,
+                          const TokenBytesFn& token_bytes, int64_t* offset, json* out) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+        const PromptTokenLogprob* s = i > 0 && i - 1 < scored.size() ? &scored[i - 1] : nullptr;
+        AppendCompletionToken(token_bytes(ids[i]), s ? json(Logprob(s->logprob)) : json(nullptr),
+                              s ? TopJson(s->top, token_bytes) : json(nullptr), offset, out);
+    }
+}
+
+// vLLM's prompt_logprobs: null for the first token, then {"<id>": {"logprob", "rank",
+// "decoded_token"}} with the prompt token first and its top alternatives (ranked 1..k).
+json VllmPromptLogprobs(const std::vector<int32_t>& ids,
+                        const std::vector<PromptTokenLogprob>& scored,
+                        const TokenBytesFn& token_bytes) {
+    json list = json::array();
+    for (size_t i = 0; i < ids.size(); ++i) {
+        if (i == 0 || i - 1 >= scored.size()) {
+            list.push_back(nullptr);
+            continue;
+        }
+        const PromptTokenLogprob& s = scored[i - 1];
+        json entry = json::object();
+        auto add = [&](int32_t id, float logprob, int64_t rank) {
+            entry[std::to_string(id)] = {{"logprob", Logprob(logprob)},
+                                         {"rank", rank},
+                                         {"decoded_token", ValidUtf8(token_bytes(id))}};
+        };
+        add(s.token_id, s.logprob, s.rank);
+        for (size_t k = 0; k < s.top.size(); ++k) {
+            if (s.top[k].token_id != s.token_id)
+                add(s.top[k].token_id, s.top[k].logprob, static_cast<int64_t>(k + 1));
+        }
+        list.push_back(std::move(entry));
+    }
+    return list;
 }
 
 json FinishReasonJson(const std::string& reason) {
@@ -122,6 +174,7 @@ void CompletionAccumulator::Add(const GenerationDelta& delta) {
         c.text += delta.text;
     }
     c.logprobs.insert(c.logprobs.end(), delta.logprobs.begin(), delta.logprobs.end());
+    if (!delta.prompt_logprobs.empty()) c.prompt_logprobs = delta.prompt_logprobs;
     if (delta.finish_reason) c.finish_reason = std::string(FinishReasonName(*delta.finish_reason));
     if (delta.finish_reason && !c.calls.empty()) c.finish_reason = "tool_calls";
 }
@@ -129,14 +182,34 @@ void CompletionAccumulator::Add(const GenerationDelta& delta) {
 std::string CompletionAccumulator::Body(const GenerationUsage& usage) const {
     const bool chat = context_.endpoint == ApiEndpoint::kChatCompletions;
     json choices = json::array();
+    const auto per_prompt = static_cast<size_t>(std::max(1, context_.choices_per_prompt));
+    // Prompt p's token ids and scores (on its first choice), when the context has them.
+    auto prompt = [&](size_t choice) {
+        const size_t p = choice / per_prompt;
+        static const std::vector<int32_t> kNone;
+        const std::vector<int32_t>& ids =
+            p < context_.prompt_token_ids.size() ? context_.prompt_token_ids[p] : kNone;
+        const size_t first = p * per_prompt;
+        return std::make_pair(&ids, first < choices_.size() ? &choices_[first].prompt_logprobs
+                                                            : &choices_[choice].prompt_logprobs);
+    };
     for (size_t i = 0; i < choices_.size(); ++i) {
         const Choice& c = choices_[i];
         json choice = {{"index", i}};
         json logprobs = nullptr;
-        if (context_.logprobs) {
+        const auto [prompt_ids, prompt_scores] = prompt(i);
+        if (context_.logprobs && chat) {
+            logprobs = ChatLogprobs(c.logprobs, token_bytes_);
+        } else if (context_.logprobs) {
             int64_t offset = 0;
-            logprobs = chat ? ChatLogprobs(c.logprobs, token_bytes_)
-                            : CompletionLogprobs(c.logprobs, token_bytes_, &offset);
+            logprobs = EmptyCompletionLogprobs();
+            if (context_.echo_logprobs)
+                AppendPromptLogprobs(*prompt_ids, *prompt_scores, token_bytes_, &offset, &logprobs);
+            AppendCompletionLogprobs(c.logprobs, token_bytes_, &offset, &logprobs);
+        }
+        if (context_.prompt_logprobs && !chat) {
+            choice["prompt_logprobs"] =
+                VllmPromptLogprobs(*prompt_ids, *prompt_scores, token_bytes_);
         }
         if (chat && !c.calls.empty()) {
             json calls = json::array();
@@ -159,6 +232,10 @@ std::string CompletionAccumulator::Body(const GenerationUsage& usage) const {
                  {"model", context_.model},
                  {"choices", std::move(choices)},
                  {"usage", UsageJson(usage)}};
+    if (context_.prompt_logprobs && chat && !choices_.empty()) {
+        const auto [prompt_ids, prompt_scores] = prompt(0);
+        body["prompt_logprobs"] = VllmPromptLogprobs(*prompt_ids, *prompt_scores, token_bytes_);
+    }
     return Dump(body);
 }
 
@@ -167,7 +244,8 @@ StreamFormatter::StreamFormatter(ResponseContext context, TokenBytesFn token_byt
       token_bytes_(std::move(token_bytes)),
       text_offsets_(context_.n, 0),
       num_calls_(context_.n, 0),
-      echoed_(context_.n, false) {
+      echoed_(context_.n, false),
+      prompt_scores_(context_.prompt_token_ids.size()) {
     if (context_.tools) {
         for (int i = 0; i < context_.n; ++i) parsers_.emplace_back(*context_.tools);
     }
@@ -215,25 +293,35 @@ std::string StreamFormatter::Delta(const GenerationDelta& delta) {
         return out.empty() ? out : RoleChunks() + out;
     }
     const bool has_logprobs = context_.logprobs && !delta.logprobs.empty();
-    // Echo: the prompt's text opens the choice's first chunk (as vLLM streams it).
+    const size_t p = static_cast<size_t>(delta.index / std::max(1, context_.choices_per_prompt));
+    if (!delta.prompt_logprobs.empty() && p < prompt_scores_.size())
+        prompt_scores_[p] = delta.prompt_logprobs;
+    // Echo: the prompt's text opens the choice's first chunk (as vLLM streams it), and with
+    // logprobs its tokens open the chunk's logprobs (they came before any generated token).
     std::string text = delta.text;
+    json logprobs = nullptr;
     if (static_cast<size_t>(delta.index) < context_.echo.size() && !echoed_[delta.index]) {
         echoed_[delta.index] = true;
         text = context_.echo[delta.index] + text;
+        if (context_.echo_logprobs && p < prompt_scores_.size()) {
+            logprobs = EmptyCompletionLogprobs();
+            AppendPromptLogprobs(context_.prompt_token_ids[p], prompt_scores_[p], token_bytes_,
+                                 &text_offsets_[delta.index], &logprobs);
+        }
     }
-    if (text.empty() && !delta.finish_reason && !has_logprobs) return "";
+    if (text.empty() && !delta.finish_reason && !has_logprobs && logprobs.is_null()) return "";
     const std::string finish =
         delta.finish_reason ? std::string(FinishReasonName(*delta.finish_reason)) : "";
     json choice = {{"index", delta.index}};
-    json logprobs = nullptr;
     if (context_.endpoint == ApiEndpoint::kChatCompletions) {
         choice["delta"] = delta.text.empty() ? json::object() : json{{"content", delta.text}};
         if (has_logprobs) logprobs = ChatLogprobs(delta.logprobs, token_bytes_);
     } else {
         choice["text"] = text;
         if (has_logprobs) {
-            logprobs =
-                CompletionLogprobs(delta.logprobs, token_bytes_, &text_offsets_[delta.index]);
+            if (logprobs.is_null()) logprobs = EmptyCompletionLogprobs();
+            AppendCompletionLogprobs(delta.logprobs, token_bytes_, &text_offsets_[delta.index],
+                                     &logprobs);
         }
     }
     choice["logprobs"] = std::move(logprobs);

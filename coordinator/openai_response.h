@@ -17,7 +17,11 @@
 //                one chunk with empty choices and the usage, then "data: [DONE]\n\n".
 // Logprobs follow the API's two shapes: completions {"tokens", "token_logprobs", "top_logprobs":
 // [{token: logprob}], "text_offset"}; chat {"content": [{"token", "logprob", "bytes",
-// "top_logprobs": [{"token", "logprob", "bytes"}]}]}.
+// "top_logprobs": [{"token", "logprob", "bytes"}]}]}. Completions with echo and logprobs: the
+// prompt's tokens first (the first token's logprob and top_logprobs null), then the generated.
+// vLLM's prompt_logprobs: [null, {"<token id>": {"logprob", "rank", "decoded_token"}}, ...], one
+// entry per prompt token holding the token and its top alternatives; a field of each choice on
+// completions, of the response on chat.
 //
 // Thread-safety: none; each request's formatter is used by one session at a time.
 #pragma once
@@ -51,6 +55,15 @@ struct ResponseContext {
     std::optional<ToolCallParserOptions> tools;
     // Completions with echo: the text each choice starts with (its prompt's), one per choice.
     std::vector<std::string> echo;
+    // Choice i answers prompt i / choices_per_prompt (n); the engine's prompt logprobs of that
+    // prompt come on the delta of its first choice.
+    int choices_per_prompt = 1;
+    // The answer carries vLLM's "prompt_logprobs" (per choice on completions, once on chat).
+    bool prompt_logprobs = false;
+    // Completions with echo and logprobs: the prompt's tokens lead each choice's logprobs.
+    bool echo_logprobs = false;
+    // With either: each prompt's token ids, in prompt order.
+    std::vector<std::vector<int32_t>> prompt_token_ids;
 };
 
 // Collects the deltas of a non-streamed request into the final JSON body.
@@ -64,8 +77,9 @@ class CompletionAccumulator {
     struct Choice {
         std::string text;
         std::vector<SampledToken> logprobs;
-        std::string finish_reason;             // "" until finished
-        std::optional<ToolCallParser> parser;  // with tools
+        std::vector<PromptTokenLogprob> prompt_logprobs;  // on a prompt's first choice
+        std::string finish_reason;                        // "" until finished
+        std::optional<ToolCallParser> parser;             // with tools
         std::vector<ToolCallOutput::Call> calls;
     };
     ResponseContext context_;
@@ -98,6 +112,8 @@ class StreamFormatter {
     std::vector<ToolCallParser> parsers_;  // chat with tools: one per choice
     std::vector<int> num_calls_;           // per choice
     std::vector<bool> echoed_;             // completions with echo: the prompt was sent
+    // Echo with logprobs: each prompt's scored tokens, as they came (before any of its tokens).
+    std::vector<std::vector<PromptTokenLogprob>> prompt_scores_;
     bool role_sent_ = false;
 };
 

@@ -9,6 +9,11 @@ TokenOutcome OutputStage::OnToken(const GenerationRequest& request, int index,
                                   int64_t num_generated, int64_t num_tokens) const {
     TokenOutcome out;
     out.delta.index = index;
+    if (request.max_tokens == 0) {
+        // Only the prompt was asked for: the token sampled after it is dropped.
+        out.finish = FinishReason::kLength;
+        return out;
+    }
     const bool is_stop_token =
         !request.ignore_eos && std::find(stop_token_ids_.begin(), stop_token_ids_.end(),
                                          token.token_id) != stop_token_ids_.end();

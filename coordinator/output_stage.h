@@ -2,7 +2,8 @@
 // A stop token ends the choice (unless the request ignores EOS) and adds no text; any other token
 // joins the sequence and becomes text through the choice's TextStream (UTF-8 safe, stop strings
 // held back until they cannot match); a matched stop string, max_tokens or the context ends the
-// choice. Pure: it never touches the scheduler, the sink or the clock; the engine applies the
+// choice; with max_tokens 0 (only the prompt was asked for) the first token ends the choice unseen.
+// Pure: it never touches the scheduler, the sink or the clock; the engine applies the
 // outcome (InstanceEngine::HandleResult).
 #pragma once
 
@@ -16,9 +17,9 @@
 namespace kvshard {
 
 struct TokenOutcome {
-    GenerationDelta delta;                // text, token id and logprobs for the client
-    bool append = false;                  // the token joins the sequence (it is not a stop token)
-    std::optional<FinishReason> finish;   // the choice ends with this token
+    GenerationDelta delta;               // text, token id and logprobs for the client
+    bool append = false;                 // the token joins the sequence (it is not a stop token)
+    std::optional<FinishReason> finish;  // the choice ends with this token
 };
 
 class OutputStage {

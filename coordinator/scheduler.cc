@@ -57,7 +57,8 @@ bool Scheduler::ReserveSlots(size_t i, StepPlan* plan) {
             .subspan(static_cast<size_t>(blocks_.NumTokens(seq->seq_id)));
     kv::AppendResult r = blocks_.AppendSlots(seq->seq_id, new_tokens);
     if (r.copy) plan->block_copies.push_back({r.copy->src_block, r.copy->dst_block});
-    for (const kv::CopyOp& c : r.group_copies) plan->block_copies.push_back({c.src_block, c.dst_block});
+    for (const kv::CopyOp& c : r.group_copies)
+        plan->block_copies.push_back({c.src_block, c.dst_block});
     return true;
 }
 
@@ -72,6 +73,13 @@ void Scheduler::ForkChildren(Sequence* parent) {
     parent->fork_children.clear();
 }
 
+// Prompt logprobs need the logits of every prompt position: computed, not read from the cache.
+// Once the sequence has generated they have been reported (a recompute after preemption skips
+// them).
+static bool WantsPromptLogprobs(const Sequence& seq) {
+    return seq.num_prompt_logprobs >= 0 && seq.num_generated == 0;
+}
+
 void Scheduler::AddChunk(Sequence* seq, int64_t n, StepPlan* plan) {
     ScheduledSequence s;
     s.seq_id = seq->seq_id;
@@ -84,6 +92,14 @@ void Scheduler::AddChunk(Sequence* seq, int64_t n, StepPlan* plan) {
     s.sample = seq->fork_children.empty() && s.start_pos + n == seq->num_tokens();
     s.sampling = seq->sampling;
     s.num_top_logprobs = seq->num_top_logprobs;
+    const int64_t end = s.start_pos + n;
+    if (WantsPromptLogprobs(*seq) && s.start_pos + 1 < seq->num_prompt_tokens) {
+        // The chunk's rows predict the prompt tokens at start_pos + 1 .. end; the one at `end`
+        // belongs to the next chunk.
+        s.num_prompt_logprobs = seq->num_prompt_logprobs;
+        s.next_prompt_token =
+            end < seq->num_prompt_tokens ? seq->token_ids[static_cast<size_t>(end)] : -1;
+    }
     if (s.sample && NeedsTokenHistory(s.sampling)) {
         s.history = seq->token_ids;
         s.history_prompt_tokens = seq->num_prompt_tokens;
@@ -121,7 +137,9 @@ StepPlan Scheduler::Schedule() {
         // A request with n choices runs as n sequences once its children fork.
         const auto width = static_cast<int64_t>(1 + seq->fork_children.size());
         if (static_cast<int64_t>(running_.size()) + width > config_.max_num_seqs) break;
-        kv::SequenceRequest req{.seq_id = seq->seq_id, .prompt_token_ids = seq->token_ids};
+        kv::SequenceRequest req{.seq_id = seq->seq_id,
+                                .prompt_token_ids = seq->token_ids,
+                                .skip_prefix_cache = WantsPromptLogprobs(*seq)};
         bool fits = blocks_.CanAllocate(req);
         // Nothing running will free blocks: pins are all that keep this prompt out, and a pin
         // never blocks admission for good. The oldest lapse until it fits.

@@ -9,6 +9,10 @@
 // Prompt-caching pins (kv/block_manager.h) hold blocks within their share of the pool; they lapse
 // early, oldest first, only when nothing could run otherwise: a waiting prompt that does not fit
 // while no sequence runs, or a lone running sequence that would preempt itself.
+// Prompt logprobs (Sequence.num_prompt_logprobs): such a sequence is admitted without its
+// prefix-cache hit (as vLLM does: the cached positions have no logits), and each of its prompt
+// chunks asks the workers to score the prompt tokens its rows predict, the first token of the
+// next chunk included (ScheduledSequence.next_prompt_token).
 // Thread-safety: none; the instance's engine thread owns it.
 #pragma once
 

@@ -22,6 +22,9 @@ struct Sequence {
     int64_t num_cached_tokens = 0;  // prompt tokens served from the prefix cache at admission
     SamplingParams sampling;
     int32_t num_top_logprobs = -1;
+    // Prompt logprobs (-1: none; k: with the top k): until it has generated, every chunk of the
+    // prompt is scored, and admission computes the whole prompt, skipping prefix-cache hits.
+    int32_t num_prompt_logprobs = -1;
     SequenceStatus status = SequenceStatus::kWaiting;
     // A request with n > 1 choices: the first choice prefills the prompt up to its last token,
     // then each pending child is forked from it (sharing every block) and all compute that last

@@ -166,7 +166,8 @@ BlockManager::PrefixMatch BlockManager::MatchPrefix(std::span<const int32_t> tok
 bool BlockManager::CanAllocate(const SequenceRequest& request) const {
     const auto len = static_cast<int64_t>(request.prompt_token_ids.size());
     if (len == 0 || seqs_.contains(request.seq_id)) return false;
-    const PrefixMatch m = MatchPrefix(request.prompt_token_ids);
+    const PrefixMatch m =
+        request.skip_prefix_cache ? PrefixMatch{} : MatchPrefix(request.prompt_token_ids);
     const int64_t new_blocks = num_groups() * (CeilDiv(len, config_.block_size) - m.num_blocks);
     const int64_t available_after = num_available_blocks() - m.num_cached_unreferenced - new_blocks;
     const int64_t own_next_decode = len % config_.block_size == 0 ? num_groups() : 0;
@@ -178,7 +179,8 @@ int64_t BlockManager::Allocate(const SequenceRequest& request) {
     KV_CHECK(CanAllocate(request))
         << "seq " << request.seq_id << ", " << request.prompt_token_ids.size() << " tokens, "
         << num_available_blocks() << " blocks available";
-    const PrefixMatch m = MatchPrefix(request.prompt_token_ids);
+    const PrefixMatch m =
+        request.skip_prefix_cache ? PrefixMatch{} : MatchPrefix(request.prompt_token_ids);
     const int64_t bs = config_.block_size;
     const auto len = static_cast<int64_t>(request.prompt_token_ids.size());
     const int64_t num_blocks = CeilDiv(len, bs);
@@ -218,7 +220,8 @@ int64_t BlockManager::Allocate(const SequenceRequest& request) {
         // A read of a pinned prefix: the pins it covers whole start their TTL again.
         bool read_pinned = false;
         for (int64_t i = 0; i < hit; ++i) {
-            read_pinned = read_pinned || pin_counts_[m.groups[0].blocks[static_cast<size_t>(i)]] > 0;
+            read_pinned =
+                read_pinned || pin_counts_[m.groups[0].blocks[static_cast<size_t>(i)]] > 0;
             auto pin = pins_.find(m.groups[0].content_ids[static_cast<size_t>(i)]);
             if (pin != pins_.end()) TouchPin(pin->first, pin->second.ttl);
         }
@@ -357,7 +360,8 @@ void BlockManager::PublishGroup(Sequence& s, int64_t group, int64_t full_blocks,
             break;
         } else if (cache_.IsCached(b)) {
             // Shared with the fork or sequence that published it: same tokens, same prefix.
-            KV_CHECK_EQ(cache_.Hash(b), hash) << "seq " << seq << " group " << group << " block " << i;
+            KV_CHECK_EQ(cache_.Hash(b), hash)
+                << "seq " << seq << " group " << group << " block " << i;
             content = cache_.ContentId(b);
         } else if (std::optional<BlockId> twin = cache_.Find(hash, parent_content, tokens, g32)) {
             // Computed twice (e.g. two prompts admitted before either was published): keep the
@@ -494,9 +498,8 @@ PinResult BlockManager::Pin(SeqId seq, int64_t prefix_tokens, Clock::duration tt
     const Sequence& s = Get(seq);
     const int64_t bs = config_.block_size;
     const GroupTable& anchor = s.groups[0];
-    const auto want =
-        std::min({prefix_tokens / bs, static_cast<int64_t>(s.token_ids.size()) / bs,
-                  static_cast<int64_t>(anchor.chain_content_ids.size())});
+    const auto want = std::min({prefix_tokens / bs, static_cast<int64_t>(s.token_ids.size()) / bs,
+                                static_cast<int64_t>(anchor.chain_content_ids.size())});
     // The anchor's published blocks along the chain, up to the first that is gone.
     std::vector<BlockId> anchor_blocks;
     anchor_blocks.reserve(static_cast<size_t>(std::max<int64_t>(want, 0)));
@@ -820,7 +823,8 @@ Status BlockManager::CheckInvariants() const {
             ++pins_on[b];
         }
         if (cache_.ContentId(p.blocks.back()) != key) return fail("pin key is not its last block");
-        if (!pins_by_expiry_.contains({p.expiry, key}) || !pins_by_use_.contains({p.last_used, key}))
+        if (!pins_by_expiry_.contains({p.expiry, key}) ||
+            !pins_by_use_.contains({p.last_used, key}))
             return fail("pin missing from its orders");
     }
     if (pins_by_expiry_.size() != pins_.size() || pins_by_use_.size() != pins_.size())

@@ -96,13 +96,16 @@ struct BlockManagerConfig {
 struct SequenceRequest {
     SeqId seq_id = 0;
     std::span<const int32_t> prompt_token_ids;
+    // Compute the whole prompt even where the prefix cache holds it (prompt logprobs need every
+    // position's logits); its full blocks are still published as they are computed.
+    bool skip_prefix_cache = false;
 };
 
 // The slots of appended tokens, in order, and the copy the worker must execute before it writes
 // them (present when the sequence's last partial block was shared with a fork).
 struct AppendResult {
-    std::vector<int64_t> slots;  // group 0's (SlotMapping(seq, begin, end, g) for the others)
-    std::optional<CopyOp> copy;  // group 0's
+    std::vector<int64_t> slots;        // group 0's (SlotMapping(seq, begin, end, g) for the others)
+    std::optional<CopyOp> copy;        // group 0's
     std::vector<CopyOp> group_copies;  // the other groups' copies, in group order
 };
 
@@ -127,9 +130,9 @@ struct BlockManagerStats {
     int64_t num_pinned_blocks = 0;       // covered by a pin, referenced or not
     int64_t num_pinned_idle_blocks = 0;  // covered by a pin and unreferenced (state "pinned")
     int64_t num_pins = 0;
-    int64_t pin_hits = 0;       // Allocate calls whose prefix hit read a pinned block
-    int64_t pins_expired = 0;   // pins that lapsed at their TTL
-    int64_t pins_refused = 0;   // pins not made, or lapsed before their TTL, for lack of room
+    int64_t pin_hits = 0;      // Allocate calls whose prefix hit read a pinned block
+    int64_t pins_expired = 0;  // pins that lapsed at their TTL
+    int64_t pins_refused = 0;  // pins not made, or lapsed before their TTL, for lack of room
     // Windows: table entries released because no future query of their group reads them.
     int64_t num_window_released = 0;
 };
@@ -244,7 +247,8 @@ class BlockManager {
     // Prompt tokens served from the cache at Allocate (usage.prompt_tokens_details.cached_tokens).
     int64_t NumCachedTokens(SeqId seq) const;
     // Group `group`'s table: entry i holds positions [i * block_size, (i + 1) * block_size), or
-    // is kNoBlock when the group's window no longer reads them. REQUIRES: 0 <= group < num_groups().
+    // is kNoBlock when the group's window no longer reads them. REQUIRES: 0 <= group <
+    // num_groups().
     std::span<const BlockId> BlockTable(SeqId seq, int64_t group = 0) const;
     std::span<const int32_t> TokenIds(SeqId seq) const;
     // The slot of token `position` in group `group`. REQUIRES: 0 <= position < NumTokens(seq),
@@ -298,7 +302,7 @@ class BlockManager {
     struct Sequence {
         std::vector<int32_t> token_ids;
         int64_t num_cached_tokens = 0;
-        int64_t num_computed = 0;  // the most MarkComputed (or a prefix hit) declared
+        int64_t num_computed = 0;        // the most MarkComputed (or a prefix hit) declared
         std::vector<GroupTable> groups;  // num_groups()
     };
 
@@ -308,9 +312,9 @@ class BlockManager {
         std::vector<uint64_t> content_ids;
     };
     struct PrefixMatch {
-        int64_t num_blocks = 0;  // the hit, in blocks
+        int64_t num_blocks = 0;          // the hit, in blocks
         std::vector<GroupMatch> groups;  // num_groups(), each num_blocks long; empty: no hit
-        int64_t num_referenced = 0;  // blocks of the hit the sequence references (not kNoBlock)
+        int64_t num_referenced = 0;      // blocks of the hit the sequence references (not kNoBlock)
         int64_t num_cached_unreferenced = 0;  // ... of them, evictable blocks no one references
     };
 

@@ -373,8 +373,34 @@ Status ModelRunner::Classify(int64_t num_out, std::vector<float>* logits) {
     return Status::Ok();
 }
 
+Status ModelRunner::ClassifyAllRows(std::span<const SequenceChunk> batch,
+                                    const RowLogitsFn& on_rows) {
+    const int64_t hidden = spec_.hidden_size;
+    int64_t chunk_row0 = 0;  // the chunk's first row in the step
+    for (size_t c = 0; c < batch.size(); ++c) {
+        const auto n = static_cast<int64_t>(batch[c].tokens.size());
+        for (int64_t first = 0; batch[c].all_logits && first < n; first += ws_seqs_) {
+            const int64_t m = std::min(ws_seqs_, n - first);
+            slice_rows_.resize(static_cast<size_t>(m));
+            for (int64_t i = 0; i < m; ++i)
+                slice_rows_[static_cast<size_t>(i)] = static_cast<int32_t>(chunk_row0 + first + i);
+            // last_rows_ holds ws_seqs_ indices; the step's own were used by now.
+            KV_RETURN_IF_ERROR(backend_->CopyToDevice(last_rows_, slice_rows_.data(),
+                                                      slice_rows_.size() * sizeof(int32_t)));
+            backend_->GatherRows(x_, hidden, last_rows_, m, xn_);
+            backend_->RmsNorm(xn_, static_cast<const float*>(weights_.output_norm.data), xn_, m,
+                              hidden, spec_.norm_eps);
+            KV_RETURN_IF_ERROR(Classify(m, &slice_logits_));
+            if (on_rows) on_rows(c, first, m, slice_logits_.data());
+        }
+        chunk_row0 += n;
+    }
+    return Status::Ok();
+}
+
 Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits,
-                            const std::function<void(int64_t layer)>& after_layer_kv) {
+                            const std::function<void(int64_t layer)>& after_layer_kv,
+                            const RowLogitsFn& on_rows) {
     KV_RETURN_IF_ERROR(Validate(batch));
     const int64_t hidden = spec_.hidden_size;
     const int64_t hd = spec_.head_dim;
@@ -386,10 +412,10 @@ Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<fl
     const auto num_seqs = static_cast<int64_t>(batch.size());
     KV_RETURN_IF_ERROR(PackInputs(batch, rows));
     PagedAttentionBatch attention{.num_seqs = num_seqs,
-                                        .query_starts = query_starts_,
-                                        .context_lens = context_lens_,
-                                        .block_table_starts = table_starts_,
-                                        .block_tables = tables_};
+                                  .query_starts = query_starts_,
+                                  .context_lens = context_lens_,
+                                  .block_table_starts = table_starts_,
+                                  .block_tables = tables_};
 
     backend_->Embedding(weights_.embedding, weights_.layout.vocab.begin, ids_, rows, x_);
     if (collective_ != nullptr) {
@@ -428,8 +454,7 @@ Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<fl
             after_layer_kv(l);
         }
         backend_->PagedAttention(qkv_, qkv_dim_, kv, attention, att_, num_q_heads, kv_head_of_q_);
-        KV_RETURN_IF_ERROR(RowParallel(att_, w.wo, rows,
-                                       static_cast<const float*>(w.ffn_norm.data),
+        KV_RETURN_IF_ERROR(RowParallel(att_, w.wo, rows, static_cast<const float*>(w.ffn_norm.data),
                                        w.post_attn_norm));
 
         backend_->MatMul(xn_, rows, w.gate_up, gate_up_);
@@ -450,6 +475,7 @@ Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<fl
     backend_->RmsNorm(xn_, static_cast<const float*>(weights_.output_norm.data), xn_, num_seqs,
                       hidden, eps);
     KV_RETURN_IF_ERROR(Classify(num_seqs, logits));
+    KV_RETURN_IF_ERROR(ClassifyAllRows(batch, on_rows));
     tokens_processed_ += rows;
     return Status::Ok();
 }

@@ -52,7 +52,16 @@ struct SequenceChunk {
     // The blocks holding positions 0 .. start_pos + tokens - 1, and the slot of each new token.
     std::span<const int32_t> block_table;
     std::span<const int64_t> slot_mapping;
+    // Also classify every row of the chunk, not only the last (prompt logprobs): Forward hands
+    // them to its `on_rows` in slices.
+    bool all_logits = false;
 };
+
+// Receives the logits of every row of a chunk with all_logits, a slice at a time: `logits` holds
+// num_rows × vocab floats, the rows at positions start_pos + first_row ... of batch[chunk]. The
+// buffer is reused by the next slice.
+using RowLogitsFn =
+    std::function<void(size_t chunk, int64_t first_row, int64_t num_rows, const float* logits)>;
 
 struct RunnerOptions {
     // Longest sequence the cache accepts; 0 means the model's max_position (or 4096 if unknown).
@@ -110,8 +119,15 @@ class ModelRunner {
     // `after_layer_kv`, when given, is called with each layer index as soon as that layer's K/V of
     // the batch are written to the pool (before the layer's attention): the hook of
     // layer-by-layer KV streaming. An error it returns is recorded by the caller, not here.
+    //
+    // Chunks with all_logits are classified at every row after the last rows, in slices of at
+    // most the workspace's sequence count (RunnerOptions.max_step_seqs), so host memory holds
+    // one slice × vocab floats however long the chunk; each slice goes to `on_rows` (which may
+    // be empty: every rank of an instance classifies the same rows, since the classifier's
+    // AllGather pairs up, but only the ranks that want them need to look).
     Status Forward(std::span<const SequenceChunk> batch, std::vector<float>* logits,
-                   const std::function<void(int64_t layer)>& after_layer_kv = {});
+                   const std::function<void(int64_t layer)>& after_layer_kv = {},
+                   const RowLogitsFn& on_rows = {});
 
     // Copies pool blocks (copy-on-write), before a step's KV writes. InvalidArgument for a block
     // outside the pool.
@@ -146,6 +162,8 @@ class ModelRunner {
                        const WeightView& post_norm);
     // The logits of the last row of each chunk (xn_ holds the normed rows).
     Status Classify(int64_t num_out, std::vector<float>* logits);
+    // Classifies every row of the chunks with all_logits (x_ holds the final hidden rows).
+    Status ClassifyAllRows(std::span<const SequenceChunk> batch, const RowLogitsFn& on_rows);
 
     ModelSpec spec_;
     std::unique_ptr<Backend> backend_;  // before every buffer: destroyed after them
@@ -182,6 +200,8 @@ class ModelRunner {
     int64_t* slots_ = nullptr;
     std::vector<uint8_t> host_inputs_;  // staging of the packed inputs
     std::vector<float> host_logits_;    // the gathered logits at tp > 1
+    std::vector<int32_t> slice_rows_;   // ClassifyAllRows: the rows of one slice
+    std::vector<float> slice_logits_;   // ClassifyAllRows: their logits
 };
 
 // Builds rank `shard`'s backend (options.backend), loads its weights from `model` into it

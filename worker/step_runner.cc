@@ -8,16 +8,55 @@
 #include <string>
 
 #include "worker/kv_handoff.h"
+#include "worker/prompt_logprobs.h"
 
 namespace kvshard {
 
 void LogSoftmax(const float* logits, int64_t n, float* out) {
-    float max_val = logits[0];
-    for (int64_t i = 1; i < n; ++i) max_val = std::max(max_val, logits[i]);
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; ++i) sum += std::exp(double(logits[i]) - max_val);
-    const auto log_sum = static_cast<float>(std::log(sum)) + max_val;
+    const float log_sum = LogSumExp(logits, n);
     for (int64_t i = 0; i < n; ++i) out[i] = logits[i] - log_sum;
+}
+
+// The prompt token row `row` of `seq`'s chunk predicts: the chunk's next token, or after its last
+// row the plan's next_prompt_token (-1: none).
+static int32_t PromptTarget(const ScheduledSequence& seq, int64_t row) {
+    const auto next = static_cast<size_t>(row + 1);
+    return next < seq.token_ids.size() ? seq.token_ids[next] : seq.next_prompt_token;
+}
+
+static bool ScoresPrompt(const ScheduledSequence& seq) {
+    return seq.num_prompt_logprobs >= 0 && (seq.token_ids.size() > 1 || seq.next_prompt_token >= 0);
+}
+
+Status ValidatePromptLogprobs(const ScheduledSequence& seq, int64_t vocab) {
+    if (seq.num_prompt_logprobs < -1 || seq.num_prompt_logprobs > kMaxLogprobs) {
+        return InvalidArgument("sequence " + std::to_string(seq.seq_id) + ": num_prompt_logprobs " +
+                               std::to_string(seq.num_prompt_logprobs) + " not in -1.." +
+                               std::to_string(kMaxLogprobs));
+    }
+    if (seq.next_prompt_token < -1 || seq.next_prompt_token >= vocab) {
+        return InvalidArgument("sequence " + std::to_string(seq.seq_id) + ": next_prompt_token " +
+                               std::to_string(seq.next_prompt_token) +
+                               " outside the vocabulary of " + std::to_string(vocab));
+    }
+    return Status::Ok();
+}
+
+void StepRunner::ScoreRows(const ScheduledSequence& seq, int64_t first_row, int64_t num_rows,
+                           const float* logits, StepResult* result) {
+    const int64_t vocab = runner_.spec().vocab_size;
+    if (result->prompt_logprobs.empty() || result->prompt_logprobs.back().seq_id != seq.seq_id) {
+        PromptLogprobs& chunk = result->prompt_logprobs.emplace_back();
+        chunk.seq_id = seq.seq_id;
+        chunk.first_pos = seq.start_pos + 1;
+    }
+    PromptLogprobs& out = result->prompt_logprobs.back();
+    for (int64_t i = 0; i < num_rows; ++i) {
+        const int32_t target = PromptTarget(seq, first_row + i);
+        if (target < 0) continue;  // the chunk's last row, where the prompt ends
+        out.tokens.push_back(ScorePromptToken(logits + i * vocab, vocab, target,
+                                              seq.num_prompt_logprobs, &score_ids_));
+    }
 }
 
 SampledToken StepRunner::SampleRow(const ScheduledSequence& seq, const float* logits) {
@@ -33,7 +72,8 @@ SampledToken StepRunner::SampleRow(const ScheduledSequence& seq, const float* lo
         adjusted_.assign(logits, logits + vocab);
         ApplyLogitControls(seq.sampling, seq.history, seq.history_prompt_tokens, adjusted_.data(),
                            vocab, &control_scratch_);
-        if (!seq.allowed_tokens.empty()) ApplyTokenMask(seq.allowed_tokens, adjusted_.data(), vocab);
+        if (!seq.allowed_tokens.empty())
+            ApplyTokenMask(seq.allowed_tokens, adjusted_.data(), vocab);
         out.token_id = it->second.Sample(adjusted_.data(), vocab);
     } else {
         out.token_id = it->second.Sample(logits, vocab);
@@ -175,6 +215,8 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
                                                  runner_.spec().vocab_size));
         KV_RETURN_IF_ERROR(ValidateTokenMask(s.allowed_tokens, runner_.spec().vocab_size));
     }
+    for (const ScheduledSequence& s : plan.sequences)
+        KV_RETURN_IF_ERROR(ValidatePromptLogprobs(s, runner_.spec().vocab_size));
     if (transport_ != nullptr) {
         for (uint64_t id : plan.kv_discards) transport_->Discard(id);
     }
@@ -236,7 +278,18 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
                               .tokens = s->token_ids,
                               .start_pos = s->start_pos,
                               .block_table = s->block_table,
-                              .slot_mapping = s->slot_mapping});
+                              .slot_mapping = s->slot_mapping,
+                              .all_logits = ScoresPrompt(*s)});
+        }
+        // Every rank classifies the rows (the classifier's AllGather pairs up) and holds the
+        // same logits, but only rank 0 scores them: the coordinator reads rank 0's StepResult
+        // (TpGroup, RemoteExecutor), so the other ranks would spend vocab × rows of host work
+        // on scores that are dropped.
+        RowLogitsFn on_rows;
+        if (runner_.layout().shard.rank == 0) {
+            on_rows = [&](size_t chunk, int64_t first_row, int64_t num_rows, const float* logits) {
+                ScoreRows(*run[chunk], first_row, num_rows, logits, &result);
+            };
         }
         std::function<void(int64_t)> after_layer;
         if (std::any_of(sends.begin(), sends.end(),
@@ -251,7 +304,7 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
                 }
             };
         }
-        KV_RETURN_IF_ERROR(runner_.Forward(chunks, &logits_, after_layer));
+        KV_RETURN_IF_ERROR(runner_.Forward(chunks, &logits_, after_layer, on_rows));
         const int64_t vocab = runner_.spec().vocab_size;
         for (size_t i = 0; i < run.size(); ++i) {
             if (run[i]->sample) result.tokens.push_back(SampleRow(*run[i], &logits_[i * vocab]));

@@ -33,6 +33,10 @@ class StepRunner : public StepExecutor {
     // requested logprobs.
     SampledToken SampleRow(const ScheduledSequence& seq, const float* logits);
     size_t num_samplers() const { return samplers_.size(); }
+    // Scores the prompt tokens that rows [first_row, first_row + num_rows) of `seq`'s chunk
+    // predict (ScheduledSequence.num_prompt_logprobs) into result->prompt_logprobs.
+    void ScoreRows(const ScheduledSequence& seq, int64_t first_row, int64_t num_rows,
+                   const float* logits, StepResult* result);
 
   private:
     // Receives every transfer of the plan; returns the failures all ranks agree on.
@@ -58,12 +62,16 @@ class StepRunner : public StepExecutor {
     std::unordered_map<int64_t, Sampler> samplers_;
     std::vector<float> logits_;
     std::vector<float> logprobs_;
-    std::vector<float> adjusted_;              // the logits after the logit controls
-    std::vector<int32_t> control_scratch_;     // ApplyLogitControls scratch
-    KvPiece send_piece_;  // reused by every send
+    std::vector<float> adjusted_;           // the logits after the logit controls
+    std::vector<int32_t> control_scratch_;  // ApplyLogitControls scratch
+    std::vector<int32_t> score_ids_;        // ScorePromptToken scratch
+    KvPiece send_piece_;                    // reused by every send
 };
 
 // log-softmax of `n` logits into `out`.
 void LogSoftmax(const float* logits, int64_t n, float* out);
+// A chunk's prompt-logprobs request checked: num_prompt_logprobs in -1..kMaxLogprobs,
+// next_prompt_token -1 or in the vocabulary.
+Status ValidatePromptLogprobs(const ScheduledSequence& seq, int64_t vocab);
 
 }  // namespace kvshard

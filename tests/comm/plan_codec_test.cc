@@ -63,6 +63,8 @@ class Generator {
             seq.history = Ints<int32_t>(30);
             seq.history_prompt_tokens = Int(0, 30);
             seq.allowed_tokens = Ints<uint64_t>(4);
+            seq.num_prompt_logprobs = static_cast<int32_t>(Int(-1, kMaxLogprobs));
+            seq.next_prompt_token = static_cast<int32_t>(rng_());
             plan.sequences.push_back(std::move(seq));
         }
         for (int64_t i = Int(0, 4); i > 0; --i) {
@@ -103,6 +105,21 @@ class Generator {
             token.rng_state = rng_();
             result.tokens.push_back(std::move(token));
         }
+        for (int64_t i = Int(0, 3); i > 0; --i) {
+            PromptLogprobs chunk;
+            chunk.seq_id = static_cast<int64_t>(rng_());
+            chunk.first_pos = static_cast<int64_t>(rng_());
+            for (int64_t t = Int(0, 5); t > 0; --t) {
+                PromptTokenLogprob token;
+                token.token_id = static_cast<int32_t>(rng_());
+                token.logprob = Float();
+                token.rank = static_cast<int64_t>(rng_());
+                for (int64_t k = Int(0, kMaxLogprobs); k > 0; --k)
+                    token.top.push_back({static_cast<int32_t>(rng_()), Float()});
+                chunk.tokens.push_back(std::move(token));
+            }
+            result.prompt_logprobs.push_back(std::move(chunk));
+        }
         result.compute_seconds = static_cast<double>(Float());
         result.error_code = static_cast<StatusCode>(Int(0, 10));
         result.error = Bytes(30);
@@ -129,9 +146,12 @@ class Generator {
                                        Bytes(32),
                                        Bytes(16)};
             case 3: {
-                RegisterAckMessage ack{
-                    Int(0, 1) == 1, Bytes(30), Bytes(30), static_cast<int32_t>(rng_()), {},
-                    static_cast<int32_t>(rng_())};
+                RegisterAckMessage ack{Int(0, 1) == 1,
+                                       Bytes(30),
+                                       Bytes(30),
+                                       static_cast<int32_t>(rng_()),
+                                       {},
+                                       static_cast<int32_t>(rng_())};
                 for (int64_t i = Int(0, 5); i > 0; --i)
                     ack.settings.emplace_back(Bytes(8), Bytes(8));
                 return ack;
@@ -422,8 +442,16 @@ TEST(PlanCodec, RejectsMalformedPayloads) {
         {"empty heartbeat", MessageType::kHeartbeat, ""},
         // A step's error code past the last StatusCode.
         {"unknown error code", MessageType::kStepResult,
-         step_id + u32(0) + std::string(8, '\0') + u32(11) + u32(0) + u32(0) +
+         step_id + u32(0) + u32(0) + std::string(8, '\0') + u32(11) + u32(0) + u32(0) +
              std::string(8 + 8 + 8, '\0')},
+        // A prompt token with more alternatives than any request may ask for.
+        {"too many prompt alternatives", MessageType::kStepResult,
+         step_id + u32(0) + u32(1) + std::string(16, '\0') + u32(1) + std::string(16, '\0') +
+             u32(kMaxLogprobs + 1) + std::string((kMaxLogprobs + 1) * 8 + 100, '\0')},
+        // A chunk claiming more scored tokens than the frame could hold.
+        {"huge prompt token count", MessageType::kStepResult,
+         step_id + u32(0) + u32(1) + std::string(16, '\0') + u32(0x10000000u) +
+             std::string(64, '\0')},
     };
     for (const Case& c : cases) {
         const Status status = DecodeFrame(FrameAround(c.type, c.payload)).status();
@@ -443,11 +471,27 @@ TEST(PlanCodec, AStepErrorKeepsItsCode) {
     EXPECT_TRUE(StepError(StepResult{}).ok());
 
     std::string payload = EncodeFrame(failed).substr(kFrameHeaderBytes);
-    // step_id, no tokens, compute_seconds, then the code: 11 is past kInternal.
-    payload[8 + 4 + 8] = 11;
+    // step_id, no tokens, no prompt logprobs, compute_seconds, then the code: 11 is past kInternal.
+    payload[8 + 4 + 4 + 8] = 11;
     const Status bad = DecodeFrame(FrameAround(MessageType::kStepResult, payload)).status();
     EXPECT_EQ(bad.code(), StatusCode::kDataLoss);
     EXPECT_NE(bad.message().find("StepResult.error_code: 11"), std::string::npos) << bad.ToString();
+}
+
+TEST(PlanCodec, RejectsAPromptLogprobsRequestPastTheLimit) {
+    StepPlan plan;
+    ScheduledSequence seq;
+    seq.token_ids = {1, 2};
+    seq.num_prompt_logprobs = kMaxLogprobs;
+    plan.sequences.push_back(seq);
+    ASSERT_TRUE(DecodeFrame(EncodeFrame(plan)).ok());
+    for (int32_t bad : {kMaxLogprobs + 1, -2}) {
+        plan.sequences[0].num_prompt_logprobs = bad;
+        const Status status = DecodeFrame(EncodeFrame(plan)).status();
+        EXPECT_EQ(status.code(), StatusCode::kDataLoss) << bad;
+        EXPECT_NE(status.message().find("num_prompt_logprobs"), std::string::npos)
+            << status.ToString();
+    }
 }
 
 TEST(PlanCodec, ErrorsNameTheProblem) {

@@ -94,8 +94,9 @@ TEST(OpenAiProtocol, RejectsBadRequests) {
         {kChat, R"({"messages": [{"role": "user", "content": [{"type": "text"}]}]})", 400,
          "messages[0].content[0].text", "must be a string"},
         // max_tokens
-        {kCmpl, "{" + p + R"(, "max_tokens": 0})", 400, "max_tokens", "must be > 0"},
-        {kCmpl, "{" + p + R"(, "max_tokens": -5})", 400, "max_tokens", "must be > 0"},
+        {kCmpl, "{" + p + R"(, "max_tokens": 0})", 400, "max_tokens",
+         "needs 'echo' or 'prompt_logprobs'"},
+        {kCmpl, "{" + p + R"(, "max_tokens": -5})", 400, "max_tokens", "must be >= 0"},
         {kCmpl, "{" + p + R"(, "max_tokens": "10"})", 400, "max_tokens",
          "must be an integer, got a string"},
         {kCmpl, "{" + p + R"(, "max_tokens": 1.5})", 400, "max_tokens", "must be an integer"},
@@ -140,17 +141,20 @@ TEST(OpenAiProtocol, RejectsBadRequests) {
          "not supported"},
         {kChat, "{" + m + R"(, "structured_outputs": {"grammar": "x"}})", 400,
          "structured_outputs.grammar", "not supported"},
-        {kChat, "{" + m + R"(, "guided_choice": ["a"], "guided_regex": "b"})", 400,
-         "guided_choice", "give one"},
-        {kChat, "{" + m + R"(, "response_format": {"type": "xml"}})", 400,
-         "response_format.type", "must be"},
+        {kChat, "{" + m + R"(, "guided_choice": ["a"], "guided_regex": "b"})", 400, "guided_choice",
+         "give one"},
+        {kChat, "{" + m + R"(, "response_format": {"type": "xml"}})", 400, "response_format.type",
+         "must be"},
         {kChat, "{" + m + R"(, "response_format": {"type": "json_schema", "json_schema": {"name":
          "n", "schema": {"type": "object", "properties": {"s": {"type": "string", "format":
-         "email"}}}}}})", 400, "response_format.json_schema.schema",
+         "email"}}}}}})",
+         400, "response_format.json_schema.schema",
          "response_format.json_schema.schema.properties.s.format"},
-        {kCmpl, "{" + p + R"(, "prompt_logprobs": 1})", 400, "prompt_logprobs", "not supported"},
-        {kCmpl, "{" + p + R"(, "use_beam_search": true})", 400, "use_beam_search",
-         "not supported"},
+        {kCmpl, "{" + p + R"(, "prompt_logprobs": 21})", 400, "prompt_logprobs", "0..20"},
+        {kCmpl, "{" + p + R"(, "prompt_logprobs": -1})", 400, "prompt_logprobs", "0..20"},
+        {kChat, "{" + m + R"(, "prompt_logprobs": 1, "stream": true})", 400, "prompt_logprobs",
+         "not supported with 'stream'"},
+        {kCmpl, "{" + p + R"(, "use_beam_search": true})", 400, "use_beam_search", "not supported"},
         {kCmpl, "{" + p + R"(, "return_tokens_as_token_ids": true})", 400,
          "return_tokens_as_token_ids", "not supported"},
         {kCmpl, "{" + p + R"(, "truncate_prompt_tokens": 5})", 400, "truncate_prompt_tokens",
@@ -184,7 +188,6 @@ TEST(OpenAiProtocol, RejectsBadRequests) {
         {kCmpl, "{" + p + R"(, "stream": true, "stream_options": {"include_usage": 1}})", 400,
          "stream_options.include_usage", "must be a boolean"},
         {kCmpl, "{" + p + R"(, "ignore_eos": 1})", 400, "ignore_eos", "must be a boolean"},
-        {kCmpl, "{" + p + R"(, "echo": true, "logprobs": 1})", 400, "echo", "prompt tokens' logprobs"},
         {kChat, "{" + m + R"(, "echo": true})", 400, "echo", "not supported on chat"},
         {kCmpl, "{" + p + R"(, "suffix": "x"})", 400, "suffix", "not supported"},
         {kCmpl, "{" + p + R"(, "user": 5})", 400, "user", "must be a string"},
@@ -328,7 +331,8 @@ TEST(OpenAiProtocol, ListsOfPrompts) {
     EXPECT_EQ(std::get<ApiError>(bad).param, "n");
     EXPECT_NE(std::get<ApiError>(bad).message.find("1040 choices"), std::string::npos);
     many["n"] = 15;
-    EXPECT_TRUE(std::holds_alternative<OpenAiRequest>(ParseOpenAiRequest(kCmpl, many.dump(), kModel)));
+    EXPECT_TRUE(
+        std::holds_alternative<OpenAiRequest>(ParseOpenAiRequest(kCmpl, many.dump(), kModel)));
 }
 
 TEST(OpenAiProtocol, ChatValues) {
@@ -377,6 +381,29 @@ TEST(OpenAiProtocol, SamplingAndOutputControls) {
     EXPECT_FALSE(d.include_stop_str_in_output);
 }
 
+TEST(OpenAiProtocol, PromptLogprobsAndEchoWithLogprobs) {
+    // lm-eval's loglikelihood call: the prompt scored with its top 1, nothing generated.
+    const OpenAiRequest ll =
+        ParseOk(kCmpl, R"({"prompt": "x y", "echo": true, "logprobs": 1, "max_tokens": 0})");
+    EXPECT_TRUE(ll.echo);
+    EXPECT_EQ(ll.max_tokens, 0);
+    EXPECT_EQ(ll.num_top_logprobs, 1);
+    EXPECT_EQ(ll.num_prompt_logprobs, 1);
+    EXPECT_FALSE(ll.prompt_logprobs.has_value());
+    const OpenAiRequest chat =
+        ParseOk(kChat, R"({"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 3})");
+    EXPECT_EQ(chat.prompt_logprobs, 3);
+    EXPECT_EQ(chat.num_prompt_logprobs, 3);
+    // Both: the prompt is scored once, with the larger number of alternatives.
+    EXPECT_EQ(ParseOk(kCmpl, R"({"prompt": "x", "echo": true, "logprobs": 5, "prompt_logprobs": 2,
+        "max_tokens": 0})")
+                  .num_prompt_logprobs,
+              5);
+    // Echo without logprobs, or logprobs without echo, scores nothing.
+    EXPECT_EQ(ParseOk(kCmpl, R"({"prompt": "x", "echo": true})").num_prompt_logprobs, -1);
+    EXPECT_EQ(ParseOk(kCmpl, R"({"prompt": "x", "logprobs": 2})").num_prompt_logprobs, -1);
+}
+
 TEST(OpenAiProtocol, DeveloperMessagesAreSystemInstructions) {
     const OpenAiRequest r = ParseOk(kChat, R"({"messages": [
         {"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}]})");
@@ -402,16 +429,13 @@ TEST(OpenAiProtocol, CacheControlExtensionMarksBreakpoints) {
     EXPECT_EQ(r.messages[1].cache_marks[0].content_end, 2u);
 
     const std::string cc = R"("cache_control": {"type": "ephemeral"})";
-    const std::string five = R"({"messages": [)" +
-                             [&] {
-                                 std::string m;
-                                 for (int i = 0; i < 5; ++i) {
-                                     m += std::string(i ? ", " : "") +
-                                          R"({"role": "user", "content": "x", )" + cc + "}";
-                                 }
-                                 return m;
-                             }() +
-                             "]}";
+    const std::string five = R"({"messages": [)" + [&] {
+        std::string m;
+        for (int i = 0; i < 5; ++i) {
+            m += std::string(i ? ", " : "") + R"({"role": "user", "content": "x", )" + cc + "}";
+        }
+        return m;
+    }() + "]}";
     const struct {
         std::string body, param, part;
     } bad[] = {
@@ -457,7 +481,8 @@ TEST(OpenAiProtocol, ResolveMaxTokens) {
         kChat, R"({"model": "smol", "messages": [{"role": "user", "content": "x"}],
                    "max_completion_tokens": 95})",
         kModel);
-    const ApiError named = std::get<ApiError>(ResolveMaxTokens(std::get<OpenAiRequest>(parsed), 10, 100));
+    const ApiError named =
+        std::get<ApiError>(ResolveMaxTokens(std::get<OpenAiRequest>(parsed), 10, 100));
     EXPECT_EQ(named.param, "max_completion_tokens");
     EXPECT_NE(named.message.find("max_completion_tokens (95)"), std::string::npos) << named.message;
 }
@@ -481,13 +506,15 @@ TEST(OpenAiProtocolTest, StructuredOutputsCompileIntoTheRequestsGrammar) {
     ASSERT_NE(r.grammar, nullptr);
     EXPECT_TRUE(accepts(r, R"({"n": 3})"));
     EXPECT_FALSE(accepts(r, R"({"n": "3"})"));
-    r = ParseOk(ApiEndpoint::kChatCompletions, "{" + m + R"(, "response_format": {"type": "json_object"}})");
+    r = ParseOk(ApiEndpoint::kChatCompletions,
+                "{" + m + R"(, "response_format": {"type": "json_object"}})");
     EXPECT_TRUE(accepts(r, R"({"any": [1]})"));
     r = ParseOk(ApiEndpoint::kCompletions,
                 R"({"model": "smol", "prompt": "x", "guided_json": "{\"type\": \"boolean\"}"})");
     EXPECT_TRUE(accepts(r, "false"));
-    r = ParseOk(ApiEndpoint::kCompletions,
-                R"({"model": "smol", "prompt": "x", "structured_outputs": {"choice": ["up", "down"]}})");
+    r = ParseOk(
+        ApiEndpoint::kCompletions,
+        R"({"model": "smol", "prompt": "x", "structured_outputs": {"choice": ["up", "down"]}})");
     EXPECT_TRUE(accepts(r, "down"));
     EXPECT_FALSE(accepts(r, "do"));
     r = ParseOk(ApiEndpoint::kChatCompletions, "{" + m + R"(, "guided_regex": "[0-9]{2}"})");

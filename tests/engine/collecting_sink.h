@@ -1,4 +1,5 @@
-// A RequestSink for engine tests: collects each choice's text, token ids and finish reason, and
+// A RequestSink for engine tests: collects each choice's text, token ids, logprobs and finish
+// reason, and the prompt logprobs (with the number of tokens of any choice seen before them), and
 // lets the test wait for OnFinish.
 #pragma once
 
@@ -19,6 +20,13 @@ class CollectingSink : public RequestSink {
         text_[d.index] += d.text;
         ids_[d.index].insert(ids_[d.index].end(), d.token_ids.begin(), d.token_ids.end());
         if (d.finish_reason) finish_[d.index] = *d.finish_reason;
+        logprobs_.insert(logprobs_.end(), d.logprobs.begin(), d.logprobs.end());
+        if (!d.prompt_logprobs.empty()) {
+            prompt_logprobs_ = d.prompt_logprobs;
+            prompt_deltas_++;
+            tokens_before_prompt_logprobs_ = tokens_;
+        }
+        tokens_ += static_cast<int>(d.token_ids.size());
         deltas_++;
     }
     void OnFinish(const GenerationUsage& usage, const Status& status) override {
@@ -46,6 +54,11 @@ class CollectingSink : public RequestSink {
     Status status_;
     bool done_ = false;
     int deltas_ = 0;
+    std::vector<SampledToken> logprobs_;  // every choice's, in arrival order
+    std::vector<PromptTokenLogprob> prompt_logprobs_;
+    int prompt_deltas_ = 0;
+    int tokens_ = 0;
+    int tokens_before_prompt_logprobs_ = -1;
 };
 
 }  // namespace kvshard

@@ -254,12 +254,10 @@ class ServerTest(unittest.TestCase):
                 usage = chunk.usage
         self.assertEqual(texts, {0: alone[0].choices[0].text, 1: alone[1].choices[0].text})
         self.assertEqual(usage.completion_tokens, 16)
-        # echo: the prompt's text opens each choice (not its logprobs: refused by name).
+        # echo: the prompt's text opens each choice (with logprobs: prompt_logprobs_test.py).
         echoed = self.complete(prompts, max_tokens=8, echo=True)
         self.assertEqual([c.text for c in echoed.choices],
                          [p + a.choices[0].text for p, a in zip(prompts, alone)])
-        status, body = http("POST", "/v1/completions", {"prompt": "a", "echo": True, "logprobs": 1})
-        self.assertEqual((status, json.loads(body)["error"]["param"]), (400, "echo"), body)
 
     def test_cors(self):
         proc, url = start_server(["--set", "server.cors_allowed_origins=http://page.example"])
