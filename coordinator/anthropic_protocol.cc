@@ -11,10 +11,10 @@
 
 namespace kvshard {
 
-using nlohmann::json;
 using json_fields::Field;
 using json_fields::Number;
 using json_fields::TypeName;
+using nlohmann::json;
 
 std::string_view AnthropicErrorType(int http_status) {
     switch (http_status) {
@@ -64,15 +64,12 @@ struct ValidationError {
     throw ValidationError{BadRequest(param.empty() ? message : param + ": " + message, param)};
 }
 
-
-
 std::string Path(const std::string& base, const std::string& field) {
     return base.empty() ? field : base + "." + field;
 }
 std::string Path(const std::string& base, size_t index) {
     return base + "." + std::to_string(index);
 }
-
 
 const std::string& StringField(const json& object, const char* name, const std::string& base) {
     const json* v = Field(object, name);
@@ -509,7 +506,11 @@ std::variant<AnthropicRequest, ApiError> ParseAnthropicRequest(AnthropicEndpoint
     AnthropicRequest r;
     r.endpoint = endpoint;
     try {
-        const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+        bool too_deep = false;
+        const json j = json_fields::ParseJson(body, &too_deep);
+        if (too_deep)
+            return BadRequest("the request body nests arrays and objects deeper than " +
+                              std::to_string(json_fields::kMaxJsonDepth) + " levels");
         if (j.is_discarded()) return BadRequest("the request body is not valid JSON");
         if (!j.is_object()) {
             return BadRequest("the request body must be a JSON object, got " + TypeName(j));

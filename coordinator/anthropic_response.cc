@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "coordinator/anthropic_protocol.h"
+#include "coordinator/json_fields.h"
 
 namespace kvshard {
 
@@ -18,7 +19,7 @@ std::string Event(std::string_view type, const json& data) {
 }
 
 json Input(const std::string& arguments) {
-    json input = json::parse(arguments, nullptr, /*allow_exceptions=*/false);
+    json input = json_fields::ParseJson(arguments);
     return input.is_object() ? input : json::object();
 }
 

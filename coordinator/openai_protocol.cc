@@ -278,7 +278,13 @@ void ReadToolCalls(const json& m, const std::string& param, ChatMessage& out) {
         call.id = id->get<std::string>();
         call.name = name->get<std::string>();
         if (const json* args = OptString(*fn, "arguments")) {
-            const json parsed = json::parse(args->get<std::string>(), nullptr, false);
+            bool too_deep = false;
+            const json parsed = json_fields::ParseJson(args->get<std::string>(), &too_deep);
+            if (too_deep) {
+                Fail("'" + cp + ".function.arguments' nests deeper than " +
+                         std::to_string(json_fields::kMaxJsonDepth) + " levels",
+                     cp + ".function.arguments");
+            }
             if (parsed.is_discarded() || !parsed.is_object()) {
                 Fail("'" + cp + ".function.arguments' must be a JSON object (as a string)",
                      cp + ".function.arguments");
@@ -759,7 +765,12 @@ std::optional<ApiError> ReadBody(std::string_view body, const ServedModel& model
     // Every nlohmann exception is caught: a value the checks missed must be a 400 in kvshard's
     // words, never an exception that ends the process or the library's text.
     try {
-        json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+        bool too_deep = false;
+        json j = json_fields::ParseJson(body, &too_deep);
+        if (too_deep)
+            return BadRequest("the request body nests arrays and objects deeper than " +
+                                  std::to_string(json_fields::kMaxJsonDepth) + " levels",
+                              "", "invalid_json");
         if (j.is_discarded()) return NotJson(body);
         if (!j.is_object())
             return BadRequest("the request body must be a JSON object, got " + TypeName(j));

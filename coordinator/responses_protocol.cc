@@ -179,7 +179,7 @@ std::variant<ResponsesRequest, ApiError> ParseResponsesRequest(std::string_view 
     // Bodies that are not a JSON object get the chat route's answer (the same checks, the same
     // words): not UTF-8, a NUL byte, not JSON, not an object.
     const bool plain = IsValidUtf8(body) && body.find('\0') == std::string_view::npos;
-    const json j = plain ? json::parse(body, nullptr, /*allow_exceptions=*/false) : json();
+    const json j = plain ? json_fields::ParseJson(body) : json();
     if (!plain || j.is_discarded() || !j.is_object()) {
         return std::get<ApiError>(ParseOpenAiRequest(ApiEndpoint::kChatCompletions, body, model));
     }

@@ -1,9 +1,10 @@
 #include "coordinator/tool_calls.h"
 
-#include "grammar/compilers.h"
-
 #include <algorithm>
 #include <nlohmann/json.hpp>
+
+#include "coordinator/json_fields.h"
+#include "grammar/compilers.h"
 
 namespace kvshard {
 
@@ -184,7 +185,8 @@ void ToolCallParser::EmitText(std::string text, std::vector<ToolCallOutput>& out
 }
 
 std::optional<ToolCallOutput::Call> ToolCallParser::ParseCall(std::string_view json_text) const {
-    const json j = json::parse(Trim(json_text), nullptr, /*allow_exceptions=*/false);
+    // A model's text: as deep as it likes to write, so bounded like a request's JSON.
+    const json j = json_fields::ParseJson(Trim(json_text));
     if (j.is_discarded() || !j.is_object()) return std::nullopt;
     auto name = j.find("name");
     if (name == j.end() || !name->is_string()) return std::nullopt;
@@ -200,7 +202,7 @@ std::optional<ToolCallOutput::Call> ToolCallParser::ParseCall(std::string_view j
         arguments = *it;
         // Some models write the arguments as a JSON string.
         if (arguments.is_string()) {
-            arguments = json::parse(arguments.get<std::string>(), nullptr, false);
+            arguments = json_fields::ParseJson(arguments.get<std::string>());
         }
         break;
     }
