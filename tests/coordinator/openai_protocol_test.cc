@@ -132,21 +132,21 @@ TEST(OpenAiProtocol, RejectsBadRequests) {
          "must be a boolean"},
         // vLLM and OpenAI options kvshard does not implement: refused by name, never ignored.
         // Structured outputs: what the grammar compilers do not support, named with its path.
-        {kChat, "{" + m + R"(, "guided_json": {"type": "integer", "minimum": 1}})", 400,
+        {kChat, "{" + m + R"(, "guided_json": {"type": "number", "minimum": 1}})", 400,
          "guided_json", "guided_json.minimum: JSON Schema keyword not supported"},
         {kChat, "{" + m + R"(, "guided_choice": []})", 400, "guided_choice", "non-empty"},
         {kCmpl, "{" + p + R"(, "guided_regex": "(a"})", 400, "guided_regex", "unterminated"},
-        {kCmpl, "{" + p + R"(, "guided_grammar": "root ::= \"a\""})", 400, "guided_grammar",
-         "not supported"},
-        {kChat, "{" + m + R"(, "structured_outputs": {"grammar": "x"}})", 400,
-         "structured_outputs.grammar", "not supported"},
+        {kCmpl, "{" + p + R"(, "guided_grammar": "start: \"a\""})", 400, "guided_grammar",
+         "kvshard accepts GBNF"},
+        {kChat, "{" + m + R"(, "structured_outputs": {"grammar": "root ::= x"}})", 400,
+         "structured_outputs.grammar", "rule 'x' is used but never defined"},
         {kChat, "{" + m + R"(, "guided_choice": ["a"], "guided_regex": "b"})", 400,
          "guided_choice", "give one"},
         {kChat, "{" + m + R"(, "response_format": {"type": "xml"}})", 400,
          "response_format.type", "must be"},
         {kChat, "{" + m + R"(, "response_format": {"type": "json_schema", "json_schema": {"name":
          "n", "schema": {"type": "object", "properties": {"s": {"type": "string", "format":
-         "email"}}}}}})", 400, "response_format.json_schema.schema",
+         "hostname"}}}}}})", 400, "response_format.json_schema.schema",
          "response_format.json_schema.schema.properties.s.format"},
         {kCmpl, "{" + p + R"(, "prompt_logprobs": 1})", 400, "prompt_logprobs", "not supported"},
         {kCmpl, "{" + p + R"(, "use_beam_search": true})", 400, "use_beam_search",
