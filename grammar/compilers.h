@@ -20,9 +20,10 @@
 //  - format: date (YYYY-MM-DD with each month's days; February to the 28th), time (HH:MM:SS with
 //    up to 6 fraction digits, then Z or +HH:MM / -HH:MM; no leap second), date-time (date "T"
 //    time), uuid (lowercase hex 8-4-4-4-12), email (lowercase ASCII letters and digits: a local
-//    part of words joined by . _ + -, '@', a domain of dot-separated labels and a 2 to 24 letter
-//    top level), ipv4 (dotted quad, no leading zeros). Conservative: everything generated is
-//    valid, not everything valid is generated.
+//    part of 1 to 4 words joined by . _ + -, '@', 1 to 4 dot-separated labels of hyphen-joined
+//    words, a 2 to 24 letter top level; every word at most 16 characters), ipv4 (dotted quad, no
+//    leading zeros). Conservative: everything generated is valid, not everything valid is
+//    generated; and bounded, so a model cannot run on inside one.
 //  - integer bounds: exact (every integer in range, nothing outside), within the 16-digit limit;
 //    fractional bounds round inward. Bounds on "number" are refused.
 // Annotations (title, description, default, examples, $schema, $id, $comment, deprecated,
