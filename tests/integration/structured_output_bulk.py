@@ -12,7 +12,8 @@ structured_outputs.json, response_format, guided_grammar and structured_outputs.
 varied temperatures and seeds, each as n choices of one request.
 
   structured_output_bulk.py --kvshard build/cli/kvshard \\
-      --model /work/shared/models/stories260K/stories260K.gguf [--count 1000]
+      --model /work/shared/models/stories260K/stories260K.gguf [--count 1000] \\
+      [--only schemas|grammars]
 
 Prints counts per case and the wall time; exits 1 if any output is invalid or cut by max_tokens,
 77 when jsonschema or the model is missing. The default count takes minutes on 2 cores: CI runs
@@ -260,6 +261,7 @@ def main():
     ap.add_argument("--n", type=int, default=16)  # choices per request: at most 16
     ap.add_argument("--max-tokens", type=int, default=400)
     ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--only", choices=("all", "schemas", "grammars"), default="all")
     args = ap.parse_args()
     try:
         import jsonschema  # noqa: F401
@@ -269,7 +271,8 @@ def main():
     if not os.path.exists(args.model):
         print(f"SKIP: {args.model} not found")
         return SKIP
-    cases = list(SCHEMAS) + list(GRAMMARS)
+    cases = ((list(SCHEMAS) if args.only != "grammars" else []) +
+             (list(GRAMMARS) if args.only != "schemas" else []))
     jobs = []
     left = args.count
     while left > 0:
