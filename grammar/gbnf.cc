@@ -429,7 +429,7 @@ Result<std::shared_ptr<const Grammar>> CompileGbnf(std::string_view text) {
     if (text.find("::=") == std::string_view::npos) {
         return InvalidArgument(
             "gbnf: no rule 'name ::= ...' found; kvshard accepts GBNF "
-            "(llama.cpp's grammar format), not Lark EBNF or other syntaxes");
+            "(llama.cpp's grammar format), not Lark EBNF or another grammar format");
     }
     auto g = std::make_shared<Grammar>();
     GbnfParser parser(*g, text);
