@@ -79,6 +79,17 @@ Result<std::shared_ptr<const grammar::Grammar>> RegexGrammar(const json& value,
     return g;
 }
 
+// A GBNF grammar's text (vLLM's guided_grammar; vLLM also takes Lark EBNF, which is refused by
+// grammar::CompileGbnf with a message that says GBNF is what is accepted).
+Result<std::shared_ptr<const grammar::Grammar>> GbnfGrammar(const json& value,
+                                                            const std::string& path) {
+    if (!value.is_string()) return InvalidArgument(path + ": must be a string (a GBNF grammar)");
+    auto g = Cached("gbnf:" + value.get<std::string>(),
+                    [&] { return grammar::CompileGbnf(value.get<std::string>()); });
+    if (!g.ok()) return InvalidArgument(path + ": " + g.status().message());
+    return g;
+}
+
 // A json_schema format's {"schema", "strict", ...}: chat's response_format.json_schema, or the
 // Responses API's text.format itself. `at` names the object in errors.
 GrammarResult JsonSchemaFormat(const json& f, const std::string& at, std::string* param) {
@@ -104,8 +115,10 @@ GrammarResult Format(const json& f, const std::string& at, std::string* param) {
     if (type == "json_object") return JsonObject();
     if (type != "json_schema") {
         *param = at + ".type";
-        return InvalidArgument("'" + at + ".type' must be \"text\", \"json_object\" or "
-                               "\"json_schema\", got '" + type + "'");
+        return InvalidArgument("'" + at +
+                               ".type' must be \"text\", \"json_object\" or "
+                               "\"json_schema\", got '" +
+                               type + "'");
     }
     if (at != "response_format") return JsonSchemaFormat(f, at, param);
     *param = at + ".json_schema";
@@ -136,11 +149,6 @@ Result<StructuredOutput> ReadStructuredOutput(const json& body, bool chat, std::
         auto it = body.find(name);
         return it == body.end() || it->is_null() ? nullptr : &*it;
     };
-    if (field("guided_grammar") != nullptr) {
-        *param = "guided_grammar";
-        return Unimplemented("'guided_grammar' is not supported: kvshard has no GBNF/EBNF "
-                             "grammar front end (use guided_json, guided_regex or guided_choice)");
-    }
     if (chat) {
         if (const json* f = field("response_format")) {
             KV_RETURN_IF_ERROR(take(Format(*f, "response_format", param), "response_format"));
@@ -158,6 +166,10 @@ Result<StructuredOutput> ReadStructuredOutput(const json& body, bool chat, std::
         *param = "guided_choice";
         KV_RETURN_IF_ERROR(take(ChoiceGrammar(*f, "guided_choice"), "guided_choice"));
     }
+    if (const json* f = field("guided_grammar")) {
+        *param = "guided_grammar";
+        KV_RETURN_IF_ERROR(take(GbnfGrammar(*f, "guided_grammar"), "guided_grammar"));
+    }
     if (const json* so = field("structured_outputs")) {
         *param = "structured_outputs";
         if (!so->is_object()) return InvalidArgument("'structured_outputs' must be an object");
@@ -173,12 +185,16 @@ Result<StructuredOutput> ReadStructuredOutput(const json& body, bool chat, std::
                 KV_RETURN_IF_ERROR(take(ChoiceGrammar(value, path), path));
             } else if (key == "json_object") {
                 if (value == true) KV_RETURN_IF_ERROR(take(JsonObject(), path));
-            } else if (key == "grammar" || key == "structural_tag") {
-                return Unimplemented("'" + path + "' is not supported: kvshard has no GBNF/EBNF "
-                                     "grammar front end");
+            } else if (key == "grammar") {
+                KV_RETURN_IF_ERROR(take(GbnfGrammar(value, path), path));
+            } else if (key == "structural_tag") {
+                return Unimplemented("'" + path +
+                                     "' is not supported: kvshard has no structural "
+                                     "tags (use json, regex, choice, grammar or json_object)");
             } else {
-                return InvalidArgument("'" + path + "' is not a structured output kvshard knows "
-                                       "(json, regex, choice, json_object)");
+                return InvalidArgument("'" + path +
+                                       "' is not a structured output kvshard knows "
+                                       "(json, regex, choice, grammar, json_object)");
             }
         }
     }

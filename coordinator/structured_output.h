@@ -3,18 +3,18 @@
 //
 //   chat:  response_format {"type": "json_object"} | {"type": "json_schema", "json_schema":
 //          {"name", "schema", "strict"}} | {"type": "text"}
-//   both:  vLLM's guided_json (a schema, or its JSON text), guided_regex, guided_choice, and
-//          structured_outputs {"json" | "regex" | "choice" | "json_object": true}
+//   both:  vLLM's guided_json (a schema, or its JSON text), guided_regex, guided_choice,
+//          guided_grammar (GBNF), and structured_outputs {"json" | "regex" | "choice" |
+//          "grammar" | "json_object": true}
 //
-// At most one of them per request. guided_grammar (and structured_outputs.grammar) is refused by
-// name: kvshard has no GBNF/EBNF front end. Errors name the field and, for a schema, the keyword
-// path ("response_format.json_schema.schema.properties.age.minimum").
+// At most one of them per request. Grammars are GBNF only (Lark EBNF, which vLLM also takes, is
+// refused saying so); structured_outputs.structural_tag is refused by name. Errors name the field
+// and, for a schema, the keyword path ("response_format.json_schema.schema.properties.age.not").
 #pragma once
 
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "common/status.h"
 #include "grammar/grammar.h"

@@ -44,16 +44,18 @@ std::vector<Symbol> Grammar::Literal(std::string_view bytes) {
     return out;
 }
 
-Symbol Grammar::Seq(const std::vector<Symbol>& symbols) { return Ref(Rule("seq", {symbols})); }
+Symbol Grammar::Seq(const std::vector<Symbol>& symbols) {
+    return Ref(Rule(helper_name_.empty() ? "seq" : helper_name_, {symbols}));
+}
 
 Symbol Grammar::Alt(const std::vector<std::vector<Symbol>>& alternatives) {
-    return Ref(Rule("alt", alternatives));
+    return Ref(Rule(helper_name_.empty() ? "alt" : helper_name_, alternatives));
 }
 
 Symbol Grammar::Optional(const std::vector<Symbol>& body) { return Alt({body, {}}); }
 
 Symbol Grammar::Star(const std::vector<Symbol>& body) {
-    const uint32_t r = Declare("star");
+    const uint32_t r = Declare(helper_name_.empty() ? "star" : helper_name_);
     std::vector<Symbol> loop = body;
     loop.push_back(Ref(r));  // tail position: constant stack depth
     Define(r, {loop, {}});
@@ -255,7 +257,8 @@ ByteSet GrammarState::AllowedBytes() const {
 std::vector<uint32_t> GrammarState::Signature() const {
     std::vector<uint32_t> sig;
     for (uint32_t t : tops_) {
-        for (uint32_t n = t; n != StackNode::kNone; n = arena_[n].next) sig.push_back(arena_[n].pos);
+        for (uint32_t n = t; n != StackNode::kNone; n = arena_[n].next)
+            sig.push_back(arena_[n].pos);
         sig.push_back(Grammar::kEnd);
     }
     if (can_end_) sig.push_back(Grammar::kEnd - 1);
@@ -274,8 +277,8 @@ void GrammarState::Compact() {
         }
         for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
             const StackNode& old = arena_[*it];
-            fresh.push_back({old.pos, old.next == StackNode::kNone ? StackNode::kNone
-                                                                   : remap[old.next]});
+            fresh.push_back(
+                {old.pos, old.next == StackNode::kNone ? StackNode::kNone : remap[old.next]});
             remap[*it] = static_cast<uint32_t>(fresh.size() - 1);
         }
         t = remap[t];

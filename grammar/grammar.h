@@ -41,6 +41,7 @@ struct ByteSet {
         return s;
     }
     void Add(uint8_t b) { words[b >> 6] |= uint64_t{1} << (b & 63); }
+    void Remove(uint8_t b) { words[b >> 6] &= ~(uint64_t{1} << (b & 63)); }
     bool Has(uint8_t b) const { return (words[b >> 6] >> (b & 63)) & 1; }
     bool Empty() const { return (words[0] | words[1] | words[2] | words[3]) == 0; }
     ByteSet& operator|=(const ByteSet& o) {
@@ -85,6 +86,10 @@ class Grammar {
     // One UTF-8 encoded character (1 to 4 bytes, lead bytes C2..F4) whose ASCII part is `ascii`
     // (a set of bytes < 0x80); with non_ascii false, only the ASCII part.
     Symbol Utf8Char(const ByteSet& ascii, bool non_ascii = true);
+    // The name the helpers above give the rules they make ("seq", "alt", "star" when empty): a
+    // front end sets it to the rule it is compiling, so that errors Finish reports about a
+    // helper (left recursion) name the user's rule.
+    void set_helper_name(std::string name) { helper_name_ = std::move(name); }
 
     // Makes the grammar usable: every rule defined, every rule reachable from `root` checked for
     // left recursion (which would make the automaton expand forever). Errors name the rule.
@@ -97,6 +102,8 @@ class Grammar {
     const std::vector<uint32_t>& alternatives(uint32_t rule) const { return rules_[rule].alts; }
     const std::string& rule_name(uint32_t rule) const { return rules_[rule].name; }
     size_t num_rules() const { return rules_.size(); }
+    // Symbols of every alternative so far (a measure of size for front ends to bound).
+    size_t num_symbols() const { return symbols_.size(); }
 
   private:
     struct RuleDef {
@@ -107,6 +114,7 @@ class Grammar {
     std::vector<ByteSet> sets_;
     std::vector<Symbol> symbols_;
     std::vector<RuleDef> rules_;
+    std::string helper_name_;
     uint32_t root_ = 0;
     bool finished_ = false;
     uint64_t id_ = 0;

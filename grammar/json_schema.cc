@@ -1,10 +1,11 @@
 // JSON Schema (OpenAI strict-mode subset) and json_object into a Grammar; the policy is in
 // grammar/compilers.h.
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
 #include "common/check.h"
-
 #include "grammar/compilers.h"
 
 namespace kvshard::grammar {
@@ -13,11 +14,39 @@ namespace {
 using nlohmann::json;
 
 constexpr int64_t kMaxCount = 1000;  // largest minLength / maxLength / minItems / maxItems bound
+constexpr int64_t kMaxInteger = 9'999'999'999'999'999;  // 16 digits, as the integer grammar
+
+// The string formats, as regexes over the string's characters (grammar/compilers.h documents
+// each); null when unknown.
+const char* FormatRegex(const std::string& format) {
+    static const std::map<std::string, const char*> k = {
+        {"date",
+         R"((?:[0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)-)"
+         R"((?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30))"
+         R"(|02-(?:0[1-9]|1[0-9]|2[0-8])))"},
+        {"time", R"((?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?)"
+                 R"((?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9]))"},
+        {"uuid", "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"},
+        {"email",
+         R"([a-z0-9]{1,16}(?:[._+-][a-z0-9]{1,16}){0,3}@)"
+         R"([a-z0-9]{1,16}(?:-[a-z0-9]{1,16}){0,2}(?:\.[a-z0-9]{1,16}(?:-[a-z0-9]{1,16}){0,2}){0,3})"
+         R"(\.[a-z]{2,24})"},
+        {"ipv4", R"((?:(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])\.){3})"
+                 R"((?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9]))"},
+    };
+    if (format == "date-time") {
+        static const std::string k_date_time =
+            std::string(k.at("date")) + "T" + std::string(k.at("time"));
+        return k_date_time.c_str();
+    }
+    auto it = k.find(format);
+    return it == k.end() ? nullptr : it->second;
+}
 
 const std::set<std::string>& Annotations() {
-    static const std::set<std::string> k = {"title",   "description", "default",    "examples",
-                                            "$schema", "$id",         "$comment",   "deprecated",
-                                            "readOnly", "writeOnly",  "$defs",      "definitions"};
+    static const std::set<std::string> k = {"title",    "description", "default",  "examples",
+                                            "$schema",  "$id",         "$comment", "deprecated",
+                                            "readOnly", "writeOnly",   "$defs",    "definitions"};
     return k;
 }
 
@@ -26,9 +55,8 @@ class SchemaCompiler {
     SchemaCompiler(Grammar& g, const json& root) : g_(g), root_(root) {
         sp_ = g_.Optional({g_.Byte(' ')});
         const Symbol digit = g_.Bytes(ByteSet::Range('0', '9'));
-        const Symbol int_part =
-            g_.Alt({{g_.Byte('0')},
-                    {g_.Bytes(ByteSet::Range('1', '9')), g_.Repeat({digit}, 0, 15)}});
+        const Symbol int_part = g_.Alt(
+            {{g_.Byte('0')}, {g_.Bytes(ByteSet::Range('1', '9')), g_.Repeat({digit}, 0, 15)}});
         integer_ = g_.Seq({g_.Optional({g_.Byte('-')}), int_part});
         ByteSet e;
         e.Add('e');
@@ -36,9 +64,9 @@ class SchemaCompiler {
         ByteSet sign;
         sign.Add('+');
         sign.Add('-');
-        number_ = g_.Seq({integer_, g_.Optional({g_.Byte('.'), g_.Repeat({digit}, 1, 16)}),
-                          g_.Optional({g_.Bytes(e), g_.Optional({g_.Bytes(sign)}),
-                                       g_.Repeat({digit}, 1, 3)})});
+        number_ = g_.Seq(
+            {integer_, g_.Optional({g_.Byte('.'), g_.Repeat({digit}, 1, 16)}),
+             g_.Optional({g_.Bytes(e), g_.Optional({g_.Bytes(sign)}), g_.Repeat({digit}, 1, 3)})});
         // A string character: printable ASCII but '"' and '\', any UTF-8 character above, or an
         // escape.
         ByteSet plain = ByteSet::Range(0x20, 0x7E);
@@ -105,8 +133,7 @@ class SchemaCompiler {
             KV_RETURN_IF_ERROR(OnlyKeywords(s, path, {"allOf"}));
             const json& all = s["allOf"];
             if (!all.is_array() || all.size() != 1) {
-                return InvalidArgument(path +
-                                       ".allOf: only a list of one schema is supported");
+                return InvalidArgument(path + ".allOf: only a list of one schema is supported");
             }
             return Compile(all[0], path + ".allOf[0]");
         }
@@ -208,7 +235,9 @@ class SchemaCompiler {
 
     Result<Symbol> CompileTyped(const json& s, const std::string& type, const std::string& path) {
         if (type == "string") {
-            KV_RETURN_IF_ERROR(OnlyKeywords(s, path, {"type", "minLength", "maxLength"}));
+            KV_RETURN_IF_ERROR(
+                OnlyKeywords(s, path, {"type", "minLength", "maxLength", "pattern", "format"}));
+            if (s.contains("pattern") || s.contains("format")) return CompilePatterned(s, path);
             KV_ASSIGN_OR_RETURN(const int64_t min, Count(s, "minLength", path, 0));
             KV_ASSIGN_OR_RETURN(const int64_t max, Count(s, "maxLength", path, -1));
             if (max >= 0 && max < min)
@@ -216,9 +245,14 @@ class SchemaCompiler {
             if (min == 0 && max < 0) return string_;
             return g_.Seq({g_.Byte('"'), g_.Repeat({char_}, min, max), g_.Byte('"')});
         }
-        if (type == "integer" || type == "number") {
+        if (type == "integer") {
+            KV_RETURN_IF_ERROR(OnlyKeywords(
+                s, path, {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}));
+            return CompileInteger(s, path);
+        }
+        if (type == "number") {
             KV_RETURN_IF_ERROR(OnlyKeywords(s, path, {"type"}));
-            return type == "integer" ? integer_ : number_;
+            return number_;
         }
         if (type == "boolean") {
             KV_RETURN_IF_ERROR(OnlyKeywords(s, path, {"type"}));
@@ -232,7 +266,8 @@ class SchemaCompiler {
             KV_RETURN_IF_ERROR(OnlyKeywords(s, path, {"type", "items", "minItems", "maxItems"}));
             KV_ASSIGN_OR_RETURN(const int64_t min, Count(s, "minItems", path, 0));
             KV_ASSIGN_OR_RETURN(const int64_t max, Count(s, "maxItems", path, -1));
-            if (max >= 0 && max < min) return InvalidArgument(path + ".maxItems: is below minItems");
+            if (max >= 0 && max < min)
+                return InvalidArgument(path + ".maxItems: is below minItems");
             Symbol item = 0;
             if (s.contains("items")) {
                 KV_ASSIGN_OR_RETURN(item, Compile(s["items"], path + ".items"));
@@ -243,6 +278,132 @@ class SchemaCompiler {
         }
         if (type == "object") return CompileObject(s, path);
         return InvalidArgument(path + ".type: unknown type '" + type + "'");
+    }
+
+    // A string with pattern or format (either alone: they do not combine with each other or with
+    // the length bounds).
+    Result<Symbol> CompilePatterned(const json& s, const std::string& path) {
+        for (const char* key : {"minLength", "maxLength"}) {
+            if (s.contains(key)) {
+                return InvalidArgument(path + "." + key +
+                                       ": not supported together with pattern or format");
+            }
+        }
+        std::string regex;
+        std::string at;
+        if (s.contains("pattern")) {
+            at = path + ".pattern";
+            if (s.contains("format"))
+                return InvalidArgument(path + ".format: not supported together with pattern");
+            if (!s["pattern"].is_string()) return InvalidArgument(at + ": must be a string");
+            regex = s["pattern"].get<std::string>();
+        } else {
+            at = path + ".format";
+            if (!s["format"].is_string()) return InvalidArgument(at + ": must be a string");
+            const char* r = FormatRegex(s["format"].get<std::string>());
+            if (r == nullptr) {
+                return InvalidArgument(at + ": format '" + s["format"].get<std::string>() +
+                                       "' is not supported (date, time, date-time, uuid, email, "
+                                       "ipv4 are)");
+            }
+            regex = r;
+        }
+        Result<Symbol> body = AddRegex(&g_, regex, /*json_string=*/true);
+        if (!body.ok()) return InvalidArgument(at + ": " + body.status().message());
+        return g_.Seq({g_.Byte('"'), *body, g_.Byte('"')});
+    }
+
+    // An integer bound, rounded inward to an integer and clamped to the 16-digit range.
+    Status Bound(const json& s, const char* key, bool lower, bool exclusive, int64_t* bound,
+                 const std::string& path) {
+        if (!s.contains(key)) return Status::Ok();
+        const json& v = s[key];
+        if (!v.is_number()) {
+            return InvalidArgument(
+                path + "." + key + ": must be a number" +
+                (v.is_boolean() ? " (draft 4's boolean form is not supported)" : ""));
+        }
+        int64_t b = 0;
+        if (v.is_number_integer() && !v.is_number_unsigned()) {
+            b = std::clamp<int64_t>(v.get<int64_t>(), -kMaxInteger - 2, kMaxInteger + 2);
+            if (exclusive) b += lower ? 1 : -1;
+        } else {
+            const double d = std::clamp(v.get<double>(), -1e17, 1e17);
+            const double r = lower ? (exclusive ? std::floor(d) + 1 : std::ceil(d))
+                                   : (exclusive ? std::ceil(d) - 1 : std::floor(d));
+            b = static_cast<int64_t>(r);
+        }
+        *bound = lower ? std::max(*bound, b) : std::min(*bound, b);
+        return Status::Ok();
+    }
+
+    Result<Symbol> CompileInteger(const json& s, const std::string& path) {
+        int64_t lo = -kMaxInteger, hi = kMaxInteger;
+        KV_RETURN_IF_ERROR(Bound(s, "minimum", true, false, &lo, path));
+        KV_RETURN_IF_ERROR(Bound(s, "exclusiveMinimum", true, true, &lo, path));
+        KV_RETURN_IF_ERROR(Bound(s, "maximum", false, false, &hi, path));
+        KV_RETURN_IF_ERROR(Bound(s, "exclusiveMaximum", false, true, &hi, path));
+        if (lo == -kMaxInteger && hi == kMaxInteger) return integer_;
+        if (lo > hi) {
+            return InvalidArgument(path +
+                                   ": no integer of at most 16 digits is within its "
+                                   "minimum and maximum");
+        }
+        std::vector<std::vector<Symbol>> alts;
+        if (lo < 0) alts.push_back({g_.Byte('-'), Natural(hi < 0 ? -hi : 1, -lo)});
+        if (hi >= 0) alts.push_back({Natural(std::max<int64_t>(lo, 0), hi)});
+        return g_.Alt(alts);
+    }
+
+    // The decimal numerals (no leading zero) of a..b. REQUIRES: 0 <= a <= b.
+    Symbol Natural(int64_t a, int64_t b) {
+        const size_t len_a = std::to_string(a).size(), len_b = std::to_string(b).size();
+        std::vector<std::vector<Symbol>> alts;
+        int64_t first = 1;  // 10^(len - 1)
+        for (size_t len = 1; len <= len_b; ++len, first *= 10) {
+            if (len < len_a) continue;
+            const int64_t lo = len == len_a ? a : first;
+            const int64_t hi = len == len_b ? b : first * 10 - 1;
+            alts.push_back(SameLength(std::to_string(lo), std::to_string(hi)));
+        }
+        return g_.Alt(alts);
+    }
+
+    // The digit strings of one length between lo and hi (as strings). REQUIRES: lo <= hi,
+    // lo.size() == hi.size().
+    std::vector<Symbol> SameLength(const std::string& lo, const std::string& hi) {
+        const size_t n = lo.size();
+        std::vector<Symbol> seq;
+        size_t i = 0;
+        for (; i < n && lo[i] == hi[i]; ++i) seq.push_back(g_.Byte(static_cast<uint8_t>(lo[i])));
+        if (i == n) return seq;
+        const size_t rest = n - i - 1;
+        const bool lo_tail_min = lo.find_first_not_of('0', i + 1) == std::string::npos;
+        const bool hi_tail_max = hi.find_first_not_of('9', i + 1) == std::string::npos;
+        const char middle_lo = lo_tail_min ? lo[i] : static_cast<char>(lo[i] + 1);
+        const char middle_hi = hi_tail_max ? hi[i] : static_cast<char>(hi[i] - 1);
+        const Symbol digit = g_.Bytes(ByteSet::Range('0', '9'));
+        std::vector<std::vector<Symbol>> alts;
+        if (!lo_tail_min) {
+            std::vector<Symbol> a = {g_.Byte(static_cast<uint8_t>(lo[i]))};
+            const auto tail = SameLength(lo.substr(i + 1), std::string(rest, '9'));
+            a.insert(a.end(), tail.begin(), tail.end());
+            alts.push_back(a);
+        }
+        if (middle_lo <= middle_hi) {
+            std::vector<Symbol> m = {g_.Bytes(
+                ByteSet::Range(static_cast<uint8_t>(middle_lo), static_cast<uint8_t>(middle_hi)))};
+            m.insert(m.end(), rest, digit);
+            alts.push_back(m);
+        }
+        if (!hi_tail_max) {
+            std::vector<Symbol> h = {g_.Byte(static_cast<uint8_t>(hi[i]))};
+            const auto tail = SameLength(std::string(rest, '0'), hi.substr(i + 1));
+            h.insert(h.end(), tail.begin(), tail.end());
+            alts.push_back(h);
+        }
+        seq.push_back(g_.Alt(alts));
+        return seq;
     }
 
     Result<Symbol> CompileObject(const json& s, const std::string& path) {
@@ -266,8 +427,8 @@ class SchemaCompiler {
             const json& r = s["required"];
             if (!r.is_array()) return InvalidArgument(path + ".required: must be an array");
             for (const json& n : r) {
-                if (!n.is_string() || std::find(names.begin(), names.end(), n.get<std::string>()) ==
-                                          names.end()) {
+                if (!n.is_string() ||
+                    std::find(names.begin(), names.end(), n.get<std::string>()) == names.end()) {
                     return InvalidArgument(path + ".required: " + n.dump() +
                                            " is not one of the properties");
                 }

@@ -69,7 +69,10 @@ std::string Utf8(uint32_t cp) {
 
 class RegexParser {
   public:
-    RegexParser(Grammar& g, std::string_view p) : g_(g), p_(p) {}
+    // `json_string`: the text is the inside of a JSON string literal, so '"' and '\\' come out
+    // escaped and control characters only as escapes of literals (classes and '.' leave them out).
+    RegexParser(Grammar& g, std::string_view p, bool json_string)
+        : g_(g), p_(p), json_string_(json_string) {}
 
     Result<Symbol> Parse() {
         if (Peek('^')) ++pos_;
@@ -252,11 +255,47 @@ class RegexParser {
         return Status::Ok();
     }
 
+    // A literal's symbols; inside a JSON string, escaped as JSON needs.
+    std::vector<Symbol> LiteralSymbols(const std::string& text) {
+        if (!json_string_) return g_.Literal(text);
+        std::string escaped;
+        for (char c : text) {
+            const auto b = static_cast<uint8_t>(c);
+            if (c == '"' || c == '\\') {
+                escaped += '\\';
+                escaped += c;
+            } else if (b < 0x20) {
+                static const char kHex[] = "0123456789abcdef";
+                escaped += c == '\n'   ? "\\n"
+                           : c == '\r' ? "\\r"
+                           : c == '\t' ? "\\t"
+                                       : std::string("\\u00") + kHex[b >> 4] + kHex[b & 15];
+            } else {
+                escaped += c;
+            }
+        }
+        return g_.Literal(escaped);
+    }
+
     Symbol ClassSymbol(const CharClass& cls) {
-        if (cls.any_non_ascii) return g_.Utf8Char(cls.ascii, true);
+        ByteSet ascii = cls.ascii;
+        std::vector<std::vector<Symbol>> escapes;
+        if (json_string_) {
+            for (char c : {'"', '\\'}) {
+                if (!ascii.Has(static_cast<uint8_t>(c))) continue;
+                ascii.Remove(static_cast<uint8_t>(c));
+                escapes.push_back(LiteralSymbols(std::string(1, c)));
+            }
+            for (int b = 0; b < 0x20; ++b) ascii.Remove(static_cast<uint8_t>(b));  // controls
+        }
         std::vector<std::vector<Symbol>> alts;
-        if (!cls.ascii.Empty()) alts.push_back({g_.Bytes(cls.ascii)});
-        for (const std::string& c : cls.non_ascii) alts.push_back(g_.Literal(c));
+        if (cls.any_non_ascii) {
+            alts.push_back({g_.Utf8Char(ascii, true)});
+        } else {
+            if (!ascii.Empty()) alts.push_back({g_.Bytes(ascii)});
+            for (const std::string& c : cls.non_ascii) alts.push_back(g_.Literal(c));
+        }
+        alts.insert(alts.end(), escapes.begin(), escapes.end());
         return g_.Alt(alts);
     }
 
@@ -298,7 +337,8 @@ class RegexParser {
                     return Error("ranges are supported over ASCII only");
                 }
                 if (hi[0] < lo[0]) return Error("a range out of order");
-                cls.ascii |= ByteSet::Range(static_cast<uint8_t>(lo[0]), static_cast<uint8_t>(hi[0]));
+                cls.ascii |=
+                    ByteSet::Range(static_cast<uint8_t>(lo[0]), static_cast<uint8_t>(hi[0]));
                 continue;
             }
             if (lo.size() == 1 && static_cast<uint8_t>(lo[0]) < 0x80) {
@@ -356,9 +396,11 @@ class RegexParser {
                 return Class();
             case '.': {
                 ++pos_;
-                ByteSet ascii = ByteSet::Range(0, 127);
-                ascii.words[0] &= ~(uint64_t{1} << '\n');
-                out.symbols = {g_.Utf8Char(ascii, true)};
+                CharClass any;
+                any.ascii = ByteSet::Range(0, 127);
+                any.ascii.words[0] &= ~(uint64_t{1} << '\n');
+                any.any_non_ascii = true;
+                out.symbols = {ClassSymbol(any)};
                 return out;
             }
             case '\\': {
@@ -368,7 +410,7 @@ class RegexParser {
                 bool is_class = false;
                 KV_RETURN_IF_ERROR(Escape(&cls, &literal, &is_class));
                 out.symbols = is_class ? std::vector<Symbol>{ClassSymbol(cls)}
-                                       : std::vector<Symbol>{g_.Seq(g_.Literal(literal))};
+                                       : std::vector<Symbol>{g_.Seq(LiteralSymbols(literal))};
                 return out;
             }
             case '*':
@@ -379,21 +421,26 @@ class RegexParser {
             case '^':
                 return Error("'^' is only supported at the start");
         }
-        out.symbols = {g_.Seq(g_.Literal(Char()))};
+        out.symbols = {g_.Seq(LiteralSymbols(Char()))};
         return out;
     }
 
     Grammar& g_;
     std::string_view p_;
+    bool json_string_ = false;
     size_t pos_ = 0;
 };
 
 }  // namespace
 
+Result<Symbol> AddRegex(Grammar* g, std::string_view pattern, bool json_string) {
+    RegexParser parser(*g, pattern, json_string);
+    return parser.Parse();
+}
+
 Result<std::shared_ptr<const Grammar>> CompileRegex(std::string_view pattern) {
     auto g = std::make_shared<Grammar>();
-    RegexParser parser(*g, pattern);
-    KV_ASSIGN_OR_RETURN(const Symbol body, parser.Parse());
+    KV_ASSIGN_OR_RETURN(const Symbol body, AddRegex(g.get(), pattern, /*json_string=*/false));
     const uint32_t root = g->Rule("root", {{body}});
     KV_RETURN_IF_ERROR(g->Finish(root).WithContext("regex"));
     return std::shared_ptr<const Grammar>(std::move(g));

@@ -130,7 +130,7 @@ TEST(ResponsesProtocol, RefusesWhatItCannotDoByName) {
         {R"({"input": "x", "text": {"format": {"type": "xml"}}})", 400, "text.format.type"},
         {R"({"input": "x", "text": {"format": "json"}})", 400, "text.format"},
         {R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema":
-            {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}}}}})",
+            {"type": "object", "properties": {"a": {"type": "number", "minimum": 0}}}}}})",
          400, "text.format.schema"},
         {R"({"input": "x", "guided_regex": "a+", "text": {"format": {"type": "json_object"}}})",
          400, "text.format"},

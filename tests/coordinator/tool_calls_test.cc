@@ -174,7 +174,7 @@ TEST(ToolCallGrammar, RequiredCallsFollowTheToolsSchemas) {
     ASSERT_TRUE(named.ok());
     EXPECT_TRUE(accepts(*named, R"({"name": "get_time", "parameters": {}})"));
     EXPECT_FALSE(accepts(*named, R"({"name": "get_weather", "parameters": {"city": "x"}})"));
-    tools[0].parameters = R"({"type":"object","properties":{"n":{"type":"integer","maximum":3}}})";
+    tools[0].parameters = R"({"type":"object","properties":{"n":{"type":"number","maximum":3}}})";
     auto bad = ToolCallGrammar(ToolCallSyntax::kHermes, tools, {ToolChoiceMode::kRequired}, false);
     ASSERT_FALSE(bad.ok());
     EXPECT_EQ(bad.status().message().rfind("tools[0].function.parameters.properties.n.maximum", 0), 0u)

@@ -147,9 +147,9 @@ class StructuredOutputTest(unittest.TestCase):
     def test_unsupported_is_refused_by_name(self):
         cases = [
             ({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
-                "type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}}}},
+                "type": "object", "properties": {"age": {"type": "number", "minimum": 0}}}}}},
              "response_format.json_schema.schema.properties.age.minimum"),
-            ({"extra_body": {"guided_grammar": "root ::= \"a\""}}, "guided_grammar"),
+            ({"extra_body": {"guided_grammar": "start: \"a\""}}, "guided_grammar"),
             ({"extra_body": {"guided_regex": "(a)\\1"}}, "guided_regex"),
             ({"extra_body": {"guided_choice": ["a"], "guided_regex": "b"}}, "guided_regex"),
         ]
