@@ -99,10 +99,11 @@ ensure_python_venv() {
   fi
   # openai and anthropic: the clients the integration tests drive the server with;
   # kubernetes-validate: the Kubernetes schemas the k8s/ manifests are checked against;
-  # jsonschema: the validator the structured-output test checks generated JSON with.
-  if ! "$venv/bin/python" -c "import openai, anthropic, kubernetes_validate, jsonschema" 2>/dev/null; then
-    log "installing openai, anthropic, kubernetes-validate and jsonschema into $venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai anthropic kubernetes-validate jsonschema >&2
+  # jsonschema: the validator the structured-output test checks generated JSON with;
+  # prometheus-client: the parser the metrics test reads GET /metrics with, as Prometheus would.
+  if ! "$venv/bin/python" -c "import openai, anthropic, kubernetes_validate, jsonschema, prometheus_client" 2>/dev/null; then
+    log "installing openai, anthropic, kubernetes-validate, jsonschema and prometheus-client into $venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai anthropic kubernetes-validate jsonschema prometheus-client >&2
   fi
   echo "$venv/bin/python"
 }
