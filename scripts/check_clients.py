@@ -98,14 +98,42 @@ def langchain_structured_function_calling(llm):
     return f"Person{out['parsed'].model_dump()} (pydantic-validated)"
 
 
-@case("LangChain with_structured_output(schema, method='json_schema')")
-def langchain_structured_json_schema(llm):
-    out = llm.with_structured_output(PERSON_SCHEMA, method="json_schema", strict=True,
-                                     include_raw=True).invoke("Bob is 41. Describe him.")
+@case("LangChain with_structured_output(Pet, method='function_calling') (no number bounds)")
+def langchain_structured_function_calling_unbounded(llm):
+    import pydantic
+
+    class Pet(pydantic.BaseModel):
+        """A pet."""
+        name: str = pydantic.Field(max_length=20)
+        age: int
+        species: str = pydantic.Field(json_schema_extra={"enum": ["cat", "dog", "bird"]})
+
+    out = llm.with_structured_output(Pet, method="function_calling", include_raw=True).invoke(
+        "Tom is a 3 year old cat. Describe him.")
+    if out["parsing_error"] is not None or not isinstance(out["parsed"], Pet):
+        raise AssertionError(f"not parsed: {out['parsing_error']!r}; raw {out['raw']!r}")
+    return f"Pet{out['parsed'].model_dump()} (pydantic-validated)"
+
+
+def structured_json_schema(llm, schema, prompt):
+    out = llm.with_structured_output(schema, method="json_schema", strict=True,
+                                     include_raw=True).invoke(prompt)
     if out["parsing_error"] is not None or out["parsed"] is None:
         raise AssertionError(f"not parsed: {out['parsing_error']!r}; raw {out['raw']!r}")
-    check_args(out["parsed"], PERSON_SCHEMA)
+    check_args(out["parsed"], schema)
     return f"{json.dumps(out['parsed'])}, schema valid"
+
+
+@case("LangChain with_structured_output(schema, method='json_schema')")
+def langchain_structured_json_schema(llm):
+    return structured_json_schema(llm, PERSON_SCHEMA, "Bob is 41. Describe him.")
+
+
+@case("LangChain with_structured_output(schema, method='json_schema') (no number bounds)")
+def langchain_structured_json_schema_unbounded(llm):
+    schema = json.loads(json.dumps(PERSON_SCHEMA))
+    del schema["properties"]["age"]["minimum"], schema["properties"]["age"]["maximum"]
+    return structured_json_schema(llm, schema, "Bob is 41. Describe him.")
 
 
 def litellm_call(server, tool_choice):
@@ -158,7 +186,9 @@ def main():
         langchain_bind_tools_named(llm)
         langchain_bind_tools_auto(llm)
         langchain_structured_function_calling(llm)
+        langchain_structured_function_calling_unbounded(llm)
         langchain_structured_json_schema(llm)
+        langchain_structured_json_schema_unbounded(llm)
         litellm_tools_required(server)
         litellm_tools_auto(server)
     finally:
