@@ -205,7 +205,8 @@ int RunServe(ServeFlags f) {
     const std::string served_name = c.served_model_names.empty()
                                         ? std::filesystem::path(c.model_path).filename().string()
                                         : c.served_model_names[0];
-    auto metrics = std::make_shared<ServerMetrics>(served_name);
+    auto metrics = std::make_shared<ServerMetrics>(
+        served_name, ServerMetricsOptions{max_context, c.http.metrics_vllm_names});
 
     // One executor and one engine per instance of every pool.
     const std::vector<PoolConfig> pools = c.EffectivePools();

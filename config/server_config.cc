@@ -329,6 +329,13 @@ const std::vector<Setting>& Settings() {
             "server.drain_timeout_s",
             [](ServerConfig& c) -> double& { return c.http.drain_timeout_s; }, 0, false,
             "must be >= 0"));
+        s.push_back({"server.metrics_vllm_names",
+                     [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                         KV_RETURN_IF_ERROR(RequireScalar(at, n));
+                         KV_ASSIGN_OR_RETURN(c.http.metrics_vllm_names,
+                                             ParseBool(at, ScalarText(n)));
+                         return Status::Ok();
+                     }});
         s.push_back({"server.content_special_tokens",
                      [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
                          KV_RETURN_IF_ERROR(RequireScalar(at, n));

@@ -43,6 +43,9 @@ struct HttpConfig {
     // CORS for browser clients: the origins ("https://app.example.com", exactly as the browser
     // sends Origin) whose pages may call the API, or "*" for any. Empty: no CORS headers.
     std::vector<std::string> cors_allowed_origins;
+    // GET /metrics also writes every kvshard: metric as vllm:<name> (same values and labels), so
+    // that dashboards and autoscalers made for vLLM read kvshard unchanged.
+    bool metrics_vllm_names = false;
 };
 
 // The file's scheduler: section; `kvshard serve` turns it into the engine's own configs

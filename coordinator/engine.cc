@@ -282,6 +282,8 @@ void InstanceEngine::Publish(const StepPlan* computed) {
     st.pin_hits_total = b.pin_hits;
     st.pins_expired_total = b.pins_expired;
     st.pins_refused_total = b.pins_refused;
+    st.cache_configs = {{config_.name, config_.blocks.block_size, b.num_blocks,
+                         config_.blocks.enable_prefix_caching}};
     snap->blocks = b;
     snapshot_.store(std::move(snap));
 }
@@ -385,6 +387,7 @@ void InstanceEngine::CompleteIfDone(const std::string& request_id) {
     if (it == requests_.end() || it->second->num_finished < it->second->request.n) return;
     RequestState& r = *it->second;
     r.usage.cached_tokens = r.choices[0]->num_cached_tokens;
+    ObserveFinished(r);
     r.sink->OnFinish(r.usage, Status::Ok());
     requests_.erase(it);
     std::lock_guard<std::mutex> lock(mu_);
@@ -549,6 +552,7 @@ std::optional<StepPlan> InstanceEngine::Plan() {
     }
     if (!scheduler_.HasWork() && !has_discards) return std::nullopt;
     StepPlan plan = scheduler_.Schedule();
+    ObserveScheduled(plan);
     AddTransferOps(&plan);
     AddTokenMasks(&plan);
     // Nothing fits now (every waiting prompt needs blocks that running sequences hold and nothing
@@ -600,6 +604,12 @@ void InstanceEngine::CompleteStep(const StepPlan& plan, Result<StepResult> resul
         FailAll(plan, status);
         Publish();
     } else {
+        if (config_.observer != nullptr) {
+            int64_t num_tokens = 0;
+            for (const ScheduledSequence& s : plan.sequences)
+                num_tokens += static_cast<int64_t>(s.token_ids.size());
+            if (num_tokens > 0) config_.observer->OnStepTokens(num_tokens);
+        }
         HandleResult(plan, *result);
         Publish(&plan);
     }

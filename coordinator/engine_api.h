@@ -104,8 +104,17 @@ struct InstanceUp {
     bool up = true;
 };
 
+// One instance's KV cache as configured (kvshard:cache_config_info).
+struct CacheConfigInfo {
+    std::string instance;
+    int64_t block_size = 0;  // token slots per block
+    int64_t num_blocks = 0;  // in the pool of each rank
+    bool enable_prefix_caching = false;
+};
+
 struct EngineStats {
-    std::vector<InstanceUp> instances;  // one per instance behind this engine
+    std::vector<InstanceUp> instances;           // one per instance behind this engine
+    std::vector<CacheConfigInfo> cache_configs;  // one per instance
     int64_t num_running = 0;
     int64_t num_waiting = 0;
     double kv_cache_usage = 0.0;  // used blocks / all blocks, 0..1

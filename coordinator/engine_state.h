@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,11 @@ struct InstanceEngine::RequestState {
 
     std::chrono::steady_clock::time_point arrival;
     std::chrono::steady_clock::time_point last_token;  // of choice 0 (inter-token latency)
+    // The request's phases (FinishedRequestStats), carried across a handoff: when a step first
+    // ran it, its first token and its last token of any choice.
+    std::optional<std::chrono::steady_clock::time_point> first_scheduled;
+    std::optional<std::chrono::steady_clock::time_point> first_token;
+    std::chrono::steady_clock::time_point last_any_token;
 
     // Prefill side: the decode instance this request moves to after its first token.
     InstanceEngine* handoff_to = nullptr;

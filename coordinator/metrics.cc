@@ -1,5 +1,6 @@
 #include "coordinator/metrics.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 
@@ -171,20 +172,20 @@ Histogram& MetricsRegistry::LabeledHistogram(const std::string& name, const std:
     return *family->series.back().histogram;
 }
 
-std::string MetricsRegistry::Render() const {
+std::string MetricsRegistry::Render(const std::string& alias_from,
+                                    const std::string& alias_to) const {
     std::lock_guard<std::mutex> lock(mu_);
-    std::string out;
+    std::string out, aliases;
     for (const auto& f : families_) {
         const char* type = f->kind == Kind::kCounter ? "counter"
                            : f->kind == Kind::kGauge ? "gauge"
                                                      : "histogram";
-        out += "# HELP " + f->name + " " + Escape(f->help, false) + "\n";
-        out += "# TYPE " + f->name + " " + type + "\n";
+        // Each sample line less the family name, read once for the name and its alias alike.
+        std::vector<std::string> lines;
         for (const Series& s : f->series) {
             const std::string labels = Labels(constant_labels_, s.label);
-            if (s.counter)
-                out += f->name + labels + " " + PrometheusNumber(s.counter->value()) + "\n";
-            if (s.gauge) out += f->name + labels + " " + PrometheusNumber(s.gauge->value()) + "\n";
+            if (s.counter) lines.push_back(labels + " " + PrometheusNumber(s.counter->value()));
+            if (s.gauge) lines.push_back(labels + " " + PrometheusNumber(s.gauge->value()));
             if (!s.histogram) continue;
             const Histogram::Snapshot snap = s.histogram->Take();
             for (size_t i = 0; i < snap.cumulative_counts.size(); ++i) {
@@ -192,14 +193,38 @@ std::string MetricsRegistry::Render() const {
                 std::string bucket_label = s.label;
                 if (!bucket_label.empty()) bucket_label += ",";
                 bucket_label += "le=\"" + PrometheusNumber(le) + "\"";
-                out += f->name + "_bucket" + Labels(constant_labels_, bucket_label) + " " +
-                       std::to_string(snap.cumulative_counts[i]) + "\n";
+                lines.push_back("_bucket" + Labels(constant_labels_, bucket_label) + " " +
+                                std::to_string(snap.cumulative_counts[i]));
             }
-            out += f->name + "_sum" + labels + " " + PrometheusNumber(snap.sum) + "\n";
-            out += f->name + "_count" + labels + " " + std::to_string(snap.count) + "\n";
+            lines.push_back("_sum" + labels + " " + PrometheusNumber(snap.sum));
+            lines.push_back("_count" + labels + " " + std::to_string(snap.count));
         }
+        auto write = [&](const std::string& name, std::string* to) {
+            *to += "# HELP " + name + " " + Escape(f->help, false) + "\n";
+            *to += "# TYPE " + name + " " + type + "\n";
+            for (const std::string& line : lines) *to += name + line + "\n";
+        };
+        write(f->name, &out);
+        if (!alias_from.empty() && f->name.rfind(alias_from, 0) == 0)
+            write(alias_to + f->name.substr(alias_from.size()), &aliases);
     }
-    return out;
+    return out + aliases;
+}
+
+std::string RenderProcessMetrics(const ProcessStats& stats) {
+    MetricsRegistry r;
+    r.AddGauge("process_virtual_memory_bytes", "Virtual memory size in bytes.")
+        .Set(stats.virtual_memory_bytes);
+    r.AddGauge("process_resident_memory_bytes", "Resident memory size in bytes.")
+        .Set(stats.resident_memory_bytes);
+    r.AddGauge("process_start_time_seconds",
+               "Start time of the process since unix epoch in seconds.")
+        .Set(stats.start_time_seconds);
+    r.AddCounter("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.")
+        .SetTotal(stats.cpu_seconds);
+    r.AddGauge("process_open_fds", "Number of open file descriptors.").Set(stats.open_fds);
+    r.AddGauge("process_max_fds", "Maximum number of open file descriptors.").Set(stats.max_fds);
+    return r.Render();
 }
 
 namespace {
@@ -215,6 +240,24 @@ const std::vector<double> kKvTransferBuckets = {0.0001, 0.00025, 0.0005, 0.001, 
                                                 0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
                                                 1.0,    2.5,     5.0,    10.0};
 
+// vLLM's buckets for its request phase histograms, in seconds.
+const std::vector<double> kRequestPhaseBuckets = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+                                                  5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
+                                                  60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+const std::vector<double> kIterationTokenBuckets = {1,   8,    16,   32,   64,   128,  256,
+                                                    512, 1024, 2048, 4096, 8192, 16384};
+
+// 1, 2, 5, 10, 20, 50, ... while not above `max` (vLLM's build_1_2_5_buckets).
+std::vector<double> OneTwoFiveBuckets(int64_t max) {
+    std::vector<double> out;
+    for (double decade = 1;; decade *= 10) {
+        for (double m : {1.0, 2.0, 5.0}) {
+            if (m * decade > static_cast<double>(std::max<int64_t>(max, 1))) return out;
+            out.push_back(m * decade);
+        }
+    }
+}
+
 constexpr const char* kPoolTtftName = "kvshard:pool_time_to_first_token_seconds";
 constexpr const char* kPoolTtftHelp =
     "Per pool: time from a request's arrival at the engine to its first generated token, in "
@@ -225,8 +268,9 @@ constexpr const char* kPoolItlHelp =
 
 }  // namespace
 
-ServerMetrics::ServerMetrics(const std::string& model_name)
-    : registry_({{"model_name", model_name}}),
+ServerMetrics::ServerMetrics(const std::string& model_name, ServerMetricsOptions options)
+    : options_(options),
+      registry_({{"model_name", model_name}}),
       ttft_(registry_.AddHistogram(
           "kvshard:time_to_first_token_seconds",
           "Time from a request's arrival to its first generated token, in seconds.", kTtftBuckets)),
@@ -281,7 +325,42 @@ ServerMetrics::ServerMetrics(const std::string& model_name)
                                          "Completed prefill->decode KV handoffs.")),
       kv_transfer_failures_(registry_.AddCounter(
           "kvshard:kv_transfer_failures_total",
-          "Failed prefill->decode KV handoffs (the request continued on the prefill instance).")) {}
+          "Failed prefill->decode KV handoffs (the request continued on the prefill instance).")),
+      iteration_tokens_(registry_.AddHistogram(
+          "kvshard:iteration_tokens_total",
+          "Tokens computed by one engine step (prompt chunks plus one per decoding sequence).",
+          kIterationTokenBuckets)),
+      queue_time_(registry_.AddHistogram(
+          "kvshard:request_queue_time_seconds",
+          "Time from a request's arrival to the first step that ran it, in seconds.",
+          kRequestPhaseBuckets)),
+      prefill_time_(registry_.AddHistogram(
+          "kvshard:request_prefill_time_seconds",
+          "Time from the first step that ran a request to its first generated token, in seconds.",
+          kRequestPhaseBuckets)),
+      decode_time_(registry_.AddHistogram(
+          "kvshard:request_decode_time_seconds",
+          "Time from a request's first generated token to its last, in seconds.",
+          kRequestPhaseBuckets)),
+      inference_time_(registry_.AddHistogram(
+          "kvshard:request_inference_time_seconds",
+          "Time from the first step that ran a request to its last generated token (prefill + "
+          "decode), in seconds.",
+          kRequestPhaseBuckets)),
+      request_prompt_tokens_(registry_.AddHistogram("kvshard:request_prompt_tokens",
+                                                    "Prompt tokens of each finished request.",
+                                                    OneTwoFiveBuckets(options.max_model_len))),
+      request_generation_tokens_(
+          registry_.AddHistogram("kvshard:request_generation_tokens",
+                                 "Generated tokens of each finished request, over all its choices.",
+                                 OneTwoFiveBuckets(options.max_model_len))),
+      request_params_n_(registry_.AddHistogram("kvshard:request_params_n",
+                                               "The n (choices) of each finished request.",
+                                               {1, 2, 5, 10, 20})),
+      request_params_max_tokens_(registry_.AddHistogram("kvshard:request_params_max_tokens",
+                                                        "The max_tokens of each finished request.",
+                                                        OneTwoFiveBuckets(options.max_model_len))) {
+}
 
 const ServerMetrics::PoolSeries& ServerMetrics::Pool(const std::string& pool) {
     for (const PoolSeries* p = pools_.load(std::memory_order_acquire); p != nullptr; p = p->next) {
@@ -316,6 +395,21 @@ void ServerMetrics::OnKvTransfer(int64_t bytes, double seconds) {
 
 void ServerMetrics::OnKvTransferFailed() { kv_transfer_failures_.Add(); }
 
+void ServerMetrics::OnStepTokens(int64_t num_tokens) {
+    iteration_tokens_.Observe(static_cast<double>(num_tokens));
+}
+
+void ServerMetrics::OnRequestFinished(const FinishedRequestStats& stats) {
+    queue_time_.Observe(stats.queue_seconds);
+    prefill_time_.Observe(stats.prefill_seconds);
+    decode_time_.Observe(stats.decode_seconds);
+    inference_time_.Observe(stats.inference_seconds);
+    request_prompt_tokens_.Observe(static_cast<double>(stats.prompt_tokens));
+    request_generation_tokens_.Observe(static_cast<double>(stats.generation_tokens));
+    request_params_n_.Observe(stats.n);
+    request_params_max_tokens_.Observe(static_cast<double>(stats.max_tokens));
+}
+
 void ServerMetrics::ObserveRequestFinished(double e2e_seconds, const GenerationUsage& usage,
                                            const std::string& finished_reason) {
     e2e_.Observe(e2e_seconds);
@@ -347,7 +441,22 @@ std::string ServerMetrics::Render(const EngineStats& stats) {
                           {{"instance", i.instance}, {"pool", i.pool}})
             .Set(i.up ? 1.0 : 0.0);
     }
-    return registry_.Render();
+    for (const CacheConfigInfo& c : stats.cache_configs) {
+        registry_
+            .LabeledGauge("kvshard:cache_config_info",
+                          "Information of the KV cache of each instance (value 1; the settings "
+                          "are its labels).",
+                          {{"instance", c.instance},
+                           {"block_size", std::to_string(c.block_size)},
+                           {"num_gpu_blocks", std::to_string(c.num_blocks)},
+                           {"enable_prefix_caching", c.enable_prefix_caching ? "True" : "False"}})
+            .Set(1.0);
+    }
+    std::string text =
+        options_.vllm_names ? registry_.Render("kvshard:", "vllm:") : registry_.Render();
+    // Where /proc cannot be read the process_* families are left out rather than written as 0.
+    if (Result<ProcessStats> p = ReadProcessStats(); p.ok()) text += RenderProcessMetrics(*p);
+    return text;
 }
 
 }  // namespace kvshard

@@ -30,8 +30,25 @@
 //                                                        end of the decode step that received it
 //   kvshard:kv_transfers_total                counter    completed KV handoffs
 //   kvshard:kv_transfer_failures_total        counter    failed KV handoffs
+//   kvshard:iteration_tokens_total            histogram  tokens computed by each engine step
+//   kvshard:request_queue_time_seconds        histogram  arrival -> first scheduled in a step
+//   kvshard:request_prefill_time_seconds      histogram  first scheduled -> first token
+//   kvshard:request_decode_time_seconds       histogram  first token -> last token
+//   kvshard:request_inference_time_seconds    histogram  first scheduled -> last token
+//   kvshard:request_prompt_tokens             histogram  prompt tokens of each finished request
+//   kvshard:request_generation_tokens         histogram  generated tokens (all choices) of each
+//   kvshard:request_params_n                  histogram  the n of each finished request
+//   kvshard:request_params_max_tokens         histogram  the max_tokens of each finished request
+// (the request_* histograms: requests that ended OK, FinishedRequestStats; buckets as vLLM's).
+//   kvshard:cache_config_info                 gauge      1, per instance, with labels block_size,
+//                                                        num_gpu_blocks (the pool's blocks) and
+//                                                        enable_prefix_caching
 // The pool histograms carry the label pool="<pool>": a pool's first observation creates its series
 // in both. Every sample carries the label model_name="<served model>".
+//
+// Then, without model_name, the process metrics of prometheus_client (process_metrics.h). With
+// ServerMetricsOptions::vllm_names, every kvshard: family is written a second time as vllm:<name>
+// (same values and labels) for dashboards made for vLLM.
 //
 // Thread-safety: all methods may be called from any thread. Observations are lock-free atomics
 // (the engine thread records latencies through sink callbacks and the observer); registration and
@@ -47,6 +64,7 @@
 
 #include "coordinator/engine.h"
 #include "coordinator/engine_api.h"
+#include "coordinator/process_metrics.h"
 
 namespace kvshard {
 
@@ -113,7 +131,10 @@ class MetricsRegistry {
                                 const std::string& label, const std::string& value,
                                 const std::vector<double>& upper_bounds);
 
-    std::string Render() const;
+    // The exposition text. When `alias_from` is not empty, every family whose name begins with
+    // it is written a second time, under its name with that prefix replaced by `alias_to`, from
+    // the same reading of its values.
+    std::string Render(const std::string& alias_from = "", const std::string& alias_to = "") const;
 
   private:
     enum class Kind { kCounter, kGauge, kHistogram };
@@ -141,9 +162,19 @@ class MetricsRegistry {
 // to 1), +Inf, -Inf, NaN.
 std::string PrometheusNumber(double v);
 
+// Writes prometheus_client's process_* families for `stats` (no constant labels).
+std::string RenderProcessMetrics(const ProcessStats& stats);
+
+struct ServerMetricsOptions {
+    // The largest prompt + generation a request may have: the token-count histograms' buckets
+    // run 1, 2, 5, 10, 20, 50, ... up to it, as vLLM's do.
+    int64_t max_model_len = 4096;
+    bool vllm_names = false;  // also write every kvshard: family as vllm:<name>
+};
+
 class ServerMetrics : public EngineObserver {
   public:
-    explicit ServerMetrics(const std::string& model_name);
+    explicit ServerMetrics(const std::string& model_name, ServerMetricsOptions options = {});
 
     // Per request, from the sink callbacks.
     void ObserveTimeToFirstToken(double seconds) { ttft_.Observe(seconds); }
@@ -156,6 +187,8 @@ class ServerMetrics : public EngineObserver {
     void OnInterToken(const std::string& pool, double seconds) override;
     void OnKvTransfer(int64_t bytes, double seconds) override;
     void OnKvTransferFailed() override;
+    void OnStepTokens(int64_t num_tokens) override;
+    void OnRequestFinished(const FinishedRequestStats& stats) override;
 
     // The exposition text, with gauges and engine counters taken from `stats`.
     std::string Render(const EngineStats& stats);
@@ -172,6 +205,7 @@ class ServerMetrics : public EngineObserver {
     };
     const PoolSeries& Pool(const std::string& pool);
 
+    const ServerMetricsOptions options_;
     MetricsRegistry registry_;
     Histogram& ttft_;
     Histogram& itl_;
@@ -193,6 +227,15 @@ class ServerMetrics : public EngineObserver {
     Histogram& kv_transfer_seconds_;
     Counter& kv_transfers_;
     Counter& kv_transfer_failures_;
+    Histogram& iteration_tokens_;
+    Histogram& queue_time_;
+    Histogram& prefill_time_;
+    Histogram& decode_time_;
+    Histogram& inference_time_;
+    Histogram& request_prompt_tokens_;
+    Histogram& request_generation_tokens_;
+    Histogram& request_params_n_;
+    Histogram& request_params_max_tokens_;
     std::atomic<const PoolSeries*> pools_{nullptr};
     std::mutex pools_mu_;                                    // serializes creating a pool's series
     std::vector<std::unique_ptr<PoolSeries>> pool_storage_;  // owns the list; guarded by pools_mu_

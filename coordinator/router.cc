@@ -171,6 +171,8 @@ EngineStats Router::Stats() const {
     for (const InstanceEngine* e : all_) {
         const EngineStats s = e->Stats();
         out.instances.insert(out.instances.end(), s.instances.begin(), s.instances.end());
+        out.cache_configs.insert(out.cache_configs.end(), s.cache_configs.begin(),
+                                 s.cache_configs.end());
         out.num_running += s.num_running;
         out.num_waiting += s.num_waiting;
         out.prefix_cache_queries_tokens += s.prefix_cache_queries_tokens;

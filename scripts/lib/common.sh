@@ -100,10 +100,11 @@ ensure_python_venv() {
   # openai and anthropic: the clients the integration tests drive the server with;
   # kubernetes-validate: the Kubernetes schemas the k8s/ manifests are checked against;
   # jsonschema: the validator the structured-output test checks generated JSON with;
-  # tokenizers: Hugging Face's tokenizer, which loads the tokenizer.json the server serves.
-  if ! "$venv/bin/python" -c "import openai, anthropic, kubernetes_validate, jsonschema, tokenizers" 2>/dev/null; then
-    log "installing openai, anthropic, kubernetes-validate, jsonschema and tokenizers into $venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai anthropic kubernetes-validate jsonschema tokenizers >&2
+  # tokenizers: Hugging Face's tokenizer, which loads the tokenizer.json the server serves;
+  # prometheus-client: the parser the metrics test reads GET /metrics with, as Prometheus would.
+  if ! "$venv/bin/python" -c "import openai, anthropic, kubernetes_validate, jsonschema, tokenizers, prometheus_client" 2>/dev/null; then
+    log "installing openai, anthropic, kubernetes-validate, jsonschema, tokenizers and prometheus-client into $venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai anthropic kubernetes-validate jsonschema tokenizers prometheus-client >&2
   fi
   echo "$venv/bin/python"
 }

@@ -239,10 +239,26 @@ TEST(ServerConfig, ExampleParsesAndEveryKeyIsDocumented) {
     auto c = LoadServerConfig(root + "/config/examples/serve.yaml");
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     const std::string doc = testing::ReadFile(root + "/docs/config.md");
-    EXPECT_EQ(ServerConfigKeys().size(), 46u);
+    EXPECT_EQ(ServerConfigKeys().size(), 47u);
     for (std::string_view key : ServerConfigKeys()) {
         EXPECT_NE(doc.find("`" + std::string(key) + "`"), std::string::npos) << key;
     }
+}
+
+// GET /metrics under vLLM's names too: off unless asked, a boolean in the file or --set.
+TEST(ServerConfig, MetricsVllmNames) {
+    auto c = ParseServerConfig("model: a.gguf\n", "serve.yaml");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_FALSE(c->http.metrics_vllm_names);
+    c = ParseServerConfig("model: a.gguf\nserver:\n  metrics_vllm_names: true\n", "serve.yaml");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_TRUE(c->http.metrics_vllm_names);
+    auto bad = ParseServerConfig("model: a.gguf\n", "serve.yaml",
+                                 {{"server.metrics_vllm_names", "vllm", "--set"}});
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.status().message().find("server.metrics_vllm_names: invalid value 'vllm'"),
+              std::string::npos)
+        << bad.status().message();
 }
 
 }  // namespace
