@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "coordinator/json_fields.h"
 #include "grammar/compilers.h"
 
 namespace kvshard {
@@ -42,7 +43,12 @@ GrammarResult Cached(const std::string& key, const std::function<GrammarResult()
 Result<std::shared_ptr<const grammar::Grammar>> SchemaGrammar(const json& value,
                                                               const std::string& path) {
     if (value.is_string()) {
-        json parsed = json::parse(value.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+        bool too_deep = false;
+        json parsed = json_fields::ParseJson(value.get<std::string>(), &too_deep);
+        if (too_deep) {
+            return InvalidArgument(path + ": the schema nests deeper than " +
+                                   std::to_string(json_fields::kMaxJsonDepth) + " levels");
+        }
         if (parsed.is_discarded()) return InvalidArgument(path + ": the schema is not valid JSON");
         return Cached("json:" + parsed.dump(),
                       [&] { return grammar::CompileJsonSchema(parsed, path); });

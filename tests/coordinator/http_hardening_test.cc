@@ -112,6 +112,38 @@ TEST(HttpHardening, NumbersBeyondADoubleAre400) {
     EXPECT_TRUE(server.engine().submitted().empty());
 }
 
+// A chat request whose tool schema nested 100,000 deep once ended the process (a stack overflow
+// in nlohmann's recursive dump). JSON nested past json_fields::kMaxJsonDepth, in the body or in a
+// JSON text inside it, is a 400 naming the depth; the server goes on serving.
+TEST(HttpHardening, JsonNestedTooDeepIs400) {
+    TestServer server;
+    const auto nested = [](int depth) {
+        std::string s;
+        for (int i = 0; i < depth; ++i) s += "{\"a\":";
+        s += "1";
+        s += std::string(static_cast<size_t>(depth), '}');
+        return s;
+    };
+    const std::string messages = R"("messages": [{"role": "user", "content": "a"}])";
+    for (const auto& [target, body] : std::vector<std::pair<std::string, std::string>>{
+             {"/v1/chat/completions",
+              "{" + messages + R"(, "tools": [{"type": "function", "function": )" +
+                  R"({"name": "f", "parameters": )" + nested(100'000) + "}}]}"},
+             {"/v1/completions", R"({"prompt": "a", "x": )" + nested(65) + "}"},
+             {"/v1/chat/completions",
+              "{" + messages + R"(, "guided_json": )" + json(nested(65)).dump() + "}"},
+         }) {
+        auto reply = Post(server.port(), target, body);
+        EXPECT_EQ(reply.status, 400) << target << " " << body.substr(0, 120);
+        const json answer = json::parse(reply.body, nullptr, false);
+        ASSERT_TRUE(answer.is_object()) << reply.body;
+        const std::string message = answer["error"]["message"];
+        EXPECT_NE(message.find("deeper than 64 levels"), std::string::npos) << message;
+    }
+    EXPECT_EQ(Get(server.port(), "/health").status, 200);
+    EXPECT_TRUE(server.engine().submitted().empty());
+}
+
 TEST(HttpHardening, MalformedRequestsInKvshardWords) {
     TestServer server;
     const std::string nul_body = std::string("{\"prompt\": \"Hi\"}\0{\"x\": 1}", 25);

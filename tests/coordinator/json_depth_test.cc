@@ -23,7 +23,7 @@ TEST(JsonDepth, CountsArraysAndObjectsNotBracketsInStrings) {
         {"1", 0},
         {"\"[[[{{{\"", 0},
         {"[]", 1},
-        {"{\"a\": [1, {\"b\": []}]}", 3},
+        {"{\"a\": [1, {\"b\": []}]}", 4},
         {"[\"]\", [\"\\\"[\"]]", 2},  // an escaped quote does not end the string
         {"[[], [], [[]]]", 3},
         {"]]]][", 1},  // malformed: closing brackets never go below zero
