@@ -1,6 +1,7 @@
 #include "coordinator/api_service.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -270,9 +271,7 @@ ApiService::ToolsFor(const std::vector<ToolDefinition>& tools, const ToolChoice&
     if (tools.empty() || choice.mode == ToolChoiceMode::kNone || !options_.chat_template) {
         return out;
     }
-    Result<ChatTemplateStyle> style = options_.chat_template->ToolCallStyle();
-    if (!style.ok()) return BadRequest("tools: " + style.status().message(), "tools");
-    Result<ToolCallSyntax> syntax = ToolCallSyntaxFor(*style);
+    Result<ToolCallSyntax> syntax = ToolCallSyntaxFor(*options_.chat_template);
     if (!syntax.ok()) return BadRequest("tools: " + syntax.status().message(), "tools");
     out.first = RenderTools(*syntax, tools, choice);
     ToolCallParserOptions parse;
@@ -284,6 +283,16 @@ ApiService::ToolsFor(const std::vector<ToolDefinition>& tools, const ToolChoice&
         }
     }
     parse.id_prefix = id_prefix;
+    if (*syntax == ToolCallSyntax::kMistral) {
+        // Mistral's templates refuse a call id that is not 9 letters and digits, so the ids
+        // kvshard issues fit: the request's random hex digits (after "call_"), then the index.
+        const size_t hex = id_prefix.find('_');
+        parse.id_prefix.clear();
+        for (char c : id_prefix.substr(hex == std::string::npos ? 0 : hex + 1)) {
+            if (std::isalnum(static_cast<unsigned char>(c))) parse.id_prefix += c;
+        }
+        parse.id_length = 9;
+    }
     if (single_call) parse.max_calls = 1;
     out.second = std::move(parse);
     return out;

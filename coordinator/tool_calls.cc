@@ -15,6 +15,7 @@ namespace {
 constexpr std::string_view kCallOpen = "<tool_call>";
 constexpr std::string_view kCallClose = "</tool_call>";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
 constexpr std::string_view kSpace = " \t\n\r\v\f";
 
 std::string Dump(const json& j, int indent = -1) {
@@ -91,7 +92,61 @@ std::optional<std::vector<std::string_view>> SplitJsonObjects(std::string_view t
     return out;
 }
 
+// The end of the JSON array or object that opens `text` (its first byte is '[' or '{'): the
+// offset just past its closing bracket, or npos while it is still open.
+size_t JsonValueEnd(std::string_view text) {
+    int depth = 0;
+    bool in_string = false, escaped = false;
+    for (size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (in_string) {
+            if (escaped) {
+                escaped = false;
+            } else if (c == '\\') {
+                escaped = true;
+            } else if (c == '"') {
+                in_string = false;
+            }
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '[' || c == '{') {
+            ++depth;
+        } else if ((c == ']' || c == '}') && --depth == 0) {
+            return i + 1;
+        }
+    }
+    return std::string_view::npos;
+}
+
+// The call a JSON value holds, if it is one naming a tool of `allowed`.
+std::optional<ToolCallOutput::Call> CallOf(const json& j, const std::vector<std::string>& allowed) {
+    if (!j.is_object()) return std::nullopt;
+    auto name = j.find("name");
+    if (name == j.end() || !name->is_string()) return std::nullopt;
+    const std::string& n = name->get_ref<const std::string&>();
+    if (std::find(allowed.begin(), allowed.end(), n) == allowed.end()) return std::nullopt;
+    json arguments = json::object();
+    for (const char* key : {"arguments", "parameters"}) {
+        auto it = j.find(key);
+        if (it == j.end() || it->is_null()) continue;
+        arguments = *it;
+        // Some models write the arguments as a JSON string.
+        if (arguments.is_string()) {
+            arguments = json_fields::ParseJson(arguments.get<std::string>());
+        }
+        break;
+    }
+    if (arguments.is_discarded() || !arguments.is_object()) return std::nullopt;
+    return ToolCallOutput::Call{"", n, Dump(arguments)};
+}
+
 }  // namespace
+
+Result<ToolCallSyntax> ToolCallSyntaxFor(const ChatTemplate& chat_template) {
+    if (chat_template.writes_mistral_tool_calls()) return ToolCallSyntax::kMistral;
+    KV_ASSIGN_OR_RETURN(const ChatTemplateStyle style, chat_template.ToolCallStyle());
+    return ToolCallSyntaxFor(style);
+}
 
 Result<ToolCallSyntax> ToolCallSyntaxFor(ChatTemplateStyle style) {
     switch (style) {
@@ -157,6 +212,8 @@ ChatTools RenderTools(ToolCallSyntax syntax, const std::vector<ToolDefinition>& 
                 p += "\n\n";
             }
             break;
+        case ToolCallSyntax::kMistral:
+            break;  // the template renders `definitions` between [AVAILABLE_TOOLS] markers
     }
     return out;
 }
@@ -187,27 +244,15 @@ void ToolCallParser::EmitText(std::string text, std::vector<ToolCallOutput>& out
 std::optional<ToolCallOutput::Call> ToolCallParser::ParseCall(std::string_view json_text) const {
     // A model's text: as deep as it likes to write, so bounded like a request's JSON.
     const json j = json_fields::ParseJson(Trim(json_text));
-    if (j.is_discarded() || !j.is_object()) return std::nullopt;
-    auto name = j.find("name");
-    if (name == j.end() || !name->is_string()) return std::nullopt;
-    const std::string& n = name->get_ref<const std::string&>();
-    if (std::find(options_.allowed_names.begin(), options_.allowed_names.end(), n) ==
-        options_.allowed_names.end()) {
-        return std::nullopt;
-    }
-    json arguments = json::object();
-    for (const char* key : {"arguments", "parameters"}) {
-        auto it = j.find(key);
-        if (it == j.end() || it->is_null()) continue;
-        arguments = *it;
-        // Some models write the arguments as a JSON string.
-        if (arguments.is_string()) {
-            arguments = json_fields::ParseJson(arguments.get<std::string>());
-        }
-        break;
-    }
-    if (arguments.is_discarded() || !arguments.is_object()) return std::nullopt;
-    return ToolCallOutput::Call{"", n, Dump(arguments)};
+    if (j.is_discarded()) return std::nullopt;
+    return CallOf(j, options_.allowed_names);
+}
+
+std::string ToolCallParser::NextId() {
+    const std::string index = std::to_string(num_calls_++);
+    if (options_.id_length == 0) return options_.id_prefix + index;
+    const size_t room = options_.id_length > index.size() ? options_.id_length - index.size() : 0;
+    return options_.id_prefix.substr(0, room) + index;
 }
 
 void ToolCallParser::EmitCallOrText(std::string_view body, std::string raw,
@@ -216,7 +261,7 @@ void ToolCallParser::EmitCallOrText(std::string_view body, std::string raw,
     if (num_calls_ < options_.max_calls) call = ParseCall(body);
     if (!call) return EmitText(std::move(raw), out);
     pending_ws_.clear();
-    call->id = options_.id_prefix + std::to_string(num_calls_++);
+    call->id = NextId();
     out.push_back({"", std::move(call)});
 }
 
@@ -254,6 +299,10 @@ std::vector<ToolCallOutput> ToolCallParser::Feed(std::string_view text) {
     buffer_.append(text);
     if (options_.syntax == ToolCallSyntax::kHermes) {
         FeedHermes(out);
+        return out;
+    }
+    if (options_.syntax == ToolCallSyntax::kMistral) {
+        FeedMistral(out);
         return out;
     }
     if (state_ == State::kUndecided) {
@@ -294,8 +343,89 @@ void ToolCallParser::FinishLlama3(std::vector<ToolCallOutput>& out) {
     if (calls.empty()) return EmitText(std::move(buffer_), out);
     pending_ws_.clear();
     for (ToolCallOutput::Call& call : calls) {
-        call.id = options_.id_prefix + std::to_string(num_calls_++);
+        call.id = NextId();
         out.push_back({"", std::move(call)});
+    }
+}
+
+void ToolCallParser::EmitMistralCalls(std::string_view body, std::string raw,
+                                      std::vector<ToolCallOutput>& out) {
+    const json j = json_fields::ParseJson(Trim(body));
+    std::vector<ToolCallOutput::Call> calls;
+    if (!j.is_discarded()) {
+        const json items = j.is_array() ? j : json::array({j});
+        for (const json& item : items) {
+            std::optional<ToolCallOutput::Call> call;
+            if (num_calls_ + static_cast<int>(calls.size()) < options_.max_calls) {
+                call = CallOf(item, options_.allowed_names);
+            }
+            if (!call) {
+                calls.clear();
+                break;
+            }
+            calls.push_back(std::move(*call));
+        }
+    }
+    if (calls.empty()) return EmitText(std::move(raw), out);
+    pending_ws_.clear();
+    for (ToolCallOutput::Call& call : calls) {
+        call.id = NextId();
+        out.push_back({"", std::move(call)});
+    }
+}
+
+void ToolCallParser::FeedMistral(std::vector<ToolCallOutput>& out) {
+    while (true) {
+        if (state_ == State::kUndecided) {
+            // At the start of the answer a bare array is a call list too: the [TOOL_CALLS]
+            // control token before it has no text unless skip_special_tokens is false.
+            const std::string_view rest = Trim(buffer_);
+            if (rest.empty()) return;
+            if (rest.front() == '[' && rest.substr(0, kMistralCalls.size()) != kMistralCalls) {
+                if (kMistralCalls.substr(0, rest.size()) == rest) return;  // may be the marker
+                buffer_.erase(0, buffer_.find('['));
+                marked_ = false;
+                state_ = State::kInCall;
+            } else {
+                state_ = State::kText;
+            }
+            continue;
+        }
+        if (state_ == State::kText) {
+            const size_t open = buffer_.find(kMistralCalls);
+            if (open != std::string::npos) {
+                EmitText(buffer_.substr(0, open), out);
+                buffer_.erase(0, open + kMistralCalls.size());
+                marked_ = true;
+                state_ = State::kInCall;
+                continue;
+            }
+            // Hold back the longest tail that may begin "[TOOL_CALLS]".
+            size_t keep = std::min(buffer_.size(), kMistralCalls.size() - 1);
+            while (keep > 0 &&
+                   buffer_.compare(buffer_.size() - keep, keep, kMistralCalls.data(), keep) != 0) {
+                --keep;
+            }
+            EmitText(buffer_.substr(0, buffer_.size() - keep), out);
+            buffer_.erase(0, buffer_.size() - keep);
+            return;
+        }
+        // kInCall: the array (or object) runs to its closing bracket.
+        const size_t begin = buffer_.find_first_not_of(kSpace);
+        if (begin == std::string::npos) return;
+        const std::string marker(marked_ ? kMistralCalls : "");
+        size_t end = std::string::npos;
+        if (buffer_[begin] == '[' || buffer_[begin] == '{') {
+            end = JsonValueEnd(std::string_view(buffer_).substr(begin));
+            if (end == std::string::npos) return;
+            end += begin;
+        } else {
+            end = 0;  // not a call list: what follows the marker is text
+        }
+        const std::string body = buffer_.substr(0, end);
+        buffer_.erase(0, end);
+        state_ = State::kText;
+        EmitMistralCalls(body, marker + body, out);
     }
 }
 
@@ -307,7 +437,11 @@ std::vector<ToolCallOutput> ToolCallParser::Finish() {
             break;
         case State::kInCall:
             // The model ended (EOS, max_tokens) inside a call: a call if what it wrote parses.
-            EmitCallOrText(buffer_, std::string(kCallOpen) + buffer_, out);
+            if (options_.syntax == ToolCallSyntax::kMistral) {
+                EmitMistralCalls(buffer_, std::string(marked_ ? kMistralCalls : "") + buffer_, out);
+            } else {
+                EmitCallOrText(buffer_, std::string(kCallOpen) + buffer_, out);
+            }
             break;
         case State::kUndecided:
             EmitText(std::move(buffer_), out);
@@ -347,7 +481,8 @@ Result<std::shared_ptr<const grammar::Grammar>> ToolCallGrammar(
         call.push_back(sp);
         for (grammar::Symbol s : g->Literal(json(t.name).dump() + ",")) call.push_back(s);
         call.push_back(sp);
-        const char* key = syntax == ToolCallSyntax::kHermes ? "\"arguments\":" : "\"parameters\":";
+        const char* key =
+            syntax == ToolCallSyntax::kLlama3Json ? "\"parameters\":" : "\"arguments\":";
         for (grammar::Symbol s : g->Literal(key)) call.push_back(s);
         call.push_back(sp);
         call.push_back(args);
@@ -365,13 +500,23 @@ Result<std::shared_ptr<const grammar::Grammar>> ToolCallGrammar(
             break;
         }
         case ToolCallSyntax::kLlama3Json:
+        case ToolCallSyntax::kMistral:
             one = {body};
             break;
     }
-    std::vector<grammar::Symbol> more = {g->Byte('\n')};
-    more.insert(more.end(), one.begin(), one.end());
-    std::vector<grammar::Symbol> answer = one;
-    if (!single_call) answer.push_back(g->Star(more));
+    std::vector<grammar::Symbol> answer;
+    if (syntax == ToolCallSyntax::kMistral) {
+        // [CALL, CALL, ...]: the array the parser reads at the start of an answer.
+        answer = {g->Byte('[')};
+        answer.push_back(body);
+        if (!single_call) answer.push_back(g->Star({g->Byte(','), sp, body}));
+        answer.push_back(g->Byte(']'));
+    } else {
+        std::vector<grammar::Symbol> more = {g->Byte('\n')};
+        more.insert(more.end(), one.begin(), one.end());
+        answer = one;
+        if (!single_call) answer.push_back(g->Star(more));
+    }
     const uint32_t root = g->Rule("tool_calls", {answer});
     KV_RETURN_IF_ERROR(g->Finish(root));
     return std::shared_ptr<const grammar::Grammar>(std::move(g));

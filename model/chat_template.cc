@@ -456,8 +456,10 @@ Result<ChatTemplate> ChatTemplate::FromJinjaInterpreted(std::string_view jinja,
         return InvalidArgument(std::string(origin) + ": " + parsed.status().message());
     }
     const std::optional<ChatTemplateStyle> family = StyleByMarkers(jinja);
+    const bool mistral_tool_calls =
+        Contains(jinja, "[TOOL_CALLS]") && Contains(jinja, "[AVAILABLE_TOOLS]");
     return ChatTemplate(family.value_or(ChatTemplateStyle::kLlama2), tokens, "",
-                        std::move(parsed).value(), family.has_value());
+                        std::move(parsed).value(), family.has_value(), mistral_tool_calls);
 }
 
 Result<ChatTemplate> ChatTemplate::FromJinja(std::string_view jinja,
@@ -493,7 +495,7 @@ Result<ChatTemplateStyle> ChatTemplate::ToolCallStyle() const {
     if (interpreted() && !has_family_) {
         return InvalidArgument(
             "this model's chat template writes tool calls in a syntax kvshard does not parse "
-            "(kvshard parses Hermes <tool_call> and Llama 3 JSON calls)");
+            "(kvshard parses Hermes <tool_call>, Llama 3 JSON and Mistral [TOOL_CALLS] calls)");
     }
     return style_;
 }

@@ -33,8 +33,9 @@
 //            "tool" message is an "ipython" turn.
 //   kLlama2  has no tool convention: tools, tool calls and "tool" messages are InvalidArgument.
 // An interpreted template has a family, by its markers: ChatML (its tool calls are parsed as
-// Hermes <tool_call>), Llama 3 (JSON calls), Gemma, or none (Mistral, DeepSeek, ...: tools are
-// refused, since kvshard cannot parse that family's calls; turns end with EOS).
+// Hermes <tool_call>), Llama 3 (JSON calls), Gemma, or none (DeepSeek, ...: tools are refused,
+// since kvshard cannot parse that family's calls; turns end with EOS). One that writes
+// Mistral's [TOOL_CALLS] and [AVAILABLE_TOOLS] has Mistral's calls (writes_mistral_tool_calls).
 //
 // Thread-safety: immutable after creation; Render may be called from any thread.
 #pragma once
@@ -154,6 +155,10 @@ class ChatTemplate {
     // The style whose tool-call syntax the model writes: style(), or InvalidArgument for an
     // interpreted template of no family kvshard parses calls of.
     Result<ChatTemplateStyle> ToolCallStyle() const;
+    // An interpreted template whose source writes "[TOOL_CALLS]" and "[AVAILABLE_TOOLS]"
+    // (Mistral v0.3, Nemo): the model calls tools in Mistral's syntax, and the template renders
+    // the tools itself.
+    bool writes_mistral_tool_calls() const { return mistral_tool_calls_; }
     const std::string& default_system_prompt() const { return default_system_prompt_; }
     // The text that ends an assistant turn ("<|im_end|>", "<|eot_id|>", the EOS text): callers
     // may stop generation on its token as well as on EOS.
@@ -161,18 +166,21 @@ class ChatTemplate {
 
   private:
     ChatTemplate(ChatTemplateStyle style, ChatTemplateTokens tokens, std::string default_system,
-                 std::shared_ptr<const jinja::Template> jinja = nullptr, bool has_family = true)
+                 std::shared_ptr<const jinja::Template> jinja = nullptr, bool has_family = true,
+                 bool mistral_tool_calls = false)
         : style_(style),
           tokens_(std::move(tokens)),
           default_system_prompt_(std::move(default_system)),
           jinja_(std::move(jinja)),
-          has_family_(has_family) {}
+          has_family_(has_family),
+          mistral_tool_calls_(mistral_tool_calls) {}
 
     ChatTemplateStyle style_;
     ChatTemplateTokens tokens_;
     std::string default_system_prompt_;
     std::shared_ptr<const jinja::Template> jinja_;  // set: interpreted
     bool has_family_;
+    bool mistral_tool_calls_;
 };
 
 // The built-in style a model of `architecture` (ModelSpec::architecture) was trained to chat in

@@ -11,6 +11,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,7 +47,8 @@ struct TestServerOptions {
     HttpConfig http;
     std::vector<std::string> api_keys;
     bool chat_template = true;
-    std::shared_ptr<Tokenizer> tokenizer;  // null: ByteTokenizer()
+    std::optional<ChatTemplate> custom_chat_template;  // set: used instead of ChatML
+    std::shared_ptr<Tokenizer> tokenizer;              // null: ByteTokenizer()
     int64_t max_prompt_bytes = 0;
     HttpConfig::ContentSpecialTokens content_special_tokens =
         HttpConfig::ContentSpecialTokens::kText;
@@ -66,6 +68,7 @@ class TestServer {
             api.chat_template =
                 ChatTemplate::FromStyle(ChatTemplateStyle::kChatMl, {"", "<|im_end|>"});
         }
+        if (options.custom_chat_template) api.chat_template = options.custom_chat_template;
         api.api_keys = options.api_keys;
         api.max_prompt_bytes = options.max_prompt_bytes;
         api.content_special_tokens = options.content_special_tokens;

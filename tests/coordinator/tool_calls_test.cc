@@ -4,10 +4,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/build_config.h"
 #include "grammar/grammar.h"
 #include "tests/coordinator/http_test_util.h"
 
@@ -111,6 +116,46 @@ TEST(ToolCallParser, Llama3JsonCalls) {
     ExpectParse(o, R"({"answer": 3})", {R"({"answer": 3})"});
 }
 
+TEST(ToolCallParser, MistralCalls) {
+    ToolCallParserOptions o = Hermes();
+    o.syntax = ToolCallSyntax::kMistral;
+    struct Case {
+        std::string output;
+        std::vector<std::string> expected;
+    };
+    const std::string two_calls =
+        R"([TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}, )"
+        R"({"name": "add", "arguments": "{\"a\": 1}"}])";
+    const Case cases[] = {
+        // Content before the calls; several calls; arguments as a JSON string.
+        {"Let me look." + two_calls,
+         {"Let me look.", R"(CALL call_0 get_weather {"city":"Oslo"})",
+          R"(CALL call_1 add {"a":1})"}},
+        // The bare array, as it reads when the [TOOL_CALLS] control token's text is skipped.
+        {R"( [{"name": "add", "arguments": {"b": [1, "]"]}}])",
+         {R"(CALL call_0 add {"b":[1,"]"]})"}},
+        {R"([TOOL_CALLS] {"name": "add", "arguments": {}})", {"CALL call_0 add {}"}},
+        // Malformed output, calls of tools the request does not offer, and text stay text.
+        {R"([TOOL_CALLS][{"name": "add", "arguments": {]")",
+         {R"([TOOL_CALLS][{"name": "add", "arguments": {]")"}},
+        {R"([TOOL_CALLS][{"name": "rm", "arguments": {}}])",
+         {R"([TOOL_CALLS][{"name": "rm", "arguments": {}}])"}},
+        {R"([TOOL_CALLS][{"name": "add", "arguments": 3}])",
+         {R"([TOOL_CALLS][{"name": "add", "arguments": 3}])"}},
+        {"[TOOL_CALLS] no call", {"[TOOL_CALLS] no call"}},
+        {"[1, 2] are numbers.", {"[1, 2] are numbers."}},
+        {"[TOOL", {"[TOOL"}},
+        {"The answer is 3.", {"The answer is 3."}},
+    };
+    for (const Case& c : cases) ExpectParse(o, c.output, c.expected);
+
+    // Mistral's 9-character ids: the prefix cut, then the index.
+    o.id_prefix = "0123456789abcdef";
+    o.id_length = 9;
+    ExpectParse(o, two_calls,
+                {R"(CALL 012345670 get_weather {"city":"Oslo"})", R"(CALL 012345671 add {"a":1})"});
+}
+
 TEST(RenderTools, HermesListsEachToolAndMarksBreakpoints) {
     std::vector<ToolDefinition> tools(2);
     tools[0].name = "get_weather";
@@ -156,10 +201,13 @@ TEST(ToolCallGrammar, RequiredCallsFollowTheToolsSchemas) {
     auto any = ToolCallGrammar(ToolCallSyntax::kHermes, tools, {ToolChoiceMode::kRequired}, false);
     ASSERT_TRUE(any.ok()) << any.status().ToString();
     const std::string call =
-        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+        "\"Oslo\"}}\n</tool_call>";
     EXPECT_TRUE(accepts(*any, call));
-    EXPECT_TRUE(accepts(*any, call + "\n<tool_call>\n{\"name\":\"get_time\",\"arguments\":{}}\n</tool_call>"));
-    EXPECT_FALSE(accepts(*any, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"));
+    EXPECT_TRUE(accepts(
+        *any, call + "\n<tool_call>\n{\"name\":\"get_time\",\"arguments\":{}}\n</tool_call>"));
+    EXPECT_FALSE(
+        accepts(*any, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"));
     EXPECT_FALSE(accepts(*any, "Sure!"));
     // What the grammar lets through, the parser takes as a call.
     ToolCallParser parser({.syntax = ToolCallSyntax::kHermes, .allowed_names = {"get_weather"}});
@@ -174,10 +222,40 @@ TEST(ToolCallGrammar, RequiredCallsFollowTheToolsSchemas) {
     ASSERT_TRUE(named.ok());
     EXPECT_TRUE(accepts(*named, R"({"name": "get_time", "parameters": {}})"));
     EXPECT_FALSE(accepts(*named, R"({"name": "get_weather", "parameters": {"city": "x"}})"));
+
+    // Mistral: one JSON array of calls (the [TOOL_CALLS] control token is not text to force).
+    auto array =
+        ToolCallGrammar(ToolCallSyntax::kMistral, tools, {ToolChoiceMode::kRequired}, false);
+    ASSERT_TRUE(array.ok()) << array.status().ToString();
+    const std::string mistral = R"([{"name": "get_weather", "arguments": {"city": "Oslo"}}])";
+    EXPECT_TRUE(accepts(*array, mistral));
+    EXPECT_TRUE(accepts(
+        *array,
+        R"([{"name":"get_time","arguments":{}}, {"name": "get_weather", "arguments": {"city": "x"}}])"));
+    EXPECT_FALSE(accepts(*array, R"([{"name": "get_weather", "arguments": {}}])"));
+    EXPECT_FALSE(accepts(*array, "[]"));
+    EXPECT_FALSE(accepts(*array, "[TOOL_CALLS]" + mistral));
+    EXPECT_FALSE(accepts(*array, "Sure!"));
+    auto one = ToolCallGrammar(ToolCallSyntax::kMistral, tools,
+                               {ToolChoiceMode::kNamed, "get_time"}, true);
+    ASSERT_TRUE(one.ok());
+    EXPECT_TRUE(accepts(*one, R"([{"name": "get_time", "arguments": {}}])"));
+    EXPECT_FALSE(accepts(
+        *one, R"([{"name": "get_time", "arguments": {}}, {"name": "get_time", "arguments": {}}])"));
+    EXPECT_FALSE(accepts(*one, mistral));
+    ToolCallParser mistral_parser(
+        {.syntax = ToolCallSyntax::kMistral, .allowed_names = {"get_weather"}});
+    out = mistral_parser.Feed(mistral);
+    for (ToolCallOutput& o : mistral_parser.Finish()) out.push_back(std::move(o));
+    ASSERT_EQ(out.size(), 1u);
+    ASSERT_TRUE(out[0].call.has_value());
+    EXPECT_EQ(out[0].call->arguments, R"({"city":"Oslo"})");
+
     tools[0].parameters = R"({"type":"object","properties":{"n":{"type":"number","maximum":3}}})";
     auto bad = ToolCallGrammar(ToolCallSyntax::kHermes, tools, {ToolChoiceMode::kRequired}, false);
     ASSERT_FALSE(bad.ok());
-    EXPECT_EQ(bad.status().message().rfind("tools[0].function.parameters.properties.n.maximum", 0), 0u)
+    EXPECT_EQ(bad.status().message().rfind("tools[0].function.parameters.properties.n.maximum", 0),
+              0u)
         << bad.status().message();
 }
 
@@ -185,6 +263,18 @@ TEST(ToolCallSyntax, ByTemplateStyle) {
     EXPECT_EQ(*ToolCallSyntaxFor(ChatTemplateStyle::kChatMl), ToolCallSyntax::kHermes);
     EXPECT_EQ(*ToolCallSyntaxFor(ChatTemplateStyle::kLlama3), ToolCallSyntax::kLlama3Json);
     EXPECT_FALSE(ToolCallSyntaxFor(ChatTemplateStyle::kLlama2).ok());
+    // An interpreted template that writes Mistral's markers; one of no family is refused.
+    auto mistral = ChatTemplate::FromJinjaInterpreted(
+        "{{ bos_token }}{% if tools %}[AVAILABLE_TOOLS]{{ tools|tojson }}[/AVAILABLE_TOOLS]"
+        "{% endif %}{% for m in messages %}{% if m.tool_calls %}[TOOL_CALLS]{% endif %}"
+        "{{ m.content }}{% endfor %}",
+        {"<s>", "</s>"}, "test");
+    ASSERT_TRUE(mistral.ok()) << mistral.status().ToString();
+    EXPECT_EQ(*ToolCallSyntaxFor(*mistral), ToolCallSyntax::kMistral);
+    auto plain = ChatTemplate::FromJinjaInterpreted(
+        "{% for m in messages %}{{ m.content }}{% endfor %}", {"<s>", "</s>"}, "test");
+    ASSERT_TRUE(plain.ok());
+    EXPECT_FALSE(ToolCallSyntaxFor(*plain).ok());
 }
 
 // The OpenAI chat route with tools, over HTTP in front of a FakeEngine that "calls" a tool.
@@ -306,6 +396,96 @@ TEST_F(OpenAiChatTools, BadToolsAndMessagesNameTheParam) {
     strict[0]["function"]["strict"] = true;
     EXPECT_EQ(json::parse(Chat({{"messages", {user}}, {"tools", strict}}).body)["error"]["param"],
               "tools[0].function.strict");
+}
+
+// The chat route in front of Mistral Nemo's own template: the template renders the tools, the
+// model's [TOOL_CALLS] array comes back as tool_calls with 9-character ids, and those ids go
+// back through the template (which refuses any other length) with the tool's result.
+class OpenAiChatMistralTools : public ::testing::Test {
+  protected:
+    OpenAiChatMistralTools() : server_(Options()) {}
+    static testing::TestServerOptions Options() {
+        testing::TestServerOptions o;
+        o.engine.script = {"[TOOL_CALLS]", "[{\"name\": \"get_weather\", ",
+                           "\"arguments\": {\"city\": \"Paris\"}}]"};
+        const std::string file =
+            std::string(KVSHARD_SOURCE_DIR) +
+            "/tests/model/chat_templates/mistralai-Mistral-Nemo-Instruct-2407.jinja";
+        std::ifstream in(file);
+        std::stringstream jinja;
+        jinja << in.rdbuf();
+        auto t = ChatTemplate::FromJinja(jinja.str(), {"<s>", "</s>"}, file);
+        EXPECT_TRUE(t.ok()) << t.status().ToString();
+        if (t.ok()) o.custom_chat_template = std::move(t).value();
+        return o;
+    }
+    testing::HttpReply Chat(json body) {
+        body["max_tokens"] = 3;
+        return testing::Post(server_.port(), "/v1/chat/completions", body.dump());
+    }
+    std::string Prompt(size_t i) {
+        const std::vector<int32_t> ids = server_.engine().submitted().at(i).prompt_token_ids;
+        return std::string(ids.begin(), ids.end());
+    }
+    static json Tools() {
+        return json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+    }
+    testing::TestServer server_;
+};
+
+TEST_F(OpenAiChatMistralTools, CallsRoundTripThroughTheTemplate) {
+    const json user = {{"role", "user"}, {"content", "Weather?"}};
+    const json named = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+    for (bool stream : {false, true}) {
+        const auto reply = Chat(
+            {{"messages", {user}}, {"tools", Tools()}, {"tool_choice", named}, {"stream", stream}});
+        ASSERT_EQ(reply.status, 200) << reply.body;
+        json call;
+        if (stream) {
+            for (const std::string& data : testing::SseData(reply.body)) {
+                if (data == "[DONE]") continue;
+                const json d = json::parse(data)["choices"][0]["delta"];
+                if (d.contains("tool_calls")) call = d["tool_calls"][0];
+            }
+        } else {
+            call = json::parse(reply.body)["choices"][0]["message"]["tool_calls"][0];
+        }
+        ASSERT_TRUE(call.is_object()) << reply.body;
+        EXPECT_EQ(call["function"]["name"], "get_weather");
+        EXPECT_EQ(json::parse(call["function"]["arguments"].get<std::string>()),
+                  json({{"city", "Paris"}}));
+        const std::string id = call["id"];
+        EXPECT_EQ(id.size(), 9u) << id;
+        EXPECT_TRUE(std::all_of(id.begin(), id.end(), [](char c) { return std::isalnum(c); }))
+            << id;
+        if (stream) continue;
+
+        EXPECT_NE(Prompt(0).find("[AVAILABLE_TOOLS][{\"type\": \"function\", \"function\": "
+                                 "{\"name\": \"get_weather\""),
+                  std::string::npos)
+            << Prompt(0);
+        call["type"] = "function";
+        const json history = {user,
+                              {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", {call}}},
+                              {{"role", "tool"}, {"tool_call_id", id}, {"content", "18 C"}}};
+        const auto next = Chat({{"messages", history}, {"tools", Tools()}});
+        ASSERT_EQ(next.status, 200) << next.body;
+        EXPECT_NE(Prompt(1).find("[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": "
+                                 "{\"city\": \"Paris\"}, \"id\": \"" +
+                                 id + "\"}]</s>[TOOL_RESULTS]{\"content\": 18 C, \"call_id\": \"" +
+                                 id + "\"}[/TOOL_RESULTS]"),
+                  std::string::npos)
+            << Prompt(1);
+
+        // An id of another length: the template's own refusal, as a 400.
+        json other = history;
+        other[1]["tool_calls"][0]["id"] = "call_1";
+        other[2]["tool_call_id"] = "call_1";
+        const auto refused = Chat({{"messages", other}, {"tools", Tools()}});
+        EXPECT_EQ(refused.status, 400) << refused.body;
+        EXPECT_NE(refused.body.find("length 9"), std::string::npos) << refused.body;
+    }
 }
 
 }  // namespace

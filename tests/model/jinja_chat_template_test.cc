@@ -102,18 +102,19 @@ TEST(JinjaChatTemplate, RequestTextIsLiteral) {
 
 // A model template of a recognised shape that renders as the built-in style is rendered
 // natively (cache breakpoints work); one that differs (Llama 3.1's date preamble, Qwen 2.5's
-// default system prompt) is interpreted; an unknown one (Mistral) is interpreted with no
-// tool-call family.
+// default system prompt) is interpreted; an unknown one (Mistral, DeepSeek) is interpreted with
+// no tool-call family, Mistral's with Mistral's [TOOL_CALLS] calls.
 TEST(JinjaChatTemplate, NativeOnlyWhereItRendersTheSame) {
     struct Case {
         const char* file;
         bool interpreted;
         bool tool_family;
+        bool mistral_calls = false;
     };
     const Case cases[] = {
         {"HuggingFaceTB-SmolLM2-135M-Instruct.jinja", false, true},
         {"meta-llama-Llama-3.1-8B-Instruct.jinja", true, true},
-        {"mistralai-Mistral-Nemo-Instruct-2407.jinja", true, false},
+        {"mistralai-Mistral-Nemo-Instruct-2407.jinja", true, false, true},
         {"deepseek-ai-DeepSeek-V3.1.jinja", true, false},
     };
     for (const Case& c : cases) {
@@ -121,6 +122,7 @@ TEST(JinjaChatTemplate, NativeOnlyWhereItRendersTheSame) {
         ASSERT_TRUE(tmpl.ok()) << c.file << ": " << tmpl.status().ToString();
         EXPECT_EQ(tmpl->interpreted(), c.interpreted) << c.file;
         EXPECT_EQ(tmpl->ToolCallStyle().ok(), c.tool_family) << c.file;
+        EXPECT_EQ(tmpl->writes_mistral_tool_calls(), c.mistral_calls) << c.file;
     }
     // Interpreted templates refuse cache breakpoints by name.
     auto llama = ChatTemplate::FromJinja(ReadFile(kDir + "meta-llama-Llama-3.1-8B-Instruct.jinja"),
