@@ -116,6 +116,15 @@ void Encode(Writer& w, const StepPlan& plan) {
     }
 }
 
+// A token's alternatives, as both a sampled token and a scored prompt token carry them.
+void EncodeTopLogprobs(Writer& w, const std::vector<TokenLogprob>& top) {
+    w.Count(top.size());
+    for (const TokenLogprob& t : top) {
+        w.Fixed(t.token_id);
+        w.F32(t.logprob);
+    }
+}
+
 void Encode(Writer& w, const StepResult& result) {
     w.Fixed(result.step_id);
     w.Count(result.tokens.size());
@@ -123,11 +132,7 @@ void Encode(Writer& w, const StepResult& result) {
         w.Fixed(token.seq_id);
         w.Fixed(token.token_id);
         w.F32(token.logprob);
-        w.Count(token.top_logprobs.size());
-        for (const TokenLogprob& top : token.top_logprobs) {
-            w.Fixed(top.token_id);
-            w.F32(top.logprob);
-        }
+        EncodeTopLogprobs(w, token.top_logprobs);
         w.Fixed(token.rng_state);
     }
     w.Count(result.prompt_logprobs.size());
@@ -139,11 +144,7 @@ void Encode(Writer& w, const StepResult& result) {
             w.Fixed(token.token_id);
             w.F32(token.logprob);
             w.Fixed(token.rank);
-            w.Count(token.top.size());
-            for (const TokenLogprob& top : token.top) {
-                w.Fixed(top.token_id);
-                w.F32(top.logprob);
-            }
+            EncodeTopLogprobs(w, token.top);
         }
     }
     w.F64(result.compute_seconds);
@@ -419,6 +420,16 @@ StepPlan DecodeStepPlan(Reader& r) {
     return plan;
 }
 
+void DecodeTopLogprobs(Reader& r, const char* field, uint32_t max, std::vector<TokenLogprob>* top) {
+    const uint32_t n = r.Count(field, 8, max);
+    top->reserve(n);
+    for (uint32_t k = 0; k < n && r.status().ok(); ++k) {
+        TokenLogprob& t = top->emplace_back();
+        t.token_id = r.Fixed<int32_t>("TokenLogprob.token_id");
+        t.logprob = r.F32("TokenLogprob.logprob");
+    }
+}
+
 StepResult DecodeStepResult(Reader& r) {
     StepResult result;
     result.step_id = r.Fixed<uint64_t>("StepResult.step_id");
@@ -429,13 +440,7 @@ StepResult DecodeStepResult(Reader& r) {
         token.seq_id = r.Fixed<int64_t>("SampledToken.seq_id");
         token.token_id = r.Fixed<int32_t>("SampledToken.token_id");
         token.logprob = r.F32("SampledToken.logprob");
-        const uint32_t num_top = r.Count("SampledToken.top_logprobs", 8);
-        token.top_logprobs.reserve(num_top);
-        for (uint32_t k = 0; k < num_top && r.status().ok(); ++k) {
-            TokenLogprob& top = token.top_logprobs.emplace_back();
-            top.token_id = r.Fixed<int32_t>("TokenLogprob.token_id");
-            top.logprob = r.F32("TokenLogprob.logprob");
-        }
+        DecodeTopLogprobs(r, "SampledToken.top_logprobs", UINT32_MAX, &token.top_logprobs);
         token.rng_state = r.Fixed<uint64_t>("SampledToken.rng_state");
     }
     const uint32_t num_chunks = r.Count("StepResult.prompt_logprobs", kMinPromptLogprobsBytes);
@@ -451,13 +456,7 @@ StepResult DecodeStepResult(Reader& r) {
             token.token_id = r.Fixed<int32_t>("PromptTokenLogprob.token_id");
             token.logprob = r.F32("PromptTokenLogprob.logprob");
             token.rank = r.Fixed<int64_t>("PromptTokenLogprob.rank");
-            const uint32_t k = r.Count("PromptTokenLogprob.top", 8, kMaxLogprobs);
-            token.top.reserve(k);
-            for (uint32_t j = 0; j < k && r.status().ok(); ++j) {
-                TokenLogprob& top = token.top.emplace_back();
-                top.token_id = r.Fixed<int32_t>("TokenLogprob.token_id");
-                top.logprob = r.F32("TokenLogprob.logprob");
-            }
+            DecodeTopLogprobs(r, "PromptTokenLogprob.top", kMaxLogprobs, &token.top);
         }
     }
     result.compute_seconds = r.F64("StepResult.compute_seconds");
