@@ -479,6 +479,9 @@ int RunSimulate(const SimulateFlags& f) {
         if (f.max_waiting_requests < 0) return Fail("--max-waiting-requests must be >= 0");
         options.max_waiting_requests = f.max_waiting_requests;
     }
+    if (f.given.count("--cache-ttl-ms") > 0 &&
+        !(f.cache_ttl_ms >= 1 && f.cache_ttl_ms <= 86'400'000))
+        return Fail("--cache-ttl-ms must be in 1..86400000 (24 h), as a breakpoint's TTL");
     options.cache_ttl_ms = f.cache_ttl_ms;
     options.request_timeout_s = f.request_timeout_s;
     options.max_pinned_fraction = f.max_pinned_fraction;

@@ -150,7 +150,8 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
     const auto wall_start = std::chrono::steady_clock::now();
     if (o.cache_ttl_ms != 0) {
         // The engine's own rule for a breakpoint's TTL, checked once rather than per request.
-        KV_RETURN_IF_ERROR(ValidateCacheBreakpoints({{1, o.cache_ttl_ms}}, 1));
+        const Status st = ValidateCacheBreakpoints({{1, o.cache_ttl_ms}}, 1);
+        if (!st.ok()) return InvalidArgument("cache_ttl_ms: " + st.message());
     }
     if (!(o.request_timeout_s >= 0))
         return InvalidArgument("request_timeout_s must be >= 0, got " +
