@@ -41,6 +41,11 @@ struct SimulateFlags {
     int64_t max_model_len = 0;
     bool no_prefix_caching = false;
     bool layerwise = false;
+    int64_t max_waiting_requests = 0;  // only when given (the default is no cap)
+    int64_t cache_ttl_ms = 0;
+    double max_pinned_fraction = 0.5;
+    int64_t min_pinned_tokens = 1024;
+    double request_timeout_s = 0;
     // Workload
     std::string dataset = "random";
     std::string dataset_path;
@@ -79,7 +84,8 @@ Status CheckFlagsApply(const SimulateFlags& f) {
         for (const char* flag :
              {"--placement", "--tp", "--instances", "--max-num-seqs", "--max-num-batched-tokens",
               "--max-model-len", "--block-size", "--no-prefix-caching", "--layerwise",
-              "--num-kv-blocks"}) {
+              "--num-kv-blocks", "--max-waiting-requests", "--max-pinned-fraction",
+              "--min-pinned-tokens", "--request-timeout-s"}) {
             KV_RETURN_IF_ERROR(refuse(flag, "conflicts with --config (set it in the file)"));
         }
     }
@@ -124,6 +130,16 @@ Status CheckFlagsApply(const SimulateFlags& f) {
         KV_RETURN_IF_ERROR(refuse("--range-ratio", "applies to --length-dist uniform only"));
     if (f.length_dist != "lognormal")
         KV_RETURN_IF_ERROR(refuse("--sigma", "applies to --length-dist lognormal only"));
+    // Breakpoints mark a prefix group's shared prefix: only these datasets have groups.
+    if (f.dataset != "shared-prefix" && !trace)
+        KV_RETURN_IF_ERROR(
+            refuse("--cache-ttl-ms", "needs prefix groups (--dataset shared-prefix or a trace)"));
+    if (f.no_prefix_caching)
+        KV_RETURN_IF_ERROR(refuse("--cache-ttl-ms", "conflicts with --no-prefix-caching"));
+    if (f.cache_ttl_ms <= 0) {
+        for (const char* flag : {"--max-pinned-fraction", "--min-pinned-tokens"})
+            KV_RETURN_IF_ERROR(refuse(flag, "applies with --cache-ttl-ms only (no request pins)"));
+    }
     return Status::Ok();
 }
 
@@ -328,6 +344,12 @@ std::string SimulationText(const sim::SimulationResult& r) {
     add("KV usage mean / max (%):", num(100 * r.kv_usage_mean, 1) + " / " + num(100 * r.kv_usage_max, 1));
     add("Preemptions:", std::to_string(r.num_preemptions));
     add("Most requests waiting:", std::to_string(r.max_queued));
+    add("Requests refused (queue full, 429):", std::to_string(r.num_refused));
+    add("Requests timed out (504):", std::to_string(r.num_timed_out));
+    add("Pin hits / expired / refused:", std::to_string(r.pin_hits) + " / " +
+                                             std::to_string(r.pins_expired) + " / " +
+                                             std::to_string(r.pins_refused));
+    add("Most KV blocks pinned:", std::to_string(r.pinned_blocks_max));
     add("KV handoffs:", std::to_string(r.num_handoffs));
     add("KV handoff bytes (GB):", num(double(r.handoff_bytes) / 1e9, 3));
     for (const sim::PoolUsage& p : r.pools) {
@@ -354,6 +376,12 @@ nlohmann::json SimulationJson(const sim::SimulationResult& r) {
             {"kv_usage_max", r.kv_usage_max},
             {"preemptions", r.num_preemptions},
             {"max_waiting", r.max_queued},
+            {"refused", r.num_refused},
+            {"timed_out", r.num_timed_out},
+            {"pin_hits", r.pin_hits},
+            {"pins_expired", r.pins_expired},
+            {"pins_refused", r.pins_refused},
+            {"pinned_blocks_max", r.pinned_blocks_max},
             {"kv_handoffs", r.num_handoffs},
             {"kv_handoff_bytes", r.handoff_bytes},
             {"pools", pools},
@@ -447,6 +475,17 @@ int RunSimulate(const SimulateFlags& f) {
     options.enable_prefix_caching = !f.no_prefix_caching;
     options.max_context = f.max_model_len;
     options.handoff.layerwise = f.layerwise;
+    if (f.given.count("--max-waiting-requests") > 0) {
+        if (f.max_waiting_requests < 0) return Fail("--max-waiting-requests must be >= 0");
+        options.max_waiting_requests = f.max_waiting_requests;
+    }
+    if (f.given.count("--cache-ttl-ms") > 0 &&
+        !(f.cache_ttl_ms >= 1 && f.cache_ttl_ms <= 86'400'000))
+        return Fail("--cache-ttl-ms must be in 1..86400000 (24 h), as a breakpoint's TTL");
+    options.cache_ttl_ms = f.cache_ttl_ms;
+    options.request_timeout_s = f.request_timeout_s;
+    options.max_pinned_fraction = f.max_pinned_fraction;
+    options.min_pinned_tokens = f.min_pinned_tokens;
 
     if (!f.config.empty()) {
         // The deployment file `kvshard serve` would run: its pools, scheduler and KV settings.
@@ -462,14 +501,22 @@ int RunSimulate(const SimulateFlags& f) {
         options.enable_prefix_caching = config->kv_cache.enable_prefix_caching;
         options.handoff.layerwise = config->kv_transfer.layerwise;
         if (config->kv_cache.num_blocks > 0) options.num_kv_blocks = config->kv_cache.num_blocks;
+        options.max_waiting_requests = config->scheduler.max_waiting_requests;
+        options.request_timeout_s = config->http.request_timeout_s;
+        options.max_pinned_fraction = config->kv_cache.max_pinned_fraction;
+        options.min_pinned_tokens = config->kv_cache.min_pinned_tokens;
+        if (f.cache_ttl_ms > 0 && !options.enable_prefix_caching)
+            return Fail(f.config +
+                        ": kv_cache.enable_prefix_caching is false, so --cache-ttl-ms "
+                        "would pin nothing");
         if (config->kv_cache.dtype != KvCacheDtype::kAuto) {
             return Fail(f.config + ": kv_cache.dtype: simulate takes the KV dtype from --kv-dtype");
         }
         std::fprintf(stderr,
-                     "simulate: from %s: pools, scheduler, kv_cache (block_size, num_blocks, "
-                     "enable_prefix_caching) and kv_transfer.layerwise; not simulated: model, "
-                     "server, workers, kv_cache.memory_mib, kv_cache.max_pinned_fraction, "
-                     "kv_cache.min_pinned_tokens, scheduler.max_waiting_requests, "
+                     "simulate: from %s: pools, scheduler (with max_waiting_requests), kv_cache "
+                     "(block_size, num_blocks, enable_prefix_caching, max_pinned_fraction, "
+                     "min_pinned_tokens), server.request_timeout_s and kv_transfer.layerwise; "
+                     "not simulated: model, the rest of server, workers, kv_cache.memory_mib, "
                      "kv_transfer.timeout_ms, pools' devices\n",
                      f.config.c_str());
     } else if (!f.placement.empty()) {
@@ -604,6 +651,21 @@ Command RegisterSimulate(CLI::App& app) {
         ->capture_default_str();
     sub->add_flag("--no-prefix-caching", f->no_prefix_caching, "Turn the prefix cache off");
     sub->add_flag("--layerwise", f->layerwise, "Hand KV over layer by layer, overlapping prefill");
+    sub->add_option(
+        "--max-waiting-requests", f->max_waiting_requests,
+        "Refuse (429) requests beyond max-num-seqs + this per instance (default: no cap)");
+    sub->add_option(
+        "--cache-ttl-ms", f->cache_ttl_ms,
+        "Prompt caching: each request of a prefix group pins its shared prefix this long");
+    sub->add_option("--max-pinned-fraction", f->max_pinned_fraction,
+                    "Prompt caching: the most of an instance's KV blocks pins may hold")
+        ->capture_default_str();
+    sub->add_option("--min-pinned-tokens", f->min_pinned_tokens,
+                    "Prompt caching: shorter breakpoints are not pinned")
+        ->capture_default_str();
+    sub->add_option("--request-timeout-s", f->request_timeout_s,
+                    "Abort (504) a request still running this long after it arrived (0: never)")
+        ->capture_default_str();
     sub->add_option("--dataset", f->dataset, "random | shared-prefix | chat | trace")
         ->capture_default_str();
     sub->add_option("--dataset-path", f->dataset_path,

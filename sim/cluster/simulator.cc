@@ -79,20 +79,25 @@ class RecordingSink final : public RequestSink {
         last_ = now;
     }
     void OnFinish(const GenerationUsage& usage, const Status& status) override {
-        out_->ok = status.ok();
+        out_->ok = status.ok() && !timed_out_;
         if (!status.ok()) out_->error = status.message();
+        // The server answers a request it aborted at its deadline with 504.
+        if (timed_out_) out_->error = "timed out (504): aborted at the request timeout";
         out_->e2e_s = clock_.NowSeconds() - start_;
         out_->output_tokens = usage.completion_tokens;
         out_->prompt_tokens = usage.prompt_tokens;
+        out_->cached_tokens = usage.cached_tokens;
+        out_->cache_creation_tokens = usage.cache_creation_tokens;
         done_ = true;
     }
     bool done() const { return done_; }
+    void MarkTimedOut() { timed_out_ = true; }
 
   private:
     const VirtualClock& clock_;
     loadgen::RequestOutcome* out_;
     double start_ = 0, last_ = 0;
-    bool first_ = false, done_ = false;
+    bool first_ = false, done_ = false, timed_out_ = false;
 };
 
 struct Instance {
@@ -121,10 +126,12 @@ InstanceRole RoleOf(PoolRole role) {
     return InstanceRole::kMixed;
 }
 
+constexpr int64_t kTimeoutEvent = -2;
+
 struct Event {
     double time = 0;
     uint64_t order = 0;  // ties: in the order they were made
-    int64_t instance = -1;  // -1: an arrival
+    int64_t instance = -1;  // -1: an arrival; -2: the request's timeout
     int64_t request = 0;
     bool operator>(const Event& o) const {
         return time != o.time ? time > o.time : order > o.order;
@@ -141,6 +148,17 @@ Clock::time_point AtSeconds(double s) {
 Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<SimRequest>& requests,
                                   uint64_t seed) {
     const auto wall_start = std::chrono::steady_clock::now();
+    if (o.cache_ttl_ms != 0) {
+        // The engine's own rule for a breakpoint's TTL, checked once rather than per request.
+        const Status st = ValidateCacheBreakpoints({{1, o.cache_ttl_ms}}, 1);
+        if (!st.ok()) return InvalidArgument("cache_ttl_ms: " + st.message());
+    }
+    if (!(o.request_timeout_s >= 0))
+        return InvalidArgument("request_timeout_s must be >= 0, got " +
+                               std::to_string(o.request_timeout_s));
+    if (o.max_waiting_requests < 0)
+        return InvalidArgument("max_waiting_requests must be >= 0, got " +
+                               std::to_string(o.max_waiting_requests));
     KV_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, MakeTokenizer(o.arch.vocab_size));
     VirtualClock clock;
     const int64_t max_context =
@@ -177,6 +195,8 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
             c.scheduler = o.scheduler;
             c.blocks.block_size = o.block_size;
             c.blocks.enable_prefix_caching = o.enable_prefix_caching;
+            c.blocks.max_pinned_fraction = o.max_pinned_fraction;
+            c.blocks.min_pinned_tokens = o.min_pinned_tokens;
             c.blocks.num_blocks = o.num_kv_blocks > 0
                                       ? o.num_kv_blocks
                                       : inst->cost->NumKvBlocks(o.block_size, o.memory_utilization);
@@ -231,9 +251,17 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
     while (!events.empty()) {
         const Event ev = events.top();
         events.pop();
+        // A finished request's timeout is no event: it must not move the clock past the end.
+        if (ev.instance == kTimeoutEvent && sinks[static_cast<size_t>(ev.request)]->done())
+            continue;
         sample_usage(ev.time);
         if (ev.time > clock.NowSeconds()) clock.Set(AtSeconds(ev.time));
-        if (ev.instance < 0) {
+        if (ev.instance == kTimeoutEvent) {
+            // What the HTTP session does at server.request_timeout_s: abort what still runs.
+            sinks[static_cast<size_t>(ev.request)]->MarkTimedOut();
+            out.num_timed_out++;
+            router->Abort("sim-" + std::to_string(ev.request));
+        } else if (ev.instance < 0) {
             const SimRequest& sr = requests[static_cast<size_t>(ev.request)];
             GenerationRequest req;
             req.request_id = "sim-" + std::to_string(ev.request);
@@ -242,13 +270,25 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
                 PromptTokens(sr, o.arch.vocab_size, seed * 1'000'003 + static_cast<uint64_t>(ev.request));
             req.max_tokens = sr.output_len;
             req.ignore_eos = true;
+            // The group's shared prefix marked for caching, as a client marks a system prompt.
+            if (o.cache_ttl_ms > 0 && sr.prefix_group >= 0 && sr.prefix_len > 0)
+                req.cache_breakpoints.push_back({sr.prefix_len, o.cache_ttl_ms});
             auto sink = std::make_shared<RecordingSink>(clock, &out.run.outcomes[static_cast<size_t>(ev.request)]);
             sinks[static_cast<size_t>(ev.request)] = sink;
             const Status st = router->Submit(std::move(req), sink);
+            if (st.ok() && o.request_timeout_s > 0) {
+                events.push({ev.time + o.request_timeout_s, order++, kTimeoutEvent, ev.request});
+            }
             if (!st.ok()) {
                 loadgen::RequestOutcome& oc = out.run.outcomes[static_cast<size_t>(ev.request)];
                 oc.ok = false;
-                oc.error = st.message();
+                if (st.code() == StatusCode::kResourceExhausted) {
+                    // The server answers this with HTTP 429: the client sees a refusal at once.
+                    out.num_refused++;
+                    oc.error = "refused (429): " + st.message();
+                } else {
+                    oc.error = st.message();
+                }
             }
         } else {
             Instance& inst = *instances[static_cast<size_t>(ev.instance)];
@@ -283,9 +323,14 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
             out.num_steps++;
             events.push({clock.NowSeconds() + seconds, order++, static_cast<int64_t>(i), 0});
         }
-        int64_t queued = 0;
-        for (auto& inst : instances) queued += inst->engine->Stats().num_waiting;
+        int64_t queued = 0, pinned = 0;
+        for (auto& inst : instances) {
+            const EngineStats s = inst->engine->Stats();
+            queued += s.num_waiting;
+            pinned += s.pinned_blocks;
+        }
         out.max_queued = std::max(out.max_queued, queued);
+        out.pinned_blocks_max = std::max(out.pinned_blocks_max, pinned);
     }
     out.simulated_seconds = clock.NowSeconds();
     for (auto& inst : instances) {
@@ -295,6 +340,9 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
         }
         const EngineStats s = inst->engine->Stats();
         out.num_preemptions += s.num_preemptions;
+        out.pin_hits += s.pin_hits_total;
+        out.pins_expired += s.pins_expired_total;
+        out.pins_refused += s.pins_refused_total;
         for (PoolUsage& p : out.pools) {
             if (p.pool != inst->pool) continue;
             p.steps += inst->steps;

@@ -9,6 +9,18 @@
 // with work plans its next step (InstanceEngine::PlanStep) at that time. KV handoffs add their
 // transfer time over the link between the two instances (NVLink within a node, the network
 // between nodes) to the prefill step that sends them.
+//
+// Serving policies run as `kvshard serve` runs them (docs/simulate.md, "Serving policies"):
+// - the waiting-queue cap (scheduler.max_waiting_requests): a request that arrives when its
+//   instance already holds max_num_seqs + max_waiting_requests requests is refused by the
+//   engine's own Submit (ResourceExhausted, the server's HTTP 429); it is counted as refused
+//   and as failed, never served;
+// - prompt-cache pins (kv_cache.max_pinned_fraction, min_pinned_tokens): with cache_ttl_ms > 0,
+//   every request of a prefix group carries one cache breakpoint at the end of its group's
+//   shared prefix (as a client marks a shared system prompt with cache_control), and the engine
+//   pins, refreshes, lapses and refuses pins in the BlockManager on the virtual clock;
+// - the request timeout (server.request_timeout_s): a request still running that long after it
+//   arrived is aborted through the router, as the HTTP session does, and counts as failed (504).
 #pragma once
 
 #include <cstdint>
@@ -42,7 +54,16 @@ struct SimulationOptions {
     int64_t num_kv_blocks = 0;  // per instance; 0: what the device's memory holds (CostModel)
     bool enable_prefix_caching = true;
     int64_t max_context = 0;  // 0: the model's max_position (else 8192)
-    int64_t max_waiting_requests = 1 << 20;  // the simulator queues everything by default
+    // Requests an instance holds beyond max_num_seqs before refusing more (HTTP 429 on a
+    // server). The default queues everything; `kvshard serve`'s default is 256.
+    int64_t max_waiting_requests = int64_t{1} << 40;
+    // Prompt caching: the BlockManager's pin limits (docs/prompt-caching.md), and the TTL of the
+    // breakpoint each request of a prefix group carries at the end of its shared prefix (0: no
+    // request carries a breakpoint).
+    double max_pinned_fraction = 0.5;
+    int64_t min_pinned_tokens = 1024;
+    int64_t cache_ttl_ms = 0;
+    double request_timeout_s = 0;  // 0: none (`kvshard serve`'s default is 600)
     KvHandoffConfig handoff;
 };
 
@@ -66,13 +87,23 @@ struct SimulationResult {
     double kv_usage_mean = 0;  // time-weighted, over instances
     double kv_usage_max = 0;
     int64_t max_queued = 0;  // most requests waiting at once, all instances
+    int64_t num_refused = 0;    // refused at arrival: the instance's queue was full (HTTP 429)
+    int64_t num_timed_out = 0;  // aborted at request_timeout_s (HTTP 504)
+    // Prompt-cache pins, summed over instances: requests that read a pinned prefix, pins that
+    // lapsed at their TTL, pins refused (or lapsed early) for lack of room, and the most blocks
+    // pinned at once (all instances).
+    int64_t pin_hits = 0;
+    int64_t pins_expired = 0;
+    int64_t pins_refused = 0;
+    int64_t pinned_blocks_max = 0;
     int64_t kv_blocks_per_instance = 0;
     int64_t gpus = 0;
     std::vector<PoolUsage> pools;
 };
 
 // REQUIRES valid pools (ValidatePools). Errors: the model does not fit the device at a pool's tp,
-// tp does not divide the heads, a request cannot fit the context.
+// tp does not divide the heads, a request cannot fit the context, a pin or queue setting out of
+// range (InvalidArgument naming it). A request the engine refuses is an outcome, not an error.
 Result<SimulationResult> Simulate(const SimulationOptions& options,
                                   const std::vector<SimRequest>& requests, uint64_t seed = 0);
 
