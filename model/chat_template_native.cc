@@ -140,11 +140,33 @@ std::string CallText(const ChatToolCall& call, std::string_view arguments_key) {
 
 bool HasTools(const ChatTools* tools) { return tools != nullptr && !tools->prompt.empty(); }
 
-Status NoToolConvention(std::string_view what, std::string_view style = "Llama 2") {
+Status NoToolConvention(std::string_view what, std::string_view style) {
     return InvalidArgument("the " + std::string(style) +
                            " chat template has no tool-call convention, so " + std::string(what) +
                            " cannot be rendered; use a ChatML or Llama 3 model (or "
                            "--chat-template chatml|llama3)");
+}
+
+// Llama 2 and Gemma: no tools, tool calls or tool results (they have no convention for them), and
+// the messages after the optional first system message (from `first` on) alternate user and
+// assistant, starting with user.
+Status CheckTurns(const std::vector<ChatMessage>& messages, size_t first, const ChatTools* tools,
+                  std::string_view style) {
+    if (HasTools(tools)) return NoToolConvention("tools", style);
+    for (size_t i = first; i < messages.size(); ++i) {
+        const ChatMessage& m = messages[i];
+        if (m.role == "tool" || !m.tool_calls.empty()) {
+            return NoToolConvention("tool calls and tool results", style);
+        }
+        const bool expect_user = (i - first) % 2 == 0;
+        if ((m.role == "user") != expect_user || (m.role != "user" && m.role != "assistant")) {
+            return InvalidArgument("the " + std::string(style) +
+                                   " chat template needs roles alternating user/assistant/user/... "
+                                   "after an optional first system message; message " +
+                                   std::to_string(i) + " has role '" + m.role + "'");
+        }
+    }
+    return Status::Ok();
 }
 
 }  // namespace
@@ -234,24 +256,14 @@ RenderedChat RenderChatMl(const std::vector<ChatMessage>& messages, bool add_gen
 
 Result<RenderedChat> RenderLlama2(const std::vector<ChatMessage>& messages,
                                   const ChatTemplateTokens& tokens, const ChatTools* tools) {
-    if (HasTools(tools)) return NoToolConvention("tools");
     size_t first = 0;
     const bool has_system = !messages.empty() && messages.front().role == "system";
     if (has_system) first = 1;
+    KV_RETURN_IF_ERROR(CheckTurns(messages, first, tools, "Llama 2"));
     PieceWriter out;
     RenderedChat r;
     for (size_t i = first; i < messages.size(); ++i) {
         const ChatMessage& m = messages[i];
-        if (m.role == "tool" || !m.tool_calls.empty()) {
-            return NoToolConvention("tool calls and tool results");
-        }
-        const bool expect_user = (i - first) % 2 == 0;
-        if ((m.role == "user") != expect_user || (m.role != "user" && m.role != "assistant")) {
-            return InvalidArgument(
-                "the Llama 2 chat template needs roles alternating user/assistant/user/... after "
-                "an optional first system message; message " +
-                std::to_string(i) + " has role '" + m.role + "'");
-        }
         if (m.role == "user") out.Markup(tokens.bos).Markup("[INST] ");
         if (m.role == "assistant") out.Markup(" ");
         // The template strips the content (with the system block folded into the first one).
@@ -287,24 +299,14 @@ Result<RenderedChat> RenderLlama2(const std::vector<ChatMessage>& messages,
 Result<RenderedChat> RenderGemma(const std::vector<ChatMessage>& messages,
                                  bool add_generation_prompt, const ChatTemplateTokens& tokens,
                                  const ChatTools* tools) {
-    if (HasTools(tools)) return NoToolConvention("tools", "Gemma");
     const bool has_system = !messages.empty() && messages.front().role == "system";
     const size_t first = has_system ? 1 : 0;
+    KV_RETURN_IF_ERROR(CheckTurns(messages, first, tools, "Gemma"));
     PieceWriter out;
     RenderedChat r;
     out.Markup(tokens.bos);
     for (size_t i = first; i < messages.size(); ++i) {
         const ChatMessage& m = messages[i];
-        if (m.role == "tool" || !m.tool_calls.empty()) {
-            return NoToolConvention("tool calls and tool results", "Gemma");
-        }
-        const bool expect_user = (i - first) % 2 == 0;
-        if ((m.role == "user") != expect_user || (m.role != "user" && m.role != "assistant")) {
-            return InvalidArgument(
-                "the Gemma chat template needs roles alternating user/assistant/user/... after "
-                "an optional first system message; message " +
-                std::to_string(i) + " has role '" + m.role + "'");
-        }
         out.Markup(kStartOfTurn).Markup(m.role == "assistant" ? "model" : "user").Markup("\n");
         if (i == first && has_system) {
             out.Content(messages.front().content, messages.front().cache_marks, &r.cache_marks);

@@ -103,24 +103,23 @@ Result<ExprPtr> ExprParser::ParseExpr(bool with_condexpr) {
     return e;
 }
 
-Result<ExprPtr> ExprParser::ParseOr() {
-    KV_ASSIGN_OR_RETURN(ExprPtr e, ParseAnd());
-    while (IsName("or")) {
+Result<ExprPtr> ExprParser::ParseKeywordChain(std::string_view keyword, Expr::Kind kind,
+                                              Result<ExprPtr> (ExprParser::*next)()) {
+    KV_ASSIGN_OR_RETURN(ExprPtr e, (this->*next)());
+    while (IsName(keyword)) {
         const size_t pos = Next().pos;
-        KV_ASSIGN_OR_RETURN(ExprPtr r, ParseAnd());
-        e = Node(Expr::Kind::kOr, pos, std::move(e), std::move(r));
+        KV_ASSIGN_OR_RETURN(ExprPtr r, (this->*next)());
+        e = Node(kind, pos, std::move(e), std::move(r));
     }
     return e;
 }
 
+Result<ExprPtr> ExprParser::ParseOr() {
+    return ParseKeywordChain("or", Expr::Kind::kOr, &ExprParser::ParseAnd);
+}
+
 Result<ExprPtr> ExprParser::ParseAnd() {
-    KV_ASSIGN_OR_RETURN(ExprPtr e, ParseNot());
-    while (IsName("and")) {
-        const size_t pos = Next().pos;
-        KV_ASSIGN_OR_RETURN(ExprPtr r, ParseNot());
-        e = Node(Expr::Kind::kAnd, pos, std::move(e), std::move(r));
-    }
-    return e;
+    return ParseKeywordChain("and", Expr::Kind::kAnd, &ExprParser::ParseNot);
 }
 
 Result<ExprPtr> ExprParser::ParseNot() {

@@ -60,6 +60,9 @@ class ExprParser {
       private:
         int* depth_;
     };
+    // `next` (`keyword` `next`)*, left-associative: the "or" and "and" levels.
+    Result<ExprPtr> ParseKeywordChain(std::string_view keyword, Expr::Kind kind,
+                                      Result<ExprPtr> (ExprParser::*next)());
     Result<ExprPtr> ParseOr();
     Result<ExprPtr> ParseAnd();
     Result<ExprPtr> ParseNot();
