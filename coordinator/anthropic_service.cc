@@ -7,23 +7,13 @@
 
 namespace kvshard {
 
-namespace {
-
-ApiError MessagesTooLarge(int64_t bytes, int64_t limit) {
-    return BadRequest("messages: the prompt's text (messages, system and tools) is " +
-                          std::to_string(bytes) + " bytes; this server accepts at most " +
-                          std::to_string(limit) + " bytes",
-                      "messages", "prompt_too_large");
-}
-
-}  // namespace
-
 std::variant<AnthropicRequest, ApiError> ApiService::ParseAnthropic(AnthropicEndpoint endpoint,
                                                                     std::string_view body) const {
     auto parsed = ParseAnthropicRequest(endpoint, body, options_.model);
     if (auto* r = std::get_if<AnthropicRequest>(&parsed);
         r && r->content_bytes > max_prompt_bytes_) {
-        return MessagesTooLarge(r->content_bytes, max_prompt_bytes_);
+        return PromptTooLarge("messages: the prompt's text (messages, system and tools)",
+                              r->content_bytes, "messages");
     }
     return parsed;
 }

@@ -168,6 +168,9 @@ class ApiService {
     std::string DetokenizeAnswer(const DetokenizeRequest& request) const;
     // `tokens` as text: control tokens as their pieces, the rest decoded (DetokenizeAnswer).
     std::string DetokenizeText(const std::vector<int32_t>& tokens) const;
+    // The 400 (code prompt_too_large, naming `param`) for a prompt of `bytes` over the cap:
+    // "<what> is N bytes; this server accepts at most M bytes".
+    ApiError PromptTooLarge(std::string_view what, int64_t bytes, std::string param) const;
     std::string NewRequestId(ApiEndpoint endpoint) const;
     std::string NewIdHex() const;  // 24 hex digits, unique for this server
     uint64_t RandomSeed() const;

@@ -24,9 +24,6 @@ constexpr char kServerName[] = "kvshard";
 constexpr auto kDrainTime = std::chrono::seconds(2);
 // A client this far behind a stream is treated as gone (bounds a session's memory).
 constexpr size_t kMaxPendingStreamBytes = 4 << 20;
-// Connections being refused at once beyond which the next ones are closed unanswered.
-constexpr int64_t kMaxRefusing = 64;
-constexpr auto kRefusalTime = std::chrono::seconds(1);
 
 std::chrono::steady_clock::duration SecondsToDuration(double s) {
     return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -42,26 +39,6 @@ std::string ChunkFrame(const std::string& data) {
 
 }  // namespace
 
-void HttpServerState::GenerationStarted() {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++in_flight_;
-}
-
-void HttpServerState::GenerationEnded() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (--in_flight_ == 0) idle_.notify_all();
-}
-
-int64_t HttpServerState::num_in_flight() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return in_flight_;
-}
-
-bool HttpServerState::WaitIdle(std::chrono::milliseconds timeout) const {
-    std::unique_lock<std::mutex> lock(mu_);
-    return idle_.wait_for(lock, timeout, [this] { return in_flight_ == 0; });
-}
-
 struct HttpSession::Generation {
     // One engine request per prompt (completions with a list of prompts have several); part k's
     // choice j is the answer's choice k * n + j.
@@ -72,10 +49,10 @@ struct HttpSession::Generation {
     };
     std::string request_id;  // the first part's: the answer's id, the logs' name
     std::vector<Part> parts;
-    int n = 1;                   // choices per part
-    int parts_left = 0;          // parts the engine has not finished
-    GenerationUsage usage;       // summed over the finished parts
-    Status status;               // the first failure of a part
+    int n = 1;              // choices per part
+    int parts_left = 0;     // parts the engine has not finished
+    GenerationUsage usage;  // summed over the finished parts
+    Status status;          // the first failure of a part
     bool stream = false;
     bool chunked = false;  // the event stream is framed as HTTP/1.1 chunks (else: close at end)
     std::unique_ptr<ResponseWriter> writer;
@@ -172,10 +149,9 @@ void HttpSession::HandleRequest(HttpRequest request) {
     }
     RouteResult route = RouteRequest(request, api_, state_->draining.load());
     if (auto* endpoint = std::get_if<ApiEndpoint>(&route)) {
-        return StartGeneration(api_.Parse(*endpoint, request.body()),
-                               [](const ApiService& api, const OpenAiRequest& r) {
-                                   return api.Prepare(r);
-                               });
+        return StartGeneration(
+            api_.Parse(*endpoint, request.body()),
+            [](const ApiService& api, const OpenAiRequest& r) { return api.Prepare(r); });
     }
     if (std::holds_alternative<ResponsesEndpoint>(route)) {
         return StartGeneration(api_.ParseResponses(request.body()),
@@ -550,52 +526,6 @@ void HttpSession::OnTimeout() {
                  config_.request_timeout_s);
     generation_->timed_out = true;
     AbortParts(/*detach=*/false);
-}
-
-namespace {
-
-// A connection beyond the limit: the 503, then a short drain so that the answer is not lost to
-// a reset, then close.
-class Refusal : public std::enable_shared_from_this<Refusal> {
-  public:
-    Refusal(tcp::socket socket, std::shared_ptr<HttpServerState> state)
-        : stream_(std::move(socket)), state_(std::move(state)) {}
-    ~Refusal() { state_->num_refusing.fetch_sub(1); }
-
-    void Start() {
-        stream_.expires_after(kRefusalTime);
-        net::async_write(stream_, net::buffer(state_->refusal),
-                         [self = shared_from_this()](beast::error_code ec, size_t) {
-                             if (ec) return;
-                             beast::error_code ignored;
-                             self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-                             self->Drain();
-                         });
-    }
-
-  private:
-    void Drain() {
-        stream_.async_read_some(net::buffer(buffer_),
-                                [self = shared_from_this()](beast::error_code ec, size_t) {
-                                    if (!ec) self->Drain();
-                                });
-    }
-
-    beast::tcp_stream stream_;
-    std::shared_ptr<HttpServerState> state_;
-    std::array<char, 1024> buffer_;
-};
-
-}  // namespace
-
-void RefuseConnection(tcp::socket socket, std::shared_ptr<HttpServerState> state) {
-    if (state->num_refusing.fetch_add(1) >= kMaxRefusing) {
-        state->num_refusing.fetch_sub(1);
-        beast::error_code ec;
-        socket.close(ec);
-        return;
-    }
-    std::make_shared<Refusal>(std::move(socket), std::move(state))->Start();
 }
 
 }  // namespace kvshard

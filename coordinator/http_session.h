@@ -37,33 +37,10 @@
 #include "config/server_config.h"
 #include "coordinator/api_service.h"
 #include "coordinator/http_routes.h"
+#include "coordinator/http_server_state.h"
 #include "coordinator/stream_sink.h"
 
 namespace kvshard {
-
-// What the sessions of one server share with it. Held by shared_ptr, since an engine callback
-// may still hold it after the server is gone.
-// Thread-safety: every member may be used from any thread.
-class HttpServerState {
-  public:
-    PostGate gate;                            // closed before the server's io_context goes
-    std::atomic<bool> draining{false};        // BeginDrain was called
-    std::atomic<int64_t> num_connections{0};  // sessions alive
-    std::atomic<int64_t> num_refusing{0};     // connections being answered 503 and closed
-    std::string refusal;                      // the whole 503 answer to a connection too many
-
-    // A generation request is being answered / its answer was written (or the client is gone).
-    void GenerationStarted();
-    void GenerationEnded();
-    int64_t num_in_flight() const;
-    // True once no generation is in flight; false when `timeout` passes first.
-    bool WaitIdle(std::chrono::milliseconds timeout) const;
-
-  private:
-    mutable std::mutex mu_;
-    mutable std::condition_variable idle_;
-    int64_t in_flight_ = 0;  // guarded by mu_
-};
 
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
   public:
@@ -128,15 +105,11 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     unsigned version_ = 11;
     bool keep_alive_ = false;
     ErrorShape error_shape_ = ErrorShape::kOpenAi;
-    std::string cors_origin_;  // Access-Control-Allow-Origin of the answer; "": none
-    bool in_flight_ = false;  // counted in state_'s generations in flight
+    std::string cors_origin_;    // Access-Control-Allow-Origin of the answer; "": none
+    bool in_flight_ = false;     // counted in state_'s generations in flight
     Clock::time_point arrival_;  // of the request being answered, on the engine's clock
     std::unique_ptr<Generation> generation_;
     uint64_t generation_seq_ = 0;  // tells stale socket watches from the current one
 };
-
-// Answers a connection beyond http.max_connections with state->refusal (503, Retry-After) and
-// closes it; at most a few dozen at a time, beyond which they are closed unanswered.
-void RefuseConnection(boost::asio::ip::tcp::socket socket, std::shared_ptr<HttpServerState> state);
 
 }  // namespace kvshard

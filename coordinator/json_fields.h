@@ -1,7 +1,7 @@
-// The small JSON readers both request parsers share (coordinator/openai_protocol.cc,
-// coordinator/anthropic_protocol.cc): how a value's type is named in an error, how a client's
-// number is echoed, a field that is absent or null, and an integer that may arrive as 3.0.
-// Each parser keeps its own error wording and paths; these only read.
+// The small JSON readers both request parsers share (coordinator/openai_*request*.cc with
+// openai_protocol.cc, and coordinator/anthropic_protocol.cc): how a value's type is named in an
+// error, how a client's number is echoed, a field that is absent or null, and an integer that may
+// arrive as 3.0. Each parser keeps its own error wording and paths; these only read.
 #pragma once
 
 #include <cstdint>

@@ -10,12 +10,10 @@ std::variant<ResponsesRequest, ApiError> ApiService::ParseResponses(std::string_
     auto parsed = ParseResponsesRequest(body, options_.model);
     if (auto* r = std::get_if<ResponsesRequest>(&parsed)) {
         int64_t bytes = 0;
-        for (const ChatMessage& m : r->chat.messages) bytes += static_cast<int64_t>(m.content.size());
+        for (const ChatMessage& m : r->chat.messages)
+            bytes += static_cast<int64_t>(m.content.size());
         if (bytes > max_prompt_bytes_) {
-            return BadRequest("the input is " + std::to_string(bytes) +
-                                  " bytes; this server accepts at most " +
-                                  std::to_string(max_prompt_bytes_) + " bytes",
-                              "input", "prompt_too_large");
+            return PromptTooLarge("the input", bytes, "input");
         }
     }
     return parsed;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "grammar/compilers.h"
+#include "grammar/quantifier.h"
 
 namespace kvshard::grammar {
 namespace {
@@ -14,6 +15,27 @@ constexpr int64_t kMaxGbnfRepeat = 1000;
 constexpr size_t kMaxGbnfSymbols = 200'000;
 constexpr int kMaxGbnfNesting = 64;
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
+
+// Spaces, tabs and # comments from t[pos]; line breaks too where `newline_ok` (inside a group,
+// after '::=' or '|', between rules). The position after them.
+size_t SkipGbnfSpace(std::string_view t, size_t pos, bool newline_ok) {
+    while (pos < t.size()) {
+        const char c = t[pos];
+        if (c == ' ' || c == '\t' || (newline_ok && (c == '\n' || c == '\r'))) {
+            ++pos;
+        } else if (c == '#') {
+            while (pos < t.size() && t[pos] != '\n' && t[pos] != '\r') ++pos;
+        } else {
+            break;
+        }
+    }
+    return pos;
+}
+
+// {m,n} may have spaces (not line breaks) around its numbers.
+constexpr QuantifierSyntax kGbnfQuantifiers = {
+    kMaxGbnfRepeat, "a repetition count",
+    [](std::string_view t, size_t pos) { return SkipGbnfSpace(t, pos, false); }};
 
 using Interval = std::pair<uint32_t, uint32_t>;  // code points lo..hi, inclusive
 
@@ -127,20 +149,7 @@ class GbnfParser {
                c == '-' || c == '_';
     }
 
-    // Spaces, tabs and # comments; line breaks too where `newline_ok` (inside a group, after
-    // '::=' or '|', between rules).
-    void SkipSpace(bool newline_ok) {
-        while (!AtEnd()) {
-            const char c = t_[pos_];
-            if (c == ' ' || c == '\t' || (newline_ok && (c == '\n' || c == '\r'))) {
-                ++pos_;
-            } else if (c == '#') {
-                while (!AtEnd() && !AtNewline()) ++pos_;
-            } else {
-                break;
-            }
-        }
-    }
+    void SkipSpace(bool newline_ok) { pos_ = SkipGbnfSpace(t_, pos_, newline_ok); }
 
     std::string Name() {
         const size_t start = pos_;
@@ -203,22 +212,10 @@ class GbnfParser {
             KV_ASSIGN_OR_RETURN(Symbol atom, Atom(depth));
             for (;;) {
                 SkipSpace(nested);
-                int64_t min = 0, max = 0;
-                if (Peek('*')) {
-                    min = 0, max = -1;
-                    ++pos_;
-                } else if (Peek('+')) {
-                    min = 1, max = -1;
-                    ++pos_;
-                } else if (Peek('?')) {
-                    min = 0, max = 1;
-                    ++pos_;
-                } else if (Peek('{')) {
-                    KV_RETURN_IF_ERROR(Braces(&min, &max));
-                } else {
-                    break;
-                }
-                atom = g_.Repeat({atom}, min, max);
+                Result<std::optional<Repetition>> q = ReadQuantifier(t_, &pos_, kGbnfQuantifiers);
+                if (!q.ok()) return Error(q.status().message());
+                if (!*q) break;
+                atom = g_.Repeat({atom}, (*q)->min, (*q)->max);
                 if (g_.num_symbols() > kMaxGbnfSymbols) {
                     return Error("the grammar grows past " + std::to_string(kMaxGbnfSymbols) +
                                  " symbols (repetition counts too large)");
@@ -226,42 +223,6 @@ class GbnfParser {
             }
             seq.push_back(atom);
         }
-    }
-
-    Status Braces(int64_t* min, int64_t* max) {
-        ++pos_;  // '{'
-        SkipSpace(false);
-        KV_ASSIGN_OR_RETURN(*min, Count());
-        *max = *min;
-        SkipSpace(false);
-        if (Peek(',')) {
-            ++pos_;
-            SkipSpace(false);
-            if (Peek('}')) {
-                *max = -1;
-            } else {
-                KV_ASSIGN_OR_RETURN(*max, Count());
-                SkipSpace(false);
-            }
-        }
-        if (!Peek('}')) return Error("expected '}'");
-        ++pos_;
-        if (*max >= 0 && *max < *min) return Error("{m,n} with n < m");
-        return Status::Ok();
-    }
-
-    Result<int64_t> Count() {
-        const size_t start = pos_;
-        int64_t v = 0;
-        while (!AtEnd() && t_[pos_] >= '0' && t_[pos_] <= '9') {
-            v = v * 10 + (t_[pos_] - '0');
-            if (v > kMaxGbnfRepeat) {
-                return Error("a repetition count above " + std::to_string(kMaxGbnfRepeat));
-            }
-            ++pos_;
-        }
-        if (pos_ == start) return Error("expected a number");
-        return v;
     }
 
     Result<uint32_t> Hex(size_t digits) {

@@ -2,11 +2,13 @@
 #include <cctype>
 
 #include "grammar/compilers.h"
+#include "grammar/quantifier.h"
 
 namespace kvshard::grammar {
 namespace {
 
 constexpr int64_t kMaxRepeat = 1000;
+constexpr QuantifierSyntax kRegexQuantifiers = {kMaxRepeat, "a count", nullptr};
 
 // A parsed piece: its symbols in sequence, and whether it can match the empty string.
 struct Piece {
@@ -126,48 +128,12 @@ class RegexParser {
         return out;
     }
 
-    Result<int64_t> Number() {
-        const size_t start = pos_;
-        int64_t v = 0;
-        while (!AtEnd() && std::isdigit(static_cast<unsigned char>(p_[pos_]))) {
-            v = v * 10 + (p_[pos_] - '0');
-            if (v > kMaxRepeat) return Error("a count above " + std::to_string(kMaxRepeat));
-            ++pos_;
-        }
-        if (pos_ == start) return Error("expected a number");
-        return v;
-    }
-
     Result<Piece> Quantified(Piece atom) {
         for (;;) {
-            int64_t min = 0, max = 0;
-            if (Peek('*')) {
-                min = 0, max = -1;
-                ++pos_;
-            } else if (Peek('+')) {
-                min = 1, max = -1;
-                ++pos_;
-            } else if (Peek('?')) {
-                min = 0, max = 1;
-                ++pos_;
-            } else if (Peek('{')) {
-                ++pos_;
-                KV_ASSIGN_OR_RETURN(min, Number());
-                max = min;
-                if (Peek(',')) {
-                    ++pos_;
-                    if (Peek('}')) {
-                        max = -1;
-                    } else {
-                        KV_ASSIGN_OR_RETURN(max, Number());
-                    }
-                }
-                if (!Peek('}')) return Error("expected '}'");
-                ++pos_;
-                if (max >= 0 && max < min) return Error("{m,n} with n < m");
-            } else {
-                return atom;
-            }
+            Result<std::optional<Repetition>> q = ReadQuantifier(p_, &pos_, kRegexQuantifiers);
+            if (!q.ok()) return Error(q.status().message());
+            if (!*q) return atom;
+            const auto [min, max] = **q;
             if (Peek('?')) ++pos_;  // lazy: the same language
             if (Peek('+')) return Error("possessive quantifiers are not supported");
             if (atom.nullable && max != 0 && max != 1)

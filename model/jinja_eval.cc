@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "model/jinja_builtins.h"
+#include "model/jinja_operators.h"
 
 namespace kvshard::jinja {
 namespace {
@@ -60,6 +61,12 @@ class Renderer {
         if (s.ok() || s.message().rfind("chat template", 0) == 0) return s;
         return Status(s.code(),
                       "chat template error at " + Position(tmpl_.source, pos) + ": " + s.message());
+    }
+    // An operator's error (jinja_operators.h) at the expression's position; a spent budget as
+    // it is.
+    Result<Value> Positioned(size_t pos, Result<Value> r) const {
+        if (r.ok() || r.status().code() != StatusCode::kInvalidArgument) return r;
+        return Error(pos, r.status().message());
     }
     Status Step(size_t pos) {
         if (++steps_ > limits_.max_steps) {
@@ -328,46 +335,6 @@ class Renderer {
     int call_depth_ = 0;
 };
 
-// Python's slice indices of a sequence of length n.
-std::vector<int64_t> SliceIndices(int64_t n, const Value& start, const Value& stop,
-                                  const Value& step) {
-    const int64_t st = step.is_none() || step.is_undefined() ? 1 : step.i();
-    auto clamp = [&](const Value& v, int64_t dflt, bool is_start) -> int64_t {
-        if (v.is_none() || v.is_undefined()) return dflt;
-        int64_t x = v.i();
-        if (x < 0) x += n;
-        if (st > 0) return std::clamp<int64_t>(x, 0, n);
-        (void)is_start;
-        return std::clamp<int64_t>(x, -1, n - 1);
-    };
-    std::vector<int64_t> out;
-    if (st > 0) {
-        const int64_t b = clamp(start, 0, true);
-        const int64_t e = clamp(stop, n, false);
-        for (int64_t i = b; i < e; i += st) out.push_back(i);
-    } else {
-        const int64_t b = clamp(start, n - 1, true);
-        const int64_t e = clamp(stop, -1, false);
-        for (int64_t i = b; i > e; i += st) out.push_back(i);
-    }
-    return out;
-}
-
-// Byte offsets of the UTF-8 characters of s, and s.size() at the end.
-std::vector<size_t> CharStarts(const std::string& s) {
-    std::vector<size_t> out;
-    for (size_t i = 0; i < s.size(); ++i) {
-        if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) out.push_back(i);
-    }
-    out.push_back(s.size());
-    return out;
-}
-
-bool IsIndex(const Value& v) {
-    return v.kind() == Value::Kind::kInt || v.kind() == Value::Kind::kBool;
-}
-int64_t IndexOf(const Value& v) { return v.kind() == Value::Kind::kBool ? v.b() : v.i(); }
-
 Result<Value> Renderer::EvalInner(const Expr& e) {
     switch (e.kind) {
         case Expr::Kind::kLiteral:
@@ -486,21 +453,7 @@ Result<Value> Renderer::GetAttr(const Value& obj, const std::string& name, size_
 
 Result<Value> Renderer::GetItem(const Value& obj, const Value& key, size_t pos) {
     if (obj.is_undefined()) return Error(pos, obj.undefined_name());
-    if (obj.is_list() && IsIndex(key)) {
-        const int64_t n = static_cast<int64_t>(obj.list().size());
-        int64_t i = IndexOf(key);
-        if (i < 0) i += n;
-        if (i >= 0 && i < n) return obj.list()[i];
-        return Value::Undefined("list object has no element " + std::to_string(IndexOf(key)));
-    }
-    if (obj.is_string() && IsIndex(key)) {
-        const std::vector<size_t> starts = CharStarts(obj.str());
-        const int64_t n = static_cast<int64_t>(starts.size()) - 1;
-        int64_t i = IndexOf(key);
-        if (i < 0) i += n;
-        if (i >= 0 && i < n) return Substr(obj, starts[i], starts[i + 1]);
-        return Value::Undefined("str object has no element " + std::to_string(IndexOf(key)));
-    }
+    if (std::optional<Value> item = ItemAt(obj, key)) return *std::move(item);
     if (key.is_string()) return GetAttr(obj, key.str(), pos);
     const std::string type = obj.is_none() ? "None" : std::string(obj.TypeName()) + " object";
     return Value::Undefined("'" + type + "' has no item " + std::string(key.ToStr().str()));
@@ -512,136 +465,18 @@ Result<Value> Renderer::EvalSlice(const Expr& e) {
     for (int i = 0; i < 3; ++i) {
         if (!e.args[i + 1]) continue;
         KV_ASSIGN_OR_RETURN(bounds[i], Eval(*e.args[i + 1]));
-        if (!bounds[i].is_none() && !IsIndex(bounds[i])) {
-            return Error(e.pos, "slice indices must be integers or none");
-        }
-        if (IsIndex(bounds[i])) bounds[i] = Value::Int(IndexOf(bounds[i]));
+        if (bounds[i].is_none()) continue;
+        const std::optional<int64_t> index = AsIndex(bounds[i]);
+        if (!index) return Error(e.pos, "slice indices must be integers or none");
+        bounds[i] = Value::Int(*index);
     }
-    if (bounds[2].kind() == Value::Kind::kInt && bounds[2].i() == 0) {
-        return Error(e.pos, "slice step cannot be zero");
-    }
-    if (obj.is_undefined()) return Error(e.pos, obj.undefined_name());
-    if (obj.is_list()) {
-        const auto idx =
-            SliceIndices(static_cast<int64_t>(obj.list().size()), bounds[0], bounds[1], bounds[2]);
-        KV_RETURN_IF_ERROR(budget_.Charge(idx.size()));
-        List items;
-        for (int64_t i : idx) items.push_back(obj.list()[i]);
-        return Value::NewList(std::move(items));
-    }
-    if (obj.is_string()) {
-        const std::vector<size_t> starts = CharStarts(obj.str());
-        const auto idx =
-            SliceIndices(static_cast<int64_t>(starts.size()) - 1, bounds[0], bounds[1], bounds[2]);
-        KV_RETURN_IF_ERROR(budget_.Charge(obj.str().size()));
-        const bool step_one = bounds[2].is_none() || bounds[2].i() == 1;
-        if (step_one) {
-            if (idx.empty()) return Value::String("");
-            return Substr(obj, starts[idx.front()], starts[idx.back() + 1]);
-        }
-        std::string text;
-        for (int64_t i : idx) text += obj.str().substr(starts[i], starts[i + 1] - starts[i]);
-        return Derived(std::move(text), obj.HasLiteral());
-    }
-    return Error(e.pos, "a " + std::string(obj.TypeName()) + " cannot be sliced");
+    return Positioned(e.pos, Slice(obj, bounds, &budget_));
 }
 
 Result<Value> Renderer::EvalBinary(const Expr& e) {
     KV_ASSIGN_OR_RETURN(Value a, Eval(*e.args[0]));
     KV_ASSIGN_OR_RETURN(Value b, Eval(*e.args[1]));
-    const std::string& op = e.name;
-    if (op == "~") {
-        MarkedText t;
-        t.Append(a.ToStr());
-        t.Append(b.ToStr());
-        KV_RETURN_IF_ERROR(budget_.Charge(t.text().size()));
-        return std::move(t).ToValue();
-    }
-    if (a.is_undefined()) return Error(e.pos, a.undefined_name());
-    if (b.is_undefined()) return Error(e.pos, b.undefined_name());
-    auto type_error = [&] {
-        return Error(e.pos, "unsupported operand types for " + op + ": '" +
-                                std::string(a.TypeName()) + "' and '" + std::string(b.TypeName()) +
-                                "'");
-    };
-    if (op == "+" && a.is_string() && b.is_string()) {
-        MarkedText t;
-        t.Append(a);
-        t.Append(b);
-        KV_RETURN_IF_ERROR(budget_.Charge(t.text().size()));
-        return std::move(t).ToValue();
-    }
-    if (op == "+" && a.is_list() && b.is_list()) {
-        List items = a.list();
-        items.insert(items.end(), b.list().begin(), b.list().end());
-        KV_RETURN_IF_ERROR(budget_.Charge(items.size()));
-        return Value::NewList(std::move(items));
-    }
-    if (op == "*" && (a.is_string() || a.is_list()) && IsIndex(b)) {
-        const int64_t n = std::max<int64_t>(0, IndexOf(b));
-        const size_t unit = a.is_string() ? a.str().size() : a.list().size();
-        if (unit > 0 && static_cast<uint64_t>(n) > (uint64_t{1} << 40) / unit) {
-            return budget_.Charge(SIZE_MAX);
-        }
-        KV_RETURN_IF_ERROR(budget_.Charge(unit * static_cast<size_t>(n)));
-        if (a.is_string()) {
-            std::string text;
-            for (int64_t i = 0; i < n; ++i) text += a.str();
-            return Derived(std::move(text), a.HasLiteral());
-        }
-        List items;
-        for (int64_t i = 0; i < n; ++i) items.insert(items.end(), a.list().begin(), a.list().end());
-        return Value::NewList(std::move(items));
-    }
-    const bool ints = (IsIndex(a)) && (IsIndex(b));
-    if (!(a.is_number() || a.kind() == Value::Kind::kBool) ||
-        !(b.is_number() || b.kind() == Value::Kind::kBool)) {
-        return type_error();
-    }
-    const double x = IsIndex(a) ? static_cast<double>(IndexOf(a)) : a.f();
-    const double y = IsIndex(b) ? static_cast<double>(IndexOf(b)) : b.f();
-    if (ints && (op == "+" || op == "-" || op == "*")) {
-        int64_t r = 0;
-        const int64_t p = IndexOf(a);
-        const int64_t q = IndexOf(b);
-        const bool overflow = op == "+"   ? __builtin_add_overflow(p, q, &r)
-                              : op == "-" ? __builtin_sub_overflow(p, q, &r)
-                                          : __builtin_mul_overflow(p, q, &r);
-        if (overflow) return Error(e.pos, "integer overflow in " + op);
-        return Value::Int(r);
-    }
-    if (op == "+") return Value::Float(x + y);
-    if (op == "-") return Value::Float(x - y);
-    if (op == "*") return Value::Float(x * y);
-    if ((op == "/" || op == "//" || op == "%") && y == 0) {
-        return Error(e.pos, "division by zero");
-    }
-    if (op == "/") return Value::Float(x / y);
-    if (op == "//" || op == "%") {
-        if (ints) {
-            const int64_t p = IndexOf(a);
-            const int64_t q = IndexOf(b);
-            int64_t d = p / q;
-            if ((p % q != 0) && ((p < 0) != (q < 0))) --d;
-            return Value::Int(op == "//" ? d : p - d * q);
-        }
-        const double d = std::floor(x / y);
-        return Value::Float(op == "//" ? d : x - d * y);
-    }
-    if (op == "**") {
-        if (ints && IndexOf(b) >= 0) {
-            int64_t r = 1;
-            for (int64_t i = 0; i < IndexOf(b); ++i) {
-                if (__builtin_mul_overflow(r, IndexOf(a), &r)) {
-                    return Error(e.pos, "integer overflow in **");
-                }
-                if (r == 0 || r == 1) break;
-            }
-            return Value::Int(r);
-        }
-        return Value::Float(std::pow(x, y));
-    }
-    return type_error();
+    return Positioned(e.pos, BinaryOp(e.name, a, b, &budget_));
 }
 
 Result<Value> Renderer::EvalCompare(const Expr& e) {

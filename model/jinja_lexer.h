@@ -1,5 +1,6 @@
 // Lexing of a Jinja template into tokens, with the whitespace control of HF's environment
-// (trim_blocks, lstrip_blocks, "-" and "+" markers). Internal to model/jinja_parser.cc.
+// (trim_blocks, lstrip_blocks, "-" and "+" markers). Internal to the parser
+// (model/jinja_parser.cc, model/jinja_expr_parser.cc).
 #pragma once
 
 #include <string>

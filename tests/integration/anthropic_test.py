@@ -8,7 +8,6 @@ tool_use, and a tool_result for it is accepted).
     tests/integration/anthropic_test.py --kvshard build/cli/kvshard --model models/SmolLM2-135M-Instruct.Q4_1.gguf
 Exit code 77 (ctest SKIP_RETURN_CODE) when the model or the anthropic package is absent.
 """
-import argparse
 import json
 import os
 import sys
@@ -17,9 +16,8 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvshard_server import Server  # noqa: E402
+from kvshard_server import Server, unittest_main  # noqa: E402
 
-SKIP = 77
 ARGS = None
 SERVER = None
 KEY = "sk-ant-kvshard-test"
@@ -224,25 +222,13 @@ class MessagesTest(unittest.TestCase):
 
 
 def main():
-    global ARGS, SERVER
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kvshard", required=True)
-    ap.add_argument("--model", required=True)
-    ARGS, rest = ap.parse_known_args()
-    try:
-        import anthropic  # noqa: F401
-    except ImportError:
-        print("SKIP: the anthropic package is not installed (scripts/test installs it)")
-        return SKIP
-    if not os.path.exists(ARGS.model):
-        print(f"SKIP: {ARGS.model} not found")
-        return SKIP
-    SERVER = KeyedServer(ARGS.kvshard, ARGS.model, ["--set", f"server.api_keys={KEY}"])
-    try:
-        prog = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2)
-        return 0 if prog.result.wasSuccessful() else 1
-    finally:
-        SERVER.stop()
+    def start(args):
+        global ARGS, SERVER
+        ARGS = args
+        SERVER = KeyedServer(args.kvshard, args.model, ["--set", f"server.api_keys={KEY}"])
+        return [SERVER]
+
+    return unittest_main(start, packages=("anthropic",))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ name the certificate does not carry, and completes with --insecure.
 Exit code 77 (ctest SKIP_RETURN_CODE) when the model or the openssl command is absent.
 Standard library only.
 """
-import argparse
 import json
 import os
 import shutil
@@ -22,9 +21,8 @@ import threading
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvshard_server import Server  # noqa: E402
+from kvshard_server import Server, unittest_main  # noqa: E402
 
-SKIP = 77
 ARGS = None
 
 
@@ -205,19 +203,12 @@ class BenchHttpsTest(unittest.TestCase):
 
 
 def main():
-    global ARGS
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--kvshard", required=True)
-    parser.add_argument("--model", required=True)
-    ARGS, rest = parser.parse_known_args()
-    if not os.path.exists(ARGS.model):
-        print(f"skipped: model not found: {ARGS.model}")
-        return SKIP
-    if shutil.which("openssl") is None:
-        print("skipped: the openssl command is not installed (Debian: openssl)")
-        return SKIP
-    result = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2).result
-    return 0 if result.wasSuccessful() else 1
+    def start(args):
+        global ARGS
+        ARGS = args
+        return []
+
+    return unittest_main(start, commands=("openssl",))
 
 
 if __name__ == "__main__":

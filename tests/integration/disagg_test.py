@@ -14,7 +14,6 @@ prefill instance alone.
         --model ../shared/models/stories260K/stories260K.bin --configs config/examples
 Exit code 77 (ctest SKIP_RETURN_CODE) when the model is absent.
 """
-import argparse
 import concurrent.futures
 import json
 import os
@@ -30,7 +29,6 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvshard_server  # noqa: E402
 
-SKIP = 77
 ARGS = None
 PROMPTS = [f"{w}{' and then they played' * (i // 8)}" for i, w in enumerate(
     ["Once upon a time", "The little dog", "Lily and Tom went", "One day, a big bird",
@@ -188,19 +186,16 @@ class DisaggregatedServing(unittest.TestCase):
 
 
 def main():
-    global ARGS
-    p = argparse.ArgumentParser()
-    p.add_argument("--kvshard", required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--configs", required=True)
-    p.add_argument("--with-mpi", type=lambda v: v.upper() in ("ON", "1", "TRUE", "YES"), default=True,
-                   help="whether kvshard was built with MPI (KVSHARD_WITH_MPI)")
-    ARGS, rest = p.parse_known_args()
-    if not os.path.exists(ARGS.model):
-        print(f"SKIP: {ARGS.model} is absent")
-        return SKIP
-    result = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2).result
-    return 0 if result.wasSuccessful() else 1
+    def start(args):
+        global ARGS
+        ARGS = args
+        return []
+
+    def options(parser):
+        parser.add_argument("--configs", required=True)
+        kvshard_server.add_with_mpi_option(parser)
+
+    return kvshard_server.unittest_main(start, options)
 
 
 if __name__ == "__main__":

@@ -8,26 +8,15 @@ the chat answer is the completion of those ids. Standard library only.
     python3 tests/integration/gemma3_serve_test.py --kvshard build/kvshard \
         --model models/gemma-3-270m-q4_k_m.gguf --golden tests/golden/gemma3_llamacpp.json
 """
-import argparse
 import json
-import os
 import sys
 
-from kvshard_server import Server
+from kvshard_server import Server, report, test_main
 
-SKIP = 77
 MAX_TOKENS = 8
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kvshard", required=True)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--golden", required=True)
-    args = ap.parse_args()
-    if not os.path.exists(args.model):
-        print(f"SKIP: {args.model} not found (run scripts/fetch-gemma3)")
-        return SKIP
+def run(args):
     with open(args.golden, encoding="utf-8") as f:
         golden = json.load(f)
     question = "What is 12 + 35?"
@@ -66,9 +55,12 @@ def main():
             print(f"chat: {content!r} ({chat['choices'][0]['finish_reason']})")
     finally:
         server.stop()
-    for f in failures:
-        print("FAIL:", f)
-    return 1 if failures else 0
+    return report(failures)
+
+
+def main():
+    return test_main(run, lambda parser: parser.add_argument("--golden", required=True),
+                     hint="run scripts/fetch-gemma3")
 
 
 if __name__ == "__main__":

@@ -9,16 +9,14 @@ cache_control breakpoint is refused by name. Standard library only.
     python3 tests/integration/jinja_template_test.py --kvshard build/kvshard \
         --model models/SmolLM2-135M-Instruct.Q4_1.gguf --templates tests/model/chat_templates
 """
-import argparse
 import json
 import os
 import struct
 import sys
 import tempfile
 
-from kvshard_server import Server
+from kvshard_server import Server, report, test_main
 
-SKIP = 77
 TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
 
 # GGUF value types whose size is fixed.
@@ -107,15 +105,7 @@ def api_message(m):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kvshard", required=True)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--templates", required=True)
-    args = ap.parse_args()
-    if not os.path.exists(args.model):
-        print(f"SKIP: {args.model} not found")
-        return SKIP
+def run(args):
     with open(os.path.join(args.templates, "renders.json"), encoding="utf-8") as f:
         golden = json.load(f)
     with open(os.path.join(args.templates, TEMPLATE), encoding="utf-8") as f:
@@ -169,9 +159,11 @@ def main():
             print(f"checked: chat ids, tools prompt of {len(want)} tokens, breakpoint refused")
         finally:
             server.stop()
-    for f in failures:
-        print("FAIL:", f)
-    return 1 if failures else 0
+    return report(failures)
+
+
+def main():
+    return test_main(run, lambda parser: parser.add_argument("--templates", required=True))
 
 
 if __name__ == "__main__":

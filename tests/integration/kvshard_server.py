@@ -1,16 +1,23 @@
 """`kvshard serve` as a child process for the integration tests: start it on a free port, talk
-HTTP to it, read its metrics, find its worker processes. Standard library only."""
+HTTP to it, read its metrics, find its worker processes; and the tests' main(): arguments, a skip
+(exit 77) when something they need is missing, the tests run. Standard library only."""
+import argparse
 import concurrent.futures
+import importlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import sys
 import time
+import unittest
 import urllib.error
 import urllib.request
 
 MAX_TOKENS = 24
+SKIP = 77  # the integration tests' SKIP_RETURN_CODE (tests/CMakeLists.txt)
 
 
 class Server:
@@ -39,6 +46,7 @@ class Server:
         raise RuntimeError("kvshard serve did not start within 120 s")
 
     def stop(self):
+        """SIGTERM, then SIGKILL after 30 s; the exit status (negative: the signal)."""
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout=30)
@@ -47,6 +55,7 @@ class Server:
             self.proc.wait()
         self.drain.shutdown()
         self.proc.stderr.close()
+        return self.proc.returncode
 
     def http(self, method, path, body=None, timeout=120):
         req = urllib.request.Request(self.url + path, method=method,
@@ -117,3 +126,77 @@ def worker_pids(server_pid, instance):
                 args[args.index(b"--instance") + 1] == instance.encode():
             out.append(pid)
     return out
+
+
+def _parse_args(options, known):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kvshard", required=True)
+    parser.add_argument("--model", required=True)
+    if options is not None:
+        options(parser)
+    return parser.parse_known_args() if known else (parser.parse_args(), [])
+
+
+def _missing(packages, commands, files, hint):
+    """Why the test cannot run on this machine, or None."""
+    for name in packages:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            return f"the {name} package is not installed (scripts/lib/common.sh installs it)"
+    for name in commands:
+        if shutil.which(name) is None:
+            return f"the {name} command is not installed (Debian: {name})"
+    for path in files:
+        if not os.path.exists(path):
+            return f"{path} not found" + (f" ({hint})" if hint else "")
+    return None
+
+
+def _model_file(args):
+    return [args.model]
+
+
+def test_main(run, options=None, packages=(), commands=(), files=_model_file, hint=""):
+    """main() of an integration test that checks by itself: parses --kvshard, --model and what
+    `options(parser)` adds; returns SKIP, saying why, when a Python package in `packages`, a
+    command in `commands` or a file of `files(args)` (the model by default; `hint` says where to
+    get it) is missing; else run(args), the exit status."""
+    args, _ = _parse_args(options, known=False)
+    reason = _missing(packages, commands, files(args), hint)
+    if reason:
+        print("SKIP: " + reason)
+        return SKIP
+    return run(args)
+
+
+def unittest_main(start, options=None, packages=(), commands=(), files=_model_file, hint=""):
+    """main() of a unittest integration test: the arguments and the skip as test_main (unknown
+    arguments go to unittest), then start(args), which keeps what the tests need in the module's
+    globals and returns the servers to stop at the end, then every test; 0 when all passed."""
+    args, rest = _parse_args(options, known=True)
+    reason = _missing(packages, commands, files(args), hint)
+    if reason:
+        print("SKIP: " + reason)
+        return SKIP
+    servers = start(args)
+    try:
+        prog = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2)
+        return 0 if prog.result.wasSuccessful() else 1
+    finally:
+        for server in servers:
+            print(f"server exit: {server.stop()}")
+
+
+def add_with_mpi_option(parser):
+    """--with-mpi ON|OFF (CMake's spelling): whether kvshard was built with MPI."""
+    parser.add_argument("--with-mpi", type=lambda v: v.upper() in ("ON", "1", "TRUE", "YES"),
+                        default=True, help="whether kvshard was built with MPI (KVSHARD_WITH_MPI)")
+
+
+def report(failures):
+    """Prints each failure of a test that checks by itself, and their count; its exit status."""
+    for failure in failures:
+        print("FAIL:", failure)
+    print("ok" if not failures else f"{len(failures)} failures")
+    return 1 if failures else 0

@@ -7,7 +7,6 @@ request phases (prefill + decode = inference, queue time >= 0), request_params_n
 blocks as the server logged them, the process metrics against /proc, and every kvshard: series
 again under its vllm: name with the same value. One server, small max_tokens: a few seconds of
 CI. Exits 77 when a package or the model is missing."""
-import argparse
 import os
 import re
 import sys
@@ -15,9 +14,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvshard_server import Server  # noqa: E402
+from kvshard_server import Server, unittest_main  # noqa: E402
 
-SKIP = 77
 ARGS = None
 SERVER = None
 STARTED_AT = 0.0
@@ -144,28 +142,15 @@ class MetricsTest(unittest.TestCase):
 
 
 def main():
-    global ARGS, SERVER, STARTED_AT
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kvshard", required=True)
-    ap.add_argument("--model", required=True)
-    ARGS, rest = ap.parse_known_args()
-    try:
-        import openai  # noqa: F401
-        import prometheus_client  # noqa: F401
-    except ImportError as e:
-        print(f"SKIP: {e.name} is not installed (scripts/test installs it)")
-        return SKIP
-    if not os.path.exists(ARGS.model):
-        print(f"SKIP: {ARGS.model} not found")
-        return SKIP
-    STARTED_AT = time.time()
-    SERVER = Server(ARGS.kvshard, ARGS.model, ["--set", "server.metrics_vllm_names=true"],
-                    log_level="info")
-    try:
-        prog = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2)
-        return 0 if prog.result.wasSuccessful() else 1
-    finally:
-        SERVER.stop()
+    def start(args):
+        global ARGS, SERVER, STARTED_AT
+        ARGS = args
+        STARTED_AT = time.time()
+        SERVER = Server(args.kvshard, args.model, ["--set", "server.metrics_vllm_names=true"],
+                        log_level="info")
+        return [SERVER]
+
+    return unittest_main(start, packages=("openai", "prometheus_client"))
 
 
 if __name__ == "__main__":

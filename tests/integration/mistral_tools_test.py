@@ -8,16 +8,14 @@ back through the template. Standard library only.
     python3 tests/integration/mistral_tools_test.py --kvshard build/kvshard \
         --model models/SmolLM2-135M-Instruct.Q4_1.gguf --templates tests/model/chat_templates
 """
-import argparse
 import json
 import os
 import sys
 import tempfile
 
 from jinja_template_test import with_chat_template
-from kvshard_server import Server
+from kvshard_server import Server, report, test_main
 
-SKIP = 77
 TEMPLATE = "mistralai-Mistral-Nemo-Instruct-2407.jinja"
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather now",
@@ -26,15 +24,7 @@ TOOLS = [{"type": "function", "function": {
         "required": ["unit"], "additionalProperties": False}}}]
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kvshard", required=True)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--templates", required=True)
-    args = ap.parse_args()
-    if not os.path.exists(args.model):
-        print(f"SKIP: {args.model} not found")
-        return SKIP
+def run(args):
     with open(os.path.join(args.templates, TEMPLATE), encoding="utf-8") as f:
         template = f.read()
 
@@ -72,9 +62,11 @@ def main():
                       f"id {call['id']}, sent back: {status}")
         finally:
             server.stop()
-    for f in failures:
-        print("FAIL:", f)
-    return 1 if failures else 0
+    return report(failures)
+
+
+def main():
+    return test_main(run, lambda parser: parser.add_argument("--templates", required=True))
 
 
 if __name__ == "__main__":

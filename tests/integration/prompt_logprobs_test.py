@@ -5,15 +5,13 @@ vLLM's prompt_logprobs on completions and chat, a list of prompts, and the invar
 on: the logprob reported for a greedily generated token equals the prompt logprob reported for the
 same token when prompt + generation is sent back. One server; small max_tokens. Exits 77 when a
 package or the model is missing."""
-import argparse
 import os
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvshard_server import Server  # noqa: E402
+from kvshard_server import Server, unittest_main  # noqa: E402
 
-SKIP = 77
 SERVER = None
 PROMPT = "The quick brown fox jumps over the lazy dog. Then the dog"
 
@@ -144,25 +142,12 @@ class PromptLogprobsTest(unittest.TestCase):
 
 
 def main():
-    global SERVER
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kvshard", required=True)
-    ap.add_argument("--model", required=True)
-    args, rest = ap.parse_known_args()
-    try:
-        import openai  # noqa: F401
-    except ImportError as e:
-        print(f"SKIP: {e.name} is not installed (scripts/test installs it)")
-        return SKIP
-    if not os.path.exists(args.model):
-        print(f"SKIP: {args.model} not found")
-        return SKIP
-    SERVER = Server(args.kvshard, args.model, [])
-    try:
-        prog = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2)
-        return 0 if prog.result.wasSuccessful() else 1
-    finally:
-        SERVER.stop()
+    def start(args):
+        global SERVER
+        SERVER = Server(args.kvshard, args.model, [])
+        return [SERVER]
+
+    return unittest_main(start, packages=("openai",))
 
 
 if __name__ == "__main__":

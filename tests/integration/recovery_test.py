@@ -16,7 +16,6 @@
 Exit code 77 (ctest SKIP_RETURN_CODE) when the model is absent. The drain tests need a model slow
 enough for a stream to be in flight when the signal comes: the default model; they skip without it.
 """
-import argparse
 import concurrent.futures
 import json
 import os
@@ -35,7 +34,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvshard_server  # noqa: E402
 from kvshard_server import worker_pids  # noqa: E402
 
-SKIP = 77
 ARGS = None
 
 
@@ -269,19 +267,16 @@ class Recovery(unittest.TestCase):
 
 
 def main():
-    global ARGS
-    p = argparse.ArgumentParser()
-    p.add_argument("--kvshard", required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--default-model", default="")
-    p.add_argument("--with-mpi", type=lambda v: v.upper() in ("ON", "1", "TRUE", "YES"), default=True,
-                   help="whether kvshard was built with MPI (KVSHARD_WITH_MPI)")
-    ARGS, rest = p.parse_known_args()
-    if not os.path.exists(ARGS.model):
-        print(f"SKIP: {ARGS.model} is absent")
-        return SKIP
-    result = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2).result
-    return 0 if result.wasSuccessful() else 1
+    def start(args):
+        global ARGS
+        ARGS = args
+        return []
+
+    def options(parser):
+        parser.add_argument("--default-model", default="")
+        kvshard_server.add_with_mpi_option(parser)
+
+    return kvshard_server.unittest_main(start, options)
 
 
 if __name__ == "__main__":

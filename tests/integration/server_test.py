@@ -9,11 +9,9 @@ KV block is free or cached (kvshard:kv_cache_usage_perc is 0).
     tests/integration/server_test.py --kvshard build/cli/kvshard --model ../shared/models/stories260K/stories260K.bin
 Exit code 77 (ctest SKIP_RETURN_CODE) when the model or the openai package is absent.
 """
-import argparse
 import concurrent.futures
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -22,31 +20,19 @@ import unittest
 import urllib.error
 import urllib.request
 
-SKIP = 77
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kvshard_server import Server, unittest_main  # noqa: E402
+
 ARGS = None
-SERVER = None  # (process, base_url)
+SERVER = None
 
 
 def start_server(extra=()):
-    cmd = [ARGS.kvshard, "serve", "--model", ARGS.model, "--port", "0", "--host", "127.0.0.1",
-           "--log-level", "warn", *extra]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            if proc.poll() is not None:
-                raise RuntimeError(f"kvshard serve exited with {proc.returncode}")
-            continue
-        m = re.search(r"listening on (http://[\d.]+:\d+)", line)
-        if m:
-            return proc, m.group(1)
-    proc.kill()
-    raise RuntimeError("kvshard serve did not start within 60 s")
+    return Server(ARGS.kvshard, ARGS.model, list(extra))
 
 
 def http(method, path, body=None, headers=None, raw=None):
-    url = SERVER[1] + path
+    url = SERVER.url + path
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"Content-Type": "application/json", **(headers or {})})
@@ -80,7 +66,7 @@ class ServerTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         import openai
-        cls.client = openai.OpenAI(base_url=SERVER[1] + "/v1", api_key="unused")
+        cls.client = openai.OpenAI(base_url=SERVER.url + "/v1", api_key="unused")
         cls.model = cls.client.models.list().data[0].id
 
     def complete(self, prompt, max_tokens=24, **kw):
@@ -110,7 +96,7 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(usage.completion_tokens, 30)
 
     def test_curl_stream_ends_with_done(self):
-        out = subprocess.run(["curl", "-sN", SERVER[1] + "/v1/completions", "-H", "Content-Type: application/json",
+        out = subprocess.run(["curl", "-sN", SERVER.url + "/v1/completions", "-H", "Content-Type: application/json",
                               "-d", json.dumps({"model": self.model, "prompt": "Tom", "max_tokens": 5,
                                                 "stream": True})],
                              capture_output=True, text=True, timeout=60, check=True).stdout
@@ -206,9 +192,9 @@ class ServerTest(unittest.TestCase):
                 model=self.model, messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
         self.assertIn("--chat-template", str(ctx.exception))
         # With one given, chat works, streaming and not.
-        proc, url = start_server(["--chat-template", "llama2"])
+        server = start_server(["--chat-template", "llama2"])
         try:
-            client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
             msgs = [{"role": "system", "content": "Tell a story."}, {"role": "user", "content": "A cat"}]
             r = client.chat.completions.create(model=self.model, messages=msgs, max_tokens=8, temperature=0)
             self.assertEqual(r.choices[0].message.role, "assistant")
@@ -222,8 +208,7 @@ class ServerTest(unittest.TestCase):
             d = client.chat.completions.create(model=self.model, messages=dev, max_tokens=8, temperature=0)
             self.assertEqual(d.choices[0].message.content, r.choices[0].message.content)
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            server.stop()
 
     def test_list_of_prompts(self):
         # LangChain's batch and lm-eval's local-completions send several prompts at once: one
@@ -260,10 +245,10 @@ class ServerTest(unittest.TestCase):
                          [p + a.choices[0].text for p, a in zip(prompts, alone)])
 
     def test_cors(self):
-        proc, url = start_server(["--set", "server.cors_allowed_origins=http://page.example"])
+        server = start_server(["--set", "server.cors_allowed_origins=http://page.example"])
         try:
             def ask(method, headers, body=None):
-                req = urllib.request.Request(url + "/v1/completions", method=method,
+                req = urllib.request.Request(server.url + "/v1/completions", method=method,
                                              data=json.dumps(body).encode() if body else None,
                                              headers={"Content-Type": "application/json", **headers})
                 try:
@@ -288,8 +273,7 @@ class ServerTest(unittest.TestCase):
             self.assertEqual(status, 200)
             self.assertIsNone(h["Access-Control-Allow-Origin"])
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            server.stop()
         # Off by default: no CORS headers, OPTIONS is not a method of the route.
         status, _ = http("OPTIONS", "/v1/completions", headers={
             "Origin": "http://page.example", "Access-Control-Request-Method": "POST"})
@@ -297,9 +281,9 @@ class ServerTest(unittest.TestCase):
 
     def test_responses_api_and_chat_role_chunk(self):
         import openai
-        proc, url = start_server(["--chat-template", "llama2"])
+        server = start_server(["--chat-template", "llama2"])
         try:
-            client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
             msgs = [{"role": "system", "content": "Tell a story."}, {"role": "user", "content": "A cat"}]
             chat = client.chat.completions.create(model=self.model, messages=msgs, max_tokens=8,
                                                   temperature=0)
@@ -336,8 +320,7 @@ class ServerTest(unittest.TestCase):
                 client.responses.create(model=self.model, input="A cat", previous_response_id="resp_1")
             self.assertIn("previous_response_id", str(ctx.exception))
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            server.stop()
 
     def test_vllm_small_routes(self):
         status, body = http("GET", "/v1/models/" + self.model)
@@ -381,7 +364,7 @@ class ServerTest(unittest.TestCase):
                     self.assertIn(key, err)
 
     def test_disconnect_mid_stream_frees_blocks(self):
-        with socket.create_connection(("127.0.0.1", int(SERVER[1].rsplit(":", 1)[1])), timeout=30) as s:
+        with socket.create_connection(("127.0.0.1", int(SERVER.url.rsplit(":", 1)[1])), timeout=30) as s:
             body = json.dumps({"model": self.model, "prompt": "Once upon a time", "max_tokens": 400,
                                "stream": True}).encode()
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -393,31 +376,13 @@ class ServerTest(unittest.TestCase):
 
 
 def main():
-    global ARGS, SERVER
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kvshard", required=True)
-    ap.add_argument("--model", required=True)
-    ARGS, rest = ap.parse_known_args()
-    try:
-        import openai  # noqa: F401
-    except ImportError:
-        print("SKIP: the openai package is not installed (scripts/test installs it)")
-        return SKIP
-    if not os.path.exists(ARGS.model):
-        print(f"SKIP: {ARGS.model} not found")
-        return SKIP
-    SERVER = start_server()
-    try:
-        prog = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2)
-        return 0 if prog.result.wasSuccessful() else 1
-    finally:
-        SERVER[0].terminate()
-        try:
-            code = SERVER[0].wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            SERVER[0].kill()
-            code = "killed"
-        print(f"server exit: {code}")
+    def start(args):
+        global ARGS, SERVER
+        ARGS = args
+        SERVER = start_server()
+        return [SERVER]
+
+    return unittest_main(start, packages=("openai",))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ varied temperatures and seeds, each as n choices of one request.
 Prints counts per case and the wall time; exits 1 if any output is invalid or cut by max_tokens,
 77 when jsonschema or the model is missing. The default count takes minutes on 2 cores: CI runs
 --count 36 --n 4 (tests/CMakeLists.txt)."""
-import argparse
 import concurrent.futures
 import datetime
 import fractions
@@ -29,9 +28,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvshard_server import Server  # noqa: E402
+from kvshard_server import Server, test_main  # noqa: E402
 
-SKIP = 77
 
 NAME = {"type": "string", "minLength": 1, "maxLength": 12}
 SCHEMAS = {
@@ -253,24 +251,7 @@ def request(server, case, index, n, max_tokens):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kvshard", required=True)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--count", type=int, default=1000)
-    ap.add_argument("--n", type=int, default=16)  # choices per request: at most 16
-    ap.add_argument("--max-tokens", type=int, default=400)
-    ap.add_argument("--concurrency", type=int, default=4)
-    ap.add_argument("--only", choices=("all", "schemas", "grammars"), default="all")
-    args = ap.parse_args()
-    try:
-        import jsonschema  # noqa: F401
-    except ImportError:
-        print("SKIP: jsonschema is not installed (scripts/test installs it)")
-        return SKIP
-    if not os.path.exists(args.model):
-        print(f"SKIP: {args.model} not found")
-        return SKIP
+def run(args):
     cases = ((list(SCHEMAS) if args.only != "grammars" else []) +
              (list(GRAMMARS) if args.only != "schemas" else []))
     jobs = []
@@ -325,6 +306,17 @@ def main():
     for case, why, text in failures[:10]:
         print(f"FAILED {case}: {why}: {text!r}")
     return 0 if not failures and total["valid"] == args.count else 1
+
+
+def main():
+    def options(parser):
+        parser.add_argument("--count", type=int, default=1000)
+        parser.add_argument("--n", type=int, default=16)  # choices per request: at most 16
+        parser.add_argument("--max-tokens", type=int, default=400)
+        parser.add_argument("--concurrency", type=int, default=4)
+        parser.add_argument("--only", choices=("all", "schemas", "grammars"), default="all")
+
+    return test_main(run, options, packages=("jsonschema",))
 
 
 if __name__ == "__main__":

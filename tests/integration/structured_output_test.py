@@ -7,7 +7,6 @@ the 400s for what kvshard does not support. Kept short for CI: small max_tokens,
 choices of one request, one server per model. The model is
 tiny (135M): only the grammar makes its output valid. Exits 77 when a package or the model is
 missing."""
-import argparse
 import json
 import os
 import re
@@ -15,9 +14,8 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvshard_server import Server  # noqa: E402
+from kvshard_server import Server, unittest_main  # noqa: E402
 
-SKIP = 77
 ARGS = None
 SERVER = None
 STORIES = None
@@ -197,34 +195,19 @@ class NonsenseModelTest(unittest.TestCase):
 
 
 def main():
-    global ARGS, SERVER
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kvshard", required=True)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--stories", default="")
-    ap.add_argument("--stories-runs", type=int, default=16)  # n of one request: at most 16
-    ARGS, rest = ap.parse_known_args()
-    try:
-        import jsonschema  # noqa: F401
-        import openai  # noqa: F401
-        import pydantic  # noqa: F401
-    except ImportError as e:
-        print(f"SKIP: {e.name} is not installed (scripts/test installs it)")
-        return SKIP
-    if not os.path.exists(ARGS.model):
-        print(f"SKIP: {ARGS.model} not found")
-        return SKIP
-    global STORIES
-    SERVER = Server(ARGS.kvshard, ARGS.model, [])
-    if ARGS.stories and os.path.exists(ARGS.stories):
-        STORIES = Server(ARGS.kvshard, ARGS.stories, [])
-    try:
-        prog = unittest.main(argv=[sys.argv[0], *rest], exit=False, verbosity=2)
-        return 0 if prog.result.wasSuccessful() else 1
-    finally:
-        SERVER.stop()
-        if STORIES is not None:
-            STORIES.stop()
+    def start(args):
+        global ARGS, SERVER, STORIES
+        ARGS = args
+        SERVER = Server(args.kvshard, args.model, [])
+        if args.stories and os.path.exists(args.stories):
+            STORIES = Server(args.kvshard, args.stories, [])
+        return [s for s in (SERVER, STORIES) if s is not None]
+
+    def options(parser):
+        parser.add_argument("--stories", default="")
+        parser.add_argument("--stories-runs", type=int, default=16)  # n of one request: at most 16
+
+    return unittest_main(start, options, packages=("jsonschema", "openai", "pydantic"))
 
 
 if __name__ == "__main__":

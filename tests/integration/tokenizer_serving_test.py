@@ -15,7 +15,6 @@ a model is missing.
         --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
         --stories /work/shared/models/stories260K/stories260K.gguf
 """
-import argparse
 import json
 import os
 import re
@@ -26,9 +25,8 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kvshard_server import Server  # noqa: E402
+from kvshard_server import Server, report, test_main  # noqa: E402
 
-SKIP = 77
 KEY = "test-key-1"
 HF_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -174,29 +172,17 @@ def check_cli(args, failures):
         failures.append(f"kvshard serv: {r.returncode} {r.stderr}")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kvshard", required=True)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--stories", required=True)
-    args = ap.parse_args()
-    try:
-        import tokenizers  # noqa: F401
-    except ImportError:
-        print("SKIP: the tokenizers package is not installed (scripts/lib/common.sh)")
-        return SKIP
-    for m in (args.model, args.stories):
-        if not os.path.exists(m):
-            print(f"SKIP: {m} not found")
-            return SKIP
+def run(args):
     failures = []
     check_cli(args, failures)
     check_default_model(args, failures)
     check_stories(args, failures)
-    for f in failures:
-        print("FAIL:", f)
-    print("ok" if not failures else f"{len(failures)} failures")
-    return 1 if failures else 0
+    return report(failures)
+
+
+def main():
+    return test_main(run, lambda parser: parser.add_argument("--stories", required=True),
+                     packages=("tokenizers",), files=lambda args: [args.model, args.stories])
 
 
 if __name__ == "__main__":
