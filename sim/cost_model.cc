@@ -438,26 +438,29 @@ Status AddValue(const json& v, const std::string& where, std::vector<CpuProfileP
 Result<std::vector<CpuProfilePoint>> ParseCpuProfilePoints(std::string_view json_text,
                                                            const std::string& path) {
     std::vector<CpuProfilePoint> points;
-    // One document, or JSON lines: values are parsed one after another.
+    // JSON lines, or one multi-line document: values are parsed one after another, each from its
+    // line first (linear in the file: a step log has thousands of lines), else from the rest of
+    // the file.
+    const std::string_view text = json_text;
     size_t pos = 0;
-    const std::string text(json_text);
+    int64_t line = 1;  // of pos, for messages
+    size_t counted_to = 0;
     while (true) {
         pos = text.find_first_not_of(" \t\r\n", pos);
-        if (pos == std::string::npos) break;
-        // The line of this value, for messages.
-        const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<long>(pos), '\n');
+        if (pos == std::string_view::npos) break;
+        line += std::count(text.begin() + static_cast<long>(counted_to),
+                           text.begin() + static_cast<long>(pos), '\n');
+        counted_to = pos;
         const std::string where = path + ":" + std::to_string(line);
-        const size_t end = text.find('\n', pos);
-        // Try the rest of the file first (a multi-line document), then a single line.
-        json v = json::parse(text.substr(pos), nullptr, false);
+        const size_t end = std::min(text.find('\n', pos), text.size());
+        json v = json::parse(text.begin() + static_cast<long>(pos),
+                             text.begin() + static_cast<long>(end), nullptr, false);
         if (!v.is_discarded()) {
-            pos = text.size();
+            pos = end;
         } else {
-            v = json::parse(
-                text.substr(pos, end == std::string::npos ? std::string::npos : end - pos), nullptr,
-                false);
+            v = json::parse(text.begin() + static_cast<long>(pos), text.end(), nullptr, false);
             if (v.is_discarded()) return InvalidArgument(where + ": not valid JSON");
-            pos = end == std::string::npos ? text.size() : end + 1;
+            pos = text.size();
         }
         KV_RETURN_IF_ERROR(AddValue(v, where, points));
     }
