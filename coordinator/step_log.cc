@@ -17,6 +17,7 @@ StepShape ShapeOfStep(const StepPlan& plan) {
             ++shape.decode_seqs;
         } else {
             shape.prefill_tokens += q;
+            shape.prefill_pairs += q * s.start_pos + q * (q + 1) / 2;
         }
         shape.kv_tokens += s.start_pos + q;
     }
@@ -29,6 +30,7 @@ std::string StepLogLine(const StepLogPoint& p) {
         {"prefill_tokens", p.shape.prefill_tokens},
         {"decode_seqs", p.shape.decode_seqs},
         {"kv_tokens", p.shape.kv_tokens},
+        {"prefill_pairs", p.shape.prefill_pairs},
         {"seconds", p.seconds},
         {"execute_seconds", p.execute_seconds},
     };

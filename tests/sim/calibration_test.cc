@@ -144,24 +144,33 @@ TEST(StepLogTest, WritesEachBusyCycleAsAProfilePoint) {
     EXPECT_EQ((*points)[0].prefill_tokens, 11);
     EXPECT_EQ((*points)[0].decode_seqs, 0);
     EXPECT_EQ((*points)[0].kv_tokens, 8 + 3);
+    EXPECT_EQ((*points)[0].prefill_pairs, 8 * 9 / 2 + 3 * 4 / 2);
     EXPECT_NEAR((*points)[0].seconds, 0.12, 1e-9);
     EXPECT_EQ((*points)[1].prefill_tokens, 4);
     EXPECT_EQ((*points)[1].decode_seqs, 1);
     EXPECT_EQ((*points)[1].kv_tokens, 12 + 4);
+    EXPECT_EQ((*points)[1].prefill_pairs, 4 * 8 + 4 * 5 / 2);  // the second chunk sees the first
     EXPECT_NEAR((*points)[1].seconds, 0.06, 1e-9);
 }
 
 TEST(StepLogTest, ProfileFittedFromAStepLogRecoversTheStepCost) {
-    // A step log of mixed steps whose cycles follow t = 0.01 + 0.002 p + 0.003 d + 1e-5 k.
+    // A step log of mixed steps whose cycles follow
+    // t = 0.01 + 0.002 p + 0.003 d + 1e-5 k + 1e-7 pairs.
     std::string text;
     for (int64_t p : {0, 16, 128, 512}) {
         for (int64_t d : {0, 1, 4, 16}) {
             if (p == 0 && d == 0) continue;
-            // decodes at a short and a long context, so KV tokens vary apart from sequences
-            const int64_t k = p + (d % 2 == 1 ? 700 : 100) * d;
-            const double t = 0.01 + 0.002 * p + 0.003 * d + 1e-5 * k;
+            // decodes at a short and a long context, so KV tokens vary apart from sequences;
+            // chunks from scratch and after 400 cached tokens, so pairs vary apart from tokens
+            const int64_t start = d % 2 == 1 ? 400 : 0;
+            const int64_t pairs = p * start + p * (p + 1) / 2;
+            const int64_t k = p + start + (d % 2 == 1 ? 700 : 100) * d;
+            const double t = 0.01 + 0.002 * p + 0.003 * d + 1e-5 * k + 1e-7 * pairs;
             text += StepLogLine({.instance = "mixed-0",
-                                 .shape = {.prefill_tokens = p, .decode_seqs = d, .kv_tokens = k},
+                                 .shape = {.prefill_tokens = p,
+                                           .decode_seqs = d,
+                                           .kv_tokens = k,
+                                           .prefill_pairs = pairs},
                                  .seconds = t,
                                  .execute_seconds = t * 0.9}) +
                     "\n";
@@ -176,6 +185,7 @@ TEST(StepLogTest, ProfileFittedFromAStepLogRecoversTheStepCost) {
     EXPECT_NEAR(fit->b, 0.002, 1e-8);
     EXPECT_NEAR(fit->c, 0.003, 1e-8);
     EXPECT_NEAR(fit->d, 1e-5, 1e-9);
+    EXPECT_NEAR(fit->e, 1e-7, 1e-11);
 }
 
 }  // namespace
