@@ -15,6 +15,7 @@
 #include "loadgen/result_file.h"
 #include "loadgen/sharegpt.h"
 #include "loadgen/tls.h"
+#include "loadgen/trace_file.h"
 #include "model/model_file.h"
 #include "model/tokenizer.h"
 
@@ -47,6 +48,7 @@ struct BenchFlags {
     bool insecure = false;
     std::string ca_cert;
     std::string result_file;
+    std::string trace_out;
     std::string tokenizer;
 };
 
@@ -184,6 +186,19 @@ int RunBench(const BenchFlags& f) {
         const Status writable = loadgen::WriteResultFile(f.result_file, {}, {});
         if (!writable.ok()) return Fail(writable.message());
     }
+    if (!f.trace_out.empty()) {
+        // The trace's prefix_len is the prefix as the completions route counts it; in a chat
+        // template it sits behind the template's own tokens.
+        if (*kind == loadgen::DatasetKind::kSharedPrefix &&
+            options.api != loadgen::ApiKind::kCompletions) {
+            return Fail(
+                "--trace-out with --dataset shared-prefix counts the prefix's tokens as "
+                "the completions route does: it needs --endpoint completions, not " +
+                f.endpoint);
+        }
+        const Status writable = loadgen::WriteTraceFile(f.trace_out, {});
+        if (!writable.ok()) return Fail(writable.message());
+    }
     auto prompts = LoadPrompts(f, *kind, &options);
     if (!prompts.ok()) return Fail(prompts.status().message());
 
@@ -191,6 +206,15 @@ int RunBench(const BenchFlags& f) {
     if (!run.ok()) return Fail(run.status().message());
     if (!f.result_file.empty()) {
         const Status written = loadgen::WriteResultFile(f.result_file, *prompts, *run);
+        if (!written.ok()) return Fail(written.message());
+    }
+    if (!f.trace_out.empty()) {
+        auto trace = loadgen::MakeTrace(
+            *prompts, *run,
+            loadgen::ServerTokenCounter(options.url, run->model, options.api_key, 60));
+        if (!trace.ok())
+            return Fail("--trace-out " + f.trace_out + ": " + trace.status().message());
+        const Status written = loadgen::WriteTraceFile(f.trace_out, *trace);
         if (!written.ok()) return Fail(written.message());
     }
     loadgen::BenchReport report = loadgen::MakeReport(*run, *slo);
@@ -265,6 +289,9 @@ Command RegisterBench(CLI::App& app) {
     sub->add_flag("--json", f->json, "Print the report as JSON");
     sub->add_option("--result-file", f->result_file,
                     "Write every request's measurements to this file, one JSON line each");
+    sub->add_option("--trace-out", f->trace_out,
+                    "Write the requests sent (arrival, prompt and output tokens as the server "
+                    "counted them) as a trace for kvshard simulate --dataset trace");
     sub->add_flag("--cache-prefix", f->cache_prefix,
                   "Prompt caching: mark each prompt's shared prefix (its system message) with "
                   "cache_control {type: ephemeral} (chat or messages)");

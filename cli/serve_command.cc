@@ -29,6 +29,7 @@
 #include "coordinator/engine.h"
 #include "coordinator/http_server.h"
 #include "coordinator/router.h"
+#include "coordinator/step_log.h"
 #include "kernels/paged_attention.h"
 #include "model/chat_template.h"
 #include "model/hf_export.h"
@@ -51,6 +52,7 @@ struct ServeFlags {
     std::vector<std::string> served_model_names, api_keys;
     std::string max_model_len, kv_cache_dtype;
     std::vector<std::string> sets;  // --set key=value
+    std::string step_log;           // --step-log FILE (coordinator/step_log.h)
 };
 
 // A list flag's values as one override value (config/server_config.h: comma-separated), or the
@@ -93,6 +95,7 @@ struct ServedInstance {
     std::string name;
     std::unique_ptr<TpGroup> group;
     std::unique_ptr<ProcessInstance> process;
+    std::unique_ptr<StepLogExecutor> step_logger;  // with --step-log: wraps group or process
     std::unique_ptr<InstanceEngine> engine;
 };
 
@@ -166,6 +169,12 @@ int RunServe(ServeFlags f) {
     if (!cr.ok()) return Fail(cr.status().message());
     const ServerConfig& c = *cr;
     InitLogging("coordinator", c.log_level);
+    std::unique_ptr<StepLog> step_log;  // outlives the instances that write to it
+    if (!f.step_log.empty()) {
+        Result<std::unique_ptr<StepLog>> opened = StepLog::Open(f.step_log);
+        if (!opened.ok()) return Fail(opened.status().message());
+        step_log = std::move(*opened);
+    }
     // Before the model is opened: a backend that needs a device this machine lacks
     // (cli/serve_devices.h).
     const std::string source = c.source.empty() ? std::string() : c.source + ": ";
@@ -356,7 +365,11 @@ int RunServe(ServeFlags f) {
             return Fail(c.source + ": " + st.message());
         StepExecutor& executor = inst.group != nullptr ? static_cast<StepExecutor&>(*inst.group)
                                                        : inst.process->executor();
-        inst.engine = std::make_unique<InstanceEngine>(ec, *stop_ids_of.tokenizer, executor);
+        if (step_log != nullptr) {
+            inst.step_logger = std::make_unique<StepLogExecutor>(executor, *step_log, inst.name);
+        }
+        inst.engine = std::make_unique<InstanceEngine>(
+            ec, *stop_ids_of.tokenizer, inst.step_logger != nullptr ? *inst.step_logger : executor);
         inst.engine->Start();
         spdlog::info("instance {} ({} pool {}): tp {}, {} KV blocks of {} tokens, {} workers on {}",
                      inst.name, InstanceRoleName(ec.role), pool.name, ic.tp,
@@ -463,6 +476,9 @@ Command RegisterServe(CLI::App& app) {
     sub->add_option("--set", f->sets,
                     "KEY=VALUE: any scalar setting of the config file (repeatable), e.g. "
                     "workers.mode=processes");
+    sub->add_option("--step-log", f->step_log,
+                    "Write one JSON line per serving step here (a CPU profile for kvshard "
+                    "simulate --profile; docs/simulate.md)");
     return [f] { return RunServe(*f); };
 }
 

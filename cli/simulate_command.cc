@@ -463,8 +463,8 @@ int RunSimulate(const SimulateFlags& f) {
         options.profile = *profile;
         std::fprintf(stderr,
                      "profile %s: step s = %.4g + %.4g x prefill tokens + %.4g x decode seqs + "
-                     "%.4g x KV tokens (%lld points, rms error %.3g s)\n",
-                     f.profile.c_str(), profile->a, profile->b, profile->c, profile->d,
+                     "%.4g x KV tokens + %.4g x prefill pairs (%lld points, rms error %.3g s)\n",
+                     f.profile.c_str(), profile->a, profile->b, profile->c, profile->d, profile->e,
                      static_cast<long long>(profile->num_points), profile->rms_error_s);
     }
     options.scheduler.max_num_seqs = f.max_num_seqs;

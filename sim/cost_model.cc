@@ -175,6 +175,7 @@ StepCost CostModel::Cost(const StepPlan& plan, Link kv_link) const {
     int64_t sampled = 0;
     int64_t decode_seqs = 0;
     int64_t kv_tokens = 0;
+    int64_t prefill_pairs = 0;
     double attention = 0;
     for (const ScheduledSequence& s : plan.sequences) {
         const auto q = static_cast<int64_t>(s.token_ids.size());
@@ -185,6 +186,7 @@ StepCost CostModel::Cost(const StepPlan& plan, Link kv_link) const {
             ++decode_seqs;
         } else {
             c.num_prefill_tokens += q;
+            prefill_pairs += q * s.start_pos + q * (q + 1) / 2;
         }
         sampled += s.sample ? 1 : 0;
         kv_tokens += s.start_pos + q;
@@ -203,7 +205,8 @@ StepCost CostModel::Cost(const StepPlan& plan, Link kv_link) const {
         c.overhead_s = p.a;
         c.gemm_s = p.b * static_cast<double>(c.num_prefill_tokens) +
                    p.c * static_cast<double>(decode_seqs);
-        c.attention_s = p.d * static_cast<double>(kv_tokens);
+        c.attention_s =
+            p.d * static_cast<double>(kv_tokens) + p.e * static_cast<double>(prefill_pairs);
         const double forward = c.num_tokens > 0 ? c.gemm_s + c.attention_s : 0;
         c.total_s = c.overhead_s + std::max(forward, layerwise_s) + after_s;
         return c;
@@ -245,19 +248,19 @@ int64_t CostModel::NumKvBlocks(int64_t block_size, double memory_utilization) co
 
 Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
     if (points.empty()) return InvalidArgument("CPU profile: no points to fit");
-    constexpr int kTerms = 4;
+    constexpr int kTerms = 5;
     const size_t n = points.size();
     std::vector<std::array<double, kTerms>> x(n);
     std::vector<double> y(n);
     for (size_t i = 0; i < n; ++i) {
         const CpuProfilePoint& p = points[i];
-        if (p.prefill_tokens < 0 || p.decode_seqs < 0 || p.kv_tokens < 0 ||
+        if (p.prefill_tokens < 0 || p.decode_seqs < 0 || p.kv_tokens < 0 || p.prefill_pairs < 0 ||
             !(p.seconds >= 0 && std::isfinite(p.seconds))) {
             return InvalidArgument("CPU profile: point " + std::to_string(i) +
                                    " has a negative or non-finite value");
         }
         x[i] = {1.0, static_cast<double>(p.prefill_tokens), static_cast<double>(p.decode_seqs),
-                static_cast<double>(p.kv_tokens)};
+                static_cast<double>(p.kv_tokens), static_cast<double>(p.prefill_pairs)};
         y[i] = p.seconds;
     }
     // Relative least squares: each point's row is divided by its measured time, so a 20 ms decode
@@ -342,11 +345,13 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
     p.b = best[1];
     p.c = best[2];
     p.d = best[3];
+    p.e = best[4];
     p.num_points = static_cast<int64_t>(n);
     double sse_seconds = 0;
     for (size_t i = 0; i < n; ++i) {
         const CpuProfilePoint& q = points[i];
-        const double e = p.Seconds(q.prefill_tokens, q.decode_seqs, q.kv_tokens) - y_seconds[i];
+        const double e =
+            p.Seconds(q.prefill_tokens, q.decode_seqs, q.kv_tokens, q.prefill_pairs) - y_seconds[i];
         sse_seconds += e * e;
     }
     p.rms_error_s = std::sqrt(sse_seconds / static_cast<double>(n));
@@ -390,7 +395,8 @@ Status AddBenchEngineRow(const json& row, const std::string& where,
     out.push_back({.prefill_tokens = batch * prompt,
                    .decode_seqs = 0,
                    .kv_tokens = batch * prompt,
-                   .seconds = static_cast<double>(batch * prompt) / prefill_tps});
+                   .seconds = static_cast<double>(batch * prompt) / prefill_tps,
+                   .prefill_pairs = batch * (prompt * (prompt + 1) / 2)});
     // Decode steps: batch sequences at contexts prompt + 1 .. prompt + decode_tokens.
     if (decode >= 1) {
         out.push_back({.prefill_tokens = 0,
@@ -427,6 +433,9 @@ Status AddValue(const json& v, const std::string& where, std::vector<CpuProfileP
     KV_ASSIGN_OR_RETURN(p.prefill_tokens, JsonCount(v, "prefill_tokens", where));
     KV_ASSIGN_OR_RETURN(p.decode_seqs, JsonCount(v, "decode_seqs", where));
     KV_ASSIGN_OR_RETURN(p.kv_tokens, JsonCount(v, "kv_tokens", where));
+    if (v.contains("prefill_pairs")) {
+        KV_ASSIGN_OR_RETURN(p.prefill_pairs, JsonCount(v, "prefill_pairs", where));
+    }
     KV_ASSIGN_OR_RETURN(p.seconds, JsonNumber(v, "seconds", where));
     if (p.seconds < 0) return InvalidArgument(where + ": field 'seconds': must be >= 0");
     out.push_back(p);
@@ -438,26 +447,29 @@ Status AddValue(const json& v, const std::string& where, std::vector<CpuProfileP
 Result<std::vector<CpuProfilePoint>> ParseCpuProfilePoints(std::string_view json_text,
                                                            const std::string& path) {
     std::vector<CpuProfilePoint> points;
-    // One document, or JSON lines: values are parsed one after another.
+    // JSON lines, or one multi-line document: values are parsed one after another, each from its
+    // line first (linear in the file: a step log has thousands of lines), else from the rest of
+    // the file.
+    const std::string_view text = json_text;
     size_t pos = 0;
-    const std::string text(json_text);
+    int64_t line = 1;  // of pos, for messages
+    size_t counted_to = 0;
     while (true) {
         pos = text.find_first_not_of(" \t\r\n", pos);
-        if (pos == std::string::npos) break;
-        // The line of this value, for messages.
-        const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<long>(pos), '\n');
+        if (pos == std::string_view::npos) break;
+        line += std::count(text.begin() + static_cast<long>(counted_to),
+                           text.begin() + static_cast<long>(pos), '\n');
+        counted_to = pos;
         const std::string where = path + ":" + std::to_string(line);
-        const size_t end = text.find('\n', pos);
-        // Try the rest of the file first (a multi-line document), then a single line.
-        json v = json::parse(text.substr(pos), nullptr, false);
+        const size_t end = std::min(text.find('\n', pos), text.size());
+        json v = json::parse(text.begin() + static_cast<long>(pos),
+                             text.begin() + static_cast<long>(end), nullptr, false);
         if (!v.is_discarded()) {
-            pos = text.size();
+            pos = end;
         } else {
-            v = json::parse(
-                text.substr(pos, end == std::string::npos ? std::string::npos : end - pos), nullptr,
-                false);
+            v = json::parse(text.begin() + static_cast<long>(pos), text.end(), nullptr, false);
             if (v.is_discarded()) return InvalidArgument(where + ": not valid JSON");
-            pos = end == std::string::npos ? text.size() : end + 1;
+            pos = text.size();
         }
         KV_RETURN_IF_ERROR(AddValue(v, where, points));
     }

@@ -56,20 +56,27 @@ struct CpuProfilePoint {
     int64_t decode_seqs = 0;     // sequences decoding one token
     int64_t kv_tokens = 0;       // sum over the step's sequences of their context after the step
     double seconds = 0;
+    // The causal (query, key) pairs of the prefilling sequences' chunks: q x start_pos +
+    // q (q + 1) / 2 each. A chunk after a long context (a prompt's second chunk, a suffix after
+    // a cached prefix) attends to all of it, which kv_tokens counts once per sequence.
+    int64_t prefill_pairs = 0;
 };
 
-// t = a + b x prefill_tokens + c x decode_seqs + d x kv_tokens, every coefficient >= 0.
+// t = a + b x prefill_tokens + c x decode_seqs + d x kv_tokens + e x prefill_pairs, every
+// coefficient >= 0.
 struct CpuProfile {
     double a = 0;  // seconds per step
     double b = 0;  // seconds per prefill token
     double c = 0;  // seconds per decoding sequence
     double d = 0;  // seconds per KV token read
+    double e = 0;  // seconds per (query, key) pair of a prefill chunk
     int64_t num_points = 0;
     double rms_error_s = 0;  // of the fit over its points
 
-    double Seconds(int64_t prefill_tokens, int64_t decode_seqs, int64_t kv_tokens) const {
+    double Seconds(int64_t prefill_tokens, int64_t decode_seqs, int64_t kv_tokens,
+                   int64_t prefill_pairs = 0) const {
         return a + b * static_cast<double>(prefill_tokens) + c * static_cast<double>(decode_seqs) +
-               d * static_cast<double>(kv_tokens);
+               d * static_cast<double>(kv_tokens) + e * static_cast<double>(prefill_pairs);
     }
 };
 
@@ -82,9 +89,11 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points);
 // Reads measured points from JSON text: any number of JSON values (one document or JSON lines),
 // each one of
 //   {"prefill_tokens": 512, "decode_seqs": 0, "kv_tokens": 512, "seconds": 0.21}   one point
+//     (optional "prefill_pairs", 0 when absent; other fields, as a step log's, are ignored)
 //   {"points": [ ...points... ]}
 //   the output of `kvshard bench-engine --json` ({"engine": "kvshard", "results": [...]}): each
-//   row gives a prefill point (batch x prompt_tokens tokens, seconds = those / prefill tok/s)
+//   row gives a prefill point (batch x prompt_tokens tokens, batch x p (p + 1) / 2 pairs,
+//   seconds = tokens / prefill tok/s)
 //   and a decode point (batch sequences at the mean context prompt + (decode_tokens + 1) / 2,
 //   seconds = batch / decode tok/s)
 //   a JSON array of any of these.

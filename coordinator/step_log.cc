@@ -1,0 +1,94 @@
+#include "coordinator/step_log.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+namespace kvshard {
+
+StepShape ShapeOfStep(const StepPlan& plan) {
+    StepShape shape;
+    for (const ScheduledSequence& s : plan.sequences) {
+        const auto q = static_cast<int64_t>(s.token_ids.size());
+        if (q == 0) continue;
+        if (q == 1 && s.start_pos > 0) {
+            ++shape.decode_seqs;
+        } else {
+            shape.prefill_tokens += q;
+            shape.prefill_pairs += q * s.start_pos + q * (q + 1) / 2;
+        }
+        shape.kv_tokens += s.start_pos + q;
+    }
+    return shape;
+}
+
+std::string StepLogLine(const StepLogPoint& p) {
+    const nlohmann::json line = {
+        {"instance", p.instance},
+        {"prefill_tokens", p.shape.prefill_tokens},
+        {"decode_seqs", p.shape.decode_seqs},
+        {"kv_tokens", p.shape.kv_tokens},
+        {"prefill_pairs", p.shape.prefill_pairs},
+        {"seconds", p.seconds},
+        {"execute_seconds", p.execute_seconds},
+    };
+    return line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+Result<std::unique_ptr<StepLog>> StepLog::Open(const std::string& path) {
+    std::FILE* file = std::fopen(path.c_str(), "w");
+    if (file == nullptr) {
+        return InvalidArgument("--step-log " + path + ": cannot write (" + std::strerror(errno) +
+                               ")");
+    }
+    return std::unique_ptr<StepLog>(new StepLog(file));
+}
+
+StepLog::~StepLog() { std::fclose(file_); }
+
+void StepLog::Write(const StepLogPoint& point) {
+    const std::string line = StepLogLine(point) + "\n";
+    std::lock_guard<std::mutex> lock(mu_);
+    std::fwrite(line.data(), 1, line.size(), file_);
+    std::fflush(file_);
+}
+
+StepLogExecutor::StepLogExecutor(StepExecutor& inner, StepLog& log, std::string instance,
+                                 const Clock& clock)
+    : inner_(inner), log_(log), instance_(std::move(instance)), clock_(clock) {}
+
+Result<StepResult> StepLogExecutor::Execute(const StepPlan& plan) {
+    const Clock::time_point start = clock_.Now();
+    std::vector<int64_t> seq_ids;
+    seq_ids.reserve(plan.sequences.size());
+    for (const ScheduledSequence& s : plan.sequences) seq_ids.push_back(s.seq_id);
+    std::sort(seq_ids.begin(), seq_ids.end());
+
+    if (has_previous_) {
+        // The engine plans the next step at once while a sequence of this one still runs; only
+        // then is the gap between the two starts one busy cycle.
+        std::vector<int64_t> common;
+        std::set_intersection(previous_seq_ids_.begin(), previous_seq_ids_.end(), seq_ids.begin(),
+                              seq_ids.end(), std::back_inserter(common));
+        if (!common.empty()) {
+            log_.Write({.instance = instance_,
+                        .shape = previous_shape_,
+                        .seconds = std::chrono::duration<double>(start - previous_start_).count(),
+                        .execute_seconds = previous_execute_s_});
+        }
+    }
+
+    Result<StepResult> result = inner_.Execute(plan);
+    has_previous_ = result.ok() && StepError(*result).ok();
+    if (has_previous_) {
+        previous_shape_ = ShapeOfStep(plan);
+        previous_seq_ids_ = std::move(seq_ids);
+        previous_start_ = start;
+        previous_execute_s_ = clock_.SecondsSince(start);
+    }
+    return result;
+}
+
+}  // namespace kvshard
