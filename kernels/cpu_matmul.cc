@@ -43,7 +43,10 @@ using matmul_internal::MatMulRowsInt8Avx512;
 // kvshard_matmul_bench, 1 thread, SmolLM2-135M shapes, Q4_1/Q8_0 (GFLOP/s): tiled 50-64 flat in
 // m; panels 23-35 at m = 16-32, 52-68 at m = 64, 65-90 at m = 128.
 constexpr int64_t kMaxTiledRows = 48;
-// Weight rows per OpenMP work item in the tiled path (a multiple of the kernels' strip of 4).
+// Weight rows of the kernels' strip (cpu_matmul_avx512.cc: a tile reads 4 weight rows at once);
+// the tiled path gives each thread whole strips.
+constexpr int64_t kStripRows = 4;
+// Weight rows per panel granule in the sgemm path.
 constexpr int64_t kChunkRows = 16;
 // Activation rows per block of the tiled path (64 rows of 576 floats: 147 KB, inside L2).
 constexpr int64_t kRowBlock = 64;
@@ -186,44 +189,51 @@ void MatMulRowsPortable(const float* x, int64_t m, const StoredMatrix& w, int64_
     }
 }
 
+// The calling team member's share of the n output columns: one contiguous range of whole
+// strips of kStripRows (the last may be short), as even as the strips allow. One range per thread
+// rather than many small chunks: the kernels prefetch the next strip of their range, and a range
+// that ends every few strips would stall at each end while the stream restarts.
+void TeamShare(int64_t n, int64_t* n0, int64_t* n1) {
+    const int64_t threads = omp_get_num_threads();
+    const int64_t t = omp_get_thread_num();
+    const int64_t strips = (n + kStripRows - 1) / kStripRows;
+    *n0 = std::min(n, strips * t / threads * kStripRows);
+    *n1 = std::min(n, strips * (t + 1) / threads * kStripRows);
+}
+
+void MatMulRowsIsa(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w, int64_t n0,
+                   int64_t n1, float* y, float* row) {
+    switch (isa) {
+#if defined(__x86_64__)
+        case KernelIsa::kAvx512:
+            return MatMulRowsAvx512(x, m, w, n0, n1, y);
+        case KernelIsa::kAvx2:
+            return MatMulRowsAvx2(x, m, w, n0, n1, y);
+#else
+        case KernelIsa::kAvx512:  // never active off x86-64
+        case KernelIsa::kAvx2:
+#endif
+        case KernelIsa::kPortable:
+            return MatMulRowsPortable(x, m, w, n0, n1, y, row);
+    }
+}
+
 void MatMulTiled(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w, float* y) {
     const int64_t n = w.rows;
     const int64_t k = w.cols;
-    const int64_t chunks = (n + kChunkRows - 1) / kChunkRows;
-    const bool parallel = chunks > 1 && m * n * k >= kMinParallelMacs;
+    const bool parallel = n > kStripRows && m * n * k >= kMinParallelMacs;
 #pragma omp parallel if (parallel)
     {
         std::vector<float> row(isa == KernelIsa::kPortable ? static_cast<size_t>(k) : 0);
-        // Blocks of activation rows that stay in L2 while the team streams the weights past
+        int64_t n0;
+        int64_t n1;
+        TeamShare(n, &n0, &n1);
+        // Blocks of activation rows that stay in L2 while the thread streams its weights past
         // them once per block (the weights of one matrix stay in the last-level cache). The
-        // blocks write disjoint rows of y, so a thread goes on to the next block without waiting
-        // for the team: the region's closing barrier is the only one (decode, one block, pays
-        // one barrier per product instead of two).
-        for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
+        // threads write disjoint columns of y, so the region's closing barrier is the only one.
+        for (int64_t i0 = 0; i0 < m && n0 < n1; i0 += kRowBlock) {
             const int64_t rows = std::min(kRowBlock, m - i0);
-            const float* xb = x + i0 * k;
-            float* yb = y + i0 * n;
-#pragma omp for schedule(static) nowait
-            for (int64_t c = 0; c < chunks; ++c) {
-                const int64_t n0 = c * kChunkRows;
-                const int64_t n1 = std::min(n, n0 + kChunkRows);
-                switch (isa) {
-#if defined(__x86_64__)
-                    case KernelIsa::kAvx512:
-                        MatMulRowsAvx512(xb, rows, w, n0, n1, yb);
-                        break;
-                    case KernelIsa::kAvx2:
-                        MatMulRowsAvx2(xb, rows, w, n0, n1, yb);
-                        break;
-#else
-                    case KernelIsa::kAvx512:  // never active off x86-64
-                    case KernelIsa::kAvx2:
-#endif
-                    case KernelIsa::kPortable:
-                        MatMulRowsPortable(xb, rows, w, n0, n1, yb, row.data());
-                        break;
-                }
-            }
+            MatMulRowsIsa(isa, x + i0 * k, rows, w, n0, n1, y + i0 * n, row.data());
         }
     }
 }
@@ -249,7 +259,7 @@ uint8_t* Int8Scratch(size_t bytes) {
 }
 
 // The int8-activation path: the activations quantized once on the calling thread, then the team
-// streams the weights past them, chunks of output columns per thread as in MatMulTiled.
+// streams the weights past them, one range of output columns per thread as in MatMulTiled.
 void MatMulInt8(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w, float* y) {
     const int64_t n = w.rows;
     const int64_t k = w.cols;
@@ -262,14 +272,14 @@ void MatMulInt8(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w,
         xq = Int8Scratch(matmul_internal::Int8Avx2Bytes(m, k));
         matmul_internal::QuantizeRowsAvx2(w.dtype, x, m, k, xq);
     }
-    const int64_t chunks = (n + kChunkRows - 1) / kChunkRows;
-#pragma omp parallel for schedule(static) if (chunks > 1 && m * n * k >= kMinParallelMacs)
-    for (int64_t c = 0; c < chunks; ++c) {
-        const int64_t n0 = c * kChunkRows;
-        const int64_t n1 = std::min(n, n0 + kChunkRows);
-        if (avx512) {
+#pragma omp parallel if (n > kStripRows && m * n * k >= kMinParallelMacs)
+    {
+        int64_t n0;
+        int64_t n1;
+        TeamShare(n, &n0, &n1);
+        if (n0 < n1 && avx512) {
             MatMulRowsInt8Avx512(xq, m, w, n0, n1, y);
-        } else {
+        } else if (n0 < n1) {
             MatMulRowsInt8Avx2(xq, m, w, n0, n1, y);
         }
     }
