@@ -465,6 +465,8 @@ constexpr int kMaxTileRows = 8;
 constexpr int kStrip = 4;  // weight rows per strip: C = 4, 2 or 1
 constexpr size_t kCacheLine = 64;
 
+// Columns [n0, n1) of y (stride ldy, which is also the number of weight rows) from weight rows
+// [n0, n1).
 template <DType T>
 KV_AVX512 void RowsT(const float* x, int64_t m, int64_t k, const uint8_t* w, size_t row_bytes,
                      int64_t n0, int64_t n1, float* y, int64_t ldy) {
@@ -475,8 +477,10 @@ KV_AVX512 void RowsT(const float* x, int64_t m, int64_t k, const uint8_t* w, siz
         // this one computes. The hardware prefetcher follows each row's stream but starts late
         // on short rows; one prefetch per 256 bytes (leaving the rest to the adjacent-line
         // prefetcher) decoded 60 tok/s at batch 1 where every line decodes 90-100
-        // (docs/benchmarks.md, issue 10).
-        if (j + 2 * kStrip <= n1) {
+        // (docs/benchmarks.md, issue 10). Past n1 too, as far as the matrix goes: the caller
+        // claims its rows a few strips at a time (cpu_matmul.cc), and its next claim is
+        // usually the strips that follow.
+        if (j + 2 * kStrip <= ldy) {
             const uint8_t* next = wj + kStrip * row_bytes;
             for (size_t off = 0; off < kStrip * row_bytes; off += kCacheLine) {
                 _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T0);
@@ -829,7 +833,7 @@ KV_VNNI void RowsInt8T(const Int8Pair* xq, int64_t m, const StoredMatrix& w, int
     int64_t j = n0;
     for (; j + kStrip <= n1; j += kStrip) {
         const uint8_t* wj = w.data + j * row_bytes;
-        if (j + 2 * kStrip <= n1) {  // every line of the next strip, as in RowsT
+        if (j + 2 * kStrip <= ldy) {  // every line of the next strip, as in RowsT
             const uint8_t* next = wj + kStrip * row_bytes;
             for (size_t off = 0; off < kStrip * row_bytes; off += kCacheLine) {
                 _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T0);
