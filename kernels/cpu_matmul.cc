@@ -190,16 +190,16 @@ void MatMulRowsPortable(const float* x, int64_t m, const StoredMatrix& w, int64_
 }
 
 // The split of a tiled product's output columns over the team, in strips of kStripRows (the
-// last may be short). Each member owns one contiguous range (the kernels prefetch the strip after
-// the one they compute, so a thread that walks its own range streams its weights without a
-// restart), takes it from the front kClaimStrips at a time, and when it is done takes the back
+// last may be short). Each member owns one contiguous range (the kernels prefetch the strips
+// ahead of the one they compute, so a thread that walks its own range streams its weights without
+// a restart), takes it from the front kClaimStrips at a time, and when it is done takes the back
 // half of what is left of another member's range, until nothing is left. A static split left
 // each thread waiting at the product's closing barrier ~10% of batch-1 decode time (the two
 // halves of a product do not take the same time when the threads share the memory system with
 // other processes); a dynamic split of small chunks lost the streams (docs/benchmarks.md,
 // issue 10).
-// Thread-safety: Claim/Steal are called by the team concurrently; the ranges are built before
-// the parallel region by the calling thread.
+// Thread-safety: Run is called by the team's members concurrently (each range's bounds are one
+// atomic word); the ranges are built by the calling thread before the parallel region.
 class StripRanges {
   public:
     // Ranges for `members` threads over n columns. REQUIRES: 1 <= members.
