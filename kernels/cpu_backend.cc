@@ -1,5 +1,7 @@
 #include "kernels/cpu_backend.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -9,6 +11,8 @@
 
 namespace kvshard {
 namespace {
+
+constexpr size_t kHugePageBytes = size_t{2} << 20;
 
 cpu::StoredMatrix Stored(const WeightView& w) {
     return {.dtype = w.dtype,
@@ -29,12 +33,20 @@ std::string CpuBackend::Describe() const {
 }
 
 Result<void*> CpuBackend::AllocateRaw(size_t bytes) {
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded);
+    // Buffers of a huge page or more (the weights, the KV pool) are aligned to huge pages and
+    // marked for transparent huge pages, which this kind of system grants only on request
+    // (/sys/kernel/mm/transparent_hugepage/enabled = madvise): a batch-1 decode streams ~100 MB
+    // of weights a token, and in 4 KiB pages every page of it is a TLB miss.
+    const bool huge = bytes >= kHugePageBytes;
+    const size_t align = huge ? kHugePageBytes : 64;
+    const size_t rounded = (bytes + align - 1) / align * align;
+    void* p = std::aligned_alloc(align, rounded);
     if (p == nullptr) {
         return Status(StatusCode::kResourceExhausted,
                       "cpu backend: cannot allocate " + std::to_string(bytes) + " bytes");
     }
+    // Advice only: without THP in the kernel the buffer keeps 4 KiB pages.
+    if (huge) ::madvise(p, rounded, MADV_HUGEPAGE);
     return p;
 }
 

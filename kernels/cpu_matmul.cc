@@ -43,7 +43,10 @@ using matmul_internal::MatMulRowsInt8Avx512;
 // kvshard_matmul_bench, 1 thread, SmolLM2-135M shapes, Q4_1/Q8_0 (GFLOP/s): tiled 50-64 flat in
 // m; panels 23-35 at m = 16-32, 52-68 at m = 64, 65-90 at m = 128.
 constexpr int64_t kMaxTiledRows = 48;
-// Weight rows per OpenMP work item in the tiled path (a multiple of the kernels' strip of 4).
+// Weight rows of the kernels' strip (cpu_matmul_avx512.cc: a tile reads 4 weight rows at once);
+// the tiled path gives each thread whole strips.
+constexpr int64_t kStripRows = 4;
+// Weight rows per panel granule in the sgemm path.
 constexpr int64_t kChunkRows = 16;
 // Activation rows per block of the tiled path (64 rows of 576 floats: 147 KB, inside L2).
 constexpr int64_t kRowBlock = 64;
@@ -186,45 +189,123 @@ void MatMulRowsPortable(const float* x, int64_t m, const StoredMatrix& w, int64_
     }
 }
 
+// The split of a tiled product's output columns over the team, in strips of kStripRows (the
+// last may be short). Each member owns one contiguous range (the kernels prefetch the strips
+// ahead of the one they compute, so a thread that walks its own range streams its weights without
+// a restart), takes it from the front kClaimStrips at a time, and when it is done takes the back
+// half of what is left of another member's range, until nothing is left. A static split left
+// each thread waiting at the product's closing barrier ~10% of batch-1 decode time (the two
+// halves of a product do not take the same time when the threads share the memory system with
+// other processes); a dynamic split of small chunks lost the streams (docs/benchmarks.md,
+// issue 10).
+// Thread-safety: Run is called by the team's members concurrently (each range's bounds are one
+// atomic word); the ranges are built by the calling thread before the parallel region.
+class StripRanges {
+  public:
+    // Ranges for `members` threads over n columns. REQUIRES: 1 <= members.
+    StripRanges(int64_t n, int members) : n_(n), members_(members) {
+        const int64_t strips = (n + kStripRows - 1) / kStripRows;
+        KV_CHECK(strips < (int64_t{1} << 31)) << "n=" << n;
+        if (static_cast<size_t>(members) > Slots().size()) Slots() = std::vector<Slot>(members);
+        for (int t = 0; t < members; ++t) {
+            Slots()[t].bounds.store(Pack(strips * t / members, strips * (t + 1) / members),
+                                    std::memory_order_relaxed);
+        }
+        slots_ = Slots().data();
+    }
+
+    // Calls f(n0, n1) on column ranges until the product is done: member t's own range first,
+    // then what it can take from the others'. REQUIRES: 0 <= t < members.
+    template <typename F>
+    void Run(int t, F&& f) {
+        int64_t s0;
+        int64_t s1;
+        while (Take(t, /*steal=*/false, &s0, &s1)) f(Column(s0), Column(s1));
+        for (int d = 1; d < members_; ++d) {
+            const int victim = (t + d) % members_;
+            while (Take(victim, /*steal=*/true, &s0, &s1)) f(Column(s0), Column(s1));
+        }
+    }
+
+  private:
+    struct alignas(64) Slot {
+        std::atomic<uint64_t> bounds{0};  // [lo, hi) in strips: lo in the low 32 bits
+    };
+    // Strips an owner takes at a time (16 weight rows).
+    static constexpr int64_t kClaimStrips = 4;
+
+    // One array per calling thread (a tensor-parallel rank thread has its own team), reused.
+    static std::vector<Slot>& Slots() {
+        thread_local std::vector<Slot> slots;
+        return slots;
+    }
+    static uint64_t Pack(int64_t lo, int64_t hi) {
+        return static_cast<uint64_t>(lo) | (static_cast<uint64_t>(hi) << 32);
+    }
+    int64_t Column(int64_t strip) const { return std::min(n_, strip * kStripRows); }
+
+    // Takes strips [*s0, *s1) of slot `t`: its front kClaimStrips for the owner, the back half
+    // of what is left for a thief. False when the slot is empty.
+    bool Take(int t, bool steal, int64_t* s0, int64_t* s1) {
+        std::atomic<uint64_t>& bounds = slots_[t].bounds;
+        uint64_t v = bounds.load(std::memory_order_relaxed);
+        while (true) {
+            const int64_t lo = static_cast<int64_t>(v & 0xFFFFFFFFu);
+            const int64_t hi = static_cast<int64_t>(v >> 32);
+            if (lo >= hi) return false;
+            uint64_t next;
+            if (steal) {
+                *s1 = hi;
+                *s0 = hi - std::max<int64_t>(1, (hi - lo) / 2);
+                next = Pack(lo, *s0);
+            } else {
+                *s0 = lo;
+                *s1 = std::min(hi, lo + kClaimStrips);
+                next = Pack(*s1, hi);
+            }
+            if (bounds.compare_exchange_weak(v, next, std::memory_order_relaxed)) return true;
+        }
+    }
+
+    int64_t n_;
+    int members_;
+    Slot* slots_ = nullptr;
+};
+
+void MatMulRowsIsa(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w, int64_t n0,
+                   int64_t n1, float* y, float* row) {
+    switch (isa) {
+#if defined(__x86_64__)
+        case KernelIsa::kAvx512:
+            return MatMulRowsAvx512(x, m, w, n0, n1, y);
+        case KernelIsa::kAvx2:
+            return MatMulRowsAvx2(x, m, w, n0, n1, y);
+#else
+        case KernelIsa::kAvx512:  // never active off x86-64
+        case KernelIsa::kAvx2:
+#endif
+        case KernelIsa::kPortable:
+            return MatMulRowsPortable(x, m, w, n0, n1, y, row);
+    }
+}
+
 void MatMulTiled(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w, float* y) {
     const int64_t n = w.rows;
     const int64_t k = w.cols;
-    const int64_t chunks = (n + kChunkRows - 1) / kChunkRows;
-    const bool parallel = chunks > 1 && m * n * k >= kMinParallelMacs;
+    const bool parallel = n > kStripRows && m * n * k >= kMinParallelMacs;
+    StripRanges ranges(n, parallel ? omp_get_max_threads() : 1);
 #pragma omp parallel if (parallel)
     {
         std::vector<float> row(isa == KernelIsa::kPortable ? static_cast<size_t>(k) : 0);
-        // Blocks of activation rows that stay in L2 while the team streams the weights past
+        // Blocks of activation rows that stay in L2 while the thread streams its weights past
         // them once per block (the weights of one matrix stay in the last-level cache). The
-        // blocks write disjoint rows of y, so a thread goes on to the next block without waiting
-        // for the team: the region's closing barrier is the only one (decode, one block, pays
-        // one barrier per product instead of two).
-        for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
-            const int64_t rows = std::min(kRowBlock, m - i0);
-            const float* xb = x + i0 * k;
-            float* yb = y + i0 * n;
-#pragma omp for schedule(static) nowait
-            for (int64_t c = 0; c < chunks; ++c) {
-                const int64_t n0 = c * kChunkRows;
-                const int64_t n1 = std::min(n, n0 + kChunkRows);
-                switch (isa) {
-#if defined(__x86_64__)
-                    case KernelIsa::kAvx512:
-                        MatMulRowsAvx512(xb, rows, w, n0, n1, yb);
-                        break;
-                    case KernelIsa::kAvx2:
-                        MatMulRowsAvx2(xb, rows, w, n0, n1, yb);
-                        break;
-#else
-                    case KernelIsa::kAvx512:  // never active off x86-64
-                    case KernelIsa::kAvx2:
-#endif
-                    case KernelIsa::kPortable:
-                        MatMulRowsPortable(xb, rows, w, n0, n1, yb, row.data());
-                        break;
-                }
+        // threads write disjoint columns of y, so the region's closing barrier is the only one.
+        ranges.Run(omp_get_thread_num(), [&](int64_t n0, int64_t n1) {
+            for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
+                const int64_t rows = std::min(kRowBlock, m - i0);
+                MatMulRowsIsa(isa, x + i0 * k, rows, w, n0, n1, y + i0 * n, row.data());
             }
-        }
+        });
     }
 }
 
@@ -249,7 +330,7 @@ uint8_t* Int8Scratch(size_t bytes) {
 }
 
 // The int8-activation path: the activations quantized once on the calling thread, then the team
-// streams the weights past them, chunks of output columns per thread as in MatMulTiled.
+// streams the weights past them, its columns split as in MatMulTiled.
 void MatMulInt8(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w, float* y) {
     const int64_t n = w.rows;
     const int64_t k = w.cols;
@@ -262,17 +343,16 @@ void MatMulInt8(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w,
         xq = Int8Scratch(matmul_internal::Int8Avx2Bytes(m, k));
         matmul_internal::QuantizeRowsAvx2(w.dtype, x, m, k, xq);
     }
-    const int64_t chunks = (n + kChunkRows - 1) / kChunkRows;
-#pragma omp parallel for schedule(static) if (chunks > 1 && m * n * k >= kMinParallelMacs)
-    for (int64_t c = 0; c < chunks; ++c) {
-        const int64_t n0 = c * kChunkRows;
-        const int64_t n1 = std::min(n, n0 + kChunkRows);
+    const bool parallel = n > kStripRows && m * n * k >= kMinParallelMacs;
+    StripRanges ranges(n, parallel ? omp_get_max_threads() : 1);
+#pragma omp parallel if (parallel)
+    ranges.Run(omp_get_thread_num(), [&](int64_t n0, int64_t n1) {
         if (avx512) {
             MatMulRowsInt8Avx512(xq, m, w, n0, n1, y);
         } else {
             MatMulRowsInt8Avx2(xq, m, w, n0, n1, y);
         }
-    }
+    });
 }
 
 // Panels of weight rows, one per work item of the calling thread's OpenMP team: each thread

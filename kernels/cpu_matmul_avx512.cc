@@ -463,19 +463,36 @@ KV_AVX512 void TileRows(int rows, const float* x, int64_t k, const uint8_t* w, s
 // weight rows so that there is enough independent work per block.
 constexpr int kMaxTileRows = 8;
 constexpr int kStrip = 4;  // weight rows per strip: C = 4, 2 or 1
+constexpr size_t kCacheLine = 64;
+// How far ahead of the strip being computed the weights are prefetched.
+constexpr size_t kPrefetchBytes = 8192;
 
+// Fetches into L2, every cache line of it, the strip about kPrefetchBytes after the one at
+// weight row j (wj), if the matrix (`rows` weight rows) has one there. A strip's rows are
+// contiguous and a thread walks its strips in order (cpu_matmul.cc), usually past the end of one
+// call's range into its next. The hardware prefetchers start late on these short rows and leave
+// a single-row decode waiting on DRAM. Batch-1 decode of the default model (docs/benchmarks.md,
+// issue 10): one line per 256 bytes of the next strip into L1, 60 tok/s; every line, 120-130;
+// every line 8 KiB ahead into L2 (prefetcht1), 145-160; 4, 16 and 32 KiB ahead did no better.
+KV_AVX512_INLINE void PrefetchAhead(const uint8_t* wj, int64_t j, size_t row_bytes, int64_t rows) {
+    const size_t strip_bytes = kStrip * row_bytes;
+    const int64_t ahead = std::max<int64_t>(1, static_cast<int64_t>(kPrefetchBytes / strip_bytes));
+    if (j + (ahead + 1) * kStrip > rows) return;
+    const uint8_t* next = wj + ahead * strip_bytes;
+    for (size_t off = 0; off < strip_bytes; off += kCacheLine) {
+        _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T1);
+    }
+}
+
+// Columns [n0, n1) of y (stride ldy, which is also the number of weight rows) from weight rows
+// [n0, n1).
 template <DType T>
 KV_AVX512 void RowsT(const float* x, int64_t m, int64_t k, const uint8_t* w, size_t row_bytes,
                      int64_t n0, int64_t n1, float* y, int64_t ldy) {
     int64_t j = n0;
     for (; j + kStrip <= n1; j += kStrip) {
         const uint8_t* wj = w + j * row_bytes;
-        // The strip's rows are contiguous: fetch the next strip while this one computes (the
-        // hardware prefetcher follows each row's stream but starts late on short rows).
-        const uint8_t* next = wj + kStrip * row_bytes;
-        for (size_t off = 0; off < kStrip * row_bytes && j + 2 * kStrip <= n1; off += 256) {
-            _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T0);
-        }
+        PrefetchAhead(wj, j, row_bytes, ldy);
         for (int64_t i = 0; i < m; i += kMaxTileRows) {
             const int rows = static_cast<int>(std::min<int64_t>(kMaxTileRows, m - i));
             const float* xi = x + i * k;
@@ -823,10 +840,7 @@ KV_VNNI void RowsInt8T(const Int8Pair* xq, int64_t m, const StoredMatrix& w, int
     int64_t j = n0;
     for (; j + kStrip <= n1; j += kStrip) {
         const uint8_t* wj = w.data + j * row_bytes;
-        const uint8_t* next = wj + kStrip * row_bytes;
-        for (size_t off = 0; off < kStrip * row_bytes && j + 2 * kStrip <= n1; off += 256) {
-            _mm_prefetch(reinterpret_cast<const char*>(next + off), _MM_HINT_T0);
-        }
+        PrefetchAhead(wj, j, row_bytes, ldy);
         for (int64_t i = 0; i < m; i += kInt8TileRows) {
             const int rows = static_cast<int>(std::min<int64_t>(kInt8TileRows, m - i));
             const Int8Pair* xi = xq + i * pairs;
