@@ -21,7 +21,7 @@ int64_t Aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
 }  // namespace
 
-int64_t KvBlockBytes(const ModelSpec& spec, KvStorage storage, int64_t block_size, int tp) {
+int64_t KvBlockBytes(const ModelSpec& spec, KvDtype storage, int64_t block_size, int tp) {
     // Ranks whose query heads straddle a KV group hold that head too, hence the + 1.
     const int64_t local_kv = std::min<int64_t>(
         spec.num_kv_heads, (spec.num_kv_heads + tp - 1) / tp + (tp > 1 ? 1 : 0));

@@ -402,7 +402,7 @@ int RunSimulate(const SimulateFlags& f) {
     if (Status st = CheckFlagsApply(f); !st.ok()) return Fail(st.message());
     Result<ArchConfig> arch = ReadArchConfig(f.model_config);
     if (!arch.ok()) return Fail(arch.status().message());
-    Result<kv::KvDtype> kv_dtype = kv::ParseKvDtype(f.kv_dtype);
+    Result<KvDtype> kv_dtype = ParseKvDtype(f.kv_dtype);
     if (!kv_dtype.ok()) return Fail("--kv-dtype: " + kv_dtype.status().message());
     Result<kv::WeightDtype> weight_dtype = kv::ParseWeightDtype(f.weight_dtype);
     if (!weight_dtype.ok()) return Fail("--weight-dtype: " + weight_dtype.status().message());
@@ -462,7 +462,7 @@ int RunSimulate(const SimulateFlags& f) {
         options.enable_prefix_caching = config->kv_cache.enable_prefix_caching;
         options.handoff.layerwise = config->kv_transfer.layerwise;
         if (config->kv_cache.num_blocks > 0) options.num_kv_blocks = config->kv_cache.num_blocks;
-        if (config->kv_cache.dtype != KvCacheDtype::kAuto) {
+        if (config->kv_cache.dtype.has_value()) {
             return Fail(f.config + ": kv_cache.dtype: simulate takes the KV dtype from --kv-dtype");
         }
         std::fprintf(stderr,

@@ -7,22 +7,11 @@
 #include <string>
 #include <string_view>
 
+#include "common/kv_dtype.h"
 #include "common/status.h"
 #include "config/model_spec.h"
 
 namespace kvshard::kv {
-
-// How K and V are stored. kInt8 keeps one fp32 scale per token per head (for K and for V); kFp8
-// is e4m3 with no per-token scale (the worker's KV pool decides any per-layer scale, which costs no
-// bytes per token).
-enum class KvDtype { kFp32, kFp16, kBf16, kFp8, kInt8 };
-
-std::string_view KvDtypeName(KvDtype dtype);
-// Accepts fp32|float32, fp16|float16, bf16|bfloat16, fp8|fp8_e4m3, int8.
-Result<KvDtype> ParseKvDtype(std::string_view name);
-int64_t KvDtypeBytes(KvDtype dtype);
-// Scale bytes stored per token, per KV head, for each of K and V.
-int64_t KvScaleBytes(KvDtype dtype);
 
 // The KV of one worker: its `num_kv_heads` heads (after tensor-parallel splitting or replication)
 // of every layer.
