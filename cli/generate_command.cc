@@ -142,14 +142,12 @@ int RunGenerate(const GenerateFlags& f) {
     } else {
         return fail("--weight-format: " + wf.status().message());
     }
-    if (f.kv_dtype == "fp32") {
-        runner.kv_storage = cpu::KvStorage::kF32;
-    } else if (f.kv_dtype == "int8") {
-        runner.kv_storage = cpu::KvStorage::kInt8;
-    } else if (f.kv_dtype == "fp8") {
-        runner.kv_storage = cpu::KvStorage::kFp8E4M3;
+    if (Result<KvDtype> dtype = ParseKvDtype(f.kv_dtype); !dtype.ok()) {
+        return fail("--kv-dtype: " + dtype.status().message());
+    } else if (Status stored = cpu::CheckPagedKvDtype(*dtype, "--kv-dtype"); !stored.ok()) {
+        return fail(stored.message());
     } else {
-        return fail("--kv-dtype: '" + f.kv_dtype + "' is not one of fp32, int8, fp8");
+        runner.kv_storage = *dtype;
     }
     if (f.backend == "cpu") {
         runner.backend.kind = BackendKind::kCpu;

@@ -30,7 +30,7 @@ struct PlanFlags {
 int RunPlan(const PlanFlags& f) {
     Result<ArchConfig> arch = ReadArchConfig(f.hf_config);
     if (!arch.ok()) return Fail(arch.status().message());
-    Result<kv::KvDtype> kv_dtype = kv::ParseKvDtype(f.kv_dtype);
+    Result<KvDtype> kv_dtype = ParseKvDtype(f.kv_dtype);
     if (!kv_dtype.ok()) return Fail("--kv-dtype: " + kv_dtype.status().message());
     Result<kv::WeightDtype> weight_dtype = kv::ParseWeightDtype(f.weight_dtype);
     if (!weight_dtype.ok()) return Fail("--weight-dtype: " + weight_dtype.status().message());

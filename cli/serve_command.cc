@@ -68,24 +68,13 @@ Result<std::string> JoinListFlag(const std::vector<std::string>& values, const s
     return joined;
 }
 
-cpu::KvStorage StorageOf(KvCacheDtype dtype) {
-    switch (dtype) {
-        case KvCacheDtype::kAuto:
-        case KvCacheDtype::kFp32:
-            return cpu::KvStorage::kF32;
-        case KvCacheDtype::kInt8:
-            return cpu::KvStorage::kInt8;
-        case KvCacheDtype::kFp8:
-            return cpu::KvStorage::kFp8E4M3;
-    }
-    return cpu::KvStorage::kF32;
-}
+// kv_cache.dtype "auto" is the model's compute dtype: fp32 on both backends' pools.
+KvDtype KvDtypeOf(const ServerConfig& c) { return c.kv_cache.dtype.value_or(KvDtype::kFp32); }
 
 // Blocks that memory_mib holds on the worker with the most KV heads.
 int64_t BlocksFor(const ServerConfig& c, const ModelSpec& s, int tp) {
     if (c.kv_cache.num_blocks > 0) return c.kv_cache.num_blocks;
-    const int64_t bytes_per_block =
-        KvBlockBytes(s, StorageOf(c.kv_cache.dtype), c.kv_cache.block_size, tp);
+    const int64_t bytes_per_block = KvBlockBytes(s, KvDtypeOf(c), c.kv_cache.block_size, tp);
     return std::max<int64_t>(1, (c.kv_cache.memory_mib << 20) / bytes_per_block);
 }
 
@@ -147,9 +136,8 @@ int RunServe(ServeFlags f) {
     if (!f.max_model_len.empty())
         add("scheduler.max_model_len", f.max_model_len, "--max-model-len");
     if (!f.kv_cache_dtype.empty()) {
-        // vLLM names kvshard's fp8 (E4M3) fp8_e4m3 as well.
-        add("kv_cache.dtype", f.kv_cache_dtype == "fp8_e4m3" ? "fp8" : f.kv_cache_dtype,
-            "--kv-cache-dtype");
+        // ParseKvDtype takes vLLM's fp8_e4m3 for kvshard's fp8 as well.
+        add("kv_cache.dtype", f.kv_cache_dtype, "--kv-cache-dtype");
     }
     for (const auto& [values, key, flag] :
          {std::tuple{&f.served_model_names, "served_model_name", "--served-model-name"},
@@ -183,6 +171,9 @@ int RunServe(ServeFlags f) {
                                             static_cast<int>(devices.devices.size()), devices.error);
         !r.ok()) {
         return Fail(source + r.status().message());
+    }
+    if (Status stored = cpu::CheckPagedKvDtype(KvDtypeOf(c), "kv_cache.dtype"); !stored.ok()) {
+        return Fail(source + stored.message());
     }
 
     const auto load_start = std::chrono::steady_clock::now();
@@ -252,7 +243,7 @@ int RunServe(ServeFlags f) {
             pi.runner.max_context = max_context;
             pi.runner.block_size = c.kv_cache.block_size;
             pi.runner.num_kv_blocks = BlocksFor(c, spec, pi.config->tp);
-            pi.runner.kv_storage = StorageOf(c.kv_cache.dtype);
+            pi.runner.kv_storage = KvDtypeOf(c);
             pi.runner.weight_format =
                 c.weight_format == "f32" ? WeightFormat::kF32 : WeightFormat::kStored;
             pi.runner.max_step_tokens = c.scheduler.max_num_batched_tokens;
@@ -463,8 +454,10 @@ Command RegisterServe(CLI::App& app) {
                     "Where the workers run: cpu, cuda (one GPU per instance) or auto");
     sub->add_option("--max-model-len", f->max_model_len,
                     "Context length in tokens (scheduler.max_model_len; default: the model's)");
-    sub->add_option("--kv-cache-dtype,--kv-dtype", f->kv_cache_dtype,
-                    "KV cache element type (kv_cache.dtype): auto, fp32, int8 or fp8 (E4M3)");
+    sub->add_option(
+        "--kv-cache-dtype,--kv-dtype", f->kv_cache_dtype,
+        "KV cache element type (kv_cache.dtype): auto, fp32, int8 or fp8 (E4M3); fp16 and "
+        "bf16 are refused (no pool stores them)");
     for (CLI::Option* o : sub->get_options())
         o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     sub->add_option("--served-model-name", f->served_model_names,

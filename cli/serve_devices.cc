@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/paged_attention.h"
+#include "kv/kv_geometry.h"
 #include "worker/shard.h"
 #include "worker/weights.h"
 
@@ -21,10 +22,11 @@ int64_t Aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
 }  // namespace
 
-int64_t KvBlockBytes(const ModelSpec& spec, KvStorage storage, int64_t block_size, int tp) {
-    // Ranks whose query heads straddle a KV group hold that head too, hence the + 1.
-    const int64_t local_kv = std::min<int64_t>(
-        spec.num_kv_heads, (spec.num_kv_heads + tp - 1) / tp + (tp > 1 ? 1 : 0));
+int64_t KvBlockBytes(const ModelSpec& spec, KvDtype storage, int64_t block_size, int tp) {
+    // The widest rank by kv/'s one rule; a tp the model cannot shard is refused later, by the
+    // workers, so size for all heads meanwhile.
+    const Result<int64_t> widest = kv::MaxLocalKvHeads(spec.num_heads, spec.num_kv_heads, tp);
+    const int64_t local_kv = widest.ok() ? *widest : spec.num_kv_heads;
     return spec.num_layers * cpu::PagedLayerBytes(storage, block_size, local_kv, spec.head_dim);
 }
 

@@ -20,7 +20,7 @@ namespace kvshard::cli {
 
 // Bytes of one KV block (every layer) on the rank of an instance of size tp that holds the most KV
 // heads, in `storage`.
-int64_t KvBlockBytes(const ModelSpec& spec, KvStorage storage, int64_t block_size, int tp);
+int64_t KvBlockBytes(const ModelSpec& spec, KvDtype storage, int64_t block_size, int tp);
 
 // Device memory a GPU rank of an instance of size tp uses beside its weights and KV pool: the
 // runner's workspace and step inputs sized for `runner`'s step (ModelRunner::EnsureWorkspace), the

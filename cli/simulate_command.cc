@@ -430,7 +430,7 @@ int RunSimulate(const SimulateFlags& f) {
     if (Status st = CheckFlagsApply(f); !st.ok()) return Fail(st.message());
     Result<ArchConfig> arch = ReadArchConfig(f.model_config);
     if (!arch.ok()) return Fail(arch.status().message());
-    Result<kv::KvDtype> kv_dtype = kv::ParseKvDtype(f.kv_dtype);
+    Result<KvDtype> kv_dtype = ParseKvDtype(f.kv_dtype);
     if (!kv_dtype.ok()) return Fail("--kv-dtype: " + kv_dtype.status().message());
     Result<kv::WeightDtype> weight_dtype = kv::ParseWeightDtype(f.weight_dtype);
     if (!weight_dtype.ok()) return Fail("--weight-dtype: " + weight_dtype.status().message());
@@ -509,7 +509,7 @@ int RunSimulate(const SimulateFlags& f) {
             return Fail(f.config +
                         ": kv_cache.enable_prefix_caching is false, so --cache-ttl-ms "
                         "would pin nothing");
-        if (config->kv_cache.dtype != KvCacheDtype::kAuto) {
+        if (config->kv_cache.dtype.has_value()) {
             return Fail(f.config + ": kv_cache.dtype: simulate takes the KV dtype from --kv-dtype");
         }
         std::fprintf(stderr,

@@ -14,39 +14,41 @@ namespace {
 // multiplies it out (a frame's header comes from the network).
 constexpr int64_t kMaxPieceBytes = int64_t{1} << 48;
 
-bool HasScales(KvWireDtype dtype) {
-    switch (dtype) {
-        case KvWireDtype::kF32:
-            return false;
-        case KvWireDtype::kInt8:
-        case KvWireDtype::kFp8E4M3:
-            return true;
-    }
-    return false;
-}
-
 std::string Field(const char* name, int64_t value) {
     return std::string(name) + "=" + std::to_string(value);
 }
 
 }  // namespace
 
-int64_t KvWireElementBytes(KvWireDtype dtype) {
+uint8_t KvDtypeWireCode(KvDtype dtype) {
     switch (dtype) {
-        case KvWireDtype::kF32:
-            return 4;
-        case KvWireDtype::kInt8:
-        case KvWireDtype::kFp8E4M3:
+        case KvDtype::kFp32:
+            return 0;
+        case KvDtype::kInt8:
             return 1;
+        case KvDtype::kFp8:
+            return 2;
+        case KvDtype::kFp16:
+            return 3;
+        case KvDtype::kBf16:
+            return 4;
     }
     return 0;
+}
+
+Result<KvDtype> KvDtypeFromWireCode(uint8_t code) {
+    for (KvDtype d :
+         {KvDtype::kFp32, KvDtype::kInt8, KvDtype::kFp8, KvDtype::kFp16, KvDtype::kBf16}) {
+        if (KvDtypeWireCode(d) == code) return d;
+    }
+    return InvalidArgument("KV piece: " + Field("dtype", code) + " is not a KV dtype code");
 }
 
 int64_t KvPieceLayerBytes(const KvPieceHeader& h) {
     const int64_t heads = int64_t{h.head_end} - h.head_begin;
     const int64_t slots = heads * h.block_size;
-    int64_t bytes = 2 * slots * h.head_dim * KvWireElementBytes(h.dtype);
-    if (HasScales(h.dtype)) bytes += 2 * slots * static_cast<int64_t>(sizeof(float));
+    int64_t bytes = 2 * slots * h.head_dim * KvDtypeBytes(h.dtype);
+    if (KvPoolHasScales(h.dtype)) bytes += 2 * slots * static_cast<int64_t>(sizeof(float));
     return bytes;
 }
 
@@ -57,10 +59,6 @@ int64_t KvPieceBytes(const KvPieceHeader& h) {
 namespace internal {
 
 Status ValidateKvPieceHeader(const KvPieceHeader& h) {
-    const uint8_t dtype = static_cast<uint8_t>(h.dtype);
-    if (dtype > static_cast<uint8_t>(KvWireDtype::kFp8E4M3)) {
-        return InvalidArgument("KV piece: " + Field("dtype", dtype) + " is not a KvWireDtype");
-    }
     if (h.layer_begin < 0)
         return InvalidArgument("KV piece: " + Field("layer_begin", h.layer_begin));
     if (h.layer_end <= h.layer_begin) {
@@ -81,7 +79,7 @@ Status ValidateKvPieceHeader(const KvPieceHeader& h) {
     // int64 formulas are only evaluated where they cannot overflow.
     const double bytes = static_cast<double>(h.num_blocks) * (h.layer_end - h.layer_begin) * 2.0 *
                          (static_cast<double>(h.head_end) - h.head_begin) * h.block_size *
-                         (static_cast<double>(h.head_dim) * KvWireElementBytes(h.dtype) + 4.0);
+                         (static_cast<double>(h.head_dim) * KvDtypeBytes(h.dtype) + 4.0);
     if (bytes > static_cast<double>(kMaxPieceBytes)) {
         return InvalidArgument("KV piece of about " + std::to_string(bytes) +
                                " bytes exceeds the limit of " + std::to_string(kMaxPieceBytes));
@@ -109,11 +107,6 @@ KvPieceHeader WholePool(const KvReceiveGeometry& g) {
 }  // namespace
 
 Status ValidateKvReceiveGeometry(const KvReceiveGeometry& g) {
-    const uint8_t dtype = static_cast<uint8_t>(g.dtype);
-    if (dtype > static_cast<uint8_t>(KvWireDtype::kFp8E4M3)) {
-        return InvalidArgument("KV receive geometry: " + Field("dtype", dtype) +
-                               " is not a KvWireDtype");
-    }
     if (g.num_layers <= 0)
         return InvalidArgument("KV receive geometry: " + Field("num_layers", g.num_layers));
     if (g.head_begin < 0 || g.head_end <= g.head_begin) {
@@ -135,9 +128,8 @@ int64_t KvReceiveGeometryBytes(const KvReceiveGeometry& g) { return KvPieceBytes
 Status ValidateKvPieceFits(const KvPieceHeader& h, const KvReceiveGeometry& g) {
     const std::string what = "KV piece of transfer " + std::to_string(h.transfer_id) + ": ";
     if (h.dtype != g.dtype) {
-        return InvalidArgument(what + Field("dtype", static_cast<uint8_t>(h.dtype)) +
-                               ", this pool stores " +
-                               Field("dtype", static_cast<uint8_t>(g.dtype)));
+        return InvalidArgument(what + "dtype=" + std::string(KvDtypeName(h.dtype)) +
+                               ", this pool stores " + std::string(KvDtypeName(g.dtype)));
     }
     if (h.block_size != g.block_size) {
         return InvalidArgument(what + Field("block_size", h.block_size) + ", this pool's is " +

@@ -24,12 +24,16 @@
 #include <string>
 #include <vector>
 
+#include "common/kv_dtype.h"
 #include "common/status.h"
 
 namespace kvshard {
 
-// Element type of the KV as stored in the pools; both sides of a transfer must use the same.
-enum class KvWireDtype : uint8_t { kF32 = 0, kInt8 = 1, kFp8E4M3 = 2 };
+// The KV dtype's byte on the wire, explicit and stable: fp32 0, int8 1, fp8 2, fp16 3, bf16 4.
+uint8_t KvDtypeWireCode(KvDtype dtype);
+// The dtype a wire byte names; InvalidArgument naming the byte for any other value (a frame's
+// header comes from the network).
+Result<KvDtype> KvDtypeFromWireCode(uint8_t code);
 
 struct KvPieceHeader {
     uint64_t transfer_id = 0;
@@ -40,7 +44,7 @@ struct KvPieceHeader {
     int32_t num_blocks = 0;
     int32_t block_size = 0;
     int32_t head_dim = 0;
-    KvWireDtype dtype = KvWireDtype::kF32;
+    KvDtype dtype = KvDtype::kFp32;  // as stored in the pools; both sides use the same
     friend bool operator==(const KvPieceHeader&, const KvPieceHeader&) = default;
 };
 
@@ -56,10 +60,9 @@ struct KvPiece {
 
 // Bytes of one block-layer of a piece, and of the whole piece:
 //   blocks × layers × 2 × heads × block_size × head_dim × element bytes (+ 2 × heads × block_size
-//   × 4 for the scales of 8-bit dtypes).
+//   × 4 for the scales of dtypes with KvPoolHasScales).
 int64_t KvPieceLayerBytes(const KvPieceHeader& h);
 int64_t KvPieceBytes(const KvPieceHeader& h);
-int64_t KvWireElementBytes(KvWireDtype dtype);  // 4, 1, 1
 // InvalidArgument naming the field: non-positive sizes, empty or inverted ranges, data of the
 // wrong size.
 Status ValidateKvPiece(const KvPiece& piece);
@@ -72,7 +75,7 @@ struct KvReceiveGeometry {
     int32_t head_end = 0;
     int32_t block_size = 0;  // token slots per block
     int32_t head_dim = 0;
-    KvWireDtype dtype = KvWireDtype::kF32;
+    KvDtype dtype = KvDtype::kFp32;
     int64_t num_blocks = 0;  // blocks of this rank's pool
 };
 // InvalidArgument naming the field: non-positive sizes, an empty head range, a bad dtype.

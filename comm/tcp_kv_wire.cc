@@ -170,7 +170,7 @@ KvPieceFrameHeader EncodeKvPieceFrameHeader(const KvPieceHeader& h, uint64_t pay
     KvPieceFrameHeader out{};
     std::memcpy(out.data(), kPieceMagic, 4);
     Put<uint16_t>(&out[4], kKvWireVersion);
-    out[6] = static_cast<uint8_t>(h.dtype);
+    out[6] = KvDtypeWireCode(h.dtype);
     out[7] = flags;
     Put<uint64_t>(&out[8], h.transfer_id);
     Put<int32_t>(&out[16], h.layer_begin);
@@ -201,7 +201,7 @@ Result<DecodedKvPieceFrame> DecodeKvPieceFrameHeader(const KvPieceFrameHeader& i
     }
     DecodedKvPieceFrame out;
     KvPieceHeader& h = out.header;
-    h.dtype = static_cast<KvWireDtype>(in[6]);
+    KV_ASSIGN_OR_RETURN(h.dtype, KvDtypeFromWireCode(in[6]));
     h.transfer_id = Get<uint64_t>(&in[8]);
     h.layer_begin = Get<int32_t>(&in[16]);
     h.layer_end = Get<int32_t>(&in[20]);

@@ -26,20 +26,6 @@ std::string_view ServeBackendName(ServeBackend backend) {
     return "cpu";
 }
 
-std::string_view KvCacheDtypeName(KvCacheDtype dtype) {
-    switch (dtype) {
-        case KvCacheDtype::kAuto:
-            return "auto";
-        case KvCacheDtype::kFp32:
-            return "fp32";
-        case KvCacheDtype::kInt8:
-            return "int8";
-        case KvCacheDtype::kFp8:
-            return "fp8";
-    }
-    return "auto";
-}
-
 std::string_view WorkersModeName(WorkersMode mode) {
     switch (mode) {
         case WorkersMode::kEmbedded:
@@ -393,14 +379,16 @@ const std::vector<Setting>& Settings() {
                      [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
                          KV_RETURN_IF_ERROR(RequireScalar(at, n));
                          const std::string v = ScalarText(n);
-                         for (KvCacheDtype d : {KvCacheDtype::kAuto, KvCacheDtype::kFp32,
-                                                KvCacheDtype::kInt8, KvCacheDtype::kFp8}) {
-                             if (v == KvCacheDtypeName(d)) {
-                                 c.kv_cache.dtype = d;
-                                 return Status::Ok();
-                             }
+                         if (v == "auto") {
+                             c.kv_cache.dtype.reset();
+                             return Status::Ok();
                          }
-                         return BadValue(at, v, "expected auto, fp32, int8 or fp8");
+                         Result<KvDtype> dtype = ParseKvDtype(v);
+                         if (!dtype.ok()) {
+                             return BadValue(at, v, "expected auto, fp32, fp16, bf16, fp8 or int8");
+                         }
+                         c.kv_cache.dtype = *dtype;
+                         return Status::Ok();
                      }});
         s.push_back({"kv_cache.enable_prefix_caching",
                      [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {

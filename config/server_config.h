@@ -8,18 +8,16 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "common/kv_dtype.h"
 #include "common/status.h"
 
 namespace kvshard {
-
-// KV cache element type. kAuto: the model's compute dtype (fp32 on the CPU backend).
-enum class KvCacheDtype { kAuto, kFp32, kInt8, kFp8 };
-std::string_view KvCacheDtypeName(KvCacheDtype dtype);  // "auto", "fp32", "int8", "fp8"
 
 struct HttpConfig {
     std::string host = "127.0.0.1";     // loopback only unless asked
@@ -65,7 +63,10 @@ struct ServeKvCacheConfig {
     // GPU workers: the fraction of the device's free memory (at start) the rank's weights,
     // buffers and KV pool may take; the KV pool is what is left after the weights and buffers.
     double gpu_memory_utilization = 0.9;
-    KvCacheDtype dtype = KvCacheDtype::kAuto;
+    // How K and V are stored; empty is "auto", the model's compute dtype (fp32 on the CPU
+    // backend). Any KvDtype parses (the planner sizes them all); serve refuses one the backend's
+    // pools cannot store, naming kv_cache.dtype.
+    std::optional<KvDtype> dtype;
     bool enable_prefix_caching = true;
     // Prompt caching (docs/prompt-caching.md): the most of the pool pins may hold, [0, 1], and
     // the shortest prefix that is pinned.

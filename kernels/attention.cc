@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "common/check.h"
@@ -99,16 +100,19 @@ struct PagedRows {
         const int64_t index = kv_head * kv.block_size + slot;  // [head][slot]
         const uint8_t* data = b + (is_v ? kv.v_offset : kv.k_offset);
         switch (kv.storage) {
-            case KvStorage::kF32:
+            case KvDtype::kFp32:
                 return reinterpret_cast<const float*>(data) + index * kv.head_dim;
-            case KvStorage::kInt8: {
+            case KvDtype::kFp16:
+            case KvDtype::kBf16:
+                break;  // not stored here (MakePagedKvLayer checks)
+            case KvDtype::kInt8: {
                 const float sc = reinterpret_cast<const float*>(
                     b + (is_v ? kv.v_scale_offset : kv.k_scale_offset))[index];
                 DequantizeInt8(reinterpret_cast<const int8_t*>(data) + index * kv.head_dim, sc,
                                kv.head_dim, scratch);
                 return scratch;
             }
-            case KvStorage::kFp8E4M3: {
+            case KvDtype::kFp8: {
                 const float sc = reinterpret_cast<const float*>(
                     b + (is_v ? kv.v_scale_offset : kv.k_scale_offset))[index];
                 DequantizeFp8(data + index * kv.head_dim, sc, kv.head_dim, scratch);
@@ -129,29 +133,37 @@ void Attention(const float* q, const float* k, const float* v, float* out, int64
                   num_heads, num_kv_heads, head_dim, kv_head_of_q);
 }
 
-int64_t KvStorageElementBytes(KvStorage storage) {
-    switch (storage) {
-        case KvStorage::kF32:
-            return 4;
-        case KvStorage::kInt8:
-            return 1;
-        case KvStorage::kFp8E4M3:
-            return 1;
+bool PagedKvStores(KvDtype dtype) {
+    switch (dtype) {
+        case KvDtype::kFp32:
+        case KvDtype::kInt8:
+        case KvDtype::kFp8:
+            return true;
+        case KvDtype::kFp16:
+        case KvDtype::kBf16:
+            return false;
     }
-    return 4;
+    return false;
 }
 
-bool KvStorageHasScales(KvStorage storage) { return storage != KvStorage::kF32; }
+Status CheckPagedKvDtype(KvDtype dtype, std::string_view setting) {
+    if (PagedKvStores(dtype)) return Status::Ok();
+    return InvalidArgument(std::string(setting) + ": KV dtype " + std::string(KvDtypeName(dtype)) +
+                           " is not stored by kvshard's KV pools (the CPU and CUDA backends store "
+                           "fp32, int8 or fp8; " +
+                           std::string(KvDtypeName(dtype)) + " is for `kvshard plan` sizing only)");
+}
 
-int64_t PagedLayerBytes(KvStorage storage, int64_t block_size, int64_t num_kv_heads,
+int64_t PagedLayerBytes(KvDtype storage, int64_t block_size, int64_t num_kv_heads,
                         int64_t head_dim) {
     const int64_t cells = num_kv_heads * block_size;
-    const int64_t scales = KvStorageHasScales(storage) ? 2 * cells * int64_t(sizeof(float)) : 0;
-    return 2 * cells * head_dim * KvStorageElementBytes(storage) + scales;
+    const int64_t scales = KvPoolHasScales(storage) ? 2 * cells * int64_t(sizeof(float)) : 0;
+    return 2 * cells * head_dim * KvDtypeBytes(storage) + scales;
 }
 
-PagedKvLayer MakePagedKvLayer(uint8_t* base, int64_t block_stride, int64_t layer, KvStorage storage,
+PagedKvLayer MakePagedKvLayer(uint8_t* base, int64_t block_stride, int64_t layer, KvDtype storage,
                               int64_t block_size, int64_t num_kv_heads, int64_t head_dim) {
+    KV_CHECK(PagedKvStores(storage));
     PagedKvLayer kv;
     kv.base = base;
     kv.block_stride = block_stride;
@@ -160,7 +172,7 @@ PagedKvLayer MakePagedKvLayer(uint8_t* base, int64_t block_stride, int64_t layer
     kv.num_kv_heads = num_kv_heads;
     kv.head_dim = head_dim;
     const int64_t cells = num_kv_heads * block_size;
-    const int64_t data_bytes = cells * head_dim * KvStorageElementBytes(storage);
+    const int64_t data_bytes = cells * head_dim * KvDtypeBytes(storage);
     kv.k_offset = layer * PagedLayerBytes(storage, block_size, num_kv_heads, head_dim);
     kv.v_offset = kv.k_offset + data_bytes;
     kv.k_scale_offset = kv.v_offset + data_bytes;
@@ -183,16 +195,20 @@ void PagedKvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_
                 float* scales = reinterpret_cast<float*>(
                     b + (pass == 0 ? kv.k_scale_offset : kv.v_scale_offset));
                 switch (kv.storage) {
-                    case KvStorage::kF32:
+                    case KvDtype::kFp32:
                         std::memcpy(reinterpret_cast<float*>(data) + index * hd, src,
                                     static_cast<size_t>(hd) * sizeof(float));
                         break;
-                    case KvStorage::kInt8:
+                    case KvDtype::kInt8:
                         scales[index] =
                             QuantizeInt8(src, hd, reinterpret_cast<int8_t*>(data) + index * hd);
                         break;
-                    case KvStorage::kFp8E4M3:
+                    case KvDtype::kFp8:
                         scales[index] = QuantizeFp8(src, hd, data + index * hd);
+                        break;
+                    case KvDtype::kFp16:
+                    case KvDtype::kBf16:
+                        KV_CHECK(PagedKvStores(kv.storage));
                         break;
                 }
             }

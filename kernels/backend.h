@@ -73,7 +73,6 @@ struct WeightView {
 // layout of a whole step's attention: the same structs on every backend.
 using PagedKvLayer = cpu::PagedKvLayer;
 using PagedAttentionBatch = cpu::PagedAttentionBatch;
-using KvStorage = cpu::KvStorage;
 
 enum class BackendKind { kCpu, kCuda };
 std::string_view BackendKindName(BackendKind kind);

@@ -11,32 +11,38 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
+
+#include "common/kv_dtype.h"
+#include "common/status.h"
 
 namespace kvshard::cpu {
 
-enum class KvStorage { kF32, kInt8, kFp8E4M3 };
-
-int64_t KvStorageElementBytes(KvStorage storage);  // 4, 1, 1
-bool KvStorageHasScales(KvStorage storage);        // false for kF32
+// Whether this layout stores `dtype` (on the CPU and the CUDA backend): fp32, int8 and fp8 (e4m3,
+// with a per-token scale like int8). fp16 and bf16 are plannable but not stored here.
+bool PagedKvStores(KvDtype dtype);
+// Ok when PagedKvStores(dtype); otherwise InvalidArgument naming `setting` (the config key or flag
+// that asked for it) and the dtypes that are stored.
+Status CheckPagedKvDtype(KvDtype dtype, std::string_view setting);
 
 // The K/V of one layer of a pool; the offsets locate that layer inside a block.
 struct PagedKvLayer {
-    uint8_t* base = nullptr;     // block 0
-    int64_t block_stride = 0;    // bytes from one block to the next
-    int64_t k_offset = 0;        // bytes from a block's start to this layer's K data
-    int64_t v_offset = 0;        // ... V data
-    int64_t k_scale_offset = 0;  // ... K scales (8-bit only)
-    int64_t v_scale_offset = 0;  // ... V scales (8-bit only)
-    KvStorage storage = KvStorage::kF32;
+    uint8_t* base = nullptr;           // block 0
+    int64_t block_stride = 0;          // bytes from one block to the next
+    int64_t k_offset = 0;              // bytes from a block's start to this layer's K data
+    int64_t v_offset = 0;              // ... V data
+    int64_t k_scale_offset = 0;        // ... K scales (KvPoolHasScales only)
+    int64_t v_scale_offset = 0;        // ... V scales (KvPoolHasScales only)
+    KvDtype storage = KvDtype::kFp32;  // REQUIRES: PagedKvStores
     int64_t block_size = 16;
     int64_t num_kv_heads = 0;
     int64_t head_dim = 0;
 };
 
 // Bytes of one layer inside a block, and the layer's offsets, for a pool of `num_layers`.
-int64_t PagedLayerBytes(KvStorage storage, int64_t block_size, int64_t num_kv_heads,
+int64_t PagedLayerBytes(KvDtype storage, int64_t block_size, int64_t num_kv_heads,
                         int64_t head_dim);
-PagedKvLayer MakePagedKvLayer(uint8_t* base, int64_t block_stride, int64_t layer, KvStorage storage,
+PagedKvLayer MakePagedKvLayer(uint8_t* base, int64_t block_stride, int64_t layer, KvDtype storage,
                               int64_t block_size, int64_t num_kv_heads, int64_t head_dim);
 
 // Writes rows of K and V (n × num_kv_heads × head_dim floats, row stride `row_stride` floats) at

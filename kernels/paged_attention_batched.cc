@@ -93,7 +93,7 @@ void GatherRows(const PagedKvLayer& kv, const int32_t* block_table, int64_t kv_h
         const int64_t run = std::min(bs - slot, n - i);
         const int64_t index = kv_head * bs + slot;  // [head][slot]
         switch (kv.storage) {
-            case KvStorage::kF32: {
+            case KvDtype::kFp32: {
                 const float* k = reinterpret_cast<const float*>(b + kv.k_offset) + index * hd;
                 const float* v = reinterpret_cast<const float*>(b + kv.v_offset) + index * hd;
                 for (int64_t r = 0; r < run; ++r) {
@@ -102,8 +102,12 @@ void GatherRows(const PagedKvLayer& kv, const int32_t* block_table, int64_t kv_h
                 }
                 break;
             }
-            case KvStorage::kInt8:
-            case KvStorage::kFp8E4M3: {
+            case KvDtype::kFp16:
+            case KvDtype::kBf16:
+                KV_CHECK(PagedKvStores(kv.storage));
+                break;
+            case KvDtype::kInt8:
+            case KvDtype::kFp8: {
                 const uint8_t* k = b + kv.k_offset + index * hd;
                 const uint8_t* v = b + kv.v_offset + index * hd;
                 const float* ks = reinterpret_cast<const float*>(b + kv.k_scale_offset) + index;
@@ -111,7 +115,7 @@ void GatherRows(const PagedKvLayer& kv, const int32_t* block_table, int64_t kv_h
                 for (int64_t r = 0; r < run; ++r) {
                     float* kd = kbuf + (i + r) * hd;
                     float* vd = vbuf + (i + r) * hd;
-                    if (kv.storage == KvStorage::kInt8) {
+                    if (kv.storage == KvDtype::kInt8) {
                         DequantInt8(reinterpret_cast<const int8_t*>(k) + r * hd, ks[r], hd, kd);
                         DequantInt8(reinterpret_cast<const int8_t*>(v) + r * hd, vs[r], hd, vd);
                     } else {

@@ -63,7 +63,7 @@ Result<LayerKv> KvPerTokenPerLayer(const ArchConfig& a, const PlannerInput& in) 
         kv.replication = in.tp;
         return kv;
     }
-    Result<int64_t> local = LocalKvHeads(a.num_kv_heads, in.tp);
+    Result<int64_t> local = LocalKvHeads(a.num_heads, a.num_kv_heads, in.tp);
     if (!local.ok()) return local.status().WithContext(a.path);
     const int64_t per_head = 2 * (a.head_dim * bytes + scale);
     kv.whole = a.num_kv_heads * per_head;

@@ -1,5 +1,6 @@
 #include "kv/kv_geometry.h"
 
+#include <algorithm>
 #include <string>
 
 namespace kvshard::kv {
@@ -8,61 +9,6 @@ namespace {
 std::string Str(int64_t v) { return std::to_string(v); }
 
 }  // namespace
-
-std::string_view KvDtypeName(KvDtype dtype) {
-    switch (dtype) {
-        case KvDtype::kFp32:
-            return "fp32";
-        case KvDtype::kFp16:
-            return "fp16";
-        case KvDtype::kBf16:
-            return "bf16";
-        case KvDtype::kFp8:
-            return "fp8";
-        case KvDtype::kInt8:
-            return "int8";
-    }
-    return "?";
-}
-
-Result<KvDtype> ParseKvDtype(std::string_view name) {
-    if (name == "fp32" || name == "float32") return KvDtype::kFp32;
-    if (name == "fp16" || name == "float16") return KvDtype::kFp16;
-    if (name == "bf16" || name == "bfloat16") return KvDtype::kBf16;
-    if (name == "fp8" || name == "fp8_e4m3") return KvDtype::kFp8;
-    if (name == "int8") return KvDtype::kInt8;
-    return InvalidArgument("unknown KV dtype '" + std::string(name) +
-                           "' (expected fp32, fp16, bf16, fp8 or int8)");
-}
-
-int64_t KvDtypeBytes(KvDtype dtype) {
-    switch (dtype) {
-        case KvDtype::kFp32:
-            return 4;
-        case KvDtype::kFp16:
-            return 2;
-        case KvDtype::kBf16:
-            return 2;
-        case KvDtype::kFp8:
-            return 1;
-        case KvDtype::kInt8:
-            return 1;
-    }
-    return 0;
-}
-
-int64_t KvScaleBytes(KvDtype dtype) {
-    switch (dtype) {
-        case KvDtype::kFp32:
-        case KvDtype::kFp16:
-        case KvDtype::kBf16:
-        case KvDtype::kFp8:
-            return 0;
-        case KvDtype::kInt8:
-            return 4;
-    }
-    return 0;
-}
 
 Status KvGeometry::Validate() const {
     auto positive = [](const char* name, int64_t v) -> Status {
@@ -93,38 +39,65 @@ std::string KvGeometry::ToString() const {
            " bytes_per_block=" + Str(BytesPerBlock());
 }
 
-Result<HeadRange> LocalKvHeadRange(int64_t num_kv_heads, int64_t tp, int64_t rank) {
+HeadRange QueryHeadRange(int64_t num_heads, int64_t tp, int64_t rank) {
+    return {num_heads * rank / tp, num_heads * (rank + 1) / tp};
+}
+
+Result<HeadRange> LocalKvHeadRange(int64_t num_heads, int64_t num_kv_heads, int64_t tp,
+                                   int64_t rank) {
     if (num_kv_heads <= 0)
         return InvalidArgument("num_kv_heads must be positive, got " + Str(num_kv_heads));
+    if (num_heads <= 0 || num_heads % num_kv_heads != 0) {
+        return InvalidArgument(Str(num_heads) + " query heads are not a positive multiple of the " +
+                               Str(num_kv_heads) + " KV heads");
+    }
     if (tp <= 0) return InvalidArgument("tp must be positive, got " + Str(tp));
     if (rank < 0 || rank >= tp) {
         return InvalidArgument("rank " + Str(rank) + " is outside tp " + Str(tp));
     }
-    if (tp <= num_kv_heads) {
-        if (num_kv_heads % tp != 0) {
-            return InvalidArgument(Str(num_kv_heads) + " KV heads cannot be split evenly over tp " +
-                                   Str(tp) + " (kv heads must be a multiple of tp)");
-        }
-        const int64_t per_rank = num_kv_heads / tp;
-        return HeadRange{rank * per_rank, (rank + 1) * per_rank};
+    if (tp > num_heads) {
+        return InvalidArgument("tp " + Str(tp) + " exceeds the model's " + Str(num_heads) +
+                               " query heads: every rank needs at least one (num_kv_heads " +
+                               Str(num_kv_heads) + ")");
     }
-    if (tp % num_kv_heads != 0) {
+    const HeadRange q = QueryHeadRange(num_heads, tp, rank);
+    const int64_t group = num_heads / num_kv_heads;
+    return HeadRange{q.begin / group, (q.end - 1) / group + 1};
+}
+
+Result<int64_t> MaxLocalKvHeads(int64_t num_heads, int64_t num_kv_heads, int64_t tp) {
+    int64_t most = 0;
+    for (int64_t rank = 0; rank < std::max<int64_t>(tp, 1); ++rank) {
+        KV_ASSIGN_OR_RETURN(HeadRange r, LocalKvHeadRange(num_heads, num_kv_heads, tp, rank));
+        most = std::max(most, r.size());
+    }
+    return most;
+}
+
+Status CheckEvenKvHeadSplit(int64_t num_kv_heads, int64_t tp) {
+    if (num_kv_heads <= 0)
+        return InvalidArgument("num_kv_heads must be positive, got " + Str(num_kv_heads));
+    if (tp <= 0) return InvalidArgument("tp must be positive, got " + Str(tp));
+    if (tp <= num_kv_heads && num_kv_heads % tp != 0) {
+        return InvalidArgument(Str(num_kv_heads) + " KV heads cannot be split evenly over tp " +
+                               Str(tp) + " (kv heads must be a multiple of tp)");
+    }
+    if (tp > num_kv_heads && tp % num_kv_heads != 0) {
         return InvalidArgument("tp " + Str(tp) + " is larger than the " + Str(num_kv_heads) +
                                " KV heads and not a multiple of them, so they cannot be replicated "
                                "evenly");
     }
-    const int64_t head = rank / (tp / num_kv_heads);
-    return HeadRange{head, head + 1};
+    return Status::Ok();
 }
 
-Result<int64_t> LocalKvHeads(int64_t num_kv_heads, int64_t tp) {
-    KV_ASSIGN_OR_RETURN(HeadRange r, LocalKvHeadRange(num_kv_heads, tp, 0));
-    return r.size();
+Result<int64_t> LocalKvHeads(int64_t num_heads, int64_t num_kv_heads, int64_t tp) {
+    KV_RETURN_IF_ERROR(CheckEvenKvHeadSplit(num_kv_heads, tp));
+    return MaxLocalKvHeads(num_heads, num_kv_heads, tp);
 }
 
 Result<KvGeometry> MakeKvGeometry(const ModelSpec& spec, int64_t tp, KvDtype dtype,
                                   int64_t block_size) {
-    KV_ASSIGN_OR_RETURN(int64_t local_heads, LocalKvHeads(spec.num_kv_heads, tp));
+    KV_ASSIGN_OR_RETURN(int64_t local_heads, LocalKvHeads(spec.num_heads, spec.num_kv_heads, tp));
     KvGeometry g;
     g.num_layers = spec.num_layers;
     g.num_kv_heads = local_heads;

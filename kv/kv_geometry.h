@@ -7,22 +7,11 @@
 #include <string>
 #include <string_view>
 
+#include "common/kv_dtype.h"
 #include "common/status.h"
 #include "config/model_spec.h"
 
 namespace kvshard::kv {
-
-// How K and V are stored. kInt8 keeps one fp32 scale per token per head (for K and for V); kFp8
-// is e4m3 with no per-token scale (the worker's KV pool decides any per-layer scale, which costs no
-// bytes per token).
-enum class KvDtype { kFp32, kFp16, kBf16, kFp8, kInt8 };
-
-std::string_view KvDtypeName(KvDtype dtype);
-// Accepts fp32|float32, fp16|float16, bf16|bfloat16, fp8|fp8_e4m3, int8.
-Result<KvDtype> ParseKvDtype(std::string_view name);
-int64_t KvDtypeBytes(KvDtype dtype);
-// Scale bytes stored per token, per KV head, for each of K and V.
-int64_t KvScaleBytes(KvDtype dtype);
 
 // The KV of one worker: its `num_kv_heads` heads (after tensor-parallel splitting or replication)
 // of every layer.
@@ -44,7 +33,7 @@ struct KvGeometry {
     std::string ToString() const;
 };
 
-// A half-open range of KV head indices [begin, end).
+// A half-open range of head indices [begin, end).
 struct HeadRange {
     int64_t begin = 0;
     int64_t end = 0;
@@ -52,15 +41,31 @@ struct HeadRange {
     friend bool operator==(const HeadRange&, const HeadRange&) = default;
 };
 
-// The KV heads rank `rank` of a tensor-parallel group of `tp` holds. tp <= kv heads: an even split,
-// kv_heads / tp heads each (kv_heads must be a multiple of tp). tp > kv heads: each rank holds one
-// head, replicated on tp / kv_heads consecutive ranks (tp must be a multiple of kv_heads).
-// InvalidArgument naming the numbers otherwise.
-Result<HeadRange> LocalKvHeadRange(int64_t num_kv_heads, int64_t tp, int64_t rank);
-// The number of KV heads each rank holds (the same on every rank), or the error above.
-Result<int64_t> LocalKvHeads(int64_t num_kv_heads, int64_t tp);
+// The query heads rank `rank` of a tensor-parallel group of `tp` computes:
+// [floor(rank·H/tp), floor((rank+1)·H/tp)), uneven splits allowed. REQUIRES: 0 <= rank < tp.
+HeadRange QueryHeadRange(int64_t num_heads, int64_t tp, int64_t rank);
 
-// The geometry of every worker of a `tp`-way group running `spec`.
+// The one rule for which KV heads a rank holds; the worker's shards (worker/shard.h), its KV
+// handoff, serve's pool sizing and the planner all call it. A rank holds every KV head its query
+// heads read: [q.begin / group, (q.end - 1) / group + 1), group = num_heads / num_kv_heads. So
+// with kv heads a multiple of tp it is the even split [r·kv/tp, (r+1)·kv/tp); with tp a multiple
+// of kv heads each rank holds one head, r / (tp / kv), replicated on tp / kv consecutive ranks;
+// and a KV head whose group of query heads is split between ranks (SmolLM2: 9 query heads, 3 KV
+// heads, tp 2) is held by both. InvalidArgument naming the numbers: non-positive counts,
+// num_heads not a multiple of num_kv_heads, rank outside [0, tp), tp > num_heads (a rank without
+// a query head).
+Result<HeadRange> LocalKvHeadRange(int64_t num_heads, int64_t num_kv_heads, int64_t tp,
+                                   int64_t rank);
+// The most KV heads one rank holds (what every rank's pool is sized for), or the error above.
+Result<int64_t> MaxLocalKvHeads(int64_t num_heads, int64_t num_kv_heads, int64_t tp);
+// The planner's stricter requirement (GPU engines shard KV heads evenly): kv heads a multiple of
+// tp, or tp a multiple of kv heads; InvalidArgument naming both numbers otherwise. Then every rank
+// holds the same number of heads.
+Status CheckEvenKvHeadSplit(int64_t num_kv_heads, int64_t tp);
+// The KV heads of each rank of an even split: CheckEvenKvHeadSplit, then MaxLocalKvHeads.
+Result<int64_t> LocalKvHeads(int64_t num_heads, int64_t num_kv_heads, int64_t tp);
+
+// The geometry of every worker of a `tp`-way group running `spec` (an even split: LocalKvHeads).
 Result<KvGeometry> MakeKvGeometry(const ModelSpec& spec, int64_t tp, KvDtype dtype,
                                   int64_t block_size);
 

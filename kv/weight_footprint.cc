@@ -143,7 +143,7 @@ Result<WeightFootprint> ComputeWeightFootprint(const ArchConfig& a, int64_t tp, 
     // One rank's share.
     int64_t kv_proj_per_gpu = 0;
     if (p.kv_proj > 0) {
-        Result<int64_t> local = LocalKvHeads(a.num_kv_heads, tp);
+        Result<int64_t> local = LocalKvHeads(a.num_heads, a.num_kv_heads, tp);
         if (!local.ok()) return local.status().WithContext(a.path);
         kv_proj_per_gpu = p.kv_proj / a.num_kv_heads * *local;
     }

@@ -33,8 +33,8 @@ double CausalPairs(int64_t start, int64_t q, int64_t window) {
     return sum(a, w) + w * (b - w);
 }
 
-kv::PlannerInput PlannerFor(const ArchConfig& arch, kv::WeightDtype weights, kv::KvDtype kv,
-                            int64_t tp, const Accelerator& acc) {
+kv::PlannerInput PlannerFor(const ArchConfig& arch, kv::WeightDtype weights, KvDtype kv, int64_t tp,
+                            const Accelerator& acc) {
     kv::PlannerInput in;
     in.tp = tp;
     in.num_gpus = tp;
@@ -49,7 +49,7 @@ kv::PlannerInput PlannerFor(const ArchConfig& arch, kv::WeightDtype weights, kv:
 }  // namespace
 
 Result<CostModel> CostModel::Build(const ArchConfig& arch, kv::WeightDtype weights,
-                                   kv::KvDtype kv_dtype, int64_t tp, const Accelerator& acc) {
+                                   KvDtype kv_dtype, int64_t tp, const Accelerator& acc) {
     KV_RETURN_IF_ERROR(ValidateAccelerator(acc, "accelerator " + acc.name));
     if (arch.num_layers <= 0 || arch.hidden_size <= 0 || arch.num_heads <= 0) {
         return InvalidArgument(arch.path + ": layers, hidden size and heads must be positive");
@@ -115,7 +115,7 @@ Result<CostModel> CostModel::Build(const ArchConfig& arch, kv::WeightDtype weigh
     return m;
 }
 
-Result<CostModel> CostModel::Create(const ArchConfig& arch, kv::WeightDtype weights, kv::KvDtype kv,
+Result<CostModel> CostModel::Create(const ArchConfig& arch, kv::WeightDtype weights, KvDtype kv,
                                     int64_t tp, const Accelerator& accelerator) {
     if (accelerator.needs_profile) {
         return InvalidArgument("accelerator " + accelerator.name +
@@ -125,7 +125,7 @@ Result<CostModel> CostModel::Create(const ArchConfig& arch, kv::WeightDtype weig
 }
 
 Result<CostModel> CostModel::CreateWithProfile(const ArchConfig& arch, kv::WeightDtype weights,
-                                               kv::KvDtype kv, int64_t tp,
+                                               KvDtype kv, int64_t tp,
                                                const Accelerator& accelerator,
                                                const CpuProfile& profile) {
     KV_ASSIGN_OR_RETURN(CostModel m, Build(arch, weights, kv, tp, accelerator));

@@ -108,12 +108,12 @@ class CostModel {
     // REQUIRES nothing. InvalidArgument when tp does not divide the heads (ComputeWeightFootprint,
     // LocalKvHeads), the accelerator fails ValidateAccelerator, or it needs a profile;
     // Unimplemented for mixture-of-experts models.
-    static Result<CostModel> Create(const ArchConfig& arch, kv::WeightDtype weights, kv::KvDtype kv,
+    static Result<CostModel> Create(const ArchConfig& arch, kv::WeightDtype weights, KvDtype kv,
                                     int64_t tp, const Accelerator& accelerator);
     // Step times from `profile` instead of the roofline (kvshard's CPU engine, any accelerator;
     // the profile was measured at this tp). The KV sizes still come from the model.
     static Result<CostModel> CreateWithProfile(const ArchConfig& arch, kv::WeightDtype weights,
-                                               kv::KvDtype kv, int64_t tp,
+                                               KvDtype kv, int64_t tp,
                                                const Accelerator& accelerator,
                                                const CpuProfile& profile);
 
@@ -143,14 +143,14 @@ class CostModel {
 
   private:
     CostModel() = default;
-    static Result<CostModel> Build(const ArchConfig& arch, kv::WeightDtype weights, kv::KvDtype kv,
+    static Result<CostModel> Build(const ArchConfig& arch, kv::WeightDtype weights, KvDtype kv,
                                    int64_t tp, const Accelerator& accelerator);
     double AttentionSeconds(int64_t start_pos, int64_t q_len) const;
     double RingSeconds(double bytes, int64_t hops_factor) const;
 
     ArchConfig arch_;
     kv::WeightDtype weight_dtype_ = kv::WeightDtype::kBf16;
-    kv::KvDtype kv_dtype_ = kv::KvDtype::kBf16;
+    KvDtype kv_dtype_ = KvDtype::kBf16;
     int64_t tp_ = 1;
     Accelerator accelerator_;
     std::optional<CpuProfile> profile_;

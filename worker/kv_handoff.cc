@@ -30,9 +30,8 @@ LayerParts PartsOf(const KvPoolConfig& c, int64_t layer) {
     p.v = l.v_offset;
     p.k_scale = l.k_scale_offset;
     p.v_scale = l.v_scale_offset;
-    p.data_bytes_per_head = c.block_size * c.head_dim * cpu::KvStorageElementBytes(c.storage);
-    p.scale_bytes_per_head =
-        cpu::KvStorageHasScales(c.storage) ? c.block_size * int64_t(sizeof(float)) : 0;
+    p.data_bytes_per_head = c.block_size * c.head_dim * KvDtypeBytes(c.storage);
+    p.scale_bytes_per_head = KvPoolHasScales(c.storage) ? c.block_size * int64_t(sizeof(float)) : 0;
     return p;
 }
 
@@ -65,18 +64,6 @@ IndexRange KvHeadsToSend(const ModelSpec& spec, int src_rank, int src_tp, int ds
     return out;
 }
 
-KvWireDtype WireDtypeOf(cpu::KvStorage storage) {
-    switch (storage) {
-        case cpu::KvStorage::kF32:
-            return KvWireDtype::kF32;
-        case cpu::KvStorage::kInt8:
-            return KvWireDtype::kInt8;
-        case cpu::KvStorage::kFp8E4M3:
-            return KvWireDtype::kFp8E4M3;
-    }
-    return KvWireDtype::kF32;
-}
-
 KvReceiveGeometry ReceiveGeometryOf(const KvPool& pool, const ShardLayout& layout) {
     const KvPoolConfig& c = pool.config();
     return {.num_layers = static_cast<int32_t>(c.num_layers),
@@ -84,7 +71,7 @@ KvReceiveGeometry ReceiveGeometryOf(const KvPool& pool, const ShardLayout& layou
             .head_end = static_cast<int32_t>(layout.kv_heads.end),
             .block_size = static_cast<int32_t>(c.block_size),
             .head_dim = static_cast<int32_t>(c.head_dim),
-            .dtype = WireDtypeOf(c.storage),
+            .dtype = c.storage,
             .num_blocks = c.num_blocks};
 }
 
@@ -104,7 +91,7 @@ void PackKvPiece(const KvPool& pool, const ShardLayout& layout, uint64_t transfe
                     .num_blocks = static_cast<int32_t>(blocks.size()),
                     .block_size = static_cast<int32_t>(c.block_size),
                     .head_dim = static_cast<int32_t>(c.head_dim),
-                    .dtype = WireDtypeOf(c.storage)};
+                    .dtype = c.storage};
     piece.data.resize(static_cast<size_t>(KvPieceBytes(piece.header)));
     const int64_t layer_bytes = KvPieceLayerBytes(piece.header);
     const int64_t h0 = heads.begin - layout.kv_heads.begin;
@@ -136,8 +123,8 @@ Status UnpackKvPiece(const KvPiece& piece, KvPool& pool, const ShardLayout& layo
         return mismatch("blocks", h.num_blocks, int64_t(blocks.size()));
     if (h.block_size != c.block_size) return mismatch("block_size", h.block_size, c.block_size);
     if (h.head_dim != c.head_dim) return mismatch("head_dim", h.head_dim, c.head_dim);
-    if (h.dtype != WireDtypeOf(c.storage))
-        return mismatch("dtype", int64_t(h.dtype), int64_t(WireDtypeOf(c.storage)));
+    if (h.dtype != c.storage)
+        return mismatch("dtype", KvDtypeWireCode(h.dtype), KvDtypeWireCode(c.storage));
     if (h.layer_end > c.num_layers) return mismatch("layer_end", h.layer_end, c.num_layers);
     if (h.head_begin < layout.kv_heads.begin || h.head_end > layout.kv_heads.end) {
         return InvalidArgument("KV piece of transfer " + std::to_string(h.transfer_id) +

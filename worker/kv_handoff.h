@@ -25,9 +25,6 @@ namespace kvshard {
 // tp-`dst_tp` instance (empty when none). REQUIRES: valid tp for the spec on both sides.
 IndexRange KvHeadsToSend(const ModelSpec& spec, int src_rank, int src_tp, int dst_rank, int dst_tp);
 
-// The wire dtype of a pool's storage.
-KvWireDtype WireDtypeOf(cpu::KvStorage storage);
-
 // What a rank's pool can receive (KvTransport::SetReceiveGeometry): its layers, block size, head
 // dim, dtype and blocks, and the global KV heads the rank holds.
 KvReceiveGeometry ReceiveGeometryOf(const KvPool& pool, const ShardLayout& layout);

@@ -19,14 +19,15 @@ Result<std::unique_ptr<KvPool>> KvPool::Create(const KvPoolConfig& c, Backend& b
     KV_RETURN_IF_ERROR(positive("num_layers", c.num_layers));
     KV_RETURN_IF_ERROR(positive("num_kv_heads", c.num_kv_heads));
     KV_RETURN_IF_ERROR(positive("head_dim", c.head_dim));
+    KV_RETURN_IF_ERROR(cpu::CheckPagedKvDtype(c.storage, "KV pool storage"));
     // One formula for the bytes of a block: the geometry's (8-bit storage keeps an fp32 scale per
     // token per head for each of K and V).
     const kv::KvGeometry geometry{
         .num_layers = c.num_layers,
         .num_kv_heads = c.num_kv_heads,
         .head_dim = c.head_dim,
-        .dtype_bytes = cpu::KvStorageElementBytes(c.storage),
-        .scale_bytes = cpu::KvStorageHasScales(c.storage) ? int64_t(sizeof(float)) : 0,
+        .dtype_bytes = KvDtypeBytes(c.storage),
+        .scale_bytes = KvPoolHasScales(c.storage) ? int64_t(sizeof(float)) : 0,
         .block_size = c.block_size};
     const int64_t bytes_per_block = geometry.BytesPerBlock();
     KV_CHECK_EQ(bytes_per_block, c.num_layers * cpu::PagedLayerBytes(c.storage, c.block_size,

@@ -23,7 +23,7 @@ struct KvPoolConfig {
     int64_t num_layers = 0;
     int64_t num_kv_heads = 0;  // this worker's
     int64_t head_dim = 0;
-    cpu::KvStorage storage = cpu::KvStorage::kF32;
+    KvDtype storage = KvDtype::kFp32;  // REQUIRES: cpu::PagedKvStores
 };
 
 class KvPool {

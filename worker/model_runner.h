@@ -71,7 +71,7 @@ struct RunnerOptions {
     static constexpr int64_t kOneSequence = -1;
     int64_t num_kv_blocks = kOneSequence;
     int64_t block_size = 16;
-    cpu::KvStorage kv_storage = cpu::KvStorage::kF32;
+    KvDtype kv_storage = KvDtype::kFp32;
     // The workspace is sized once for this many tokens (and sequences) per step; a larger step
     // grows it (logged), so pass the scheduler's token budget.
     int64_t max_step_tokens = 512;

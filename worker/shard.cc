@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "kv/kv_geometry.h"
+
 namespace kvshard {
 namespace {
 
@@ -9,10 +11,6 @@ namespace {
 int64_t SplitPoint(int64_t n, int rank, int tp) { return n * rank / tp; }
 
 }  // namespace
-
-IndexRange QueryHeadRange(int64_t num_heads, int rank, int tp) {
-    return {SplitPoint(num_heads, rank, tp), SplitPoint(num_heads, rank + 1, tp)};
-}
 
 IndexRange FfnRange(int64_t ffn_size, int rank, int tp) {
     auto point = [&](int r) {
@@ -34,17 +32,17 @@ Result<ShardLayout> MakeShardLayout(const ModelSpec& spec, const ShardSpec& shar
         return InvalidArgument("rank " + std::to_string(shard.rank) + " outside [0, " +
                                std::to_string(shard.tp) + ")");
     }
-    if (shard.tp > spec.num_heads) {
-        return InvalidArgument("tp " + std::to_string(shard.tp) + " exceeds the model's " +
-                               std::to_string(spec.num_heads) +
-                               " query heads: every rank needs at least one (num_kv_heads " +
-                               std::to_string(spec.num_kv_heads) + ")");
-    }
+    // Query and KV heads by kv/'s one rule (kv/kv_geometry.h), which names the numbers when tp
+    // exceeds the query heads.
+    KV_ASSIGN_OR_RETURN(
+        kv::HeadRange kv_heads,
+        kv::LocalKvHeadRange(spec.num_heads, spec.num_kv_heads, shard.tp, shard.rank));
     ShardLayout l;
     l.shard = shard;
-    l.q_heads = QueryHeadRange(spec.num_heads, shard.rank, shard.tp);
+    const kv::HeadRange q_heads = kv::QueryHeadRange(spec.num_heads, shard.tp, shard.rank);
+    l.q_heads = {q_heads.begin, q_heads.end};
+    l.kv_heads = {kv_heads.begin, kv_heads.end};
     const int64_t group = spec.num_heads / spec.num_kv_heads;
-    l.kv_heads = {l.q_heads.begin / group, (l.q_heads.end - 1) / group + 1};
     l.ffn = FfnRange(spec.ffn_size, shard.rank, shard.tp);
     l.vocab = VocabRange(spec.vocab_size, shard.rank, shard.tp);
     l.vocab_padded = (spec.vocab_size + shard.tp - 1) / shard.tp;

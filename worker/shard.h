@@ -3,6 +3,7 @@
 //
 //   query heads  [floor(r·H/tp), floor((r+1)·H/tp))      H = num_heads; uneven splits allowed
 //   KV heads     [q_begin / group, (q_end - 1) / group + 1)   group = H / num_kv_heads
+//                (both by kv/kv_geometry.h, the one rule for which heads a rank holds)
 //   MLP columns  [f_r, f_{r+1}), f_r = floor(r·F/tp) rounded down to a multiple of 32, f_tp = F
 //   vocabulary   [floor(r·V/tp), floor((r+1)·V/tp))      embedding rows and classifier rows
 //
@@ -59,9 +60,9 @@ struct ShardLayout {
     std::string ToString() const;
 };
 
-// Query heads, MLP columns and vocabulary of rank `rank` among `tp` (pure functions of the
-// numbers, so any rank can compute another's slices).
-IndexRange QueryHeadRange(int64_t num_heads, int rank, int tp);
+// MLP columns and vocabulary of rank `rank` among `tp` (pure functions of the numbers, so any
+// rank can compute another's slices); query and KV heads are kv::QueryHeadRange and
+// kv::LocalKvHeadRange (kv/kv_geometry.h), the one rule every module uses.
 IndexRange FfnRange(int64_t ffn_size, int rank, int tp);
 IndexRange VocabRange(int64_t vocab_size, int rank, int tp);
 

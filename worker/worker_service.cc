@@ -29,18 +29,6 @@ constexpr std::string_view kKeyThreads = "threads";
 constexpr std::string_view kKeyWeightFormat = "weight_format";
 constexpr std::string_view kKeyMaxStepTokens = "max_step_tokens";
 
-std::string_view KvDtypeText(cpu::KvStorage storage) {
-    switch (storage) {
-        case cpu::KvStorage::kF32:
-            return "fp32";
-        case cpu::KvStorage::kInt8:
-            return "int8";
-        case cpu::KvStorage::kFp8E4M3:
-            return "fp8";
-    }
-    return "fp32";
-}
-
 Result<int64_t> IntSetting(std::string_view key, const std::string& text) {
     int64_t v = 0;
     const char* end = text.data() + text.size();
@@ -136,7 +124,7 @@ std::vector<std::pair<std::string, std::string>> EncodeWorkerSettings(const Work
         {std::string(kKeyMaxContext), std::to_string(s.runner.max_context)},
         {std::string(kKeyBlockSize), std::to_string(s.runner.block_size)},
         {std::string(kKeyNumKvBlocks), std::to_string(s.runner.num_kv_blocks)},
-        {std::string(kKeyKvDtype), std::string(KvDtypeText(s.runner.kv_storage))},
+        {std::string(kKeyKvDtype), std::string(KvDtypeName(s.runner.kv_storage))},
         {std::string(kKeyTokenizer), s.tokenizer_path},
         {std::string(kKeyThreads), std::to_string(s.threads)},
         {std::string(kKeyWeightFormat), std::string(WeightFormatName(s.runner.weight_format))},
@@ -157,16 +145,11 @@ Result<WorkerRunSettings> DecodeWorkerSettings(
             KV_ASSIGN_OR_RETURN(s.runner.num_kv_blocks, IntSetting(key, value));
             seen_blocks = true;
         } else if (key == kKeyKvDtype) {
-            if (value == "fp32") {
-                s.runner.kv_storage = cpu::KvStorage::kF32;
-            } else if (value == "int8") {
-                s.runner.kv_storage = cpu::KvStorage::kInt8;
-            } else if (value == "fp8") {
-                s.runner.kv_storage = cpu::KvStorage::kFp8E4M3;
-            } else {
-                return InvalidArgument("worker setting kv_dtype: '" + value +
-                                       "' is not one of fp32, int8, fp8");
-            }
+            Result<KvDtype> dtype = ParseKvDtype(value);
+            if (!dtype.ok())
+                return InvalidArgument("worker setting " + key + ": " + dtype.status().message());
+            KV_RETURN_IF_ERROR(cpu::CheckPagedKvDtype(*dtype, "worker setting kv_dtype"));
+            s.runner.kv_storage = *dtype;
         } else if (key == kKeyTokenizer) {
             s.tokenizer_path = value;
         } else if (key == kKeyWeightFormat) {

@@ -95,7 +95,7 @@ std::vector<KvPiece> MakePieces(const Options& o, int64_t tokens, bool layerwise
                     .num_blocks = static_cast<int32_t>(blocks),
                     .block_size = static_cast<int32_t>(o.block_size),
                     .head_dim = static_cast<int32_t>(o.head_dim),
-                    .dtype = KvWireDtype::kF32};
+                    .dtype = KvDtype::kFp32};
         p.data.resize(static_cast<size_t>(KvPieceBytes(p.header)));
         for (size_t i = 0; i < p.data.size(); i += 4) {
             const uint32_t r = rng();

@@ -44,7 +44,7 @@ KvReceiveGeometry Geometry() {
     g.head_end = 3;
     g.block_size = 4;
     g.head_dim = 8;
-    g.dtype = kvshard::KvWireDtype::kF32;
+    g.dtype = kvshard::KvDtype::kFp32;
     g.num_blocks = 8;
     return g;
 }
@@ -62,7 +62,9 @@ void CheckGeometryFromBytes(const uint8_t* data, size_t size, const KvPieceHeade
     int32_t blocks = 0;
     std::memcpy(&blocks, data + 20, 4);
     g.num_blocks = blocks;
-    g.dtype = static_cast<kvshard::KvWireDtype>(data[24]);
+    kvshard::Result<kvshard::KvDtype> dtype = kvshard::KvDtypeFromWireCode(data[24]);
+    if (!dtype.ok()) return;
+    g.dtype = *dtype;
     if (!kvshard::ValidateKvReceiveGeometry(g).ok()) return;
     const int64_t pool = kvshard::KvReceiveGeometryBytes(g);
     if (pool <= 0) Fail("a valid geometry has no bytes");

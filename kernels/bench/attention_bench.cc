@@ -41,7 +41,7 @@ struct Scenario {
 // A pool holding every sequence of a step, with its blocks in order and random K/V.
 class StepData {
   public:
-    StepData(const Step& step, KvStorage storage, std::mt19937& gen) {
+    StepData(const Step& step, KvDtype storage, std::mt19937& gen) {
         const int64_t layer_bytes = PagedLayerBytes(storage, kBlockSize, kNumKvHeads, kHeadDim);
         std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
         int64_t num_blocks = 0;
@@ -124,7 +124,7 @@ Step Decode(int32_t num_seqs, int32_t context_len) {
 }
 
 int Main(int argc, char** argv) {
-    KvStorage storage = KvStorage::kF32;
+    KvDtype storage = KvDtype::kFp32;
     std::string storage_name = "f32";
     double min_ms = 300.0;
     for (int i = 1; i < argc; ++i) {
@@ -132,9 +132,9 @@ int Main(int argc, char** argv) {
         if (arg == "--storage" && i + 1 < argc) {
             storage_name = argv[++i];
             if (storage_name == "int8") {
-                storage = KvStorage::kInt8;
+                storage = KvDtype::kInt8;
             } else if (storage_name == "fp8") {
-                storage = KvStorage::kFp8E4M3;
+                storage = KvDtype::kFp8;
             } else if (storage_name != "f32") {
                 std::fprintf(stderr, "unknown storage %s (f32, int8, fp8)\n", storage_name.c_str());
                 return 2;

@@ -203,8 +203,9 @@ KvArgs ToArgs(const cpu::PagedKvLayer& kv) {
 
 constexpr int kF32 = 0, kInt8 = 1, kFp8 = 2;
 
-constexpr int StorageCode(cpu::KvStorage s) {
-    return s == cpu::KvStorage::kF32 ? kF32 : s == cpu::KvStorage::kInt8 ? kInt8 : kFp8;
+// REQUIRES: cpu::PagedKvStores(s) (MakePagedKvLayer checks).
+constexpr int StorageCode(KvDtype s) {
+    return s == KvDtype::kFp32 ? kF32 : s == KvDtype::kInt8 ? kInt8 : kFp8;
 }
 
 // Grid (n, num_kv_heads, 2: K then V): one head of one row, quantized with its own scale.

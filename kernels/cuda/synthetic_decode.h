@@ -149,7 +149,7 @@ class SyntheticDecode {
     }
 
     PagedKvLayer Kv(int64_t layer) {
-        return cpu::MakePagedKvLayer(pool_.As<uint8_t>(), block_bytes_, layer, KvStorage::kF32,
+        return cpu::MakePagedKvLayer(pool_.As<uint8_t>(), block_bytes_, layer, KvDtype::kFp32,
                                      s_.block_size, s_.kv_heads, s_.head_dim);
     }
 
@@ -210,7 +210,7 @@ class SyntheticDecode {
         // The KV pool: max_batch sequences of context + 1 positions, consecutive blocks each.
         const int64_t per_seq = (context_ + 1 + s.block_size - 1) / s.block_size;
         block_bytes_ =
-            s.layers * cpu::PagedLayerBytes(KvStorage::kF32, s.block_size, s.kv_heads, s.head_dim);
+            s.layers * cpu::PagedLayerBytes(KvDtype::kFp32, s.block_size, s.kv_heads, s.head_dim);
         KV_ASSIGN_OR_RETURN(pool_, b_->Allocate(size_t(max_batch_ * per_seq * block_bytes_)));
 
         // Step buffers and inputs.

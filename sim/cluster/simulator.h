@@ -44,7 +44,7 @@ namespace kvshard::sim {
 struct SimulationOptions {
     ArchConfig arch;
     kv::WeightDtype weight_dtype = kv::WeightDtype::kBf16;
-    kv::KvDtype kv_dtype = kv::KvDtype::kBf16;
+    KvDtype kv_dtype = KvDtype::kBf16;
     std::vector<PoolConfig> pools;  // as in the serve config (roles, instances, tp)
     Accelerator device;             // every instance's GPUs
     std::optional<CpuProfile> profile;  // measured step costs instead of the roofline (cpu)

@@ -50,7 +50,7 @@ KvPiece Piece(uint64_t transfer_id, int32_t blocks) {
                     .num_blocks = blocks,
                     .block_size = 4,
                     .head_dim = 8,
-                    .dtype = KvWireDtype::kF32};
+                    .dtype = KvDtype::kFp32};
     piece.data.resize(static_cast<size_t>(KvPieceBytes(piece.header)));
     for (size_t i = 0; i < piece.data.size(); ++i) {
         piece.data[i] = static_cast<uint8_t>((i * 2654435761u) >> 13 ^ transfer_id);

@@ -29,7 +29,7 @@ using std::chrono::milliseconds;
 Clock::time_point In(int64_t ms) { return Clock::now() + milliseconds(ms); }
 
 KvPieceHeader Header(uint64_t transfer_id, int32_t layer_begin, int32_t layer_end,
-                     int32_t head_begin, int32_t head_end, KvWireDtype dtype = KvWireDtype::kF32) {
+                     int32_t head_begin, int32_t head_end, KvDtype dtype = KvDtype::kFp32) {
     KvPieceHeader h;
     h.transfer_id = transfer_id;
     h.layer_begin = layer_begin;
@@ -60,15 +60,15 @@ KvPiece Piece(uint64_t transfer_id, int32_t layer_begin, int32_t layer_end, int3
 
 TEST(KvPiece, ByteFormulas) {
     struct Case {
-        KvWireDtype dtype;
+        KvDtype dtype;
         int32_t blocks, layers, heads, block_size, head_dim;
         int64_t element_bytes, layer_bytes;
     };
     const Case cases[] = {
-        {KvWireDtype::kF32, 3, 2, 4, 16, 64, 4, 2 * 4 * 16 * 64 * 4},
-        {KvWireDtype::kInt8, 3, 2, 4, 16, 64, 1, 2 * 4 * 16 * 64 + 2 * 4 * 16 * 4},
-        {KvWireDtype::kFp8E4M3, 1, 5, 1, 32, 128, 1, 2 * 32 * 128 + 2 * 32 * 4},
-        {KvWireDtype::kF32, 1, 1, 1, 1, 1, 4, 8},
+        {KvDtype::kFp32, 3, 2, 4, 16, 64, 4, 2 * 4 * 16 * 64 * 4},
+        {KvDtype::kInt8, 3, 2, 4, 16, 64, 1, 2 * 4 * 16 * 64 + 2 * 4 * 16 * 4},
+        {KvDtype::kFp8, 1, 5, 1, 32, 128, 1, 2 * 32 * 128 + 2 * 32 * 4},
+        {KvDtype::kFp32, 1, 1, 1, 1, 1, 4, 8},
     };
     for (const Case& c : cases) {
         KvPieceHeader h;
@@ -80,9 +80,29 @@ TEST(KvPiece, ByteFormulas) {
         h.head_end = 2 + c.heads;
         h.block_size = c.block_size;
         h.head_dim = c.head_dim;
-        EXPECT_EQ(KvWireElementBytes(c.dtype), c.element_bytes);
+        EXPECT_EQ(KvDtypeBytes(c.dtype), c.element_bytes);
         EXPECT_EQ(KvPieceLayerBytes(h), c.layer_bytes);
         EXPECT_EQ(KvPieceBytes(h), int64_t{c.blocks} * c.layers * c.layer_bytes);
+    }
+}
+
+// The wire keeps its explicit byte values (a peer of another build decodes the same dtype), and a
+// byte that names no dtype is refused before anything is sized from it.
+TEST(KvPiece, DtypeWireCodesAreStableAndCheckedOnDecode) {
+    const std::pair<KvDtype, uint8_t> cases[] = {{KvDtype::kFp32, 0},
+                                                 {KvDtype::kInt8, 1},
+                                                 {KvDtype::kFp8, 2},
+                                                 {KvDtype::kFp16, 3},
+                                                 {KvDtype::kBf16, 4}};
+    for (const auto& [dtype, code] : cases) {
+        EXPECT_EQ(KvDtypeWireCode(dtype), code) << KvDtypeName(dtype);
+        EXPECT_EQ(KvDtypeFromWireCode(code).value(), dtype) << int(code);
+    }
+    for (int code : {5, 9, 255}) {
+        Result<KvDtype> bad = KvDtypeFromWireCode(static_cast<uint8_t>(code));
+        ASSERT_FALSE(bad.ok()) << code;
+        EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+        EXPECT_NE(bad.status().message().find("dtype=" + std::to_string(code)), std::string::npos);
     }
 }
 
@@ -100,7 +120,6 @@ TEST(KvPiece, ValidateRejectsEachBadField) {
         {"no blocks", [](KvPiece& p) { p.header.num_blocks = 0; }, "num_blocks=0"},
         {"block size", [](KvPiece& p) { p.header.block_size = -4; }, "block_size=-4"},
         {"head dim", [](KvPiece& p) { p.header.head_dim = 0; }, "head_dim=0"},
-        {"dtype", [](KvPiece& p) { p.header.dtype = static_cast<KvWireDtype>(9); }, "dtype=9"},
         {"short data", [](KvPiece& p) { p.data.pop_back(); }, "data bytes"},
         {"long data", [](KvPiece& p) { p.data.push_back(0); }, "data bytes"},
         {"overflowing sizes",
@@ -140,7 +159,7 @@ TEST(KvPiece, WireHeaderRoundTripsAndRejectsCorruption) {
     const Case cases[] = {
         {0, 'X', StatusCode::kDataLoss},        // magic
         {4, 1, StatusCode::kUnimplemented},     // version (1: before the handshake)
-        {6, 3, StatusCode::kInvalidArgument},   // dtype
+        {6, 5, StatusCode::kInvalidArgument},   // dtype (codes 0-4)
         {7, 2, StatusCode::kDataLoss},          // unknown flag
         {20, 0, StatusCode::kInvalidArgument},  // layer_end 0 < layer_begin
         {44, 0xff, StatusCode::kDataLoss},      // payload length vs header
@@ -473,7 +492,7 @@ KvReceiveGeometry TestGeometry() {
     g.head_end = 6;
     g.block_size = 4;
     g.head_dim = 8;
-    g.dtype = KvWireDtype::kF32;
+    g.dtype = KvDtype::kFp32;
     g.num_blocks = 16;
     return g;
 }
@@ -797,8 +816,8 @@ TEST(TcpKvTransport, PiecesThatDoNotFitThePoolAreRefused) {
          "block_size=8"},
         {"head dim", [](KvPieceHeader& h) { h.head_dim = 16; }, StatusCode::kInvalidArgument,
          "head_dim=16"},
-        {"dtype", [](KvPieceHeader& h) { h.dtype = KvWireDtype::kInt8; },
-         StatusCode::kInvalidArgument, "dtype=1"},
+        {"dtype", [](KvPieceHeader& h) { h.dtype = KvDtype::kInt8; }, StatusCode::kInvalidArgument,
+         "dtype=int8"},
         {"layers", [](KvPieceHeader& h) { h.layer_end = 5; }, StatusCode::kInvalidArgument,
          "layers"},
         {"heads", [](KvPieceHeader& h) { h.head_end = 7; }, StatusCode::kInvalidArgument, "heads"},

@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "common/build_config.h"
 #include "tests/test_util.h"
@@ -28,7 +30,7 @@ TEST(ServerConfig, Defaults) {
     EXPECT_EQ(c->kv_cache.block_size, 16);
     EXPECT_EQ(c->kv_cache.num_blocks, 0);
     EXPECT_EQ(c->kv_cache.memory_mib, 512);
-    EXPECT_EQ(c->kv_cache.dtype, KvCacheDtype::kAuto);
+    EXPECT_FALSE(c->kv_cache.dtype.has_value());  // auto
     EXPECT_TRUE(c->kv_cache.enable_prefix_caching);
     EXPECT_EQ(c->log_level, "info");
 }
@@ -87,7 +89,7 @@ kv_cache:
     EXPECT_EQ(c->kv_cache.block_size, 32);
     EXPECT_EQ(c->kv_cache.num_blocks, 1000);
     EXPECT_EQ(c->kv_cache.memory_mib, 64);
-    EXPECT_EQ(c->kv_cache.dtype, KvCacheDtype::kInt8);
+    EXPECT_EQ(c->kv_cache.dtype, KvDtype::kInt8);
     EXPECT_FALSE(c->kv_cache.enable_prefix_caching);
     EXPECT_DOUBLE_EQ(c->kv_cache.max_pinned_fraction, 0.25);
     EXPECT_EQ(c->kv_cache.min_pinned_tokens, 2048);
@@ -150,8 +152,9 @@ TEST(ServerConfig, ErrorsNameFileKeyAndValue) {
         {"model: m\nserver:\n  port: 70000\n", "serve.yaml:3: server.port: invalid value '70000'"},
         {"model: m\nserver:\n  port: eighty\n",
          "server.port: invalid value 'eighty': expected an integer"},
-        {"model: m\nkv_cache:\n  dtype: fp16\n",
-         "serve.yaml:3: kv_cache.dtype: invalid value 'fp16': expected auto, fp32, int8 or fp8"},
+        {"model: m\nkv_cache:\n  dtype: fp8_e5m2\n",
+         "serve.yaml:3: kv_cache.dtype: invalid value 'fp8_e5m2': expected auto, fp32, fp16, bf16, "
+         "fp8 or int8"},
         {"model: m\nkv_cache:\n  enable_prefix_caching: maybe\n",
          "kv_cache.enable_prefix_caching: invalid value 'maybe'"},
         {"model: m\nkv_cache:\n  max_pinned_fraction: 1.5\n",
@@ -210,14 +213,24 @@ TEST(ServerConfig, ServedModelNamesAndVllmFlags) {
     ASSERT_TRUE(flags.ok()) << flags.status().ToString();
     EXPECT_EQ(flags->served_model_names, (std::vector<std::string>{"org/a", "b"}));
     EXPECT_EQ(flags->scheduler.max_model_len, 1024);
-    EXPECT_EQ(flags->kv_cache.dtype, KvCacheDtype::kInt8);
+    EXPECT_EQ(flags->kv_cache.dtype, KvDtype::kInt8);
+    // Every KV dtype parses (the planner sizes fp16 and bf16; serve refuses what no pool stores),
+    // vLLM's fp8_e4m3 is fp8, and auto is no dtype at all.
+    for (const auto& [text, dtype] : {std::pair{"bf16", std::optional<KvDtype>(KvDtype::kBf16)},
+                                      std::pair{"fp8_e4m3", std::optional<KvDtype>(KvDtype::kFp8)},
+                                      std::pair{"auto", std::optional<KvDtype>()}}) {
+        auto r = ParseServerConfig("model: m\nkv_cache:\n  dtype: int8\n", "serve.yaml",
+                                   {{"kv_cache.dtype", text, "--kv-cache-dtype"}});
+        ASSERT_TRUE(r.ok()) << text << ": " << r.status().ToString();
+        EXPECT_EQ(r->kv_cache.dtype, dtype) << text;
+    }
     for (const auto& [key, value, flag, expect] :
          {std::tuple{"scheduler.max_model_len", "4k", "--max-model-len",
                      "flag --max-model-len: scheduler.max_model_len: invalid value '4k': expected "
                      "an integer"},
-          std::tuple{"kv_cache.dtype", "bfloat16", "--kv-cache-dtype",
-                     "flag --kv-cache-dtype: kv_cache.dtype: invalid value 'bfloat16': expected "
-                     "auto, fp32, int8 or fp8"},
+          std::tuple{"kv_cache.dtype", "int4", "--kv-cache-dtype",
+                     "flag --kv-cache-dtype: kv_cache.dtype: invalid value 'int4': expected "
+                     "auto, fp32, fp16, bf16, fp8 or int8"},
           std::tuple{"served_model_name", "a,,b", "--served-model-name",
                      "flag --served-model-name: served_model_name: invalid value ''"}}) {
         auto r = ParseServerConfig("model: m\n", "serve.yaml", {{key, value, flag}});

@@ -336,7 +336,7 @@ TEST_P(BackendOps, GeluBiasHeadNormAndScale) {
 // starts mid-sequence, a decode row, a fresh prompt), against a double-precision causal softmax
 // over the same K/V, with and without a sliding window; then block copies and row gathers.
 TEST_P(BackendOps, KvWriteAttentionCopiesAndGathers) {
-    for (KvStorage storage : {KvStorage::kF32, KvStorage::kInt8}) {
+    for (KvDtype storage : {KvDtype::kFp32, KvDtype::kInt8}) {
         Device dev(*backend_);
         const int64_t bs = 4, heads = 6, kv_heads = 2, hd = 16, layers = 2, num_blocks = 24;
         const int64_t layer_bytes = cpu::PagedLayerBytes(storage, bs, kv_heads, hd);
@@ -411,7 +411,7 @@ TEST_P(BackendOps, KvWriteAttentionCopiesAndGathers) {
                 }
             }
             // 8-bit storage carries its quantization error (about 1/127 of each head's range).
-            const double bound = storage == KvStorage::kF32 ? 1e-5 : 2e-2;
+            const double bound = storage == KvDtype::kFp32 ? 1e-5 : 2e-2;
             EXPECT_LE(NormalizedError(dev.Get(out, want.size()), want), bound)
                 << "storage " << int(storage) << " window " << window;
         }

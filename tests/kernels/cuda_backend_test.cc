@@ -130,7 +130,7 @@ class CudaBackendGpuTest : public ::testing::Test {
 // with their scales); attention over one pool (long decode contexts split over many blocks, and
 // a prefill chunk) agrees with the CPU's.
 TEST_F(CudaBackendGpuTest, KvBytesAndSplitAttentionMatchTheCpu) {
-    for (KvStorage storage : {KvStorage::kF32, KvStorage::kInt8, KvStorage::kFp8E4M3}) {
+    for (KvDtype storage : {KvDtype::kFp32, KvDtype::kInt8, KvDtype::kFp8}) {
         const int64_t bs = 16, heads = 8, kv_heads = 2, hd = 128, layers = 1;
         const std::vector<int32_t> ctx = {1000, 37, 300}, news = {1, 1, 45};
         int64_t total = 0, blocks = 0;

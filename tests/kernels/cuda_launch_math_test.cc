@@ -159,8 +159,7 @@ TEST(CudaLaunchMathTest, WindowedItemsCoverEachRowsWindow) {
 }
 
 TEST(CudaLaunchMathTest, KvOffsetsAddressWhatTheCpuWrites) {
-    for (cpu::KvStorage storage :
-         {cpu::KvStorage::kF32, cpu::KvStorage::kInt8, cpu::KvStorage::kFp8E4M3}) {
+    for (KvDtype storage : {KvDtype::kFp32, KvDtype::kInt8, KvDtype::kFp8}) {
         const int64_t bs = 4, kv_heads = 3, hd = 8, layers = 2, blocks = 6;
         const int64_t block_bytes = layers * cpu::PagedLayerBytes(storage, bs, kv_heads, hd);
         std::vector<uint8_t> pool(static_cast<size_t>(blocks * block_bytes));
@@ -173,14 +172,14 @@ TEST(CudaLaunchMathTest, KvOffsetsAddressWhatTheCpuWrites) {
         for (float& x : k) x = u(rng);
         for (float& x : v) x = u(rng);
         cpu::PagedKvWrite(kv, k.data(), v.data(), kv_heads * hd, slots.data(), int64_t(slots.size()));
-        const int64_t eb = cpu::KvStorageElementBytes(storage);
+        const int64_t eb = KvDtypeBytes(storage);
         for (size_t i = 0; i < slots.size(); ++i) {
             for (int64_t h = 0; h < kv_heads; ++h) {
                 for (int pass = 0; pass < 2; ++pass) {
                     const float* src = (pass == 0 ? k : v).data() + i * kv_heads * hd + h * hd;
                     const int64_t data_off = pass == 0 ? kv.k_offset : kv.v_offset;
                     float scale = 1.0f;
-                    if (cpu::KvStorageHasScales(storage)) {
+                    if (KvPoolHasScales(storage)) {
                         std::memcpy(&scale,
                                     &pool[KvScaleOffset(block_bytes,
                                                         pass == 0 ? kv.k_scale_offset
@@ -192,14 +191,13 @@ TEST(CudaLaunchMathTest, KvOffsetsAddressWhatTheCpuWrites) {
                         const uint8_t* p =
                             &pool[KvElementOffset(block_bytes, data_off, bs, hd, eb, slots[i], h, d)];
                         float got;
-                        if (storage == cpu::KvStorage::kF32) {
+                        if (storage == KvDtype::kFp32) {
                             std::memcpy(&got, p, 4);
                             EXPECT_EQ(got, src[d]);
                             continue;
                         }
-                        got = storage == cpu::KvStorage::kInt8
-                                  ? float(int8_t(*p)) * scale
-                                  : Fp8E4M3Decode(*p) * scale;
+                        got = storage == KvDtype::kInt8 ? float(int8_t(*p)) * scale
+                                                        : Fp8E4M3Decode(*p) * scale;
                         EXPECT_NEAR(got, src[d], 2.0f * 2.0f / 16.0f) << int(storage);
                     }
                 }

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/paged_attention.h"
@@ -24,7 +25,7 @@ struct BatchedCase {
     std::string name;
     std::vector<Seq> seqs;
     int64_t num_heads, num_kv_heads, head_dim, block_size;
-    KvStorage storage = KvStorage::kF32;
+    KvDtype storage = KvDtype::kFp32;
     std::vector<int32_t> kv_head_of_q = {};  // empty: null (h / group)
     int64_t q_stride_extra = 0;              // floats after each q row's heads (fused QKV)
     int64_t window = 0;                      // sliding window (0: none)
@@ -159,45 +160,44 @@ INSTANTIATE_TEST_SUITE_P(
                     4,
                     64,
                     16,
-                    KvStorage::kF32,
+                    KvDtype::kFp32,
                     {3, 0, 0, 2, 3, 3}},
         BatchedCase{
-            "KvHeadMapTensorParallelSlice", kMixed, 3, 1, 64, 16, KvStorage::kF32, {0, 0, 0}},
-        BatchedCase{"FusedQkvStride", kMixed, 9, 3, 64, 16, KvStorage::kF32, {}, 2 * 3 * 64},
+            "KvHeadMapTensorParallelSlice", kMixed, 3, 1, 64, 16, KvDtype::kFp32, {0, 0, 0}},
+        BatchedCase{"FusedQkvStride", kMixed, 9, 3, 64, 16, KvDtype::kFp32, {}, 2 * 3 * 64},
         BatchedCase{"LongDecodesSplitKv", {{2048, 1}, {1500, 1}}, 9, 3, 64, 16},
         BatchedCase{"LongPrefillChunk", {{1100, 300}}, 9, 3, 64, 16},
-        BatchedCase{"Int8Mixed", kMixed, 9, 3, 64, 16, KvStorage::kInt8},
-        BatchedCase{"Int8HeadDim128Block4", {{75, 30}, {700, 1}}, 4, 2, 128, 4, KvStorage::kInt8},
-        BatchedCase{"Fp8Mixed", kMixed, 9, 3, 64, 16, KvStorage::kFp8E4M3},
-        BatchedCase{
-            "Fp8Stories260KShape", {{60, 60}, {33, 1}}, 8, 4, 8, 1, KvStorage::kFp8E4M3, {}, 16},
+        BatchedCase{"Int8Mixed", kMixed, 9, 3, 64, 16, KvDtype::kInt8},
+        BatchedCase{"Int8HeadDim128Block4", {{75, 30}, {700, 1}}, 4, 2, 128, 4, KvDtype::kInt8},
+        BatchedCase{"Fp8Mixed", kMixed, 9, 3, 64, 16, KvDtype::kFp8},
+        BatchedCase{"Fp8Stories260KShape", {{60, 60}, {33, 1}}, 8, 4, 8, 1, KvDtype::kFp8, {}, 16},
         // Sliding windows: shorter than a prefill chunk (late lanes see nothing in the first
         // chunks), across split decode walks, of one position, longer than the context, and
         // Gemma 3's 512 over a long prefill chunk.
-        BatchedCase{"WindowMixed", kMixed, 9, 3, 64, 16, KvStorage::kF32, {}, 0, 40},
-        BatchedCase{"WindowPrefillChunk", {{300, 200}}, 9, 3, 64, 16, KvStorage::kF32, {}, 0, 7},
+        BatchedCase{"WindowMixed", kMixed, 9, 3, 64, 16, KvDtype::kFp32, {}, 0, 40},
+        BatchedCase{"WindowPrefillChunk", {{300, 200}}, 9, 3, 64, 16, KvDtype::kFp32, {}, 0, 7},
         BatchedCase{"WindowLongDecodesSplitKv",
                     {{2048, 1}, {1500, 1}},
                     9,
                     3,
                     64,
                     16,
-                    KvStorage::kF32,
+                    KvDtype::kFp32,
                     {},
                     0,
                     700},
-        BatchedCase{"WindowOne", {{70, 20}, {33, 1}}, 4, 2, 64, 16, KvStorage::kF32, {}, 0, 1},
-        BatchedCase{"WindowPastContext", kMixed, 4, 1, 64, 16, KvStorage::kF32, {}, 0, 5000},
-        BatchedCase{"WindowGemma512", {{1100, 300}, {900, 1}}, 4, 1, 256, 16, KvStorage::kF32,
-                    {}, 0, 512},
-        BatchedCase{"WindowInt8HeadDim8", {{60, 60}, {33, 1}}, 8, 4, 8, 4, KvStorage::kInt8, {},
-                    0, 9}),
+        BatchedCase{"WindowOne", {{70, 20}, {33, 1}}, 4, 2, 64, 16, KvDtype::kFp32, {}, 0, 1},
+        BatchedCase{"WindowPastContext", kMixed, 4, 1, 64, 16, KvDtype::kFp32, {}, 0, 5000},
+        BatchedCase{
+            "WindowGemma512", {{1100, 300}, {900, 1}}, 4, 1, 256, 16, KvDtype::kFp32, {}, 0, 512},
+        BatchedCase{
+            "WindowInt8HeadDim8", {{60, 60}, {33, 1}}, 8, 4, 8, 4, KvDtype::kInt8, {}, 0, 9}),
     [](const ::testing::TestParamInfo<BatchedCase>& info) { return info.param.name; });
 
 TEST(PagedAttentionBatchedTest, EmptyBatchWritesNothing) {
-    std::vector<uint8_t> bytes(PagedLayerBytes(KvStorage::kF32, 16, 1, 8));
+    std::vector<uint8_t> bytes(PagedLayerBytes(KvDtype::kFp32, 16, 1, 8));
     const PagedKvLayer kv = MakePagedKvLayer(bytes.data(), static_cast<int64_t>(bytes.size()), 0,
-                                             KvStorage::kF32, 16, 1, 8);
+                                             KvDtype::kFp32, 16, 1, 8);
     const int32_t zero[1] = {0};
     PagedAttentionBatch batch;
     batch.query_starts = zero;
@@ -205,6 +205,28 @@ TEST(PagedAttentionBatchedTest, EmptyBatchWritesNothing) {
     float out = 7.0f;
     PagedAttentionBatched(nullptr, 8, kv, batch, &out, 1);
     EXPECT_EQ(out, 7.0f);
+}
+
+// fp16 and bf16 are plannable KV dtypes but this layout does not store them: asking for one is an
+// error naming the setting that asked, never a pool of the wrong size.
+TEST(PagedAttentionBatchedTest, StoresFp32Int8Fp8AndRefusesTheRestByName) {
+    const std::pair<KvDtype, bool> cases[] = {{KvDtype::kFp32, true},
+                                              {KvDtype::kInt8, true},
+                                              {KvDtype::kFp8, true},
+                                              {KvDtype::kFp16, false},
+                                              {KvDtype::kBf16, false}};
+    for (const auto& [dtype, stored] : cases) {
+        EXPECT_EQ(PagedKvStores(dtype), stored) << KvDtypeName(dtype);
+        const Status s = CheckPagedKvDtype(dtype, "kv_cache.dtype");
+        EXPECT_EQ(s.ok(), stored) << KvDtypeName(dtype);
+        if (!stored) {
+            EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+            EXPECT_NE(
+                s.message().find("kv_cache.dtype: KV dtype " + std::string(KvDtypeName(dtype))),
+                std::string::npos)
+                << s.message();
+        }
+    }
 }
 
 }  // namespace

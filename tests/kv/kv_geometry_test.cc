@@ -24,27 +24,37 @@ TEST(KvGeometryTest, LocalKvHeadRange) {
         {1, 4, 2, {0, 1}},  // MQA
     };
     for (const Case& c : cases) {
-        Result<HeadRange> r = LocalKvHeadRange(c.kv_heads, c.tp, c.rank);
+        Result<HeadRange> r = LocalKvHeadRange(/*num_heads=*/32, c.kv_heads, c.tp, c.rank);
         ASSERT_TRUE(r.ok()) << r.status().ToString();
         EXPECT_EQ(*r, c.want) << c.kv_heads << " heads, tp " << c.tp << ", rank " << c.rank;
     }
 }
 
+// The planner plans even splits only; the rule itself refuses what no rank layout can hold.
 TEST(KvGeometryTest, IndivisibleHeadCountsNameTheNumbers) {
     struct Case {
-        int64_t kv_heads, tp, rank;
+        int64_t heads, kv_heads, tp, rank;
+        bool even_only;       // LocalKvHeadRange accepts it; CheckEvenKvHeadSplit refuses
         const char* want[2];  // substrings of the message
     };
     const Case cases[] = {
-        {8, 3, 0, {"8 KV heads", "tp 3"}},       {8, 12, 0, {"tp 12", "8 KV heads"}},
-        {6, 4, 0, {"6 KV heads", "tp 4"}},       {8, 4, 4, {"rank 4", "tp 4"}},
-        {8, 0, 0, {"tp must be positive", "0"}}, {0, 2, 0, {"num_kv_heads", "0"}},
+        {32, 8, 3, 0, true, {"8 KV heads", "tp 3"}},
+        {32, 8, 12, 0, true, {"tp 12", "8 KV heads"}},
+        {24, 6, 4, 0, true, {"6 KV heads", "tp 4"}},
+        {32, 8, 4, 4, false, {"rank 4", "tp 4"}},
+        {32, 8, 0, 0, false, {"tp must be positive", "0"}},
+        {32, 0, 2, 0, false, {"num_kv_heads", "0"}},
+        {12, 8, 2, 0, false, {"12 query heads", "8 KV heads"}},
+        {8, 8, 16, 0, false, {"tp 16", "8 query heads"}},
     };
     for (const Case& c : cases) {
-        Result<HeadRange> r = LocalKvHeadRange(c.kv_heads, c.tp, c.rank);
-        ASSERT_FALSE(r.ok());
+        Result<HeadRange> r = LocalKvHeadRange(c.heads, c.kv_heads, c.tp, c.rank);
+        const Status even = CheckEvenKvHeadSplit(c.kv_heads, c.tp);
+        EXPECT_EQ(r.ok(), c.even_only) << c.kv_heads << " heads, tp " << c.tp;
+        const Status& refusal = c.even_only ? even : r.status();
+        ASSERT_FALSE(refusal.ok());
         for (const char* w : c.want) {
-            EXPECT_NE(r.status().message().find(w), std::string::npos) << r.status().message();
+            EXPECT_NE(refusal.message().find(w), std::string::npos) << refusal.message();
         }
     }
 }

@@ -15,7 +15,7 @@ Accelerator Gpu(const char* name) { return *FindAccelerator(name); }
 
 CostModel Model(const ArchConfig& arch, int64_t tp, const Accelerator& acc,
                 kv::WeightDtype w = kv::WeightDtype::kBf16) {
-    Result<CostModel> m = CostModel::Create(arch, w, kv::KvDtype::kBf16, tp, acc);
+    Result<CostModel> m = CostModel::Create(arch, w, KvDtype::kBf16, tp, acc);
     KV_CHECK(m.ok()) << m.status().ToString();
     return *m;
 }
@@ -205,18 +205,17 @@ TEST(CostModelTest, KvBlocksFollowTheCapacityPlanner) {
 TEST(CostModelTest, CreateRejectsBadSplitsAndProfileOnlyKinds) {
     const ArchConfig arch = Config("llama-3-70b.json");
     Result<CostModel> bad_tp =
-        CostModel::Create(arch, kv::WeightDtype::kBf16, kv::KvDtype::kBf16, 3, Gpu("h200"));
+        CostModel::Create(arch, kv::WeightDtype::kBf16, KvDtype::kBf16, 3, Gpu("h200"));
     EXPECT_EQ(bad_tp.status().code(), StatusCode::kInvalidArgument);
     Result<CostModel> cpu =
-        CostModel::Create(arch, kv::WeightDtype::kBf16, kv::KvDtype::kBf16, 1, Gpu("cpu"));
+        CostModel::Create(arch, kv::WeightDtype::kBf16, KvDtype::kBf16, 1, Gpu("cpu"));
     EXPECT_EQ(cpu.status().code(), StatusCode::kInvalidArgument);
     Result<CostModel> moe = CostModel::Create(Config("qwen3-30b-a3b.json"), kv::WeightDtype::kBf16,
-                                              kv::KvDtype::kBf16, 1, Gpu("h200"));
+                                              KvDtype::kBf16, 1, Gpu("h200"));
     EXPECT_EQ(moe.status().code(), StatusCode::kUnimplemented);
     Accelerator broken = Gpu("h200");
     broken.memory_bandwidth = 0;
-    EXPECT_FALSE(
-        CostModel::Create(arch, kv::WeightDtype::kBf16, kv::KvDtype::kBf16, 8, broken).ok());
+    EXPECT_FALSE(CostModel::Create(arch, kv::WeightDtype::kBf16, KvDtype::kBf16, 8, broken).ok());
 }
 
 TEST(CostModelTest, Fp8WeightsHalveTheDecodeWeightTime) {
@@ -302,9 +301,8 @@ TEST(CpuProfileTest, ReadsPointsAndBenchEngineOutput) {
 
 TEST(CpuProfileTest, ProfileDrivesTheCost) {
     const CpuProfile profile{.a = 1e-3, .b = 2e-4, .c = 3e-3, .d = 1e-6};
-    Result<CostModel> m =
-        CostModel::CreateWithProfile(Config("llama-3-8b.json"), kv::WeightDtype::kBf16,
-                                     kv::KvDtype::kBf16, 1, Gpu("cpu"), profile);
+    Result<CostModel> m = CostModel::CreateWithProfile(
+        Config("llama-3-8b.json"), kv::WeightDtype::kBf16, KvDtype::kBf16, 1, Gpu("cpu"), profile);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     EXPECT_TRUE(m->uses_profile());
     // 128 prefill tokens (context 128) and 4 decodes at context 100.

@@ -72,7 +72,7 @@ class PagedDriver {
 };
 
 std::unique_ptr<LocalModel> Load(const std::string& path, int64_t num_blocks, int64_t block_size,
-                                 cpu::KvStorage storage = cpu::KvStorage::kF32) {
+                                 KvDtype storage = KvDtype::kFp32) {
     LocalModelOptions o;
     o.runner.num_kv_blocks = num_blocks;
     o.runner.block_size = block_size;
@@ -219,8 +219,8 @@ TEST(KvStorage, Int8AndFp8AgainstFp32) {
     const size_t num_prompts = full ? prompts.size() : 2;
     const int tokens = full ? 64 : 12;
     std::unique_ptr<LocalModel> ref = Load(path, 64, 16);
-    std::unique_ptr<LocalModel> i8 = Load(path, 64, 16, cpu::KvStorage::kInt8);
-    std::unique_ptr<LocalModel> f8 = Load(path, 64, 16, cpu::KvStorage::kFp8E4M3);
+    std::unique_ptr<LocalModel> i8 = Load(path, 64, 16, KvDtype::kInt8);
+    std::unique_ptr<LocalModel> f8 = Load(path, 64, 16, KvDtype::kFp8);
     ASSERT_TRUE(ref && i8 && f8);
     const int64_t vocab = ref->runner->spec().vocab_size;
     StorageFigures fig[2];

@@ -60,7 +60,7 @@ struct Options {
     int64_t kv_heads = 3;
     int64_t head_dim = 64;
     int64_t block_size = 16;
-    cpu::KvStorage storage = cpu::KvStorage::kF32;
+    KvDtype storage = KvDtype::kFp32;
     std::vector<int64_t> tokens = {512, 2048};
     int runs = 7;
     bool json = false;
@@ -136,7 +136,7 @@ Setup MakeSetup(const Options& o, int64_t tokens) {
                     .num_blocks = static_cast<int32_t>(blocks),
                     .block_size = static_cast<int32_t>(o.block_size),
                     .head_dim = static_cast<int32_t>(o.head_dim),
-                    .dtype = WireDtypeOf(o.storage)};
+                    .dtype = o.storage};
     s.bytes = KvPieceBytes(h);
     s.cells = o.layers * o.kv_heads;
     return s;
@@ -269,9 +269,9 @@ int Main(int argc, char** argv) {
         } else if (arg == "--dtype") {
             const std::string d = argv[++i];
             if (d == "f32")
-                o.storage = cpu::KvStorage::kF32;
+                o.storage = KvDtype::kFp32;
             else if (d == "int8")
-                o.storage = cpu::KvStorage::kInt8;
+                o.storage = KvDtype::kInt8;
             else
                 return Usage(argv[0]);
         } else if (arg == "--tokens") {
@@ -322,7 +322,7 @@ int Main(int argc, char** argv) {
     Result<std::unique_ptr<KvTransport>> tcp_dst = MakeTcpKvTransport("127.0.0.1", 0, topt);
     CheckOk(tcp_dst.status(), "tcp transport");
 
-    const char* dtype = o.storage == cpu::KvStorage::kF32 ? "f32" : "int8";
+    const char* dtype = o.storage == KvDtype::kFp32 ? "f32" : "int8";
     if (o.json) {
         std::printf(
             "{\"layers\":%lld,\"kv_heads\":%lld,\"head_dim\":%lld,\"block_size\":%lld,"

@@ -1,0 +1,35 @@
+// KvDtype: the one spelling of "how K and V are stored", shared by the config (kv_cache.dtype), the
+// capacity planner and KV geometry (kv/), the paged attention kernels and pools (kernels/,
+// worker/) and the KV wire (comm/, which maps it to explicit byte codes: comm/kv_transport.h).
+// "auto" is not a dtype: it is a config-level choice (ServerConfig's kv_cache.dtype is an
+// std::optional<KvDtype>, empty for auto) resolved by whoever builds the pools.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace kvshard {
+
+// kFp16 and kBf16 are real KV formats on GPUs and the planner sizes them; the paged pools of the
+// CPU and CUDA backends store kFp32, kInt8 and kFp8 only (kernels/paged_attention.h says which,
+// and a setting asking for another is refused by name).
+enum class KvDtype { kFp32, kFp16, kBf16, kFp8, kInt8 };
+
+// "fp32", "fp16", "bf16", "fp8", "int8".
+std::string_view KvDtypeName(KvDtype dtype);
+// Accepts the names above and fp32|float32, fp16|float16, bf16|bfloat16, fp8|fp8_e4m3; any other
+// name is InvalidArgument listing the accepted ones.
+Result<KvDtype> ParseKvDtype(std::string_view name);
+// Bytes of one stored element: 4, 2, 2, 1, 1.
+int64_t KvDtypeBytes(KvDtype dtype);
+// The planner's scale bytes per token, per KV head, for each of K and V: 4 for int8 (one fp32
+// scale), 0 otherwise (fp8 e4m3 as GPUs keep it, with a per-layer scale that costs nothing per
+// token). The paged pools keep a per-token scale for fp8 too: KvPoolHasScales.
+int64_t KvScaleBytes(KvDtype dtype);
+// Whether kvshard's paged pools, and so the KV wire that copies them, keep one fp32 scale per
+// token per head for K and for V: true for the 8-bit dtypes (int8 and fp8).
+bool KvPoolHasScales(KvDtype dtype);
+
+}  // namespace kvshard
