@@ -31,6 +31,7 @@
 #include "coordinator/router.h"
 #include "coordinator/step_log.h"
 #include "kernels/paged_attention.h"
+#include "kv/kv_cache_groups.h"
 #include "model/chat_template.h"
 #include "model/hf_export.h"
 #include "model/model_file.h"
@@ -182,6 +183,10 @@ int RunServe(ServeFlags f) {
     Result<std::unique_ptr<ModelFile>> model = OpenModel(c.model_path, open);
     if (!model.ok()) return Fail(model.status().message());
     const ModelSpec& spec = (*model)->spec();
+    // How the layers share KV blocks (sliding windows): the engines keep a table per group.
+    Result<kv::KvCacheGroups> kv_groups = kv::MakeKvCacheGroups(kv::LayerWindows(spec));
+    if (!kv_groups.ok()) return Fail(c.model_path + ": " + kv_groups.status().message());
+    const std::vector<int64_t> kv_group_windows = kv_groups->BlockManagerWindows();
     Result<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Create((*model)->tokenizer_data());
     if (!tokenizer.ok()) return Fail(c.model_path + ": " + tokenizer.status().message());
     Result<std::optional<ChatTemplate>> chat = ResolveChatTemplate(
@@ -346,6 +351,8 @@ int RunServe(ServeFlags f) {
         ec.scheduler.max_num_batched_tokens = c.scheduler.max_num_batched_tokens;
         ec.blocks.num_blocks = pi.runner.num_kv_blocks;
         ec.blocks.block_size = c.kv_cache.block_size;
+        // One block table per KV cache group, as the workers' pools hold them.
+        ec.blocks.group_windows = kv_group_windows;
         ec.blocks.enable_prefix_caching = c.kv_cache.enable_prefix_caching;
         ec.blocks.max_pinned_fraction = c.kv_cache.max_pinned_fraction;
         ec.blocks.min_pinned_tokens = c.kv_cache.min_pinned_tokens;

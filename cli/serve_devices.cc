@@ -7,6 +7,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/paged_attention.h"
 #include "kv/kv_geometry.h"
+#include "kv/kv_cache_groups.h"
 #include "worker/shard.h"
 #include "worker/weights.h"
 
@@ -20,6 +21,14 @@ constexpr int64_t kModuleMarginBytes = 256 * kMiB;
 
 int64_t Aligned(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
+kv::KvCacheGroups GroupsOf(const ModelSpec& spec) {
+    Result<kv::KvCacheGroups> g = kv::MakeKvCacheGroups(kv::LayerWindows(spec));
+    KV_CHECK(g.ok()) << g.status().ToString();
+    return std::move(*g);
+}
+
+int64_t LayersPerBlock(const ModelSpec& spec) { return GroupsOf(spec).layers_per_group; }
+
 }  // namespace
 
 int64_t KvBlockBytes(const ModelSpec& spec, KvDtype storage, int64_t block_size, int tp) {
@@ -27,7 +36,9 @@ int64_t KvBlockBytes(const ModelSpec& spec, KvDtype storage, int64_t block_size,
     // workers, so size for all heads meanwhile.
     const Result<int64_t> widest = kv::MaxLocalKvHeads(spec.num_heads, spec.num_kv_heads, tp);
     const int64_t local_kv = widest.ok() ? *widest : spec.num_kv_heads;
-    return spec.num_layers * cpu::PagedLayerBytes(storage, block_size, local_kv, spec.head_dim);
+    // A block holds one KV cache group's layers (all of them without sliding windows).
+    return LayersPerBlock(spec) *
+           cpu::PagedLayerBytes(storage, block_size, local_kv, spec.head_dim);
 }
 
 int64_t GpuRankReserveBytes(const ModelSpec& spec, const RunnerOptions& runner, int64_t max_context,
@@ -46,8 +57,12 @@ int64_t GpuRankReserveBytes(const ModelSpec& spec, const RunnerOptions& runner, 
     // ModelRunner::EnsureWorkspace: x, xn, partial (hidden), qkv, att, gate_up, act per token.
     const int64_t workspace =
         4 * (rows * (3 * spec.hidden_size + qkv_dim + q_dim + 3 * ffn) + seqs * logits);
-    const int64_t table_entries = seqs * ((max_context + runner.block_size - 1) / runner.block_size);
-    const int64_t inputs = rows * (4 + 4 + 8) + seqs * (4 * 4) + table_entries * 4;
+    // Slots, table starts and tables repeat per KV cache group.
+    const int64_t groups = GroupsOf(spec).num_groups();
+    const int64_t table_entries =
+        groups * seqs * ((max_context + runner.block_size - 1) / runner.block_size);
+    const int64_t inputs =
+        rows * (4 + 4 + 8 * groups) + seqs * (4 * (3 + groups)) + table_entries * 4;
     const int64_t activation_copy =
         std::max<int64_t>(static_cast<int64_t>(cuda::CudaBackend::kInitialActivationBytes),
                           rows * std::max({spec.hidden_size, q_dim, ffn}) * 2);

@@ -18,7 +18,8 @@
 
 namespace kvshard::cli {
 
-// Bytes of one KV block (every layer) on the rank of an instance of size tp that holds the most KV
+// Bytes of one KV block (the layers of one KV cache group: every layer without sliding windows,
+// kv/kv_cache_groups.h) on the rank of an instance of size tp that holds the most KV
 // heads, in `storage`.
 int64_t KvBlockBytes(const ModelSpec& spec, KvDtype storage, int64_t block_size, int tp);
 

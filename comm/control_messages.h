@@ -24,7 +24,9 @@ namespace kvshard {
 // 6: ScheduledSequence.allowed_tokens (structured outputs' token mask).
 // 7: StepResult.error_code (a failed step's Status code travels with its message).
 // 8: ScheduledSequence.num_prompt_logprobs / next_prompt_token, StepResult.prompt_logprobs.
-inline constexpr uint32_t kControlProtocolVersion = 8;
+// 9: KV cache groups: ScheduledSequence.group_block_tables / group_slot_mappings,
+//    KvSendOp/KvRecvOp.group_block_tables; kv::CopyOp is StepPlan's block copy.
+inline constexpr uint32_t kControlProtocolVersion = 9;
 
 // RegisterMessage.worker_rank: the coordinator assigns the lowest free rank.
 inline constexpr int32_t kAnyRank = -1;

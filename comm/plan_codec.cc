@@ -56,6 +56,12 @@ class Writer {
     std::string* out_;
 };
 
+// The block tables of KV cache groups 1 .. G - 1.
+void GroupTables(Writer& w, const std::vector<std::vector<int32_t>>& tables) {
+    w.Count(tables.size());
+    for (const std::vector<int32_t>& table : tables) w.Ints(table);
+}
+
 void Encode(Writer& w, const StepPlan& plan) {
     w.Fixed(plan.step_id);
     w.Count(plan.sequences.size());
@@ -65,6 +71,9 @@ void Encode(Writer& w, const StepPlan& plan) {
         w.Fixed(seq.start_pos);
         w.Ints(seq.block_table);
         w.Ints(seq.slot_mapping);
+        GroupTables(w, seq.group_block_tables);
+        w.Count(seq.group_slot_mappings.size());
+        for (const std::vector<int64_t>& slots : seq.group_slot_mappings) w.Ints(slots);
         w.Bool(seq.sample);
         w.F32(seq.sampling.temperature);
         w.Fixed(static_cast<int32_t>(seq.sampling.top_k));
@@ -89,7 +98,7 @@ void Encode(Writer& w, const StepPlan& plan) {
         w.Fixed(seq.next_prompt_token);
     }
     w.Count(plan.block_copies.size());
-    for (const BlockCopyOp& op : plan.block_copies) {
+    for (const kv::CopyOp& op : plan.block_copies) {
         w.Fixed(op.src_block);
         w.Fixed(op.dst_block);
     }
@@ -99,6 +108,7 @@ void Encode(Writer& w, const StepPlan& plan) {
         w.Fixed(op.transfer_id);
         w.Fixed(op.seq_id);
         w.Ints(op.block_table);
+        GroupTables(w, op.group_block_tables);
         w.Fixed(op.num_tokens);
         w.Fixed(op.timeout_ms);
     }
@@ -107,6 +117,7 @@ void Encode(Writer& w, const StepPlan& plan) {
         w.Fixed(op.transfer_id);
         w.Fixed(op.seq_id);
         w.Ints(op.block_table);
+        GroupTables(w, op.group_block_tables);
         w.Fixed(op.num_tokens);
         w.Fixed(op.dst_tp);
         w.Count(op.dst_endpoints.size());
@@ -315,9 +326,10 @@ class Reader {
 
 // Smallest encodings, for Reader::Count. The decoded structs take at most about 2.3 times their
 // smallest encoding in memory (ScheduledSequence: 152 bytes for 61), which bounds the memory a
-// frame can make the decoder allocate.
-constexpr size_t kMinSequenceBytes =
-    8 + 4 + 8 + 4 + 4 + 1 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 4 + 8 + 4 + 4 + 4;
+// frame can make the decoder allocate; a group's table (24 bytes for 4) is capped at
+// kMaxExtraGroups per sequence or op.
+constexpr size_t kMinSequenceBytes = 8 + 4 + 8 + 4 + 4 + 4 + 4 + 1 + 4 + 4 + 4 + 4 + 8 + 4 + 4 + 4 +
+                                     4 + 8 + 4 + 4 + 4 + 8 + 4 + 4 + 4;
 // Prompt logprobs: a chunk (40 bytes in memory for 20) and a scored token (40 for 20), whose
 // alternatives are at most kMaxLogprobs.
 constexpr size_t kMinPromptLogprobsBytes = 8 + 8 + 4;
@@ -326,12 +338,23 @@ constexpr size_t kMinPromptTokenBytes = 4 + 4 + 8 + 4;
 constexpr uint32_t kMaxAllowedTokenWords = (1u << 24) / 64;
 constexpr size_t kMinSampledTokenBytes = 8 + 4 + 4 + 4 + 8;
 constexpr uint32_t kMaxSettings = 1 << 16;
-constexpr size_t kMinKvRecvBytes = 8 + 8 + 4 + 8 + 8;
-constexpr size_t kMinKvSendBytes = 8 + 8 + 4 + 8 + 4 + 4 + 1 + 8;
+constexpr size_t kMinKvRecvBytes = 8 + 8 + 4 + 4 + 8 + 8;
+constexpr size_t kMinKvSendBytes = 8 + 8 + 4 + 4 + 8 + 4 + 4 + 1 + 8;
 constexpr size_t kMinTransferFailureBytes = 8 + 4;
 // Receiving ranks of one send (a tensor-parallel size); strings cost 32 bytes in memory for 4 on
 // the wire, so the list is capped like RegisterAck's settings.
 constexpr uint32_t kMaxDstEndpoints = 1 << 12;
+
+// KV cache groups beyond group 0 (kv::kMaxKvCacheGroups in all), each table counted as today's.
+constexpr uint32_t kMaxExtraGroups = static_cast<uint32_t>(kv::kMaxKvCacheGroups - 1);
+
+std::vector<std::vector<int32_t>> DecodeGroupTables(Reader& r, const char* field) {
+    const uint32_t n = r.Count(field, 4, kMaxExtraGroups);
+    std::vector<std::vector<int32_t>> tables;
+    tables.reserve(n);
+    for (uint32_t g = 0; g < n && r.status().ok(); ++g) tables.push_back(r.Ints<int32_t>(field));
+    return tables;
+}
 
 StepPlan DecodeStepPlan(Reader& r) {
     StepPlan plan;
@@ -345,6 +368,14 @@ StepPlan DecodeStepPlan(Reader& r) {
         seq.start_pos = r.Fixed<int64_t>("ScheduledSequence.start_pos");
         seq.block_table = r.Ints<int32_t>("ScheduledSequence.block_table");
         seq.slot_mapping = r.Ints<int64_t>("ScheduledSequence.slot_mapping");
+        seq.group_block_tables = DecodeGroupTables(r, "ScheduledSequence.group_block_tables");
+        const uint32_t num_slot_groups =
+            r.Count("ScheduledSequence.group_slot_mappings", 4, kMaxExtraGroups);
+        seq.group_slot_mappings.reserve(num_slot_groups);
+        for (uint32_t g = 0; g < num_slot_groups && r.status().ok(); ++g) {
+            seq.group_slot_mappings.push_back(
+                r.Ints<int64_t>("ScheduledSequence.group_slot_mappings"));
+        }
         seq.sample = r.Bool("ScheduledSequence.sample");
         seq.sampling.temperature = r.F32("SamplingParams.temperature");
         seq.sampling.top_k = r.Fixed<int32_t>("SamplingParams.top_k");
@@ -385,9 +416,9 @@ StepPlan DecodeStepPlan(Reader& r) {
     const uint32_t num_copies = r.Count("StepPlan.block_copies", 8);
     plan.block_copies.reserve(num_copies);
     for (uint32_t i = 0; i < num_copies && r.status().ok(); ++i) {
-        BlockCopyOp& op = plan.block_copies.emplace_back();
-        op.src_block = r.Fixed<int32_t>("BlockCopyOp.src_block");
-        op.dst_block = r.Fixed<int32_t>("BlockCopyOp.dst_block");
+        kv::CopyOp& op = plan.block_copies.emplace_back();
+        op.src_block = r.Fixed<int32_t>("CopyOp.src_block");
+        op.dst_block = r.Fixed<int32_t>("CopyOp.dst_block");
     }
     plan.released_seq_ids = r.Ints<int64_t>("StepPlan.released_seq_ids");
     const uint32_t num_recvs = r.Count("StepPlan.kv_recvs", kMinKvRecvBytes);
@@ -397,6 +428,7 @@ StepPlan DecodeStepPlan(Reader& r) {
         op.transfer_id = r.Fixed<uint64_t>("KvRecvOp.transfer_id");
         op.seq_id = r.Fixed<int64_t>("KvRecvOp.seq_id");
         op.block_table = r.Ints<int32_t>("KvRecvOp.block_table");
+        op.group_block_tables = DecodeGroupTables(r, "KvRecvOp.group_block_tables");
         op.num_tokens = r.Fixed<int64_t>("KvRecvOp.num_tokens");
         op.timeout_ms = r.Fixed<int64_t>("KvRecvOp.timeout_ms");
     }
@@ -407,6 +439,7 @@ StepPlan DecodeStepPlan(Reader& r) {
         op.transfer_id = r.Fixed<uint64_t>("KvSendOp.transfer_id");
         op.seq_id = r.Fixed<int64_t>("KvSendOp.seq_id");
         op.block_table = r.Ints<int32_t>("KvSendOp.block_table");
+        op.group_block_tables = DecodeGroupTables(r, "KvSendOp.group_block_tables");
         op.num_tokens = r.Fixed<int64_t>("KvSendOp.num_tokens");
         op.dst_tp = r.Fixed<int32_t>("KvSendOp.dst_tp");
         const uint32_t n = r.Count("KvSendOp.dst_endpoints", 4, kMaxDstEndpoints);

@@ -12,17 +12,24 @@
 
 #include "common/request.h"
 #include "common/status.h"
+#include "kv/kv_types.h"
 
 namespace kvshard {
 
 // One sequence's share of a step: a chunk of tokens at consecutive positions whose KV is written
 // at `slot_mapping` and which attend over every position held by `block_table`.
+// KV cache groups (kv/kv_cache_groups.h: a model with sliding-window layers): block_table and
+// slot_mapping are group 0's; group g > 0 has group_block_tables[g - 1] and
+// group_slot_mappings[g - 1], alike. A windowed group's table holds kv::kNoBlock where its window
+// released the block (no query of this chunk reads it); a model with one group sends none.
 struct ScheduledSequence {
     int64_t seq_id = 0;
     std::vector<int32_t> token_ids;  // tokens to compute, at positions start_pos, start_pos+1, ...
     int64_t start_pos = 0;
     std::vector<int32_t> block_table;   // blocks holding positions 0 .. start_pos + n - 1, in order
     std::vector<int64_t> slot_mapping;  // slot of each token in token_ids (block * block_size + i)
+    std::vector<std::vector<int32_t>> group_block_tables;   // groups 1 .. G - 1
+    std::vector<std::vector<int64_t>> group_slot_mappings;  // groups 1 .. G - 1
     // Sample a token after the last of token_ids (false for a prefill chunk that is not the last).
     bool sample = true;
     SamplingParams sampling;
@@ -48,20 +55,18 @@ struct ScheduledSequence {
     friend bool operator==(const ScheduledSequence&, const ScheduledSequence&) = default;
 };
 
-struct BlockCopyOp {
-    int32_t src_block = -1;
-    int32_t dst_block = -1;
-    friend bool operator==(const BlockCopyOp&, const BlockCopyOp&) = default;
-};
-
 // Disaggregated serving (DESIGN.md data flow, step 6): a prefill instance sends the KV of one
 // request to a decode instance. Every rank of the sending instance sends, to each rank of the
 // receiving instance, the KV heads that receiver holds and that the sender owns (a KV head held
 // by two senders is sent by the lower rank), so the two sides may have different tp.
+// With KV cache groups, block_table is group 0's and group_block_tables[g - 1] group g's; only
+// the blocks a table holds travel (a kNoBlock entry, released by a window, is not sent), and the
+// receiving tables have kNoBlock at the same entries.
 struct KvSendOp {
     uint64_t transfer_id = 0;
     int64_t seq_id = 0;                // the sequence whose KV this is
     std::vector<int32_t> block_table;  // source blocks holding positions 0 .. num_tokens - 1
+    std::vector<std::vector<int32_t>> group_block_tables;  // groups 1 .. G - 1
     int64_t num_tokens = 0;
     int32_t dst_tp = 1;                      // the receiving instance's tensor-parallel size
     std::vector<std::string> dst_endpoints;  // KvTransport endpoint of each receiving rank
@@ -74,8 +79,11 @@ struct KvSendOp {
 
 struct KvRecvOp {
     uint64_t transfer_id = 0;
-    int64_t seq_id = 0;                // the sequence that continues from the received KV
-    std::vector<int32_t> block_table;  // destination blocks for positions 0 .. num_tokens - 1
+    int64_t seq_id = 0;  // the sequence that continues from the received KV
+    // Destination blocks for positions 0 .. num_tokens - 1, by group as in KvSendOp; a negative
+    // entry receives nothing (the receiver holds the block already, or the window released it).
+    std::vector<int32_t> block_table;
+    std::vector<std::vector<int32_t>> group_block_tables;  // groups 1 .. G - 1
     int64_t num_tokens = 0;
     int64_t timeout_ms = 10'000;  // how long the step waits for the missing pieces
     friend bool operator==(const KvRecvOp&, const KvRecvOp&) = default;
@@ -84,7 +92,7 @@ struct KvRecvOp {
 struct StepPlan {
     uint64_t step_id = 0;
     std::vector<ScheduledSequence> sequences;
-    std::vector<BlockCopyOp> block_copies;  // executed before the step's KV writes
+    std::vector<kv::CopyOp> block_copies;   // executed before the step's KV writes (any group's)
     std::vector<int64_t> released_seq_ids;  // finished or preempted: drop per-sequence state
     // Executed before the forward pass: the received KV is written into the blocks, and a
     // sequence whose transfer failed is left out of this step (StepResult.failed_transfers).

@@ -59,12 +59,18 @@ Status InstanceEngine::ValidateConfig(const InstanceEngineConfig& c) {
     KV_RETURN_IF_ERROR(c.scheduler.Validate());
     KV_RETURN_IF_ERROR(c.blocks.Validate());
     if (c.max_context <= 0) return InvalidArgument("max_context must be positive");
-    const int64_t blocks_for_one = (c.max_context + c.blocks.block_size - 1) / c.blocks.block_size;
+    // A prompt of max_context tokens takes its blocks in every KV cache group before a window
+    // releases any.
+    const auto groups = std::max<int64_t>(1, static_cast<int64_t>(c.blocks.group_windows.size()));
+    const int64_t blocks_for_one =
+        groups * ((c.max_context + c.blocks.block_size - 1) / c.blocks.block_size);
     if (blocks_for_one > c.blocks.num_blocks) {
-        return InvalidArgument("the KV pool (" + std::to_string(c.blocks.num_blocks) +
-                               " blocks of " + std::to_string(c.blocks.block_size) +
-                               ") cannot hold one sequence of max_context " +
-                               std::to_string(c.max_context) + " tokens");
+        return InvalidArgument(
+            "the KV pool (" + std::to_string(c.blocks.num_blocks) + " blocks of " +
+            std::to_string(c.blocks.block_size) +
+            (groups > 1 ? " in " + std::to_string(groups) + " KV cache groups" : std::string()) +
+            ") cannot hold one sequence of max_context " + std::to_string(c.max_context) +
+            " tokens");
     }
     return Status::Ok();
 }

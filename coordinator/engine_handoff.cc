@@ -74,6 +74,7 @@ void InstanceEngine::AddTransferOps(StepPlan* plan) {
             plan->kv_sends.push_back({.transfer_id = r.transfer_id,
                                       .seq_id = s.seq_id,
                                       .block_table = s.block_table,
+                                      .group_block_tables = s.group_block_tables,
                                       .num_tokens = seq.num_prompt_tokens,
                                       .dst_tp = dst.tp,
                                       .dst_endpoints = r.handoff_to->kv_endpoints(),
@@ -84,14 +85,23 @@ void InstanceEngine::AddTransferOps(StepPlan* plan) {
             KvRecvOp op{.transfer_id = r.transfer_id,
                         .seq_id = s.seq_id,
                         .block_table = {},
+                        .group_block_tables = {},
                         .num_tokens = seq.num_incoming_tokens,
                         .timeout_ms = config_.handoff.timeout_ms};
             const auto num_blocks = static_cast<size_t>((seq.num_incoming_tokens + bs - 1) / bs);
-            op.block_table.assign(s.block_table.begin(),
-                                  s.block_table.begin() + static_cast<ptrdiff_t>(num_blocks));
             // Blocks matched in this instance's prefix cache are shared: keep them as they are.
+            // (Entries a window released at admission are kNoBlock already; the workers receive
+            // only the entries the window reads, worker/kv_handoff.h FirstHandoffEntry.)
             const auto shared = static_cast<size_t>(seq.admitted_cached_tokens / bs);
-            for (size_t i = 0; i < std::min(shared, num_blocks); ++i) op.block_table[i] = -1;
+            auto receiving = [&](const std::vector<int32_t>& table) {
+                std::vector<int32_t> out(table.begin(),
+                                         table.begin() + static_cast<ptrdiff_t>(num_blocks));
+                for (size_t i = 0; i < std::min(shared, num_blocks); ++i) out[i] = kv::kNoBlock;
+                return out;
+            };
+            op.block_table = receiving(s.block_table);
+            for (const std::vector<int32_t>& table : s.group_block_tables)
+                op.group_block_tables.push_back(receiving(table));
             plan->kv_recvs.push_back(std::move(op));
         }
     }

@@ -56,9 +56,9 @@ bool Scheduler::ReserveSlots(size_t i, StepPlan* plan) {
         std::span<const int32_t>(seq->token_ids)
             .subspan(static_cast<size_t>(blocks_.NumTokens(seq->seq_id)));
     kv::AppendResult r = blocks_.AppendSlots(seq->seq_id, new_tokens);
-    if (r.copy) plan->block_copies.push_back({r.copy->src_block, r.copy->dst_block});
-    for (const kv::CopyOp& c : r.group_copies)
-        plan->block_copies.push_back({c.src_block, c.dst_block});
+    if (r.copy) plan->block_copies.push_back(*r.copy);
+    plan->block_copies.insert(plan->block_copies.end(), r.group_copies.begin(),
+                              r.group_copies.end());
     return true;
 }
 
@@ -89,6 +89,12 @@ void Scheduler::AddChunk(Sequence* seq, int64_t n, StepPlan* plan) {
     const std::span<const kv::BlockId> table = blocks_.BlockTable(seq->seq_id);
     s.block_table.assign(table.begin(), table.end());
     s.slot_mapping = blocks_.SlotMapping(seq->seq_id, s.start_pos, s.start_pos + n);
+    for (int64_t g = 1; g < blocks_.num_groups(); ++g) {
+        const std::span<const kv::BlockId> group_table = blocks_.BlockTable(seq->seq_id, g);
+        s.group_block_tables.emplace_back(group_table.begin(), group_table.end());
+        s.group_slot_mappings.push_back(
+            blocks_.SlotMapping(seq->seq_id, s.start_pos, s.start_pos + n, g));
+    }
     s.sample = seq->fork_children.empty() && s.start_pos + n == seq->num_tokens();
     s.sampling = seq->sampling;
     s.num_top_logprobs = seq->num_top_logprobs;
@@ -139,7 +145,8 @@ StepPlan Scheduler::Schedule() {
         if (static_cast<int64_t>(running_.size()) + width > config_.max_num_seqs) break;
         kv::SequenceRequest req{.seq_id = seq->seq_id,
                                 .prompt_token_ids = seq->token_ids,
-                                .skip_prefix_cache = WantsPromptLogprobs(*seq)};
+                                .skip_prefix_cache = WantsPromptLogprobs(*seq),
+                                .incoming_tokens = seq->num_incoming_tokens};
         bool fits = blocks_.CanAllocate(req);
         // Nothing running will free blocks: pins are all that keep this prompt out, and a pin
         // never blocks admission for good. The oldest lapse until it fits.

@@ -81,7 +81,9 @@ inline void DequantFp8(const uint8_t* q, float scale, int64_t n, float* out) {
 }
 
 // Points krows[i] / vrows[i] at the K / V row of position p0 + i of KV head `kv_head`, for i < n;
-// 8-bit rows are dequantized into kbuf / vbuf (n × head_dim each).
+// 8-bit rows are dequantized into kbuf / vbuf (n × head_dim each). A negative table entry (a
+// block a sliding window released, kv::kNoBlock: wholly before every query's window, so masked)
+// is never dereferenced: its rows read as zeros.
 void GatherRows(const PagedKvLayer& kv, const int32_t* block_table, int64_t kv_head, int64_t p0,
                 int64_t n, float* kbuf, float* vbuf, const float** krows, const float** vrows) {
     const int64_t bs = kv.block_size;
@@ -89,8 +91,18 @@ void GatherRows(const PagedKvLayer& kv, const int32_t* block_table, int64_t kv_h
     int64_t block = p0 / bs;
     int64_t slot = p0 % bs;
     for (int64_t i = 0; i < n; ++block, slot = 0) {
-        const uint8_t* b = kv.base + int64_t{block_table[block]} * kv.block_stride;
         const int64_t run = std::min(bs - slot, n - i);
+        if (block_table[block] < 0) {
+            std::fill(kbuf + i * hd, kbuf + (i + run) * hd, 0.0f);
+            std::fill(vbuf + i * hd, vbuf + (i + run) * hd, 0.0f);
+            for (int64_t r = 0; r < run; ++r) {
+                krows[i + r] = kbuf + (i + r) * hd;
+                vrows[i + r] = vbuf + (i + r) * hd;
+            }
+            i += run;
+            continue;
+        }
+        const uint8_t* b = kv.base + int64_t{block_table[block]} * kv.block_stride;
         const int64_t index = kv_head * bs + slot;  // [head][slot]
         switch (kv.storage) {
             case KvDtype::kFp32: {

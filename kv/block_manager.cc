@@ -88,6 +88,12 @@ int64_t BlockManager::NumReleasable(int64_t group, int64_t num_computed) const {
     return first_read <= 0 ? 0 : first_read / config_.block_size;
 }
 
+int64_t BlockManager::NumAdmissionReleased(int64_t group, const PrefixMatch& m,
+                                           const SequenceRequest& request) const {
+    const int64_t computed = std::max(m.num_blocks * config_.block_size, request.incoming_tokens);
+    return NumReleasable(group, computed);
+}
+
 BlockManager::PrefixMatch BlockManager::MatchPrefix(std::span<const int32_t> token_ids) const {
     PrefixMatch m;
     if (!config_.enable_prefix_caching || token_ids.empty()) return m;
@@ -168,7 +174,11 @@ bool BlockManager::CanAllocate(const SequenceRequest& request) const {
     if (len == 0 || seqs_.contains(request.seq_id)) return false;
     const PrefixMatch m =
         request.skip_prefix_cache ? PrefixMatch{} : MatchPrefix(request.prompt_token_ids);
-    const int64_t new_blocks = num_groups() * (CeilDiv(len, config_.block_size) - m.num_blocks);
+    int64_t new_blocks = 0;
+    for (int64_t g = 0; g < num_groups(); ++g) {
+        const int64_t skipped = std::max(m.num_blocks, NumAdmissionReleased(g, m, request));
+        new_blocks += CeilDiv(len, config_.block_size) - skipped;
+    }
     const int64_t available_after = num_available_blocks() - m.num_cached_unreferenced - new_blocks;
     const int64_t own_next_decode = len % config_.block_size == 0 ? num_groups() : 0;
     const int64_t reserve = watermark_blocks_ + NumBlocksForNextDecode() + own_next_decode;
@@ -196,7 +206,7 @@ int64_t BlockManager::Allocate(const SequenceRequest& request) {
         GroupTable& t = s.groups[static_cast<size_t>(g)];
         const GroupMatch& gm = m.groups[static_cast<size_t>(g)];
         t.blocks.reserve(static_cast<size_t>(num_blocks));
-        t.num_released = NumReleasable(g, s.num_computed);
+        t.num_released = NumAdmissionReleased(g, m, request);
         for (int64_t i = 0; i < hit; ++i) {
             const BlockId b = i < t.num_released ? kNoBlock : gm.blocks[static_cast<size_t>(i)];
             if (b != kNoBlock) AddRef(b);
@@ -205,8 +215,14 @@ int64_t BlockManager::Allocate(const SequenceRequest& request) {
         t.chain_hashes = gm.hashes;
         t.chain_content_ids = gm.content_ids;
     }
-    for (GroupTable& t : s.groups) {
+    for (int64_t g = 0; g < num_groups(); ++g) {
+        GroupTable& t = s.groups[static_cast<size_t>(g)];
+        t.num_released = NumAdmissionReleased(g, m, request);
         for (int64_t i = hit; i < num_blocks; ++i) {
+            if (i < t.num_released) {
+                t.blocks.push_back(kNoBlock);  // arriving KV no query of the window reads
+                continue;
+            }
             const BlockId b = TakeBlock();
             const int64_t tokens_in_block = std::min(bs, len - i * bs);
             block_num_tokens_[b] = static_cast<int32_t>(tokens_in_block);

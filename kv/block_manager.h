@@ -71,8 +71,6 @@
 
 namespace kvshard::kv {
 
-inline constexpr int64_t kMaxKvCacheGroups = 1024;
-
 struct BlockManagerConfig {
     int64_t num_blocks = 0;
     int64_t block_size = 16;  // token slots per block
@@ -99,6 +97,11 @@ struct SequenceRequest {
     // Compute the whole prompt even where the prefix cache holds it (prompt logprobs need every
     // position's logits); its full blocks are still published as they are computed.
     bool skip_prefix_cache = false;
+    // Positions [0, incoming_tokens) are computed elsewhere and their KV arrives (a disaggregated
+    // handoff): a windowed group takes no block that no query at position incoming_tokens or
+    // later reads (its entry is kNoBlock from the start, as if released). Such entries are never
+    // published, so the group's prefix chain stops there (a lost hit, never a wrong one).
+    int64_t incoming_tokens = 0;
 };
 
 // The slots of appended tokens, in order, and the copy the worker must execute before it writes
@@ -320,6 +323,10 @@ class BlockManager {
 
     // Entries of a table of `group` released when future queries start at `num_computed`.
     int64_t NumReleasable(int64_t group, int64_t num_computed) const;
+    // Entries of `group` a sequence admitted with prefix hit `m` starts without (its hit and
+    // request.incoming_tokens count as computed).
+    int64_t NumAdmissionReleased(int64_t group, const PrefixMatch& m,
+                                 const SequenceRequest& request) const;
     // Releases the entries NumReleasable gives, oldest first.
     void ReleaseOutOfWindow(GroupTable& t, int64_t group, int64_t num_computed);
     // Publishes the full blocks of `group` below `full_blocks` (MarkComputed).

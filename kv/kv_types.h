@@ -13,9 +13,13 @@ inline constexpr BlockId kNoBlock = -1;
 // A sequence (one request, or one of its forks) as the block manager knows it.
 using SeqId = int64_t;
 
-// Copy the whole contents of block `src_block` (every layer, K and V) to `dst_block`. The worker
-// executes it before it writes the KV of the step that carries it (copy-on-write of a shared
-// partial block).
+// The most KV cache groups (kv/kv_cache_groups.h) a model may have: a block table each.
+inline constexpr int64_t kMaxKvCacheGroups = 1024;
+
+// Copy the whole contents of block `src_block` (every layer slot of the block, K and V; a block
+// belongs to one KV cache group at a time) to `dst_block`. The worker executes it before it writes
+// the KV of the step that carries it (copy-on-write of a shared partial block). The one copy op
+// of kv/, the StepPlan and the worker.
 struct CopyOp {
     BlockId src_block = kNoBlock;
     BlockId dst_block = kNoBlock;

@@ -18,6 +18,7 @@ class SequenceKvPlacement {
         c.block_size = runner.pool()->config().block_size;
         c.watermark = 0.0;
         c.enable_prefix_caching = false;
+        c.group_windows = runner.kv_groups().BlockManagerWindows();
         blocks_.emplace(c);
     }
     ~SequenceKvPlacement() { Reset(); }
@@ -37,6 +38,8 @@ class SequenceKvPlacement {
                 return OutOfRange("the KV pool cannot hold the prompt");
             blocks_->Allocate(req);
         } else {
+            // Positions before `begin` are computed: a window's blocks no query reads go back.
+            blocks_->MarkComputed(seq_id_, begin);
             if (!blocks_->CanAppend(seq_id_, static_cast<int64_t>(chunk->tokens.size()))) {
                 return OutOfRange("the KV pool is full");
             }
@@ -46,6 +49,16 @@ class SequenceKvPlacement {
         table_.assign(blocks_->BlockTable(seq_id_).begin(), blocks_->BlockTable(seq_id_).end());
         chunk->block_table = table_;
         chunk->slot_mapping = slots_;
+        group_tables_.resize(static_cast<size_t>(blocks_->num_groups() - 1));
+        group_slots_.resize(group_tables_.size());
+        for (int64_t g = 1; g < blocks_->num_groups(); ++g) {
+            const std::span<const kv::BlockId> table = blocks_->BlockTable(seq_id_, g);
+            group_tables_[static_cast<size_t>(g - 1)].assign(table.begin(), table.end());
+            group_slots_[static_cast<size_t>(g - 1)] =
+                blocks_->SlotMapping(seq_id_, begin, static_cast<int64_t>(context.size()), g);
+        }
+        chunk->group_block_tables = group_tables_;
+        chunk->group_slot_mappings = group_slots_;
         return Status::Ok();
     }
 
@@ -54,6 +67,8 @@ class SequenceKvPlacement {
     std::optional<kv::BlockManager> blocks_;
     std::vector<int32_t> table_;
     std::vector<int64_t> slots_;
+    std::vector<std::vector<int32_t>> group_tables_;  // KV cache groups 1 ..
+    std::vector<std::vector<int64_t>> group_slots_;
 };
 
 }  // namespace

@@ -22,9 +22,10 @@ struct LayerParts {
     int64_t scale_bytes_per_head = 0;                // block_size × 4, or 0 for fp32
 };
 
-LayerParts PartsOf(const KvPoolConfig& c, int64_t layer) {
-    const cpu::PagedKvLayer l = cpu::MakePagedKvLayer(nullptr, 0, layer, c.storage, c.block_size,
-                                                      c.num_kv_heads, c.head_dim);
+LayerParts PartsOf(const KvPool& pool, int64_t layer) {
+    const KvPoolConfig& c = pool.config();
+    const cpu::PagedKvLayer l = cpu::MakePagedKvLayer(
+        nullptr, 0, pool.SlotOfLayer(layer), c.storage, c.block_size, c.num_kv_heads, c.head_dim);
     LayerParts p;
     p.k = l.k_offset;
     p.v = l.v_offset;
@@ -64,6 +65,12 @@ IndexRange KvHeadsToSend(const ModelSpec& spec, int src_rank, int src_tp, int ds
     return out;
 }
 
+int64_t FirstHandoffEntry(int64_t num_tokens, int64_t block_size, int64_t window) {
+    if (window <= 0) return 0;
+    const int64_t first_read = num_tokens - window + 1;
+    return first_read <= 0 ? 0 : first_read / block_size;
+}
+
 KvReceiveGeometry ReceiveGeometryOf(const KvPool& pool, const ShardLayout& layout) {
     const KvPoolConfig& c = pool.config();
     return {.num_layers = static_cast<int32_t>(c.num_layers),
@@ -100,7 +107,7 @@ void PackKvPiece(const KvPool& pool, const ShardLayout& layout, uint64_t transfe
         KV_CHECK(pool.ValidBlock(block)) << "block " << block;
         const uint8_t* src = pool.BlockData(block);
         for (int64_t l = layer_begin; l < layer_end; ++l) {
-            ForEachRun(PartsOf(c, l), h0, heads.size(),
+            ForEachRun(PartsOf(pool, l), h0, heads.size(),
                        [&](int64_t pool_at, int64_t piece_at, int64_t n) {
                            std::memcpy(out + piece_at, src + pool_at, static_cast<size_t>(n));
                        });
@@ -146,7 +153,7 @@ Status UnpackKvPiece(const KvPiece& piece, KvPool& pool, const ShardLayout& layo
         }
         uint8_t* dst = pool.MutableBlockData(block);
         for (int64_t l = h.layer_begin; l < h.layer_end; ++l) {
-            ForEachRun(PartsOf(c, l), h0, h.head_end - h.head_begin,
+            ForEachRun(PartsOf(pool, l), h0, h.head_end - h.head_begin,
                        [&](int64_t pool_at, int64_t piece_at, int64_t n) {
                            std::memcpy(dst + pool_at, in + piece_at, static_cast<size_t>(n));
                        });

@@ -29,7 +29,15 @@ IndexRange KvHeadsToSend(const ModelSpec& spec, int src_rank, int src_tp, int ds
 // dim, dtype and blocks, and the global KV heads the rank holds.
 KvReceiveGeometry ReceiveGeometryOf(const KvPool& pool, const ShardLayout& layout);
 
-// Packs layers [layer_begin, layer_end) of global KV heads `heads` (a subset of layout.kv_heads)
+// KV cache groups: a handoff of the first `num_tokens` positions carries, of a group's table, the
+// entries from FirstHandoffEntry (the first block a query at position num_tokens or later reads
+// through the group's `window`; 0 without a window) to ceil(num_tokens / block_size). Both sides
+// compute the same range, so the entries before it (released by the window: kv::kNoBlock) are
+// neither sent nor received. The same rule as kv::BlockManager's window release.
+int64_t FirstHandoffEntry(int64_t num_tokens, int64_t block_size, int64_t window);
+
+// Packs layers [layer_begin, layer_end) (of one KV cache group: `blocks` are that group's) of
+// global KV heads `heads` (a subset of layout.kv_heads)
 // of `blocks` from `pool` into `out`, reusing its buffer (a fresh multi-MB buffer per piece costs
 // page faults and zero-filling comparable to the copy itself). REQUIRES: every block valid.
 void PackKvPiece(const KvPool& pool, const ShardLayout& layout, uint64_t transfer_id,
@@ -37,7 +45,8 @@ void PackKvPiece(const KvPool& pool, const ShardLayout& layout, uint64_t transfe
                  IndexRange heads, KvPiece* out);
 
 // Writes `piece` into `blocks` of `pool` (blocks[i] receives the piece's i-th block; a negative
-// entry skips that block: the receiver already holds it, e.g. from its prefix cache).
+// entry skips that block: the receiver already holds it, e.g. from its prefix cache). The piece's
+// layers are of one KV cache group, whose blocks `blocks` are.
 // InvalidArgument, before writing anything, when the piece does not fit: block count, block size,
 // head_dim, dtype, layers or heads outside this rank's.
 Status UnpackKvPiece(const KvPiece& piece, KvPool& pool, const ShardLayout& layout,

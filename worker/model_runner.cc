@@ -32,11 +32,12 @@ constexpr size_t kAlign = 64;
 size_t Aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 // Offsets of the sections of a step's packed inputs, for a capacity of rows, sequences and
-// block-table entries. The block tables come last, so a step copies only up to their end.
+// block-table entries (over all groups) and `groups` KV cache groups: slots and table starts
+// repeat per group. The block tables come last, so a step copies only up to their end.
 struct InputLayout {
     size_t ids, positions, slots, query_starts, context_lens, table_starts, last_rows, tables;
     size_t total;
-    InputLayout(int64_t rows, int64_t seqs, int64_t entries) {
+    InputLayout(int64_t rows, int64_t seqs, int64_t entries, int64_t groups) {
         size_t o = 0;
         auto take = [&o](size_t bytes) {
             const size_t at = o;
@@ -45,10 +46,10 @@ struct InputLayout {
         };
         ids = take(rows * sizeof(int32_t));
         positions = take(rows * sizeof(int32_t));
-        slots = take(rows * sizeof(int64_t));
+        slots = take(groups * rows * sizeof(int64_t));
         query_starts = take((seqs + 1) * sizeof(int32_t));
         context_lens = take(seqs * sizeof(int32_t));
-        table_starts = take((seqs + 1) * sizeof(int32_t));
+        table_starts = take(groups * (seqs + 1) * sizeof(int32_t));
         last_rows = take(seqs * sizeof(int32_t));
         tables = take(entries * sizeof(int32_t));
         total = o;
@@ -75,11 +76,19 @@ cpu::RopeScalingParams RopeParams(const RopeScaling& rs) {
     return params;
 }
 
+kv::KvCacheGroups GroupsOf(const ModelSpec& spec) {
+    Result<kv::KvCacheGroups> groups = kv::MakeKvCacheGroups(kv::LayerWindows(spec));
+    KV_CHECK(groups.ok()) << groups.status().ToString();
+    KV_CHECK_LE(groups->num_groups(), kv::kMaxKvCacheGroups);
+    return std::move(*groups);
+}
+
 }  // namespace
 
 ModelRunner::ModelRunner(const ModelSpec& spec, std::unique_ptr<Backend> backend,
                          ModelWeights weights, const RunnerOptions& options, Collective* collective)
     : spec_(spec),
+      kv_groups_(GroupsOf(spec)),
       backend_(std::move(backend)),
       weights_(std::move(weights)),
       collective_(collective),
@@ -128,12 +137,16 @@ ModelRunner::ModelRunner(const ModelSpec& spec, std::unique_ptr<Backend> backend
     inv_freq_local_ = inv_freq_ + half;
     kv_head_of_q_ = reinterpret_cast<const int32_t*>(base + freq_bytes);
 
-    const int64_t num_blocks = options.num_kv_blocks == RunnerOptions::kOneSequence
-                                   ? (max_context_ + options.block_size - 1) / options.block_size
-                                   : options.num_kv_blocks;
+    const int64_t groups = kv_groups_.num_groups();
+    const int64_t num_blocks =
+        options.num_kv_blocks == RunnerOptions::kOneSequence
+            ? groups * ((max_context_ + options.block_size - 1) / options.block_size)
+            : options.num_kv_blocks;
     KvPoolConfig pc{.num_blocks = num_blocks,
                     .block_size = options.block_size,
                     .num_layers = spec.num_layers,
+                    .layers_per_group = kv_groups_.layers_per_group,
+                    .slot_of_layer = kv_groups_.slot_of_layer,
                     .num_kv_heads = weights_.layout.num_kv_heads(),
                     .head_dim = spec.head_dim,
                     .storage = options.kv_storage};
@@ -141,7 +154,7 @@ ModelRunner::ModelRunner(const ModelSpec& spec, std::unique_ptr<Backend> backend
     KV_CHECK(pool.ok()) << pool.status().ToString();
     pool_ = std::move(*pool);
     const int64_t tables =
-        options.max_step_seqs * ((max_context_ + pc.block_size - 1) / pc.block_size);
+        groups * options.max_step_seqs * ((max_context_ + pc.block_size - 1) / pc.block_size);
     KV_CHECK(EnsureWorkspace(std::max<int64_t>(1, options.max_step_tokens),
                              std::max<int64_t>(1, options.max_step_seqs), tables)
                  .ok());
@@ -177,7 +190,7 @@ Status ModelRunner::EnsureWorkspace(int64_t rows, int64_t num_seqs, int64_t tabl
         *slots[i] = reinterpret_cast<float*>(base + o);
         o += Aligned(static_cast<size_t>(sizes[i]) * sizeof(float));
     }
-    const InputLayout layout(rows, num_seqs, table_entries);
+    const InputLayout layout(rows, num_seqs, table_entries, kv_groups_.num_groups());
     KV_ASSIGN_OR_RETURN(inputs_, backend_->Allocate(layout.total));
     host_inputs_.assign(layout.total, 0);
     auto* in = inputs_.As<uint8_t>();
@@ -197,28 +210,57 @@ Status ModelRunner::EnsureWorkspace(int64_t rows, int64_t num_seqs, int64_t tabl
 
 Status ModelRunner::ValidatePaged(const SequenceChunk& c) const {
     const std::string seq = "sequence " + std::to_string(c.seq_id);
-    if (c.block_table.empty()) return InvalidArgument(seq + ": no block table");
+    const int64_t groups = kv_groups_.num_groups();
+    if (static_cast<int64_t>(c.group_block_tables.size()) != groups - 1 ||
+        static_cast<int64_t>(c.group_slot_mappings.size()) != groups - 1) {
+        return InvalidArgument(
+            seq + ": " + std::to_string(c.group_block_tables.size() + 1) + " block tables and " +
+            std::to_string(c.group_slot_mappings.size() + 1) + " slot mappings for the model's " +
+            std::to_string(groups) + " KV cache groups");
+    }
+    KV_RETURN_IF_ERROR(ValidateGroup(c, 0, c.block_table, c.slot_mapping));
+    for (int64_t g = 1; g < groups; ++g) {
+        const auto i = static_cast<size_t>(g - 1);
+        KV_RETURN_IF_ERROR(ValidateGroup(c, g, c.group_block_tables[i], c.group_slot_mappings[i]));
+    }
+    return Status::Ok();
+}
+
+Status ModelRunner::ValidateGroup(const SequenceChunk& c, int64_t group,
+                                  std::span<const int32_t> table,
+                                  std::span<const int64_t> slots) const {
+    const std::string seq = "sequence " + std::to_string(c.seq_id) +
+                            (group > 0 ? " KV cache group " + std::to_string(group) : "");
+    if (table.empty()) return InvalidArgument(seq + ": no block table");
     const int64_t bs = pool_->config().block_size;
     const auto n = static_cast<int64_t>(c.tokens.size());
-    if (static_cast<int64_t>(c.slot_mapping.size()) != n) {
-        return InvalidArgument(seq + ": " + std::to_string(c.slot_mapping.size()) + " slots for " +
+    if (static_cast<int64_t>(slots.size()) != n) {
+        return InvalidArgument(seq + ": " + std::to_string(slots.size()) + " slots for " +
                                std::to_string(n) + " tokens");
     }
     const int64_t end = c.start_pos + n;
-    if (static_cast<int64_t>(c.block_table.size()) * bs < end) {
-        return InvalidArgument(seq + ": block table of " + std::to_string(c.block_table.size()) +
+    if (static_cast<int64_t>(table.size()) * bs < end) {
+        return InvalidArgument(seq + ": block table of " + std::to_string(table.size()) +
                                " blocks cannot hold " + std::to_string(end) + " positions");
     }
-    for (int32_t b : c.block_table) {
-        if (!pool_->ValidBlock(b))
-            return InvalidArgument(seq + ": block " + std::to_string(b) + " outside the pool");
+    // A window lets a released block (kNoBlock) stand only where no query of the chunk reads it:
+    // wholly before the window of its first token. The kernels never read those entries.
+    const int64_t window = kv_groups_.windows[static_cast<size_t>(group)];
+    const int64_t first_read = window > 0 ? std::max<int64_t>(0, c.start_pos - window + 1) : 0;
+    for (size_t i = 0; i < table.size(); ++i) {
+        const int32_t b = table[i];
+        if (b == kv::kNoBlock && static_cast<int64_t>(i + 1) * bs <= first_read) continue;
+        if (!pool_->ValidBlock(b)) {
+            return InvalidArgument(seq + ": block " + std::to_string(b) + " at entry " +
+                                   std::to_string(i) + " outside the pool");
+        }
     }
     for (int64_t i = 0; i < n; ++i) {
         const int64_t pos = c.start_pos + i;
-        const int64_t expected = int64_t(c.block_table[pos / bs]) * bs + pos % bs;
-        if (c.slot_mapping[i] != expected) {
-            return InvalidArgument(seq + ": slot " + std::to_string(c.slot_mapping[i]) +
-                                   " for position " + std::to_string(pos) + " is not in its block");
+        const int64_t expected = int64_t(table[pos / bs]) * bs + pos % bs;
+        if (slots[i] != expected) {
+            return InvalidArgument(seq + ": slot " + std::to_string(slots[i]) + " for position " +
+                                   std::to_string(pos) + " is not in its block");
         }
     }
     return Status::Ok();
@@ -271,10 +313,22 @@ Status ModelRunner::Validate(std::span<const SequenceChunk> batch) const {
 
 Status ModelRunner::PackInputs(std::span<const SequenceChunk> batch, int64_t rows) {
     const auto num_seqs = static_cast<int64_t>(batch.size());
+    const int64_t groups = kv_groups_.num_groups();
+    // Group g's table and slots of a chunk (validated: every group is there).
+    auto table_of = [](const SequenceChunk& c, int64_t g) {
+        return g == 0 ? c.block_table
+                      : std::span<const int32_t>(c.group_block_tables[static_cast<size_t>(g - 1)]);
+    };
+    auto slots_of = [](const SequenceChunk& c, int64_t g) {
+        return g == 0 ? c.slot_mapping
+                      : std::span<const int64_t>(c.group_slot_mappings[static_cast<size_t>(g - 1)]);
+    };
     int64_t entries = 0;
-    for (const SequenceChunk& c : batch) entries += static_cast<int64_t>(c.block_table.size());
+    for (const SequenceChunk& c : batch) {
+        for (int64_t g = 0; g < groups; ++g) entries += static_cast<int64_t>(table_of(c, g).size());
+    }
     KV_RETURN_IF_ERROR(EnsureWorkspace(rows, num_seqs, entries));
-    const InputLayout layout(ws_rows_, ws_seqs_, ws_table_entries_);
+    const InputLayout layout(ws_rows_, ws_seqs_, ws_table_entries_, groups);
     uint8_t* h = host_inputs_.data();
     auto* ids = reinterpret_cast<int32_t*>(h + layout.ids);
     auto* positions = reinterpret_cast<int32_t*>(h + layout.positions);
@@ -285,23 +339,33 @@ Status ModelRunner::PackInputs(std::span<const SequenceChunk> batch, int64_t row
     auto* last_rows = reinterpret_cast<int32_t*>(h + layout.last_rows);
     auto* tables = reinterpret_cast<int32_t*>(h + layout.tables);
     int32_t r = 0;
-    int32_t e = 0;
     query_starts[0] = 0;
-    table_starts[0] = 0;
     for (int64_t s = 0; s < num_seqs; ++s) {
         const SequenceChunk& c = batch[static_cast<size_t>(s)];
         const auto n = static_cast<int32_t>(c.tokens.size());
-        for (int32_t i = 0; i < n; ++i, ++r) {
-            ids[r] = c.tokens[static_cast<size_t>(i)];
-            positions[r] = static_cast<int32_t>(c.start_pos + i);
-            slots[r] = c.slot_mapping[static_cast<size_t>(i)];
+        for (int32_t i = 0; i < n; ++i) {
+            ids[r + i] = c.tokens[static_cast<size_t>(i)];
+            positions[r + i] = static_cast<int32_t>(c.start_pos + i);
         }
-        std::memcpy(tables + e, c.block_table.data(), c.block_table.size() * sizeof(int32_t));
-        e += static_cast<int32_t>(c.block_table.size());
+        for (int64_t g = 0; g < groups; ++g) {
+            const std::span<const int64_t> group_slots = slots_of(c, g);
+            std::copy(group_slots.begin(), group_slots.end(), slots + g * ws_rows_ + r);
+        }
+        r += n;
         query_starts[s + 1] = r;
-        table_starts[s + 1] = e;
         context_lens[s] = static_cast<int32_t>(c.start_pos + n);
         last_rows[s] = r - 1;
+    }
+    int32_t e = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+        int32_t* starts = table_starts + g * (ws_seqs_ + 1);
+        starts[0] = e;
+        for (int64_t s = 0; s < num_seqs; ++s) {
+            const std::span<const int32_t> table = table_of(batch[static_cast<size_t>(s)], g);
+            std::copy(table.begin(), table.end(), tables + e);
+            e += static_cast<int32_t>(table.size());
+            starts[s + 1] = e;
+        }
     }
     const size_t used = layout.tables + static_cast<size_t>(e) * sizeof(int32_t);
     return backend_->CopyToDevice(inputs_.data(), h, used);
@@ -433,6 +497,10 @@ Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<fl
         const bool windowed = spec_.IsWindowed(l);
         const float* inv_freq = windowed ? inv_freq_local_ : inv_freq_;
         attention.window = windowed ? spec_.sliding_window : 0;
+        // The layer's KV cache group: its blocks and the new tokens' slots in them.
+        const int64_t group = kv_groups_.group_of_layer[static_cast<size_t>(l)];
+        attention.block_table_starts = table_starts_ + group * (ws_seqs_ + 1);
+        const int64_t* slots = slots_ + group * ws_rows_;
         backend_->MatMul(xn_, rows, w.qkv, qkv_);
         if (w.qkv_bias.data != nullptr) {
             backend_->AddBias(qkv_, static_cast<const float*>(w.qkv_bias.data), rows, qkv_dim_);
@@ -448,7 +516,7 @@ Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<fl
         // Every chunk of the step writes before any reads, so chunks may share blocks (a fork
         // and its parent).
         const PagedKvLayer kv = pool_->Layer(l);
-        backend_->KvWrite(kv, qkv_ + q_dim_, qkv_ + q_dim_ + kv_dim_, qkv_dim_, slots_, rows);
+        backend_->KvWrite(kv, qkv_ + q_dim_, qkv_ + q_dim_ + kv_dim_, qkv_dim_, slots, rows);
         if (after_layer_kv) {
             KV_RETURN_IF_ERROR(backend_->Synchronize());
             after_layer_kv(l);
@@ -484,6 +552,13 @@ Result<std::unique_ptr<ModelRunner>> MakeModelRunner(const ModelFile& model, con
                                                      const RunnerOptions& options,
                                                      Collective* collective) {
     KV_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeBackend(options.backend));
+    KV_ASSIGN_OR_RETURN(const kv::KvCacheGroups groups,
+                        kv::MakeKvCacheGroups(kv::LayerWindows(model.spec())));
+    if (groups.num_groups() > kv::kMaxKvCacheGroups) {
+        return Unimplemented(model.path() + ": " + std::to_string(groups.num_groups()) +
+                             " KV cache groups (layers by attention window), at most " +
+                             std::to_string(kv::kMaxKvCacheGroups));
+    }
     if (model.spec().sliding_window > 0 && !backend->SupportsSlidingWindow()) {
         return Unimplemented(model.path() + ": " + model.spec().architecture +
                              " sliding window of " + std::to_string(model.spec().sliding_window) +

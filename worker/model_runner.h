@@ -39,6 +39,8 @@
 #include "config/model_spec.h"
 #include "kernels/backend.h"
 #include "kernels/paged_attention.h"
+#include "kv/kv_cache_groups.h"
+#include "kv/kv_types.h"
 #include "worker/kv_pool.h"
 #include "worker/shard.h"
 #include "worker/weights.h"
@@ -49,9 +51,14 @@ struct SequenceChunk {
     int64_t seq_id = 0;
     std::span<const int32_t> tokens;  // new tokens, at positions start_pos, start_pos + 1, ...
     int64_t start_pos = 0;
-    // The blocks holding positions 0 .. start_pos + tokens - 1, and the slot of each new token.
+    // The blocks holding positions 0 .. start_pos + tokens - 1, and the slot of each new token:
+    // KV cache group 0's. A model with several groups (kv_groups()) brings group g's in
+    // group_block_tables[g - 1] and group_slot_mappings[g - 1]; a windowed group's table may hold
+    // kv::kNoBlock for blocks wholly before the window of the chunk's first token.
     std::span<const int32_t> block_table;
     std::span<const int64_t> slot_mapping;
+    std::span<const std::vector<int32_t>> group_block_tables = {};
+    std::span<const std::vector<int64_t>> group_slot_mappings = {};
     // Also classify every row of the chunk, not only the last (prompt logprobs): Forward hands
     // them to its `on_rows` in slices.
     bool all_logits = false;
@@ -66,8 +73,9 @@ using RowLogitsFn =
 struct RunnerOptions {
     // Longest sequence the cache accepts; 0 means the model's max_position (or 4096 if unknown).
     int64_t max_context = 0;
-    // The paged pool; kOneSequence: enough blocks for one sequence of max_context (on the CPU,
-    // memory is committed only as blocks are written). REQUIRES: positive or kOneSequence.
+    // The paged pool; kOneSequence: enough blocks for one sequence of max_context in every KV
+    // cache group (on the CPU, memory is committed only as blocks are written). REQUIRES:
+    // positive or kOneSequence.
     static constexpr int64_t kOneSequence = -1;
     int64_t num_kv_blocks = kOneSequence;
     int64_t block_size = 16;
@@ -137,6 +145,8 @@ class ModelRunner {
     int64_t tokens_processed() const { return tokens_processed_; }
 
     const ModelSpec& spec() const { return spec_; }
+    // How the model's layers share the pool's blocks (one group without sliding windows).
+    const kv::KvCacheGroups& kv_groups() const { return kv_groups_; }
     const ShardLayout& layout() const { return weights_.layout; }
     int64_t max_context() const { return max_context_; }
     KvPool* pool() { return pool_.get(); }
@@ -152,6 +162,9 @@ class ModelRunner {
   private:
     Status Validate(std::span<const SequenceChunk> batch) const;
     Status ValidatePaged(const SequenceChunk& chunk) const;
+    // One group's table and slots of `chunk` (ValidatePaged).
+    Status ValidateGroup(const SequenceChunk& chunk, int64_t group, std::span<const int32_t> table,
+                         std::span<const int64_t> slots) const;
     // Packs the step's inputs and copies them to the backend in one copy; sizes the workspace.
     Status PackInputs(std::span<const SequenceChunk> batch, int64_t rows);
     Status EnsureWorkspace(int64_t rows, int64_t num_seqs, int64_t block_table_entries);
@@ -166,6 +179,7 @@ class ModelRunner {
     Status ClassifyAllRows(std::span<const SequenceChunk> batch, const RowLogitsFn& on_rows);
 
     ModelSpec spec_;
+    kv::KvCacheGroups kv_groups_;
     std::unique_ptr<Backend> backend_;  // before every buffer: destroyed after them
     ModelWeights weights_;
     Collective* collective_;
@@ -186,7 +200,9 @@ class ModelRunner {
     const float* inv_freq_local_ = nullptr;  // the windowed layers' (spec.rope_theta_local)
     const int32_t* kv_head_of_q_ = nullptr;
 
-    // The workspace (backend memory), sized for ws_rows_ tokens and ws_seqs_ sequences.
+    // The workspace (backend memory), sized for ws_rows_ tokens and ws_seqs_ sequences; the packed
+    // slots and table starts repeat for each KV cache group (group g's at g × ws_rows_ and
+    // g × (ws_seqs_ + 1)).
     int64_t ws_rows_ = 0;
     int64_t ws_seqs_ = 0;
     int64_t ws_table_entries_ = 0;

@@ -94,31 +94,105 @@ SampledToken StepRunner::SampleRow(const ScheduledSequence& seq, const float* lo
     return out;
 }
 
+// The entries of table `g` (0: block_table, else group_block_tables[g - 1]) of `op` that a
+// handoff of op.num_tokens carries (kv_handoff.h FirstHandoffEntry); an error names what is
+// missing.
+template <typename Op>
+static Result<std::span<const int32_t>> HandoffEntries(const Op& op,
+                                                       const kv::KvCacheGroups& groups, int64_t g,
+                                                       int64_t block_size,
+                                                       const std::string& what) {
+    if (static_cast<int64_t>(op.group_block_tables.size()) != groups.num_groups() - 1) {
+        return InvalidArgument(what + std::to_string(op.group_block_tables.size() + 1) +
+                               " block tables for the model's " +
+                               std::to_string(groups.num_groups()) + " KV cache groups");
+    }
+    const std::vector<int32_t>& table =
+        g == 0 ? op.block_table : op.group_block_tables[static_cast<size_t>(g - 1)];
+    const int64_t end = (op.num_tokens + block_size - 1) / block_size;
+    if (op.num_tokens <= 0 || end > static_cast<int64_t>(table.size())) {
+        return InvalidArgument(what + "group " + std::to_string(g) + "'s " +
+                               std::to_string(table.size()) + " blocks cannot hold " +
+                               std::to_string(op.num_tokens) + " tokens");
+    }
+    const int64_t first =
+        FirstHandoffEntry(op.num_tokens, block_size, groups.windows[static_cast<size_t>(g)]);
+    return std::span<const int32_t>(table).subspan(static_cast<size_t>(first),
+                                                   static_cast<size_t>(end - first));
+}
+
 Result<std::vector<TransferFailure>> StepRunner::ReceiveTransfers(const StepPlan& plan,
                                                                   StepResult* result) {
     std::vector<TransferFailure> local(plan.kv_recvs.size());
     const ShardLayout& layout = runner_.layout();
-    const int64_t cells = runner_.spec().num_layers * layout.num_kv_heads();
+    const kv::KvCacheGroups& groups = runner_.kv_groups();
+    const int64_t bs = runner_.pool()->config().block_size;
     for (size_t i = 0; i < plan.kv_recvs.size(); ++i) {
         const KvRecvOp& op = plan.kv_recvs[i];
         local[i].transfer_id = op.transfer_id;
+        const std::string rank = "rank " + std::to_string(layout.shard.rank) + ": ";
         if (transport_ == nullptr) {
             local[i].error = "this worker has no KV transport";
             continue;
+        }
+        // The blocks each group receives, checked before anything arrives.
+        std::vector<std::span<const int32_t>> blocks;
+        for (int64_t g = 0; g < groups.num_groups() && local[i].error.empty(); ++g) {
+            Result<std::span<const int32_t>> entries =
+                HandoffEntries(op, groups, g, bs,
+                               "KV receive of transfer " + std::to_string(op.transfer_id) + ": ");
+            if (entries.ok()) {
+                blocks.push_back(*entries);
+            } else {
+                local[i].error = rank + entries.status().ToString();
+            }
+        }
+        if (!local[i].error.empty()) {
+            transport_->Discard(op.transfer_id);
+            continue;
+        }
+        // Every (layer, KV head) arrives once, but for the groups whose window reads nothing
+        // of the handed-off positions.
+        int64_t cells = 0;
+        for (int64_t l = 0; l < runner_.spec().num_layers; ++l) {
+            const int64_t g = groups.group_of_layer[static_cast<size_t>(l)];
+            if (!blocks[static_cast<size_t>(g)].empty()) cells += layout.num_kv_heads();
         }
         const auto deadline =
             std::chrono::steady_clock::now() + std::chrono::milliseconds(op.timeout_ms);
         Result<std::vector<KvPiece>> pieces = transport_->Receive(op.transfer_id, cells, deadline);
         if (!pieces.ok()) {
-            local[i].error =
-                "rank " + std::to_string(layout.shard.rank) + ": " + pieces.status().ToString();
+            local[i].error = rank + pieces.status().ToString();
             transport_->Discard(op.transfer_id);
             continue;
         }
         for (const KvPiece& piece : *pieces) {
-            Status st = UnpackKvPiece(piece, *runner_.pool(), layout, op.block_table);
+            // A piece's layers are of one group (SendLayers cuts them so).
+            const KvPieceHeader& h = piece.header;
+            Status st;
+            if (h.layer_begin < 0 || h.layer_end > runner_.spec().num_layers ||
+                h.layer_begin >= h.layer_end) {
+                st = InvalidArgument("KV piece of transfer " + std::to_string(h.transfer_id) +
+                                     ": layers [" + std::to_string(h.layer_begin) + ", " +
+                                     std::to_string(h.layer_end) + ") outside the model's " +
+                                     std::to_string(runner_.spec().num_layers));
+            } else {
+                const int64_t g = groups.group_of_layer[static_cast<size_t>(h.layer_begin)];
+                for (int64_t l = h.layer_begin; l < h.layer_end && st.ok(); ++l) {
+                    if (groups.group_of_layer[static_cast<size_t>(l)] != g) {
+                        st = InvalidArgument(
+                            "KV piece of transfer " + std::to_string(h.transfer_id) + ": layers [" +
+                            std::to_string(h.layer_begin) + ", " + std::to_string(h.layer_end) +
+                            ") span two KV cache groups");
+                    }
+                }
+                if (st.ok()) {
+                    st = UnpackKvPiece(piece, *runner_.pool(), layout,
+                                       blocks[static_cast<size_t>(g)]);
+                }
+            }
             if (!st.ok()) {
-                local[i].error = "rank " + std::to_string(layout.shard.rank) + ": " + st.ToString();
+                local[i].error = rank + st.ToString();
                 break;
             }
             result->kv_bytes_received += static_cast<int64_t>(piece.data.size());
@@ -150,17 +224,17 @@ Result<StepRunner::PreparedSend> StepRunner::PrepareSend(const KvSendOp& op) con
                                " endpoints for dst_tp " + std::to_string(op.dst_tp));
     }
     const int64_t bs = runner_.pool()->config().block_size;
-    const auto num_blocks = static_cast<size_t>((op.num_tokens + bs - 1) / bs);
-    if (num_blocks > op.block_table.size()) {
-        return InvalidArgument(what + std::to_string(op.block_table.size()) +
-                               " blocks cannot hold " + std::to_string(op.num_tokens) + " tokens");
-    }
+    const kv::KvCacheGroups& groups = runner_.kv_groups();
     PreparedSend out;
     out.op = &op;
-    out.blocks = std::span<const int32_t>(op.block_table.data(), num_blocks);
-    for (int32_t b : out.blocks) {
-        if (!runner_.pool()->ValidBlock(b))
-            return InvalidArgument(what + "block " + std::to_string(b) + " outside the pool");
+    for (int64_t g = 0; g < groups.num_groups(); ++g) {
+        KV_ASSIGN_OR_RETURN(std::span<const int32_t> blocks,
+                            HandoffEntries(op, groups, g, bs, what));
+        for (int32_t b : blocks) {
+            if (!runner_.pool()->ValidBlock(b))
+                return InvalidArgument(what + "block " + std::to_string(b) + " outside the pool");
+        }
+        out.blocks.push_back(blocks);
     }
     const ShardLayout& layout = runner_.layout();
     for (int dst = 0; dst < op.dst_tp; ++dst) {
@@ -175,16 +249,26 @@ Result<StepRunner::PreparedSend> StepRunner::PrepareSend(const KvSendOp& op) con
 Status StepRunner::SendLayers(const PreparedSend& send, int64_t layer_begin, int64_t layer_end,
                               StepResult* result) {
     const KvSendOp& op = *send.op;
+    const std::vector<int64_t>& group_of = runner_.kv_groups().group_of_layer;
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::milliseconds(op.timeout_ms);
-    for (size_t dst = 0; dst < send.heads.size(); ++dst) {
-        if (send.heads[dst].size() == 0) continue;
-        PackKvPiece(*runner_.pool(), runner_.layout(), op.transfer_id, send.blocks, layer_begin,
-                    layer_end, send.heads[dst], &send_piece_);
-        // Pipelined: the next piece (layer-wise: the next layer's compute) proceeds while the
-        // receiver takes this one; FlushSend collects the verdicts.
-        KV_RETURN_IF_ERROR(transport_->SendPipelined(op.dst_endpoints[dst], send_piece_, deadline));
-        result->kv_bytes_sent += static_cast<int64_t>(send_piece_.data.size());
+    for (int64_t begin = layer_begin; begin < layer_end;) {
+        const int64_t g = group_of[static_cast<size_t>(begin)];
+        int64_t end = begin + 1;
+        while (end < layer_end && group_of[static_cast<size_t>(end)] == g) ++end;
+        for (size_t dst = 0; dst < send.heads.size(); ++dst) {
+            if (send.heads[dst].size() == 0 || send.blocks[static_cast<size_t>(g)].empty())
+                continue;
+            PackKvPiece(*runner_.pool(), runner_.layout(), op.transfer_id,
+                        send.blocks[static_cast<size_t>(g)], begin, end, send.heads[dst],
+                        &send_piece_);
+            // Pipelined: the next piece (layer-wise: the next layer's compute) proceeds while
+            // the receiver takes this one; FlushSend collects the verdicts.
+            KV_RETURN_IF_ERROR(
+                transport_->SendPipelined(op.dst_endpoints[dst], send_piece_, deadline));
+            result->kv_bytes_sent += static_cast<int64_t>(send_piece_.data.size());
+        }
+        begin = end;
     }
     return Status::Ok();
 }
@@ -221,7 +305,7 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
         for (uint64_t id : plan.kv_discards) transport_->Discard(id);
     }
     std::vector<std::pair<int32_t, int32_t>> copies;
-    for (const BlockCopyOp& c : plan.block_copies) copies.emplace_back(c.src_block, c.dst_block);
+    for (const kv::CopyOp& c : plan.block_copies) copies.emplace_back(c.src_block, c.dst_block);
     KV_RETURN_IF_ERROR(runner_.CopyBlocks(copies));
 
     double transfer_seconds = 0.0;
@@ -279,6 +363,8 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
                               .start_pos = s->start_pos,
                               .block_table = s->block_table,
                               .slot_mapping = s->slot_mapping,
+                              .group_block_tables = s->group_block_tables,
+                              .group_slot_mappings = s->group_slot_mappings,
                               .all_logits = ScoresPrompt(*s)});
         }
         // Every rank classifies the rows (the classifier's AllGather pairs up) and holds the

@@ -45,12 +45,13 @@ class StepRunner : public StepExecutor {
     // (computed once per step, not once per layer).
     struct PreparedSend {
         const KvSendOp* op = nullptr;
-        std::span<const int32_t> blocks;
+        // By KV cache group: the blocks the handoff carries (FirstHandoffEntry on).
+        std::vector<std::span<const int32_t>> blocks;
         std::vector<IndexRange> heads;  // per receiving rank; empty range: nothing for it
     };
     Result<PreparedSend> PrepareSend(const KvSendOp& op) const;
     // Sends layers [layer_begin, layer_end) to every receiving rank, pipelined
-    // (KvTransport::SendPipelined).
+    // (KvTransport::SendPipelined): a piece per run of consecutive layers of one KV cache group.
     Status SendLayers(const PreparedSend& send, int64_t layer_begin, int64_t layer_end,
                       StepResult* result);
     // Waits for the verdicts of every piece of the send, at every receiving rank: the first

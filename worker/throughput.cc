@@ -27,7 +27,7 @@ Result<ThroughputFigures> MeasureThroughput(ModelRunner& runner, const Throughpu
     }
     const int64_t vocab = runner.spec().vocab_size;
     FixedBlockTables tables(c.batch, c.prompt_tokens + c.decode_tokens,
-                            runner.pool()->config().block_size);
+                            runner.pool()->config().block_size, runner.kv_groups().num_groups());
     if (tables.num_blocks() > runner.pool()->config().num_blocks) {
         return InvalidArgument("the KV pool of " +
                                std::to_string(runner.pool()->config().num_blocks) +

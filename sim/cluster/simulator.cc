@@ -10,6 +10,7 @@
 
 #include "common/clock.h"
 #include "coordinator/router.h"
+#include "kv/kv_cache_groups.h"
 #include "model/bpe_tokenizer.h"
 #include "model/tokenizer.h"
 
@@ -165,6 +166,13 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
         o.max_context > 0 ? o.max_context : (o.arch.max_position > 0 ? o.arch.max_position : 8192);
 
     SimulationResult out;
+    std::vector<int64_t> group_windows;  // empty: one full-attention group
+    if (!o.arch.layer_attention.empty()) {
+        KV_ASSIGN_OR_RETURN(const kv::KvCacheGroups groups,
+                            kv::MakeKvCacheGroups(kv::LayerWindows(o.arch)));
+        group_windows = groups.BlockManagerWindows();
+    }
+    const auto num_groups = std::max<int64_t>(1, static_cast<int64_t>(group_windows.size()));
     std::vector<std::unique_ptr<Instance>> instances;
     int64_t next_gpu = 0;
     for (const PoolConfig& pool : o.pools) {
@@ -197,14 +205,19 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
             c.blocks.enable_prefix_caching = o.enable_prefix_caching;
             c.blocks.max_pinned_fraction = o.max_pinned_fraction;
             c.blocks.min_pinned_tokens = o.min_pinned_tokens;
-            c.blocks.num_blocks = o.num_kv_blocks > 0
-                                      ? o.num_kv_blocks
-                                      : inst->cost->NumKvBlocks(o.block_size, o.memory_utilization);
+            // Sliding-window layers: a table per KV cache group, and blocks of one group's layers,
+            // so the planner's all-layer blocks make num_groups times as many
+            // (kv/kv_cache_groups.h).
+            c.blocks.group_windows = group_windows;
+            c.blocks.num_blocks =
+                o.num_kv_blocks > 0
+                    ? o.num_kv_blocks
+                    : num_groups * inst->cost->NumKvBlocks(o.block_size, o.memory_utilization);
             if (c.blocks.num_blocks <= 0) {
                 return InvalidArgument("pool '" + pool.name + "': the model's weights leave no room for KV cache on " +
                                        std::to_string(inst->tp) + " x " + o.device.name);
             }
-            c.max_context = std::min(max_context, c.blocks.num_blocks * o.block_size);
+            c.max_context = std::min(max_context, c.blocks.num_blocks / num_groups * o.block_size);
             c.max_waiting_requests = o.max_waiting_requests;
             c.clock = &clock;
             KV_RETURN_IF_ERROR(InstanceEngine::ValidateConfig(c));

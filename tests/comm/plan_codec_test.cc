@@ -39,6 +39,16 @@ class Generator {
         return v;
     }
 
+    // Block tables of KV cache groups past the first (kNoBlock entries among them).
+    std::vector<std::vector<int32_t>> GroupTables() {
+        std::vector<std::vector<int32_t>> tables;
+        for (int64_t g = Int(0, 3); g > 0; --g) {
+            tables.push_back(Ints<int32_t>(20));
+            if (!tables.back().empty()) tables.back()[0] = -1;
+        }
+        return tables;
+    }
+
     StepPlan Plan() {
         StepPlan plan;
         plan.step_id = rng_();
@@ -49,6 +59,9 @@ class Generator {
             seq.start_pos = Int(0, 1 << 20);
             seq.block_table = Ints<int32_t>(20);
             seq.slot_mapping = Ints<int64_t>(40);
+            seq.group_block_tables = GroupTables();
+            for (int64_t g = Int(0, 3); g > 0; --g)
+                seq.group_slot_mappings.push_back(Ints<int64_t>(40));
             seq.sample = Int(0, 1) == 1;
             seq.sampling = {Float(), static_cast<int>(Int(-5, 100)), Float(), Float(), rng_()};
             seq.sampling.repetition_penalty = Float();
@@ -74,13 +87,15 @@ class Generator {
         plan.released_seq_ids = Ints<int64_t>(8);
         for (int64_t i = Int(0, 3); i > 0; --i) {
             plan.kv_recvs.push_back({rng_(), static_cast<int64_t>(rng_()), Ints<int32_t>(10),
-                                     static_cast<int64_t>(rng_()), static_cast<int64_t>(rng_())});
+                                     GroupTables(), static_cast<int64_t>(rng_()),
+                                     static_cast<int64_t>(rng_())});
         }
         for (int64_t i = Int(0, 3); i > 0; --i) {
             KvSendOp op;
             op.transfer_id = rng_();
             op.seq_id = static_cast<int64_t>(rng_());
             op.block_table = Ints<int32_t>(10);
+            op.group_block_tables = GroupTables();
             op.num_tokens = static_cast<int64_t>(rng_());
             op.dst_tp = static_cast<int32_t>(rng_());
             for (int64_t k = Int(0, 4); k > 0; --k) op.dst_endpoints.push_back(Bytes(20));
@@ -219,6 +234,9 @@ TEST(PlanCodec, RoundTripsEveryMessageType) {
     seq.start_pos = 17;
     seq.block_table = {4, 9};
     seq.slot_mapping = {64 + 1, 64 + 2, 144};
+    // Two more KV cache groups: a windowed one whose first block was released.
+    seq.group_block_tables = {{-1, 12}, {20, 21}};
+    seq.group_slot_mappings = {{192 + 1, 192 + 2, 192 + 16}, {320 + 1, 320 + 2, 336}};
     seq.sample = false;
     seq.sampling = {0.7f, 40, 0.9f, 0.05f, 1234};
     seq.num_top_logprobs = 5;
@@ -235,9 +253,10 @@ TEST(PlanCodec, RoundTripsEveryMessageType) {
     plan.sequences = {seq, controlled};
     plan.block_copies = {{1, 2}, {3, 4}};
     plan.released_seq_ids = {8, 9};
-    plan.kv_recvs = {{7, -3, {4, 9}, 20, 1500}, {8, 5, {}, 0, 0}};
-    plan.kv_sends = {{11, 6, {1, 2, 3}, 40, 2, {"10.0.0.1:5000", "10.0.0.2:5001"}, true, 250},
-                     {12, 7, {}, 0, 1, {}, false, 0}};
+    plan.kv_recvs = {{7, -3, {4, 9}, {{-1, 3}, {5, 6}}, 20, 1500}, {8, 5, {}, {}, 0, 0}};
+    plan.kv_sends = {
+        {11, 6, {1, 2, 3}, {{-1, 7, 8}}, 40, 2, {"10.0.0.1:5000", "10.0.0.2:5001"}, true, 250},
+        {12, 7, {}, {}, 0, 1, {}, false, 0}};
     StepResult result{42,     {{-3, 5, -0.25f, {{5, -0.25f}, {6, -2.0f}}}},
                       0.125,  StatusCode::kDeadlineExceeded,
                       "oops", {},
@@ -323,8 +342,8 @@ TEST(PlanCodec, PayloadDecoderRejectsEveryTruncation) {
 // all is rejected too, by the frame check and by the payload decoder.
 TEST(PlanCodec, RejectsEveryTruncationOfTransferFields) {
     StepPlan plan;
-    plan.kv_recvs = {{7, -3, {4, 9}, 20, 1500}};
-    plan.kv_sends = {{11, 6, {1, 2, 3}, 40, 2, {"10.0.0.1:5000", ""}, true, 250}};
+    plan.kv_recvs = {{7, -3, {4, 9}, {{-1, 3}}, 20, 1500}};
+    plan.kv_sends = {{11, 6, {1, 2, 3}, {{-1, 7, 8}}, 40, 2, {"10.0.0.1:5000", ""}, true, 250}};
     StepResult result;
     result.failed_transfers = {{7, "receiver gone"}};
     result.kv_bytes_sent = 3;
@@ -435,7 +454,7 @@ TEST(PlanCodec, RejectsMalformedPayloads) {
          step_id + u32(0) + u32(0) + u32(0) + u32(0x10000000u)},
         {"too many dst_endpoints", MessageType::kStepPlan,
          step_id + u32(0) + u32(0) + u32(0) + u32(0) + u32(1) + std::string(16, '\0') + u32(0) +
-             std::string(8, '\0') + std::string(4, '\0') + u32(5000) +
+             u32(0) + std::string(8, '\0') + std::string(4, '\0') + u32(5000) +
              std::string(5000 * 4 + 9, '\0')},
         {"ready bool byte 7", MessageType::kReady,
          std::string(1, '\7') + u32(0) + std::string(8, '\0')},
@@ -444,6 +463,13 @@ TEST(PlanCodec, RejectsMalformedPayloads) {
         {"unknown error code", MessageType::kStepResult,
          step_id + u32(0) + u32(0) + std::string(8, '\0') + u32(11) + u32(0) + u32(0) +
              std::string(8 + 8 + 8, '\0')},
+        // More KV cache groups than kv::kMaxKvCacheGroups, in a sequence and in a receive.
+        {"too many group tables", MessageType::kStepPlan,
+         step_id + u32(1) + std::string(8, '\0') + u32(0) + std::string(8, '\0') + u32(0) + u32(0) +
+             u32(kv::kMaxKvCacheGroups) + std::string(kv::kMaxKvCacheGroups * 4 + 200, '\0')},
+        {"too many receive group tables", MessageType::kStepPlan,
+         step_id + u32(0) + u32(0) + u32(0) + u32(1) + std::string(16, '\0') + u32(0) +
+             u32(kv::kMaxKvCacheGroups) + std::string(kv::kMaxKvCacheGroups * 4 + 200, '\0')},
         // A prompt token with more alternatives than any request may ask for.
         {"too many prompt alternatives", MessageType::kStepResult,
          step_id + u32(0) + u32(1) + std::string(16, '\0') + u32(1) + std::string(16, '\0') +

@@ -538,7 +538,7 @@ TEST(SchedulerTest, ForkCopyOnWriteCopiesTheSharedPartialBlock) {
         ASSERT_EQ(s.block_table.size(), 2u);
         EXPECT_EQ(s.block_table[0], shared[0]);
         if (i < 2) {
-            EXPECT_EQ(diverge.block_copies[i], (BlockCopyOp{shared[1], s.block_table[1]}));
+            EXPECT_EQ(diverge.block_copies[i], (kv::CopyOp{shared[1], s.block_table[1]}));
         } else {
             EXPECT_EQ(s.block_table[1], shared[1]);
         }

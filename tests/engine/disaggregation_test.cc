@@ -16,6 +16,7 @@
 
 #include "coordinator/engine.h"
 #include "coordinator/router.h"
+#include "kv/kv_cache_groups.h"
 #include "model/model_file.h"
 #include "model/synthetic_gguf.h"
 #include "model/tokenizer.h"
@@ -110,6 +111,8 @@ class Disaggregation : public ::testing::Test {
         c.scheduler.max_num_batched_tokens = 256;
         c.blocks.num_blocks = 256;
         c.blocks.block_size = 16;
+        c.blocks.group_windows =
+            kv::MakeKvCacheGroups(kv::LayerWindows(file_->spec()))->BlockManagerWindows();
         c.blocks.enable_prefix_caching = prefix_caching_;
         c.max_context = 512;
         c.stop_token_ids = StopIds();
@@ -477,9 +480,10 @@ TEST_F(Disaggregation, LogitControlsEqualAcrossTpAndHandoff) {
 // that read an earlier prompt's blocks give the tokens of caching off, and every disaggregated
 // pairing (tp 1 -> 1 layerwise, 2 -> 1, 1 -> 2) gives the colocated tokens. The prompts share a
 // 40-token prefix (two and a half blocks, longer than both windows) and generation runs past the
-// windows, so the windowed layers' KV is read from cached and from handed-over blocks. (The KV
-// cache groups of kv/kv_cache_groups.h are not wired into the engine yet: every layer's KV stays
-// in every block, and the windows are applied by attention.)
+// windows, so the windowed layers' KV is read from cached and from handed-over blocks. The engine
+// keeps a block table per KV cache group (kv/kv_cache_groups.h): mistral's one windowed group and
+// gemma3's full and windowed groups release the blocks their windows left, and a handoff sends and
+// allocates only the blocks the windows still read.
 class DisaggregationArchs : public Disaggregation,
                             public ::testing::WithParamInterface<const char*> {
   protected:

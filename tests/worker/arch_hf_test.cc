@@ -37,7 +37,8 @@ Outcome RunModel(const std::string& path, const std::vector<int32_t>& prompt) {
     if (!m.ok()) return out;
     SequenceChunk chunk{
         .seq_id = 1, .tokens = prompt, .start_pos = 0, .block_table = {}, .slot_mapping = {}};
-    FixedBlockTables tables(1, int64_t(prompt.size()), m->runner->pool()->config().block_size);
+    FixedBlockTables tables(1, int64_t(prompt.size()), m->runner->pool()->config().block_size,
+                            m->runner->kv_groups().num_groups());
     tables.Place(0, &chunk);
     const Status st = m->runner->Forward(std::span<const SequenceChunk>(&chunk, 1), &out.logits);
     EXPECT_TRUE(st.ok()) << st.ToString();

@@ -66,7 +66,8 @@ TEST_P(ArchRunnerInvariance, BatchedAndChunkedEqualAlone) {
     ModelRunner& runner = *model_->runner;
     const int64_t vocab = runner.spec().vocab_size;
     const std::vector<std::vector<int32_t>> prompts = {Prompt(9, 2), Prompt(1, 3), Prompt(23, 4)};
-    FixedBlockTables tables(4, 32, runner.pool()->config().block_size);
+    FixedBlockTables tables(4, 32, runner.pool()->config().block_size,
+                            runner.kv_groups().num_groups());
     ASSERT_LE(tables.num_blocks(), runner.pool()->config().num_blocks);
     std::vector<std::vector<float>> alone;
     for (size_t i = 0; i < prompts.size(); ++i) {

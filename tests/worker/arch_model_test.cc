@@ -102,7 +102,8 @@ TEST_P(ArchVsLlamaCpp, LogprobsAndGreedyIdsAgree) {
         const std::vector<int32_t> want = c["greedy_token_ids"];
         const std::vector<double> want_logprobs = c["last_logprobs"];
         SCOPED_TRACE(arch + ", prompt of " + std::to_string(prompt.size()));
-        FixedBlockTables tables(1, 256, runner->pool()->config().block_size);
+        FixedBlockTables tables(1, 256, runner->pool()->config().block_size,
+                                runner->kv_groups().num_groups());
         std::vector<float> logits = Step(*runner, tables, prompt, 0);
         ASSERT_EQ(logits.size(), want_logprobs.size());
         const std::vector<double> got = LogSoftmax(logits);
@@ -169,7 +170,9 @@ TEST(MistralSlidingWindow, LogitsDependOnTheLastWindowTokensOnly) {
     const std::vector<int32_t> tail(prompt.end() - w, prompt.end());
     const int64_t bs = windowed->pool()->config().block_size;
     // The long prompt as one prefill, and as a prefill then decode steps.
-    FixedBlockTables t1(1, 256, bs), t2(1, 256, bs), t3(1, 256, bs), t4(1, 256, bs);
+    const int64_t groups = windowed->kv_groups().num_groups();
+    FixedBlockTables t1(1, 256, bs, groups), t2(1, 256, bs, groups), t3(1, 256, bs, groups),
+        t4(1, 256, bs, groups);
     const std::vector<float> long_prefill = Step(*windowed, t1, prompt, 0);
     std::vector<float> long_decode =
         Step(*windowed, t2, std::vector<int32_t>(prompt.begin(), prompt.begin() + 60), 0);

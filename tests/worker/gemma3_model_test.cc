@@ -69,7 +69,8 @@ Status TeacherForced(ModelRunner& runner, const nlohmann::json& cases, Agreement
         step_tokens.push_back(c["prompt_token_ids"].get<std::vector<int32_t>>());
         wants.push_back(c["greedy_token_ids"].get<std::vector<int32_t>>());
     }
-    FixedBlockTables tables(n, kMaxContext, runner.pool()->config().block_size);
+    FixedBlockTables tables(n, kMaxContext, runner.pool()->config().block_size,
+                            runner.kv_groups().num_groups());
     std::vector<float> logits;
     std::vector<int64_t> pos(static_cast<size_t>(n), 0);
     const size_t steps = wants[0].size();
@@ -149,7 +150,12 @@ TEST_P(Gemma3VsLlamaCpp, TokenizerLogprobsAndGreedyTokens) {
     TpGroupConfig config{.tp = tp};
     config.runner.max_context = kMaxContext;
     config.runner.block_size = 16;
-    config.runner.num_kv_blocks = static_cast<int64_t>(cases.size()) * kMaxContext / 16;
+    // A block holds one KV cache group's layers: every sequence has a table in each group.
+    const Result<kv::KvCacheGroups> groups =
+        kv::MakeKvCacheGroups(kv::LayerWindows((*file)->spec()));
+    ASSERT_TRUE(groups.ok());
+    config.runner.num_kv_blocks =
+        static_cast<int64_t>(cases.size()) * groups->num_groups() * kMaxContext / 16;
     Result<std::unique_ptr<TpGroup>> group = TpGroup::Create(**file, config);
     ASSERT_TRUE(group.ok()) << group.status().ToString();
     std::vector<Agreement> per_rank(static_cast<size_t>(tp));

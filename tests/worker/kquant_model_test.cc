@@ -51,7 +51,8 @@ TEST_P(KQuantVsLlamaCpp, GreedyTokensAgreeWithLlamaCpp) {
         // Log-probabilities at the last prompt position against llama.cpp's top 10.
         SequenceChunk chunk{
             .seq_id = 1, .tokens = prompt, .start_pos = 0, .block_table = {}, .slot_mapping = {}};
-        FixedBlockTables tables(1, int64_t(prompt.size()), runner.pool()->config().block_size);
+        FixedBlockTables tables(1, int64_t(prompt.size()), runner.pool()->config().block_size,
+                                runner.kv_groups().num_groups());
         tables.Place(0, &chunk);
         std::vector<float> logits;
         ASSERT_TRUE(runner.Forward(std::span<const SequenceChunk>(&chunk, 1), &logits).ok());

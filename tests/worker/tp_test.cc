@@ -70,7 +70,7 @@ Outcome RunAtTp(const ModelFile& model, int tp, const std::vector<int32_t>& prom
     if (!group.ok()) return out;
     Status st = (*group)->RunOnEveryRank([&](int rank, ModelRunner& runner) -> Status {
         SequenceChunk chunk{.seq_id = 9, .tokens = prompt, .start_pos = 0};
-        FixedBlockTables tables(1, int64_t(prompt.size()), 16);
+        FixedBlockTables tables(1, int64_t(prompt.size()), 16, runner.kv_groups().num_groups());
         tables.Place(0, &chunk);
         std::vector<float> logits;
         KV_RETURN_IF_ERROR(runner.Forward(std::span<const SequenceChunk>(&chunk, 1), &logits));
@@ -212,7 +212,8 @@ TEST(TpCommVolume, TwoAllReducesPerLayer) {
                 MakeModelRunner(*f, {.rank = r, .tp = kTp}, {}, c.get());
             ASSERT_TRUE(made.ok());
             ModelRunner& runner = **made;
-            FixedBlockTables tables(2, 16, runner.pool()->config().block_size);
+            FixedBlockTables tables(2, 16, runner.pool()->config().block_size,
+                                    runner.kv_groups().num_groups());
             std::vector<float> logits;
             std::vector<SequenceChunk> batch = {{.seq_id = 1, .tokens = a, .start_pos = 0},
                                                 {.seq_id = 2, .tokens = b, .start_pos = 0}};
