@@ -46,6 +46,7 @@ struct SimulateFlags {
     double max_pinned_fraction = 0.5;
     int64_t min_pinned_tokens = 1024;
     double request_timeout_s = 0;
+    double frontend_ms = 0;
     // Workload
     std::string dataset = "random";
     std::string dataset_path;
@@ -484,6 +485,8 @@ int RunSimulate(const SimulateFlags& f) {
         return Fail("--cache-ttl-ms must be in 1..86400000 (24 h), as a breakpoint's TTL");
     options.cache_ttl_ms = f.cache_ttl_ms;
     options.request_timeout_s = f.request_timeout_s;
+    if (!(f.frontend_ms >= 0)) return Fail("--frontend-ms must be >= 0");
+    options.frontend_s = f.frontend_ms / 1000.0;
     options.max_pinned_fraction = f.max_pinned_fraction;
     options.min_pinned_tokens = f.min_pinned_tokens;
 
@@ -665,6 +668,10 @@ Command RegisterSimulate(CLI::App& app) {
         ->capture_default_str();
     sub->add_option("--request-timeout-s", f->request_timeout_s,
                     "Abort (504) a request still running this long after it arrived (0: never)")
+        ->capture_default_str();
+    sub->add_option("--frontend-ms", f->frontend_ms,
+                    "Front-end latency per request (HTTP, tokenize, first chunk) added to TTFT "
+                    "and E2E, not ITL (0: not modelled)")
         ->capture_default_str();
     sub->add_option("--dataset", f->dataset, "random | shared-prefix | chat | trace")
         ->capture_default_str();

@@ -154,6 +154,8 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
         const Status st = ValidateCacheBreakpoints({{1, o.cache_ttl_ms}}, 1);
         if (!st.ok()) return InvalidArgument("cache_ttl_ms: " + st.message());
     }
+    if (!(o.frontend_s >= 0))
+        return InvalidArgument("frontend_s must be >= 0, got " + std::to_string(o.frontend_s));
     if (!(o.request_timeout_s >= 0))
         return InvalidArgument("request_timeout_s must be >= 0, got " +
                                std::to_string(o.request_timeout_s));
@@ -372,7 +374,15 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
     if (!requests.empty()) first = requests.front().arrival_s;
     for (const SimRequest& r : requests) first = std::min(first, r.arrival_s);
     out.run.duration_s = out.simulated_seconds - first;
-    for (size_t i = 0; i < out.run.outcomes.size(); ++i) out.run.outcomes[i].start_s -= first;
+    for (loadgen::RequestOutcome& oc : out.run.outcomes) {
+        oc.start_s -= first;
+        // The front end: before the engine and after its first token. A refused request (no
+        // token) is answered at once and keeps its times.
+        if (oc.ttft_s > 0) {
+            oc.ttft_s += o.frontend_s;
+            oc.e2e_s += o.frontend_s;
+        }
+    }
     for (auto& inst : instances) inst->engine->Stop();
     out.wall_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();

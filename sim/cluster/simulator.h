@@ -65,6 +65,13 @@ struct SimulationOptions {
     int64_t cache_ttl_ms = 0;
     double request_timeout_s = 0;  // 0: none (`kvshard serve`'s default is 600)
     KvHandoffConfig handoff;
+    // The serving front end's latency per request, in seconds: what a client's TTFT holds beyond
+    // the engine's (the HTTP request, tokenization and chat template, the hop to the engine, the
+    // first token's detokenization and SSE write). It is added to the TTFT and E2E latency of every
+    // request that produced a token, not to ITL, and moves no engine event: the engine sees each
+    // request at its arrival. 0 (the default): not modelled. kvshard's CPU engine measures it
+    // (scripts/validate-simulate); for GPU kinds it is whatever the caller gives.
+    double frontend_s = 0;
 };
 
 struct PoolUsage {
@@ -103,7 +110,8 @@ struct SimulationResult {
 
 // REQUIRES valid pools (ValidatePools). Errors: the model does not fit the device at a pool's tp,
 // tp does not divide the heads, a request cannot fit the context, a pin or queue setting out of
-// range (InvalidArgument naming it). A request the engine refuses is an outcome, not an error.
+// range, a negative frontend_s (InvalidArgument naming it). A request the engine refuses is an
+// outcome, not an error.
 Result<SimulationResult> Simulate(const SimulationOptions& options,
                                   const std::vector<SimRequest>& requests, uint64_t seed = 0);
 
