@@ -266,14 +266,23 @@ void InstanceEngine::Publish(const StepPlan* computed) {
     // with these counts or a Pin: without any of those, only what a step computed can be new.
     const PrefixChanges changes{b.num_evictions, b.num_pins,     b.num_pinned_blocks,
                                 b.pins_expired,  b.pins_refused, prefix_forced_};
+    // Evicted blocks are logged by the block manager: an eviction alone compares those only (a full
+    // cache evicts every step, and comparing all blocks then cost O(num_blocks) per step).
+    std::optional<std::vector<kv::BlockId>> uncached = blocks_.TakeUncachedBlocks();
+    PrefixChanges others = changes;
+    others.evictions = prefix_changes_.evictions;
     // (ComputedBlocks names group 0's blocks only: with KV cache groups, every block is read.)
-    if (snapshot_version_ == 1 || changes != prefix_changes_ || blocks_.num_groups() > 1) {
+    if (snapshot_version_ == 1 || others != prefix_changes_ || !uncached ||
+        blocks_.num_groups() > 1) {
         snap->prefix = prefix_index_.Update(blocks_);
-    } else if (computed != nullptr) {
-        snap->prefix =
-            prefix_index_.UpdateBlocks(blocks_, ComputedBlocks(*computed, blocks_.block_size()));
     } else {
-        snap->prefix = prefix_index_.last();
+        std::vector<kv::BlockId> changed = std::move(*uncached);
+        if (computed != nullptr) {
+            const std::vector<kv::BlockId> c = ComputedBlocks(*computed, blocks_.block_size());
+            changed.insert(changed.end(), c.begin(), c.end());
+        }
+        snap->prefix =
+            changed.empty() ? prefix_index_.last() : prefix_index_.UpdateBlocks(blocks_, changed);
     }
     prefix_changes_ = changes;
     EngineStats& st = snap->stats;

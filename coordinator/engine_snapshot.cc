@@ -1,20 +1,37 @@
 #include "coordinator/engine_snapshot.h"
 
+#include <algorithm>
+
 #include "common/check.h"
 #include "kv/prefix_cache.h"
 
 namespace kvshard {
 namespace {
 
-size_t ShardOf(uint64_t hash) { return static_cast<size_t>(hash % PrefixIndex::kShards); }
+// REQUIRES: num_shards is a power of two.
+size_t ShardOf(uint64_t hash, size_t num_shards) {
+    return static_cast<size_t>(hash) & (num_shards - 1);
+}
+
+bool HashLess(const std::pair<uint64_t, PrefixIndex::Entry>& e, uint64_t hash) {
+    return e.first < hash;
+}
 
 }  // namespace
 
 const PrefixIndex::Entry* PrefixIndex::Find(uint64_t hash) const {
-    const std::shared_ptr<const Shard>& shard = shards_[ShardOf(hash)];
-    if (shard == nullptr) return nullptr;
-    auto it = shard->find(hash);
-    return it == shard->end() ? nullptr : &it->second;
+    if (shards_ == nullptr) return nullptr;
+    const Shard& shard = *(*shards_)[ShardOf(hash, shards_->size())];
+    auto it = std::lower_bound(shard.begin(), shard.end(), hash, HashLess);
+    return it == shard.end() || it->first != hash ? nullptr : &it->second;
+}
+
+int64_t PrefixIndex::num_shards_shared_with(const PrefixIndex& other) const {
+    if (shards_ == nullptr || other.shards_ == nullptr || shards_->size() != other.shards_->size())
+        return 0;
+    int64_t shared = 0;
+    for (size_t s = 0; s < shards_->size(); ++s) shared += (*shards_)[s] == (*other.shards_)[s];
+    return shared;
 }
 
 PrefixIndex::Match PrefixIndex::MatchPrefix(std::span<const int32_t> token_ids) const {
@@ -109,7 +126,10 @@ PrefixIndex PrefixIndexBuilder::Update(const kv::BlockManager& blocks) {
     if (seen_.size() != n) {
         seen_.assign(n, Seen{});
         last_ = PrefixIndex();
-        for (auto& shard : last_.shards_) shard = std::make_shared<const PrefixIndex::Shard>();
+        int64_t num_shards = PrefixIndex::kMinShards;
+        while (num_shards * PrefixIndex::kBlocksPerShard < static_cast<int64_t>(n)) num_shards *= 2;
+        last_.shards_ = std::make_shared<const PrefixIndex::Shards>(
+            static_cast<size_t>(num_shards), std::make_shared<const PrefixIndex::Shard>());
     }
     for (size_t b = 0; b < n; ++b) Check(blocks, static_cast<kv::BlockId>(b));
     return Apply(blocks);
@@ -119,7 +139,8 @@ PrefixIndex PrefixIndexBuilder::UpdateBlocks(const kv::BlockManager& blocks,
                                              std::span<const kv::BlockId> changed) {
     KV_CHECK(seen_.size() == static_cast<size_t>(blocks.num_blocks()));
     for (kv::BlockId b : changed) {
-        KV_CHECK(b >= 0 && b < blocks.num_blocks()) << "block " << b << " of " << blocks.num_blocks();
+        KV_CHECK(b >= 0 && b < blocks.num_blocks())
+            << "block " << b << " of " << blocks.num_blocks();
         Check(blocks, b);
     }
     return Apply(blocks);
@@ -133,28 +154,34 @@ PrefixIndex PrefixIndexBuilder::Apply(const kv::BlockManager& blocks) {
     for (int64_t g = 0; g < blocks.num_groups(); ++g)
         out.windows_[static_cast<size_t>(g)] = blocks.group_window(g);
     // Removals first: a hash may move from an evicted block to a new one between two updates.
-    std::array<std::shared_ptr<PrefixIndex::Shard>, PrefixIndex::kShards> copies;
+    if (removed_.empty() && added_.empty()) {
+        last_ = out;
+        return out;
+    }
+    auto table = std::make_shared<PrefixIndex::Shards>(*out.shards_);
+    std::vector<PrefixIndex::Shard*> copies(table->size(), nullptr);  // this update's own
     auto writable = [&](uint64_t hash) -> PrefixIndex::Shard& {
-        const size_t s = ShardOf(hash);
+        const size_t s = ShardOf(hash, table->size());
         if (copies[s] == nullptr) {
-            copies[s] = std::make_shared<PrefixIndex::Shard>(*out.shards_[s]);
-            out.shards_[s] = copies[s];
+            auto copy = std::make_shared<PrefixIndex::Shard>(*(*table)[s]);
+            copies[s] = copy.get();
+            (*table)[s] = std::move(copy);
         }
         return *copies[s];
     };
     for (uint64_t hash : removed_) {
         PrefixIndex::Shard& shard = writable(hash);
-        auto it = shard.find(hash);
-        if (it == shard.end()) continue;
+        auto it = std::lower_bound(shard.begin(), shard.end(), hash, HashLess);
+        if (it == shard.end() || it->first != hash) continue;
         out.num_entries_--;
         if (it->second.pinned) out.num_pinned_--;
         shard.erase(it);
     }
     for (const auto& [hash, entry] : added_) {
         PrefixIndex::Shard& shard = writable(hash);
-        auto it = shard.find(hash);
-        if (it == shard.end()) {
-            shard.emplace(hash, entry);
+        auto it = std::lower_bound(shard.begin(), shard.end(), hash, HashLess);
+        if (it == shard.end() || it->first != hash) {
+            shard.emplace(it, hash, entry);
             out.num_entries_++;
         } else {
             if (it->second.pinned) out.num_pinned_--;
@@ -162,6 +189,7 @@ PrefixIndex PrefixIndexBuilder::Apply(const kv::BlockManager& blocks) {
         }
         if (entry.pinned) out.num_pinned_++;
     }
+    out.shards_ = std::move(table);
     removed_.clear();
     added_.clear();
     last_ = out;

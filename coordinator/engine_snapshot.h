@@ -14,18 +14,21 @@
 // compares hashes, not token ids (it keeps none), so a 64-bit chain-hash collision could make it
 // count a block the cache would refuse — a placement off by one block, never a wrong KV read.
 //
-// Cost: the index is sharded by hash into kShards copy-on-write maps, and an update copies only
-// the shards a change falls in; an unchanged shard is shared between consecutive snapshots.
+// Cost: the index is sharded by hash into copy-on-write sorted vectors, one shard per
+// kBlocksPerShard blocks of the BlockManager (at least kMinShards, a power of two), and an update
+// copies only the shards a change falls in (about kBlocksPerShard entries each) plus the table of
+// shard pointers; an unchanged shard is shared between consecutive snapshots. So an update costs
+// O(changes * kBlocksPerShard + num_blocks / kBlocksPerShard), not O(cached blocks): a full cache
+// of a large GPU (tens of thousands of blocks) is not copied every step.
 // PrefixIndexBuilder::Update compares every block with what it published last (O(num_blocks));
 // UpdateBlocks only the blocks the caller names, for when it knows which may have changed (the
 // engine: those its last step computed or received, when nothing was evicted and no pin changed).
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "coordinator/engine_api.h"
@@ -35,7 +38,8 @@ namespace kvshard {
 
 class PrefixIndex {
   public:
-    static constexpr int kShards = 64;
+    static constexpr int64_t kMinShards = 64;
+    static constexpr int64_t kBlocksPerShard = 16;
 
     struct Entry {
         uint64_t content_id = 0;
@@ -43,12 +47,16 @@ class PrefixIndex {
         bool pinned = false;
         friend bool operator==(const Entry&, const Entry&) = default;
     };
-    using Shard = std::unordered_map<uint64_t, Entry>;  // chain hash -> block
+    using Shard = std::vector<std::pair<uint64_t, Entry>>;  // (chain hash, block), by hash
 
     // Answers as BlockManager::CachedPrefixTokens / PinnedPrefixTokens did when it was built.
     int64_t CachedPrefixTokens(std::span<const int32_t> token_ids) const;
     int64_t PinnedPrefixTokens(std::span<const int32_t> token_ids) const;
     int64_t num_blocks() const { return num_entries_; }  // published blocks indexed
+    int64_t num_shards() const { return shards_ ? static_cast<int64_t>(shards_->size()) : 0; }
+    // Shards this index shares with `other` (the same copy, not equal contents): what an update
+    // did not copy. For tests of the update's cost.
+    int64_t num_shards_shared_with(const PrefixIndex& other) const;
 
   private:
     friend class PrefixIndexBuilder;
@@ -65,7 +73,8 @@ class PrefixIndex {
     std::vector<int64_t> windows_ = {0};  // by KV cache group (0: full attention)
     int64_t num_entries_ = 0;
     int64_t num_pinned_ = 0;
-    std::array<std::shared_ptr<const Shard>, kShards> shards_;
+    using Shards = std::vector<std::shared_ptr<const Shard>>;  // size: a power of two
+    std::shared_ptr<const Shards> shards_;
 };
 
 // Builds successive PrefixIndexes of one BlockManager, on its owner thread.

@@ -444,6 +444,7 @@ BlockId BlockManager::TakeBlock() {
         KV_CHECK_GT(cache_.num_evictable(), 0) << "out of blocks";
         b = cache_.EvictLru();
         ++num_evictions_;
+        LogUncached(b);
     }
     block_num_tokens_[b] = 0;
     AddRef(b);
@@ -477,11 +478,30 @@ void BlockManager::DropRef(BlockId b) {
     }
 }
 
+void BlockManager::LogUncached(BlockId b) {
+    if (uncached_log_full_) return;
+    if (static_cast<int64_t>(uncached_log_.size()) >= config_.num_blocks) {
+        uncached_log_full_ = true;
+        uncached_log_.clear();
+        return;
+    }
+    uncached_log_.push_back(b);
+}
+
+std::optional<std::vector<BlockId>> BlockManager::TakeUncachedBlocks() {
+    std::optional<std::vector<BlockId>> out;
+    if (!uncached_log_full_) out = std::move(uncached_log_);
+    uncached_log_.clear();
+    uncached_log_full_ = false;
+    return out;
+}
+
 int64_t BlockManager::DropCachedBlocks() {
     while (!pins_.empty()) Unpin(pins_.begin()->first);
     int64_t dropped = 0;
     while (cache_.num_evictable() > 0) {
         const BlockId b = cache_.EvictLru();
+        LogUncached(b);
         block_num_tokens_[b] = 0;
         free_list_.push_back(b);
         in_free_list_[b] = 1;

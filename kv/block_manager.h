@@ -279,6 +279,10 @@ class BlockManager {
     // Blocks a new allocation may take: free plus cached (evictable).
     int64_t num_available_blocks() const;
     BlockManagerStats Stats() const;
+    // The blocks that left the prefix cache (evicted or dropped) since the last call, ids possibly
+    // repeated, and clears the log; nullopt when more than num_blocks did (the log stops there, so
+    // it is bounded: compare every block instead). For the engine's prefix index (EngineSnapshot).
+    std::optional<std::vector<BlockId>> TakeUncachedBlocks();
 
     // Recomputes every count from the block tables and compares: reference counts, the three
     // states, the free list, the LRU list, stored tokens, published chains. Internal error naming
@@ -374,6 +378,9 @@ class BlockManager {
     int64_t prompt_tokens_ = 0;
     int64_t prompt_tokens_from_cache_ = 0;
     int64_t num_evictions_ = 0;
+    std::vector<BlockId> uncached_log_;  // see TakeUncachedBlocks
+    bool uncached_log_full_ = false;
+    void LogUncached(BlockId b);
     // Pins.
     int64_t max_pinned_blocks_ = 0;
     Clock::time_point now_{};

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -80,13 +81,14 @@ TEST(PrefixIndex, AnswersAsTheBlockManagerThroughRandomWork) {
         config.num_blocks *= std::max<int64_t>(1, static_cast<int64_t>(layout.size()));
         kv::BlockManager bm(config);
         PrefixIndexBuilder builder;
-        // Updated as the engine does: every block only after an eviction, a pin change or a
-        // dropped cache; otherwise only the blocks just computed.
+        // Updated as the engine does: every block only after a pin change, a dropped cache or
+        // more evictions than the block manager logs; otherwise only the blocks just computed
+        // and those it logged as evicted.
         PrefixIndexBuilder incremental;
         auto changes = [&bm] {
             const kv::BlockManagerStats st = bm.Stats();
-            return std::vector<int64_t>{st.num_evictions, st.num_pins, st.num_pinned_blocks,
-                                        st.pins_expired, st.pins_refused};
+            return std::vector<int64_t>{st.num_pins, st.num_pinned_blocks, st.pins_expired,
+                                        st.pins_refused};
         };
         std::vector<int64_t> last_changes;
         std::vector<kv::SeqId> live;
@@ -136,9 +138,12 @@ TEST(PrefixIndex, AnswersAsTheBlockManagerThroughRandomWork) {
             const PrefixIndex index = builder.Update(bm);
             ExpectSameAnswers(bm, index, queries, at);
             const std::vector<int64_t> now_changes = changes();
-            const PrefixIndex inc = forced || now_changes != last_changes || bm.num_groups() > 1
-                                        ? incremental.Update(bm)
-                                        : incremental.UpdateBlocks(bm, computed);
+            std::optional<std::vector<kv::BlockId>> uncached = bm.TakeUncachedBlocks();
+            if (uncached) computed.insert(computed.end(), uncached->begin(), uncached->end());
+            const PrefixIndex inc =
+                forced || now_changes != last_changes || !uncached || bm.num_groups() > 1
+                    ? incremental.Update(bm)
+                    : incremental.UpdateBlocks(bm, computed);
             last_changes = now_changes;
             ExpectSameAnswers(bm, inc, queries, at + " (incremental)");
             if (op == 50) {
@@ -181,6 +186,67 @@ TEST(PrefixIndex, AnIndexNeverChangesOnceBuilt) {
     const PrefixIndex third = builder.Update(bm);
     EXPECT_EQ(third.CachedPrefixTokens(a), 0);
     EXPECT_EQ(first.CachedPrefixTokens(a), 8) << "an index never changes once built";
+}
+
+}  // namespace
+}  // namespace kvshard
+
+namespace kvshard {
+namespace {
+
+// The cost of an update follows the blocks that changed, not the blocks cached: a step on a full
+// cache of a large GPU (tens of thousands of blocks, every step evicting) must not copy the index.
+TEST(PrefixIndex, AnUpdateCopiesOnlyTheShardsItsChangesFallIn) {
+    kv::BlockManagerConfig c = Config();
+    c.num_blocks = 4096;
+    kv::BlockManager bm(c);
+    PrefixIndexBuilder builder;
+    builder.Update(bm);
+    // Fill the cache: 1,024 prompts of 4 full blocks each, freed (cached, evictable).
+    kv::SeqId next = 1;
+    for (; next <= 1024; ++next) {
+        std::vector<int32_t> p(4 * kBlockSize);
+        for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<int32_t>(next * 100 + i);
+        bm.Allocate({next, p});
+        bm.MarkComputed(next, static_cast<int64_t>(p.size()));
+        bm.Free(next);
+    }
+    const PrefixIndex full = builder.Update(bm);
+    ASSERT_EQ(full.num_blocks(), 4096);
+    EXPECT_GE(full.num_shards(), c.num_blocks / PrefixIndex::kBlocksPerShard);
+    ASSERT_TRUE(bm.TakeUncachedBlocks().has_value());
+    // One more prompt evicts its 5 blocks' worth and publishes 4 new ones.
+    std::vector<int32_t> p(4 * kBlockSize + 1, 7);
+    bm.Allocate({next, p});
+    bm.MarkComputed(next, static_cast<int64_t>(p.size()));
+    std::optional<std::vector<kv::BlockId>> changed = bm.TakeUncachedBlocks();
+    ASSERT_TRUE(changed.has_value());
+    EXPECT_EQ(changed->size(), 5u) << "every evicted block is logged";
+    const auto table = bm.BlockTable(next);
+    changed->insert(changed->end(), table.begin(), table.end());
+    const PrefixIndex after = builder.UpdateBlocks(bm, *changed);
+    EXPECT_EQ(after.CachedPrefixTokens(p), 4 * kBlockSize);
+    // 5 hashes out, 4 in: at most 9 shards copied, every other one shared with the index before.
+    EXPECT_GE(after.num_shards_shared_with(full), after.num_shards() - 9);
+    EXPECT_EQ(after.num_blocks(), builder.Update(bm).num_blocks());
+}
+
+// The eviction log is bounded: past num_blocks entries it gives up, and the engine compares all.
+TEST(PrefixIndex, TheEvictionLogIsBounded) {
+    kv::BlockManagerConfig c = Config();
+    kv::BlockManager bm(c);
+    for (kv::SeqId s = 1; s <= 200; ++s) {
+        std::vector<int32_t> p(4 * kBlockSize + 1);
+        for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<int32_t>(s * 100 + i);
+        bm.Allocate({s, p});
+        bm.MarkComputed(s, static_cast<int64_t>(p.size()));
+        bm.Free(s);
+    }
+    EXPECT_GT(bm.Stats().num_evictions, c.num_blocks);
+    EXPECT_FALSE(bm.TakeUncachedBlocks().has_value());
+    std::optional<std::vector<kv::BlockId>> next = bm.TakeUncachedBlocks();
+    ASSERT_TRUE(next.has_value()) << "a take starts a new log";
+    EXPECT_TRUE(next->empty());
 }
 
 }  // namespace
