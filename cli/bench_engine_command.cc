@@ -15,6 +15,8 @@
 #include "comm/mpi_runtime.h"
 #include "common/logging.h"
 #include "kernels/cpu_ops.h"
+#include "kv/kv_cache_groups.h"
+#include "model/model_file.h"
 #include "worker/local_model.h"
 #include "worker/throughput.h"
 #include "worker/tp_group.h"
@@ -77,10 +79,16 @@ int RunBench(const BenchFlags& f) {
         Fail("--weight-format: " + wf.status().message());
         return 1;
     }
-    // Room for the largest batch, each sequence in its own fixed blocks (worker/sequence_slots.h).
+    // Room for the largest batch, each sequence in its own fixed blocks in every KV cache group
+    // (worker/sequence_slots.h; a sliding-window model has a table per group).
+    Result<std::unique_ptr<ModelFile>> opened = OpenModel(f.model);
+    if (!opened.ok()) return fail(opened.status().message());
+    Result<kv::KvCacheGroups> kv_groups =
+        kv::MakeKvCacheGroups(kv::LayerWindows((*opened)->spec()));
+    if (!kv_groups.ok()) return fail(f.model + ": " + kv_groups.status().message());
     const int64_t max_batch = *std::max_element(f.batches.begin(), f.batches.end());
-    runner.num_kv_blocks =
-        max_batch * ((runner.max_context + runner.block_size - 1) / runner.block_size);
+    runner.num_kv_blocks = kv_groups->num_groups() * max_batch *
+                           ((runner.max_context + runner.block_size - 1) / runner.block_size);
     runner.max_step_tokens = max_batch * f.prompt_tokens;
     runner.max_step_seqs = max_batch;
     // One loaded model: a runner (tp 1, or this MPI rank's) or the group of rank threads.
@@ -97,8 +105,6 @@ int RunBench(const BenchFlags& f) {
         if (!m.ok()) return fail(m.status().message());
         local = std::make_unique<LocalModel>(std::move(*m));
     } else {
-        Result<std::unique_ptr<ModelFile>> opened = OpenModel(f.model);
-        if (!opened.ok()) return fail(opened.status().message());
         file = std::move(*opened);
         TpGroupConfig tc{
             .tp = f.tp, .runner = runner, .threads_per_rank = std::max(1, threads / f.tp)};
