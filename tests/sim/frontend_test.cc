@@ -12,20 +12,6 @@
 namespace kvshard::sim {
 namespace {
 
-SimulationOptions OneInstance() {
-    SimulationOptions o;
-    o.arch = Config("llama-3-8b.json");
-    PoolConfig p;
-    p.name = "mixed";
-    p.instances.assign(1, InstanceConfig{1, {}});
-    o.pools = {p};
-    o.device = *FindAccelerator("h200");
-    o.scheduler.max_num_seqs = 4;
-    o.scheduler.max_num_batched_tokens = 512;
-    o.max_context = 8192;
-    return o;
-}
-
 // Staggered arrivals and more requests than the batch holds, so that queueing, chunked prefill
 // and batched decodes are all in the schedule the front end must not move.
 std::vector<SimRequest> Requests() {
@@ -35,8 +21,8 @@ std::vector<SimRequest> Requests() {
 }
 
 TEST(SimulatorFrontendTest, AddsToTtftAndE2eButNotToItl) {
-    SimulationOptions base = OneInstance();
-    SimulationOptions with = OneInstance();
+    SimulationOptions base = OneH200Instance(512);
+    SimulationOptions with = OneH200Instance(512);
     with.frontend_s = 0.035;
     Result<SimulationResult> a = Simulate(base, Requests());
     Result<SimulationResult> b = Simulate(with, Requests());
@@ -60,7 +46,7 @@ TEST(SimulatorFrontendTest, AddsToTtftAndE2eButNotToItl) {
 }
 
 TEST(SimulatorFrontendTest, ARefusedRequestIsNotCharged) {
-    SimulationOptions o = OneInstance();
+    SimulationOptions o = OneH200Instance(512);
     o.max_waiting_requests = 0;
     o.frontend_s = 0.05;
     const std::vector<SimRequest> burst(6, SimRequest{0.0, 100, 4, -1, 0});
@@ -78,7 +64,7 @@ TEST(SimulatorFrontendTest, ARefusedRequestIsNotCharged) {
 }
 
 TEST(SimulatorFrontendTest, ANegativeValueIsRefusedByName) {
-    SimulationOptions o = OneInstance();
+    SimulationOptions o = OneH200Instance(512);
     o.frontend_s = -0.001;
     Result<SimulationResult> r = Simulate(o, Requests());
     ASSERT_FALSE(r.ok());

@@ -14,20 +14,6 @@
 namespace kvshard::sim {
 namespace {
 
-SimulationOptions OneInstance() {
-    SimulationOptions o;
-    o.arch = Config("llama-3-8b.json");
-    PoolConfig p;
-    p.name = "mixed";
-    p.instances.assign(1, InstanceConfig{1, {}});
-    o.pools = {p};
-    o.device = *FindAccelerator("h200");
-    o.scheduler.max_num_seqs = 4;
-    o.scheduler.max_num_batched_tokens = 8192;
-    o.max_context = 8192;
-    return o;
-}
-
 SimulationResult RunSim(const SimulationOptions& o, const std::vector<SimRequest>& requests) {
     Result<SimulationResult> r = Simulate(o, requests);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
@@ -37,7 +23,7 @@ SimulationResult RunSim(const SimulationOptions& o, const std::vector<SimRequest
 // 20 requests at once on an instance that runs 4 and queues 2 more: 14 are refused at arrival.
 TEST(SimulatorPoliciesTest, AFullQueueRefusesRequestsInsteadOfServingThem) {
     std::vector<SimRequest> requests(20, SimRequest{0.0, 200, 16, -1, 0});
-    SimulationOptions o = OneInstance();
+    SimulationOptions o = OneH200Instance(8192);
     o.max_waiting_requests = 2;
     const SimulationResult capped = RunSim(o, requests);
     EXPECT_EQ(capped.num_refused, 14);
@@ -57,7 +43,7 @@ TEST(SimulatorPoliciesTest, AFullQueueRefusesRequestsInsteadOfServingThem) {
     EXPECT_EQ(report.failed, 14);
 
     // The default queues everything: the same traffic is all served.
-    const SimulationResult open = RunSim(OneInstance(), requests);
+    const SimulationResult open = RunSim(OneH200Instance(8192), requests);
     EXPECT_EQ(open.num_refused, 0);
     EXPECT_EQ(loadgen::MakeReport(open.run, {}).completed, 20);
 }
@@ -66,7 +52,7 @@ TEST(SimulatorPoliciesTest, AFullQueueRefusesRequestsInsteadOfServingThem) {
 // other 36 are aborted at 3 s (the second batch mid-decode, the rest while waiting).
 TEST(SimulatorPoliciesTest, RequestsStillRunningAtTheTimeoutAreAborted) {
     const std::vector<SimRequest> requests(40, SimRequest{0.0, 200, 400, -1, 0});
-    SimulationOptions o = OneInstance();
+    SimulationOptions o = OneH200Instance(8192);
     o.request_timeout_s = 3.0;
     const SimulationResult r = RunSim(o, requests);
     const loadgen::BenchReport report = loadgen::MakeReport(r.run, {});
@@ -93,30 +79,30 @@ TEST(SimulatorPoliciesTest, RequestsStillRunningAtTheTimeoutAreAborted) {
     const SimulationResult quick =
         RunSim(o, std::vector<SimRequest>(8, SimRequest{0.0, 200, 40, -1, 0}));
     const SimulationResult none =
-        RunSim(OneInstance(), std::vector<SimRequest>(8, SimRequest{0.0, 200, 40, -1, 0}));
+        RunSim(OneH200Instance(8192), std::vector<SimRequest>(8, SimRequest{0.0, 200, 40, -1, 0}));
     EXPECT_EQ(quick.num_timed_out, 0);
     EXPECT_DOUBLE_EQ(quick.simulated_seconds, none.simulated_seconds);
 }
 
 TEST(SimulatorPoliciesTest, OutOfRangeSettingsAreRefusedByName) {
     const std::vector<SimRequest> one{SimRequest{0.0, 10, 2, -1, 0}};
-    SimulationOptions o = OneInstance();
+    SimulationOptions o = OneH200Instance(8192);
     o.cache_ttl_ms = int64_t{25} * 3600 * 1000;  // beyond the engine's 24 h
     Result<SimulationResult> r = Simulate(o, one);
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.status().message().find("ttl_ms"), std::string::npos) << r.status().message();
-    o = OneInstance();
+    o = OneH200Instance(8192);
     o.max_pinned_fraction = 1.5;
     r = Simulate(o, one);
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.status().message().find("max_pinned_fraction"), std::string::npos)
         << r.status().message();
-    o = OneInstance();
+    o = OneH200Instance(8192);
     o.max_waiting_requests = -1;
     r = Simulate(o, one);
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.status().message().find("max_waiting_requests"), std::string::npos);
-    o = OneInstance();
+    o = OneH200Instance(8192);
     o.request_timeout_s = -1;
     r = Simulate(o, one);
     ASSERT_FALSE(r.ok());
@@ -135,7 +121,7 @@ std::vector<SimRequest> PrefixThenFlood() {
 }
 
 SimulationOptions SmallPool(int64_t cache_ttl_ms) {
-    SimulationOptions o = OneInstance();
+    SimulationOptions o = OneH200Instance(8192);
     o.num_kv_blocks = 400;  // 16-token blocks; pins may hold 200
     o.cache_ttl_ms = cache_ttl_ms;
     return o;
