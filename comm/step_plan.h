@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/kv_types.h"
 #include "common/request.h"
 #include "common/status.h"
-#include "kv/kv_types.h"
 
 namespace kvshard {
 

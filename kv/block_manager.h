@@ -65,8 +65,8 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/kv_types.h"
 #include "common/status.h"
-#include "kv/kv_types.h"
 #include "kv/prefix_cache.h"
 
 namespace kvshard::kv {

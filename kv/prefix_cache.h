@@ -21,7 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kv/kv_types.h"
+#include "common/kv_types.h"
 
 namespace kvshard::kv {
 

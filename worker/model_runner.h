@@ -35,12 +35,12 @@
 #include <vector>
 
 #include "comm/collective.h"
+#include "common/kv_types.h"
 #include "common/status.h"
 #include "config/model_spec.h"
 #include "kernels/backend.h"
 #include "kernels/paged_attention.h"
 #include "kv/kv_cache_groups.h"
-#include "kv/kv_types.h"
 #include "worker/kv_pool.h"
 #include "worker/shard.h"
 #include "worker/weights.h"

@@ -1,4 +1,6 @@
-// Plain ids and ops shared by the logical KV layer (kv/) and the plans it feeds (StepPlan).
+// Plain ids and ops shared by the logical KV layer (kv/), the plans it feeds (comm/'s StepPlan) and
+// the worker that executes them. In common/ (namespace kv) so that comm/ needs no arrow to kv/
+// (DESIGN.md: comm includes common only).
 #pragma once
 
 #include <cstdint>
