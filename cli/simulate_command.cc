@@ -9,14 +9,16 @@
 #include <memory>
 #include <set>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/simulate_placement.h"
+#include "cli/simulate_report.h"
 #include "common/logging.h"
 #include "config/arch_config.h"
 #include "config/server_config.h"
 #include "loadgen/bench_report.h"
+#include "loadgen/trace_file.h"
 #include "sim/cluster/simulator.h"
 
 namespace kvshard::cli {
@@ -47,6 +49,8 @@ struct SimulateFlags {
     int64_t min_pinned_tokens = 1024;
     double request_timeout_s = 0;
     double frontend_ms = 0;
+    double frontend_ms_per_token = 0;
+    std::string per_request_out;
     // Workload
     std::string dataset = "random";
     std::string dataset_path;
@@ -105,6 +109,10 @@ Status CheckFlagsApply(const SimulateFlags& f) {
         KV_RETURN_IF_ERROR(refuse("--slo-attainment", "applies to --sweep-rate and --search only"));
     if (f.sweep_rate || f.search)
         KV_RETURN_IF_ERROR(refuse("--request-rate", "conflicts with --sweep-rate and --search"));
+    if (f.sweep_rate || f.search) {
+        KV_RETURN_IF_ERROR(refuse("--per-request-out",
+                                  "conflicts with --sweep-rate and --search (many runs)"));
+    }
     if (f.request_rate == "inf")
         KV_RETURN_IF_ERROR(refuse("--burstiness", "needs a finite --request-rate"));
     const bool trace = f.dataset == "trace";
@@ -142,61 +150,6 @@ Status CheckFlagsApply(const SimulateFlags& f) {
             KV_RETURN_IF_ERROR(refuse(flag, "applies with --cache-ttl-ms only (no request pins)"));
     }
     return Status::Ok();
-}
-
-// "mixed=2x4" or "prefill=1x4,decode=2x2": pools of COUNT instances of tp TP.
-Result<std::vector<PoolConfig>> ParsePlacement(const std::string& text) {
-    std::vector<PoolConfig> pools;
-    std::stringstream in(text);
-    std::string item;
-    while (std::getline(in, item, ',')) {
-        const size_t eq = item.find('='), x = item.find('x', eq == std::string::npos ? 0 : eq);
-        if (eq == std::string::npos || x == std::string::npos)
-            return InvalidArgument("--placement: '" + item + "' is not ROLE=COUNTxTP");
-        PoolConfig p;
-        const std::string role = item.substr(0, eq);
-        if (role == "mixed") {
-            p.role = PoolRole::kMixed;
-        } else if (role == "prefill") {
-            p.role = PoolRole::kPrefill;
-        } else if (role == "decode") {
-            p.role = PoolRole::kDecode;
-        } else {
-            return InvalidArgument("--placement: role '" + role + "' is not mixed, prefill or decode");
-        }
-        int count = 0, tp = 0;
-        try {
-            count = std::stoi(item.substr(eq + 1, x - eq - 1));
-            tp = std::stoi(item.substr(x + 1));
-        } catch (const std::exception&) {
-            return InvalidArgument("--placement: '" + item + "' is not ROLE=COUNTxTP");
-        }
-        if (count < 1 || tp < 1)
-            return InvalidArgument("--placement: '" + item + "': count and tp must be positive");
-        p.name = role;
-        for (const PoolConfig& q : pools) {
-            if (q.name == p.name) return InvalidArgument("--placement: role '" + role + "' given twice");
-        }
-        p.instances.assign(static_cast<size_t>(count), InstanceConfig{tp, {}});
-        pools.push_back(p);
-    }
-    if (pools.empty()) return InvalidArgument("--placement is empty");
-    const bool mixed = std::any_of(pools.begin(), pools.end(), [](auto& p) { return p.role == PoolRole::kMixed; });
-    const bool prefill = std::any_of(pools.begin(), pools.end(), [](auto& p) { return p.role == PoolRole::kPrefill; });
-    const bool decode = std::any_of(pools.begin(), pools.end(), [](auto& p) { return p.role == PoolRole::kDecode; });
-    if (mixed ? (prefill || decode) : !(prefill && decode))
-        return InvalidArgument("--placement: either mixed pools only, or a prefill and a decode pool");
-    return pools;
-}
-
-std::string PlacementText(const std::vector<PoolConfig>& pools) {
-    std::string s;
-    for (const PoolConfig& p : pools) {
-        if (!s.empty()) s += ",";
-        s += std::string(PoolRoleName(p.role)) + "=" + std::to_string(p.instances.size()) + "x" +
-             std::to_string(p.instances.empty() ? 0 : p.instances[0].tp);
-    }
-    return s;
 }
 
 Result<double> ParseRate(const std::string& text) {
@@ -327,103 +280,11 @@ Result<Sweep> SweepRate(const SimulateFlags& f, const sim::SimulationOptions& op
     return s;
 }
 
-std::string SimulationText(const sim::SimulationResult& r) {
-    char line[256];
-    std::string s = "---------------- Simulation ----------------\n";
-    auto add = [&](const char* name, const std::string& value) {
-        std::snprintf(line, sizeof line, "%-40s %s\n", name, value.c_str());
-        s += line;
-    };
-    auto num = [](double v, int digits) {
-        char b[64];
-        std::snprintf(b, sizeof b, "%.*f", digits, v);
-        return std::string(b);
-    };
-    add("GPUs:", std::to_string(r.gpus));
-    add("KV blocks per instance:", std::to_string(r.kv_blocks_per_instance));
-    add("Steps:", std::to_string(r.num_steps));
-    add("KV usage mean / max (%):", num(100 * r.kv_usage_mean, 1) + " / " + num(100 * r.kv_usage_max, 1));
-    add("Preemptions:", std::to_string(r.num_preemptions));
-    add("Most requests waiting:", std::to_string(r.max_queued));
-    add("Requests refused (queue full, 429):", std::to_string(r.num_refused));
-    add("Requests timed out (504):", std::to_string(r.num_timed_out));
-    add("Pin hits / expired / refused:", std::to_string(r.pin_hits) + " / " +
-                                             std::to_string(r.pins_expired) + " / " +
-                                             std::to_string(r.pins_refused));
-    add("Most KV blocks pinned:", std::to_string(r.pinned_blocks_max));
-    add("KV handoffs:", std::to_string(r.num_handoffs));
-    add("KV handoff bytes (GB):", num(double(r.handoff_bytes) / 1e9, 3));
-    for (const sim::PoolUsage& p : r.pools) {
-        const std::string name = "Pool " + p.pool + " (" + p.role + ", " + std::to_string(p.instances) +
-                                 " x " + std::to_string(p.instances > 0 ? p.gpus / p.instances : 0) +
-                                 " GPUs) busy (%):";
-        add(name.c_str(), num(100 * p.busy_fraction, 1));
-    }
-    add("Simulated / wall time (s):", num(r.simulated_seconds, 2) + " / " + num(r.wall_seconds, 2));
-    s += "==================================================\n";
-    return s;
-}
-
-nlohmann::json SimulationJson(const sim::SimulationResult& r) {
-    nlohmann::json pools = nlohmann::json::array();
-    for (const sim::PoolUsage& p : r.pools) {
-        pools.push_back({{"pool", p.pool}, {"role", p.role}, {"instances", p.instances},
-                         {"gpus", p.gpus}, {"steps", p.steps}, {"busy_fraction", p.busy_fraction}});
-    }
-    return {{"gpus", r.gpus},
-            {"kv_blocks_per_instance", r.kv_blocks_per_instance},
-            {"steps", r.num_steps},
-            {"kv_usage_mean", r.kv_usage_mean},
-            {"kv_usage_max", r.kv_usage_max},
-            {"preemptions", r.num_preemptions},
-            {"max_waiting", r.max_queued},
-            {"refused", r.num_refused},
-            {"timed_out", r.num_timed_out},
-            {"pin_hits", r.pin_hits},
-            {"pins_expired", r.pins_expired},
-            {"pins_refused", r.pins_refused},
-            {"pinned_blocks_max", r.pinned_blocks_max},
-            {"kv_handoffs", r.num_handoffs},
-            {"kv_handoff_bytes", r.handoff_bytes},
-            {"pools", pools},
-            {"simulated_seconds", r.simulated_seconds},
-            {"wall_seconds", r.wall_seconds}};
-}
-
 nlohmann::json RunJson(const RunOutcome& o) {
     nlohmann::json j = nlohmann::json::parse(loadgen::ReportJson(o.report));
     j["slo_attainment"] = o.attainment;
     j["simulation"] = SimulationJson(o.sim);
     return j;
-}
-
-// Every way to spend `gpus` GPUs on instances of tp in {1, 2, 4, ..., max_tp}: colocated (one
-// mixed pool) and disaggregated (a prefill and a decode pool, each of one tp).
-std::vector<std::vector<PoolConfig>> Placements(int64_t gpus, int max_tp) {
-    std::vector<int> tps;
-    for (int t = 1; t <= max_tp; t *= 2) tps.push_back(t);
-    auto pool = [](PoolRole role, int64_t n, int tp) {
-        PoolConfig p;
-        p.name = std::string(PoolRoleName(role));
-        p.role = role;
-        p.instances.assign(static_cast<size_t>(n), InstanceConfig{tp, {}});
-        return p;
-    };
-    std::vector<std::vector<PoolConfig>> out;
-    for (int t : tps) {
-        if (gpus % t == 0) out.push_back({pool(PoolRole::kMixed, gpus / t, t)});
-    }
-    for (int tp_p : tps) {
-        for (int tp_d : tps) {
-            for (int64_t np = 1; np * tp_p < gpus; ++np) {
-                const int64_t rest = gpus - np * tp_p;
-                if (rest % tp_d != 0) continue;
-                out.push_back({pool(PoolRole::kPrefill, np, tp_p),
-                               pool(PoolRole::kDecode, rest / tp_d, tp_d)});
-            }
-        }
-    }
-    return out;
 }
 
 int RunSimulate(const SimulateFlags& f) {
@@ -464,9 +325,11 @@ int RunSimulate(const SimulateFlags& f) {
         options.profile = *profile;
         std::fprintf(stderr,
                      "profile %s: step s = %.4g + %.4g x prefill tokens + %.4g x decode seqs + "
-                     "%.4g x KV tokens + %.4g x prefill pairs (%lld points, rms error %.3g s)\n",
-                     f.profile.c_str(), profile->a, profile->b, profile->c, profile->d, profile->e,
-                     static_cast<long long>(profile->num_points), profile->rms_error_s);
+                     "%.4g x KV tokens + %.4g x prefill pairs, + %.4g per request arriving during it "
+                     "(%lld points, %lld outliers given weight 0, rms error %.3g s)\n",
+                     f.profile.c_str(), profile->a, profile->b, profile->c, profile->d, profile->e, profile->f,
+                     static_cast<long long>(profile->num_points),
+                     static_cast<long long>(profile->num_outliers), profile->rms_error_s);
     }
     options.scheduler.max_num_seqs = f.max_num_seqs;
     options.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;
@@ -487,6 +350,8 @@ int RunSimulate(const SimulateFlags& f) {
     options.request_timeout_s = f.request_timeout_s;
     if (!(f.frontend_ms >= 0)) return Fail("--frontend-ms must be >= 0");
     options.frontend_s = f.frontend_ms / 1000.0;
+    if (!(f.frontend_ms_per_token >= 0)) return Fail("--frontend-ms-per-token must be >= 0");
+    options.frontend_per_prompt_token_s = f.frontend_ms_per_token / 1000.0;
     options.max_pinned_fraction = f.max_pinned_fraction;
     options.min_pinned_tokens = f.min_pinned_tokens;
 
@@ -611,6 +476,10 @@ int RunSimulate(const SimulateFlags& f) {
 
     Result<RunOutcome> o = RunOnce(f, options, *slo, *rate);
     if (!o.ok()) return Fail(o.status().message());
+    if (!f.per_request_out.empty()) {
+        const Status written = loadgen::WritePerRequestFile(f.per_request_out, o->sim.run.outcomes);
+        if (!written.ok()) return Fail(written.message());
+    }
     if (f.json) {
         std::printf("%s\n", RunJson(*o).dump(2).c_str());
     } else {
@@ -673,6 +542,10 @@ Command RegisterSimulate(CLI::App& app) {
                     "Front-end latency per request (HTTP, tokenize, first chunk) added to TTFT "
                     "and E2E, not ITL (0: not modelled)")
         ->capture_default_str();
+    sub->add_option("--frontend-ms-per-token", f->frontend_ms_per_token,
+                    "Front-end latency per prompt token (tokenization, chat template), added "
+                    "as --frontend-ms is")
+        ->capture_default_str();
     sub->add_option("--dataset", f->dataset, "random | shared-prefix | chat | trace")
         ->capture_default_str();
     sub->add_option("--dataset-path", f->dataset_path,
@@ -708,6 +581,8 @@ Command RegisterSimulate(CLI::App& app) {
     sub->add_option("--gpus", f->gpus, "--search: the GPU budget");
     sub->add_option("--max-tp", f->max_tp, "--search: largest tp tried")->capture_default_str();
     sub->add_flag("--json", f->json, "Print JSON");
+    sub->add_option("--per-request-out", f->per_request_out,
+                    "Write each request's TTFT, ITL median and E2E as JSON lines (trace order)");
     return [f, sub] {
         for (const CLI::Option* o : sub->get_options()) {
             if (o->count() > 0) f->given.insert(o->get_name());

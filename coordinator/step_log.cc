@@ -33,6 +33,7 @@ std::string StepLogLine(const StepLogPoint& p) {
         {"prefill_pairs", p.shape.prefill_pairs},
         {"seconds", p.seconds},
         {"execute_seconds", p.execute_seconds},
+        {"start_clock_s", p.start_clock_s},
     };
     return line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
@@ -76,7 +77,10 @@ Result<StepResult> StepLogExecutor::Execute(const StepPlan& plan) {
             log_.Write({.instance = instance_,
                         .shape = previous_shape_,
                         .seconds = std::chrono::duration<double>(start - previous_start_).count(),
-                        .execute_seconds = previous_execute_s_});
+                        .execute_seconds = previous_execute_s_,
+                        .start_clock_s = std::chrono::duration<double>(
+                                             previous_start_.time_since_epoch())
+                                             .count()});
         }
     }
 

@@ -3,7 +3,8 @@
 // CpuProfile, docs/simulate.md "The CPU profile"):
 //
 //   {"instance": "mixed-0", "prefill_tokens": 512, "decode_seqs": 3, "kv_tokens": 1807,
-//    "prefill_pairs": 131328, "seconds": 0.231, "execute_seconds": 0.214}
+//    "prefill_pairs": 131328, "seconds": 0.231, "execute_seconds": 0.214,
+//    "start_clock_s": 81234.5617}
 //
 // prefill_tokens, decode_seqs, kv_tokens and prefill_pairs count the plan as CostModel::Cost
 // does (a sequence computing one token after a non-empty context decodes; kv_tokens sums every
@@ -49,6 +50,10 @@ struct StepLogPoint {
     StepShape shape;
     double seconds = 0;          // the cycle (see above)
     double execute_seconds = 0;  // Execute alone
+    // The step's start on the log's clock, in seconds since its epoch (the real clock is
+    // steady_clock: CLOCK_MONOTONIC on Linux, the clock of `kvshard bench --trace-out`'s
+    // sent_clock_s), so steps can be lined up with the requests a client sent meanwhile.
+    double start_clock_s = 0;
 };
 // One line, without its newline.
 std::string StepLogLine(const StepLogPoint& point);

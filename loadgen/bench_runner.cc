@@ -118,6 +118,9 @@ class Scheduler {
     }
     std::vector<RequestOutcome> TakeOutcomes() { return std::move(outcomes_); }
     double duration_s() const { return std::chrono::duration<double>(end_ - start_).count(); }
+    double start_clock_s() const {
+        return std::chrono::duration<double>(start_.time_since_epoch()).count();
+    }
 
   private:
     void ScheduleNext() {
@@ -184,6 +187,7 @@ Result<BenchRun> RunBench(const BenchOptions& options, const std::vector<BenchPr
     io.run();
     run.outcomes = scheduler.TakeOutcomes();
     run.duration_s = scheduler.duration_s();
+    run.start_clock_s = scheduler.start_clock_s();
     return run;
 }
 

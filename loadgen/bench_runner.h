@@ -39,6 +39,9 @@ struct BenchRun {
     std::string model;
     std::vector<RequestOutcome> outcomes;  // in dataset order
     double duration_s = 0;                 // first send to last answer
+    // The run's start on steady_clock (CLOCK_MONOTONIC on Linux: the clock a server's step log
+    // on the same machine writes), in seconds since its epoch; outcomes' start_s count from it.
+    double start_clock_s = 0;
 };
 
 // The JSON body for one prompt: streamed, ignore_eos (not on messages: Anthropic has none),

@@ -7,6 +7,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "loadgen/bench_report.h"
+
 namespace kvshard::loadgen {
 
 using nlohmann::json;
@@ -21,6 +23,10 @@ std::string TraceLine(const TraceLineFields& f) {
         line["prefix_group"] = f.prefix_group;
         line["prefix_len"] = f.prefix_len;
     }
+    if (f.ttft_ms >= 0) line["ttft_ms"] = f.ttft_ms;
+    if (f.e2el_ms >= 0) line["e2el_ms"] = f.e2el_ms;
+    if (f.itl_median_ms >= 0) line["itl_median_ms"] = f.itl_median_ms;
+    if (f.sent_clock_s >= 0) line["sent_clock_s"] = f.sent_clock_s;
     return line.dump();
 }
 
@@ -43,6 +49,10 @@ Result<std::vector<TraceLineFields>> MakeTrace(const std::vector<BenchPrompt>& p
         }
         TraceLineFields f{
             .arrival_s = o.start_s, .prompt_len = o.prompt_tokens, .output_len = o.output_tokens};
+        f.ttft_ms = 1000 * o.ttft_s;
+        f.e2el_ms = 1000 * o.e2e_s;
+        if (!o.itl_s.empty()) f.itl_median_ms = 1000 * Summarize(o.itl_s).median;
+        if (run.start_clock_s > 0) f.sent_clock_s = run.start_clock_s + o.start_s;
         const std::string& prefix = prompts[i].prefix;
         if (!prefix.empty()) {
             auto it = groups.find(prefix);
@@ -75,6 +85,31 @@ Status WriteTraceFile(const std::string& path, const std::vector<TraceLineFields
     for (const TraceLineFields& f : lines) out << TraceLine(f) << '\n';
     out.flush();
     if (!out) return InvalidArgument("--trace-out " + path + ": write failed");
+    return Status::Ok();
+}
+
+std::string PerRequestLine(size_t index, const RequestOutcome& o) {
+    json line = {{"request", index},
+                 {"arrival_s", o.start_s},
+                 {"prompt_len", o.prompt_tokens},
+                 {"ok", o.ok},
+                 {"output_len", o.output_tokens}};
+    if (o.ttft_s > 0) line["ttft_ms"] = 1000 * o.ttft_s;
+    if (o.ok) line["e2el_ms"] = 1000 * o.e2e_s;
+    if (!o.itl_s.empty()) line["itl_median_ms"] = 1000 * Summarize(o.itl_s).median;
+    if (!o.ok) line["error"] = o.error;
+    return line.dump();
+}
+
+Status WritePerRequestFile(const std::string& path, const std::vector<RequestOutcome>& outcomes) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    if (!out) {
+        return InvalidArgument("--per-request-out " + path + ": cannot write (" +
+                               std::strerror(errno) + ")");
+    }
+    for (size_t i = 0; i < outcomes.size(); ++i) out << PerRequestLine(i, outcomes[i]) << '\n';
+    out.flush();
+    if (!out) return InvalidArgument("--per-request-out " + path + ": write failed");
     return Status::Ok();
 }
 

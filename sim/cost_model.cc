@@ -248,19 +248,21 @@ int64_t CostModel::NumKvBlocks(int64_t block_size, double memory_utilization) co
 
 Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
     if (points.empty()) return InvalidArgument("CPU profile: no points to fit");
-    constexpr int kTerms = 5;
+    constexpr int kTerms = 6;
     const size_t n = points.size();
     std::vector<std::array<double, kTerms>> x(n);
     std::vector<double> y(n);
     for (size_t i = 0; i < n; ++i) {
         const CpuProfilePoint& p = points[i];
         if (p.prefill_tokens < 0 || p.decode_seqs < 0 || p.kv_tokens < 0 || p.prefill_pairs < 0 ||
+            p.arrivals < 0 ||
             !(p.seconds >= 0 && std::isfinite(p.seconds))) {
             return InvalidArgument("CPU profile: point " + std::to_string(i) +
                                    " has a negative or non-finite value");
         }
         x[i] = {1.0, static_cast<double>(p.prefill_tokens), static_cast<double>(p.decode_seqs),
-                static_cast<double>(p.kv_tokens), static_cast<double>(p.prefill_pairs)};
+                static_cast<double>(p.kv_tokens), static_cast<double>(p.prefill_pairs),
+                static_cast<double>(p.arrivals)};
         y[i] = p.seconds;
     }
     // Relative least squares: each point's row is divided by its measured time, so a 20 ms decode
@@ -277,68 +279,111 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
     for (int j = 0; j < kTerms; ++j) {
         for (size_t i = 0; i < n; ++i) scale[j] = std::max(scale[j], std::fabs(x[i][j]));
     }
-    double best_sse = std::numeric_limits<double>::infinity();
+    // Weighted NNLS by enumeration: the optimum is the least-squares fit on its set of positive
+    // terms, and every feasible subset fit is a feasible point, so the best feasible subset is the
+    // optimum. Fails (infinite sse) when no subset can be fitted.
+    std::vector<double> w(n, 1.0);
+    auto solve = [&](std::array<double, kTerms>& best) {
+        double best_sse = std::numeric_limits<double>::infinity();
+        for (int mask = 1; mask < (1 << kTerms); ++mask) {
+            int cols[kTerms];
+            int k = 0;
+            bool usable = true;
+            for (int j = 0; j < kTerms; ++j) {
+                if (!(mask & (1 << j))) continue;
+                if (scale[j] == 0) usable = false;
+                cols[k++] = j;
+            }
+            if (!usable) continue;
+            // Normal equations (k x k) of the scaled columns.
+            double m[kTerms][kTerms + 1] = {};
+            double weight_sum = 0;
+            for (size_t i = 0; i < n; ++i) {
+                weight_sum += w[i];
+                for (int r = 0; r < k; ++r) {
+                    const double xr = w[i] * x[i][cols[r]] / scale[cols[r]];
+                    for (int t = 0; t < k; ++t) m[r][t] += xr * x[i][cols[t]] / scale[cols[t]];
+                    m[r][k] += xr * y[i];
+                }
+            }
+            bool singular = false;
+            for (int col = 0; col < k && !singular; ++col) {
+                int pivot = col;
+                for (int r = col + 1; r < k; ++r) {
+                    if (std::fabs(m[r][col]) > std::fabs(m[pivot][col])) pivot = r;
+                }
+                if (std::fabs(m[pivot][col]) < 1e-9 * weight_sum) {
+                    singular = true;
+                    break;
+                }
+                for (int t = 0; t <= k; ++t) std::swap(m[col][t], m[pivot][t]);
+                for (int r = 0; r < k; ++r) {
+                    if (r == col) continue;
+                    const double f = m[r][col] / m[col][col];
+                    for (int t = col; t <= k; ++t) m[r][t] -= f * m[col][t];
+                }
+            }
+            if (singular) continue;
+            std::array<double, kTerms> coef{};
+            bool feasible = true;
+            for (int r = 0; r < k; ++r) {
+                coef[cols[r]] = m[r][k] / m[r][r] / scale[cols[r]];
+                if (coef[cols[r]] < 0) feasible = false;
+            }
+            if (!feasible) continue;
+            double sse = 0;
+            for (size_t i = 0; i < n; ++i) {
+                double pred = 0;
+                for (int j = 0; j < kTerms; ++j) pred += coef[j] * x[i][j];
+                sse += w[i] * (pred - y[i]) * (pred - y[i]);
+            }
+            if (sse < best_sse) {
+                best_sse = sse;
+                best = coef;
+            }
+        }
+        return best_sse;
+    };
     std::array<double, kTerms> best{};
-    // NNLS by enumeration: the optimum is the least-squares fit on its set of positive terms, and
-    // every feasible subset fit is a feasible point, so the best feasible subset is the optimum.
-    for (int mask = 1; mask < (1 << kTerms); ++mask) {
-        int cols[kTerms];
-        int k = 0;
-        bool usable = true;
-        for (int j = 0; j < kTerms; ++j) {
-            if (!(mask & (1 << j))) continue;
-            if (scale[j] == 0) usable = false;
-            cols[k++] = j;
-        }
-        if (!usable) continue;
-        // Normal equations (k x k) of the scaled columns.
-        double m[kTerms][kTerms + 1] = {};
-        for (size_t i = 0; i < n; ++i) {
-            for (int r = 0; r < k; ++r) {
-                const double xr = x[i][cols[r]] / scale[cols[r]];
-                for (int s = 0; s < k; ++s) m[r][s] += xr * x[i][cols[s]] / scale[cols[s]];
-                m[r][k] += xr * y[i];
-            }
-        }
-        bool singular = false;
-        for (int col = 0; col < k && !singular; ++col) {
-            int pivot = col;
-            for (int r = col + 1; r < k; ++r) {
-                if (std::fabs(m[r][col]) > std::fabs(m[pivot][col])) pivot = r;
-            }
-            if (std::fabs(m[pivot][col]) < 1e-9 * static_cast<double>(n)) {
-                singular = true;
-                break;
-            }
-            for (int s = 0; s <= k; ++s) std::swap(m[col][s], m[pivot][s]);
-            for (int r = 0; r < k; ++r) {
-                if (r == col) continue;
-                const double f = m[r][col] / m[col][col];
-                for (int s = col; s <= k; ++s) m[r][s] -= f * m[col][s];
-            }
-        }
-        if (singular) continue;
-        std::array<double, kTerms> coef{};
-        bool feasible = true;
-        for (int r = 0; r < k; ++r) {
-            coef[cols[r]] = m[r][k] / m[r][r] / scale[cols[r]];
-            if (coef[cols[r]] < 0) feasible = false;
-        }
-        if (!feasible) continue;
-        double sse = 0;
-        for (size_t i = 0; i < n; ++i) {
-            double pred = 0;
-            for (int j = 0; j < kTerms; ++j) pred += coef[j] * x[i][j];
-            sse += (pred - y[i]) * (pred - y[i]);
-        }
-        if (sse < best_sse) {
-            best_sse = sse;
-            best = coef;
-        }
-    }
-    if (!std::isfinite(best_sse)) {
+    if (!std::isfinite(solve(best))) {
         return InvalidArgument("CPU profile: the " + std::to_string(n) +
                                " points admit no non-negative fit");
+    }
+    // Outlier-robust: iteratively reweighted least squares with Tukey's bisquare on the relative
+    // residuals, from the plain fit. A step caught in a stall of the machine (2-100x its usual
+    // time) gets weight 0 instead of pulling every coefficient up. The scale is the residuals'
+    // median absolute value / 0.6745 (a normal's sigma), the cutoff 4.685 of it (95% efficiency
+    // for normal errors); a fit that leaves most residuals at 0 (exact points) stops at once.
+    // Below kMinRobustPoints the plain fit stands: a median of a handful of residuals is no scale.
+    constexpr size_t kMinRobustPoints = 20;
+    int64_t outliers = 0;
+    for (int iteration = 0; iteration < 30 && n >= kMinRobustPoints; ++iteration) {
+        std::vector<double> abs_residual(n);
+        for (size_t i = 0; i < n; ++i) {
+            double pred = 0;
+            for (int j = 0; j < kTerms; ++j) pred += best[j] * x[i][j];
+            abs_residual[i] = std::fabs(pred - y[i]);
+        }
+        std::vector<double> sorted = abs_residual;
+        std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(n / 2),
+                         sorted.end());
+        const double sigma = sorted[n / 2] / 0.6745;
+        if (!(sigma > 1e-9)) break;
+        outliers = 0;
+        for (size_t i = 0; i < n; ++i) {
+            const double u = abs_residual[i] / (4.685 * sigma);
+            w[i] = u < 1 ? (1 - u * u) * (1 - u * u) : 0.0;
+            if (w[i] == 0) outliers++;
+        }
+        std::array<double, kTerms> next{};
+        if (!std::isfinite(solve(next))) break;  // too few inliers left: keep the last fit
+        double change = 0, size = 0;
+        for (int j = 0; j < kTerms; ++j) {
+            change = std::max(change, std::fabs(next[j] - best[j]) * scale[j]);
+            size = std::max(size, std::fabs(next[j]) * scale[j]);
+        }
+        best = next;
+        if (change <= 1e-7 * size) break;
     }
     CpuProfile p;
     p.a = best[0];
@@ -346,12 +391,15 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
     p.c = best[2];
     p.d = best[3];
     p.e = best[4];
+    p.f = best[5];
     p.num_points = static_cast<int64_t>(n);
+    p.num_outliers = outliers;
     double sse_seconds = 0;
     for (size_t i = 0; i < n; ++i) {
         const CpuProfilePoint& q = points[i];
         const double e =
-            p.Seconds(q.prefill_tokens, q.decode_seqs, q.kv_tokens, q.prefill_pairs) - y_seconds[i];
+            p.Seconds(q.prefill_tokens, q.decode_seqs, q.kv_tokens, q.prefill_pairs) +
+            p.f * static_cast<double>(q.arrivals) - y_seconds[i];
         sse_seconds += e * e;
     }
     p.rms_error_s = std::sqrt(sse_seconds / static_cast<double>(n));
@@ -435,6 +483,9 @@ Status AddValue(const json& v, const std::string& where, std::vector<CpuProfileP
     KV_ASSIGN_OR_RETURN(p.kv_tokens, JsonCount(v, "kv_tokens", where));
     if (v.contains("prefill_pairs")) {
         KV_ASSIGN_OR_RETURN(p.prefill_pairs, JsonCount(v, "prefill_pairs", where));
+    }
+    if (v.contains("arrivals")) {
+        KV_ASSIGN_OR_RETURN(p.arrivals, JsonCount(v, "arrivals", where));
     }
     KV_ASSIGN_OR_RETURN(p.seconds, JsonNumber(v, "seconds", where));
     if (p.seconds < 0) return InvalidArgument(where + ": field 'seconds': must be >= 0");

@@ -108,9 +108,12 @@ struct Instance {
     std::unique_ptr<CostModel> cost;
     std::unique_ptr<ModelledExecutor> executor;
     std::unique_ptr<InstanceEngine> engine;
-    // The step in flight.
+    // The step in flight, when it ends, and its number (an end event of an earlier number is
+    // stale: the step was lengthened after it was scheduled).
     std::optional<StepPlan> plan;
     StepResult result;
+    double step_end_s = 0;
+    int64_t step_number = 0;
     double busy_s = 0;
     int64_t steps = 0;
 };
@@ -133,7 +136,7 @@ struct Event {
     double time = 0;
     uint64_t order = 0;  // ties: in the order they were made
     int64_t instance = -1;  // -1: an arrival; -2: the request's timeout
-    int64_t request = 0;
+    int64_t request = 0;    // an instance's step end: the step's number
     bool operator>(const Event& o) const {
         return time != o.time ? time > o.time : order > o.order;
     }
@@ -156,6 +159,9 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
     }
     if (!(o.frontend_s >= 0))
         return InvalidArgument("frontend_s must be >= 0, got " + std::to_string(o.frontend_s));
+    if (!(o.frontend_per_prompt_token_s >= 0))
+        return InvalidArgument("frontend_per_prompt_token_s must be >= 0, got " +
+                               std::to_string(o.frontend_per_prompt_token_s));
     if (!(o.request_timeout_s >= 0))
         return InvalidArgument("request_timeout_s must be >= 0, got " +
                                std::to_string(o.request_timeout_s));
@@ -269,6 +275,8 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
         // A finished request's timeout is no event: it must not move the clock past the end.
         if (ev.instance == kTimeoutEvent && sinks[static_cast<size_t>(ev.request)]->done())
             continue;
+        if (ev.instance >= 0 && ev.request != instances[static_cast<size_t>(ev.instance)]->step_number)
+            continue;  // a lengthened step's first end
         sample_usage(ev.time);
         if (ev.time > clock.NowSeconds()) clock.Set(AtSeconds(ev.time));
         if (ev.instance == kTimeoutEvent) {
@@ -278,6 +286,19 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
             router->Abort("sim-" + std::to_string(ev.request));
         } else if (ev.instance < 0) {
             const SimRequest& sr = requests[static_cast<size_t>(ev.request)];
+            // The front end's CPU work for the request shares the cores with the steps in flight
+            // (a CPU profile's f, fitted on steps that requests arrived during): they end later.
+            if (o.profile && o.profile->f > 0) {
+                for (size_t i = 0; i < instances.size(); ++i) {
+                    Instance& inst = *instances[i];
+                    if (!inst.plan) continue;
+                    inst.step_end_s += o.profile->f;
+                    inst.busy_s += o.profile->f;
+                    inst.result.compute_seconds += o.profile->f;
+                    events.push({inst.step_end_s, order++, static_cast<int64_t>(i),
+                                 ++inst.step_number});
+                }
+            }
             GenerationRequest req;
             req.request_id = "sim-" + std::to_string(ev.request);
             // Each request draws its own tokens; a prefix group's first prefix_len are shared.
@@ -336,7 +357,8 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
             inst.busy_s += seconds;
             inst.steps++;
             out.num_steps++;
-            events.push({clock.NowSeconds() + seconds, order++, static_cast<int64_t>(i), 0});
+            inst.step_end_s = clock.NowSeconds() + seconds;
+            events.push({inst.step_end_s, order++, static_cast<int64_t>(i), ++inst.step_number});
         }
         int64_t queued = 0, pinned = 0;
         for (auto& inst : instances) {
@@ -374,13 +396,17 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
     if (!requests.empty()) first = requests.front().arrival_s;
     for (const SimRequest& r : requests) first = std::min(first, r.arrival_s);
     out.run.duration_s = out.simulated_seconds - first;
-    for (loadgen::RequestOutcome& oc : out.run.outcomes) {
+    for (size_t i = 0; i < out.run.outcomes.size(); ++i) {
+        loadgen::RequestOutcome& oc = out.run.outcomes[i];
         oc.start_s -= first;
         // The front end: before the engine and after its first token. A refused request (no
         // token) is answered at once and keeps its times.
         if (oc.ttft_s > 0) {
-            oc.ttft_s += o.frontend_s;
-            oc.e2e_s += o.frontend_s;
+            const double frontend_s =
+                o.frontend_s +
+                o.frontend_per_prompt_token_s * static_cast<double>(requests[i].prompt_len);
+            oc.ttft_s += frontend_s;
+            oc.e2e_s += frontend_s;
         }
     }
     for (auto& inst : instances) inst->engine->Stop();

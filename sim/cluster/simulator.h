@@ -8,7 +8,9 @@
 // (InstanceEngine::CompleteStep at start + modelled cost). After each event every idle instance
 // with work plans its next step (InstanceEngine::PlanStep) at that time. KV handoffs add their
 // transfer time over the link between the two instances (NVLink within a node, the network
-// between nodes) to the prefill step that sends them.
+// between nodes) to the prefill step that sends them. With a CPU profile whose f (seconds per
+// request arriving during a step) is positive, each arrival lengthens every step in flight by f:
+// on the CPU engine the front end's work for a request shares the cores with the steps.
 //
 // Serving policies run as `kvshard serve` runs them (docs/simulate.md, "Serving policies"):
 // - the waiting-queue cap (scheduler.max_waiting_requests): a request that arrives when its
@@ -72,6 +74,9 @@ struct SimulationOptions {
     // request at its arrival. 0 (the default): not modelled. kvshard's CPU engine measures it
     // (scripts/validate-simulate); for GPU kinds it is whatever the caller gives.
     double frontend_s = 0;
+    // Its part that grows with the prompt (tokenization and chat templating), in seconds per
+    // prompt token: a request's front end is frontend_s + this x its prompt tokens. 0: constant.
+    double frontend_per_prompt_token_s = 0;
 };
 
 struct PoolUsage {
@@ -110,7 +115,7 @@ struct SimulationResult {
 
 // REQUIRES valid pools (ValidatePools). Errors: the model does not fit the device at a pool's tp,
 // tp does not divide the heads, a request cannot fit the context, a pin or queue setting out of
-// range, a negative frontend_s (InvalidArgument naming it). A request the engine refuses is an
+// range, a negative frontend_s or frontend_per_prompt_token_s (InvalidArgument naming it). A request the engine refuses is an
 // outcome, not an error.
 Result<SimulationResult> Simulate(const SimulationOptions& options,
                                   const std::vector<SimRequest>& requests, uint64_t seed = 0);

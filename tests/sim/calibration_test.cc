@@ -6,13 +6,16 @@
 #include <chrono>
 #include <filesystem>
 #include <string>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "common/clock.h"
 #include "coordinator/step_log.h"
+#include "loadgen/bench_report.h"
 #include "loadgen/trace_file.h"
 #include "sim/cost_model.h"
 #include "sim/workload.h"
+#include "tests/sim/sim_test_util.h"
 #include "tests/test_util.h"
 
 namespace kvshard {
@@ -70,6 +73,68 @@ TEST(BenchTraceTest, SimulatorReadsBackTheRequestsBenchSent) {
         {.arrival_s = 1.5, .prompt_len = 12, .output_len = 3},
     };
     EXPECT_EQ(*read, want);
+}
+
+TEST(BenchTraceTest, EachLineCarriesWhatTheClientMeasured) {
+    std::vector<loadgen::BenchPrompt> prompts(2);
+    loadgen::BenchRun run;
+    run.outcomes = {Completed(0.0, 40, 4), Completed(0.3, 12, 1)};
+    run.outcomes[0].ttft_s = 0.125;
+    run.outcomes[0].e2e_s = 0.2;
+    run.outcomes[0].itl_s = {0.03, 0.02, 0.025};
+    run.outcomes[1].ttft_s = 0.05;
+    run.outcomes[1].e2e_s = 0.05;  // one chunk: no gap
+    const loadgen::TokenCounter count = [](const std::string&, bool) { return Result<int64_t>(1); };
+    Result<std::vector<loadgen::TraceLineFields>> trace = loadgen::MakeTrace(prompts, run, count);
+    ASSERT_TRUE(trace.ok()) << trace.status().message();
+    ASSERT_EQ(trace->size(), 2u);
+    const nlohmann::json first = nlohmann::json::parse(loadgen::TraceLine((*trace)[0]));
+    EXPECT_NEAR(first.at("ttft_ms").get<double>(), 125.0, 1e-9);
+    EXPECT_NEAR(first.at("e2el_ms").get<double>(), 200.0, 1e-9);
+    EXPECT_NEAR(first.at("itl_median_ms").get<double>(), 25.0, 1e-9);
+    const nlohmann::json second = nlohmann::json::parse(loadgen::TraceLine((*trace)[1]));
+    EXPECT_NEAR(second.at("ttft_ms").get<double>(), 50.0, 1e-9);
+    EXPECT_FALSE(second.contains("itl_median_ms"));
+}
+
+TEST(BenchTraceTest, SimulatorsPerRequestLinesAnswerTheTracesLines) {
+    // A trace as bench writes it (sorted by arrival); the simulator's line i is the trace's line i.
+    const std::string trace_path = TempPath("per_request.trace.jsonl");
+    std::vector<loadgen::TraceLineFields> lines;
+    for (int i = 0; i < 6; ++i) {
+        lines.push_back({.arrival_s = 0.02 * i, .prompt_len = 100 + 60 * i, .output_len = 3 + i,
+                         .ttft_ms = 99, .e2el_ms = 199, .itl_median_ms = 9});
+    }
+    ASSERT_TRUE(loadgen::WriteTraceFile(trace_path, lines).ok());
+    Result<std::vector<sim::SimRequest>> requests = sim::ReadTrace(trace_path);
+    std::filesystem::remove(trace_path);
+    ASSERT_TRUE(requests.ok()) << requests.status().message();
+    Result<sim::SimulationResult> r = sim::Simulate(sim::OneH200Instance(512), *requests);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+
+    const std::string path = TempPath("per_request.jsonl");
+    ASSERT_TRUE(loadgen::WritePerRequestFile(path, r->run.outcomes).ok());
+    const std::string text = testing::ReadFile(path);
+    std::filesystem::remove(path);
+    std::vector<nlohmann::json> got;
+    size_t begin = 0;
+    for (size_t end; (end = text.find('\n', begin)) != std::string::npos; begin = end + 1)
+        got.push_back(nlohmann::json::parse(text.substr(begin, end - begin)));
+    ASSERT_EQ(got.size(), lines.size());
+    for (size_t i = 0; i < lines.size(); ++i) {
+        const loadgen::RequestOutcome& o = r->run.outcomes[i];
+        EXPECT_EQ(got[i].at("request").get<size_t>(), i);
+        EXPECT_NEAR(got[i].at("arrival_s").get<double>(), lines[i].arrival_s, 1e-9) << i;
+        EXPECT_EQ(got[i].at("prompt_len").get<int64_t>(), lines[i].prompt_len) << i;
+        EXPECT_EQ(got[i].at("output_len").get<int64_t>(), lines[i].output_len) << i;
+        EXPECT_TRUE(got[i].at("ok").get<bool>());
+        EXPECT_NEAR(got[i].at("ttft_ms").get<double>(), 1000 * o.ttft_s, 1e-9) << i;
+        EXPECT_NEAR(got[i].at("e2el_ms").get<double>(), 1000 * o.e2e_s, 1e-9) << i;
+        EXPECT_NEAR(got[i].at("itl_median_ms").get<double>(),
+                    1000 * loadgen::Summarize(o.itl_s).median, 1e-9)
+            << i;
+    }
+    EXPECT_FALSE(loadgen::WritePerRequestFile("/nonexistent-dir/x.jsonl", {}).ok());
 }
 
 TEST(BenchTraceTest, RefusesARunWhoseServerDidNotCountThePrompt) {
@@ -136,11 +201,21 @@ TEST(StepLogTest, WritesEachBusyCycleAsAProfilePoint) {
     }
     log->reset();  // closes the file
 
-    Result<std::vector<sim::CpuProfilePoint>> points =
-        sim::ParseCpuProfilePoints(testing::ReadFile(path), path);
+    const std::string text = testing::ReadFile(path);
+    Result<std::vector<sim::CpuProfilePoint>> points = sim::ParseCpuProfilePoints(text, path);
     std::filesystem::remove(path);
     ASSERT_TRUE(points.ok()) << points.status().message();
     ASSERT_EQ(points->size(), 2u);
+    // Each line says when its step started on the log's clock (here the virtual one, from 0).
+    const size_t newline = text.find('\n');
+    ASSERT_NE(newline, std::string::npos);
+    EXPECT_NEAR(nlohmann::json::parse(text.substr(0, newline)).at("start_clock_s").get<double>(),
+                0.0, 1e-9);
+    EXPECT_NEAR(nlohmann::json::parse(text.substr(newline + 1, text.find('\n', newline + 1) -
+                                                                   newline - 1))
+                    .at("start_clock_s")
+                    .get<double>(),
+                0.12, 1e-9);
     EXPECT_EQ((*points)[0].prefill_tokens, 11);
     EXPECT_EQ((*points)[0].decode_seqs, 0);
     EXPECT_EQ((*points)[0].kv_tokens, 8 + 3);

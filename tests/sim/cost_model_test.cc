@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 
 #include "tests/sim/sim_test_util.h"
 
@@ -246,6 +247,45 @@ TEST(CpuProfileTest, FitRecoversAKnownLinearModel) {
     EXPECT_NEAR(p->d, d, 1e-12);
     EXPECT_LT(p->rms_error_s, 1e-9);
     EXPECT_EQ(p->num_points, 27);
+}
+
+TEST(CpuProfileTest, StepsCaughtInAStallDoNotMoveTheFit) {
+    // Serving steps with +-2% noise, one in eight of them stalled 2-10x (a shared machine
+    // preempting the server). The plain relative fit would move every coefficient by several
+    // percent (it did so by a stall's weight: run D of docs/simulate.md); the robust one gives the
+    // stalls weight 0.
+    const double a = 8e-3, b = 1.3e-3, c = 1.5e-3, d = 5e-6, e = 1e-6;
+    std::mt19937_64 rng(42);
+    std::uniform_real_distribution<double> noise(-0.02, 0.02), stall(2.0, 10.0);
+    std::vector<CpuProfilePoint> points;
+    int64_t stalls = 0;
+    for (int64_t prefill : {0, 24, 128, 512}) {
+        for (int64_t seqs : {0, 1, 2, 4, 8}) {
+            for (int64_t context : {100, 450, 900}) {
+                if (prefill == 0 && seqs == 0) continue;
+                for (int rep = 0; rep < 4; ++rep) {
+                    const int64_t start = rep % 2 == 1 ? 400 : 0;  // a chunk after a cached prefix
+                    const int64_t pairs = prefill * start + prefill * (prefill + 1) / 2;
+                    const int64_t kv = prefill + start + context * seqs;
+                    double t = (a + b * prefill + c * seqs + d * kv + e * pairs) * (1 + noise(rng));
+                    if (points.size() % 8 == 3) {
+                        t *= stall(rng);
+                        stalls++;
+                    }
+                    points.push_back({prefill, seqs, kv, t, pairs});
+                }
+            }
+        }
+    }
+    Result<CpuProfile> p = FitCpuProfile(points);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    EXPECT_NEAR(p->a, a, 0.03 * a);
+    EXPECT_NEAR(p->b, b, 0.03 * b);
+    EXPECT_NEAR(p->c, c, 0.03 * c);
+    EXPECT_NEAR(p->d, d, 0.1 * d);
+    EXPECT_NEAR(p->e, e, 0.1 * e);
+    EXPECT_GE(p->num_outliers, stalls);
+    EXPECT_LE(p->num_outliers, stalls + static_cast<int64_t>(points.size()) / 20);
 }
 
 TEST(CpuProfileTest, CoefficientsStayNonNegative) {
