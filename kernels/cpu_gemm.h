@@ -1,5 +1,5 @@
 // The register-blocked product of batched decode (kernels/cpu_matmul.cc dispatches to it): y[m, n]
-// = x[m, k] · W[n, k]^T with W in its stored format, for the m of a decode step of 16-48 sequences.
+// = x[m, k] · W[n, k]^T with W in its stored format, for the m of a decode step of 16-128 rows.
 //
 // Each strip of kGemmStripRows weight rows is dequantized once into fp32 in L1 (the AVX-512
 // DequantizeRows of cpu_matmul_avx512.cc) and then multiplied by every activation row: the
@@ -34,11 +34,13 @@ bool GemmReads(DType dtype);
 // sgemm on dequantized panels runs closer to the FMA peak), on AVX-512, for a type it reads.
 // kvshard_matmul_bench --gemm off,auto compares them (docs/benchmarks.md, 2026-12-02 session 2).
 constexpr int64_t kMinGemmRows = 16;
-constexpr int64_t kMaxGemmRows = 48;
+constexpr int64_t kMaxGemmRows = 128;
 
 enum class GemmMode { kAuto, kOff, kOn };
 // Whether MatMulStored of m rows against `dtype` weights on `isa` runs GemmAvx512 now: in kAuto
 // (the default) by the row bounds above; kOff never; kOn for every m (tests and benchmarks).
+// The process's mode is KVSHARD_MATMUL_GEMM=auto|off|on in the environment (read once; unset:
+// auto) unless pinned by ForceGemmMode.
 bool UsesGemm(KernelIsa isa, DType dtype, int64_t m);
 // Pins the mode process-wide (tests, benchmarks). Not to be called while kernels run.
 void ForceGemmMode(GemmMode mode);

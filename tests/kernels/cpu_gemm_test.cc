@@ -80,12 +80,23 @@ struct Case {
 };
 
 // m across the tiles (16 and 32 rows) and their tails; n across the strip of 12 and its tail;
-// the default model's k = 576 and the smallest block.
+// the default model's k = 576 and the smallest block; k large enough for several row blocks.
 constexpr Case kCases[] = {
-    {DType::kQ4_1, 1, 12, 32},    {DType::kQ4_1, 15, 13, 64},   {DType::kQ4_1, 16, 24, 576},
-    {DType::kQ4_1, 17, 37, 576},  {DType::kQ4_1, 32, 192, 576}, {DType::kQ4_1, 33, 5, 96},
-    {DType::kQ4_1, 48, 100, 576}, {DType::kQ8_0, 32, 960, 576}, {DType::kQ8_0, 47, 11, 1536},
-    {DType::kQ4_0, 24, 70, 1536}, {DType::kF16, 40, 19, 45},    {DType::kQ4_1, 130, 30, 64},
+    {DType::kQ4_1, 1, 12, 32},
+    {DType::kQ4_1, 15, 13, 64},
+    {DType::kQ4_1, 16, 24, 576},
+    {DType::kQ4_1, 17, 37, 576},
+    {DType::kQ4_1, 32, 192, 576},
+    {DType::kQ4_1, 33, 5, 96},
+    {DType::kQ4_1, 48, 100, 576},
+    {DType::kQ8_0, 32, 960, 576},
+    {DType::kQ8_0, 47, 11, 1536},
+    {DType::kQ4_0, 24, 70, 1536},
+    {DType::kF16, 40, 19, 45},
+    {DType::kQ4_1, 130, 30, 64},
+    // Several blocks of activation rows (32 rows each at k >= 1536) and chunks of strips.
+    {DType::kQ4_1, 100, 100, 1536},
+    {DType::kQ8_0, 77, 37, 2048},
 };
 
 TEST(GemmAvx512, EqualsTheSequentialFmaSumBitForBit) {
