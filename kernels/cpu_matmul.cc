@@ -26,6 +26,7 @@
 #endif
 
 #include "common/check.h"
+#include "kernels/cpu_gemm.h"
 #include "kernels/cpu_matmul_internal.h"
 #include "kernels/cpu_ops.h"
 
@@ -475,7 +476,10 @@ void MatMulStored(const float* x, int64_t m, const StoredMatrix& w, float* y) {
         }
         x = rounded;
     }
-    if (w.dtype == DType::kF32 || m > kMaxTiledRows) {
+    if (gemm::UsesGemm(isa, w.dtype, m)) {
+        // Batched decode (kernels/cpu_gemm.h): each weight strip dequantized once for all rows.
+        gemm::GemmAvx512(x, m, w, y);
+    } else if (w.dtype == DType::kF32 || m > kMaxTiledRows) {
         // F32 rows go to sgemm as they are (unaligned ones through a panel copy).
         MatMulPanels(isa, x, m, w, y);
     } else if (m <= kMaxTiledRows) {

@@ -6,8 +6,11 @@
 //
 //   kvshard_matmul_bench [--dtypes Q4_1,Q8_0,F32] [--m 1,16,128] [--threads 1,2]
 //                        [--isa portable|avx2|avx512] [--activations fp32,int8] [--hot]
-//                        [--min-ms N]
+//                        [--min-ms N] [--gemm auto,off,on]
 //
+// --gemm lists the modes of the batched-decode kernel (kernels/cpu_gemm.h) each case runs with:
+// auto (MatMulStored's own choice), off (the register-tiled kernels or sgemm panels) and on (the
+// kernel at any m); the "gemm" column says whether it ran.
 // --activations lists the activation formats (kernels/cpu_matmul.h) each case runs with, in the
 // same process one after the other; "vs fp32" is the fp32 time over this one (above 1: faster).
 // cpu-us is the least CPU time per call and thread over the 5 runs, and "cpu vs" the same ratio
@@ -36,6 +39,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "kernels/cpu_gemm.h"
 #include "kernels/cpu_matmul.h"
 #include "kernels/cpu_ops.h"
 
@@ -173,6 +177,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> activation_names = {"fp32", "int8"};
     bool hot = false;
     double min_ms = 150;
+    std::vector<std::string> gemm_names = {"auto"};
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
         const bool has_value = i + 1 < argc;
@@ -190,11 +195,13 @@ int main(int argc, char** argv) {
             hot = true;
         } else if (arg == "--min-ms" && has_value) {
             min_ms = std::atof(argv[++i]);
+        } else if (arg == "--gemm" && has_value) {
+            gemm_names = Split(argv[++i]);
         } else {
             std::fprintf(stderr,
                          "usage: %s [--dtypes Q4_1,Q8_0,F32] [--m 1,16,128] [--threads 1,2] "
                          "[--isa portable|avx2|avx512] [--activations fp32,int8] [--hot] "
-                         "[--min-ms N]\n",
+                         "[--min-ms N] [--gemm auto,off,on]\n",
                          argv[0]);
             return 2;
         }
@@ -238,6 +245,18 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
+    std::vector<kvshard::cpu::gemm::GemmMode> gemm_modes;
+    for (const std::string& name : gemm_names) {
+        using kvshard::cpu::gemm::GemmMode;
+        if (name == "auto" || name == "off" || name == "on") {
+            gemm_modes.push_back(name == "auto"  ? GemmMode::kAuto
+                                 : name == "off" ? GemmMode::kOff
+                                                 : GemmMode::kOn);
+        } else {
+            std::fprintf(stderr, "kvshard_matmul_bench: unknown --gemm mode %s\n", name.c_str());
+            return 2;
+        }
+    }
     const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
     const size_t cold_bytes = 2 * static_cast<size_t>(llc > 0 ? llc : 64 << 20);
     std::printf("isa %s (detected %s), blas core %s, weights %s\n",
@@ -245,9 +264,9 @@ int main(int argc, char** argv) {
                 std::string(kvshard::cpu::KernelIsaName(kvshard::cpu::DetectedKernelIsa())).c_str(),
                 kvshard::cpu::BlasCoreName().c_str(),
                 hot ? "hot (one copy)" : "cold (copies > 2x LLC)");
-    std::printf("%-10s %-5s %4s %3s %-4s %10s %9s %10s %7s %5s %10s %7s\n", "matrix", "dtype", "m",
-                "thr", "act", "us/call", "GFLOP/s", "weightGB/s", "vs fp32", "cpu%", "cpu-us",
-                "cpu vs");
+    std::printf("%-10s %-5s %4s %3s %-4s %-4s %10s %9s %10s %7s %5s %10s %7s\n", "matrix", "dtype",
+                "m", "thr", "act", "gemm", "us/call", "GFLOP/s", "weightGB/s", "vs fp32", "cpu%",
+                "cpu-us", "cpu vs");
     std::mt19937 gen(1);
     for (const Shape& shape : kShapes) {
         for (DType dtype : dtypes) {
@@ -274,64 +293,75 @@ int main(int argc, char** argv) {
                     const int threads = std::atoi(t_text.c_str());
                     if (threads <= 0) continue;
                     kvshard::cpu::SetNumThreads(threads);
-                    double fp32_best = 0;
-                    double fp32_cpu_us = 0;
-                    for (const kvshard::cpu::ActivationFormat format : formats) {
-                        kvshard::cpu::ForceActivationFormat(format);
-                        const char* act = kvshard::cpu::UsesInt8Kernels(dtype, m)     ? "int8"
-                                          : kvshard::cpu::QuantizesActivations(dtype) ? "rnd8"
-                                                                                      : "fp32";
-                        size_t next = 0;
-                        const auto call = [&] {
-                            const StoredMatrix w{dtype, base + next * stride, shape.n, shape.k};
-                            next = (next + 1) % copies;
-                            kvshard::cpu::MatMulStored(x.data(), m, w, y.data());
-                        };
-                        for (size_t c = 0; c < std::min<size_t>(copies, 4); ++c) call();  // warm-up
-                        double best = 1e30;
-                        double best_cpu_share = 0;
-                        double best_cpu_us = 1e30;
-                        for (int run = 0; run < 5; ++run) {
-                            int64_t calls = 0;
-                            const double cpu0 = ProcessCpuSeconds();
-                            const auto t0 = std::chrono::steady_clock::now();
-                            double secs = 0;
-                            do {
-                                call();
-                                ++calls;
-                                secs = SecondsSince(t0);
-                            } while (secs * 1e3 < min_ms / 5);
-                            if (secs / static_cast<double>(calls) < best) {
-                                best = secs / static_cast<double>(calls);
-                                best_cpu_share = (ProcessCpuSeconds() - cpu0) / secs / threads;
+                    for (const kvshard::cpu::gemm::GemmMode gemm_mode : gemm_modes) {
+                        kvshard::cpu::gemm::ForceGemmMode(gemm_mode);
+                        const char* gemm_used =
+                            kvshard::cpu::gemm::UsesGemm(kvshard::cpu::ActiveKernelIsa(), dtype, m)
+                                ? "on"
+                                : "off";
+                        double fp32_best = 0;
+                        double fp32_cpu_us = 0;
+                        for (const kvshard::cpu::ActivationFormat format : formats) {
+                            kvshard::cpu::ForceActivationFormat(format);
+                            const char* act = kvshard::cpu::UsesInt8Kernels(dtype, m)     ? "int8"
+                                              : kvshard::cpu::QuantizesActivations(dtype) ? "rnd8"
+                                                                                          : "fp32";
+                            size_t next = 0;
+                            const auto call = [&] {
+                                const StoredMatrix w{dtype, base + next * stride, shape.n, shape.k};
+                                next = (next + 1) % copies;
+                                kvshard::cpu::MatMulStored(x.data(), m, w, y.data());
+                            };
+                            for (size_t c = 0; c < std::min<size_t>(copies, 4); ++c)
+                                call();  // warm-up
+                            double best = 1e30;
+                            double best_cpu_share = 0;
+                            double best_cpu_us = 1e30;
+                            for (int run = 0; run < 5; ++run) {
+                                int64_t calls = 0;
+                                const double cpu0 = ProcessCpuSeconds();
+                                const auto t0 = std::chrono::steady_clock::now();
+                                double secs = 0;
+                                do {
+                                    call();
+                                    ++calls;
+                                    secs = SecondsSince(t0);
+                                } while (secs * 1e3 < min_ms / 5);
+                                if (secs / static_cast<double>(calls) < best) {
+                                    best = secs / static_cast<double>(calls);
+                                    best_cpu_share = (ProcessCpuSeconds() - cpu0) / secs / threads;
+                                }
+                                const double cpu_us = (ProcessCpuSeconds() - cpu0) /
+                                                      static_cast<double>(calls) / threads * 1e6;
+                                if (cpu_us < best_cpu_us) {
+                                    best_cpu_us = cpu_us;
+                                }
                             }
-                            const double cpu_us = (ProcessCpuSeconds() - cpu0) /
-                                                  static_cast<double>(calls) / threads * 1e6;
-                            if (cpu_us < best_cpu_us) {
-                                best_cpu_us = cpu_us;
+                            const double flops = 2.0 * static_cast<double>(m * shape.n * shape.k);
+                            if (format == kvshard::cpu::ActivationFormat::kFp32) {
+                                fp32_best = best;
+                                fp32_cpu_us = best_cpu_us;
                             }
+                            char ratio[16] = "-";
+                            char cpu_ratio[16] = "-";
+                            if (fp32_best > 0) {
+                                std::snprintf(ratio, sizeof(ratio), "%.2f", fp32_best / best);
+                                std::snprintf(cpu_ratio, sizeof(cpu_ratio), "%.2f",
+                                              fp32_cpu_us / best_cpu_us);
+                            }
+                            std::printf(
+                                "%-10s %-5s %4lld %3d %-4s %-4s %10.1f %9.1f %10.2f %7s %5.0f "
+                                "%10.1f "
+                                "%7s\n",
+                                shape.name, std::string(kvshard::DTypeName(dtype)).c_str(),
+                                static_cast<long long>(m), threads, act, gemm_used, best * 1e6,
+                                flops / best / 1e9, static_cast<double>(matrix_bytes) / best / 1e9,
+                                ratio, 100 * best_cpu_share, best_cpu_us, cpu_ratio);
+                            std::fflush(stdout);
                         }
-                        const double flops = 2.0 * static_cast<double>(m * shape.n * shape.k);
-                        if (format == kvshard::cpu::ActivationFormat::kFp32) {
-                            fp32_best = best;
-                            fp32_cpu_us = best_cpu_us;
-                        }
-                        char ratio[16] = "-";
-                        char cpu_ratio[16] = "-";
-                        if (fp32_best > 0) {
-                            std::snprintf(ratio, sizeof(ratio), "%.2f", fp32_best / best);
-                            std::snprintf(cpu_ratio, sizeof(cpu_ratio), "%.2f",
-                                          fp32_cpu_us / best_cpu_us);
-                        }
-                        std::printf(
-                            "%-10s %-5s %4lld %3d %-4s %10.1f %9.1f %10.2f %7s %5.0f %10.1f %7s\n",
-                            shape.name, std::string(kvshard::DTypeName(dtype)).c_str(),
-                            static_cast<long long>(m), threads, act, best * 1e6, flops / best / 1e9,
-                            static_cast<double>(matrix_bytes) / best / 1e9, ratio,
-                            100 * best_cpu_share, best_cpu_us, cpu_ratio);
-                        std::fflush(stdout);
+                        kvshard::cpu::ResetActivationFormat();
                     }
-                    kvshard::cpu::ResetActivationFormat();
+                    kvshard::cpu::gemm::ResetGemmMode();
                 }
             }
         }

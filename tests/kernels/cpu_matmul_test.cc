@@ -185,7 +185,7 @@ std::vector<MatMulParam> AllCases() {
     for (DType dtype :
          {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
           DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
-        for (int64_t m : {1, 2, 3, 5, 16, 17, 64, 130}) {
+        for (int64_t m : {1, 2, 3, 5, 16, 17, 32, 48, 64, 130}) {
             if (IsKQuant(dtype)) {
                 for (const Shape& shape : kSuperBlockShapes) cases.emplace_back(dtype, m, shape);
                 continue;
