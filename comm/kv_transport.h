@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/kv_dtype.h"
 #include "common/status.h"
 
@@ -111,6 +112,10 @@ struct KvTransportOptions {
     // TCP only. A connection that sends nothing for this long between frames is closed (it holds
     // no staging; a sender reopens its connection on the next Send).
     int64_t idle_timeout_ms = 600'000;
+    // TCP only. What read_timeout_ms and idle_timeout_ms are measured on; null: Clock::Real().
+    // On a VirtualClock no connection's deadline passes until the clock's driver moves it past
+    // (each move closes those it passed before it returns). Not owned; outlives the transport.
+    const Clock* clock = nullptr;
     // TCP only. Accepted connections at once at most; more are closed as they arrive.
     int64_t max_connections = 1'024;
     // TCP only. Between processes of one host (the receiver's boot id, sent in the handshake,

@@ -43,12 +43,16 @@ constexpr size_t kPayloadChunkBytes = 1 << 20;
 // Deadlines: the hello, and every frame once its magic arrived, must be complete within
 // read_timeout_ms; between frames a connection may be idle for idle_timeout_ms (it holds no
 // reservation then). Either way a stalled connection is closed and its reservation given back.
+// They are measured on KvTransportOptions::clock: on the real clock a timer fires; on a virtual
+// one nothing fires by itself, and each move of the clock ends the sessions it took past their
+// deadline (ExpireTcpKvSessions).
 class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
   public:
     TcpKvSession(tcp::socket socket, KvStaging* staging, const KvTransportOptions* options,
                  TcpKvSessions* live)
         : socket_(std::move(socket)),
           timer_(socket_.get_executor()),
+          clock_(options->clock != nullptr ? *options->clock : Clock::Real()),
           staging_(staging),
           options_(options),
           live_(live) {
@@ -71,17 +75,31 @@ class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
         socket_.close(ignored);
     }
 
+    // I/O thread, on a virtual clock: ends the connection if `now` reached its deadline.
+    void ExpireIfDue(Clock::time_point now) {
+        if (ended_ || deadline_why_ == nullptr || now < deadline_) return;
+        Expire(deadline_why_);
+    }
+
   private:
     // Closes the connection with `why` unless the next Arm (or End) comes first.
     void Arm(int64_t ms, const char* why) {
         const uint64_t generation = ++timer_generation_;
+        if (clock_.is_virtual()) {
+            deadline_ = clock_.Now() + std::chrono::milliseconds(ms);
+            deadline_why_ = why;
+            return;
+        }
         timer_.expires_after(std::chrono::milliseconds(ms));
         timer_.async_wait(
             [self = shared_from_this(), generation, why](const boost::system::error_code& ec) {
                 if (ec || generation != self->timer_generation_) return;
-                self->End(std::string(why) + " (" +
-                          std::to_string(self->reserved_ ? self->have_ : 0) + " payload bytes in)");
+                self->Expire(why);
             });
+    }
+
+    void Expire(const char* why) {
+        End(std::string(why) + " (" + std::to_string(reserved_ ? have_ : 0) + " payload bytes in)");
     }
 
     void ReadHello() {
@@ -406,6 +424,10 @@ class TcpKvSession : public std::enable_shared_from_this<TcpKvSession> {
     tcp::socket socket_;
     asio::steady_timer timer_;
     uint64_t timer_generation_ = 0;  // a wait armed under another generation is stale
+    const Clock& clock_;             // the deadlines' (KvTransportOptions::clock)
+    // The deadline last armed, on a virtual clock_ (the timer's on the real one), and its reason.
+    Clock::time_point deadline_{};
+    const char* deadline_why_ = nullptr;
     KvStaging* const staging_;
     const KvTransportOptions* const options_;  // the transport's
     TcpKvSessions* const live_;                // the transport's, I/O thread only
@@ -443,6 +465,12 @@ void StartTcpKvSession(tcp::socket socket, KvStaging* staging, const KvTransport
 
 void CloseTcpKvSessions(const TcpKvSessions& live) {
     for (const std::shared_ptr<TcpKvSession>& session : live) session->Close();
+}
+
+void ExpireTcpKvSessions(const TcpKvSessions& live, Clock::time_point now) {
+    // A session that ends leaves `live`: walk a copy.
+    const std::vector<std::shared_ptr<TcpKvSession>> sessions(live.begin(), live.end());
+    for (const std::shared_ptr<TcpKvSession>& session : sessions) session->ExpireIfDue(now);
 }
 
 }  // namespace kvshard::internal

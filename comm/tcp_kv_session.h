@@ -16,6 +16,7 @@
 
 #include "comm/kv_staging.h"
 #include "comm/kv_transport.h"
+#include "common/clock.h"
 
 namespace kvshard::internal {
 
@@ -34,5 +35,10 @@ void StartTcpKvSession(boost::asio::ip::tcp::socket socket, KvStaging* staging,
 // Closes every session's connection; each then ends (its pending operations complete with
 // operation_aborted on the I/O thread).
 void CloseTcpKvSessions(const TcpKvSessions& live);
+
+// On a virtual KvTransportOptions::clock, which moved to `now`: ends every session whose
+// deadline (read_timeout_ms or idle_timeout_ms from when it was armed) is `now` or earlier, as
+// its timer would on the real clock. I/O thread.
+void ExpireTcpKvSessions(const TcpKvSessions& live, Clock::time_point now);
 
 }  // namespace kvshard::internal

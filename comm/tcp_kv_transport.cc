@@ -20,6 +20,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -161,15 +162,17 @@ struct Peer {
     std::deque<uint64_t> failure_order;
 };
 
-class TcpKvTransport final : public KvTransport {
+class TcpKvTransport final : public KvTransport, private ClockListener {
   public:
     explicit TcpKvTransport(const KvTransportOptions& options)
         : options_(options),
+          clock_(options.clock != nullptr ? *options.clock : kvshard::Clock::Real()),
           acceptor_(io_),
           work_(asio::make_work_guard(io_)),
           accept_retry_(io_) {}
 
     ~TcpKvTransport() override {
+        clock_.RemoveListener(this);  // before the I/O thread stops: a move waits for it
         if (io_thread_.joinable()) {
             asio::post(io_, [this] {
                 boost::system::error_code ignored;
@@ -192,7 +195,20 @@ class TcpKvTransport final : public KvTransport {
         staging_ = std::make_unique<KvStaging>(options_, endpoint_);
         Accept();
         io_thread_ = std::thread([this] { io_.run(); });
+        if (clock_.is_virtual()) clock_.AddListener(this);
         return Status::Ok();
+    }
+
+    // A virtual clock moved (its driver's thread): the connections whose deadline it passed are
+    // closed, on the I/O thread, before this returns.
+    void OnClockMoved(kvshard::Clock::time_point now) override {
+        std::promise<void> done;
+        std::future<void> expired = done.get_future();
+        asio::post(io_, [this, now, &done] {
+            internal::ExpireTcpKvSessions(sessions_, now);
+            done.set_value();
+        });
+        expired.wait();
     }
 
     const std::string& endpoint() const override { return endpoint_; }
@@ -803,6 +819,7 @@ class TcpKvTransport final : public KvTransport {
     }
 
     const KvTransportOptions options_;
+    const kvshard::Clock& clock_;  // the sessions' deadlines (options_.clock)
     asio::io_context io_;
     tcp::acceptor acceptor_;
     asio::executor_work_guard<asio::io_context::executor_type> work_;

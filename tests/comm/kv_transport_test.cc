@@ -17,6 +17,7 @@
 
 #include "comm/kv_staging.h"
 #include "comm/tcp_kv_wire.h"
+#include "common/clock.h"
 
 namespace kvshard {
 namespace {
@@ -676,15 +677,19 @@ class RawPeer {
         return ack->code == StatusCode::kOk ? Status::Ok() : Status(ack->code, message);
     }
 
-    // Whether the transport closed the connection (reads and drops anything before the end).
-    bool Closed() {
+    // Whether the transport closed the connection within `bound` (reads and drops anything
+    // before the end). The default is a bound against a hang, not a synchronization.
+    bool Closed(milliseconds bound = milliseconds(10'000)) {
         std::array<uint8_t, 256> buffer{};
         bool closed = false;
+        bool reading = true;  // until the read ends: closed, or cancelled past the bound
+        bool stop = false;    // past the bound: the read is not issued again
         std::function<void()> read = [&] {
             socket_.async_read_some(asio::buffer(buffer),
                                     [&](const boost::system::error_code& ec, size_t) {
-                                        if (ec) {
-                                            closed = true;
+                                        if (ec || stop) {
+                                            closed = ec && ec != asio::error::operation_aborted;
+                                            reading = false;
                                             return;
                                         }
                                         read();
@@ -692,7 +697,15 @@ class RawPeer {
         };
         read();
         io_.restart();
-        io_.run_for(milliseconds(10'000));  // a bound against a hang, not a synchronization
+        io_.run_for(bound);
+        if (reading) {
+            // Still open: the pending read ends here, as its handler refers to this frame.
+            stop = true;
+            boost::system::error_code ignored;
+            socket_.cancel(ignored);
+            io_.restart();
+            io_.run();
+        }
         return closed;
     }
 
@@ -888,10 +901,36 @@ TEST(TcpKvTransport, PieceOfATransferTheConnectionDidNotNameIsRefused) {
     EXPECT_EQ(r->staged_bytes(), static_cast<int64_t>(piece.data.size()));
 }
 
+// Whether `done()` came true within `bound` (a bound against a hang: it polls).
+template <typename Done>
+bool Eventually(Done done, milliseconds bound = milliseconds(10'000)) {
+    const Clock::time_point deadline = Clock::now() + bound;
+    while (!done()) {
+        if (Clock::now() >= deadline) return false;
+        std::this_thread::sleep_for(milliseconds(1));
+    }
+    return true;
+}
+
+// Moves `clock` on by `step` until `peer` sees its connection closed (20 moves at most). A move
+// closes the connections whose deadline it passed before it returns; a connection whose deadline
+// was armed after a move (its session had not read the peer's bytes yet) is closed by the next.
+bool ClosedAsTheClockMoves(VirtualClock& clock, RawPeer& peer, milliseconds step) {
+    for (int moves = 0; moves < 20; ++moves) {
+        clock.Advance(step);
+        if (peer.Closed(milliseconds(500))) return true;
+    }
+    return false;
+}
+
 TEST(TcpKvTransport, StalledOrIdleConnectionsAreClosedAndTheirStagingFreed) {
+    // The deadlines are on a virtual clock: a connection stalls exactly as long as the test says,
+    // however late a loaded machine runs either side.
+    VirtualClock clock;
     KvTransportOptions options;
     options.read_timeout_ms = 200;
     options.idle_timeout_ms = 200;
+    options.clock = &clock;
     auto r = Tcp(options);
     ASSERT_TRUE(r->SetReceiveGeometry(TestGeometry()).ok());
     const KvPiece piece = Piece(60, 0, 4, 0, 6);
@@ -900,19 +939,29 @@ TEST(TcpKvTransport, StalledOrIdleConnectionsAreClosedAndTheirStagingFreed) {
     struct Case {
         const char* name;
         std::vector<uint8_t> bytes;
+        bool reserves;  // the header arrived whole: its payload is reserved while it stalls
     };
     const Case cases[] = {
-        {"silent", {}},
-        {"mid-hello", std::vector<uint8_t>(named.begin(), named.begin() + 5)},
-        {"idle after the hello", HelloBytes()},
-        {"mid-header", Concat({named, std::vector<uint8_t>(frame.begin(), frame.begin() + 30)})},
+        {"silent", {}, false},
+        {"mid-hello", std::vector<uint8_t>(named.begin(), named.begin() + 5), false},
+        {"idle after the hello", HelloBytes(), false},
+        {"mid-header", Concat({named, std::vector<uint8_t>(frame.begin(), frame.begin() + 30)}),
+         false},
         {"mid-payload",
-         Concat({named, std::vector<uint8_t>(frame.begin(), frame.begin() + frame.size() / 2)})},
+         Concat({named, std::vector<uint8_t>(frame.begin(), frame.begin() + frame.size() / 2)}),
+         true},
     };
     for (const Case& c : cases) {
         RawPeer peer(PortOf(*r));
         peer.Write(c.bytes);
-        EXPECT_TRUE(peer.Closed()) << c.name;
+        if (c.reserves) {
+            const int64_t claimed = KvPieceBytes(piece.header);
+            EXPECT_TRUE(Eventually([&] { return r->arriving_bytes() == claimed; }))
+                << c.name << ": " << r->arriving_bytes() << " bytes arriving";
+        }
+        // Until the clock moves no deadline passes: what came so far is no reason to close.
+        EXPECT_FALSE(peer.Closed(milliseconds(50))) << c.name;
+        EXPECT_TRUE(ClosedAsTheClockMoves(clock, peer, milliseconds(200))) << c.name;
         EXPECT_EQ(r->arriving_bytes(), 0) << c.name;
         EXPECT_EQ(r->staged_bytes(), 0) << c.name;
     }
@@ -944,16 +993,21 @@ TEST(TcpKvTransport, TokenIsCheckedAtTheHandshake) {
 }
 
 TEST(TcpKvTransport, IdleClosedConnectionIsReopenedBySender) {
+    VirtualClock clock;  // the idle deadline passes when the test moves the clock, not before
     KvTransportOptions options;
     options.idle_timeout_ms = 100;
+    options.clock = &clock;
     auto r = Tcp(options);
     auto s = Tcp();
     ASSERT_TRUE(s->Send(r->endpoint(), Piece(80, 0, 1, 0, 1), In(5'000)).ok());
-    // Whether or not the receiver closed the cached connection meanwhile, the next Send works.
+    // Whether or not the sender has seen the receiver close the cached connection, the next Send
+    // works.
     RawPeer witness(PortOf(*r));
     witness.Write(HelloBytes());
     ASSERT_TRUE(witness.ReadAck().ok());
-    EXPECT_TRUE(witness.Closed());  // the idle deadline has passed for the sender's too
+    // The sender's connection went idle before the witness's did: the move that closes the
+    // witness's has passed its idle deadline too.
+    EXPECT_TRUE(ClosedAsTheClockMoves(clock, witness, milliseconds(100)));
     ASSERT_TRUE(s->Send(r->endpoint(), Piece(80, 1, 2, 0, 1), In(5'000)).ok());
     EXPECT_TRUE(r->Receive(80, 2, In(5'000)).ok());
 }
