@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -47,6 +48,7 @@ struct GenerateFlags {
     std::string comm = "local";
     std::string backend = "cpu";
     int device = 0;
+    std::optional<bool> cuda_graphs;  // unset: on where the backend captures (cuda)
 };
 
 // Where the ranks run: this process's threads, or this process as one MPI rank.
@@ -161,6 +163,7 @@ int RunGenerate(const GenerateFlags& f) {
     } else {
         return fail("--backend: '" + f.backend + "' is not one of cpu, cuda");
     }
+    runner.cuda_graphs = f.cuda_graphs;
     Result<LoadedModel> loaded = Load(f, runner, p);
     if (!loaded.ok()) return fail(loaded.status().message());
     LoadedModel& m = *loaded;
@@ -295,6 +298,8 @@ Command RegisterGenerate(CLI::App& app) {
         ->capture_default_str();
     sub->add_option("--device", f->device, "The GPU ordinal of --backend cuda")
         ->capture_default_str();
+    sub->add_option("--cuda-graphs", f->cuda_graphs,
+                    "Decode steps as CUDA graphs: true or false (default: true on cuda)");
     sub->add_option("--comm", f->comm,
                     "Collectives between ranks: local (threads of this process) or mpi (one "
                     "process per rank, under mpirun -np N)")

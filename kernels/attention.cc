@@ -184,6 +184,7 @@ void PagedKvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_
                   const int64_t* slots, int64_t n) {
     const int64_t hd = kv.head_dim;
     for (int64_t i = 0; i < n; ++i) {
+        if (slots[i] < 0) continue;  // a padded row of a decode step: no KV (Backend::KvWrite)
         const int64_t block = slots[i] / kv.block_size;
         const int64_t slot = slots[i] % kv.block_size;
         uint8_t* b = kv.base + block * kv.block_stride;

@@ -156,7 +156,8 @@ class Backend {
     // backend that does not is refused models with a window (MakeModelRunner).
     virtual bool SupportsSlidingWindow() const { return false; }
 
-    // Writes n rows of K and V (row stride row_stride floats) at their slots.
+    // Writes n rows of K and V (row stride row_stride floats) at their slots; a row whose slot
+    // is negative (a padded row of a decode step, worker/decode_buckets.h) is not written.
     virtual void KvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_t row_stride,
                          const int64_t* slots, int64_t n) = 0;
     // The attention of every sequence of the step for one layer (kernels/paged_attention.h),
@@ -177,6 +178,24 @@ class Backend {
 
   private:
     friend class BackendBuffer;
+};
+
+// Opt-in (found with dynamic_cast): a backend that records the ops queued on its stream as a
+// graph and runs them again later (CUDA graphs). Everything queued between BeginCapture and
+// EndCapture is recorded, not run; Replay(id) queues the recorded ops again with the same
+// pointers and shapes (the data behind the pointers may have changed). REQUIRES during a
+// capture: no allocation, no copy to or from the host, no Synchronize — the caller runs a step
+// of the same shape eagerly first, so that whatever the ops make at their first use exists.
+// Errors: EndCapture fails when anything inside the capture failed or was refused (nothing ran;
+// the backend keeps working eagerly); Replay fails for an id not captured or released.
+class GraphCapture {
+  public:
+    virtual ~GraphCapture() = default;
+    virtual Status BeginCapture() = 0;
+    virtual Result<int> EndCapture() = 0;
+    virtual Status Replay(int graph) = 0;
+    // Frees a captured graph; its id is not reused. Unknown ids are ignored.
+    virtual void ReleaseGraph(int graph) = 0;
 };
 
 // The backend `config` names. InvalidArgument naming the setting for a kind this build or this

@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "kernels/cpu_ops.h"
+#include "worker/decode_buckets.h"
 
 namespace kvshard {
 namespace {
@@ -158,6 +159,15 @@ ModelRunner::ModelRunner(const ModelSpec& spec, std::unique_ptr<Backend> backend
     KV_CHECK(EnsureWorkspace(std::max<int64_t>(1, options.max_step_tokens),
                              std::max<int64_t>(1, options.max_step_seqs), tables)
                  .ok());
+    buckets_ = DecodeBuckets(std::max<int64_t>(1, options.max_step_seqs));
+    auto* capture = dynamic_cast<GraphCapture*>(backend_.get());
+    const Status graphs_ok =
+        CheckCudaGraphs(options, backend_->kind(), capture != nullptr, shard.tp);
+    KV_CHECK(graphs_ok.ok()) << graphs_ok.ToString();
+    if (capture != nullptr && options.cuda_graphs.value_or(true) && shard.tp == 1) {
+        capture_ = capture;
+        graphs_ = std::make_unique<DecodeGraphs>(capture_);
+    }
 }
 
 Status ModelRunner::EnsureWorkspace(int64_t rows, int64_t num_seqs, int64_t table_entries) {
@@ -205,6 +215,7 @@ Status ModelRunner::EnsureWorkspace(int64_t rows, int64_t num_seqs, int64_t tabl
     ws_rows_ = rows;
     ws_seqs_ = num_seqs;
     ws_table_entries_ = table_entries;
+    ++buffers_generation_;  // graphs captured with the old buffers are stale
     return Status::Ok();
 }
 
@@ -311,7 +322,8 @@ Status ModelRunner::Validate(std::span<const SequenceChunk> batch) const {
     return Status::Ok();
 }
 
-Status ModelRunner::PackInputs(std::span<const SequenceChunk> batch, int64_t rows) {
+Status ModelRunner::PackInputs(std::span<const SequenceChunk> batch, int64_t rows,
+                               int64_t step_rows, int64_t step_seqs) {
     const auto num_seqs = static_cast<int64_t>(batch.size());
     const int64_t groups = kv_groups_.num_groups();
     // Group g's table and slots of a chunk (validated: every group is there).
@@ -327,7 +339,7 @@ Status ModelRunner::PackInputs(std::span<const SequenceChunk> batch, int64_t row
     for (const SequenceChunk& c : batch) {
         for (int64_t g = 0; g < groups; ++g) entries += static_cast<int64_t>(table_of(c, g).size());
     }
-    KV_RETURN_IF_ERROR(EnsureWorkspace(rows, num_seqs, entries));
+    KV_RETURN_IF_ERROR(EnsureWorkspace(step_rows, step_seqs, entries));
     const InputLayout layout(ws_rows_, ws_seqs_, ws_table_entries_, groups);
     uint8_t* h = host_inputs_.data();
     auto* ids = reinterpret_cast<int32_t*>(h + layout.ids);
@@ -367,6 +379,17 @@ Status ModelRunner::PackInputs(std::span<const SequenceChunk> batch, int64_t row
             starts[s + 1] = e;
         }
     }
+    PadStepInputs({.ids = ids,
+                   .positions = positions,
+                   .slots = slots,
+                   .slots_stride = ws_rows_,
+                   .query_starts = query_starts,
+                   .context_lens = context_lens,
+                   .table_starts = table_starts,
+                   .table_starts_stride = ws_seqs_ + 1,
+                   .last_rows = last_rows,
+                   .num_groups = groups},
+                  rows, num_seqs, step_rows, step_seqs);
     const size_t used = layout.tables + static_cast<size_t>(e) * sizeof(int32_t);
     return backend_->CopyToDevice(inputs_.data(), h, used);
 }
@@ -466,15 +489,43 @@ Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<fl
                             const std::function<void(int64_t layer)>& after_layer_kv,
                             const RowLogitsFn& on_rows) {
     KV_RETURN_IF_ERROR(Validate(batch));
+    int64_t rows = 0;
+    for (const SequenceChunk& c : batch) rows += static_cast<int64_t>(c.tokens.size());
+    const auto num_seqs = static_cast<int64_t>(batch.size());
+    // A pure-decode step runs padded to its bucket, as its graph when it has one.
+    const int64_t bucket = PaddedBucket(batch, static_cast<bool>(after_layer_kv));
+    const int64_t step_seqs = bucket > 0 ? bucket : num_seqs;
+    const int64_t step_rows = rows + (step_seqs - num_seqs);
+    KV_RETURN_IF_ERROR(PackInputs(batch, rows, step_rows, step_seqs));
+    const DecodeGraphs::Plan plan = graphs_ != nullptr && bucket > 0
+                                        ? graphs_->Next(bucket, buffers_generation_)
+                                        : DecodeGraphs::Plan{};
+    switch (plan.mode) {
+        case DecodeGraphs::Mode::kEager:
+            KV_RETURN_IF_ERROR(QueueStep(step_rows, step_seqs, after_layer_kv));
+            break;
+        case DecodeGraphs::Mode::kCapture:
+            KV_RETURN_IF_ERROR(CaptureStep(bucket, step_rows, step_seqs));
+            break;
+        case DecodeGraphs::Mode::kReplay:
+            KV_RETURN_IF_ERROR(capture_->Replay(plan.graph));
+            graphs_->Replayed();
+            break;
+    }
+    // The real sequences' last rows come first in xn_: the padded ones are never classified.
+    KV_RETURN_IF_ERROR(Classify(num_seqs, logits));
+    KV_RETURN_IF_ERROR(ClassifyAllRows(batch, on_rows));
+    tokens_processed_ += rows;
+    return Status::Ok();
+}
+
+Status ModelRunner::QueueStep(int64_t rows, int64_t num_seqs,
+                              const std::function<void(int64_t layer)>& after_layer_kv) {
     const int64_t hidden = spec_.hidden_size;
     const int64_t hd = spec_.head_dim;
     const int64_t num_q_heads = weights_.layout.num_q_heads();
     const int64_t num_kv_heads = weights_.layout.num_kv_heads();
     const float eps = spec_.norm_eps;
-    int64_t rows = 0;
-    for (const SequenceChunk& c : batch) rows += static_cast<int64_t>(c.tokens.size());
-    const auto num_seqs = static_cast<int64_t>(batch.size());
-    KV_RETURN_IF_ERROR(PackInputs(batch, rows));
     PagedAttentionBatch attention{.num_seqs = num_seqs,
                                   .query_starts = query_starts_,
                                   .context_lens = context_lens_,
@@ -538,13 +589,10 @@ Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<fl
         KV_RETURN_IF_ERROR(RowParallel(act_, w.down, rows, next_norm, w.post_ffn_norm));
     }
 
-    // Final norm and classifier on the last row of each chunk only.
+    // Final norm on the last row of each chunk only (the classifier follows in Forward).
     backend_->GatherRows(x_, hidden, last_rows_, num_seqs, xn_);
     backend_->RmsNorm(xn_, static_cast<const float*>(weights_.output_norm.data), xn_, num_seqs,
                       hidden, eps);
-    KV_RETURN_IF_ERROR(Classify(num_seqs, logits));
-    KV_RETURN_IF_ERROR(ClassifyAllRows(batch, on_rows));
-    tokens_processed_ += rows;
     return Status::Ok();
 }
 
@@ -565,6 +613,8 @@ Result<std::unique_ptr<ModelRunner>> MakeModelRunner(const ModelFile& model, con
                              ": the " + std::string(BackendKindName(backend->kind())) +
                              " backend does not implement sliding-window attention");
     }
+    KV_RETURN_IF_ERROR(CheckCudaGraphs(
+        options, backend->kind(), dynamic_cast<GraphCapture*>(backend.get()) != nullptr, shard.tp));
     KV_ASSIGN_OR_RETURN(ModelWeights weights,
                         LoadWeights(model, *backend,
                                     {.shard = shard,

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <utility>
@@ -41,6 +42,7 @@
 #include "kernels/backend.h"
 #include "kernels/paged_attention.h"
 #include "kv/kv_cache_groups.h"
+#include "worker/decode_graphs.h"
 #include "worker/kv_pool.h"
 #include "worker/shard.h"
 #include "worker/weights.h"
@@ -86,6 +88,15 @@ struct RunnerOptions {
     int64_t max_step_seqs = 64;
     // Weights as stored in the file (the fast path) or dequantized to F32 (the reference).
     WeightFormat weight_format = WeightFormat::kStored;
+    // CUDA graphs of pure-decode steps, one per decode bucket (worker/decode_graphs.h, docs/cuda.md
+    // "CUDA graphs"). Unset: on wherever the backend captures graphs (kernels/backend.h
+    // GraphCapture; the CUDA backend) and the runner is tp 1. false: never. true: required, and
+    // MakeModelRunner refuses it, naming cuda_graphs, where it cannot be had (the CPU backend,
+    // tp > 1).
+    std::optional<bool> cuda_graphs;
+    // Pads every pure-decode step to its decode bucket (worker/decode_buckets.h) without graphs
+    // too: how the padding of graph steps is tested on the CPU. Graph steps are always padded.
+    bool pad_decode_to_buckets = false;
     // The backend each runner builds (kind, device); CPU threads stay the calling thread's.
     BackendConfig backend;
     // MakeModelRunner: reports the weights' load (WeightLoadOptions::on_bytes_loaded); called on
@@ -158,6 +169,11 @@ class ModelRunner {
     const CommStats& comm_stats() const { return comm_stats_; }
     // The instance's collective (nullptr at tp 1).
     Collective* collective() const { return collective_; }
+    // Whether pure-decode steps run as CUDA graphs (RunnerOptions::cuda_graphs), and what they
+    // did; nullptr without graphs.
+    const DecodeGraphs* decode_graphs() const { return graphs_.get(); }
+    // The batch sizes pure-decode steps pad to (with graphs or pad_decode_to_buckets).
+    const std::vector<int64_t>& decode_buckets() const { return buckets_; }
 
   private:
     Status Validate(std::span<const SequenceChunk> batch) const;
@@ -166,7 +182,21 @@ class ModelRunner {
     Status ValidateGroup(const SequenceChunk& chunk, int64_t group, std::span<const int32_t> table,
                          std::span<const int64_t> slots) const;
     // Packs the step's inputs and copies them to the backend in one copy; sizes the workspace.
-    Status PackInputs(std::span<const SequenceChunk> batch, int64_t rows);
+    // A step padded to step_rows rows and step_seqs sequences gets padding after its own
+    // (worker/decode_buckets.h PadStepInputs).
+    Status PackInputs(std::span<const SequenceChunk> batch, int64_t rows, int64_t step_rows,
+                      int64_t step_seqs);
+    // The bucket a step pads to: its decode bucket for a pure-decode step (one new token per
+    // chunk, no all_logits, no per-layer hook) when graphs or pad_decode_to_buckets are on and a
+    // bucket holds it; 0 (not padded) otherwise.
+    int64_t PaddedBucket(std::span<const SequenceChunk> batch, bool has_layer_hook) const;
+    // Queues the forward pass of the packed step up to the normed last rows (xn_), everything
+    // but the classifier: what a graph of a decode step records.
+    Status QueueStep(int64_t rows, int64_t num_seqs,
+                     const std::function<void(int64_t layer)>& after_layer_kv);
+    // Captures the packed step of `bucket` as a graph and replays it (the capture runs nothing);
+    // runs it eagerly when the capture fails.
+    Status CaptureStep(int64_t bucket, int64_t rows, int64_t num_seqs);
     Status EnsureWorkspace(int64_t rows, int64_t num_seqs, int64_t block_table_entries);
     // partial_ = all-reduce(in · w^T), normed by `post_norm` when it has data (Gemma), then
     // x_ += partial_ and (when `next_norm` is given) xn_ = RmsNorm(x_): the row-parallel
@@ -218,10 +248,24 @@ class ModelRunner {
     std::vector<float> host_logits_;    // the gathered logits at tp > 1
     std::vector<int32_t> slice_rows_;   // ClassifyAllRows: the rows of one slice
     std::vector<float> slice_logits_;   // ClassifyAllRows: their logits
+
+    // Decode buckets, and their graphs (with a backend that captures and cuda_graphs allowing).
+    // The generation counts allocations of the buffers a graph points into (workspace, step
+    // inputs, KV pool): graphs of an older generation are released before the next decode step.
+    std::vector<int64_t> buckets_;
+    GraphCapture* capture_ = nullptr;
+    std::unique_ptr<DecodeGraphs> graphs_;
+    int64_t buffers_generation_ = 0;
 };
 
+// Ok unless options.cuda_graphs is true where graphs cannot be had: a backend of `kind` that
+// does not capture (`captures`), or tp > 1 (the collectives are not captured): InvalidArgument
+// naming cuda_graphs.
+Status CheckCudaGraphs(const RunnerOptions& options, BackendKind kind, bool captures, int tp);
+
 // Builds rank `shard`'s backend (options.backend), loads its weights from `model` into it
-// (options.weight_format) and makes its runner. Errors: the backend's and LoadWeights'.
+// (options.weight_format) and makes its runner. Errors: the backend's and LoadWeights', and
+// CheckCudaGraphs'.
 Result<std::unique_ptr<ModelRunner>> MakeModelRunner(const ModelFile& model, const ShardSpec& shard,
                                                      const RunnerOptions& options = {},
                                                      Collective* collective = nullptr);

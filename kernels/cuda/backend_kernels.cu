@@ -217,6 +217,7 @@ __global__ void KvWriteKernel(KvArgs kv, const float* k, const float* v, int64_t
     const int64_t hd = kv.head_dim;
     const float* src = (is_v ? v : k) + i * row_stride + h * hd;
     const int64_t slot = slots[i];
+    if (slot < 0) return;  // a padded row of a decode step: no KV
     const int64_t elem = kStorage == kF32 ? 4 : 1;
     uint8_t* dst = kv.base + KvElementOffset(kv.block_stride, is_v ? kv.v_offset : kv.k_offset,
                                              kv.block_size, hd, elem, slot, h, 0);

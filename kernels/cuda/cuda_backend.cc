@@ -156,7 +156,9 @@ CudaBackend::~CudaBackend() {
         }
     });
     for (auto& [key, copy] : im.copies) cudaFree(copy.data);
-    for (cudaGraphExec_t g : im.graphs) cudaGraphExecDestroy(g);
+    for (cudaGraphExec_t g : im.graphs) {
+        if (g != nullptr) cudaGraphExecDestroy(g);
+    }
     cudaFree(im.activations);
     for (void* p : im.retired_activations) cudaFree(p);
     cudaFree(im.partials);
@@ -287,14 +289,34 @@ Result<int> CudaBackend::EndCapture() {
 
 Status CudaBackend::Replay(int graph) {
     Impl& im = *impl_;
-    if (graph < 0 || graph >= static_cast<int>(im.graphs.size())) {
+    if (graph < 0 || graph >= static_cast<int>(im.graphs.size()) ||
+        im.graphs[static_cast<size_t>(graph)] == nullptr) {
         return InvalidArgument("cuda backend: Replay: no graph " + std::to_string(graph) + " (" +
-                               std::to_string(im.graphs.size()) + " captured)");
+                               std::to_string(im.graphs.size()) +
+                               " captured, released ones included)");
     }
     cudaSetDevice(device_);
     const cudaError_t err = cudaGraphLaunch(im.graphs[static_cast<size_t>(graph)], stream_);
     if (err != cudaSuccess) return CudaStatus(err, "cudaGraphLaunch");
     return Status::Ok();
+}
+
+void CudaBackend::ReleaseGraph(int graph) {
+    Impl& im = *impl_;
+    if (graph < 0 || graph >= static_cast<int>(im.graphs.size())) return;
+    cudaGraphExec_t& exec = im.graphs[static_cast<size_t>(graph)];
+    if (exec == nullptr) return;
+    cudaSetDevice(device_);
+    // A launch still queued holds the executable: destroy it only once the stream is done.
+    cudaStreamSynchronize(stream_);
+    cudaGraphExecDestroy(exec);
+    exec = nullptr;
+}
+
+size_t CudaBackend::live_graphs() const {
+    size_t n = 0;
+    for (cudaGraphExec_t g : impl_->graphs) n += g != nullptr ? 1 : 0;
+    return n;
 }
 
 Status CudaBackend::PrepareWeight(const WeightView& w, bool for_embedding) {

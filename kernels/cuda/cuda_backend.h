@@ -39,7 +39,7 @@
 
 namespace kvshard::cuda {
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, public GraphCapture {
   public:
     // Device memory the backend allocates for itself at Create, beside what the runner asks for:
     // the cuBLASLt (and cuBLAS) workspace, the split-KV partial results, and the bf16 copy of a
@@ -93,16 +93,20 @@ class CudaBackend final : public Backend {
     // now instead of at its first use. Errors: a failed copy or allocation.
     Status PrepareWeight(const WeightView& w, bool for_embedding);
 
-    // CUDA graphs: the ops queued between BeginCapture and EndCapture are recorded instead of
-    // run, and Replay(id) runs them again on the stream (the same pointers and shapes; the data
-    // behind them may change). REQUIRES during a capture: nothing allocates, copies to or from the
-    // host, or synchronizes — run the step once eagerly first (that makes the weight copies and
-    // the cuBLASLt plans). Errors: the CUDA errors of the capture, an op that failed inside it
-    // (which fails the capture only: the backend runs eagerly after it), an unknown id. A graph
-    // stays valid when a later product outgrows the activation copy it was captured with.
-    Status BeginCapture();
-    Result<int> EndCapture();
-    Status Replay(int graph);
+    // CUDA graphs (GraphCapture, kernels/backend.h): the ops queued between BeginCapture and
+    // EndCapture are recorded instead of run, and Replay(id) runs them again on the stream (the
+    // same pointers and shapes; the data behind them may change). REQUIRES during a capture:
+    // nothing allocates, copies to or from the host, or synchronizes — run the step once eagerly
+    // first (that makes the weight copies and the cuBLASLt plans). Errors: the CUDA errors of the
+    // capture, an op that failed inside it (which fails the capture only: the backend runs
+    // eagerly after it), an unknown or released id. A graph stays valid when a later product
+    // outgrows the activation copy it was captured with. ReleaseGraph frees a graph's executable.
+    Status BeginCapture() override;
+    Result<int> EndCapture() override;
+    Status Replay(int graph) override;
+    void ReleaseGraph(int graph) override;
+    // Graphs captured and not released.
+    size_t live_graphs() const;
 
     int device() const { return device_; }
     int sm_count() const { return sm_count_; }
