@@ -48,7 +48,7 @@ struct GenerateFlags {
     std::string comm = "local";
     std::string backend = "cpu";
     int device = 0;
-    std::optional<bool> cuda_graphs;  // unset: on where the backend captures (cuda)
+    std::optional<bool> cuda_graphs;  // unset: off (graphs are opt-in)
 };
 
 // Where the ranks run: this process's threads, or this process as one MPI rank.
@@ -299,7 +299,7 @@ Command RegisterGenerate(CLI::App& app) {
     sub->add_option("--device", f->device, "The GPU ordinal of --backend cuda")
         ->capture_default_str();
     sub->add_option("--cuda-graphs", f->cuda_graphs,
-                    "Decode steps as CUDA graphs: true or false (default: true on cuda)");
+                    "Decode steps as CUDA graphs on cuda: true or false (default: false)");
     sub->add_option("--comm", f->comm,
                     "Collectives between ranks: local (threads of this process) or mpi (one "
                     "process per rank, under mpirun -np N)")

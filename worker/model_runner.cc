@@ -164,7 +164,7 @@ ModelRunner::ModelRunner(const ModelSpec& spec, std::unique_ptr<Backend> backend
     const Status graphs_ok =
         CheckCudaGraphs(options, backend_->kind(), capture != nullptr, shard.tp);
     KV_CHECK(graphs_ok.ok()) << graphs_ok.ToString();
-    if (capture != nullptr && options.cuda_graphs.value_or(true) && shard.tp == 1) {
+    if (capture != nullptr && options.cuda_graphs.value_or(false) && shard.tp == 1) {
         capture_ = capture;
         graphs_ = std::make_unique<DecodeGraphs>(capture_);
     }

@@ -89,8 +89,9 @@ struct RunnerOptions {
     // Weights as stored in the file (the fast path) or dequantized to F32 (the reference).
     WeightFormat weight_format = WeightFormat::kStored;
     // CUDA graphs of pure-decode steps, one per decode bucket (worker/decode_graphs.h, docs/cuda.md
-    // "CUDA graphs"). Unset: on wherever the backend captures graphs (kernels/backend.h
-    // GraphCapture; the CUDA backend) and the runner is tp 1. false: never. true: required, and
+    // "CUDA graphs"). Unset or false: never (opt-in until scripts/gpu-check has shown replay equal
+    // to eager on a GPU). true: on where the backend captures graphs (kernels/backend.h
+    // GraphCapture; the CUDA backend) and the runner is tp 1; required, and
     // MakeModelRunner refuses it, naming cuda_graphs, where it cannot be had (the CPU backend,
     // tp > 1).
     std::optional<bool> cuda_graphs;
