@@ -12,10 +12,8 @@
 
 namespace kvshard {
 
-// kFp16 and kBf16 are real KV formats on GPUs and the planner sizes them; the paged pools of the
-// CPU and CUDA backends store kFp32, kInt8 and kFp8 only (kernels/paged_attention.h says which,
-// and a setting asking for another is refused by name). Planner and pools count the same bytes
-// (KvRowBytes).
+// Every dtype is stored by the paged pools of the CPU and CUDA backends (kernels/paged_attention.h)
+// and sized by the capacity planner, with the same bytes (KvRowBytes).
 enum class KvDtype { kFp32, kFp16, kBf16, kFp8, kInt8 };
 
 // "fp32", "fp16", "bf16", "fp8", "int8".

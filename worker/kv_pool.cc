@@ -19,7 +19,6 @@ Result<std::unique_ptr<KvPool>> KvPool::Create(const KvPoolConfig& c, Backend& b
     KV_RETURN_IF_ERROR(positive("num_layers", c.num_layers));
     KV_RETURN_IF_ERROR(positive("num_kv_heads", c.num_kv_heads));
     KV_RETURN_IF_ERROR(positive("head_dim", c.head_dim));
-    KV_RETURN_IF_ERROR(cpu::CheckPagedKvDtype(c.storage, "KV pool storage"));
     const int64_t layers_per_block = c.layers_per_group > 0 ? c.layers_per_group : c.num_layers;
     if (layers_per_block > c.num_layers) {
         return InvalidArgument("KV pool: layers_per_group " + std::to_string(layers_per_block) +
