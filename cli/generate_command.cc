@@ -146,8 +146,6 @@ int RunGenerate(const GenerateFlags& f) {
     }
     if (Result<KvDtype> dtype = ParseKvDtype(f.kv_dtype); !dtype.ok()) {
         return fail("--kv-dtype: " + dtype.status().message());
-    } else if (Status stored = cpu::CheckPagedKvDtype(*dtype, "--kv-dtype"); !stored.ok()) {
-        return fail(stored.message());
     } else {
         runner.kv_storage = *dtype;
     }

@@ -30,7 +30,6 @@
 #include "coordinator/http_server.h"
 #include "coordinator/router.h"
 #include "coordinator/step_log.h"
-#include "kernels/paged_attention.h"
 #include "kv/kv_cache_groups.h"
 #include "model/chat_template.h"
 #include "model/hf_export.h"
@@ -172,9 +171,6 @@ int RunServe(ServeFlags f) {
                                             static_cast<int>(devices.devices.size()), devices.error);
         !r.ok()) {
         return Fail(source + r.status().message());
-    }
-    if (Status stored = cpu::CheckPagedKvDtype(KvDtypeOf(c), "kv_cache.dtype"); !stored.ok()) {
-        return Fail(source + stored.message());
     }
 
     const auto load_start = std::chrono::steady_clock::now();

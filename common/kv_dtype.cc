@@ -49,25 +49,18 @@ int64_t KvScaleBytes(KvDtype dtype) {
         case KvDtype::kFp32:
         case KvDtype::kFp16:
         case KvDtype::kBf16:
-        case KvDtype::kFp8:
             return 0;
+        case KvDtype::kFp8:
         case KvDtype::kInt8:
             return 4;
     }
     return 0;
 }
 
-bool KvPoolHasScales(KvDtype dtype) {
-    switch (dtype) {
-        case KvDtype::kFp32:
-        case KvDtype::kFp16:
-        case KvDtype::kBf16:
-            return false;
-        case KvDtype::kFp8:
-        case KvDtype::kInt8:
-            return true;
-    }
-    return false;
+bool KvPoolHasScales(KvDtype dtype) { return KvScaleBytes(dtype) > 0; }
+
+int64_t KvRowBytes(KvDtype dtype, int64_t width) {
+    return width * KvDtypeBytes(dtype) + KvScaleBytes(dtype);
 }
 
 }  // namespace kvshard

@@ -12,9 +12,8 @@
 
 namespace kvshard {
 
-// kFp16 and kBf16 are real KV formats on GPUs and the planner sizes them; the paged pools of the
-// CPU and CUDA backends store kFp32, kInt8 and kFp8 only (kernels/paged_attention.h says which,
-// and a setting asking for another is refused by name).
+// Every dtype is stored by the paged pools of the CPU and CUDA backends (kernels/paged_attention.h)
+// and sized by the capacity planner, with the same bytes (KvRowBytes).
 enum class KvDtype { kFp32, kFp16, kBf16, kFp8, kInt8 };
 
 // "fp32", "fp16", "bf16", "fp8", "int8".
@@ -24,12 +23,15 @@ std::string_view KvDtypeName(KvDtype dtype);
 Result<KvDtype> ParseKvDtype(std::string_view name);
 // Bytes of one stored element: 4, 2, 2, 1, 1.
 int64_t KvDtypeBytes(KvDtype dtype);
-// The planner's scale bytes per token, per KV head, for each of K and V: 4 for int8 (one fp32
-// scale), 0 otherwise (fp8 e4m3 as GPUs keep it, with a per-layer scale that costs nothing per
-// token). The paged pools keep a per-token scale for fp8 too: KvPoolHasScales.
+// Scale bytes per token, per KV head, for each of K and V: 4 for the 8-bit dtypes (int8 and fp8
+// e4m3 keep one fp32 scale per token per head), 0 for fp32, fp16 and bf16.
 int64_t KvScaleBytes(KvDtype dtype);
-// Whether kvshard's paged pools, and so the KV wire that copies them, keep one fp32 scale per
-// token per head for K and for V: true for the 8-bit dtypes (int8 and fp8).
+// Whether the paged pools, and so the KV wire that copies them, keep those scales:
+// KvScaleBytes(dtype) > 0.
 bool KvPoolHasScales(KvDtype dtype);
+// The one formula of KV bytes: one token's row of `width` elements (one KV head of K or of V, or
+// an MLA latent), width × KvDtypeBytes + KvScaleBytes. kv::KvGeometry (the planner, the worker's
+// pool sizing) and the pools' layout (cpu::PagedLayerBytes) are built on it.
+int64_t KvRowBytes(KvDtype dtype, int64_t width);
 
 }  // namespace kvshard

@@ -103,8 +103,13 @@ struct PagedRows {
             case KvDtype::kFp32:
                 return reinterpret_cast<const float*>(data) + index * kv.head_dim;
             case KvDtype::kFp16:
+                DecodeFp16(reinterpret_cast<const uint16_t*>(data) + index * kv.head_dim,
+                           kv.head_dim, scratch);
+                return scratch;
             case KvDtype::kBf16:
-                break;  // not stored here (MakePagedKvLayer checks)
+                DecodeBf16(reinterpret_cast<const uint16_t*>(data) + index * kv.head_dim,
+                           kv.head_dim, scratch);
+                return scratch;
             case KvDtype::kInt8: {
                 const float sc = reinterpret_cast<const float*>(
                     b + (is_v ? kv.v_scale_offset : kv.k_scale_offset))[index];
@@ -133,37 +138,14 @@ void Attention(const float* q, const float* k, const float* v, float* out, int64
                   num_heads, num_kv_heads, head_dim, kv_head_of_q);
 }
 
-bool PagedKvStores(KvDtype dtype) {
-    switch (dtype) {
-        case KvDtype::kFp32:
-        case KvDtype::kInt8:
-        case KvDtype::kFp8:
-            return true;
-        case KvDtype::kFp16:
-        case KvDtype::kBf16:
-            return false;
-    }
-    return false;
-}
-
-Status CheckPagedKvDtype(KvDtype dtype, std::string_view setting) {
-    if (PagedKvStores(dtype)) return Status::Ok();
-    return InvalidArgument(std::string(setting) + ": KV dtype " + std::string(KvDtypeName(dtype)) +
-                           " is not stored by kvshard's KV pools (the CPU and CUDA backends store "
-                           "fp32, int8 or fp8; " +
-                           std::string(KvDtypeName(dtype)) + " is for `kvshard plan` sizing only)");
-}
-
 int64_t PagedLayerBytes(KvDtype storage, int64_t block_size, int64_t num_kv_heads,
                         int64_t head_dim) {
-    const int64_t cells = num_kv_heads * block_size;
-    const int64_t scales = KvPoolHasScales(storage) ? 2 * cells * int64_t(sizeof(float)) : 0;
-    return 2 * cells * head_dim * KvDtypeBytes(storage) + scales;
+    // K and V of every (head, slot) cell: data then (8-bit) scales, KvRowBytes each.
+    return 2 * num_kv_heads * block_size * KvRowBytes(storage, head_dim);
 }
 
 PagedKvLayer MakePagedKvLayer(uint8_t* base, int64_t block_stride, int64_t layer, KvDtype storage,
                               int64_t block_size, int64_t num_kv_heads, int64_t head_dim) {
-    KV_CHECK(PagedKvStores(storage));
     PagedKvLayer kv;
     kv.base = base;
     kv.block_stride = block_stride;
@@ -208,8 +190,10 @@ void PagedKvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_
                         scales[index] = QuantizeFp8(src, hd, data + index * hd);
                         break;
                     case KvDtype::kFp16:
+                        EncodeFp16(src, hd, reinterpret_cast<uint16_t*>(data) + index * hd);
+                        break;
                     case KvDtype::kBf16:
-                        KV_CHECK(PagedKvStores(kv.storage));
+                        EncodeBf16(src, hd, reinterpret_cast<uint16_t*>(data) + index * hd);
                         break;
                 }
             }

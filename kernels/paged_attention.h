@@ -6,24 +6,20 @@
 //   layer l region at l * layer_stride, inside it:
 //     K data  [kv_head][slot][head_dim] elements, then V data likewise,
 //     then (8-bit storage only) K scales [kv_head][slot] floats, then V scales likewise.
+// Every KvDtype is stored: fp32; bf16 and fp16 (2-byte elements, no scale, written rounded to
+// nearest even); int8 and fp8 e4m3 (1-byte elements with a per-token-per-head fp32 scale).
+// Encodings in kernels/kv_quant.h. A layer's bytes per (head, slot) cell are
+// 2 × KvRowBytes(storage, head_dim), the formula kv::KvGeometry and the planner use.
 // The arithmetic of PagedAttention over fp32 storage is the arithmetic of cpu::Attention over a
-// contiguous cache, operation for operation, so the two agree bit for bit.
+// contiguous cache, operation for operation, so the two agree bit for bit; over the other
+// storages both read the same decoded floats.
 #pragma once
 
 #include <cstdint>
-#include <string_view>
 
 #include "common/kv_dtype.h"
-#include "common/status.h"
 
 namespace kvshard::cpu {
-
-// Whether this layout stores `dtype` (on the CPU and the CUDA backend): fp32, int8 and fp8 (e4m3,
-// with a per-token scale like int8). fp16 and bf16 are plannable but not stored here.
-bool PagedKvStores(KvDtype dtype);
-// Ok when PagedKvStores(dtype); otherwise InvalidArgument naming `setting` (the config key or flag
-// that asked for it) and the dtypes that are stored.
-Status CheckPagedKvDtype(KvDtype dtype, std::string_view setting);
 
 // The K/V of one layer of a pool; the offsets locate that layer inside a block.
 struct PagedKvLayer {
@@ -33,7 +29,7 @@ struct PagedKvLayer {
     int64_t v_offset = 0;              // ... V data
     int64_t k_scale_offset = 0;        // ... K scales (KvPoolHasScales only)
     int64_t v_scale_offset = 0;        // ... V scales (KvPoolHasScales only)
-    KvDtype storage = KvDtype::kFp32;  // REQUIRES: PagedKvStores
+    KvDtype storage = KvDtype::kFp32;
     int64_t block_size = 16;
     int64_t num_kv_heads = 0;
     int64_t head_dim = 0;
@@ -46,8 +42,8 @@ PagedKvLayer MakePagedKvLayer(uint8_t* base, int64_t block_stride, int64_t layer
                               int64_t block_size, int64_t num_kv_heads, int64_t head_dim);
 
 // Writes rows of K and V (n × num_kv_heads × head_dim floats, row stride `row_stride` floats) at
-// slots[i] = block * block_size + offset. 8-bit storage quantizes each head of each row with its
-// own scale.
+// slots[i] = block * block_size + offset. 16-bit storage rounds each element to nearest even; 8-bit
+// storage quantizes each head of each row with its own scale.
 void PagedKvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_t row_stride,
                   const int64_t* slots, int64_t n);
 

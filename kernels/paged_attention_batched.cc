@@ -27,6 +27,7 @@
 
 #include "common/check.h"
 #include "kernels/paged_attention.h"
+#include "kernels/paged_attention_rows.h"
 #include "kernels/vec_math.h"
 
 // Vec never crosses a translation unit (every function taking one is file-local), so GCC's note
@@ -57,92 +58,6 @@ inline Vec Load(const float* p) {
     return v;
 }
 inline void Store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof v); }
-
-inline void DequantInt8(const int8_t* q, float scale, int64_t n, float* out) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(q[i]) * scale;
-}
-
-// Same values as kv_quant's table lookup (every e4m3 value is exact in fp32), but branch-free so it
-// vectorizes: a normal e4m3 number moves its exponent and mantissa into fp32's fields with the bias
-// raised from 7 to 127; subnormals are man * 2^-9; S.1111.111 is NaN.
-inline void DequantFp8(const uint8_t* q, float scale, int64_t n, float* out) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) {
-        const uint32_t v = q[i];
-        const uint32_t mag = v & 0x7F;
-        const float normal = std::bit_cast<float>((mag << 20) + (120u << 23));
-        const float subnormal = static_cast<float>(mag & 0x7) * 0x1p-9f;
-        float f = (mag >> 3) != 0 ? normal : subnormal;
-        f = mag == 0x7F ? std::numeric_limits<float>::quiet_NaN() : f;
-        f = std::bit_cast<float>(std::bit_cast<uint32_t>(f) | ((v & 0x80) << 24));
-        out[i] = f * scale;
-    }
-}
-
-// Points krows[i] / vrows[i] at the K / V row of position p0 + i of KV head `kv_head`, for i < n;
-// 8-bit rows are dequantized into kbuf / vbuf (n × head_dim each). A negative table entry (a
-// block a sliding window released, kv::kNoBlock: wholly before every query's window, so masked)
-// is never dereferenced: its rows read as zeros.
-void GatherRows(const PagedKvLayer& kv, const int32_t* block_table, int64_t kv_head, int64_t p0,
-                int64_t n, float* kbuf, float* vbuf, const float** krows, const float** vrows) {
-    const int64_t bs = kv.block_size;
-    const int64_t hd = kv.head_dim;
-    int64_t block = p0 / bs;
-    int64_t slot = p0 % bs;
-    for (int64_t i = 0; i < n; ++block, slot = 0) {
-        const int64_t run = std::min(bs - slot, n - i);
-        if (block_table[block] < 0) {
-            std::fill(kbuf + i * hd, kbuf + (i + run) * hd, 0.0f);
-            std::fill(vbuf + i * hd, vbuf + (i + run) * hd, 0.0f);
-            for (int64_t r = 0; r < run; ++r) {
-                krows[i + r] = kbuf + (i + r) * hd;
-                vrows[i + r] = vbuf + (i + r) * hd;
-            }
-            i += run;
-            continue;
-        }
-        const uint8_t* b = kv.base + int64_t{block_table[block]} * kv.block_stride;
-        const int64_t index = kv_head * bs + slot;  // [head][slot]
-        switch (kv.storage) {
-            case KvDtype::kFp32: {
-                const float* k = reinterpret_cast<const float*>(b + kv.k_offset) + index * hd;
-                const float* v = reinterpret_cast<const float*>(b + kv.v_offset) + index * hd;
-                for (int64_t r = 0; r < run; ++r) {
-                    krows[i + r] = k + r * hd;
-                    vrows[i + r] = v + r * hd;
-                }
-                break;
-            }
-            case KvDtype::kFp16:
-            case KvDtype::kBf16:
-                KV_CHECK(PagedKvStores(kv.storage));
-                break;
-            case KvDtype::kInt8:
-            case KvDtype::kFp8: {
-                const uint8_t* k = b + kv.k_offset + index * hd;
-                const uint8_t* v = b + kv.v_offset + index * hd;
-                const float* ks = reinterpret_cast<const float*>(b + kv.k_scale_offset) + index;
-                const float* vs = reinterpret_cast<const float*>(b + kv.v_scale_offset) + index;
-                for (int64_t r = 0; r < run; ++r) {
-                    float* kd = kbuf + (i + r) * hd;
-                    float* vd = vbuf + (i + r) * hd;
-                    if (kv.storage == KvDtype::kInt8) {
-                        DequantInt8(reinterpret_cast<const int8_t*>(k) + r * hd, ks[r], hd, kd);
-                        DequantInt8(reinterpret_cast<const int8_t*>(v) + r * hd, vs[r], hd, vd);
-                    } else {
-                        DequantFp8(k + r * hd, ks[r], hd, kd);
-                        DequantFp8(v + r * hd, vs[r], hd, vd);
-                    }
-                    krows[i + r] = kd;
-                    vrows[i + r] = vd;
-                }
-                break;
-            }
-        }
-        i += run;
-    }
-}
 
 // s[n][lane] = scale · Σ_d krows[n][d] · qt[d][lane] for n < num_n and the first kVecLanes · V
 // lanes; rows of qt and s are kMaxLanes floats apart. Four K rows at a time: 4 × V accumulators,
@@ -314,8 +229,8 @@ void RunWide(const Problem& p, const Tile& t, int64_t num_lanes, Scratch& sc) {
     float* s = sc.s.data();
     for (int64_t p0 = t.kv_begin; p0 < t.kv_end; p0 += kChunk) {
         const int64_t n = std::min(kChunk, t.kv_end - p0);
-        GatherRows(p.kv, table, t.kv_head, p0, n, sc.kbuf.data(), sc.vbuf.data(), sc.krows.data(),
-                   sc.vrows.data());
+        GatherPagedRows(p.kv, table, t.kv_head, p0, n, sc.kbuf.data(), sc.vbuf.data(),
+                        sc.krows.data(), sc.vrows.data());
         ScoresWide<V>(qt, sc.krows.data(), n, hd, p.scale, s);
         // Causal masking only where the chunk reaches past the tile's first row; a window masks
         // the positions before each lane's window as well.
@@ -458,8 +373,8 @@ void RunNarrow(const Problem& p, const Tile& t, int64_t num_lanes, Scratch& sc) 
     float* s = sc.s.data();
     for (int64_t p0 = t.kv_begin; p0 < t.kv_end; p0 += kChunk) {
         const int64_t n = std::min(kChunk, t.kv_end - p0);
-        GatherRows(p.kv, table, t.kv_head, p0, n, sc.kbuf.data(), sc.vbuf.data(), sc.krows.data(),
-                   sc.vrows.data());
+        GatherPagedRows(p.kv, table, t.kv_head, p0, n, sc.kbuf.data(), sc.vbuf.data(),
+                        sc.krows.data(), sc.vrows.data());
         for (int64_t lane = 0; lane < num_lanes; ++lane) {
             // Positions [p0 + lo, p0 + hi) of the chunk: causal, and inside the window if any.
             const int64_t hi = std::min(n, sc.pos[lane] - p0 + 1);

@@ -51,13 +51,11 @@ struct LayerKv {
 };
 
 Result<LayerKv> KvPerTokenPerLayer(const ArchConfig& a, const PlannerInput& in) {
-    const int64_t bytes = KvDtypeBytes(in.kv_dtype);
-    const int64_t scale = KvScaleBytes(in.kv_dtype);
     LayerKv kv;
     if (a.attention == AttentionKind::kMultiLatent) {
         // One latent (kv_lora_rank) and one RoPE key (qk_rope_head_dim) per token, shared by all
         // heads: every rank needs all of it.
-        kv.whole = (a.mla.kv_lora_rank + a.mla.qk_rope_head_dim) * bytes + scale;
+        kv.whole = KvRowBytes(in.kv_dtype, a.mla.kv_lora_rank + a.mla.qk_rope_head_dim);
         kv.per_gpu = kv.whole;
         kv.heads_per_gpu = 1;
         kv.replication = in.tp;
@@ -65,10 +63,16 @@ Result<LayerKv> KvPerTokenPerLayer(const ArchConfig& a, const PlannerInput& in) 
     }
     Result<int64_t> local = LocalKvHeads(a.num_heads, a.num_kv_heads, in.tp);
     if (!local.ok()) return local.status().WithContext(a.path);
-    const int64_t per_head = 2 * (a.head_dim * bytes + scale);
-    kv.whole = a.num_kv_heads * per_head;
+    // The worker's pool is sized by the same KvGeometry (worker/kv_pool.cc).
+    KvGeometry layer{.num_layers = 1,
+                     .num_kv_heads = a.num_kv_heads,
+                     .head_dim = a.head_dim,
+                     .dtype = in.kv_dtype,
+                     .block_size = in.block_size};
+    kv.whole = layer.BytesPerTokenPerLayer();
+    layer.num_kv_heads = *local;
     kv.heads_per_gpu = *local;
-    kv.per_gpu = *local * per_head;
+    kv.per_gpu = layer.BytesPerTokenPerLayer();
     kv.replication = in.tp > a.num_kv_heads ? in.tp / a.num_kv_heads : 1;
     return kv;
 }

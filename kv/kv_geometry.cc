@@ -20,23 +20,18 @@ Status KvGeometry::Validate() const {
     KV_RETURN_IF_ERROR(positive("num_layers", num_layers));
     KV_RETURN_IF_ERROR(positive("num_kv_heads", num_kv_heads));
     KV_RETURN_IF_ERROR(positive("head_dim", head_dim));
-    KV_RETURN_IF_ERROR(positive("dtype_bytes", dtype_bytes));
     KV_RETURN_IF_ERROR(positive("block_size", block_size));
-    if (scale_bytes < 0) {
-        return InvalidArgument("KV geometry: scale_bytes must be >= 0, got " + Str(scale_bytes));
-    }
     return Status::Ok();
 }
 
 int64_t KvGeometry::BytesPerTokenPerLayer() const {
-    return 2 * num_kv_heads * (head_dim * dtype_bytes + scale_bytes);
+    return 2 * num_kv_heads * KvRowBytes(dtype, head_dim);
 }
 
 std::string KvGeometry::ToString() const {
     return "layers=" + Str(num_layers) + " kv_heads=" + Str(num_kv_heads) +
-           " head_dim=" + Str(head_dim) + " dtype_bytes=" + Str(dtype_bytes) +
-           " scale_bytes=" + Str(scale_bytes) + " block_size=" + Str(block_size) +
-           " bytes_per_block=" + Str(BytesPerBlock());
+           " head_dim=" + Str(head_dim) + " dtype=" + std::string(KvDtypeName(dtype)) +
+           " block_size=" + Str(block_size) + " bytes_per_block=" + Str(BytesPerBlock());
 }
 
 HeadRange QueryHeadRange(int64_t num_heads, int64_t tp, int64_t rank) {
@@ -102,8 +97,7 @@ Result<KvGeometry> MakeKvGeometry(const ModelSpec& spec, int64_t tp, KvDtype dty
     g.num_layers = spec.num_layers;
     g.num_kv_heads = local_heads;
     g.head_dim = spec.head_dim;
-    g.dtype_bytes = KvDtypeBytes(dtype);
-    g.scale_bytes = KvScaleBytes(dtype);
+    g.dtype = dtype;
     g.block_size = block_size;
     KV_RETURN_IF_ERROR(g.Validate());
     return g;

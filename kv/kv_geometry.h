@@ -14,18 +14,20 @@
 namespace kvshard::kv {
 
 // The KV of one worker: its `num_kv_heads` heads (after tensor-parallel splitting or replication)
-// of every layer.
+// of `num_layers` layers (every layer, or one KV cache group's). The planner's figures and the
+// worker's pool (worker/kv_pool.h) both come from here, so they agree for every dtype.
 struct KvGeometry {
     int64_t num_layers = 0;
     int64_t num_kv_heads = 0;  // held by this worker
     int64_t head_dim = 0;
-    int64_t dtype_bytes = 2;
-    int64_t scale_bytes = 0;  // per token, per head, for each of K and V (KvScaleBytes)
+    KvDtype dtype = KvDtype::kBf16;
     int64_t block_size = 16;
 
-    // Every field positive (scale_bytes >= 0); names the field and value.
+    // Every count positive; names the field and value.
     Status Validate() const;
-    // K and V of one token in one layer: 2 x heads x (head_dim x dtype_bytes + scale_bytes).
+    // K and V of one token in one layer: 2 x heads x KvRowBytes(dtype, head_dim), i.e.
+    // 2 x heads x (head_dim x KvDtypeBytes + KvScaleBytes): the 8-bit dtypes' per-token-per-head
+    // fp32 scales included, as the pools store them.
     int64_t BytesPerTokenPerLayer() const;
     int64_t BytesPerToken() const { return num_layers * BytesPerTokenPerLayer(); }
     // One block: all layers of `block_size` slots, one contiguous region (DESIGN.md "KV memory").

@@ -19,7 +19,6 @@ Result<std::unique_ptr<KvPool>> KvPool::Create(const KvPoolConfig& c, Backend& b
     KV_RETURN_IF_ERROR(positive("num_layers", c.num_layers));
     KV_RETURN_IF_ERROR(positive("num_kv_heads", c.num_kv_heads));
     KV_RETURN_IF_ERROR(positive("head_dim", c.head_dim));
-    KV_RETURN_IF_ERROR(cpu::CheckPagedKvDtype(c.storage, "KV pool storage"));
     const int64_t layers_per_block = c.layers_per_group > 0 ? c.layers_per_group : c.num_layers;
     if (layers_per_block > c.num_layers) {
         return InvalidArgument("KV pool: layers_per_group " + std::to_string(layers_per_block) +
@@ -42,15 +41,13 @@ Result<std::unique_ptr<KvPool>> KvPool::Create(const KvPoolConfig& c, Backend& b
         return InvalidArgument("KV pool: layers_per_group " + std::to_string(layers_per_block) +
                                " without slot_of_layer");
     }
-    // One formula for the bytes of a block: the geometry's (8-bit storage keeps an fp32 scale per
-    // token per head for each of K and V).
-    const kv::KvGeometry geometry{
-        .num_layers = layers_per_block,
-        .num_kv_heads = c.num_kv_heads,
-        .head_dim = c.head_dim,
-        .dtype_bytes = KvDtypeBytes(c.storage),
-        .scale_bytes = KvPoolHasScales(c.storage) ? int64_t(sizeof(float)) : 0,
-        .block_size = c.block_size};
+    // One formula for the bytes of a block: the geometry's, which the capacity planner reports
+    // (8-bit storage keeps an fp32 scale per token per head for each of K and V).
+    const kv::KvGeometry geometry{.num_layers = layers_per_block,
+                                  .num_kv_heads = c.num_kv_heads,
+                                  .head_dim = c.head_dim,
+                                  .dtype = c.storage,
+                                  .block_size = c.block_size};
     const int64_t bytes_per_block = geometry.BytesPerBlock();
     KV_CHECK_EQ(bytes_per_block,
                 layers_per_block *

@@ -30,7 +30,7 @@ struct KvPoolConfig {
     std::vector<int64_t> slot_of_layer;
     int64_t num_kv_heads = 0;  // this worker's
     int64_t head_dim = 0;
-    KvDtype storage = KvDtype::kFp32;  // REQUIRES: cpu::PagedKvStores
+    KvDtype storage = KvDtype::kFp32;
 };
 
 class KvPool {

@@ -148,7 +148,6 @@ Result<WorkerRunSettings> DecodeWorkerSettings(
             Result<KvDtype> dtype = ParseKvDtype(value);
             if (!dtype.ok())
                 return InvalidArgument("worker setting " + key + ": " + dtype.status().message());
-            KV_RETURN_IF_ERROR(cpu::CheckPagedKvDtype(*dtype, "worker setting kv_dtype"));
             s.runner.kv_storage = *dtype;
         } else if (key == kKeyTokenizer) {
             s.tokenizer_path = value;

@@ -2,7 +2,7 @@
 // cpu::PagedAttention called once per sequence (old), over the same paged pool, at SmolLM2-135M's
 // attention shape (9 query heads, 3 KV heads, head_dim 64, block 16), with 1 and 2 threads.
 //
-//   kvshard_attention_bench [--storage f32|int8|fp8] [--min-ms N]
+//   kvshard_attention_bench [--storage f32|bf16|fp16|int8|fp8] [--min-ms N]
 //
 // Each figure is the best of repeated runs lasting at least --min-ms (default 300) in total.
 #include <omp.h>
@@ -135,14 +135,20 @@ int Main(int argc, char** argv) {
                 storage = KvDtype::kInt8;
             } else if (storage_name == "fp8") {
                 storage = KvDtype::kFp8;
+            } else if (storage_name == "bf16") {
+                storage = KvDtype::kBf16;
+            } else if (storage_name == "fp16") {
+                storage = KvDtype::kFp16;
             } else if (storage_name != "f32") {
-                std::fprintf(stderr, "unknown storage %s (f32, int8, fp8)\n", storage_name.c_str());
+                std::fprintf(stderr, "unknown storage %s (f32, bf16, fp16, int8, fp8)\n",
+                             storage_name.c_str());
                 return 2;
             }
         } else if (arg == "--min-ms" && i + 1 < argc) {
             min_ms = std::atof(argv[++i]);
         } else {
-            std::fprintf(stderr, "usage: %s [--storage f32|int8|fp8] [--min-ms N]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--storage f32|bf16|fp16|int8|fp8] [--min-ms N]\n",
+                         argv[0]);
             return 2;
         }
     }

@@ -192,8 +192,9 @@ int main(int argc, char** argv) {
             }
         }
         const double sec = Median(t);
-        const double kv_bytes = double(batch) * double(context + 1) * double(shape.layers) *
-                                double(2 * shape.kv_heads * shape.head_dim) * 4.0;
+        const double kv_bytes =
+            double(batch) * double(context + 1) * double(shape.layers) *
+            double(2 * shape.kv_heads * kvshard::KvRowBytes(shape.kv_dtype, shape.head_dim));
         const double floor_s = bw > 0 ? (double(shape.weight_bytes()) + kv_bytes) / bw : 0.0;
         std::printf("batch %4lld  context %lld  %8.3f ms/step  %9.1f tok/s  %5.1f%% of roofline"
                     "  graph %8.3f ms/step\n",

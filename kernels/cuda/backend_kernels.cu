@@ -201,15 +201,15 @@ KvArgs ToArgs(const cpu::PagedKvLayer& kv) {
             kv.head_dim};
 }
 
-constexpr int kF32 = 0, kInt8 = 1, kFp8 = 2;
-
-// REQUIRES: cpu::PagedKvStores(s) (MakePagedKvLayer checks).
-constexpr int StorageCode(KvDtype s) {
-    return s == KvDtype::kFp32 ? kF32 : s == KvDtype::kInt8 ? kInt8 : kFp8;
+// The kernels below are instantiated per storage dtype (template <KvDtype>): fp32, the 16-bit
+// formats (no scale) and the 8-bit ones (with a per-token-per-head scale).
+__host__ __device__ constexpr bool Is16Bit(KvDtype s) {
+    return s == KvDtype::kBf16 || s == KvDtype::kFp16;
 }
 
-// Grid (n, num_kv_heads, 2: K then V): one head of one row, quantized with its own scale.
-template <int kStorage>
+// Grid (n, num_kv_heads, 2: K then V): one head of one row; 16-bit storage rounds each element to
+// nearest even, 8-bit storage quantizes the head with its own scale.
+template <KvDtype kStorage>
 __global__ void KvWriteKernel(KvArgs kv, const float* k, const float* v, int64_t row_stride,
                               const int64_t* slots) {
     const int64_t i = blockIdx.x, h = blockIdx.y;
@@ -218,21 +218,26 @@ __global__ void KvWriteKernel(KvArgs kv, const float* k, const float* v, int64_t
     const float* src = (is_v ? v : k) + i * row_stride + h * hd;
     const int64_t slot = slots[i];
     if (slot < 0) return;  // a padded row of a decode step: no KV
-    const int64_t elem = kStorage == kF32 ? 4 : 1;
-    uint8_t* dst = kv.base + KvElementOffset(kv.block_stride, is_v ? kv.v_offset : kv.k_offset,
-                                             kv.block_size, hd, elem, slot, h, 0);
-    if constexpr (kStorage == kF32) {
+    uint8_t* dst =
+        kv.base + KvElementOffset(kv.block_stride, is_v ? kv.v_offset : kv.k_offset, kv.block_size,
+                                  hd, KvElementBytes(kStorage), slot, h, 0);
+    if constexpr (kStorage == KvDtype::kFp32) {
         for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
             reinterpret_cast<float*>(dst)[d] = src[d];
+        }
+    } else if constexpr (Is16Bit(kStorage)) {
+        for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+            reinterpret_cast<uint16_t*>(dst)[d] =
+                kStorage == KvDtype::kBf16 ? Bf16Encode(src[d]) : Fp16Encode(src[d]);
         }
     } else {
         float amax = 0.0f;
         for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) amax = fmaxf(amax, fabsf(src[d]));
         amax = BlockReduce<true>(amax);
-        const float scale = amax / (kStorage == kInt8 ? 127.0f : 448.0f);
+        const float scale = amax / (kStorage == KvDtype::kInt8 ? 127.0f : 448.0f);
         const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
         for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-            if constexpr (kStorage == kInt8) {
+            if constexpr (kStorage == KvDtype::kInt8) {
                 reinterpret_cast<int8_t*>(dst)[d] = Int8Encode(src[d], inv);
             } else {
                 dst[d] = Fp8E4M3Encode(src[d] * inv);
@@ -251,7 +256,7 @@ __global__ void KvWriteKernel(KvArgs kv, const float* k, const float* v, int64_t
 // scale_at[t] are the bytes from the pool's base to tile row t's head data and scale without the
 // region offset (KvElementOffset / KvScaleOffset of its slot). Warp w copies rows w, w + 4, ...,
 // its lanes along head_dim (coalesced). Called by every thread of the block.
-template <int kStorage>
+template <KvDtype kStorage>
 __device__ void LoadTile(const KvArgs& kv, int64_t data_offset, int64_t scale_offset,
                          const int64_t* row_at, const int64_t* scale_at, int nt, float* tile) {
     const int hd = static_cast<int>(kv.head_dim);
@@ -264,14 +269,20 @@ __device__ void LoadTile(const KvArgs& kv, int64_t data_offset, int64_t scale_of
             continue;
         }
         const uint8_t* src = kv.base + data_offset + row_at[t];
-        if constexpr (kStorage == kF32) {
+        if constexpr (kStorage == KvDtype::kFp32) {
             for (int d = lane; d < hd; d += kWarp) dst[d] = reinterpret_cast<const float*>(src)[d];
+        } else if constexpr (Is16Bit(kStorage)) {
+            const uint16_t* src16 = reinterpret_cast<const uint16_t*>(src);
+            for (int d = lane; d < hd; d += kWarp) {
+                dst[d] = kStorage == KvDtype::kBf16 ? Bf16Decode(src16[d]) : Fp16Decode(src16[d]);
+            }
         } else {
             const float scale =
                 *reinterpret_cast<const float*>(kv.base + scale_offset + scale_at[t]);
             for (int d = lane; d < hd; d += kWarp) {
-                const float x = kStorage == kInt8 ? static_cast<float>(static_cast<int8_t>(src[d]))
-                                                  : Fp8E4M3Decode(src[d]);
+                const float x = kStorage == KvDtype::kInt8
+                                    ? static_cast<float>(static_cast<int8_t>(src[d]))
+                                    : Fp8E4M3Decode(src[d]);
                 dst[d] = x * scale;
             }
         }
@@ -304,7 +315,7 @@ constexpr int kAccPerThread = kAttnMaxAccFloats / kAttnThreads;
 // dealt out to the z blocks in tiles, each attending causally over the block table.
 // (The launch bound's minimum of one block per SM lets ptxas keep the 16 accumulators and the
 // index state in registers: without it, nvcc 13.0 caps the kernel at 64 registers and spills.)
-template <int kStorage>
+template <KvDtype kStorage>
 __global__ void __launch_bounds__(kAttnThreads, 1) PagedAttentionKernel(AttnArgs a) {
     static_assert(kAttnTileKeys == kWarp, "a tile's scores are one warp's lanes");
     const int64_t s = blockIdx.x, kvh = blockIdx.y;
@@ -329,7 +340,7 @@ __global__ void __launch_bounds__(kAttnThreads, 1) PagedAttentionKernel(AttnArgs
     __shared__ int q_row[kAttnMaxQueryVectors], q_head[kAttnMaxQueryVectors];
     __shared__ int64_t q_pos[kAttnMaxQueryVectors];
     __shared__ int64_t row_at[kAttnTileKeys], scale_at[kAttnTileKeys];  // the tile's slots
-    const int64_t elem = kStorage == kF32 ? 4 : 1;
+    const int64_t elem = KvElementBytes(kStorage);
     const int hd_i = static_cast<int>(hd);
 
     if (threadIdx.x == 0) {
@@ -561,15 +572,27 @@ int LaunchKvWrite(const cpu::PagedKvLayer& kv, const float* k, const float* v, i
     if (n == 0 || kv.num_kv_heads == 0) return 0;
     const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(kv.num_kv_heads), 2);
     const int threads = RowThreads(kv.head_dim);
-    switch (StorageCode(kv.storage)) {
-        case kF32:
-            KvWriteKernel<kF32><<<grid, threads, 0, stream>>>(ToArgs(kv), k, v, row_stride, slots);
+    const KvArgs args = ToArgs(kv);
+    switch (kv.storage) {
+        case KvDtype::kFp32:
+            KvWriteKernel<KvDtype::kFp32>
+                <<<grid, threads, 0, stream>>>(args, k, v, row_stride, slots);
             break;
-        case kInt8:
-            KvWriteKernel<kInt8><<<grid, threads, 0, stream>>>(ToArgs(kv), k, v, row_stride, slots);
+        case KvDtype::kFp16:
+            KvWriteKernel<KvDtype::kFp16>
+                <<<grid, threads, 0, stream>>>(args, k, v, row_stride, slots);
             break;
-        default:
-            KvWriteKernel<kFp8><<<grid, threads, 0, stream>>>(ToArgs(kv), k, v, row_stride, slots);
+        case KvDtype::kBf16:
+            KvWriteKernel<KvDtype::kBf16>
+                <<<grid, threads, 0, stream>>>(args, k, v, row_stride, slots);
+            break;
+        case KvDtype::kFp8:
+            KvWriteKernel<KvDtype::kFp8>
+                <<<grid, threads, 0, stream>>>(args, k, v, row_stride, slots);
+            break;
+        case KvDtype::kInt8:
+            KvWriteKernel<KvDtype::kInt8>
+                <<<grid, threads, 0, stream>>>(args, k, v, row_stride, slots);
             break;
     }
     return LastError();
@@ -597,15 +620,21 @@ int LaunchPagedAttention(const float* q, int64_t q_stride, const cpu::PagedKvLay
     const dim3 grid(static_cast<unsigned>(batch.num_seqs), static_cast<unsigned>(kv.num_kv_heads),
                     static_cast<unsigned>(num_splits));
     const size_t shared = static_cast<size_t>(AttentionSharedBytes(kv.head_dim));
-    switch (StorageCode(kv.storage)) {
-        case kF32:
-            PagedAttentionKernel<kF32><<<grid, kAttnThreads, shared, stream>>>(a);
+    switch (kv.storage) {
+        case KvDtype::kFp32:
+            PagedAttentionKernel<KvDtype::kFp32><<<grid, kAttnThreads, shared, stream>>>(a);
             break;
-        case kInt8:
-            PagedAttentionKernel<kInt8><<<grid, kAttnThreads, shared, stream>>>(a);
+        case KvDtype::kFp16:
+            PagedAttentionKernel<KvDtype::kFp16><<<grid, kAttnThreads, shared, stream>>>(a);
             break;
-        default:
-            PagedAttentionKernel<kFp8><<<grid, kAttnThreads, shared, stream>>>(a);
+        case KvDtype::kBf16:
+            PagedAttentionKernel<KvDtype::kBf16><<<grid, kAttnThreads, shared, stream>>>(a);
+            break;
+        case KvDtype::kFp8:
+            PagedAttentionKernel<KvDtype::kFp8><<<grid, kAttnThreads, shared, stream>>>(a);
+            break;
+        case KvDtype::kInt8:
+            PagedAttentionKernel<KvDtype::kInt8><<<grid, kAttnThreads, shared, stream>>>(a);
             break;
     }
     if (const int err = LastError(); err != 0 || num_splits == 1) return err;

@@ -2,12 +2,15 @@
 // as __host__ __device__ functions: the kernels call them on the device and
 // tests/kernels/cuda_launch_math_test.cc checks them on the CPU against the CPU ops, so a build
 // without a GPU (or without CUDA) still tests the slot → address math, the split ranges, the
-// softmax merge and the 8-bit KV encodings the device kernels use.
+// softmax merge and the 8-bit and 16-bit KV encodings the device kernels use.
 // A plain header: no CUDA includes; compiled by nvcc and by the host compiler alike.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+
+#include "common/kv_dtype.h"
 
 #if defined(__CUDACC__)
 #define KV_HD __host__ __device__ inline
@@ -184,6 +187,22 @@ KV_HD int64_t KvScaleOffset(int64_t block_stride, int64_t scale_offset, int64_t 
     return block * block_stride + scale_offset + (kv_head * block_size + slot) * 4;
 }
 
+// Bytes of one stored K/V element of `storage` (KvDtypeBytes, usable in device code and constant
+// expressions): the `elem_bytes` of KvElementOffset.
+KV_HD constexpr int64_t KvElementBytes(KvDtype storage) {
+    switch (storage) {
+        case KvDtype::kFp32:
+            return 4;
+        case KvDtype::kFp16:
+        case KvDtype::kBf16:
+            return 2;
+        case KvDtype::kFp8:
+        case KvDtype::kInt8:
+            return 1;
+    }
+    return 0;
+}
+
 // The slot id of position `pos` of a sequence whose blocks are `block_table`.
 KV_HD int64_t SlotOfPosition(const int32_t* block_table, int64_t block_size, int64_t pos) {
     return static_cast<int64_t>(block_table[pos / block_size]) * block_size + pos % block_size;
@@ -251,6 +270,76 @@ KV_HD uint8_t Fp8E4M3Encode(float x) {
 // One element of cpu::QuantizeInt8 given the head's inverse scale.
 KV_HD int8_t Int8Encode(float x, float inv_scale) {
     return static_cast<int8_t>(lrintf(fminf(fmaxf(x * inv_scale, -127.0f), 127.0f)));
+}
+
+// ---- 16-bit KV encodings (no scale): the arithmetic of kernels/kv_quant.cc ----
+
+KV_HD uint32_t FloatBits(float x) {
+#if defined(__CUDA_ARCH__)
+    return __float_as_uint(x);
+#else
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    return u;
+#endif
+}
+
+KV_HD float BitsFloat(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float(u);
+#else
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+#endif
+}
+
+// bfloat16, rounded to nearest even; a NaN keeps its upper bits and is made quiet
+// (common/dtype.h FloatToBF16, cpu::EncodeBf16).
+KV_HD uint16_t Bf16Encode(float x) {
+    const uint32_t b = FloatBits(x);
+    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((b >> 16) | 0x40u);
+    return static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
+KV_HD float Bf16Decode(uint16_t v) { return BitsFloat(static_cast<uint32_t>(v) << 16); }
+
+// IEEE fp16, rounded to nearest even, overflowing to infinity; NaN stays NaN (common/dtype.h
+// FloatToHalf, cpu::EncodeFp16).
+KV_HD uint16_t Fp16Encode(float f) {
+    const uint32_t bits = FloatBits(f);
+    const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+    const uint32_t abs = bits & 0x7FFFFFFFu;
+    if (abs >= 0x7F800000u) {
+        return static_cast<uint16_t>(sign | 0x7C00u | (abs > 0x7F800000u ? 0x200u : 0u));
+    }
+    if (abs >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // rounds to >= 65520
+    const int32_t exp = static_cast<int32_t>(abs >> 23) - 127 + 15;
+    if (exp <= 0) {  // a subnormal fp16 (or zero): the mantissa with its implicit bit, shifted
+        if (exp < -10) return sign;
+        const uint32_t mant = (abs & 0x7FFFFFu) | 0x800000u;
+        const int shift = 14 - exp;
+        uint32_t half = mant >> shift;
+        const uint32_t rem = mant & ((1u << shift) - 1u);
+        const uint32_t halfway = 1u << (shift - 1);
+        if (rem > halfway || (rem == halfway && (half & 1u))) ++half;
+        return static_cast<uint16_t>(sign | half);
+    }
+    uint32_t half = (static_cast<uint32_t>(exp) << 10) | ((abs >> 13) & 0x3FFu);
+    const uint32_t rem = abs & 0x1FFFu;
+    if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;  // may carry into the exponent
+    return static_cast<uint16_t>(sign | half);
+}
+
+// Exact: normals re-biased, subnormals mant · 2^-24 (a normal fp32, so no denormal arithmetic),
+// infinities and NaNs with their payload (common/dtype.h HalfToFloat).
+KV_HD float Fp16Decode(uint16_t h) {
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    const uint32_t exp = (h >> 10) & 0x1Fu;
+    const uint32_t mant = h & 0x3FFu;
+    if (exp == 0x1Fu) return BitsFloat(sign | 0x7F800000u | (mant << 13));
+    if (exp == 0u) return BitsFloat(FloatBits(static_cast<float>(mant) * 0x1p-24f) | sign);
+    return BitsFloat(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
 // ---- elementwise launch shapes ----

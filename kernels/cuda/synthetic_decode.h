@@ -37,6 +37,7 @@ struct DecodeShape {
     int64_t vocab = 128256;
     int64_t block_size = 16;
     float rope_theta = 500000.0f;
+    KvDtype kv_dtype = KvDtype::kBf16;  // the KV pool's storage, as GPU engines keep it
 
     static DecodeShape Llama3_8B() { return {}; }
     int64_t qkv_rows() const { return (heads + 2 * kv_heads) * head_dim; }
@@ -149,7 +150,7 @@ class SyntheticDecode {
     }
 
     PagedKvLayer Kv(int64_t layer) {
-        return cpu::MakePagedKvLayer(pool_.As<uint8_t>(), block_bytes_, layer, KvDtype::kFp32,
+        return cpu::MakePagedKvLayer(pool_.As<uint8_t>(), block_bytes_, layer, s_.kv_dtype,
                                      s_.block_size, s_.kv_heads, s_.head_dim);
     }
 
@@ -210,7 +211,7 @@ class SyntheticDecode {
         // The KV pool: max_batch sequences of context + 1 positions, consecutive blocks each.
         const int64_t per_seq = (context_ + 1 + s.block_size - 1) / s.block_size;
         block_bytes_ =
-            s.layers * cpu::PagedLayerBytes(KvDtype::kFp32, s.block_size, s.kv_heads, s.head_dim);
+            s.layers * cpu::PagedLayerBytes(s.kv_dtype, s.block_size, s.kv_heads, s.head_dim);
         KV_ASSIGN_OR_RETURN(pool_, b_->Allocate(size_t(max_batch_ * per_seq * block_bytes_)));
 
         // Step buffers and inputs.

@@ -92,6 +92,7 @@ class Disaggregation : public ::testing::Test {
         tc.runner.max_context = 512;
         tc.runner.block_size = 16;
         tc.runner.num_kv_blocks = 256;
+        tc.runner.kv_storage = kv_storage_;
         tc.kv_transport_name = name + "-" + std::to_string(++counter_);
         Result<std::unique_ptr<TpGroup>> g = TpGroup::Create(*file_, tc);
         EXPECT_TRUE(g.ok()) << g.status().ToString();
@@ -193,6 +194,7 @@ class Disaggregation : public ::testing::Test {
     int counter_ = 0;
     int request_counter_ = 0;
     bool prefix_caching_ = true;  // of the instances Make builds from now on
+    KvDtype kv_storage_ = KvDtype::kFp32;  // likewise
 };
 
 struct PairCase {
@@ -256,6 +258,65 @@ TEST_F(Disaggregation, TransferBytesFollowTheGeometry) {
               blocks * spec.num_layers * 2 * spec.num_kv_heads * 16 * spec.head_dim * 4);
     ExpectClean(prefill);
     ExpectClean(decode);
+}
+
+// bf16 KV (pools of 2-byte elements): a handoff moves half of fp32's bytes (the wire's dtype byte
+// says bf16, the transports copy the pool's bytes), and prompts sharing a 3-block prefix give the
+// tokens of a colocated bf16 instance without prefix caching with it on and handed off from a
+// prefill instance to a decode instance (tp 1 -> 1 layerwise, 2 -> 1, 1 -> 2).
+TEST_F(Disaggregation, Bf16KvKeepsTheColocatedTokensWithPrefixCacheAndHandoff) {
+    const std::string path = testing::SharedModel("stories260K/stories260K.bin");
+    KV_REQUIRE_FIXTURE(path, "stories260K.bin");
+    Load(path);
+    kv_storage_ = KvDtype::kBf16;
+    const ModelSpec& spec = file_->spec();
+    std::vector<int32_t> prefix;
+    for (int i = 0; i < 48; ++i) prefix.push_back(3 + (i * 37 + 11) % 250);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int p = 0; p < 8; ++p) {
+        prompts.push_back(prefix);
+        for (int i = 0; i <= p; ++i) prompts.back().push_back(3 + (i * 17 + p * 31) % 250);
+    }
+    {
+        Instance decode = Make("decode", InstanceRole::kDecode, 1);
+        Instance prefill = Make("prefill", InstanceRole::kPrefill, 1);
+        Result<std::unique_ptr<Router>> router =
+            Router::Create({prefill.engine.get(), decode.engine.get()});
+        ASSERT_TRUE(router.ok());
+        Run(**router, {prompts[0]}, 4, false);  // 49 tokens: 4 blocks
+        EXPECT_EQ(observer_.bytes_total.load(),
+                  4 * spec.num_layers * 2 * spec.num_kv_heads * 16 * spec.head_dim * 2);
+        ExpectClean(prefill);
+        ExpectClean(decode);
+    }
+    prefix_caching_ = false;
+    std::vector<std::vector<int32_t>> expected;
+    {
+        Instance mixed = Make("mixed", InstanceRole::kMixed, 1);
+        expected = Run(*mixed.engine, prompts, 16, /*concurrent=*/false);
+    }
+    prefix_caching_ = true;
+    {
+        Instance mixed = Make("mixed", InstanceRole::kMixed, 1);
+        EXPECT_EQ(Run(*mixed.engine, prompts, 16, /*concurrent=*/false), expected)
+            << "prefix cache on";
+        ExpectClean(mixed);
+        EXPECT_GE(mixed.engine->BlockStats().prompt_tokens_from_cache, 7 * 48);
+    }
+    for (auto [prefill_tp, decode_tp, layerwise] :
+         {std::tuple{1, 1, true}, std::tuple{2, 1, false}, std::tuple{1, 2, false}}) {
+        Instance decode = Make("decode", InstanceRole::kDecode, decode_tp);
+        Instance prefill = Make("prefill", InstanceRole::kPrefill, prefill_tp, 10'000, layerwise);
+        Result<std::unique_ptr<Router>> router =
+            Router::Create({prefill.engine.get(), decode.engine.get()});
+        ASSERT_TRUE(router.ok()) << router.status().ToString();
+        EXPECT_EQ(Run(**router, prompts, 16, /*concurrent=*/true), expected)
+            << "prefill tp " << prefill_tp << " -> decode tp " << decode_tp;
+        ExpectClean(prefill);
+        ExpectClean(decode);
+    }
+    EXPECT_EQ(observer_.transfers.load(), 1 + 3 * 8);
+    EXPECT_EQ(observer_.failures.load(), 0);
 }
 
 // A decode instance whose transport cannot be reached: the prefill instance's send fails and it

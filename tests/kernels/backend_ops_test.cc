@@ -334,9 +334,11 @@ TEST_P(BackendOps, GeluBiasHeadNormAndScale) {
 
 // KV written at slots of scattered blocks, then the step's attention (a prefill chunk that
 // starts mid-sequence, a decode row, a fresh prompt), against a double-precision causal softmax
-// over the same K/V, with and without a sliding window; then block copies and row gathers.
+// over the same K/V (unrounded), with and without a sliding window; then block copies and row
+// gathers. Every storage but fp32 carries its rounding into the bound: bf16 keeps 8 significant
+// bits (2^-9 relative), fp16 11 (2^-12), int8 about 1/127 of each head's range.
 TEST_P(BackendOps, KvWriteAttentionCopiesAndGathers) {
-    for (KvDtype storage : {KvDtype::kFp32, KvDtype::kInt8}) {
+    for (KvDtype storage : {KvDtype::kFp32, KvDtype::kInt8, KvDtype::kBf16, KvDtype::kFp16}) {
         Device dev(*backend_);
         const int64_t bs = 4, heads = 6, kv_heads = 2, hd = 16, layers = 2, num_blocks = 24;
         const int64_t layer_bytes = cpu::PagedLayerBytes(storage, bs, kv_heads, hd);
@@ -358,6 +360,15 @@ TEST_P(BackendOps, KvWriteAttentionCopiesAndGathers) {
             }
         }
         backend_->KvWrite(kv, dev.Put(k), dev.Put(v), kvw, dev.Put(slots), total_pos);
+        if (storage != KvDtype::kInt8) {
+            // fp32 and the 16-bit storages are exact functions of each value: the pool holds the
+            // bytes cpu::PagedKvWrite writes (round to nearest even), on every backend.
+            std::vector<uint8_t> host(static_cast<size_t>(num_blocks * block_bytes), 0);
+            const PagedKvLayer hkv =
+                cpu::MakePagedKvLayer(host.data(), block_bytes, 1, storage, bs, kv_heads, hd);
+            cpu::PagedKvWrite(hkv, k.data(), v.data(), kvw, slots.data(), total_pos);
+            EXPECT_EQ(dev.Get(pool, host.size()), host) << "KV write " << KvDtypeName(storage);
+        }
         // Queries of the new rows, at row stride 120 (a fused QKV row).
         const int64_t q_stride = 120, rows = 5 + 1 + 3;
         const std::vector<float> q = Random(rows * q_stride, 10);
@@ -410,10 +421,12 @@ TEST_P(BackendOps, KvWriteAttentionCopiesAndGathers) {
                     }
                 }
             }
-            // 8-bit storage carries its quantization error (about 1/127 of each head's range).
-            const double bound = storage == KvDtype::kFp32 ? 1e-5 : 2e-2;
+            const double bound = storage == KvDtype::kFp32   ? 1e-5
+                                 : storage == KvDtype::kFp16 ? 2e-3
+                                 : storage == KvDtype::kBf16 ? 1e-2
+                                                             : 2e-2;
             EXPECT_LE(NormalizedError(dev.Get(out, want.size()), want), bound)
-                << "storage " << int(storage) << " window " << window;
+                << "storage " << KvDtypeName(storage) << " window " << window;
         }
 
         // Block copies: block 7 -> 20 and 0 -> 21 carry every byte.

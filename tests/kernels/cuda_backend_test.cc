@@ -126,11 +126,12 @@ class CudaBackendGpuTest : public ::testing::Test {
     std::vector<BackendBuffer> buffers_;
 };
 
-// K/V written on both backends from the same rows give the same pool bytes (fp32, int8 and fp8
-// with their scales); attention over one pool (long decode contexts split over many blocks, and
-// a prefill chunk) agrees with the CPU's.
+// K/V written on both backends from the same rows give the same pool bytes (fp32, bf16 and fp16
+// rounded to nearest even, int8 and fp8 with their scales); attention over one pool (long decode
+// contexts split over many blocks, and a prefill chunk) agrees with the CPU's.
 TEST_F(CudaBackendGpuTest, KvBytesAndSplitAttentionMatchTheCpu) {
-    for (KvDtype storage : {KvDtype::kFp32, KvDtype::kInt8, KvDtype::kFp8}) {
+    for (KvDtype storage :
+         {KvDtype::kFp32, KvDtype::kInt8, KvDtype::kFp8, KvDtype::kBf16, KvDtype::kFp16}) {
         const int64_t bs = 16, heads = 8, kv_heads = 2, hd = 128, layers = 1;
         const std::vector<int32_t> ctx = {1000, 37, 300}, news = {1, 1, 45};
         int64_t total = 0, blocks = 0;
@@ -164,7 +165,7 @@ TEST_F(CudaBackendGpuTest, KvBytesAndSplitAttentionMatchTheCpu) {
         gpu_->KvWrite(gpu_kv, Put(k), Put(v), kvw, Put(slots), total);
         const std::vector<uint8_t> got_pool = Get(gpu_pool, cpu_pool.size());
         EXPECT_EQ(0, std::memcmp(got_pool.data(), cpu_pool.data(), cpu_pool.size()))
-            << "storage " << int(storage);
+            << "storage " << KvDtypeName(storage);
 
         const int64_t rows = qs.back();
         const std::vector<float> q = Random(rows * heads * hd, 3);
@@ -189,7 +190,7 @@ TEST_F(CudaBackendGpuTest, KvBytesAndSplitAttentionMatchTheCpu) {
             float* out = Put(std::vector<float>(want.size(), NAN));
             gpu_->PagedAttention(Put(q), heads * hd, gpu_kv, gpu_batch, out, heads, nullptr);
             EXPECT_LE(RelL2(Get(out, want.size()), want), 1e-5)
-                << "storage " << int(storage) << " window " << window;
+                << "storage " << KvDtypeName(storage) << " window " << window;
         }
     }
 }

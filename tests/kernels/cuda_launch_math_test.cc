@@ -159,7 +159,8 @@ TEST(CudaLaunchMathTest, WindowedItemsCoverEachRowsWindow) {
 }
 
 TEST(CudaLaunchMathTest, KvOffsetsAddressWhatTheCpuWrites) {
-    for (KvDtype storage : {KvDtype::kFp32, KvDtype::kInt8, KvDtype::kFp8}) {
+    for (KvDtype storage :
+         {KvDtype::kFp32, KvDtype::kInt8, KvDtype::kFp8, KvDtype::kBf16, KvDtype::kFp16}) {
         const int64_t bs = 4, kv_heads = 3, hd = 8, layers = 2, blocks = 6;
         const int64_t block_bytes = layers * cpu::PagedLayerBytes(storage, bs, kv_heads, hd);
         std::vector<uint8_t> pool(static_cast<size_t>(blocks * block_bytes));
@@ -172,7 +173,8 @@ TEST(CudaLaunchMathTest, KvOffsetsAddressWhatTheCpuWrites) {
         for (float& x : k) x = u(rng);
         for (float& x : v) x = u(rng);
         cpu::PagedKvWrite(kv, k.data(), v.data(), kv_heads * hd, slots.data(), int64_t(slots.size()));
-        const int64_t eb = KvDtypeBytes(storage);
+        const int64_t eb = KvElementBytes(storage);
+        ASSERT_EQ(eb, KvDtypeBytes(storage));
         for (size_t i = 0; i < slots.size(); ++i) {
             for (int64_t h = 0; h < kv_heads; ++h) {
                 for (int pass = 0; pass < 2; ++pass) {
@@ -194,6 +196,18 @@ TEST(CudaLaunchMathTest, KvOffsetsAddressWhatTheCpuWrites) {
                         if (storage == KvDtype::kFp32) {
                             std::memcpy(&got, p, 4);
                             EXPECT_EQ(got, src[d]);
+                            continue;
+                        }
+                        if (storage == KvDtype::kBf16 || storage == KvDtype::kFp16) {
+                            uint16_t bits;
+                            std::memcpy(&bits, p, 2);
+                            const bool bf16 = storage == KvDtype::kBf16;
+                            // The device's encoding of the value is what the CPU stored, and
+                            // decodes to the CPU's rounding of it.
+                            EXPECT_EQ(bits, bf16 ? Bf16Encode(src[d]) : Fp16Encode(src[d]));
+                            EXPECT_EQ(bf16 ? Bf16Decode(bits) : Fp16Decode(bits),
+                                      bf16 ? BF16ToFloat(FloatToBF16(src[d]))
+                                           : HalfToFloat(FloatToHalf(src[d])));
                             continue;
                         }
                         got = storage == KvDtype::kInt8 ? float(int8_t(*p)) * scale
@@ -281,6 +295,58 @@ TEST(CudaLaunchMathTest, Fp8AndInt8EncodingsMatchTheCpu) {
     for (float x : row) amax = std::fmax(amax, std::fabs(x));
     ASSERT_EQ(scale, amax / 127.0f);
     for (size_t i = 0; i < row.size(); ++i) EXPECT_EQ(Int8Encode(row[i], 1.0f / scale), q[i]) << i;
+}
+
+// The 16-bit KV encodings the device kernels run equal common/dtype.h's (the CPU pool's values):
+// every fp16 and bf16 code decodes exactly, and encoding rounds to nearest even across every
+// binade, subnormals, halfway cases, overflow, infinities and NaN.
+TEST(CudaLaunchMathTest, SixteenBitKvEncodingsMatchTheCpu) {
+    for (uint32_t v = 0; v < 65536; ++v) {
+        const uint16_t h = static_cast<uint16_t>(v);
+        const float want_half = HalfToFloat(h), want_bf16 = BF16ToFloat(h);
+        if (std::isnan(want_half)) {
+            EXPECT_TRUE(std::isnan(Fp16Decode(h))) << v;
+        } else {
+            EXPECT_EQ(Fp16Decode(h), want_half) << v;
+            EXPECT_EQ(std::signbit(Fp16Decode(h)), std::signbit(want_half)) << v;
+        }
+        if (std::isnan(want_bf16)) {
+            EXPECT_TRUE(std::isnan(Bf16Decode(h))) << v;
+        } else {
+            EXPECT_EQ(Bf16Decode(h), want_bf16) << v;
+        }
+    }
+    std::vector<float> xs = {0.0f,
+                             -0.0f,
+                             1.0f,
+                             -1.0f,
+                             65504.0f,
+                             65519.0f,
+                             65520.0f,
+                             1e30f,
+                             std::ldexp(1.0f, -24),
+                             std::ldexp(1.0f, -25),
+                             std::ldexp(3.0f, -26),
+                             std::ldexp(1.0f, -14),
+                             std::ldexp(1023.0f, -24),
+                             1.0f + 0x1p-11f,
+                             1.0f + 0x1p-8f,
+                             1.0f + 3 * 0x1p-8f,
+                             std::ldexp(1.0f, -130),
+                             std::numeric_limits<float>::infinity(),
+                             -std::numeric_limits<float>::infinity(),
+                             std::numeric_limits<float>::quiet_NaN()};
+    std::mt19937 rng(11);
+    for (int i = 0; i < 200000; ++i) {
+        uint32_t bits = rng();
+        float x;
+        std::memcpy(&x, &bits, 4);
+        xs.push_back(x);  // every class of float, uniformly over bit patterns
+    }
+    for (float x : xs) {
+        EXPECT_EQ(Bf16Encode(x), FloatToBF16(x)) << x;
+        EXPECT_EQ(Fp16Encode(x), FloatToHalf(x)) << x;
+    }
 }
 
 TEST(CudaLaunchMathTest, Bf16PackingFollowsTheCpuDequantizer) {

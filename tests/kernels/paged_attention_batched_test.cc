@@ -137,7 +137,7 @@ TEST_P(PagedAttentionBatchedTest, MatchesPagedAttentionPerSequence) {
     omp_set_num_threads(saved_threads);
 }
 
-// 8-bit storages are compared with PagedAttention over the same 8-bit pool: both dequantize to the
+// 8-bit and 16-bit storages are compared with PagedAttention over the same pool: both decode to the
 // same floats, so the fp32 bound holds.
 const std::vector<Seq> kMixed = {{200, 50}, {1, 1}, {513, 1}, {64, 64}, {90, 3}, {10, 0}};
 
@@ -171,6 +171,12 @@ INSTANTIATE_TEST_SUITE_P(
         BatchedCase{"Int8HeadDim128Block4", {{75, 30}, {700, 1}}, 4, 2, 128, 4, KvDtype::kInt8},
         BatchedCase{"Fp8Mixed", kMixed, 9, 3, 64, 16, KvDtype::kFp8},
         BatchedCase{"Fp8Stories260KShape", {{60, 60}, {33, 1}}, 8, 4, 8, 1, KvDtype::kFp8, {}, 16},
+        BatchedCase{"Bf16Mixed", kMixed, 9, 3, 64, 16, KvDtype::kBf16},
+        BatchedCase{"Bf16HeadDim128Block4", {{75, 30}, {700, 1}}, 4, 2, 128, 4, KvDtype::kBf16},
+        BatchedCase{"Bf16LongDecodesSplitKv", {{2048, 1}, {1500, 1}}, 9, 3, 64, 16, KvDtype::kBf16},
+        BatchedCase{"Bf16HeadDim8Block1", {{60, 60}, {33, 1}}, 8, 4, 8, 1, KvDtype::kBf16, {}, 16},
+        BatchedCase{"Fp16Mixed", kMixed, 9, 3, 64, 16, KvDtype::kFp16},
+        BatchedCase{"Fp16HeadDim128Block4", {{75, 30}, {700, 1}}, 4, 2, 128, 4, KvDtype::kFp16},
         // Sliding windows: shorter than a prefill chunk (late lanes see nothing in the first
         // chunks), across split decode walks, of one position, longer than the context, and
         // Gemma 3's 512 over a long prefill chunk.
@@ -191,7 +197,8 @@ INSTANTIATE_TEST_SUITE_P(
         BatchedCase{
             "WindowGemma512", {{1100, 300}, {900, 1}}, 4, 1, 256, 16, KvDtype::kFp32, {}, 0, 512},
         BatchedCase{
-            "WindowInt8HeadDim8", {{60, 60}, {33, 1}}, 8, 4, 8, 4, KvDtype::kInt8, {}, 0, 9}),
+            "WindowInt8HeadDim8", {{60, 60}, {33, 1}}, 8, 4, 8, 4, KvDtype::kInt8, {}, 0, 9},
+        BatchedCase{"WindowBf16Mixed", kMixed, 9, 3, 64, 16, KvDtype::kBf16, {}, 0, 40}),
     [](const ::testing::TestParamInfo<BatchedCase>& info) { return info.param.name; });
 
 TEST(PagedAttentionBatchedTest, EmptyBatchWritesNothing) {
@@ -207,25 +214,56 @@ TEST(PagedAttentionBatchedTest, EmptyBatchWritesNothing) {
     EXPECT_EQ(out, 7.0f);
 }
 
-// fp16 and bf16 are plannable KV dtypes but this layout does not store them: asking for one is an
-// error naming the setting that asked, never a pool of the wrong size.
-TEST(PagedAttentionBatchedTest, StoresFp32Int8Fp8AndRefusesTheRestByName) {
-    const std::pair<KvDtype, bool> cases[] = {{KvDtype::kFp32, true},
-                                              {KvDtype::kInt8, true},
-                                              {KvDtype::kFp8, true},
-                                              {KvDtype::kFp16, false},
-                                              {KvDtype::kBf16, false}};
-    for (const auto& [dtype, stored] : cases) {
-        EXPECT_EQ(PagedKvStores(dtype), stored) << KvDtypeName(dtype);
-        const Status s = CheckPagedKvDtype(dtype, "kv_cache.dtype");
-        EXPECT_EQ(s.ok(), stored) << KvDtypeName(dtype);
-        if (!stored) {
-            EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-            EXPECT_NE(
-                s.message().find("kv_cache.dtype: KV dtype " + std::string(KvDtypeName(dtype))),
-                std::string::npos)
-                << s.message();
+// Every KvDtype is stored: a layer of a 16-bit pool is half an fp32 pool's, an 8-bit one a quarter
+// plus its scales, the bytes kv::KvGeometry counts (2 × KvRowBytes per head and slot).
+TEST(PagedAttentionBatchedTest, EveryDtypeHasItsLayerBytes) {
+    const std::pair<KvDtype, int64_t> cases[] = {{KvDtype::kFp32, 2 * 3 * 16 * 64 * 4},
+                                                 {KvDtype::kBf16, 2 * 3 * 16 * 64 * 2},
+                                                 {KvDtype::kFp16, 2 * 3 * 16 * 64 * 2},
+                                                 {KvDtype::kFp8, 2 * 3 * 16 * (64 + 4)},
+                                                 {KvDtype::kInt8, 2 * 3 * 16 * (64 + 4)}};
+    for (const auto& [dtype, bytes] : cases) {
+        EXPECT_EQ(PagedLayerBytes(dtype, 16, 3, 64), bytes) << KvDtypeName(dtype);
+        EXPECT_EQ(PagedLayerBytes(dtype, 16, 3, 64), 2 * 3 * 16 * KvRowBytes(dtype, 64));
+        const PagedKvLayer l = MakePagedKvLayer(nullptr, 0, 2, dtype, 16, 3, 64);
+        EXPECT_EQ(l.k_offset, 2 * bytes) << KvDtypeName(dtype);
+        EXPECT_EQ(l.v_offset - l.k_offset, 3 * 16 * 64 * KvDtypeBytes(dtype));
+    }
+}
+
+// The batched kernel over a 16-bit pool against the same kernel over an fp32 pool of the same
+// K/V: the only difference is bf16's (fp16's) rounding of K and V, 2^-9 (2^-12) of each value,
+// so the outputs agree within a few of those.
+TEST(PagedAttentionBatchedTest, SixteenBitPoolsAgainstFp32) {
+    for (const auto& [dtype, bound] :
+         {std::pair{KvDtype::kBf16, 1e-2}, std::pair{KvDtype::kFp16, 2e-3}}) {
+        const BatchedCase fp32{"fp32", kMixed, 9, 3, 64, 16};
+        BatchedCase low = fp32;
+        low.storage = dtype;
+        // Same seed: the same blocks and the same K/V values, stored at two precisions.
+        std::mt19937 g1(7), g2(7);
+        Pool a(fp32, g1), b(low, g2);
+        ASSERT_EQ(a.tables, b.tables);
+        std::vector<int32_t> query_starts{0}, context_lens;
+        for (const Seq& s : kMixed) {
+            query_starts.push_back(query_starts.back() + s.rows);
+            context_lens.push_back(s.context_len);
         }
+        const int64_t rows = query_starts.back(), width = 9 * 64;
+        std::mt19937 gq(8);
+        const auto q = RandomVector(static_cast<size_t>(rows * width), gq);
+        PagedAttentionBatch batch;
+        batch.num_seqs = static_cast<int64_t>(kMixed.size());
+        batch.query_starts = query_starts.data();
+        batch.context_lens = context_lens.data();
+        batch.block_table_starts = a.table_starts.data();
+        batch.block_tables = a.tables.data();
+        std::vector<float> want(static_cast<size_t>(rows * width)), got(want.size());
+        PagedAttentionBatched(q.data(), width, a.kv, batch, want.data(), 9);
+        PagedAttentionBatched(q.data(), width, b.kv, batch, got.data(), 9);
+        const double err = NormalizedError(got, want);
+        EXPECT_LE(err, bound) << KvDtypeName(dtype);
+        EXPECT_GT(err, 0.0) << KvDtypeName(dtype) << ": the pool must round";
     }
 }
 

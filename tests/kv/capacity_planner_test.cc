@@ -78,8 +78,10 @@ TEST(CapacityPlannerTest, KvDtypes) {
     const Case cases[] = {
         {KvDtype::kFp32, 262144, 138240},
         {KvDtype::kFp16, 131072, 69120},
-        {KvDtype::kFp8, 65536, 34560},
-        // int8: + one fp32 scale per token per head for K and V (MLA: per token per layer).
+        {KvDtype::kBf16, 131072, 69120},
+        // 8-bit: + one fp32 scale per token per head for K and V (MLA: per token per layer), as
+        // kvshard's pools store them.
+        {KvDtype::kFp8, 67584, 34800},
         {KvDtype::kInt8, 67584, 34800},
     };
     for (const Case& c : cases) {
@@ -87,6 +89,30 @@ TEST(CapacityPlannerTest, KvDtypes) {
         in.kv_dtype = c.dtype;
         EXPECT_EQ(MustPlan(Arch("llama-3-8b.json"), in).kv_bytes_per_token, c.llama8b);
         EXPECT_EQ(MustPlan(Arch("deepseek-v2.json"), in).kv_bytes_per_token, c.deepseek_v2);
+    }
+}
+
+// One formula: the planner's per-GPU bytes are KvGeometry's, which the worker's pool is sized by
+// too (tests/worker/kv_storage_test.cc checks the pool's side), for every dtype and split.
+TEST(CapacityPlannerTest, PerGpuBytesAreTheGeometrysForEveryDtype) {
+    const ArchConfig a = Arch("llama-3-8b.json");
+    ModelSpec spec;
+    spec.num_layers = a.num_layers;
+    spec.num_heads = a.num_heads;
+    spec.num_kv_heads = a.num_kv_heads;
+    spec.head_dim = a.head_dim;
+    for (KvDtype dtype :
+         {KvDtype::kFp32, KvDtype::kFp16, KvDtype::kBf16, KvDtype::kFp8, KvDtype::kInt8}) {
+        for (int64_t tp : {1, 2, 8, 16}) {
+            PlannerInput in = Tp(tp);
+            in.kv_dtype = dtype;
+            in.block_size = 32;
+            const CapacityPlan p = MustPlan(a, in);
+            Result<KvGeometry> g = MakeKvGeometry(spec, tp, dtype, 32);
+            ASSERT_TRUE(g.ok()) << g.status().ToString();
+            EXPECT_EQ(p.kv_bytes_per_token_per_gpu, g->BytesPerToken()) << g->ToString();
+            EXPECT_EQ(p.kv_bytes_per_block_per_gpu, g->BytesPerBlock()) << g->ToString();
+        }
     }
 }
 

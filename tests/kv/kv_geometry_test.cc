@@ -86,8 +86,9 @@ TEST(KvGeometryTest, BytesPerTokenAndBlock) {
         {8, KvDtype::kBf16, 16, 16384, 16384 * 16},
         {16, KvDtype::kBf16, 16, 16384, 16384 * 16},  // replicated: still one head per rank
         {1, KvDtype::kFp32, 16, 262144, 262144 * 16},
-        {1, KvDtype::kFp8, 32, 65536, 65536 * 32},
-        // int8: 2 x 32 x 8 x (128 + 4-byte scale) = 67,584 B.
+        {1, KvDtype::kFp16, 16, 131072, 131072 * 16},
+        // 8-bit: 2 x 32 x 8 x (128 + 4-byte scale) = 67,584 B.
+        {1, KvDtype::kFp8, 32, 67584, 67584 * 32},
         {1, KvDtype::kInt8, 16, 67584, 67584 * 16},
     };
     for (const Case& c : cases) {

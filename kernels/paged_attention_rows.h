@@ -1,0 +1,21 @@
+// Reading the K/V rows of a paged pool (layout in kernels/paged_attention.h) as floats: the read
+// side of every storage dtype for cpu::PagedAttentionBatched, a chunk of positions at a time.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/paged_attention.h"
+
+namespace kvshard::cpu {
+
+// Points krows[i] / vrows[i] at the K / V row of position p0 + i of KV head `kv_head` of the
+// sequence whose blocks are `block_table`, for i < n. fp32 rows are read in place; bf16 and fp16
+// rows are decoded (kernels/kv_quant.h), 8-bit rows dequantized with their scales, into kbuf /
+// vbuf (n × head_dim floats each). A negative table entry (a block a sliding window released,
+// kv::kNoBlock: wholly before every query's window, so masked) is never dereferenced: its rows
+// read as zeros.
+void GatherPagedRows(const PagedKvLayer& kv, const int32_t* block_table, int64_t kv_head,
+                     int64_t p0, int64_t n, float* kbuf, float* vbuf, const float** krows,
+                     const float** vrows);
+
+}  // namespace kvshard::cpu
