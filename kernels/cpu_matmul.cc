@@ -361,7 +361,7 @@ void MatMulInt8(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w,
     });
 }
 
-// A single fp32 activation row against the interleaved copy of a Q4_1 matrix (cpu_matmul.h): the
+// A single fp32 activation row against the interleaved copy of a matrix (cpu_matmul.h): Q4_1's
 // block sums of x once on the calling thread, then the team streams the groups, split in whole
 // groups; the rows past the last whole group (n % kInterleaveRows) take the stored-layout kernel,
 // always as one strip, so every row's arithmetic is the same whichever thread takes it.
@@ -370,7 +370,7 @@ void MatMulInterleaved(const float* x, const StoredMatrix& w, float* y) {
     const int64_t k = w.cols;
     const int64_t blocks = k / kBlockElements32;
     float* sums = ThreadScratch<Scratch::kBlockSums, float>(static_cast<size_t>(blocks));
-    for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t b = 0; w.dtype == DType::kQ4_1 && b < blocks; ++b) {
         float s = 0.0f;
         for (int64_t i = 0; i < kBlockElements32; ++i) s += x[b * kBlockElements32 + i];
         sums[b] = s;
@@ -486,30 +486,45 @@ bool UsesInt8Kernels(DType dtype, int64_t m) {
            ActiveKernelIsa() != KernelIsa::kPortable;
 }
 
+namespace {
+
+// Whether the active ISA multiplies a row by an interleaved copy of `dtype` weights.
+bool HasInterleavedKernel(DType dtype) {
+    return (dtype == DType::kQ4_1 || dtype == DType::kQ8_0) &&
+           ActiveKernelIsa() == KernelIsa::kAvx512;
+}
+
+}  // namespace
+
 size_t InterleavedBytes(const StoredMatrix& w) {
-    if (w.dtype != DType::kQ4_1 || ActiveKernelIsa() != KernelIsa::kAvx512) return 0;
-    if (w.cols % kBlockElements32 != 0) return 0;
+    if (!HasInterleavedKernel(w.dtype) || w.cols % kBlockElements32 != 0) return 0;
     return static_cast<size_t>(w.rows / kInterleaveRows * kInterleaveRows) *
            RowBytes(w.dtype, w.cols);
 }
 
 void InterleaveRows(const StoredMatrix& w, uint8_t* out) {
-    KV_CHECK(w.dtype == DType::kQ4_1 && w.cols % kBlockElements32 == 0) << DTypeName(w.dtype);
-    constexpr int64_t kBlockBytes = 20;  // fp16 d, fp16 m, 16 bytes of nibbles
-    constexpr int64_t kQuantBytes = 16;
+    KV_CHECK((w.dtype == DType::kQ4_1 || w.dtype == DType::kQ8_0) && w.cols % kBlockElements32 == 0)
+        << DTypeName(w.dtype);
+    // A block: the fp16 scale (and Q4_1's fp16 min), then the quant bytes (Q4_1: 16 bytes of
+    // nibbles, Q8_0: 32 signed bytes).
+    const int64_t halves = w.dtype == DType::kQ4_1 ? 2 : 1;
+    const int64_t quant_bytes = w.dtype == DType::kQ4_1 ? 16 : 32;
+    const int64_t block_bytes = 2 * halves + quant_bytes;
     const size_t row_bytes = RowBytes(w.dtype, w.cols);
     const int64_t blocks = w.cols / kBlockElements32;
     const int64_t groups = w.rows / kInterleaveRows;
     for (int64_t g = 0; g < groups; ++g) {
         for (int64_t b = 0; b < blocks; ++b) {
-            uint8_t* o = out + (g * blocks + b) * kInterleaveRows * kBlockBytes;
+            uint8_t* o = out + (g * blocks + b) * kInterleaveRows * block_bytes;
+            uint8_t* quants = o + 2 * halves * kInterleaveRows;
             for (int64_t r = 0; r < kInterleaveRows; ++r) {
                 const uint8_t* src =
-                    w.data + (g * kInterleaveRows + r) * row_bytes + b * kBlockBytes;
-                std::memcpy(o + 2 * r, src, 2);
-                std::memcpy(o + 2 * kInterleaveRows + 2 * r, src + 2, 2);
-                for (int64_t j = 0; j < kQuantBytes; ++j) {
-                    o[4 * kInterleaveRows + kInterleaveRows * j + r] = src[4 + j];
+                    w.data + (g * kInterleaveRows + r) * row_bytes + b * block_bytes;
+                for (int64_t h = 0; h < halves; ++h) {
+                    std::memcpy(o + 2 * (h * kInterleaveRows + r), src + 2 * h, 2);
+                }
+                for (int64_t j = 0; j < quant_bytes; ++j) {
+                    quants[kInterleaveRows * j + r] = src[2 * halves + j];
                 }
             }
         }
@@ -531,8 +546,8 @@ void MatMulStored(const float* x, int64_t m, const StoredMatrix& w, float* y) {
         return;
     }
     const KernelIsa isa = ActiveKernelIsa();
-    if (m == 1 && w.interleaved != nullptr && w.dtype == DType::kQ4_1 &&
-        isa == KernelIsa::kAvx512 && !QuantizesActivations(w.dtype)) {
+    if (m == 1 && w.interleaved != nullptr && HasInterleavedKernel(w.dtype) &&
+        !QuantizesActivations(w.dtype)) {
         return MatMulInterleaved(x, w, y);
     }
     if (UsesInt8Kernels(w.dtype, m)) {

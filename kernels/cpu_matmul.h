@@ -80,20 +80,23 @@ struct StoredMatrix {
     const uint8_t* interleaved = nullptr;
 };
 
-// The interleaved layout of Q4_1 rows, for single-row products (batch-1 decode). A single-row
-// product over the stored layout spends most of its instructions per 32-weight block on the
-// block's own scale and min (converted from fp16, broadcast, a 16-entry table built) and needs a
-// horizontal sum per weight row; with kInterleaveRows rows side by side, one zmm lane per row,
-// the scales of 16 rows convert in one instruction and a block costs the nibble lookups and the
-// FMAs (docs/benchmarks.md, issue 10: 1.16 against 1.91 ns per 32-weight block and row, hot, on
-// this machine's AVX-512). The bytes are those of the stored rows, rearranged: group g (rows
-// 16g .. 16g + 15) at g * 16 * RowBytes, and in it block b at b * 320: the 16 rows' fp16 scales
-// d, their fp16 mins m, then byte j (0 .. 15) of the 16 rows' nibbles, row by row (byte j holds
-// weights j and j + 16). A row's product is then sum_b d_b (sum_i q_i x_i) + m_b (sum_i x_i):
-// the same fp32 arithmetic as the stored layout's up to the order of the additions.
+// The interleaved layout of Q4_1 and Q8_0 rows, for single-row products (batch-1 decode). A
+// single-row product over the stored layout spends most of its instructions per 32-weight block
+// on the block's own scale (converted from fp16, broadcast; Q4_1's 16-entry table d·q + m built)
+// and needs a horizontal sum per weight row; with kInterleaveRows rows side by side, one zmm lane
+// per row, the scales of 16 rows convert in one instruction and a block costs the quants'
+// conversion and the FMAs (docs/benchmarks.md, issue 10: Q4_1 1.16 against 1.91 ns per 32-weight
+// block and row with the weights in cache, Q8_0 1.11 against 1.68, on this machine's AVX-512).
+// The bytes are those of the stored rows, rearranged: group g (rows 16g .. 16g + 15) at
+// g * 16 * RowBytes, and in it block b at b * 16 * BlockBytes: the 16 rows' fp16 scales d (Q4_1:
+// then their fp16 mins m), then byte j of the 16 rows' quants, row by row (Q4_1: 16 bytes, byte
+// j holding weights j and j + 16; Q8_0: 32 bytes). A row's product is sum_b d_b (sum_i q_i x_i)
+// (+ m_b (sum_i x_i) for Q4_1): the stored layout's fp32 arithmetic up to the order of the
+// additions and where the scale is applied (the results agree to fp32 rounding, not bit for bit).
 constexpr int64_t kInterleaveRows = 16;
 // Bytes of the interleaved copy of `w` (its whole groups of kInterleaveRows rows); 0 when the
-// active ISA has no interleaved kernel for w.dtype (only AVX-512 Q4_1) or w has no whole group.
+// active ISA has no interleaved kernel for w.dtype (AVX-512 only, Q4_1 and Q8_0) or w has no
+// whole group.
 size_t InterleavedBytes(const StoredMatrix& w);
 // Writes the interleaved copy of w's whole groups to `out` (InterleavedBytes(w) bytes).
 // REQUIRES: InterleavedBytes(w) > 0.
