@@ -65,7 +65,9 @@ Status CpuBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
 
 Result<BackendBuffer> CpuBackend::PackForDecode(WeightView* w) {
     const cpu::StoredMatrix stored = Stored(*w);
-    const size_t bytes = cpu::InterleavedBytes(stored);
+    // With 8-bit activations (KVSHARD_MATMUL_ACTIVATIONS=int8) single rows take the int8
+    // kernels over the stored rows: a copy would only cost memory.
+    const size_t bytes = cpu::QuantizesActivations(w->dtype) ? 0 : cpu::InterleavedBytes(stored);
     if (bytes == 0) return BackendBuffer();
     KV_ASSIGN_OR_RETURN(BackendBuffer copy, Allocate(bytes));
     cpu::InterleaveRows(stored, copy.As<uint8_t>());

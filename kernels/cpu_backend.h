@@ -50,7 +50,7 @@ class CpuBackend final : public Backend, public DecodeWeightPacker {
                     float* out) override;
 
     // The interleaved copy of a Q4_1 or Q8_0 weight of at least kInterleaveRows rows when the
-    // active ISA is AVX-512 (kernels/cpu_matmul.h), else none.
+    // active ISA is AVX-512 and activations are fp32 (kernels/cpu_matmul.h), else none.
     Result<BackendBuffer> PackForDecode(WeightView* w) override;
 
   protected:

@@ -46,7 +46,7 @@ constexpr int64_t kMaxTiledRows = 48;
 // Weight rows of the kernels' strip (cpu_matmul_avx512.cc: a tile reads 4 weight rows at once);
 // the tiled path gives each thread whole strips.
 constexpr int64_t kStripRows = 4;
-// Weights per block of the formats with an interleaved kernel (Q4_1).
+// Weights per block of the formats with an interleaved kernel (Q4_1, Q8_0).
 constexpr int64_t kBlockElements32 = 32;
 // Weight rows per panel granule in the sgemm path.
 constexpr int64_t kChunkRows = 16;
