@@ -62,11 +62,14 @@ class BackendBuffer {
 
 // A weight matrix {rows, cols} kept in its stored format in backend memory: row r at
 // data + r * RowBytes(dtype, cols). Vectors (norm weights) are F32 matrices of one row.
+// `decode_copy`: a second copy in a backend-private layout that its single-row products read
+// (DecodeWeightPacker); nullptr when there is none.
 struct WeightView {
     DType dtype = DType::kF32;
     const void* data = nullptr;
     int64_t rows = 0;
     int64_t cols = 0;
+    const void* decode_copy = nullptr;
 };
 
 // One layer of a paged KV pool in backend memory (layout in kernels/paged_attention.h) and the
@@ -196,6 +199,20 @@ class GraphCapture {
     virtual Status Replay(int graph) = 0;
     // Frees a captured graph; its id is not reused. Unknown ids are ignored.
     virtual void ReleaseGraph(int graph) = 0;
+};
+
+// Opt-in (a backend may also implement it; found with dynamic_cast): a second copy of a weight in
+// a layout the backend's single-row products (batch-1 decode) read faster than the stored one,
+// at the cost of the copy's memory. MatMul with that view then reads the copy when m = 1 and the
+// stored rows otherwise; results agree with the stored layout's to fp32 rounding. The CPU
+// backend makes one for Q4_1 and Q8_0 weights on AVX-512 (kernels/cpu_matmul.h, kInterleaveRows).
+class DecodeWeightPacker {
+  public:
+    virtual ~DecodeWeightPacker() = default;
+    // Makes the copy of *w when the backend has a layout for it and sets w->decode_copy; returns
+    // the buffer holding it (empty, w unchanged, when there is none for this weight).
+    // Ownership: the caller keeps the buffer as long as *w is used. ResourceExhausted as Allocate.
+    virtual Result<BackendBuffer> PackForDecode(WeightView* w) = 0;
 };
 
 // The backend `config` names. InvalidArgument naming the setting for a kind this build or this

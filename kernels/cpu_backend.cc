@@ -18,7 +18,8 @@ cpu::StoredMatrix Stored(const WeightView& w) {
     return {.dtype = w.dtype,
             .data = static_cast<const uint8_t*>(w.data),
             .rows = w.rows,
-            .cols = w.cols};
+            .cols = w.cols,
+            .interleaved = static_cast<const uint8_t*>(w.decode_copy)};
 }
 
 }  // namespace
@@ -60,6 +61,18 @@ Status CpuBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
 Status CpuBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
     if (bytes > 0) std::memcpy(dst, src, bytes);
     return Status::Ok();
+}
+
+Result<BackendBuffer> CpuBackend::PackForDecode(WeightView* w) {
+    const cpu::StoredMatrix stored = Stored(*w);
+    // With 8-bit activations (KVSHARD_MATMUL_ACTIVATIONS=int8) single rows take the int8
+    // kernels over the stored rows: a copy would only cost memory.
+    const size_t bytes = cpu::QuantizesActivations(w->dtype) ? 0 : cpu::InterleavedBytes(stored);
+    if (bytes == 0) return BackendBuffer();
+    KV_ASSIGN_OR_RETURN(BackendBuffer copy, Allocate(bytes));
+    cpu::InterleaveRows(stored, copy.As<uint8_t>());
+    w->decode_copy = copy.data();
+    return copy;
 }
 
 void CpuBackend::Embedding(const WeightView& table, int64_t row_offset, const int32_t* ids,

@@ -11,7 +11,7 @@
 
 namespace kvshard {
 
-class CpuBackend final : public Backend {
+class CpuBackend final : public Backend, public DecodeWeightPacker {
   public:
     explicit CpuBackend(const BackendConfig& config);
 
@@ -48,6 +48,10 @@ class CpuBackend final : public Backend {
                     int64_t num_pairs) override;
     void GatherRows(const float* x, int64_t dim, const int32_t* rows, int64_t n,
                     float* out) override;
+
+    // The interleaved copy of a Q4_1 or Q8_0 weight of at least kInterleaveRows rows when the
+    // active ISA is AVX-512 and activations are fp32 (kernels/cpu_matmul.h), else none.
+    Result<BackendBuffer> PackForDecode(WeightView* w) override;
 
   protected:
     Result<void*> AllocateRaw(size_t bytes) override;

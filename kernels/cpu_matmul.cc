@@ -47,6 +47,8 @@ constexpr int64_t kMaxTiledRows = 48;
 // Weight rows of the kernels' strip (cpu_matmul_avx512.cc: a tile reads 4 weight rows at once);
 // the tiled path gives each thread whole strips.
 constexpr int64_t kStripRows = 4;
+// Weights per block of the formats with an interleaved kernel (Q4_1, Q8_0).
+constexpr int64_t kBlockElements32 = 32;
 // Weight rows per panel granule in the sgemm path.
 constexpr int64_t kChunkRows = 16;
 // Activation rows per block of the tiled path (64 rows of 576 floats: 147 KB, inside L2).
@@ -199,13 +201,16 @@ void MatMulRowsPortable(const float* x, int64_t m, const StoredMatrix& w, int64_
 // halves of a product do not take the same time when the threads share the memory system with
 // other processes); a dynamic split of small chunks lost the streams (docs/benchmarks.md,
 // issue 10).
+// Strips are kStripRows columns, or kInterleaveRows for the interleaved kernel (whose groups must
+// not be cut: a group's rows are computed together, so the split never changes a result).
 // Thread-safety: Run is called by the team's members concurrently (each range's bounds are one
 // atomic word); the ranges are built by the calling thread before the parallel region.
 class StripRanges {
   public:
-    // Ranges for `members` threads over n columns. REQUIRES: 1 <= members.
-    StripRanges(int64_t n, int members) : n_(n), members_(members) {
-        const int64_t strips = (n + kStripRows - 1) / kStripRows;
+    // Ranges for `members` threads over n columns. REQUIRES: 1 <= members, 1 <= strip_rows.
+    StripRanges(int64_t n, int members, int64_t strip_rows = kStripRows)
+        : n_(n), members_(members), strip_rows_(strip_rows) {
+        const int64_t strips = (n + strip_rows - 1) / strip_rows;
         KV_CHECK(strips < (int64_t{1} << 31)) << "n=" << n;
         if (static_cast<size_t>(members) > Slots().size()) Slots() = std::vector<Slot>(members);
         for (int t = 0; t < members; ++t) {
@@ -243,7 +248,7 @@ class StripRanges {
     static uint64_t Pack(int64_t lo, int64_t hi) {
         return static_cast<uint64_t>(lo) | (static_cast<uint64_t>(hi) << 32);
     }
-    int64_t Column(int64_t strip) const { return std::min(n_, strip * kStripRows); }
+    int64_t Column(int64_t strip) const { return std::min(n_, strip * strip_rows_); }
 
     // Takes strips [*s0, *s1) of slot `t`: its front kClaimStrips for the owner, the back half
     // of what is left for a thief. False when the slot is empty.
@@ -270,6 +275,7 @@ class StripRanges {
 
     int64_t n_;
     int members_;
+    int64_t strip_rows_;
     Slot* slots_ = nullptr;
 };
 
@@ -312,7 +318,7 @@ void MatMulTiled(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w
 
 // A buffer of the calling thread, kept between calls so that its pages are faulted in once (a
 // fresh 8 MB allocation per call costs ~0.5 ms of page faults); one per Use.
-enum class Scratch { kPanel, kInt8, kRounded };
+enum class Scratch { kPanel, kInt8, kRounded, kBlockSums };
 template <Scratch Use, typename T>
 T* ThreadScratch(size_t count) {
     thread_local std::unique_ptr<T[]> buffer;
@@ -353,6 +359,39 @@ void MatMulInt8(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w,
         } else {
             MatMulRowsInt8Avx2(xq, m, w, n0, n1, y);
         }
+    });
+}
+
+// A single fp32 activation row against the interleaved copy of a matrix (cpu_matmul.h): Q4_1's
+// block sums of x once on the calling thread, then the team streams the groups, split in whole
+// groups; the rows past the last whole group (n % kInterleaveRows) take the stored-layout kernel,
+// always as one strip, so every row's arithmetic is the same whichever thread takes it.
+void MatMulInterleaved(const float* x, const StoredMatrix& w, float* y) {
+    const int64_t n = w.rows;
+    const int64_t k = w.cols;
+    const int64_t blocks = k / kBlockElements32;
+    float* sums = ThreadScratch<Scratch::kBlockSums, float>(static_cast<size_t>(blocks));
+    for (int64_t b = 0; w.dtype == DType::kQ4_1 && b < blocks; ++b) {
+        float s = 0.0f;
+        for (int64_t i = 0; i < kBlockElements32; ++i) s += x[b * kBlockElements32 + i];
+        sums[b] = s;
+    }
+    const int64_t whole = n / kInterleaveRows * kInterleaveRows;
+    const bool parallel = n > kInterleaveRows && n * k >= kMinParallelMacs;
+    StripRanges ranges(n, parallel ? omp_get_max_threads() : 1, kInterleaveRows);
+#pragma omp parallel if (parallel)
+    ranges.Run(omp_get_thread_num(), [&](int64_t n0, int64_t n1) {
+        const int64_t end = std::min(n1, whole);
+#if defined(__x86_64__)
+        if (n0 < end) {
+            matmul_internal::MatMulInterleavedAvx512(x, sums, w, n0 / kInterleaveRows,
+                                                     end / kInterleaveRows, y);
+        }
+#else
+        KV_CHECK(n0 >= end) << "no interleaved kernel off x86-64";
+#endif
+        if (n1 > whole)
+            MatMulRowsIsa(KernelIsa::kAvx512, x, 1, w, std::max(n0, whole), n1, y, nullptr);
     });
 }
 
@@ -448,6 +487,51 @@ bool UsesInt8Kernels(DType dtype, int64_t m) {
            ActiveKernelIsa() != KernelIsa::kPortable;
 }
 
+namespace {
+
+// Whether the active ISA multiplies a row by an interleaved copy of `dtype` weights.
+bool HasInterleavedKernel(DType dtype) {
+    return (dtype == DType::kQ4_1 || dtype == DType::kQ8_0) &&
+           ActiveKernelIsa() == KernelIsa::kAvx512;
+}
+
+}  // namespace
+
+size_t InterleavedBytes(const StoredMatrix& w) {
+    if (!HasInterleavedKernel(w.dtype) || w.cols % kBlockElements32 != 0) return 0;
+    return static_cast<size_t>(w.rows / kInterleaveRows * kInterleaveRows) *
+           RowBytes(w.dtype, w.cols);
+}
+
+void InterleaveRows(const StoredMatrix& w, uint8_t* out) {
+    KV_CHECK((w.dtype == DType::kQ4_1 || w.dtype == DType::kQ8_0) && w.cols % kBlockElements32 == 0)
+        << DTypeName(w.dtype);
+    // A block: the fp16 scale (and Q4_1's fp16 min), then the quant bytes (Q4_1: 16 bytes of
+    // nibbles, Q8_0: 32 signed bytes).
+    const int64_t halves = w.dtype == DType::kQ4_1 ? 2 : 1;
+    const int64_t quant_bytes = w.dtype == DType::kQ4_1 ? 16 : 32;
+    const int64_t block_bytes = 2 * halves + quant_bytes;
+    const size_t row_bytes = RowBytes(w.dtype, w.cols);
+    const int64_t blocks = w.cols / kBlockElements32;
+    const int64_t groups = w.rows / kInterleaveRows;
+    for (int64_t g = 0; g < groups; ++g) {
+        for (int64_t b = 0; b < blocks; ++b) {
+            uint8_t* o = out + (g * blocks + b) * kInterleaveRows * block_bytes;
+            uint8_t* quants = o + 2 * halves * kInterleaveRows;
+            for (int64_t r = 0; r < kInterleaveRows; ++r) {
+                const uint8_t* src =
+                    w.data + (g * kInterleaveRows + r) * row_bytes + b * block_bytes;
+                for (int64_t h = 0; h < halves; ++h) {
+                    std::memcpy(o + 2 * (h * kInterleaveRows + r), src + 2 * h, 2);
+                }
+                for (int64_t j = 0; j < quant_bytes; ++j) {
+                    quants[kInterleaveRows * j + r] = src[2 * halves + j];
+                }
+            }
+        }
+    }
+}
+
 void MatMulStored(const float* x, int64_t m, const StoredMatrix& w, float* y) {
     constexpr int64_t kMaxBlasInt = std::numeric_limits<blasint>::max();
     KV_CHECK(m >= 1 && w.rows >= 0 && w.cols >= 0 && m <= kMaxBlasInt && w.rows <= kMaxBlasInt &&
@@ -463,6 +547,10 @@ void MatMulStored(const float* x, int64_t m, const StoredMatrix& w, float* y) {
         return;
     }
     const KernelIsa isa = ActiveKernelIsa();
+    if (m == 1 && w.interleaved != nullptr && HasInterleavedKernel(w.dtype) &&
+        !QuantizesActivations(w.dtype)) {
+        return MatMulInterleaved(x, w, y);
+    }
     if (UsesInt8Kernels(w.dtype, m)) {
         return MatMulInt8(isa, x, m, w, y);
     }

@@ -69,15 +69,43 @@ bool UsesInt8Kernels(DType dtype, int64_t m);
 
 // A weight matrix {rows, cols} in its stored format: row r at data + r * RowBytes(dtype, cols).
 // REQUIRES: cols a multiple of BlockElements(dtype). `data` need not be aligned.
+// `interleaved`, when not null, is a second copy of the matrix's whole groups of kInterleaveRows
+// rows in the interleaved layout (InterleaveRows), which single-row products read instead of
+// `data` where the ISA has a kernel for it; every other product reads `data`.
 struct StoredMatrix {
     DType dtype = DType::kF32;
     const uint8_t* data = nullptr;
     int64_t rows = 0;
     int64_t cols = 0;
+    const uint8_t* interleaved = nullptr;
 };
 
+// The interleaved layout of Q4_1 and Q8_0 rows, for single-row products (batch-1 decode). A
+// single-row product over the stored layout spends most of its instructions per 32-weight block
+// on the block's own scale (converted from fp16, broadcast; Q4_1's 16-entry table d·q + m built)
+// and needs a horizontal sum per weight row; with kInterleaveRows rows side by side, one zmm lane
+// per row, the scales of 16 rows convert in one instruction and a block costs the quants'
+// conversion and the FMAs (docs/benchmarks.md, issue 10: Q4_1 1.16 against 1.91 ns per 32-weight
+// block and row with the weights in cache, Q8_0 1.11 against 1.68, on this machine's AVX-512).
+// The bytes are those of the stored rows, rearranged: group g (rows 16g .. 16g + 15) at
+// g * 16 * RowBytes, and in it block b at b * 16 * BlockBytes: the 16 rows' fp16 scales d (Q4_1:
+// then their fp16 mins m), then byte j of the 16 rows' quants, row by row (Q4_1: 16 bytes, byte
+// j holding weights j and j + 16; Q8_0: 32 bytes). A row's product is sum_b d_b (sum_i q_i x_i)
+// (+ m_b (sum_i x_i) for Q4_1): the stored layout's fp32 arithmetic up to the order of the
+// additions and where the scale is applied (the results agree to fp32 rounding, not bit for bit).
+constexpr int64_t kInterleaveRows = 16;
+// Bytes of the interleaved copy of `w` (its whole groups of kInterleaveRows rows); 0 when the
+// active ISA has no interleaved kernel for w.dtype (AVX-512 only, Q4_1 and Q8_0) or w has no
+// whole group.
+size_t InterleavedBytes(const StoredMatrix& w);
+// Writes the interleaved copy of w's whole groups to `out` (InterleavedBytes(w) bytes).
+// REQUIRES: InterleavedBytes(w) > 0.
+void InterleaveRows(const StoredMatrix& w, uint8_t* out);
+
 // y[m, n] = x[m, k] · W[n, k]^T with W = `w` (n = w.rows, k = w.cols), all row-major; x rows have
-// stride k, y rows stride n. REQUIRES: m >= 1.
+// stride k, y rows stride n. REQUIRES: m >= 1. A single row (m = 1) with fp32 activations reads
+// w.interleaved when it is set and the active ISA has its kernel; a row's result then does not
+// depend on how the team splits the product (whole groups always take the interleaved kernel).
 void MatMulStored(const float* x, int64_t m, const StoredMatrix& w, float* y);
 
 // out[i, :] = the dequantized row ids[i] - row_offset of `table` when that lies in

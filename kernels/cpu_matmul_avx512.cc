@@ -625,6 +625,106 @@ KV_AVX512 void DequantizeRowsAvx512(const StoredMatrix& w, int64_t r0, int64_t r
 }
 
 // ---------------------------------------------------------------------------------------------
+// Single-row products over interleaved groups of 16 rows (cpu_matmul.h, InterleaveRows): lane r
+// of every vector is weight row 16g + r. Per block the 16 rows' scales (and Q4_1's mins) convert
+// in one vcvtph2ps each; per quant byte j of the 16 rows one zero or sign extension and, for
+// Q4_1, a shift and two lookups in the constant table 0..15 (vpermps reads an index's low 4
+// bits; byte j holds weights j and j + 16), for Q8_0 one int->float conversion give the quants
+// as floats, multiplied into the 16 rows' sums by the activation broadcast. A block adds
+// d·(sum q x) (+ m·(sum x) for Q4_1), and the 16 results are one store.
+namespace {
+
+static_assert(kInterleaveRows == 16, "one zmm lane per interleaved row");
+
+// 16 signed bytes at p as floats.
+KV_AVX512_INLINE __m512 SignedQuants16(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(LoadBytes16(p)));
+}
+
+template <DType T>
+KV_AVX512 void InterleavedGroupsT(const float* x, const float* block_sums, const StoredMatrix& w,
+                                  int64_t g0, int64_t g1, float* y) {
+    constexpr size_t kGroupBlockBytes = kInterleaveRows * kBlockBytes<T>;  // 320 or 544
+    constexpr size_t kScaleBytes = T == DType::kQ4_1 ? 64 : 32;
+    const int64_t blocks = w.cols / kBlock;
+    const size_t group_bytes = static_cast<size_t>(blocks) * kGroupBlockBytes;
+    const int64_t groups = w.rows / kInterleaveRows;
+    const __m512 iota = Iota();
+    for (int64_t g = g0; g < g1; ++g) {
+        const uint8_t* group = w.interleaved + static_cast<size_t>(g) * group_bytes;
+        // The next group (5.6 KiB for Q4_1 at k = 576), a block's lines at a time, into L2: the
+        // stream a thread walks (see PrefetchAhead).
+        const bool prefetch = g + 1 < groups;
+        __m512 acc = _mm512_setzero_ps();
+        __m512 acc_min = _mm512_setzero_ps();
+        for (int64_t b = 0; b < blocks; ++b) {
+            const uint8_t* p = group + b * kGroupBlockBytes;
+            if (prefetch) {
+                for (size_t off = 0; off < kGroupBlockBytes; off += kCacheLine) {
+                    _mm_prefetch(reinterpret_cast<const char*>(p + group_bytes + off), _MM_HINT_T1);
+                }
+            }
+            const __m512 d =
+                _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+            const uint8_t* q = p + kScaleBytes;
+            const float* xb = x + b * kBlock;
+            __m512 s0 = _mm512_setzero_ps();
+            __m512 s1 = _mm512_setzero_ps();
+            __m512 s2 = _mm512_setzero_ps();
+            __m512 s3 = _mm512_setzero_ps();
+            if constexpr (T == DType::kQ4_1) {
+#pragma GCC unroll 8
+                for (int j = 0; j < 16; j += 2) {
+                    const __m512i i0 = _mm512_cvtepu8_epi32(LoadBytes16(q + 16 * j));
+                    const __m512i i1 = _mm512_cvtepu8_epi32(LoadBytes16(q + 16 * (j + 1)));
+                    s0 =
+                        _mm512_fmadd_ps(_mm512_permutexvar_ps(i0, iota), _mm512_set1_ps(xb[j]), s0);
+                    s1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(i0, 4), iota),
+                                         _mm512_set1_ps(xb[j + 16]), s1);
+                    s2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(i1, iota), _mm512_set1_ps(xb[j + 1]),
+                                         s2);
+                    s3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(i1, 4), iota),
+                                         _mm512_set1_ps(xb[j + 17]), s3);
+                }
+                const __m512 mn =
+                    _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+                acc_min = _mm512_fmadd_ps(mn, _mm512_set1_ps(block_sums[b]), acc_min);
+            } else {
+                static_assert(T == DType::kQ8_0);
+#pragma GCC unroll 8
+                for (int j = 0; j < 32; j += 4) {
+                    s0 = _mm512_fmadd_ps(SignedQuants16(q + 16 * j), _mm512_set1_ps(xb[j]), s0);
+                    s1 = _mm512_fmadd_ps(SignedQuants16(q + 16 * (j + 1)),
+                                         _mm512_set1_ps(xb[j + 1]), s1);
+                    s2 = _mm512_fmadd_ps(SignedQuants16(q + 16 * (j + 2)),
+                                         _mm512_set1_ps(xb[j + 2]), s2);
+                    s3 = _mm512_fmadd_ps(SignedQuants16(q + 16 * (j + 3)),
+                                         _mm512_set1_ps(xb[j + 3]), s3);
+                }
+            }
+            acc = _mm512_fmadd_ps(d, _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)),
+                                  acc);
+        }
+        _mm512_storeu_ps(y + g * kInterleaveRows, _mm512_add_ps(acc, acc_min));
+    }
+}
+
+}  // namespace
+
+KV_AVX512 void MatMulInterleavedAvx512(const float* x, const float* block_sums,
+                                       const StoredMatrix& w, int64_t g0, int64_t g1, float* y) {
+    KV_CHECK(w.interleaved != nullptr);
+    switch (w.dtype) {
+        case DType::kQ4_1:
+            return InterleavedGroupsT<DType::kQ4_1>(x, block_sums, w, g0, g1, y);
+        case DType::kQ8_0:
+            return InterleavedGroupsT<DType::kQ8_0>(x, block_sums, w, g0, g1, y);
+        default:
+            KV_CHECK(false) << "no interleaved kernel for " << DTypeName(w.dtype);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Int8 activations (ActivationFormat::kInt8): VNNI dot products of 8-bit activation blocks with
 // the weights' integer quants, one fp32 scale per block and row.
 //

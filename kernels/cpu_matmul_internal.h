@@ -21,6 +21,11 @@ void MatMulRowsAvx512(const float* x, int64_t m, const StoredMatrix& w, int64_t 
 void DequantizeRowsAvx512(const StoredMatrix& w, int64_t r0, int64_t r1, float* out);
 void MatMulRowsAvx2(const float* x, int64_t m, const StoredMatrix& w, int64_t n0, int64_t n1,
                     float* y);
+// One activation row against the interleaved groups [g0, g1) of w (cpu_matmul.h, InterleaveRows):
+// y[16 g + r] for r < kInterleaveRows. block_sums[b] = the sum of x's block b (32 floats; read
+// for Q4_1 only). REQUIRES: w.interleaved set, w.dtype Q4_1 or Q8_0, the CPU supports AVX-512.
+void MatMulInterleavedAvx512(const float* x, const float* block_sums, const StoredMatrix& w,
+                             int64_t g0, int64_t g1, float* y);
 void DequantizeRowsAvx2(const StoredMatrix& w, int64_t r0, int64_t r1, float* out);
 
 // The int8-activation kernels (kernels/cpu_matmul.h, ActivationFormat::kInt8) for Q8_0, Q4_0 and

@@ -110,6 +110,22 @@ ModelRunner::ModelRunner(const ModelSpec& spec, std::unique_ptr<Backend> backend
             << "collective rank " << collective_->rank() << "/" << collective_->size()
             << " for the weights of rank " << shard.rank << "/" << shard.tp;
     }
+    if (auto* packer = dynamic_cast<DecodeWeightPacker*>(backend_.get());
+        packer != nullptr && options.pack_decode_weights) {
+        // The products' weights and the classifier, tied to the embedding or not (the gather
+        // reads the embedding's stored rows, never the copy).
+        std::vector<WeightView*> products;
+        for (LayerWeights& w : weights_.layers) {
+            products.insert(products.end(), {&w.qkv, &w.wo, &w.gate_up, &w.down});
+        }
+        products.push_back(weights_.output.data != nullptr ? &weights_.output
+                                                           : &weights_.embedding);
+        for (WeightView* w : products) {
+            Result<BackendBuffer> copy = packer->PackForDecode(w);
+            KV_CHECK(copy.ok()) << copy.status().ToString();
+            if (copy->data() != nullptr) decode_copies_.push_back(std::move(*copy));
+        }
+    }
     // Constants: the RoPE frequencies (computed once on the host, as the model defines them; the
     // windowed layers' own when they have a base of their own) and the KV head of each query
     // head, copied to the backend once.

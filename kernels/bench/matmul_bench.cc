@@ -6,11 +6,13 @@
 //
 //   kvshard_matmul_bench [--dtypes Q4_1,Q8_0,F32] [--m 1,16,128] [--threads 1,2]
 //                        [--isa portable|avx2|avx512] [--activations fp32,int8] [--hot]
-//                        [--min-ms N] [--gemm auto,off,on]
+//                        [--min-ms N] [--gemm auto,off,on] [--interleaved]
 //
 // --gemm lists the modes of the batched-decode kernel (kernels/cpu_gemm.h) each case runs with:
 // auto (MatMulStored's own choice), off (the register-tiled kernels or sgemm panels) and on (the
 // kernel at any m); the "gemm" column says whether it ran.
+// --interleaved gives each Q4_1 matrix its interleaved copy (kernels/cpu_matmul.h), which
+// single-row products read on AVX-512 (batch-1 decode's layout; the runner makes it).
 // --activations lists the activation formats (kernels/cpu_matmul.h) each case runs with, in the
 // same process one after the other; "vs fp32" is the fp32 time over this one (above 1: faster).
 // cpu-us is the least CPU time per call and thread over the 5 runs, and "cpu vs" the same ratio
@@ -176,6 +178,7 @@ int main(int argc, char** argv) {
     std::string isa_name;
     std::vector<std::string> activation_names = {"fp32", "int8"};
     bool hot = false;
+    bool interleaved = false;
     double min_ms = 150;
     std::vector<std::string> gemm_names = {"auto"};
     for (int i = 1; i < argc; ++i) {
@@ -193,6 +196,8 @@ int main(int argc, char** argv) {
             activation_names = Split(argv[++i]);
         } else if (arg == "--hot") {
             hot = true;
+        } else if (arg == "--interleaved") {
+            interleaved = true;
         } else if (arg == "--min-ms" && has_value) {
             min_ms = std::atof(argv[++i]);
         } else if (arg == "--gemm" && has_value) {
@@ -201,7 +206,7 @@ int main(int argc, char** argv) {
             std::fprintf(stderr,
                          "usage: %s [--dtypes Q4_1,Q8_0,F32] [--m 1,16,128] [--threads 1,2] "
                          "[--isa portable|avx2|avx512] [--activations fp32,int8] [--hot] "
-                         "[--min-ms N] [--gemm auto,off,on]\n",
+                         "[--min-ms N] [--gemm auto,off,on] [--interleaved]\n",
                          argv[0]);
             return 2;
         }
@@ -282,6 +287,18 @@ int main(int argc, char** argv) {
             for (size_t c = 1; c < copies; ++c) {
                 std::memcpy(base + c * stride, base, matrix_bytes);
             }
+            const StoredMatrix first{dtype, base, shape.n, shape.k};
+            const size_t packed_bytes = interleaved ? kvshard::cpu::InterleavedBytes(first) : 0;
+            std::vector<uint8_t> packed_storage(packed_bytes > 0 ? stride * copies + 64 : 0);
+            uint8_t* packed = nullptr;
+            if (packed_bytes > 0) {
+                packed = packed_storage.data() +
+                         (64 - reinterpret_cast<uintptr_t>(packed_storage.data()) % 64);
+                kvshard::cpu::InterleaveRows(first, packed);
+                for (size_t c = 1; c < copies; ++c) {
+                    std::memcpy(packed + c * stride, packed, packed_bytes);
+                }
+            }
             for (const std::string& m_text : m_values) {
                 const int64_t m = std::atoll(m_text.c_str());
                 if (m <= 0) continue;
@@ -308,7 +325,8 @@ int main(int argc, char** argv) {
                                                                                           : "fp32";
                             size_t next = 0;
                             const auto call = [&] {
-                                const StoredMatrix w{dtype, base + next * stride, shape.n, shape.k};
+                                const StoredMatrix w{dtype, base + next * stride, shape.n, shape.k,
+                                                     packed ? packed + next * stride : nullptr};
                                 next = (next + 1) % copies;
                                 kvshard::cpu::MatMulStored(x.data(), m, w, y.data());
                             };

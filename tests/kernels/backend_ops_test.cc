@@ -167,7 +167,8 @@ TEST_P(BackendOps, MatMulAgainstTheDequantizedWeight) {
         const std::vector<float> x = Random(static_cast<size_t>(r.m * r.k), 3);
         const WeightView view{.dtype = r.dtype, .data = dev.Put(w), .rows = r.n, .cols = r.k};
         float* y = dev.Put(std::vector<float>(static_cast<size_t>(r.m * r.n)));
-        backend_->MatMul(dev.Put(x), r.m, view, y);
+        const float* xd = dev.Put(x);
+        backend_->MatMul(xd, r.m, view, y);
         const std::vector<double> wd = DequantizedRows(r.dtype, w, r.n, r.k);
         std::vector<double> want(static_cast<size_t>(r.m * r.n));
         for (int64_t i = 0; i < r.m; ++i) {
@@ -182,6 +183,17 @@ TEST_P(BackendOps, MatMulAgainstTheDequantizedWeight) {
         const bool bf16 = backend_->kind() == BackendKind::kCuda && r.dtype != DType::kF32;
         EXPECT_LE(NormalizedError(dev.Get(y, want.size()), want), bf16 ? 1e-2 : 2e-5)
             << DTypeName(r.dtype) << " m=" << r.m << " n=" << r.n << " k=" << r.k;
+        // Again with the backend's single-row copy of the weight, where it makes one.
+        if (auto* packer = dynamic_cast<DecodeWeightPacker*>(backend_.get())) {
+            WeightView packed = view;
+            Result<BackendBuffer> copy = packer->PackForDecode(&packed);
+            ASSERT_TRUE(copy.ok()) << copy.status().ToString();
+            EXPECT_EQ(copy->data() != nullptr, packed.decode_copy != nullptr);
+            backend_->MatMul(xd, r.m, packed, y);
+            EXPECT_LE(NormalizedError(dev.Get(y, want.size()), want), 2e-5)
+                << DTypeName(r.dtype) << " m=" << r.m << " n=" << r.n << " k=" << r.k
+                << " with the decode copy";
+        }
     }
 }
 

@@ -12,6 +12,7 @@
 
 #include "common/dtype.h"
 #include "kernels/cpu_matmul_internal.h"
+#include "kernels/cpu_ops.h"
 #include "tests/kernels/quant_scale_offsets.h"
 
 namespace kvshard::cpu {
@@ -218,6 +219,112 @@ TEST(MatMulStoredF32Test, AlignedAndUnalignedWeightsAgree) {
     MatMulStored(x.data(), m, unaligned.matrix(), y1.data());
     EXPECT_LE(NormalizedError(y1, Reference(x, m, aligned)), 1e-5);
     EXPECT_LE(NormalizedError(y0, Reference(x, m, aligned)), 1e-5);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The interleaved copy of Q4_1 and Q8_0 rows that single-row products read (cpu_matmul.h).
+
+// `w` with its interleaved copy (when the active ISA has one).
+class InterleavedCopy {
+  public:
+    explicit InterleavedCopy(const StoredMatrix& w) : matrix_(w) {
+        bytes_.resize(InterleavedBytes(w));
+        if (bytes_.empty()) return;
+        InterleaveRows(w, bytes_.data());
+        matrix_.interleaved = bytes_.data();
+    }
+    const StoredMatrix& matrix() const { return matrix_; }
+    size_t bytes() const { return bytes_.size(); }
+
+  private:
+    std::vector<uint8_t> bytes_;
+    StoredMatrix matrix_;
+};
+
+std::vector<float> Product(const std::vector<float>& x, int64_t m, const StoredMatrix& w) {
+    std::vector<float> y(static_cast<size_t>(m * w.rows), std::nanf(""));
+    MatMulStored(x.data(), m, w, y.data());
+    return y;
+}
+
+class TeamSizeScope {
+  public:
+    explicit TeamSizeScope(int threads) : saved_(NumThreads()) { SetThisThreadNumThreads(threads); }
+    ~TeamSizeScope() { SetThisThreadNumThreads(saved_); }
+
+  private:
+    int saved_;
+};
+
+// Whole groups and a tail (70 = 4 x 16 + 6), the default model's qkv and down, one group.
+constexpr Shape kInterleavedShapes[] = {{960, 576}, {70, 1536}, {576, 1536}, {16, 32}, {37, 64}};
+
+constexpr DType kInterleavedDTypes[] = {DType::kQ4_1, DType::kQ8_0};
+
+TEST(InterleavedTest, SingleRowMatchesReferenceAndIsTheSameOnEveryTeamSize) {
+    const KernelIsaScope scope(KernelIsa::kAvx512);
+    if (ActiveKernelIsa() != KernelIsa::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU";
+    for (DType dtype : kInterleavedDTypes) {
+        for (const Shape& shape : kInterleavedShapes) {
+            const RandomStoredMatrix w(dtype, shape.n, shape.k, 31);
+            const InterleavedCopy copy(w.matrix());
+            const std::string what = std::string(DTypeName(dtype)) +
+                                     " n=" + std::to_string(shape.n) +
+                                     " k=" + std::to_string(shape.k);
+            ASSERT_EQ(copy.bytes(),
+                      static_cast<size_t>(shape.n / kInterleaveRows * kInterleaveRows) *
+                          RowBytes(dtype, shape.k))
+                << what;
+            const std::vector<float> x = RandomFloats(static_cast<size_t>(shape.k), 32);
+            std::vector<float> alone;
+            {
+                const TeamSizeScope one(1);
+                alone = Product(x, 1, copy.matrix());
+            }
+            EXPECT_LE(NormalizedError(alone, Reference(x, 1, w)), 1e-5) << what;
+            const TeamSizeScope two(2);
+            // The team's split (and who takes the tail) does not change a single bit.
+            EXPECT_EQ(Product(x, 1, copy.matrix()), alone) << what;
+            EXPECT_EQ(Product(x, 1, copy.matrix()), alone) << what;
+            // Not the stored layout's kernel: the sums run in another order.
+            EXPECT_NE(Product(x, 1, w.matrix()), alone) << what;
+        }
+    }
+}
+
+TEST(InterleavedTest, OtherProductsReadTheStoredRows) {
+    const std::vector<float> x = RandomFloats(3 * 576, 42);
+    for (DType dtype : kInterleavedDTypes) {
+        const RandomStoredMatrix w(dtype, 70, 576, 41);
+        for (KernelIsa isa : kAllIsas) {
+            const KernelIsaScope scope(KernelIsa::kAvx512);
+            const InterleavedCopy copy(w.matrix());
+            if (copy.bytes() == 0) GTEST_SKIP() << "no AVX-512 on this CPU";
+            ForceKernelIsa(isa);
+            // Batches, and a single row on an ISA without the interleaved kernel.
+            for (int64_t m : {1, 2, 3}) {
+                if (m == 1 && ActiveKernelIsa() == KernelIsa::kAvx512) continue;
+                EXPECT_EQ(Product(x, m, copy.matrix()), Product(x, m, w.matrix()))
+                    << KernelIsaName(isa) << " " << DTypeName(dtype) << " m=" << m;
+            }
+            // 8-bit activations.
+            ForceActivationFormat(ActivationFormat::kInt8);
+            EXPECT_EQ(Product(x, 1, copy.matrix()), Product(x, 1, w.matrix()))
+                << KernelIsaName(isa) << " " << DTypeName(dtype);
+        }
+    }
+}
+
+TEST(InterleavedTest, OnlyQ41AndQ80OnAvx512HaveACopy) {
+    for (DType dtype : {DType::kQ4_0, DType::kQ5_0, DType::kF16}) {
+        const RandomStoredMatrix w(dtype, 64, 64, 51);
+        EXPECT_EQ(InterleavedBytes(w.matrix()), 0u) << DTypeName(dtype);
+    }
+    const RandomStoredMatrix small(DType::kQ4_1, 15, 64, 52);
+    EXPECT_EQ(InterleavedBytes(small.matrix()), 0u);  // no whole group
+    const RandomStoredMatrix w(DType::kQ4_1, 64, 64, 53);
+    const KernelIsaScope scope(KernelIsa::kAvx2);
+    EXPECT_EQ(InterleavedBytes(w.matrix()), 0u);
 }
 
 TEST(MatMulStoredTest, EmptyMatrices) {
