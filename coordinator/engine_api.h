@@ -13,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "comm/step_plan.h"  // SampledToken (a delta's logprobs)
 #include "common/clock.h"
 #include "common/request.h"
 #include "common/status.h"
@@ -72,7 +71,7 @@ struct GenerationDelta {
     int index = 0;  // choice
     std::string text;
     std::vector<int32_t> token_ids;
-    std::vector<SampledToken> logprobs;         // one per token id, when requested
+    std::vector<GeneratedTokenLogprob> logprobs;  // one per token id, when requested
     std::optional<FinishReason> finish_reason;  // set on the last delta of this choice
     // Once, on a delta of choice 0 with no tokens, when num_prompt_logprobs >= 0 and the prompt
     // has more than one token: the prompt tokens 1 .. end, in order (token 0 has no logprob).

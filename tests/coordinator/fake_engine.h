@@ -181,11 +181,11 @@ class FakeEngine : public Engine {
                         d.text = options_.script[i % options_.script.size()];
                         d.token_ids = {kFirstTokenId + static_cast<int32_t>(i % 26)};
                         if (a.request.num_top_logprobs >= 0) {
-                            SampledToken t;
+                            GeneratedTokenLogprob t;
                             t.token_id = d.token_ids[0];
                             t.logprob = -0.5f;
                             for (int k = 0; k < a.request.num_top_logprobs; ++k) {
-                                t.top_logprobs.push_back({kFirstTokenId + k, -1.0f - k});
+                                t.top.push_back({kFirstTokenId + k, -1.0f - k});
                             }
                             d.logprobs.push_back(t);
                         }
