@@ -122,10 +122,11 @@ void InstanceEngine::HandleTransfers(const StepPlan& plan, const StepResult& res
         if (where == by_seq_.end()) continue;
         RequestState& r = *where->second.first;
         spdlog::warn("[{}] request {}: sending its KV to {} failed ({}); decoding it here",
-                     config_.name, r.request.request_id, r.handoff_to->config().name, f->error);
+                     config_.name, r.request.request_id, r.handoff_to->config().name,
+                     f->status().ToString());
         r.handoff_to->DiscardTransfer(r.transfer_id);
         r.handoff_to = nullptr;
-        if (config_.observer != nullptr) config_.observer->OnKvTransferFailed();
+        if (config_.observer != nullptr) config_.observer->OnKvTransferFailed(f->status());
     }
     // Decode side.
     for (const KvRecvOp& op : plan.kv_recvs) {
@@ -134,10 +135,10 @@ void InstanceEngine::HandleTransfers(const StepPlan& plan, const StepResult& res
         RequestState& r = *where->second.first;
         if (const TransferFailure* f = failure(op.transfer_id); f != nullptr) {
             spdlog::warn("[{}] request {}: receiving its KV failed ({}); it goes back to {}",
-                         config_.name, r.request.request_id, f->error,
+                         config_.name, r.request.request_id, f->status().ToString(),
                          r.handoff_from->config().name);
-            if (config_.observer != nullptr) config_.observer->OnKvTransferFailed();
-            ReturnHandoff(r.request.request_id, Status(StatusCode::kUnavailable, f->error));
+            if (config_.observer != nullptr) config_.observer->OnKvTransferFailed(f->status());
+            ReturnHandoff(r.request.request_id, f->status());
             continue;
         }
         r.choices[0]->num_incoming_tokens = 0;

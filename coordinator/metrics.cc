@@ -393,7 +393,7 @@ void ServerMetrics::OnKvTransfer(int64_t bytes, double seconds) {
     kv_transfers_.Add();
 }
 
-void ServerMetrics::OnKvTransferFailed() { kv_transfer_failures_.Add(); }
+void ServerMetrics::OnKvTransferFailed(const Status& /*status*/) { kv_transfer_failures_.Add(); }
 
 void ServerMetrics::OnStepTokens(int64_t num_tokens) {
     iteration_tokens_.Observe(static_cast<double>(num_tokens));

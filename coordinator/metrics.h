@@ -186,7 +186,7 @@ class ServerMetrics : public EngineObserver {
     void OnFirstToken(const std::string& pool, double seconds_since_arrival) override;
     void OnInterToken(const std::string& pool, double seconds) override;
     void OnKvTransfer(int64_t bytes, double seconds) override;
-    void OnKvTransferFailed() override;
+    void OnKvTransferFailed(const Status& status) override;
     void OnStepTokens(int64_t num_tokens) override;
     void OnRequestFinished(const FinishedRequestStats& stats) override;
 

@@ -246,7 +246,7 @@ TEST(Metrics, ServerMetricsObserver) {
                 m.OnKvTransfer(o.bytes, o.seconds);
                 break;
             case Call::kFailed:
-                m.OnKvTransferFailed();
+                m.OnKvTransferFailed(Status(StatusCode::kDeadlineExceeded, "late"));
                 break;
         }
     }
@@ -338,7 +338,8 @@ TEST(Metrics, ServerMetricsObserverConcurrent) {
                 m.OnFirstToken(pool, 0.5);
                 m.OnInterToken(pool, 0.25);
                 m.OnKvTransfer(1000, 0.125);
-                if (i % 10 == 0) m.OnKvTransferFailed();
+                if (i % 10 == 0)
+                    m.OnKvTransferFailed(Status(StatusCode::kDeadlineExceeded, "late"));
             }
         });
     }

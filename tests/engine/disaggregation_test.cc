@@ -5,6 +5,7 @@
 // leaks and nothing stays staged.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -39,11 +40,21 @@ class RecordingObserver : public EngineObserver {
         transfers++;
         bytes_total += bytes;
     }
-    void OnKvTransferFailed() override { failures++; }
+    void OnKvTransferFailed(const Status& status) override {
+        failures++;
+        std::lock_guard<std::mutex> lock(mu);
+        failure_codes.push_back(status.code());
+    }
+    // How many failures had `code`.
+    int64_t FailuresWith(StatusCode code) {
+        std::lock_guard<std::mutex> lock(mu);
+        return std::count(failure_codes.begin(), failure_codes.end(), code);
+    }
     std::atomic<int64_t> ttft_prefill{0}, ttft_other{0}, itl{0}, transfers{0}, bytes_total{0},
         failures{0};
     std::mutex mu;
     std::vector<std::string> first_token_pools;  // guarded by mu
+    std::vector<StatusCode> failure_codes;       // guarded by mu
 };
 
 // Lets a test take an instance's workers down (as a dead worker process would) and up again.
@@ -274,6 +285,8 @@ TEST_F(Disaggregation, UnreachableDecodeFallsBackToThePrefillInstance) {
     ASSERT_TRUE(router.ok());
     EXPECT_EQ(Run(**router, prompts, 16, true), expected);
     EXPECT_EQ(observer_.failures.load(), 8);
+    // The worker's Status reaches the engine with its code: the receiver is not there.
+    EXPECT_EQ(observer_.FailuresWith(StatusCode::kUnavailable), 8);
     EXPECT_EQ(observer_.transfers.load(), 0);
     ExpectClean(prefill);
     ExpectClean(decode);
@@ -343,6 +356,8 @@ TEST_F(Disaggregation, ReceiveTimeoutReturnsTheRequestToThePrefillInstance) {
     ASSERT_TRUE(router.ok());
     EXPECT_EQ(Run(**router, prompts, 12, true), expected);
     EXPECT_EQ(observer_.failures.load(), 4);
+    // The decode workers' Status reaches the engine with its code: the pieces never came.
+    EXPECT_EQ(observer_.FailuresWith(StatusCode::kDeadlineExceeded), 4);
     ExpectClean(prefill);
     ExpectClean(decode);
 }
