@@ -8,18 +8,6 @@
 
 namespace kvshard {
 
-std::string_view InstanceRoleName(InstanceRole role) {
-    switch (role) {
-        case InstanceRole::kMixed:
-            return "mixed";
-        case InstanceRole::kPrefill:
-            return "prefill";
-        case InstanceRole::kDecode:
-            return "decode";
-    }
-    return "mixed";
-}
-
 Status InstanceEngine::Submit(GenerationRequest request, std::shared_ptr<RequestSink> sink) {
     return SubmitWithHandoff(std::move(request), std::move(sink), nullptr, 0);
 }
@@ -180,7 +168,8 @@ Status InstanceEngine::SubmitWithHandoff(GenerationRequest request,
     {
         std::lock_guard<std::mutex> lock(mu_);
         if (stopping_) return Status(StatusCode::kUnavailable, "the engine is shutting down");
-        if (num_queued_ >= config_.scheduler.max_num_seqs + config_.max_waiting_requests) {
+        if (num_queued_ >=
+            config_.scheduler.max_num_seqs + config_.scheduler.max_waiting_requests) {
             return Status(
                 StatusCode::kResourceExhausted,
                 "too many requests in flight (" + std::to_string(num_queued_) + "); retry later");

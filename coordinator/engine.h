@@ -50,6 +50,7 @@
 
 #include "comm/step_executor.h"
 #include "common/clock.h"
+#include "config/engine_config.h"
 #include "coordinator/engine_api.h"
 #include "coordinator/engine_snapshot.h"
 #include "coordinator/output_stage.h"
@@ -63,36 +64,28 @@ namespace grammar {
 class Vocabulary;
 }
 
-class EngineObserver;
-
-enum class InstanceRole { kMixed, kPrefill, kDecode };
-std::string_view InstanceRoleName(InstanceRole role);
-
-struct KvHandoffConfig {
-    // Send each layer's KV as soon as the prefill step wrote it (true), or all layers after the
-    // step (false, the default: see docs/disaggregation.md for the measurements).
-    bool layerwise = false;
-    int64_t timeout_ms = 10'000;  // per transfer, on each side
-};
-
 // A request's prompt-caching breakpoints: at most 4 (as Anthropic allows), prefix_tokens
 // increasing within 1..prompt_tokens, ttl_ms within 1 ms..24 h; InvalidArgument naming the
 // breakpoint and field otherwise. Submit checks them.
 Status ValidateCacheBreakpoints(const std::vector<CacheBreakpoint>& breakpoints,
                                 int64_t prompt_tokens);
 
+// The settings of one instance's engine. The scheduler, block and handoff settings are the config
+// file's own sections (config/engine_config.h), taken whole: `kvshard serve` sets
+// `scheduler = config.scheduler`, `blocks = config.kv_cache` (with the resolved num_blocks and
+// the model's group_windows) and `handoff = config.kv_transfer`.
 struct InstanceEngineConfig {
     std::string name = "instance-0";  // in logs and metrics
     std::string pool = "default";     // the pool it belongs to (per-pool metrics)
-    InstanceRole role = InstanceRole::kMixed;
+    PoolRole role = PoolRole::kMixed;
     int32_t tp = 1;
     std::vector<std::string> kv_endpoints;  // KV transport endpoint of each rank (handoff only)
-    KvHandoffConfig handoff;
+    KvTransferConfig handoff;
     EngineObserver* observer = nullptr;  // not owned; may be null
+    // max_waiting_requests: Submit returns ResourceExhausted beyond max_num_seqs + it.
     SchedulerConfig scheduler;
     kv::BlockManagerConfig blocks;
     int64_t max_context = 2048;           // prompt + generated tokens of one sequence
-    int64_t max_waiting_requests = 256;   // Submit returns ResourceExhausted beyond this
     std::vector<int32_t> stop_token_ids;  // EOS (and the like); ignored with ignore_eos
     // What arrival, token and handoff times are read from; null: Clock::Real(). Not owned.
     const Clock* clock = nullptr;

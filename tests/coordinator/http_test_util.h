@@ -44,14 +44,10 @@ inline std::unique_ptr<Tokenizer> ByteTokenizer() {
 
 struct TestServerOptions {
     FakeEngine::Options engine;
-    HttpConfig http;
-    std::vector<std::string> api_keys;
+    HttpConfig http;  // the API's settings too (api_keys, max_prompt_bytes, ...)
     bool chat_template = true;
     std::optional<ChatTemplate> custom_chat_template;  // set: used instead of ChatML
     std::shared_ptr<Tokenizer> tokenizer;              // null: ByteTokenizer()
-    int64_t max_prompt_bytes = 0;
-    HttpConfig::ContentSpecialTokens content_special_tokens =
-        HttpConfig::ContentSpecialTokens::kText;
     std::vector<std::string> model_aliases;             // ServedModel::aliases
     std::string tokenizer_json, tokenizer_config_json;  // GET /v1/models/{id}/tokenizer...
 };
@@ -69,9 +65,7 @@ class TestServer {
                 ChatTemplate::FromStyle(ChatTemplateStyle::kChatMl, {"", "<|im_end|>"});
         }
         if (options.custom_chat_template) api.chat_template = options.custom_chat_template;
-        api.api_keys = options.api_keys;
-        api.max_prompt_bytes = options.max_prompt_bytes;
-        api.content_special_tokens = options.content_special_tokens;
+        api.http = options.http;
         api.model.aliases = options.model_aliases;
         api.tokenizer_json = options.tokenizer_json;
         api.tokenizer_config_json = options.tokenizer_config_json;
