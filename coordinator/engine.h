@@ -91,39 +91,6 @@ struct InstanceEngineConfig {
     const Clock* clock = nullptr;
 };
 
-// A request that finished (every choice ended, status OK) as the engine saw it, for the
-// per-request histograms vLLM's dashboards read. Times are seconds on the engine's clock; the
-// phases follow vLLM's: queue = arrival -> first scheduled in a step; prefill = first scheduled
-// -> first generated token; decode = first -> last generated token (of any choice); inference =
-// prefill + decode. A request that never got a token (aborted while waiting) has prefill and
-// decode 0 and its queue time up to its end.
-struct FinishedRequestStats {
-    double queue_seconds = 0.0;
-    double prefill_seconds = 0.0;
-    double decode_seconds = 0.0;
-    double inference_seconds = 0.0;
-    int64_t prompt_tokens = 0;
-    int64_t generation_tokens = 0;  // over all choices
-    int n = 1;
-    int64_t max_tokens = 0;
-};
-
-// Latency observations, called from engine threads (must be thread-safe and quick).
-class EngineObserver {
-  public:
-    virtual ~EngineObserver() = default;
-    virtual void OnFirstToken(const std::string& pool, double seconds_since_arrival) = 0;
-    virtual void OnInterToken(const std::string& pool, double seconds) = 0;
-    // A KV handoff completed: bytes moved (all ranks) and seconds from the prefill step's end to
-    // the end of the decode step that received it.
-    virtual void OnKvTransfer(int64_t bytes, double seconds) = 0;
-    virtual void OnKvTransferFailed() = 0;
-    // A step ran: the tokens it computed (prompt chunks plus one per decoding sequence).
-    virtual void OnStepTokens(int64_t /*num_tokens*/) {}
-    // On the instance where the request ended (the decode instance after a handoff).
-    virtual void OnRequestFinished(const FinishedRequestStats& /*stats*/) {}
-};
-
 class InstanceEngine : public Engine {
   public:
     struct Handoff;  // a request on its way from a prefill instance to a decode instance
@@ -205,10 +172,13 @@ class InstanceEngine : public Engine {
     void ReturnHandoff(const std::string& request_id, const Status& status);
     void ResumeHandoff(uint64_t transfer_id, std::unique_ptr<Handoff> returned,
                        const Status& status);
+    // Latencies (engine_latency.cc), measured here only, from the request's arrival: a
+    // generated token of choice `index` (its time to first token or inter-token gap), the first
+    // time each request of `plan` is scheduled (its queue time ends), and the request's end
+    // (REQUIRES: called once per request, just before its sink's OnFinish; any thread).
     void ObserveToken(RequestState& r, int index);
-    // Stamps the first time each request of `plan` is scheduled (its queue time ends).
     void ObserveScheduled(const StepPlan& plan);
-    void ObserveFinished(const RequestState& r);
+    void ObserveFinished(const RequestState& r, const Status& status) const;
     // Pins the request's cache breakpoints on choice 0's computed prompt (not on a decode
     // instance) and sets its usage.cache_creation_tokens.
     void MakePins(RequestState& r);

@@ -55,9 +55,10 @@ struct TestServerOptions {
 // FakeEngine + ApiService + HttpServer on 127.0.0.1, an ephemeral port.
 class TestServer {
   public:
-    explicit TestServer(TestServerOptions options = {}) : engine_(options.engine) {
+    explicit TestServer(TestServerOptions options = {})
+        : metrics_(std::make_shared<ServerMetrics>("test-model")),
+          engine_(WithObserver(options.engine, metrics_.get())) {
         tokenizer_ = options.tokenizer ? options.tokenizer : ByteTokenizer();
-        metrics_ = std::make_shared<ServerMetrics>("test-model");
         ApiServiceOptions api;
         api.model = {"test-model", "/models/test-model.gguf", tokenizer_->vocab_size()};
         if (options.chat_template) {
@@ -84,9 +85,14 @@ class TestServer {
     HttpServer& server() { return *server_; }
 
   private:
+    static FakeEngine::Options WithObserver(FakeEngine::Options o, EngineObserver* observer) {
+        o.observer = observer;
+        return o;
+    }
+
+    std::shared_ptr<ServerMetrics> metrics_;  // the engine's observer: outlives it
     FakeEngine engine_;  // outlives the server: sessions abort into it when they close
     std::shared_ptr<Tokenizer> tokenizer_;
-    std::shared_ptr<ServerMetrics> metrics_;
     std::unique_ptr<ApiService> api_;
     std::unique_ptr<HttpServer> server_;
 };
