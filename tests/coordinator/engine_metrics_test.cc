@@ -198,9 +198,10 @@ TEST_F(EngineMetrics, ChoicesAreOneRequest) {
 
 // The latencies are the engine's alone, measured once from the request's arrival: the
 // model-wide and the pool's histograms hold the same observations. Read at 10 s, submitted at
-// 11 s; the prefill step ends at 11.25 s with each choice's first token (time to first token
-// 1.25 s, once for the request), then two decode steps give each of the 2 choices 2 more tokens
-// 0.25 s apart (4 inter-token gaps); the request ends at 11.75 s.
+// 11 s; the choices' first tokens come at 11.5 s, after two steps of 0.25 s (the shared prompt,
+// then the forked choices), so time to first token is 1.5 s, once for the request; two more steps
+// give each of the 2 choices 2 more tokens 0.25 s apart (4 inter-token gaps); the request ends at
+// 12 s.
 TEST_F(EngineMetrics, LatenciesAreTheEnginesFromOneArrival) {
     clock_.AdvanceSeconds(10);
     GenerationRequest r = Request(/*n=*/2, /*max_tokens=*/3);
@@ -210,7 +211,7 @@ TEST_F(EngineMetrics, LatenciesAreTheEnginesFromOneArrival) {
     const auto s = Scrape();
     const std::string pool = "{model_name=\"m\",pool=\"default\"}";
     EXPECT_EQ(s.at("kvshard:time_to_first_token_seconds_count" + kModel), 1);
-    EXPECT_DOUBLE_EQ(s.at("kvshard:time_to_first_token_seconds_sum" + kModel), 1.25);
+    EXPECT_DOUBLE_EQ(s.at("kvshard:time_to_first_token_seconds_sum" + kModel), 1.5);
     EXPECT_EQ(s.at("kvshard:inter_token_latency_seconds_count" + kModel), 4);
     EXPECT_DOUBLE_EQ(s.at("kvshard:inter_token_latency_seconds_sum" + kModel), 4 * 0.25);
     for (const char* h : {"time_to_first_token_seconds", "inter_token_latency_seconds"}) {
@@ -221,7 +222,7 @@ TEST_F(EngineMetrics, LatenciesAreTheEnginesFromOneArrival) {
         }
     }
     EXPECT_EQ(s.at("kvshard:e2e_request_latency_seconds_count" + kModel), 1);
-    EXPECT_DOUBLE_EQ(s.at("kvshard:e2e_request_latency_seconds_sum" + kModel), 1.75);
+    EXPECT_DOUBLE_EQ(s.at("kvshard:e2e_request_latency_seconds_sum" + kModel), 2.0);
     EXPECT_EQ(s.at("kvshard:generation_tokens_total" + kModel), 6);
     EXPECT_EQ(s.at("kvshard:request_success_total{model_name=\"m\",finished_reason=\"length\"}"),
               1);
