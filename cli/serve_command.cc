@@ -335,25 +335,19 @@ int RunServe(ServeFlags f) {
         InstanceEngineConfig ec;
         ec.name = inst.name;
         ec.pool = pool.name;
-        ec.role = pool.role == PoolRole::kPrefill  ? InstanceRole::kPrefill
-                  : pool.role == PoolRole::kDecode ? InstanceRole::kDecode
-                                                   : InstanceRole::kMixed;
+        ec.role = pool.role;
         ec.tp = ic.tp;
         ec.kv_endpoints = endpoints;
-        ec.handoff.layerwise = c.kv_transfer.layerwise;
-        ec.handoff.timeout_ms = c.kv_transfer.timeout_ms;
         ec.observer = metrics.get();
-        ec.scheduler.max_num_seqs = c.scheduler.max_num_seqs;
-        ec.scheduler.max_num_batched_tokens = c.scheduler.max_num_batched_tokens;
+        // The file's sections as they are (config/engine_config.h); the block manager's with
+        // what serve resolved: the pool's size, and one block table per KV cache group, as the
+        // workers' pools hold them.
+        ec.scheduler = c.scheduler;
+        ec.handoff = c.kv_transfer;
+        ec.blocks = c.kv_cache;
         ec.blocks.num_blocks = pi.runner.num_kv_blocks;
-        ec.blocks.block_size = c.kv_cache.block_size;
-        // One block table per KV cache group, as the workers' pools hold them.
         ec.blocks.group_windows = kv_group_windows;
-        ec.blocks.enable_prefix_caching = c.kv_cache.enable_prefix_caching;
-        ec.blocks.max_pinned_fraction = c.kv_cache.max_pinned_fraction;
-        ec.blocks.min_pinned_tokens = c.kv_cache.min_pinned_tokens;
         ec.max_context = max_context;
-        ec.max_waiting_requests = c.scheduler.max_waiting_requests;
         ec.stop_token_ids = stop_token_ids;
         if (Status st = InstanceEngine::ValidateConfig(ec); !st.ok())
             return Fail(c.source + ": " + st.message());
@@ -366,9 +360,8 @@ int RunServe(ServeFlags f) {
             ec, *stop_ids_of.tokenizer, inst.step_logger != nullptr ? *inst.step_logger : executor);
         inst.engine->Start();
         spdlog::info("instance {} ({} pool {}): tp {}, {} KV blocks of {} tokens, {} workers on {}",
-                     inst.name, InstanceRoleName(ec.role), pool.name, ic.tp,
-                     pi.runner.num_kv_blocks, c.kv_cache.block_size,
-                     WorkersModeName(c.workers.mode),
+                     inst.name, PoolRoleName(ec.role), pool.name, ic.tp, pi.runner.num_kv_blocks,
+                     c.kv_cache.block_size, WorkersModeName(c.workers.mode),
                      pi.runner.backend.kind == BackendKind::kCuda
                          ? "GPU " + std::to_string(pi.runner.backend.device)
                          : std::string("the CPU"));
@@ -395,9 +388,7 @@ int RunServe(ServeFlags f) {
     ao.model.path = c.model_path;
     ao.model.vocab_size = spec.vocab_size;
     ao.chat_template = *chat;
-    ao.api_keys = c.http.api_keys;
-    ao.max_prompt_bytes = c.http.max_prompt_bytes;
-    ao.content_special_tokens = c.http.content_special_tokens;
+    ao.http = c.http;
     ApiService api(engine, *stop_ids_of.tokenizer, metrics, ao);
 
     // Block SIGINT/SIGTERM in every thread started from here on; this thread waits for them.

@@ -362,8 +362,7 @@ int RunSimulate(const SimulateFlags& f) {
             LoadServerConfig(f.config, {{"model", f.model_config, "--model-config"}});
         if (!config.ok()) return Fail(config.status().message());
         options.pools = config->EffectivePools();
-        options.scheduler.max_num_seqs = config->scheduler.max_num_seqs;
-        options.scheduler.max_num_batched_tokens = config->scheduler.max_num_batched_tokens;
+        options.scheduler = config->scheduler;
         if (config->scheduler.max_model_len > 0) options.max_context = config->scheduler.max_model_len;
         options.block_size = config->kv_cache.block_size;
         options.enable_prefix_caching = config->kv_cache.enable_prefix_caching;

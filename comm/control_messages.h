@@ -26,7 +26,8 @@ namespace kvshard {
 // 8: ScheduledSequence.num_prompt_logprobs / next_prompt_token, StepResult.prompt_logprobs.
 // 9: KV cache groups: ScheduledSequence.group_block_tables / group_slot_mappings,
 //    KvSendOp/KvRecvOp.group_block_tables; kv::CopyOp is StepPlan's block copy.
-inline constexpr uint32_t kControlProtocolVersion = 9;
+// 10: TransferFailure carries a Status code before its message, as StepResult's error does.
+inline constexpr uint32_t kControlProtocolVersion = 10;
 
 // RegisterMessage.worker_rank: the coordinator assigns the lowest free rank.
 inline constexpr int32_t kAnyRank = -1;

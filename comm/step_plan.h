@@ -5,6 +5,7 @@
 // common/request.h's.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -105,9 +106,18 @@ struct StepPlan {
     friend bool operator==(const StepPlan&, const StepPlan&) = default;
 };
 
+// A transfer that failed, with the Status it failed with (code and message, as StepResult
+// carries a step's error): DeadlineExceeded when its pieces did not arrive in time, Unavailable
+// when the peer could not be reached, Aborted when it failed on another rank of the instance.
 struct TransferFailure {
     uint64_t transfer_id = 0;
-    std::string error;
+    StatusCode code = StatusCode::kUnavailable;  // never kOk
+    std::string message;
+    Status status() const { return Status(code, message); }
+    // REQUIRES: !status.ok().
+    static TransferFailure Of(uint64_t transfer_id, const Status& status) {
+        return {transfer_id, status.code(), status.message()};
+    }
     friend bool operator==(const TransferFailure&, const TransferFailure&) = default;
 };
 
@@ -154,6 +164,23 @@ inline Status StepError(const StepResult& result) {
     if (result.error_code == StatusCode::kOk) return Status::Ok();
     return Status(result.error_code, result.error);
 }
+// Adds another rank's failed transfers to `into` (the instance's result): one failure per
+// transfer, and where one rank only saw that another rank failed it (kAborted), the rank that
+// saw the cause gives the Status.
+inline void MergeTransferFailures(const std::vector<TransferFailure>& other,
+                                  std::vector<TransferFailure>* into) {
+    for (const TransferFailure& f : other) {
+        auto known = std::find_if(into->begin(), into->end(), [&](const TransferFailure& g) {
+            return g.transfer_id == f.transfer_id;
+        });
+        if (known == into->end()) {
+            into->push_back(f);
+        } else if (known->code == StatusCode::kAborted && f.code != StatusCode::kAborted) {
+            *known = f;
+        }
+    }
+}
+
 // Marks `result` failed with `status` (REQUIRES: !status.ok()).
 inline void SetStepError(StepResult* result, const Status& status) {
     result->error_code = status.code();

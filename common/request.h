@@ -1,8 +1,8 @@
 // The request vocabulary: how a sequence is sampled (SamplingParams and its logit controls), why a
-// sequence stopped (FinishReason), a token's log-probability. Plain value types with no project
-// dependencies, shared by every layer that speaks of requests: the HTTP front end and the engine
-// (coordinator/), the wire plan that carries them to the workers (comm/step_plan.h), and the
-// sampler that reads them (worker/sampler.h). None of them owns it.
+// sequence stopped (FinishReason), a token's log-probability (generated or prompt). Plain value
+// types with no project dependencies, shared by every layer that speaks of requests: the HTTP front
+// end and the engine (coordinator/), the wire plan that carries them to the workers
+// (comm/step_plan.h), and the sampler that reads them (worker/sampler.h). None of them owns it.
 #pragma once
 
 #include <cstdint>
@@ -67,6 +67,16 @@ struct TokenLogprob {
     int32_t token_id = 0;
     float logprob = 0.0f;
     friend bool operator==(const TokenLogprob&, const TokenLogprob&) = default;
+};
+
+// One generated token as the client sees it with logprobs: its logprob under the raw model and
+// the top alternatives (GenerationDelta.logprobs). The engine's output stage makes it from what
+// the workers sampled; the HTTP writers read only this.
+struct GeneratedTokenLogprob {
+    int32_t token_id = 0;
+    float logprob = 0.0f;
+    std::vector<TokenLogprob> top;  // highest first; empty unless top logprobs were asked for
+    friend bool operator==(const GeneratedTokenLogprob&, const GeneratedTokenLogprob&) = default;
 };
 
 // The most alternatives a request may ask for per token, generated or prompt (vLLM's limit).

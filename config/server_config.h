@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "common/kv_dtype.h"
 #include "common/status.h"
+#include "config/engine_config.h"
 
 namespace kvshard {
 
@@ -44,34 +44,6 @@ struct HttpConfig {
     // GET /metrics also writes every kvshard: metric as vllm:<name> (same values and labels), so
     // that dashboards and autoscalers made for vLLM read kvshard unchanged.
     bool metrics_vllm_names = false;
-};
-
-// The file's scheduler: section; `kvshard serve` turns it into the engine's own configs
-// (coordinator/scheduler.h SchedulerConfig, coordinator/engine.h InstanceEngineConfig).
-struct ServeSchedulerConfig {
-    int64_t max_num_seqs = 64;             // sequences in one step at most
-    int64_t max_num_batched_tokens = 512;  // tokens in one step at most (prefill chunks + decode)
-    int64_t max_waiting_requests = 256;    // queued requests beyond this are refused (HTTP 429)
-    int64_t max_model_len = 0;             // context length; 0: the model's
-};
-
-// The file's kv_cache: section (kv/block_manager.h BlockManagerConfig is built from it).
-struct ServeKvCacheConfig {
-    int64_t block_size = 16;   // token slots per block
-    int64_t num_blocks = 0;    // 0: as many as memory_mib holds
-    int64_t memory_mib = 512;  // per worker, when num_blocks is 0 (CPU workers)
-    // GPU workers: the fraction of the device's free memory (at start) the rank's weights,
-    // buffers and KV pool may take; the KV pool is what is left after the weights and buffers.
-    double gpu_memory_utilization = 0.9;
-    // How K and V are stored; empty is "auto", the model's compute dtype (fp32 on the CPU
-    // backend). Any KvDtype parses (the planner sizes them all); serve refuses one the backend's
-    // pools cannot store, naming kv_cache.dtype.
-    std::optional<KvDtype> dtype;
-    bool enable_prefix_caching = true;
-    // Prompt caching (docs/prompt-caching.md): the most of the pool pins may hold, [0, 1], and
-    // the shortest prefix that is pinned.
-    double max_pinned_fraction = 0.5;
-    int64_t min_pinned_tokens = 1024;
 };
 
 // The file's workers: section: where the instance's workers run (DESIGN.md "Configuration and
@@ -104,10 +76,8 @@ struct ServeWorkersConfig {
 };
 
 // The file's pools: list (disaggregated serving, docs/disaggregation.md). Each pool has a role
-// and instances; each instance its tensor-parallel size and devices. No pools: one mixed pool
-// with one instance of `tp` workers.
-enum class PoolRole { kMixed, kPrefill, kDecode };
-std::string_view PoolRoleName(PoolRole role);  // "mixed", "prefill", "decode"
+// (config/engine_config.h PoolRole) and instances; each instance its tensor-parallel size and
+// devices. No pools: one mixed pool with one instance of `tp` workers.
 
 struct InstanceConfig {
     int tp = 1;
@@ -120,13 +90,6 @@ struct PoolConfig {
     std::string name;
     PoolRole role = PoolRole::kMixed;
     std::vector<InstanceConfig> instances;
-};
-
-// The file's kv_transfer: section (KV handoff from prefill to decode instances).
-struct KvTransferConfig {
-    bool layerwise =
-        false;  // mode: layerwise (each layer as written) or blockwise (after the step)
-    int64_t timeout_ms = 10'000;  // per transfer, sending and receiving
 };
 
 // backend: where the workers run. kAuto: cuda when this kvshard is built with CUDA and a device
@@ -150,8 +113,8 @@ struct ServerConfig {
     ServeBackend backend = ServeBackend::kCpu;
     std::string log_level = "info";
     HttpConfig http;
-    ServeSchedulerConfig scheduler;
-    ServeKvCacheConfig kv_cache;
+    SchedulerConfig scheduler;  // config/engine_config.h: the engine takes these three as they are
+    KvCacheConfig kv_cache;
     ServeWorkersConfig workers;
     std::vector<PoolConfig> pools;  // empty: one mixed instance of `tp` workers
     KvTransferConfig kv_transfer;

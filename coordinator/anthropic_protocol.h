@@ -22,7 +22,8 @@
 #include <variant>
 #include <vector>
 
-#include "comm/step_plan.h"
+#include "common/request.h"
+#include "common/status.h"
 #include "coordinator/openai_protocol.h"
 #include "coordinator/tool_calls.h"
 #include "model/chat_template.h"

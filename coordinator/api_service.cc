@@ -71,8 +71,8 @@ ApiService::ApiService(Engine& engine, const Tokenizer& tokenizer,
       tokenizer_(tokenizer),
       metrics_(std::move(metrics)),
       options_(std::move(options)),
-      max_prompt_bytes_(options_.max_prompt_bytes > 0
-                            ? options_.max_prompt_bytes
+      max_prompt_bytes_(options_.http.max_prompt_bytes > 0
+                            ? options_.http.max_prompt_bytes
                             : engine_.max_context() * LongestTokenBytes(tokenizer_)),
       created_(UnixSeconds()),
       boot_nonce_((static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) {}
@@ -85,14 +85,14 @@ ApiError ApiService::PromptTooLarge(std::string_view what, int64_t bytes, std::s
 }
 
 bool ApiService::AuthorizedKey(std::string_view key) const {
-    if (options_.api_keys.empty()) return true;
+    if (options_.http.api_keys.empty()) return true;
     bool ok = false;
-    for (const std::string& k : options_.api_keys) ok |= SameKey(key, k);
+    for (const std::string& k : options_.http.api_keys) ok |= SameKey(key, k);
     return ok;
 }
 
 bool ApiService::Authorized(std::string_view authorization) const {
-    if (options_.api_keys.empty()) return true;
+    if (options_.http.api_keys.empty()) return true;
     // credentials = auth-scheme 1*SP token68; the scheme is case-insensitive.
     constexpr std::string_view kBearer = "bearer";
     if (authorization.size() <= kBearer.size()) return false;
@@ -106,7 +106,7 @@ bool ApiService::Authorized(std::string_view authorization) const {
     if (key.front() != ' ') return false;
     while (!key.empty() && key.front() == ' ') key.remove_prefix(1);
     bool ok = false;
-    for (const std::string& k : options_.api_keys) ok |= SameKey(key, k);
+    for (const std::string& k : options_.http.api_keys) ok |= SameKey(key, k);
     return ok;
 }
 
@@ -170,7 +170,7 @@ std::variant<EncodedChat, ApiError> ApiService::EncodeChat(const std::vector<Cha
         pieces.front().text.rfind(special.bos, 0) == 0) {
         encode.add_bos = false;
     }
-    if (options_.content_special_tokens == HttpConfig::ContentSpecialTokens::kControl) {
+    if (options_.http.content_special_tokens == HttpConfig::ContentSpecialTokens::kControl) {
         for (TextPiece& p : pieces) p.literal = false;
     }
     EncodedChat out;

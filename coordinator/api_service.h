@@ -38,16 +38,13 @@ namespace kvshard {
 struct ApiServiceOptions {
     ServedModel model;                          // name, path, vocabulary size
     std::optional<ChatTemplate> chat_template;  // nullopt: chat requests get 400
-    std::vector<std::string> api_keys;          // empty: no authentication
-    // http.max_prompt_bytes: prompt text (completions) or all message content (chat) longer than
-    // this is a 400 before tokenizing. 0: the longest prompt that could fit the context,
-    // max_context() times the longest token's bytes.
-    int64_t max_prompt_bytes = 0;
-    // http.content_special_tokens: kText encodes special-token text inside chat message content
-    // as plain text; kControl lets it become the control token. The template's own markers are
-    // control tokens either way.
-    HttpConfig::ContentSpecialTokens content_special_tokens =
-        HttpConfig::ContentSpecialTokens::kText;
+    // The server: section as the file gives it (config/server_config.h); the API reads api_keys
+    // (empty: no authentication), max_prompt_bytes (prompt text, or all message content, longer
+    // than this is a 400 before tokenizing; 0: the longest prompt that could fit the context,
+    // max_context() times the longest token's bytes) and content_special_tokens (kText encodes
+    // special-token text inside chat message content as plain text; kControl lets it become
+    // the control token; the template's own markers are control tokens either way).
+    HttpConfig http;
     // GET /v1/models/{id}/tokenizer and /tokenizer_config: the served model's Hugging Face
     // tokenizer.json and tokenizer_config.json (model/hf_export.h HfTokenizerFilesOf), for
     // benchmark clients that load a tokenizer. Empty: those routes answer 404 saying why.

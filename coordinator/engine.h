@@ -50,6 +50,7 @@
 
 #include "comm/step_executor.h"
 #include "common/clock.h"
+#include "config/engine_config.h"
 #include "coordinator/engine_api.h"
 #include "coordinator/engine_snapshot.h"
 #include "coordinator/output_stage.h"
@@ -63,72 +64,31 @@ namespace grammar {
 class Vocabulary;
 }
 
-class EngineObserver;
-
-enum class InstanceRole { kMixed, kPrefill, kDecode };
-std::string_view InstanceRoleName(InstanceRole role);
-
-struct KvHandoffConfig {
-    // Send each layer's KV as soon as the prefill step wrote it (true), or all layers after the
-    // step (false, the default: see docs/disaggregation.md for the measurements).
-    bool layerwise = false;
-    int64_t timeout_ms = 10'000;  // per transfer, on each side
-};
-
 // A request's prompt-caching breakpoints: at most 4 (as Anthropic allows), prefix_tokens
 // increasing within 1..prompt_tokens, ttl_ms within 1 ms..24 h; InvalidArgument naming the
 // breakpoint and field otherwise. Submit checks them.
 Status ValidateCacheBreakpoints(const std::vector<CacheBreakpoint>& breakpoints,
                                 int64_t prompt_tokens);
 
+// The settings of one instance's engine. The scheduler, block and handoff settings are the config
+// file's own sections (config/engine_config.h), taken whole: `kvshard serve` sets
+// `scheduler = config.scheduler`, `blocks = config.kv_cache` (with the resolved num_blocks and
+// the model's group_windows) and `handoff = config.kv_transfer`.
 struct InstanceEngineConfig {
     std::string name = "instance-0";  // in logs and metrics
     std::string pool = "default";     // the pool it belongs to (per-pool metrics)
-    InstanceRole role = InstanceRole::kMixed;
+    PoolRole role = PoolRole::kMixed;
     int32_t tp = 1;
     std::vector<std::string> kv_endpoints;  // KV transport endpoint of each rank (handoff only)
-    KvHandoffConfig handoff;
+    KvTransferConfig handoff;
     EngineObserver* observer = nullptr;  // not owned; may be null
+    // max_waiting_requests: Submit returns ResourceExhausted beyond max_num_seqs + it.
     SchedulerConfig scheduler;
     kv::BlockManagerConfig blocks;
     int64_t max_context = 2048;           // prompt + generated tokens of one sequence
-    int64_t max_waiting_requests = 256;   // Submit returns ResourceExhausted beyond this
     std::vector<int32_t> stop_token_ids;  // EOS (and the like); ignored with ignore_eos
     // What arrival, token and handoff times are read from; null: Clock::Real(). Not owned.
     const Clock* clock = nullptr;
-};
-
-// A request that finished (every choice ended, status OK) as the engine saw it, for the
-// per-request histograms vLLM's dashboards read. Times are seconds on the engine's clock; the
-// phases follow vLLM's: queue = arrival -> first scheduled in a step; prefill = first scheduled
-// -> first generated token; decode = first -> last generated token (of any choice); inference =
-// prefill + decode. A request that never got a token (aborted while waiting) has prefill and
-// decode 0 and its queue time up to its end.
-struct FinishedRequestStats {
-    double queue_seconds = 0.0;
-    double prefill_seconds = 0.0;
-    double decode_seconds = 0.0;
-    double inference_seconds = 0.0;
-    int64_t prompt_tokens = 0;
-    int64_t generation_tokens = 0;  // over all choices
-    int n = 1;
-    int64_t max_tokens = 0;
-};
-
-// Latency observations, called from engine threads (must be thread-safe and quick).
-class EngineObserver {
-  public:
-    virtual ~EngineObserver() = default;
-    virtual void OnFirstToken(const std::string& pool, double seconds_since_arrival) = 0;
-    virtual void OnInterToken(const std::string& pool, double seconds) = 0;
-    // A KV handoff completed: bytes moved (all ranks) and seconds from the prefill step's end to
-    // the end of the decode step that received it.
-    virtual void OnKvTransfer(int64_t bytes, double seconds) = 0;
-    virtual void OnKvTransferFailed() = 0;
-    // A step ran: the tokens it computed (prompt chunks plus one per decoding sequence).
-    virtual void OnStepTokens(int64_t /*num_tokens*/) {}
-    // On the instance where the request ended (the decode instance after a handoff).
-    virtual void OnRequestFinished(const FinishedRequestStats& /*stats*/) {}
 };
 
 class InstanceEngine : public Engine {
@@ -212,10 +172,13 @@ class InstanceEngine : public Engine {
     void ReturnHandoff(const std::string& request_id, const Status& status);
     void ResumeHandoff(uint64_t transfer_id, std::unique_ptr<Handoff> returned,
                        const Status& status);
+    // Latencies (engine_latency.cc), measured here only, from the request's arrival: a
+    // generated token of choice `index` (its time to first token or inter-token gap), the first
+    // time each request of `plan` is scheduled (its queue time ends), and the request's end
+    // (REQUIRES: called once per request, just before its sink's OnFinish; any thread).
     void ObserveToken(RequestState& r, int index);
-    // Stamps the first time each request of `plan` is scheduled (its queue time ends).
     void ObserveScheduled(const StepPlan& plan);
-    void ObserveFinished(const RequestState& r);
+    void ObserveFinished(const RequestState& r, const Status& status) const;
     // Pins the request's cache breakpoints on choice 0's computed prompt (not on a decode
     // instance) and sets its usage.cache_creation_tokens.
     void MakePins(RequestState& r);

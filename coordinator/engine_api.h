@@ -13,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "comm/step_plan.h"  // SampledToken (a delta's logprobs)
 #include "common/clock.h"
 #include "common/request.h"
 #include "common/status.h"
@@ -62,8 +61,8 @@ struct GenerationRequest {
     // further ends there with kStop. Null: unconstrained.
     std::shared_ptr<const grammar::Grammar> grammar;
     // When the request arrived, on the engine's clock (Engine::clock): the front end's time of
-    // reading it, from which time to first token and end-to-end latency are measured, by the
-    // front end and the engine alike. Unset: when Submit is called.
+    // reading it, from which the engine measures time to first token and end-to-end latency
+    // (EngineObserver). Unset: when Submit is called.
     std::optional<Clock::time_point> arrival;
 };
 
@@ -72,7 +71,7 @@ struct GenerationDelta {
     int index = 0;  // choice
     std::string text;
     std::vector<int32_t> token_ids;
-    std::vector<SampledToken> logprobs;         // one per token id, when requested
+    std::vector<GeneratedTokenLogprob> logprobs;  // one per token id, when requested
     std::optional<FinishReason> finish_reason;  // set on the last delta of this choice
     // Once, on a delta of choice 0 with no tokens, when num_prompt_logprobs >= 0 and the prompt
     // has more than one token: the prompt tokens 1 .. end, in order (token 0 has no logprob).
@@ -95,6 +94,53 @@ class RequestSink {
     // The request is over: every choice finished (status OK), or it failed (the status says why:
     // ResourceExhausted when the queue is full, OutOfRange when it cannot fit the context, ...).
     virtual void OnFinish(const GenerationUsage& usage, const Status& status) = 0;
+};
+
+// How a request ended, as the engine that ended it saw it (the decode instance after a
+// handoff), for the per-request metrics vLLM's dashboards read. Every request the engine took
+// ends once: finished (every choice ended, aborts included) or failed. Times are seconds on the
+// engine's clock, from the request's one arrival time (GenerationRequest::arrival). The phases
+// follow vLLM's: queue = arrival -> first scheduled in a step; prefill = first scheduled -> first
+// generated token; decode = first -> last generated token (of any choice); inference = prefill +
+// decode. A request that never got a token (aborted while waiting) has prefill and decode 0 and
+// its queue time up to its end.
+struct FinishedRequestStats {
+    double e2e_seconds = 0.0;  // arrival -> end
+    double queue_seconds = 0.0;
+    double prefill_seconds = 0.0;
+    double decode_seconds = 0.0;
+    double inference_seconds = 0.0;
+    // "stop", "length" or "abort" (the last choice to end says), or "error" when it failed.
+    std::string finished_reason = "abort";
+    bool failed = false;  // ended by an error status (the phases are then not observed)
+    int64_t prompt_tokens = 0;
+    int64_t generation_tokens = 0;  // over all choices
+    int64_t cache_creation_tokens = 0;
+    int n = 1;
+    int64_t max_tokens = 0;
+};
+
+// What an engine reports for the metrics (coordinator/metrics.h ServerMetrics), called from
+// engine threads (must be thread-safe and quick). The engine is the one owner of a request's
+// latencies: it measures them once, on its clock, from the request's arrival; the front end
+// only reads them here.
+class EngineObserver {
+  public:
+    virtual ~EngineObserver() = default;
+    // The request's first generated token (of any choice): seconds since its arrival.
+    virtual void OnFirstToken(const std::string& pool, double seconds_since_arrival) = 0;
+    // Each later generated token: seconds since its choice's previous token.
+    virtual void OnInterToken(const std::string& pool, double seconds) = 0;
+    // A KV handoff completed: bytes moved (all ranks) and seconds from the prefill step's end to
+    // the end of the decode step that received it.
+    virtual void OnKvTransfer(int64_t bytes, double seconds) = 0;
+    // A KV handoff failed with `status` (the worker's code and message); the request continues
+    // on the prefill instance.
+    virtual void OnKvTransferFailed(const Status& status) = 0;
+    // A step ran: the tokens it computed (prompt chunks plus one per decoding sequence).
+    virtual void OnStepTokens(int64_t /*num_tokens*/) {}
+    // A request ended (see FinishedRequestStats).
+    virtual void OnRequestFinished(const FinishedRequestStats& /*stats*/) {}
 };
 
 // Whether one instance can serve now (kvshard:instance_up).

@@ -43,8 +43,9 @@ void InstanceEngine::FinishHandoff(uint64_t transfer_id, std::unique_ptr<Handoff
     }
     // Both instances are going away: the request ends here, on the caller's thread.
     if (returned->state != nullptr) {
-        returned->state->sink->OnFinish(returned->state->usage,
-                                        Status(StatusCode::kUnavailable, "the engine stopped"));
+        const Status stopped(StatusCode::kUnavailable, "the engine stopped");
+        ObserveFinished(*returned->state, stopped);
+        returned->state->sink->OnFinish(returned->state->usage, stopped);
     }
 }
 
@@ -122,10 +123,11 @@ void InstanceEngine::HandleTransfers(const StepPlan& plan, const StepResult& res
         if (where == by_seq_.end()) continue;
         RequestState& r = *where->second.first;
         spdlog::warn("[{}] request {}: sending its KV to {} failed ({}); decoding it here",
-                     config_.name, r.request.request_id, r.handoff_to->config().name, f->error);
+                     config_.name, r.request.request_id, r.handoff_to->config().name,
+                     f->status().ToString());
         r.handoff_to->DiscardTransfer(r.transfer_id);
         r.handoff_to = nullptr;
-        if (config_.observer != nullptr) config_.observer->OnKvTransferFailed();
+        if (config_.observer != nullptr) config_.observer->OnKvTransferFailed(f->status());
     }
     // Decode side.
     for (const KvRecvOp& op : plan.kv_recvs) {
@@ -134,10 +136,10 @@ void InstanceEngine::HandleTransfers(const StepPlan& plan, const StepResult& res
         RequestState& r = *where->second.first;
         if (const TransferFailure* f = failure(op.transfer_id); f != nullptr) {
             spdlog::warn("[{}] request {}: receiving its KV failed ({}); it goes back to {}",
-                         config_.name, r.request.request_id, f->error,
+                         config_.name, r.request.request_id, f->status().ToString(),
                          r.handoff_from->config().name);
-            if (config_.observer != nullptr) config_.observer->OnKvTransferFailed();
-            ReturnHandoff(r.request.request_id, Status(StatusCode::kUnavailable, f->error));
+            if (config_.observer != nullptr) config_.observer->OnKvTransferFailed(f->status());
+            ReturnHandoff(r.request.request_id, f->status());
             continue;
         }
         r.choices[0]->num_incoming_tokens = 0;
@@ -186,7 +188,9 @@ void InstanceEngine::AdmitHandoff(std::unique_ptr<Handoff> h) {
         h->source->FinishHandoff(h->transfer_id, nullptr, Status::Ok());
         GenerationDelta d;
         d.finish_reason = FinishReason::kAbort;
+        r.last_finish = FinishReason::kAbort;
         r.sink->OnDelta(d);
+        ObserveFinished(r, Status::Ok());
         r.sink->OnFinish(r.usage, Status::Ok());
         std::lock_guard<std::mutex> lock(mu_);
         num_queued_--;
@@ -274,54 +278,6 @@ void InstanceEngine::ResumeHandoff(uint64_t transfer_id, std::unique_ptr<Handoff
         unknown_aborts_.erase(it);
         aborts_.push_back(id);
     }
-}
-
-void InstanceEngine::ObserveScheduled(const StepPlan& plan) {
-    if (config_.observer == nullptr) return;
-    const auto now = clock_.Now();
-    for (const ScheduledSequence& s : plan.sequences) {
-        auto where = by_seq_.find(s.seq_id);
-        if (where == by_seq_.end()) continue;
-        RequestState& r = *where->second.first;
-        if (!r.first_scheduled) r.first_scheduled = now;
-    }
-}
-
-void InstanceEngine::ObserveFinished(const RequestState& r) {
-    if (config_.observer == nullptr) return;
-    const auto now = clock_.Now();
-    const auto scheduled = r.first_scheduled.value_or(now);
-    const auto first = r.first_token.value_or(scheduled);
-    const auto last = r.first_token ? r.last_any_token : first;
-    auto seconds = [](Clock::duration d) {
-        return std::max(0.0, std::chrono::duration<double>(d).count());
-    };
-    FinishedRequestStats st;
-    st.queue_seconds = seconds(scheduled - r.arrival);
-    st.prefill_seconds = seconds(first - scheduled);
-    st.decode_seconds = seconds(last - first);
-    st.inference_seconds = st.prefill_seconds + st.decode_seconds;
-    st.prompt_tokens = r.usage.prompt_tokens;
-    st.generation_tokens = r.usage.completion_tokens;
-    st.n = r.request.n;
-    st.max_tokens = r.request.max_tokens;
-    config_.observer->OnRequestFinished(st);
-}
-
-void InstanceEngine::ObserveToken(RequestState& r, int index) {
-    if (config_.observer == nullptr) return;
-    const auto now = clock_.Now();
-    if (!r.first_token) r.first_token = now;
-    r.last_any_token = now;
-    if (index != 0) return;
-    if (r.choices[0]->num_generated == 0 && r.handoff_from == nullptr) {
-        config_.observer->OnFirstToken(config_.pool,
-                                       std::chrono::duration<double>(now - r.arrival).count());
-    } else {
-        config_.observer->OnInterToken(config_.pool,
-                                       std::chrono::duration<double>(now - r.last_token).count());
-    }
-    r.last_token = now;
 }
 
 }  // namespace kvshard

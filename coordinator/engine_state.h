@@ -33,13 +33,16 @@ struct InstanceEngine::RequestState {
     bool pins_made =
         false;  // its cache breakpoints were pinned (or tried) once its prompt was computed
 
-    std::chrono::steady_clock::time_point arrival;
-    std::chrono::steady_clock::time_point last_token;  // of choice 0 (inter-token latency)
-    // The request's phases (FinishedRequestStats), carried across a handoff: when a step first
-    // ran it, its first token and its last token of any choice.
-    std::optional<std::chrono::steady_clock::time_point> first_scheduled;
-    std::optional<std::chrono::steady_clock::time_point> first_token;
-    std::chrono::steady_clock::time_point last_any_token;
+    // The request's timeline on the engine's clock, from which the engine alone measures its
+    // latencies (EngineObserver), carried across a handoff: its one arrival time, when a step
+    // first ran it, its first token (of any choice), each choice's last token, and its last
+    // token of any choice.
+    Clock::time_point arrival;
+    std::optional<Clock::time_point> first_scheduled;
+    std::optional<Clock::time_point> first_token;
+    std::vector<std::optional<Clock::time_point>> last_token;  // per choice
+    Clock::time_point last_any_token;
+    std::optional<FinishReason> last_finish;  // how the last choice to end ended
 
     // Prefill side: the decode instance this request moves to after its first token.
     InstanceEngine* handoff_to = nullptr;
@@ -48,14 +51,14 @@ struct InstanceEngine::RequestState {
     // ready there.
     InstanceEngine* handoff_from = nullptr;
     int64_t src_seq_id = 0;
-    std::chrono::steady_clock::time_point handoff_ready;
+    Clock::time_point handoff_ready;
 };
 
 struct InstanceEngine::Handoff {
     uint64_t transfer_id = 0;
     InstanceEngine* source = nullptr;
     int64_t src_seq_id = 0;
-    std::chrono::steady_clock::time_point ready;
+    Clock::time_point ready;
     std::unique_ptr<RequestState> state;
 };
 

@@ -137,7 +137,7 @@ void HttpSession::OnRead(beast::error_code ec) {
 }
 
 void HttpSession::HandleRequest(HttpRequest request) {
-    arrival_ = api_.engine().clock().Now();  // the engine measures latencies from it too
+    arrival_ = api_.engine().clock().Now();  // the engine measures latencies from it
     version_ = request.version();
     // A draining server closes connections after their answer.
     keep_alive_ = request.keep_alive() && !state_->draining.load();
@@ -311,14 +311,13 @@ void HttpSession::OnPrepared(std::variant<PreparedGeneration, ApiError> prepared
     for (const GenerationRequest& r : requests) {
         Generation::Part part;
         part.request_id = r.request_id;
-        part.sink = std::make_shared<StreamSink>(
-            api_.metrics(), api_.engine().clock(), arrival_, r.n, [weak, state] {
-                state->gate.Run([&weak] {
-                    if (auto self = weak.lock()) {
-                        net::post(self->stream_.get_executor(), [self] { self->OnSinkEvents(); });
-                    }
-                });
+        part.sink = std::make_shared<StreamSink>([weak, state] {
+            state->gate.Run([&weak] {
+                if (auto self = weak.lock()) {
+                    net::post(self->stream_.get_executor(), [self] { self->OnSinkEvents(); });
+                }
             });
+        });
         g->parts.push_back(std::move(part));
     }
     g->parts_left = static_cast<int>(g->parts.size());

@@ -380,10 +380,12 @@ const ServerMetrics::PoolSeries& ServerMetrics::Pool(const std::string& pool) {
 }
 
 void ServerMetrics::OnFirstToken(const std::string& pool, double seconds_since_arrival) {
+    ttft_.Observe(seconds_since_arrival);
     Pool(pool).ttft->Observe(seconds_since_arrival);
 }
 
 void ServerMetrics::OnInterToken(const std::string& pool, double seconds) {
+    itl_.Observe(seconds);
     Pool(pool).itl->Observe(seconds);
 }
 
@@ -393,13 +395,22 @@ void ServerMetrics::OnKvTransfer(int64_t bytes, double seconds) {
     kv_transfers_.Add();
 }
 
-void ServerMetrics::OnKvTransferFailed() { kv_transfer_failures_.Add(); }
+void ServerMetrics::OnKvTransferFailed(const Status& /*status*/) { kv_transfer_failures_.Add(); }
 
 void ServerMetrics::OnStepTokens(int64_t num_tokens) {
     iteration_tokens_.Observe(static_cast<double>(num_tokens));
 }
 
 void ServerMetrics::OnRequestFinished(const FinishedRequestStats& stats) {
+    e2e_.Observe(stats.e2e_seconds);
+    prompt_tokens_.Add(static_cast<double>(stats.prompt_tokens));
+    cache_creation_tokens_.Add(static_cast<double>(stats.cache_creation_tokens));
+    generation_tokens_.Add(static_cast<double>(stats.generation_tokens));
+    registry_
+        .LabeledCounter("kvshard:request_success_total", "Finished requests by finish reason.",
+                        "finished_reason", stats.finished_reason)
+        .Add();
+    if (stats.failed) return;  // the phase histograms: requests that ended normally
     queue_time_.Observe(stats.queue_seconds);
     prefill_time_.Observe(stats.prefill_seconds);
     decode_time_.Observe(stats.decode_seconds);
@@ -408,18 +419,6 @@ void ServerMetrics::OnRequestFinished(const FinishedRequestStats& stats) {
     request_generation_tokens_.Observe(static_cast<double>(stats.generation_tokens));
     request_params_n_.Observe(stats.n);
     request_params_max_tokens_.Observe(static_cast<double>(stats.max_tokens));
-}
-
-void ServerMetrics::ObserveRequestFinished(double e2e_seconds, const GenerationUsage& usage,
-                                           const std::string& finished_reason) {
-    e2e_.Observe(e2e_seconds);
-    prompt_tokens_.Add(static_cast<double>(usage.prompt_tokens));
-    cache_creation_tokens_.Add(static_cast<double>(usage.cache_creation_tokens));
-    generation_tokens_.Add(static_cast<double>(usage.completion_tokens));
-    registry_
-        .LabeledCounter("kvshard:request_success_total", "Finished requests by finish reason.",
-                        "finished_reason", finished_reason)
-        .Add();
 }
 
 std::string ServerMetrics::Render(const EngineStats& stats) {

@@ -22,7 +22,8 @@
 //   kvshard:request_success_total          counter    finished requests, by finished_reason
 //   kvshard:instance_up                    gauge      per instance and pool: 1 while its workers
 //                                                     can serve, 0 while they are down
-// ServerMetrics is also the engines' EngineObserver (engine threads of every instance call it):
+// All of them but the gauges come from the engines, through EngineObserver (engine threads of
+// every instance call it; the engine measures each latency once, from the request's arrival):
 //   kvshard:pool_time_to_first_token_seconds  histogram  per pool: arrival -> first token
 //   kvshard:pool_inter_token_latency_seconds  histogram  per pool: between consecutive tokens
 //   kvshard:kv_transfer_bytes_total           counter    KV bytes moved by handoffs (all ranks)
@@ -39,7 +40,8 @@
 //   kvshard:request_generation_tokens         histogram  generated tokens (all choices) of each
 //   kvshard:request_params_n                  histogram  the n of each finished request
 //   kvshard:request_params_max_tokens         histogram  the max_tokens of each finished request
-// (the request_* histograms: requests that ended OK, FinishedRequestStats; buckets as vLLM's).
+// (the request_* histograms: requests that ended without an error, FinishedRequestStats;
+// buckets as vLLM's).
 //   kvshard:cache_config_info                 gauge      1, per instance, with labels block_size,
 //                                                        num_gpu_blocks (the pool's blocks) and
 //                                                        enable_prefix_caching
@@ -51,8 +53,8 @@
 // (same values and labels) for dashboards made for vLLM.
 //
 // Thread-safety: all methods may be called from any thread. Observations are lock-free atomics
-// (the engine thread records latencies through sink callbacks and the observer); registration and
-// rendering take a mutex, and so does the first observation of a pool (it creates its series).
+// (the engine threads record them through the observer); registration and rendering take a
+// mutex, and so does the first observation of a pool (it creates its series).
 #pragma once
 
 #include <atomic>
@@ -62,7 +64,6 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/engine.h"
 #include "coordinator/engine_api.h"
 #include "coordinator/process_metrics.h"
 
@@ -176,17 +177,13 @@ class ServerMetrics : public EngineObserver {
   public:
     explicit ServerMetrics(const std::string& model_name, ServerMetricsOptions options = {});
 
-    // Per request, from the sink callbacks.
-    void ObserveTimeToFirstToken(double seconds) { ttft_.Observe(seconds); }
-    void ObserveInterTokenLatency(double seconds) { itl_.Observe(seconds); }
-    void ObserveRequestFinished(double e2e_seconds, const GenerationUsage& usage,
-                                const std::string& finished_reason);
-
-    // EngineObserver, from the engine threads. Lock-free once the pool's series exist.
+    // EngineObserver, from the engine threads: every latency is the engine's, measured once;
+    // a first token or inter-token gap goes to the model-wide and the pool's histogram alike.
+    // Lock-free once the pool's series exist.
     void OnFirstToken(const std::string& pool, double seconds_since_arrival) override;
     void OnInterToken(const std::string& pool, double seconds) override;
     void OnKvTransfer(int64_t bytes, double seconds) override;
-    void OnKvTransferFailed() override;
+    void OnKvTransferFailed(const Status& status) override;
     void OnStepTokens(int64_t num_tokens) override;
     void OnRequestFinished(const FinishedRequestStats& stats) override;
 

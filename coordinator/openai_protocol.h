@@ -16,7 +16,8 @@
 #include <variant>
 #include <vector>
 
-#include "comm/step_plan.h"
+#include "common/request.h"
+#include "common/status.h"
 #include "coordinator/tool_calls.h"
 #include "grammar/grammar.h"
 #include "model/chat_template.h"

@@ -32,12 +32,13 @@ json ByteList(const std::string& bytes) {
     return list;
 }
 
-json ChatLogprobs(const std::vector<SampledToken>& tokens, const TokenBytesFn& token_bytes) {
+json ChatLogprobs(const std::vector<GeneratedTokenLogprob>& tokens,
+                  const TokenBytesFn& token_bytes) {
     json content = json::array();
-    for (const SampledToken& t : tokens) {
+    for (const GeneratedTokenLogprob& t : tokens) {
         const std::string bytes = token_bytes(t.token_id);
         json top = json::array();
-        for (const TokenLogprob& alt : t.top_logprobs) {
+        for (const TokenLogprob& alt : t.top) {
             const std::string alt_bytes = token_bytes(alt.token_id);
             top.push_back({{"token", ValidUtf8(alt_bytes)},
                            {"logprob", Logprob(alt.logprob)},
@@ -77,11 +78,11 @@ json TopJson(const std::vector<TokenLogprob>& top, const TokenBytesFn& token_byt
     return out;
 }
 
-void AppendCompletionLogprobs(const std::vector<SampledToken>& tokens,
+void AppendCompletionLogprobs(const std::vector<GeneratedTokenLogprob>& tokens,
                               const TokenBytesFn& token_bytes, int64_t* offset, json* out) {
-    for (const SampledToken& t : tokens) {
+    for (const GeneratedTokenLogprob& t : tokens) {
         AppendCompletionToken(token_bytes(t.token_id), Logprob(t.logprob),
-                              TopJson(t.top_logprobs, token_bytes), offset, out);
+                              TopJson(t.top, token_bytes), offset, out);
     }
 }
 

@@ -76,7 +76,7 @@ class CompletionAccumulator {
   private:
     struct Choice {
         std::string text;
-        std::vector<SampledToken> logprobs;
+        std::vector<GeneratedTokenLogprob> logprobs;
         std::vector<PromptTokenLogprob> prompt_logprobs;  // on a prompt's first choice
         std::string finish_reason;                        // "" until finished
         std::optional<ToolCallParser> parser;             // with tools

@@ -29,7 +29,10 @@ TokenOutcome OutputStage::OnToken(const GenerationRequest& request, int index,
     out.append = true;
     out.delta.text = stream.Push(token.token_id);
     out.delta.token_ids.push_back(token.token_id);
-    if (request.num_top_logprobs >= 0) out.delta.logprobs.push_back(token);
+    if (request.num_top_logprobs >= 0) {
+        // The wire's token (sequence id, sampler state) becomes the request's vocabulary here.
+        out.delta.logprobs.push_back({token.token_id, token.logprob, token.top_logprobs});
+    }
     if (stream.stopped()) {
         out.finish = FinishReason::kStop;
     } else if (is_request_stop_token) {

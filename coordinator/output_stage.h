@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "comm/step_plan.h"  // SampledToken: what the workers sampled
 #include "coordinator/engine_api.h"
 #include "model/tokenizer.h"
 

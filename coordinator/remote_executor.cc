@@ -6,7 +6,6 @@
 #include <cerrno>
 #include <cstring>
 #include <optional>
-#include <unordered_set>
 #include <variant>
 
 #include "comm/collective.h"
@@ -774,8 +773,6 @@ Result<StepResult> RemoteStepExecutor::Execute(const StepPlan& plan) {
                      StepError(results[static_cast<size_t>(first_failed)]).ToString()));
     }
     StepResult merged = std::move(results[0]);
-    std::unordered_set<uint64_t> failed_ids;
-    for (const TransferFailure& f : merged.failed_transfers) failed_ids.insert(f.transfer_id);
     for (int r = 1; r < n; ++r) {
         StepResult& other = results[static_cast<size_t>(r)];
         // Ranks sample alike; a rank that sent tokens must agree with rank 0 (cheap to check).
@@ -786,11 +783,7 @@ Result<StepResult> RemoteStepExecutor::Execute(const StepPlan& plan) {
         }
         merged.kv_bytes_sent += other.kv_bytes_sent;
         merged.kv_bytes_received += other.kv_bytes_received;
-        for (TransferFailure& f : other.failed_transfers) {
-            if (failed_ids.insert(f.transfer_id).second) {
-                merged.failed_transfers.push_back(std::move(f));
-            }
-        }
+        MergeTransferFailures(other.failed_transfers, &merged.failed_transfers);
     }
     return merged;
 }

@@ -79,13 +79,13 @@ Router::Router(std::vector<InstanceEngine*> instances, const RouterConfig& confi
     : config_(config), all_(std::move(instances)) {
     for (InstanceEngine* e : all_) {
         switch (e->config().role) {
-            case InstanceRole::kMixed:
+            case PoolRole::kMixed:
                 mixed_.push_back(e);
                 break;
-            case InstanceRole::kPrefill:
+            case PoolRole::kPrefill:
                 prefill_.push_back(e);
                 break;
-            case InstanceRole::kDecode:
+            case PoolRole::kDecode:
                 decode_.push_back(e);
                 break;
         }

@@ -5,18 +5,6 @@
 
 namespace kvshard {
 
-Status SchedulerConfig::Validate() const {
-    if (max_num_seqs <= 0)
-        return InvalidArgument("max_num_seqs must be positive, got " +
-                               std::to_string(max_num_seqs));
-    if (max_num_batched_tokens < max_num_seqs) {
-        return InvalidArgument("max_num_batched_tokens (" + std::to_string(max_num_batched_tokens) +
-                               ") must be at least max_num_seqs (" + std::to_string(max_num_seqs) +
-                               ")");
-    }
-    return Status::Ok();
-}
-
 Scheduler::Scheduler(const SchedulerConfig& config, kv::BlockManager& blocks)
     : config_(config), blocks_(blocks) {
     KV_CHECK(config.Validate().ok()) << config.Validate().ToString();

@@ -22,18 +22,11 @@
 
 #include "comm/step_plan.h"
 #include "common/status.h"
+#include "config/engine_config.h"  // SchedulerConfig: the file's scheduler: section
 #include "coordinator/sequence.h"
 #include "kv/block_manager.h"
 
 namespace kvshard {
-
-struct SchedulerConfig {
-    int64_t max_num_seqs = 64;             // running sequences at once
-    int64_t max_num_batched_tokens = 512;  // tokens computed per step (prefill chunks + decodes)
-
-    // max_num_batched_tokens >= max_num_seqs so every running decode fits each step.
-    Status Validate() const;
-};
 
 struct SchedulerStats {
     int64_t num_running = 0;

@@ -2,14 +2,13 @@
 // and the finish into a small queue and rings a wake-up that posts to the session's strand; the
 // session drains the queue there. Nothing here blocks the engine thread beyond a short mutex.
 //
-// It also times the request for the metrics, in the engine's callbacks: time to first token,
-// the gap between tokens (per choice), and the end-to-end latency.
+// It measures nothing: the engine times each request once, from its arrival, and reports to the
+// metrics itself (EngineObserver).
 //
 // Thread-safety: On* are called by the engine thread; TakeEvents and Detach by the session. The
-// queue is guarded by mu_; the timing fields belong to the engine thread alone.
+// queue is guarded by mu_.
 #pragma once
 
-#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -19,7 +18,6 @@
 #include <vector>
 
 #include "coordinator/engine_api.h"
-#include "coordinator/metrics.h"
 
 namespace kvshard {
 
@@ -54,10 +52,7 @@ class StreamSink : public RequestSink {
   public:
     // `wake` is called (from the engine thread) when events arrive and the session has not yet
     // been told; it must post, not run, the session's drain.
-    // Latencies are measured on `clock` (the engine's: Engine::clock) from `arrival`, the time
-    // GenerationRequest::arrival carries to the engine. `clock` must outlive the sink.
-    StreamSink(std::shared_ptr<ServerMetrics> metrics, const Clock& clock,
-               Clock::time_point arrival, int n, std::function<void()> wake);
+    explicit StreamSink(std::function<void()> wake);
 
     void OnDelta(const GenerationDelta& delta) override;
     void OnFinish(const GenerationUsage& usage, const Status& status) override;
@@ -70,18 +65,10 @@ class StreamSink : public RequestSink {
   private:
     void Push(SinkEvent event);
 
-    std::shared_ptr<ServerMetrics> metrics_;
     std::mutex mu_;
     std::vector<SinkEvent> events_;  // guarded by mu_
     bool wake_pending_ = false;      // guarded by mu_
     std::function<void()> wake_;     // guarded by mu_; empty once detached
-
-    const Clock& clock_;
-    // Engine thread only.
-    Clock::time_point arrival_;
-    bool first_token_seen_ = false;
-    std::vector<Clock::time_point> last_token_at_;  // per choice
-    std::string finish_reason_ = "abort";
 };
 
 }  // namespace kvshard

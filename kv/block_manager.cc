@@ -22,39 +22,6 @@ const BlockManagerConfig& Checked(const BlockManagerConfig& config) {
 
 }  // namespace
 
-Status BlockManagerConfig::Validate() const {
-    if (num_blocks <= 0 || num_blocks > std::numeric_limits<BlockId>::max()) {
-        return InvalidArgument("num_blocks must be in [1, " +
-                               Str(std::numeric_limits<BlockId>::max()) + "], got " +
-                               Str(num_blocks));
-    }
-    if (block_size <= 0 || block_size > (int64_t{1} << 20)) {
-        return InvalidArgument("block_size must be in [1, 1048576], got " + Str(block_size));
-    }
-    if (!(watermark >= 0.0 && watermark < 1.0)) {
-        return InvalidArgument("watermark must be in [0, 1), got " + std::to_string(watermark));
-    }
-    if (!(max_pinned_fraction >= 0.0 && max_pinned_fraction <= 1.0)) {
-        return InvalidArgument("max_pinned_fraction must be in [0, 1], got " +
-                               std::to_string(max_pinned_fraction));
-    }
-    if (min_pinned_tokens < 0) {
-        return InvalidArgument("min_pinned_tokens must be >= 0, got " + Str(min_pinned_tokens));
-    }
-    if (static_cast<int64_t>(group_windows.size()) > kMaxKvCacheGroups) {
-        return InvalidArgument("group_windows has " + Str(group_windows.size()) +
-                               " groups, more than " + Str(kMaxKvCacheGroups));
-    }
-    for (size_t g = 0; g < group_windows.size(); ++g) {
-        if (group_windows[g] < 0) {
-            return InvalidArgument("group_windows[" + Str(static_cast<int64_t>(g)) +
-                                   "] must be >= 0 (0: full attention), got " +
-                                   Str(group_windows[g]));
-        }
-    }
-    return Status::Ok();
-}
-
 BlockManager::BlockManager(const BlockManagerConfig& config)
     : config_(Checked(config)), cache_(config.num_blocks, config.block_size) {
     windows_ = config.group_windows.empty() ? std::vector<int64_t>{0} : config.group_windows;

@@ -67,28 +67,14 @@
 #include "common/clock.h"
 #include "common/kv_types.h"
 #include "common/status.h"
+#include "config/engine_config.h"
 #include "kv/prefix_cache.h"
 
 namespace kvshard::kv {
 
-struct BlockManagerConfig {
-    int64_t num_blocks = 0;
-    int64_t block_size = 16;  // token slots per block
-    // Fraction of all blocks that admission of a new prompt leaves available, so running sequences
-    // can grow for a while before anyone must be preempted. [0, 1).
-    double watermark = 0.01;
-    bool enable_prefix_caching = true;
-    // Pins: the most of the pool that pinned blocks may cover, [0, 1] (0: no pins), and the
-    // shortest prefix (in tokens) that is pinned.
-    double max_pinned_fraction = 0.5;
-    int64_t min_pinned_tokens = 1024;
-    // KV cache groups: the attention window of each group in tokens (0: full attention), group 0
-    // first. Empty: one full-attention group (a model without windows). At most kMaxKvCacheGroups.
-    std::vector<int64_t> group_windows = {};
-
-    // Names the bad field and its value.
-    Status Validate() const;
-};
+// The block manager's settings are the config module's (config/engine_config.h): the file's
+// kv_cache: section is this type, so a new setting is added there once.
+using ::kvshard::BlockManagerConfig;
 
 // A prompt to admit. The token ids are copied by Allocate; the span need not outlive the call.
 struct SequenceRequest {

@@ -130,24 +130,30 @@ Result<std::vector<TransferFailure>> StepRunner::ReceiveTransfers(const StepPlan
     for (size_t i = 0; i < plan.kv_recvs.size(); ++i) {
         const KvRecvOp& op = plan.kv_recvs[i];
         local[i].transfer_id = op.transfer_id;
+        local[i].code = StatusCode::kOk;
         const std::string rank = "rank " + std::to_string(layout.shard.rank) + ": ";
+        // The first problem of this transfer, with its code (kOk: none so far).
+        auto fail = [&](const Status& st) {
+            local[i].code = st.code();
+            local[i].message = rank + st.message();
+        };
         if (transport_ == nullptr) {
-            local[i].error = "this worker has no KV transport";
+            fail(Unavailable("this worker has no KV transport"));
             continue;
         }
         // The blocks each group receives, checked before anything arrives.
         std::vector<std::span<const int32_t>> blocks;
-        for (int64_t g = 0; g < groups.num_groups() && local[i].error.empty(); ++g) {
+        for (int64_t g = 0; g < groups.num_groups() && local[i].code == StatusCode::kOk; ++g) {
             Result<std::span<const int32_t>> entries =
                 HandoffEntries(op, groups, g, bs,
                                "KV receive of transfer " + std::to_string(op.transfer_id) + ": ");
             if (entries.ok()) {
                 blocks.push_back(*entries);
             } else {
-                local[i].error = rank + entries.status().ToString();
+                fail(entries.status());
             }
         }
-        if (!local[i].error.empty()) {
+        if (local[i].code != StatusCode::kOk) {
             transport_->Discard(op.transfer_id);
             continue;
         }
@@ -162,7 +168,7 @@ Result<std::vector<TransferFailure>> StepRunner::ReceiveTransfers(const StepPlan
             std::chrono::steady_clock::now() + std::chrono::milliseconds(op.timeout_ms);
         Result<std::vector<KvPiece>> pieces = transport_->Receive(op.transfer_id, cells, deadline);
         if (!pieces.ok()) {
-            local[i].error = rank + pieces.status().ToString();
+            fail(pieces.status());
             transport_->Discard(op.transfer_id);
             continue;
         }
@@ -192,7 +198,7 @@ Result<std::vector<TransferFailure>> StepRunner::ReceiveTransfers(const StepPlan
                 }
             }
             if (!st.ok()) {
-                local[i].error = rank + st.ToString();
+                fail(st);
                 break;
             }
             result->kv_bytes_received += static_cast<int64_t>(piece.data.size());
@@ -202,14 +208,18 @@ Result<std::vector<TransferFailure>> StepRunner::ReceiveTransfers(const StepPlan
     // Every rank must leave out the same sequences (the collectives of the forward pass pair up):
     // a transfer failed when it failed on any rank.
     std::vector<float> failed(local.size());
-    for (size_t i = 0; i < local.size(); ++i) failed[i] = local[i].error.empty() ? 0.0f : 1.0f;
+    for (size_t i = 0; i < local.size(); ++i)
+        failed[i] = local[i].code == StatusCode::kOk ? 0.0f : 1.0f;
     if (Collective* c = runner_.collective(); c != nullptr && !failed.empty()) {
         KV_RETURN_IF_ERROR(c->AllReduceSum(failed.data(), static_cast<int64_t>(failed.size())));
     }
     std::vector<TransferFailure> out;
     for (size_t i = 0; i < local.size(); ++i) {
         if (failed[i] == 0.0f) continue;
-        if (local[i].error.empty()) local[i].error = "failed on another rank of this instance";
+        if (local[i].code == StatusCode::kOk) {
+            local[i].code = StatusCode::kAborted;
+            local[i].message = "failed on another rank of this instance";
+        }
         out.push_back(std::move(local[i]));
     }
     return out;
@@ -330,9 +340,10 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
         result.failed_transfers = std::move(*failures);
     }
     auto send_failed = [&](const KvSendOp& op, const Status& st) {
-        result.failed_transfers.push_back(
-            {op.transfer_id,
-             "rank " + std::to_string(runner_.layout().shard.rank) + ": " + st.ToString()});
+        result.failed_transfers.push_back(TransferFailure::Of(
+            op.transfer_id,
+            Status(st.code(),
+                   "rank " + std::to_string(runner_.layout().shard.rank) + ": " + st.message())));
     };
     auto has_failed = [&](uint64_t id) {
         return std::any_of(result.failed_transfers.begin(), result.failed_transfers.end(),

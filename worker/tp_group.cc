@@ -137,12 +137,7 @@ Result<StepResult> TpGroup::Execute(const StepPlan& plan) {
         const StepResult& other = step_results_[static_cast<size_t>(r)];
         out.kv_bytes_sent += other.kv_bytes_sent;
         out.kv_bytes_received += other.kv_bytes_received;
-        for (const TransferFailure& f : other.failed_transfers) {
-            const bool known = std::any_of(
-                out.failed_transfers.begin(), out.failed_transfers.end(),
-                [&](const TransferFailure& g) { return g.transfer_id == f.transfer_id; });
-            if (!known) out.failed_transfers.push_back(f);
-        }
+        MergeTransferFailures(other.failed_transfers, &out.failed_transfers);
     }
     return out;
 }

@@ -41,7 +41,7 @@ struct Server {
             o.model = {"m", "/models/m.gguf", tokenizer->vocab_size()};
             o.chat_template =
                 ChatTemplate::FromStyle(ChatTemplateStyle::kChatMl, {"", "<|im_end|>"});
-            if (keyed) o.api_keys = {"k"};
+            if (keyed) o.http.api_keys = {"k"};
             api[keyed] = std::make_unique<ApiService>(engine, *tokenizer,
                                                       std::make_shared<ServerMetrics>("m"), o);
         }

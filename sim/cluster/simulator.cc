@@ -118,18 +118,6 @@ struct Instance {
     int64_t steps = 0;
 };
 
-InstanceRole RoleOf(PoolRole role) {
-    switch (role) {
-        case PoolRole::kPrefill:
-            return InstanceRole::kPrefill;
-        case PoolRole::kDecode:
-            return InstanceRole::kDecode;
-        case PoolRole::kMixed:
-            break;
-    }
-    return InstanceRole::kMixed;
-}
-
 constexpr int64_t kTimeoutEvent = -2;
 
 struct Event {
@@ -203,7 +191,7 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
             InstanceEngineConfig c;
             c.name = name;
             c.pool = pool.name;
-            c.role = RoleOf(pool.role);
+            c.role = pool.role;
             c.tp = static_cast<int32_t>(inst->tp);
             for (int64_t r = 0; r < inst->tp; ++r)
                 c.kv_endpoints.push_back("sim://" + name + "/" + std::to_string(r));
@@ -226,7 +214,7 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
                                        std::to_string(inst->tp) + " x " + o.device.name);
             }
             c.max_context = std::min(max_context, c.blocks.num_blocks / num_groups * o.block_size);
-            c.max_waiting_requests = o.max_waiting_requests;
+            c.scheduler.max_waiting_requests = o.max_waiting_requests;
             c.clock = &clock;
             KV_RETURN_IF_ERROR(InstanceEngine::ValidateConfig(c));
             out.kv_blocks_per_instance = c.blocks.num_blocks;

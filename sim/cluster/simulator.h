@@ -66,7 +66,7 @@ struct SimulationOptions {
     int64_t min_pinned_tokens = 1024;
     int64_t cache_ttl_ms = 0;
     double request_timeout_s = 0;  // 0: none (`kvshard serve`'s default is 600)
-    KvHandoffConfig handoff;
+    KvTransferConfig handoff;
     // The serving front end's latency per request, in seconds: what a client's TTFT holds beyond
     // the engine's (the HTTP request, tokenization and chat template, the hop to the engine, the
     // first token's detokenization and SSE write). It is added to the TTFT and E2E latency of every

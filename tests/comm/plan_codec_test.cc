@@ -139,7 +139,8 @@ class Generator {
         result.error_code = static_cast<StatusCode>(Int(0, 10));
         result.error = Bytes(30);
         for (int64_t i = Int(0, 3); i > 0; --i)
-            result.failed_transfers.push_back({rng_(), Bytes(30)});
+            result.failed_transfers.push_back(
+                {rng_(), static_cast<StatusCode>(Int(1, 10)), Bytes(30)});
         result.kv_bytes_sent = static_cast<int64_t>(rng_());
         result.kv_bytes_received = static_cast<int64_t>(rng_());
         result.kv_transfer_seconds = static_cast<double>(Float());
@@ -263,7 +264,8 @@ TEST(PlanCodec, RoundTripsEveryMessageType) {
                       0,      0,
                       0};
     StepResult transfers = result;
-    transfers.failed_transfers = {{7, "receiver gone"}, {8, ""}};
+    transfers.failed_transfers = {{7, StatusCode::kDeadlineExceeded, "receiver gone"},
+                                  {8, StatusCode::kAborted, ""}};
     transfers.kv_bytes_sent = int64_t{1} << 40;
     transfers.kv_bytes_received = 12345;
     transfers.kv_transfer_seconds = 0.5;
@@ -338,6 +340,48 @@ TEST(PlanCodec, PayloadDecoderRejectsEveryTruncation) {
     }
 }
 
+// A failed transfer keeps its Status across the wire: every failing code comes back as it was
+// sent, and a frame that says a transfer failed with OK is refused.
+TEST(PlanCodec, TransferFailureKeepsItsStatusCode) {
+    for (StatusCode code :
+         {StatusCode::kInvalidArgument, StatusCode::kUnavailable, StatusCode::kDeadlineExceeded,
+          StatusCode::kAborted, StatusCode::kInternal}) {
+        StepResult result;
+        result.failed_transfers = {
+            TransferFailure::Of(9, Status(code, "rank 1: KV piece of transfer 9 timed out"))};
+        Result<Message> decoded = DecodeFrame(EncodeFrame(result));
+        ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+        const StepResult& back = std::get<StepResult>(*decoded);
+        ASSERT_EQ(back.failed_transfers.size(), 1u);
+        EXPECT_EQ(back.failed_transfers[0].status().code(), code);
+        EXPECT_EQ(back.failed_transfers[0].status().message(),
+                  "rank 1: KV piece of transfer 9 timed out");
+    }
+    StepResult ok_failure;
+    ok_failure.failed_transfers = {{9, StatusCode::kOk, "not a failure"}};
+    const Status refused = DecodeFrame(EncodeFrame(ok_failure)).status();
+    EXPECT_EQ(refused.code(), StatusCode::kDataLoss);
+    EXPECT_NE(refused.message().find("TransferFailure.code"), std::string::npos)
+        << refused.message();
+}
+
+// Merging the ranks' failures: one per transfer, and the rank that saw the cause gives the
+// Status rather than one that only saw another rank fail.
+TEST(TransferFailures, MergeKeepsOnePerTransferAndTheCause) {
+    std::vector<TransferFailure> merged = {
+        {1, StatusCode::kAborted, "rank 0: failed on another rank of this instance"},
+        {2, StatusCode::kUnavailable, "rank 0: no route"}};
+    MergeTransferFailures({{1, StatusCode::kDeadlineExceeded, "rank 1: timed out"},
+                           {2, StatusCode::kAborted, "rank 1: failed on another rank"},
+                           {3, StatusCode::kInternal, "rank 1: bad piece"}},
+                          &merged);
+    const std::vector<TransferFailure> expected = {
+        {1, StatusCode::kDeadlineExceeded, "rank 1: timed out"},
+        {2, StatusCode::kUnavailable, "rank 0: no route"},
+        {3, StatusCode::kInternal, "rank 1: bad piece"}};
+    EXPECT_EQ(merged, expected);
+}
+
 // The version 2 fields at the end of each message: every truncation of a message that has them
 // all is rejected too, by the frame check and by the payload decoder.
 TEST(PlanCodec, RejectsEveryTruncationOfTransferFields) {
@@ -345,7 +389,7 @@ TEST(PlanCodec, RejectsEveryTruncationOfTransferFields) {
     plan.kv_recvs = {{7, -3, {4, 9}, {{-1, 3}}, 20, 1500}};
     plan.kv_sends = {{11, 6, {1, 2, 3}, {{-1, 7, 8}}, 40, 2, {"10.0.0.1:5000", ""}, true, 250}};
     StepResult result;
-    result.failed_transfers = {{7, "receiver gone"}};
+    result.failed_transfers = {{7, StatusCode::kUnavailable, "receiver gone"}};
     result.kv_bytes_sent = 3;
     const std::vector<Message> messages = {
         plan, result, RegisterMessage{0, 1, "i", kControlProtocolVersion, "h:1", "secret"},

@@ -197,6 +197,68 @@ TEST(ServerConfig, ErrorsNameFileKeyAndValue) {
     }
 }
 
+// The file's sections are the engine's own types (config/engine_config.h): the block manager
+// takes kv_cache: as it is, with only the pool's size and the model's windows resolved, so every
+// block manager setting of the file reaches it without a copy.
+TEST(ServerConfig, SectionsAreTheEnginesTypes) {
+    auto c = ParseServerConfig(R"(model: m
+scheduler:
+  max_num_seqs: 8
+  max_num_batched_tokens: 96
+  max_waiting_requests: 3
+kv_cache:
+  block_size: 32
+  enable_prefix_caching: false
+  max_pinned_fraction: 0.25
+  min_pinned_tokens: 64
+kv_transfer:
+  mode: layerwise
+  timeout_ms: 500
+)",
+                               "serve.yaml");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    const SchedulerConfig scheduler = c->scheduler;
+    EXPECT_TRUE(scheduler.Validate().ok());
+    EXPECT_EQ(scheduler.max_waiting_requests, 3);
+    BlockManagerConfig blocks = c->kv_cache;
+    EXPECT_FALSE(blocks.Validate().ok()) << "num_blocks 0 in the file: serve resolves it";
+    blocks.num_blocks = 100;
+    ASSERT_TRUE(blocks.Validate().ok()) << blocks.Validate().ToString();
+    EXPECT_EQ(blocks.block_size, 32);
+    EXPECT_FALSE(blocks.enable_prefix_caching);
+    EXPECT_DOUBLE_EQ(blocks.max_pinned_fraction, 0.25);
+    EXPECT_EQ(blocks.min_pinned_tokens, 64);
+    const KvTransferConfig handoff = c->kv_transfer;
+    EXPECT_TRUE(handoff.layerwise);
+    EXPECT_EQ(handoff.timeout_ms, 500);
+}
+
+// SchedulerConfig::Validate is the one check of the scheduler's settings, for the file and for
+// every engine (simulate and tests build them by hand).
+TEST(SchedulerConfig, ValidateNamesTheKeys) {
+    struct Case {
+        SchedulerConfig config;
+        std::string expect;  // "" when valid
+    };
+    const Case cases[] = {
+        {{.max_num_seqs = 4, .max_num_batched_tokens = 4}, ""},
+        {{.max_num_seqs = 0, .max_num_batched_tokens = 4},
+         "scheduler.max_num_seqs must be positive"},
+        {{.max_num_seqs = 8, .max_num_batched_tokens = 4},
+         "scheduler.max_num_batched_tokens (4) must be >= scheduler.max_num_seqs (8)"},
+        {{.max_num_seqs = 4, .max_num_batched_tokens = 4, .max_waiting_requests = -1},
+         "scheduler.max_waiting_requests must be >= 0, got -1"},
+    };
+    for (const Case& c : cases) {
+        const Status st = c.config.Validate();
+        if (c.expect.empty()) {
+            EXPECT_TRUE(st.ok()) << st.ToString();
+        } else {
+            EXPECT_NE(st.message().find(c.expect), std::string::npos) << st.message();
+        }
+    }
+}
+
 // served_model_name: one name or a list in the file ("" is none), comma-separated in a flag;
 // the flags that `kvshard serve` spells as vLLM does name themselves in errors.
 TEST(ServerConfig, ServedModelNamesAndVllmFlags) {

@@ -222,7 +222,7 @@ TEST(AnthropicHttp, CountTokensIsWhatMessagesSubmits) {
 
 TEST(AnthropicHttp, ApiKeysAndErrorShapes) {
     TestServerOptions o;
-    o.api_keys = {"sk-ant-test"};
+    o.http.api_keys = {"sk-ant-test"};
     TestServer server(o);
     const json body = Body({User("Hi")});
     ExpectAnthropicError(Messages(server, body), 401, "authentication_error");

@@ -166,7 +166,7 @@ TEST(ApiService, Authorization) {
     FakeEngine engine;
     auto tok = testing::ByteTokenizer();
     ApiServiceOptions o;
-    o.api_keys = {"k1", "k2"};
+    o.http.api_keys = {"k1", "k2"};
     ApiService api(engine, *tok, std::make_shared<ServerMetrics>("m"), o);
     EXPECT_TRUE(api.Authorized("Bearer k2"));
     EXPECT_TRUE(api.Authorized("bearer k1"));  // RFC 7235: the scheme is case-insensitive

@@ -196,6 +196,56 @@ TEST_F(EngineMetrics, ChoicesAreOneRequest) {
     EXPECT_GT(s.at("kvshard:request_decode_time_seconds_sum" + kModel), 0);
 }
 
+// The latencies are the engine's alone, measured once from the request's arrival: the
+// model-wide and the pool's histograms hold the same observations. Read at 10 s, submitted at
+// 11 s; the choices' first tokens come at 11.5 s, after two steps of 0.25 s (the shared prompt,
+// then the forked choices), so time to first token is 1.5 s, once for the request; two more steps
+// give each of the 2 choices 2 more tokens 0.25 s apart (4 inter-token gaps); the request ends at
+// 12 s.
+TEST_F(EngineMetrics, LatenciesAreTheEnginesFromOneArrival) {
+    clock_.AdvanceSeconds(10);
+    GenerationRequest r = Request(/*n=*/2, /*max_tokens=*/3);
+    clock_.AdvanceSeconds(1);
+    ASSERT_TRUE(engine_->Submit(std::move(r), std::make_shared<NullSink>()).ok());
+    Drain();
+    const auto s = Scrape();
+    const std::string pool = "{model_name=\"m\",pool=\"default\"}";
+    EXPECT_EQ(s.at("kvshard:time_to_first_token_seconds_count" + kModel), 1);
+    EXPECT_DOUBLE_EQ(s.at("kvshard:time_to_first_token_seconds_sum" + kModel), 1.5);
+    EXPECT_EQ(s.at("kvshard:inter_token_latency_seconds_count" + kModel), 4);
+    EXPECT_DOUBLE_EQ(s.at("kvshard:inter_token_latency_seconds_sum" + kModel), 4 * 0.25);
+    for (const char* h : {"time_to_first_token_seconds", "inter_token_latency_seconds"}) {
+        for (const char* part : {"_count", "_sum"}) {
+            const std::string family = std::string(h) + part;
+            EXPECT_EQ(s.at("kvshard:pool_" + family + pool), s.at("kvshard:" + family + kModel))
+                << family;
+        }
+    }
+    EXPECT_EQ(s.at("kvshard:e2e_request_latency_seconds_count" + kModel), 1);
+    EXPECT_DOUBLE_EQ(s.at("kvshard:e2e_request_latency_seconds_sum" + kModel), 2.0);
+    EXPECT_EQ(s.at("kvshard:generation_tokens_total" + kModel), 6);
+    EXPECT_EQ(s.at("kvshard:request_success_total{model_name=\"m\",finished_reason=\"length\"}"),
+              1);
+}
+
+// A request that fails ends once, as "error", with its end-to-end latency and its tokens, but no
+// phases (vLLM's request_* histograms count requests that finished).
+TEST_F(EngineMetrics, FailedRequestIsCountedAsAnError) {
+    GenerationRequest r = Request(1, 4);
+    ASSERT_TRUE(engine_->Submit(std::move(r), std::make_shared<NullSink>()).ok());
+    std::optional<StepPlan> plan = engine_->PlanStep();
+    ASSERT_TRUE(plan.has_value());
+    clock_.AdvanceSeconds(2);
+    engine_->CompleteStep(*plan, Status(StatusCode::kInternal, "rank 0: out of memory"));
+    const auto s = Scrape();
+    EXPECT_EQ(s.at("kvshard:request_success_total{model_name=\"m\",finished_reason=\"error\"}"), 1);
+    EXPECT_EQ(s.at("kvshard:e2e_request_latency_seconds_count" + kModel), 1);
+    EXPECT_DOUBLE_EQ(s.at("kvshard:e2e_request_latency_seconds_sum" + kModel), 2.0);
+    EXPECT_EQ(s.at("kvshard:prompt_tokens_total" + kModel), 9);
+    EXPECT_EQ(s.at("kvshard:request_queue_time_seconds_count" + kModel), 0);
+    EXPECT_EQ(s.at("kvshard:time_to_first_token_seconds_count" + kModel), 0);
+}
+
 // An abort before the request ever ran: queue time up to the abort, no prefill or decode.
 TEST_F(EngineMetrics, AbortedWhileWaiting) {
     GenerationRequest r = Request(1, 4);
@@ -229,8 +279,10 @@ TEST_F(EngineMetrics, VllmNamesRepeatEveryKvshardSeries) {
     finished.prompt_tokens = 3;
     finished.n = 2;
     finished.max_tokens = 9;
+    finished.e2e_seconds = 1.0;
+    finished.finished_reason = "stop";
+    finished.generation_tokens = 2;
     both.OnRequestFinished(finished);
-    both.ObserveRequestFinished(1.0, {3, 2, 0}, "stop");
     const std::string text = both.Render(engine_->Stats());
     const auto s = Samples(text);
     int kvshard_series = 0;

@@ -7,6 +7,8 @@
 // with "length" after max_tokens tokens. With hold_after >= 0 a request parks after that many
 // tokens until it is aborted or Release()d (to test disconnects, timeouts and draining).
 // FailAll ends every request with an error status, as the real engine's Stop() does.
+// With an observer, it reports each request's latencies and end as the real engine does (pool
+// "default", times on Engine::clock() from GenerationRequest::arrival).
 #pragma once
 
 #include <chrono>
@@ -35,6 +37,7 @@ class FakeEngine : public Engine {
         int64_t cached_tokens = 0;
         size_t max_active = 1 << 20;  // Submit says ResourceExhausted beyond this many requests
         Status health;                // what Health() returns
+        EngineObserver* observer = nullptr;  // not owned; may be null
     };
 
     explicit FakeEngine(Options options) : options_(std::move(options)) {
@@ -61,6 +64,7 @@ class FakeEngine : public Engine {
         a.request = std::move(request);
         a.sink = std::move(sink);
         a.produced.assign(static_cast<size_t>(a.request.n), 0);
+        a.arrival = a.request.arrival.value_or(clock().Now());
         active_.push_back(std::move(a));
         cv_.notify_all();
         return Status::Ok();
@@ -133,7 +137,37 @@ class FakeEngine : public Engine {
         std::shared_ptr<RequestSink> sink;
         std::vector<int64_t> produced;  // tokens per choice
         bool finished = false;
+        Clock::time_point arrival, last_token;  // the last token of any choice (one per step)
     };
+
+    // Latencies of one step's tokens of `a` (every choice got its next token now).
+    void ObserveTokens(Active& a) {
+        if (options_.observer == nullptr) return;
+        const Clock::time_point now = clock().Now();
+        const auto seconds = [](Clock::duration d) {
+            return std::chrono::duration<double>(d).count();
+        };
+        if (a.produced[0] == 1) {
+            options_.observer->OnFirstToken("default", seconds(now - a.arrival));
+        } else {
+            for (int c = 0; c < a.request.n; ++c)
+                options_.observer->OnInterToken("default", seconds(now - a.last_token));
+        }
+        a.last_token = now;
+    }
+    void ObserveEnd(const Active& a, const GenerationUsage& usage, const Status& status,
+                    bool aborted) {
+        if (options_.observer == nullptr) return;
+        FinishedRequestStats st;
+        st.e2e_seconds = std::chrono::duration<double>(clock().Now() - a.arrival).count();
+        st.failed = !status.ok();
+        st.finished_reason = st.failed ? "error" : aborted ? "abort" : "length";
+        st.prompt_tokens = usage.prompt_tokens;
+        st.generation_tokens = usage.completion_tokens;
+        st.n = a.request.n;
+        st.max_tokens = a.request.max_tokens;
+        options_.observer->OnRequestFinished(st);
+    }
 
     bool Held(const Active& a) const {
         return options_.hold_after >= 0 && a.produced[0] >= options_.hold_after &&
@@ -155,7 +189,10 @@ class FakeEngine : public Engine {
             if (stop_) return;
             if (fail_all_) {
                 std::vector<std::shared_ptr<RequestSink>> failed;
-                for (Active& a : active_) failed.push_back(a.sink);
+                for (Active& a : active_) {
+                    ObserveEnd(a, GenerationUsage{}, fail_status_, false);
+                    failed.push_back(a.sink);
+                }
                 active_.clear();
                 fail_all_ = false;
                 const Status status = fail_status_;
@@ -181,11 +218,11 @@ class FakeEngine : public Engine {
                         d.text = options_.script[i % options_.script.size()];
                         d.token_ids = {kFirstTokenId + static_cast<int32_t>(i % 26)};
                         if (a.request.num_top_logprobs >= 0) {
-                            SampledToken t;
+                            GeneratedTokenLogprob t;
                             t.token_id = d.token_ids[0];
                             t.logprob = -0.5f;
                             for (int k = 0; k < a.request.num_top_logprobs; ++k) {
-                                t.top_logprobs.push_back({kFirstTokenId + k, -1.0f - k});
+                                t.top.push_back({kFirstTokenId + k, -1.0f - k});
                             }
                             d.logprobs.push_back(t);
                         }
@@ -195,12 +232,14 @@ class FakeEngine : public Engine {
                     deltas.push_back(std::move(d));
                 }
                 out.emplace_back(a.sink, std::move(deltas));
+                if (!abort) ObserveTokens(a);
                 if (abort || a.produced[0] >= a.request.max_tokens) {
                     a.finished = true;
                     GenerationUsage u;
                     u.prompt_tokens = static_cast<int64_t>(a.request.prompt_token_ids.size());
                     for (int64_t p : a.produced) u.completion_tokens += p;
                     u.cached_tokens = options_.cached_tokens;
+                    ObserveEnd(a, u, Status::Ok(), abort);
                     finished.emplace_back(a.sink, u);
                 }
             }

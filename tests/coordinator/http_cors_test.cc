@@ -21,7 +21,7 @@ constexpr char kPage[] = "https://chat.example.com";
 TestServerOptions Cors(std::vector<std::string> origins, std::vector<std::string> keys = {}) {
     TestServerOptions o;
     o.http.cors_allowed_origins = std::move(origins);
-    o.api_keys = std::move(keys);
+    o.http.api_keys = std::move(keys);
     return o;
 }
 

@@ -214,7 +214,7 @@ TEST(HttpHardening, RetryAfterAndWwwAuthenticate) {
     EXPECT_EQ(queued.message[http::field::retry_after], "1");
 
     TestServerOptions keyed;
-    keyed.api_keys = {"secret"};
+    keyed.http.api_keys = {"secret"};
     TestServer server(keyed);
     const HttpReply denied = Post(server.port(), "/v1/completions", kCompletion);
     EXPECT_EQ(denied.status, 401);
@@ -332,7 +332,7 @@ TEST(HttpHardening, HealthAnswersWhileMegabytePromptsTokenize) {
     TestServerOptions o;
     o.tokenizer = gated;
     o.http.max_body_bytes = 4 << 20;
-    o.max_prompt_bytes = 4 << 20;
+    o.http.max_prompt_bytes = 4 << 20;
     TestServer server(o);
     const std::string big = R"({"prompt": ")" + std::string(1 << 20, 'x') + R"("})";
     constexpr int kBig = 3;
@@ -369,7 +369,7 @@ TEST(HttpHardening, PromptBytesAreCheckedBeforeTokenizing) {
     auto gated = std::make_shared<GatedTokenizer>(testing::ByteTokenizer());
     TestServerOptions o;
     o.tokenizer = gated;  // never opened: a request that reached it would not be answered
-    o.max_prompt_bytes = 100;
+    o.http.max_prompt_bytes = 100;
     TestServer server(o);
     for (const auto& [target, body, param] :
          std::vector<std::tuple<std::string, std::string, std::string>>{
@@ -496,7 +496,7 @@ TEST(HttpHardening, ChatContentSpecialTokensAreTextByDefault) {
          {std::pair{HttpConfig::ContentSpecialTokens::kText, text},
           std::pair{HttpConfig::ContentSpecialTokens::kControl, control}}) {
         TestServerOptions o;
-        o.content_special_tokens = mode;
+        o.http.content_special_tokens = mode;
         TestServer server(o);
         ASSERT_EQ(Post(server.port(), "/v1/chat/completions", body).status, 200);
         EXPECT_EQ(server.engine().submitted().at(0).prompt_token_ids, expect);

@@ -78,7 +78,7 @@ TEST(HttpTokenizerFiles, ServedUnderEveryNameElse404) {
 
 TEST(HttpTokenizerFiles, NeedTheApiKeyAndSayWhenTheServerHasNone) {
     TestServerOptions o;
-    o.api_keys = {"secret"};
+    o.http.api_keys = {"secret"};
     TestServer server(o);
     EXPECT_EQ(Get(server.port(), "/v1/models/test-model/tokenizer").status, 401);
     TestClient client(server.port());

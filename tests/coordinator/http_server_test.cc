@@ -156,7 +156,7 @@ TEST(HttpServer, ExpectContinue) {
 
 TEST(HttpServer, ApiKeys) {
     TestServerOptions options;
-    options.api_keys = {"secret"};
+    options.http.api_keys = {"secret"};
     TestServer server(options);
     EXPECT_EQ(Post(server.port(), "/v1/completions", kCompletion).status, 401);
     auto wrong =

@@ -44,14 +44,10 @@ inline std::unique_ptr<Tokenizer> ByteTokenizer() {
 
 struct TestServerOptions {
     FakeEngine::Options engine;
-    HttpConfig http;
-    std::vector<std::string> api_keys;
+    HttpConfig http;  // the API's settings too (api_keys, max_prompt_bytes, ...)
     bool chat_template = true;
     std::optional<ChatTemplate> custom_chat_template;  // set: used instead of ChatML
     std::shared_ptr<Tokenizer> tokenizer;              // null: ByteTokenizer()
-    int64_t max_prompt_bytes = 0;
-    HttpConfig::ContentSpecialTokens content_special_tokens =
-        HttpConfig::ContentSpecialTokens::kText;
     std::vector<std::string> model_aliases;             // ServedModel::aliases
     std::string tokenizer_json, tokenizer_config_json;  // GET /v1/models/{id}/tokenizer...
 };
@@ -59,9 +55,10 @@ struct TestServerOptions {
 // FakeEngine + ApiService + HttpServer on 127.0.0.1, an ephemeral port.
 class TestServer {
   public:
-    explicit TestServer(TestServerOptions options = {}) : engine_(options.engine) {
+    explicit TestServer(TestServerOptions options = {})
+        : metrics_(std::make_shared<ServerMetrics>("test-model")),
+          engine_(WithObserver(options.engine, metrics_.get())) {
         tokenizer_ = options.tokenizer ? options.tokenizer : ByteTokenizer();
-        metrics_ = std::make_shared<ServerMetrics>("test-model");
         ApiServiceOptions api;
         api.model = {"test-model", "/models/test-model.gguf", tokenizer_->vocab_size()};
         if (options.chat_template) {
@@ -69,9 +66,7 @@ class TestServer {
                 ChatTemplate::FromStyle(ChatTemplateStyle::kChatMl, {"", "<|im_end|>"});
         }
         if (options.custom_chat_template) api.chat_template = options.custom_chat_template;
-        api.api_keys = options.api_keys;
-        api.max_prompt_bytes = options.max_prompt_bytes;
-        api.content_special_tokens = options.content_special_tokens;
+        api.http = options.http;
         api.model.aliases = options.model_aliases;
         api.tokenizer_json = options.tokenizer_json;
         api.tokenizer_config_json = options.tokenizer_config_json;
@@ -90,9 +85,14 @@ class TestServer {
     HttpServer& server() { return *server_; }
 
   private:
+    static FakeEngine::Options WithObserver(FakeEngine::Options o, EngineObserver* observer) {
+        o.observer = observer;
+        return o;
+    }
+
+    std::shared_ptr<ServerMetrics> metrics_;  // the engine's observer: outlives it
     FakeEngine engine_;  // outlives the server: sessions abort into it when they close
     std::shared_ptr<Tokenizer> tokenizer_;
-    std::shared_ptr<ServerMetrics> metrics_;
     std::unique_ptr<ApiService> api_;
     std::unique_ptr<HttpServer> server_;
 };

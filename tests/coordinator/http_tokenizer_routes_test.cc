@@ -234,7 +234,7 @@ TEST(HttpTokenizerRoutes, ChatWithoutATemplateIs400) {
 
 TEST(HttpTokenizerRoutes, PromptOverTheByteCapIs400BeforeTokenizing) {
     TestServerOptions o;
-    o.max_prompt_bytes = 8;
+    o.http.max_prompt_bytes = 8;
     TestServer server(o);
     auto reply = Post(server.port(), "/tokenize", R"({"prompt": "123456789"})");
     EXPECT_EQ(reply.status, 400);
@@ -245,7 +245,7 @@ TEST(HttpTokenizerRoutes, PromptOverTheByteCapIs400BeforeTokenizing) {
 // API keys guard the tokenizer routes and /v1/models/{id}; /version is open like /health.
 TEST(HttpTokenizerRoutes, ApiKeys) {
     TestServerOptions o;
-    o.api_keys = {"secret"};
+    o.http.api_keys = {"secret"};
     TestServer server(o);
     const std::vector<std::pair<std::string, std::string>> key = {
         {"Authorization", "Bearer secret"}};

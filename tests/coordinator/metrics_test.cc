@@ -117,9 +117,14 @@ TEST(Metrics, ConcurrentObservationsAreAllCounted) {
 
 TEST(Metrics, ServerMetricsNames) {
     ServerMetrics m("smol");
-    m.ObserveTimeToFirstToken(0.02);
-    m.ObserveInterTokenLatency(0.004);
-    m.ObserveRequestFinished(0.5, {10, 5, 4}, "length");
+    m.OnFirstToken("default", 0.02);
+    m.OnInterToken("default", 0.004);
+    FinishedRequestStats finished;
+    finished.e2e_seconds = 0.5;
+    finished.finished_reason = "length";
+    finished.prompt_tokens = 10;
+    finished.generation_tokens = 5;
+    m.OnRequestFinished(finished);
     EngineStats stats;
     stats.num_running = 3;
     stats.num_waiting = 2;
@@ -153,12 +158,16 @@ TEST(Metrics, ServerMetricsNames) {
 
 TEST(Metrics, PromptCachePins) {
     ServerMetrics m("smol");
-    GenerationUsage usage{.prompt_tokens = 2100, .completion_tokens = 5, .cached_tokens = 0,
-                          .cache_creation_tokens = 2048};
-    m.ObserveRequestFinished(0.5, usage, "length");
-    usage.cached_tokens = 2048;
-    usage.cache_creation_tokens = 0;
-    m.ObserveRequestFinished(0.1, usage, "length");
+    FinishedRequestStats finished;
+    finished.e2e_seconds = 0.5;
+    finished.finished_reason = "length";
+    finished.prompt_tokens = 2100;
+    finished.generation_tokens = 5;
+    finished.cache_creation_tokens = 2048;
+    m.OnRequestFinished(finished);
+    finished.e2e_seconds = 0.1;
+    finished.cache_creation_tokens = 0;  // the second one read them from the cache
+    m.OnRequestFinished(finished);
     EngineStats stats;
     stats.pinned_blocks = 128;
     stats.pin_hits_total = 9;
@@ -246,7 +255,7 @@ TEST(Metrics, ServerMetricsObserver) {
                 m.OnKvTransfer(o.bytes, o.seconds);
                 break;
             case Call::kFailed:
-                m.OnKvTransferFailed();
+                m.OnKvTransferFailed(Status(StatusCode::kDeadlineExceeded, "late"));
                 break;
         }
     }
@@ -261,9 +270,12 @@ TEST(Metrics, ServerMetricsObserver) {
         EXPECT_EQ(CountOf(text, "# TYPE " + family + " histogram\n"), 1) << family;
         EXPECT_EQ(e.types.at(family), "histogram");
     }
-    // The engine-level observations don't touch the request-level histograms.
-    EXPECT_EQ(e.samples.at("kvshard:time_to_first_token_seconds_count{model_name=\"smol\"}"), 0);
-    EXPECT_EQ(e.samples.at("kvshard:inter_token_latency_seconds_count{model_name=\"smol\"}"), 0);
+    // One observation feeds the model-wide histogram and its pool's alike: the engine measures
+    // each latency once.
+    EXPECT_EQ(e.samples.at("kvshard:time_to_first_token_seconds_count{model_name=\"smol\"}"), 3);
+    EXPECT_DOUBLE_EQ(e.samples.at("kvshard:time_to_first_token_seconds_sum{model_name=\"smol\"}"),
+                     0.534);
+    EXPECT_EQ(e.samples.at("kvshard:inter_token_latency_seconds_count{model_name=\"smol\"}"), 4);
 
     struct Expected {
         std::string sample;  // the sample name with its labels
@@ -338,7 +350,8 @@ TEST(Metrics, ServerMetricsObserverConcurrent) {
                 m.OnFirstToken(pool, 0.5);
                 m.OnInterToken(pool, 0.25);
                 m.OnKvTransfer(1000, 0.125);
-                if (i % 10 == 0) m.OnKvTransferFailed();
+                if (i % 10 == 0)
+                    m.OnKvTransferFailed(Status(StatusCode::kDeadlineExceeded, "late"));
             }
         });
     }

@@ -43,12 +43,8 @@ GenerationDelta Delta(int index, std::string text, std::vector<int32_t> ids,
     return d;
 }
 
-SampledToken Token(int32_t id, float lp, std::vector<TokenLogprob> top = {}) {
-    SampledToken t;
-    t.token_id = id;
-    t.logprob = lp;
-    t.top_logprobs = std::move(top);
-    return t;
+GeneratedTokenLogprob Token(int32_t id, float lp, std::vector<TokenLogprob> top = {}) {
+    return {id, lp, std::move(top)};
 }
 
 const GenerationUsage kUsage{7, 3, 4};

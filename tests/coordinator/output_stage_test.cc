@@ -131,6 +131,14 @@ TEST(OutputStage, LogprobsOnlyWhenAsked) {
     EXPECT_TRUE(stage.OnToken(req, 0, Token('a'), stream, 0, 2).delta.logprobs.empty());
     req.num_top_logprobs = 0;
     EXPECT_EQ(stage.OnToken(req, 1, Token('b'), stream, 1, 3).delta.logprobs.size(), 1u);
+    // The wire's token becomes the request's: id, logprob and alternatives, nothing else.
+    SampledToken sampled = Token('d');
+    sampled.logprob = -0.75f;
+    sampled.top_logprobs = {{'d', -0.75f}, {'e', -1.5f}};
+    sampled.rng_state = 12345;
+    const std::vector<GeneratedTokenLogprob> expected = {
+        {'d', -0.75f, {{'d', -0.75f}, {'e', -1.5f}}}};
+    EXPECT_EQ(stage.OnToken(req, 1, sampled, stream, 2, 4).delta.logprobs, expected);
     EXPECT_EQ(stage.OnToken(req, 1, Token('c'), stream, 2, 4).delta.index, 1);
 }
 

@@ -53,10 +53,7 @@ GenerationDelta TokenDelta(int index, char c, FinishReason finish) {
     d.index = index;
     d.text = std::string(1, c);
     d.token_ids = {c};
-    SampledToken t;
-    t.token_id = c;
-    t.logprob = -0.25f;
-    d.logprobs = {t};
+    d.logprobs = {GeneratedTokenLogprob{c, -0.25f, {}}};
     d.finish_reason = finish;
     return d;
 }

@@ -264,7 +264,7 @@ TEST_F(RouterTest, LatenciesAreMeasuredFromTheFrontEndsArrival) {
     clock_.AdvanceSeconds(10);
     GenerationRequest request = Request(Tokens(300, 9));
     request.arrival = e->clock().Now();
-    auto sink = std::make_shared<StreamSink>(metrics, e->clock(), *request.arrival, 1, [] {});
+    auto sink = std::make_shared<StreamSink>([] {});
     clock_.AdvanceSeconds(1);
     ASSERT_TRUE(e->Submit(std::move(request), sink).ok());
     clock_.AdvanceSeconds(0.5);

@@ -54,7 +54,7 @@ class CollectingSink : public RequestSink {
     Status status_;
     bool done_ = false;
     int deltas_ = 0;
-    std::vector<SampledToken> logprobs_;  // every choice's, in arrival order
+    std::vector<GeneratedTokenLogprob> logprobs_;  // every choice's, in arrival order
     std::vector<PromptTokenLogprob> prompt_logprobs_;
     int prompt_deltas_ = 0;
     int tokens_ = 0;

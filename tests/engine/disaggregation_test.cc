@@ -5,6 +5,7 @@
 // leaks and nothing stays staged.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -39,11 +40,21 @@ class RecordingObserver : public EngineObserver {
         transfers++;
         bytes_total += bytes;
     }
-    void OnKvTransferFailed() override { failures++; }
+    void OnKvTransferFailed(const Status& status) override {
+        failures++;
+        std::lock_guard<std::mutex> lock(mu);
+        failure_codes.push_back(status.code());
+    }
+    // How many failures had `code`.
+    int64_t FailuresWith(StatusCode code) {
+        std::lock_guard<std::mutex> lock(mu);
+        return std::count(failure_codes.begin(), failure_codes.end(), code);
+    }
     std::atomic<int64_t> ttft_prefill{0}, ttft_other{0}, itl{0}, transfers{0}, bytes_total{0},
         failures{0};
     std::mutex mu;
     std::vector<std::string> first_token_pools;  // guarded by mu
+    std::vector<StatusCode> failure_codes;       // guarded by mu
 };
 
 // Lets a test take an instance's workers down (as a dead worker process would) and up again.
@@ -83,7 +94,7 @@ class Disaggregation : public ::testing::Test {
     }
 
     // An instance with `tp` rank threads and a KV transport named `name`.
-    Instance Make(const std::string& name, InstanceRole role, int tp, int64_t timeout_ms = 10'000,
+    Instance Make(const std::string& name, PoolRole role, int tp, int64_t timeout_ms = 10'000,
                   bool layerwise = false, std::vector<std::string> endpoints_override = {},
                   const std::string& pool = "", bool downable = false) {
         TpGroupConfig tc;
@@ -100,7 +111,7 @@ class Disaggregation : public ::testing::Test {
         out.group = std::move(*g);
         InstanceEngineConfig c;
         c.name = name;
-        c.pool = pool.empty() ? std::string(InstanceRoleName(role)) : pool;
+        c.pool = pool.empty() ? std::string(PoolRoleName(role)) : pool;
         c.role = role;
         c.tp = tp;
         c.kv_endpoints =
@@ -177,7 +188,7 @@ class Disaggregation : public ::testing::Test {
 
     std::vector<std::vector<int32_t>> Colocated(const std::vector<std::vector<int32_t>>& prompts,
                                                 int64_t max_tokens) {
-        Instance mixed = Make("mixed", InstanceRole::kMixed, 1);
+        Instance mixed = Make("mixed", PoolRole::kMixed, 1);
         return Run(*mixed.engine, prompts, max_tokens, /*concurrent=*/false);
     }
 
@@ -214,8 +225,8 @@ TEST_P(DisaggregationPairs, GreedyEqualsColocatedAloneAndConcurrent) {
     const PairCase& pc = GetParam();
     const auto prompts = Prompts(32);
     const auto expected = Colocated(prompts, 24);
-    Instance decode = Make("decode", InstanceRole::kDecode, pc.decode_tp);
-    Instance prefill = Make("prefill", InstanceRole::kPrefill, pc.prefill_tp, 10'000, pc.layerwise);
+    Instance decode = Make("decode", PoolRole::kDecode, pc.decode_tp);
+    Instance prefill = Make("prefill", PoolRole::kPrefill, pc.prefill_tp, 10'000, pc.layerwise);
     Result<std::unique_ptr<Router>> router =
         Router::Create({prefill.engine.get(), decode.engine.get()});
     ASSERT_TRUE(router.ok()) << router.status().ToString();
@@ -245,8 +256,8 @@ TEST_F(Disaggregation, TransferBytesFollowTheGeometry) {
     KV_REQUIRE_FIXTURE(path, "stories260K.bin");
     Load(path);
     const ModelSpec& spec = file_->spec();
-    Instance decode = Make("decode", InstanceRole::kDecode, 2);
-    Instance prefill = Make("prefill", InstanceRole::kPrefill, 1);
+    Instance decode = Make("decode", PoolRole::kDecode, 2);
+    Instance prefill = Make("prefill", PoolRole::kPrefill, 1);
     Result<std::unique_ptr<Router>> router =
         Router::Create({prefill.engine.get(), decode.engine.get()});
     ASSERT_TRUE(router.ok());
@@ -328,13 +339,15 @@ TEST_F(Disaggregation, UnreachableDecodeFallsBackToThePrefillInstance) {
     const auto prompts = Prompts(8);
     const auto expected = Colocated(prompts, 16);
     Instance decode =
-        Make("decode", InstanceRole::kDecode, 1, 10'000, false, {"local:nobody-listens/0"});
-    Instance prefill = Make("prefill", InstanceRole::kPrefill, 1);
+        Make("decode", PoolRole::kDecode, 1, 10'000, false, {"local:nobody-listens/0"});
+    Instance prefill = Make("prefill", PoolRole::kPrefill, 1);
     Result<std::unique_ptr<Router>> router =
         Router::Create({prefill.engine.get(), decode.engine.get()});
     ASSERT_TRUE(router.ok());
     EXPECT_EQ(Run(**router, prompts, 16, true), expected);
     EXPECT_EQ(observer_.failures.load(), 8);
+    // The worker's Status reaches the engine with its code: the receiver is not there.
+    EXPECT_EQ(observer_.FailuresWith(StatusCode::kUnavailable), 8);
     EXPECT_EQ(observer_.transfers.load(), 0);
     ExpectClean(prefill);
     ExpectClean(decode);
@@ -349,8 +362,8 @@ TEST_F(Disaggregation, DownInstancesAreSkippedAndShownDown) {
     Load(path);
     const auto prompts = Prompts(4);
     const auto expected = Colocated(prompts, 8);
-    Instance decode = Make("decode", InstanceRole::kDecode, 1, 10'000, false, {}, "", true);
-    Instance prefill = Make("prefill", InstanceRole::kPrefill, 1, 10'000, false, {}, "", true);
+    Instance decode = Make("decode", PoolRole::kDecode, 1, 10'000, false, {}, "", true);
+    Instance prefill = Make("prefill", PoolRole::kPrefill, 1, 10'000, false, {}, "", true);
     Result<std::unique_ptr<Router>> router =
         Router::Create({prefill.engine.get(), decode.engine.get()});
     ASSERT_TRUE(router.ok());
@@ -395,15 +408,17 @@ TEST_F(Disaggregation, ReceiveTimeoutReturnsTheRequestToThePrefillInstance) {
     Load(path);
     const auto prompts = Prompts(4);
     const auto expected = Colocated(prompts, 12);
-    Instance elsewhere = Make("elsewhere", InstanceRole::kMixed, 1);
-    Instance decode = Make("decode", InstanceRole::kDecode, 1, /*timeout_ms=*/300, false,
+    Instance elsewhere = Make("elsewhere", PoolRole::kMixed, 1);
+    Instance decode = Make("decode", PoolRole::kDecode, 1, /*timeout_ms=*/300, false,
                            elsewhere.group->kv_endpoints());
-    Instance prefill = Make("prefill", InstanceRole::kPrefill, 1);
+    Instance prefill = Make("prefill", PoolRole::kPrefill, 1);
     Result<std::unique_ptr<Router>> router =
         Router::Create({prefill.engine.get(), decode.engine.get()});
     ASSERT_TRUE(router.ok());
     EXPECT_EQ(Run(**router, prompts, 12, true), expected);
     EXPECT_EQ(observer_.failures.load(), 4);
+    // The decode workers' Status reaches the engine with its code: the pieces never came.
+    EXPECT_EQ(observer_.FailuresWith(StatusCode::kDeadlineExceeded), 4);
     ExpectClean(prefill);
     ExpectClean(decode);
 }
@@ -420,8 +435,8 @@ TEST_F(Disaggregation, DefaultModelEqualsColocatedForEveryPairing) {
     const auto expected = Colocated(prompts, 8);
     for (auto [prefill_tp, decode_tp] :
          {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 3}}) {
-        Instance decode = Make("decode", InstanceRole::kDecode, decode_tp);
-        Instance prefill = Make("prefill", InstanceRole::kPrefill, prefill_tp, 10'000,
+        Instance decode = Make("decode", PoolRole::kDecode, decode_tp);
+        Instance prefill = Make("prefill", PoolRole::kPrefill, prefill_tp, 10'000,
                                 /*layerwise=*/prefill_tp == 2);
         Result<std::unique_ptr<Router>> router =
             Router::Create({prefill.engine.get(), decode.engine.get()});
@@ -444,9 +459,9 @@ TEST_F(Disaggregation, RouterPrefersThePrefillInstanceWithTheCachedPrefix) {
     const std::string path = testing::SharedModel("stories260K/stories260K.bin");
     KV_REQUIRE_FIXTURE(path, "stories260K.bin");
     Load(path);
-    Instance decode = Make("decode", InstanceRole::kDecode, 1);
-    Instance p0 = Make("p0", InstanceRole::kPrefill, 1, 10'000, false, {}, "p0");
-    Instance p1 = Make("p1", InstanceRole::kPrefill, 1, 10'000, false, {}, "p1");
+    Instance decode = Make("decode", PoolRole::kDecode, 1);
+    Instance p0 = Make("p0", PoolRole::kPrefill, 1, 10'000, false, {}, "p0");
+    Instance p1 = Make("p1", PoolRole::kPrefill, 1, 10'000, false, {}, "p1");
     Result<std::unique_ptr<Router>> router =
         Router::Create({p0.engine.get(), p1.engine.get(), decode.engine.get()});
     ASSERT_TRUE(router.ok());
@@ -486,11 +501,11 @@ TEST_F(Disaggregation, SeededSamplingEqualsColocated) {
     sampling.seed = 42;
     std::vector<std::vector<int32_t>> expected;
     {
-        Instance mixed = Make("mixed", InstanceRole::kMixed, 1);
+        Instance mixed = Make("mixed", PoolRole::kMixed, 1);
         expected = Run(*mixed.engine, prompts, 20, /*concurrent=*/false, sampling);
     }
-    Instance decode = Make("decode", InstanceRole::kDecode, 2);
-    Instance prefill = Make("prefill", InstanceRole::kPrefill, 1);
+    Instance decode = Make("decode", PoolRole::kDecode, 2);
+    Instance prefill = Make("prefill", PoolRole::kPrefill, 1);
     Result<std::unique_ptr<Router>> router =
         Router::Create({prefill.engine.get(), decode.engine.get()});
     ASSERT_TRUE(router.ok());
@@ -514,19 +529,19 @@ TEST_F(Disaggregation, LogitControlsEqualAcrossTpAndHandoff) {
     controls.logit_bias = {{5, 2.0f}, {17, -3.0f}};
     std::vector<std::vector<int32_t>> expected, plain;
     {
-        Instance mixed = Make("mixed", InstanceRole::kMixed, 1);
+        Instance mixed = Make("mixed", PoolRole::kMixed, 1);
         expected = Run(*mixed.engine, prompts, 24, /*concurrent=*/false, controls);
         plain = Run(*mixed.engine, prompts, 24, /*concurrent=*/false);
         ExpectClean(mixed);
     }
     EXPECT_NE(expected, plain);
     {
-        Instance mixed2 = Make("mixed2", InstanceRole::kMixed, 2);
+        Instance mixed2 = Make("mixed2", PoolRole::kMixed, 2);
         EXPECT_EQ(Run(*mixed2.engine, prompts, 24, /*concurrent=*/true, controls), expected);
         ExpectClean(mixed2);
     }
-    Instance decode = Make("decode", InstanceRole::kDecode, 2);
-    Instance prefill = Make("prefill", InstanceRole::kPrefill, 1);
+    Instance decode = Make("decode", PoolRole::kDecode, 2);
+    Instance prefill = Make("prefill", PoolRole::kPrefill, 1);
     Result<std::unique_ptr<Router>> router =
         Router::Create({prefill.engine.get(), decode.engine.get()});
     ASSERT_TRUE(router.ok());
@@ -575,12 +590,12 @@ TEST_P(DisaggregationArchs, PrefixCacheAndHandoffKeepTheColocatedTokens) {
     prefix_caching_ = false;
     std::vector<std::vector<int32_t>> expected;
     {
-        Instance mixed = Make("mixed", InstanceRole::kMixed, 1);
+        Instance mixed = Make("mixed", PoolRole::kMixed, 1);
         expected = Run(*mixed.engine, prompts, 16, /*concurrent=*/false, sampling);
     }
     prefix_caching_ = true;
     {
-        Instance mixed = Make("mixed", InstanceRole::kMixed, 1);
+        Instance mixed = Make("mixed", PoolRole::kMixed, 1);
         EXPECT_EQ(Run(*mixed.engine, prompts, 16, /*concurrent=*/false, sampling), expected)
             << "prefix cache on";
         ExpectClean(mixed);
@@ -589,8 +604,8 @@ TEST_P(DisaggregationArchs, PrefixCacheAndHandoffKeepTheColocatedTokens) {
     }
     for (auto [prefill_tp, decode_tp, layerwise] :
          {std::tuple{1, 1, true}, std::tuple{2, 1, false}, std::tuple{1, 2, false}}) {
-        Instance decode = Make("decode", InstanceRole::kDecode, decode_tp);
-        Instance prefill = Make("prefill", InstanceRole::kPrefill, prefill_tp, 10'000, layerwise);
+        Instance decode = Make("decode", PoolRole::kDecode, decode_tp);
+        Instance prefill = Make("prefill", PoolRole::kPrefill, prefill_tp, 10'000, layerwise);
         Result<std::unique_ptr<Router>> router =
             Router::Create({prefill.engine.get(), decode.engine.get()});
         ASSERT_TRUE(router.ok()) << router.status().ToString();

@@ -35,7 +35,7 @@ struct Instance {
 };
 
 struct InstanceOptions {
-    InstanceRole role = InstanceRole::kMixed;
+    PoolRole role = PoolRole::kMixed;
     int tp = 1;
     int64_t num_blocks = 64;
     double max_pinned_fraction = 0.5;
@@ -69,7 +69,7 @@ class PromptCache : public ::testing::Test {
         out.group = std::move(*g);
         InstanceEngineConfig c;
         c.name = o.name;
-        c.pool = std::string(InstanceRoleName(o.role));
+        c.pool = std::string(PoolRoleName(o.role));
         c.role = o.role;
         c.tp = o.tp;
         c.kv_endpoints = out.group->kv_endpoints();
@@ -291,8 +291,8 @@ TEST_F(PromptCache, PinnedShareStaysBoundedAndAdmissionProgresses) {
 TEST_F(PromptCache, DisaggregatedPinsLiveOnThePrefillInstance) {
     if (!file_) return;
     for (int prefill_tp : {1, 2}) {
-        Instance decode = Make({.role = InstanceRole::kDecode, .name = "decode"});
-        Instance prefill = Make({.role = InstanceRole::kPrefill, .tp = prefill_tp, .name = "prefill"});
+        Instance decode = Make({.role = PoolRole::kDecode, .name = "decode"});
+        Instance prefill = Make({.role = PoolRole::kPrefill, .tp = prefill_tp, .name = "prefill"});
         Result<std::unique_ptr<Router>> router =
             Router::Create({prefill.engine.get(), decode.engine.get()});
         ASSERT_TRUE(router.ok()) << router.status().ToString();

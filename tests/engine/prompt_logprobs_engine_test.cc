@@ -118,7 +118,7 @@ TEST_F(PromptLogprobsEngine, GeneratedLogprobsEqualThePromptLogprobsOfTheSameTok
     ASSERT_EQ(gen->ids_[0].size(), 8u);
     EXPECT_EQ(gen->ids_[1], gen->ids_[0]);
     std::vector<float> generated;
-    for (const SampledToken& t : gen->logprobs_) {
+    for (const GeneratedTokenLogprob& t : gen->logprobs_) {
         if (generated.size() < 8 && t.token_id == gen->ids_[0][generated.size()])
             generated.push_back(t.logprob);
     }
