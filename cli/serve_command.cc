@@ -450,8 +450,8 @@ Command RegisterServe(CLI::App& app) {
                     "Context length in tokens (scheduler.max_model_len; default: the model's)");
     sub->add_option(
         "--kv-cache-dtype,--kv-dtype", f->kv_cache_dtype,
-        "KV cache element type (kv_cache.dtype): auto, fp32, int8 or fp8 (E4M3); fp16 and "
-        "bf16 are refused (no pool stores them)");
+        "KV cache element type (kv_cache.dtype): auto, fp32, bf16, fp16, int8 or fp8 "
+        "(E4M3)");
     for (CLI::Option* o : sub->get_options())
         o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     sub->add_option("--served-model-name", f->served_model_names,

@@ -276,7 +276,7 @@ TEST(ServerConfig, ServedModelNamesAndVllmFlags) {
     EXPECT_EQ(flags->served_model_names, (std::vector<std::string>{"org/a", "b"}));
     EXPECT_EQ(flags->scheduler.max_model_len, 1024);
     EXPECT_EQ(flags->kv_cache.dtype, KvDtype::kInt8);
-    // Every KV dtype parses (the planner sizes fp16 and bf16; serve refuses what no pool stores),
+    // Every KV dtype parses (every pool stores fp32, bf16, fp16, int8 and fp8),
     // vLLM's fp8_e4m3 is fp8, and auto is no dtype at all.
     for (const auto& [text, dtype] : {std::pair{"bf16", std::optional<KvDtype>(KvDtype::kBf16)},
                                       std::pair{"fp8_e4m3", std::optional<KvDtype>(KvDtype::kFp8)},
