@@ -289,8 +289,8 @@ TEST_F(Disaggregation, Bf16KvKeepsTheColocatedTokensWithPrefixCacheAndHandoff) {
         for (int i = 0; i <= p; ++i) prompts.back().push_back(3 + (i * 17 + p * 31) % 250);
     }
     {
-        Instance decode = Make("decode", InstanceRole::kDecode, 1);
-        Instance prefill = Make("prefill", InstanceRole::kPrefill, 1);
+        Instance decode = Make("decode", PoolRole::kDecode, 1);
+        Instance prefill = Make("prefill", PoolRole::kPrefill, 1);
         Result<std::unique_ptr<Router>> router =
             Router::Create({prefill.engine.get(), decode.engine.get()});
         ASSERT_TRUE(router.ok());
@@ -303,12 +303,12 @@ TEST_F(Disaggregation, Bf16KvKeepsTheColocatedTokensWithPrefixCacheAndHandoff) {
     prefix_caching_ = false;
     std::vector<std::vector<int32_t>> expected;
     {
-        Instance mixed = Make("mixed", InstanceRole::kMixed, 1);
+        Instance mixed = Make("mixed", PoolRole::kMixed, 1);
         expected = Run(*mixed.engine, prompts, 16, /*concurrent=*/false);
     }
     prefix_caching_ = true;
     {
-        Instance mixed = Make("mixed", InstanceRole::kMixed, 1);
+        Instance mixed = Make("mixed", PoolRole::kMixed, 1);
         EXPECT_EQ(Run(*mixed.engine, prompts, 16, /*concurrent=*/false), expected)
             << "prefix cache on";
         ExpectClean(mixed);
@@ -316,8 +316,8 @@ TEST_F(Disaggregation, Bf16KvKeepsTheColocatedTokensWithPrefixCacheAndHandoff) {
     }
     for (auto [prefill_tp, decode_tp, layerwise] :
          {std::tuple{1, 1, true}, std::tuple{2, 1, false}, std::tuple{1, 2, false}}) {
-        Instance decode = Make("decode", InstanceRole::kDecode, decode_tp);
-        Instance prefill = Make("prefill", InstanceRole::kPrefill, prefill_tp, 10'000, layerwise);
+        Instance decode = Make("decode", PoolRole::kDecode, decode_tp);
+        Instance prefill = Make("prefill", PoolRole::kPrefill, prefill_tp, 10'000, layerwise);
         Result<std::unique_ptr<Router>> router =
             Router::Create({prefill.engine.get(), decode.engine.get()});
         ASSERT_TRUE(router.ok()) << router.status().ToString();
