@@ -91,21 +91,7 @@ void ForceGemmMode(GemmMode mode) {
 void ResetGemmMode() { g_pinned.store(kNotPinned, std::memory_order_relaxed); }
 
 bool GemmReads(DType dtype) {
-    switch (dtype) {
-        case DType::kF16:
-        case DType::kBF16:
-        case DType::kQ8_0:
-        case DType::kQ4_0:
-        case DType::kQ4_1:
-        case DType::kQ5_0:
-        case DType::kQ5_1:
-        case DType::kQ4_K:
-        case DType::kQ5_K:
-        case DType::kQ6_K:
-            return true;
-        default:
-            return false;
-    }
+    return dtype != DType::kF32 && matmul_internal::HasSimdKernel(dtype);
 }
 
 #if defined(__x86_64__)

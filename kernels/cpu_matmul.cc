@@ -31,7 +31,36 @@
 #include "kernels/cpu_ops.h"
 
 namespace kvshard::cpu {
+
+namespace matmul_internal {
+
+// Whether the AVX2/AVX-512 kernels read `dtype`. The others (Q2_K, Q3_K, Q8_K) are multiplied by
+// the portable kernel: a weight row dequantized once into fp32 by common/dtype.cc, then dotted
+// with every activation row (so still read in their stored format, once per product).
+bool HasSimdKernel(DType dtype) {
+    switch (dtype) {
+        case DType::kF32:
+        case DType::kF16:
+        case DType::kBF16:
+        case DType::kQ8_0:
+        case DType::kQ4_0:
+        case DType::kQ4_1:
+        case DType::kQ5_0:
+        case DType::kQ5_1:
+        case DType::kQ4_K:
+        case DType::kQ5_K:
+        case DType::kQ6_K:
+            return true;
+        default:
+            return false;
+    }
+}
+
+}  // namespace matmul_internal
+
 namespace {
+
+using matmul_internal::HasSimdKernel;
 
 using matmul_internal::DequantizeRowsAvx2;
 using matmul_internal::DequantizeRowsAvx512;
@@ -131,28 +160,6 @@ ActivationFormat DefaultActivationFormat() {
 // Whether the int8 kernels read `dtype`.
 bool HasInt8Kernel(DType dtype) {
     return dtype == DType::kQ8_0 || dtype == DType::kQ4_0 || dtype == DType::kQ4_1;
-}
-
-// Whether the AVX2/AVX-512 kernels read `dtype`. The others (Q2_K, Q3_K, Q8_K) are multiplied by
-// the portable kernel: a weight row dequantized once into fp32 by common/dtype.cc, then dotted
-// with every activation row (so still read in their stored format, once per product).
-bool HasSimdKernel(DType dtype) {
-    switch (dtype) {
-        case DType::kF32:
-        case DType::kF16:
-        case DType::kBF16:
-        case DType::kQ8_0:
-        case DType::kQ4_0:
-        case DType::kQ4_1:
-        case DType::kQ5_0:
-        case DType::kQ5_1:
-        case DType::kQ4_K:
-        case DType::kQ5_K:
-        case DType::kQ6_K:
-            return true;
-        default:
-            return false;
-    }
 }
 
 // Rows [r0, r1) of `w` dequantized to fp32 (stride w.cols).

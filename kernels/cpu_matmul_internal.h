@@ -1,5 +1,5 @@
-// Internals shared by kernels/cpu_matmul.cc and its ISA files (cpu_matmul_avx512.cc,
-// cpu_matmul_avx2.cc): the entry points of the ISA kernels and the 8-bit activation blocks of the
+// Internals shared by kernels/cpu_matmul.cc, its ISA files (cpu_matmul_avx512.cc,
+// cpu_matmul_avx2.cc) and the batched-decode kernel (cpu_gemm.cc): the entry points of the ISA kernels and the 8-bit activation blocks of the
 // int8 path. Not for use outside those files.
 #pragma once
 
@@ -12,6 +12,10 @@
 #include "kernels/cpu_matmul.h"
 
 namespace kvshard::cpu::matmul_internal {
+
+// Whether the AVX2/AVX-512 kernels (and the batched-decode kernel, kernels/cpu_gemm.h, for the
+// types other than F32) read `dtype`; the others take the portable kernel.
+bool HasSimdKernel(DType dtype);
 
 // The fp32-activation kernels (x86-64 only). MatMulRows* computes y[i, j] for i < m and j in
 // [n0, n1) (y rows of stride w.rows); DequantizeRows* writes rows [r0, r1) of `w` to out (stride
