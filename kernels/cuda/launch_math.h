@@ -166,6 +166,127 @@ KV_HD AttnItem ItemOf(const AttnPlan& p, int64_t item, int64_t n_rows, int64_t l
     return w;
 }
 
+// ---- the FA2-style prefill kernel (kernels/cuda/prefill_attention.h) ----
+
+// Threads of a prefill block: 4 warps.
+constexpr int kPrefillThreads = 128;
+// Keys of one K/V tile: one per lane of a warp when scoring.
+constexpr int kPrefillTileKeys = 32;
+// Query vectors × head-dim class one block holds in its output accumulators (64 floats a thread).
+constexpr int kPrefillAccFloats = 8192;
+// Most query vectors (rows × heads of the GQA group) of one block.
+constexpr int kPrefillMaxQueries = 64;
+// The accumulator layout: thread t owns query vectors t / 16 + 8 i and dims t % 16 + 16 k.
+constexpr int kPrefillQueryLanes = 8;
+constexpr int kPrefillDimLanes = kPrefillThreads / kPrefillQueryLanes;
+
+// The head_dim a kernel instance is compiled for (its registers are sized by it): 64, 128 or 256;
+// 0 above 256.
+KV_HD int PrefillHeadDimClass(int64_t head_dim) {
+    if (head_dim <= 0 || head_dim > 256) return 0;
+    return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
+}
+// Query vectors a block of head-dim class `hd_class` holds: 64 at 64 and 128, 32 at 256.
+KV_HD int PrefillQueriesPerBlock(int hd_class) {
+    if (hd_class <= 0) return 0;
+    const int q = kPrefillAccFloats / hd_class;
+    return q < kPrefillMaxQueries ? q : kPrefillMaxQueries;
+}
+// Floats from one K or V row to the next in a tile (one more than head_dim: the 32 keys a warp
+// scores fall in 32 banks).
+KV_HD int64_t PrefillTileRowFloats(int64_t head_dim) { return head_dim + 1; }
+// Floats from one query vector's probabilities to the next.
+constexpr int kPrefillProbRowFloats = kPrefillTileKeys + 1;
+
+// Dynamic shared memory of a prefill block: the block's queries (pre-scaled), a K tile and a V
+// tile, the tile's probabilities, and per query vector its rescale factor and final sum.
+KV_HD int64_t PrefillSharedBytes(int64_t head_dim) {
+    const int64_t q = PrefillQueriesPerBlock(PrefillHeadDimClass(head_dim));
+    return (q * head_dim + 2 * kPrefillTileKeys * PrefillTileRowFloats(head_dim) +
+            q * kPrefillProbRowFloats + 2 * q) *
+               static_cast<int64_t>(sizeof(float)) +
+           2 * kPrefillTileKeys * static_cast<int64_t>(sizeof(int64_t));
+}
+
+// How a prefill chunk (a sequence with more than one new row) is cut into blocks: query tiles of
+// rows_per_tile rows × heads_per_tile heads of one KV head's GQA group (head_passes tiles cover
+// the group), each one block, over keys from its first row's window to its last row's position.
+// A decode row (n_rows == 1) is the split-KV kernel's and has no prefill tile.
+struct PrefillPlan {
+    int group_size;
+    int heads_per_tile;
+    int head_passes;
+    int64_t rows_per_tile;
+};
+KV_HD PrefillPlan PlanPrefill(int group_size, int queries_per_block) {
+    PrefillPlan p;
+    p.group_size = group_size;
+    p.heads_per_tile = group_size < queries_per_block ? group_size : queries_per_block;
+    p.head_passes = p.heads_per_tile > 0 ? (group_size + p.heads_per_tile - 1) / p.heads_per_tile : 0;
+    p.rows_per_tile = p.heads_per_tile > 0 ? queries_per_block / p.heads_per_tile : 0;
+    return p;
+}
+// Row tiles of a sequence with n_rows new rows (0 for a decode row).
+KV_HD int64_t PrefillRowTiles(const PrefillPlan& p, int64_t n_rows) {
+    return n_rows > 1 && p.rows_per_tile > 0 ? (n_rows + p.rows_per_tile - 1) / p.rows_per_tile : 0;
+}
+
+// One block's work: sequence `seq`, rows [r_begin, r_end), group heads [h_begin, h_end) of KV
+// head kv_head, keys [k_begin, k_end) (causal bound of the last row; window of the first row).
+struct PrefillTile {
+    int64_t seq;
+    int64_t kv_head;
+    int64_t r_begin, r_end;
+    int h_begin, h_end;
+    int64_t k_begin, k_end;
+};
+
+// The tile of work item `w` of a step: items are numbered ((row tile) × head_passes + pass) ×
+// num_kv_heads + kv_head over the step's row tiles in sequence order, each sequence's tiles last
+// row first (the longest causal ranges start first). query_starts / context_lens are the batch's
+// (PagedAttentionBatch); seq = -1 when w is past the step's items. Each block walks the
+// sequences from the start: O(num_seqs) per item, small beside the tile's attention.
+KV_HD PrefillTile PrefillTileOf(const PrefillPlan& p, int64_t w, int64_t num_seqs,
+                                int64_t num_kv_heads, const int32_t* query_starts,
+                                const int32_t* context_lens, int64_t window) {
+    PrefillTile t{};
+    t.seq = -1;
+    if (p.head_passes <= 0 || num_kv_heads <= 0 || w < 0) return t;
+    t.kv_head = w % num_kv_heads;
+    const int64_t rest = w / num_kv_heads;
+    const int pass = static_cast<int>(rest % p.head_passes);
+    int64_t tile = rest / p.head_passes;
+    for (int64_t s = 0; s < num_seqs; ++s) {
+        const int64_t n_rows = query_starts[s + 1] - query_starts[s];
+        const int64_t tiles = PrefillRowTiles(p, n_rows);
+        if (tile >= tiles) {
+            tile -= tiles;
+            continue;
+        }
+        const int64_t local = tiles - 1 - tile;
+        const int64_t len = context_lens[s];
+        t.seq = s;
+        t.r_begin = local * p.rows_per_tile;
+        t.r_end = t.r_begin + p.rows_per_tile < n_rows ? t.r_begin + p.rows_per_tile : n_rows;
+        t.h_begin = pass * p.heads_per_tile;
+        t.h_end = t.h_begin + p.heads_per_tile < p.group_size ? t.h_begin + p.heads_per_tile
+                                                              : p.group_size;
+        t.k_begin = WindowStart(len - n_rows + t.r_begin, window);
+        t.k_end = len - n_rows + t.r_end;
+        return t;
+    }
+    return t;
+}
+
+// Blocks of a prefill launch: a fixed grid (blocks_per_sm on every multiprocessor) that strides
+// over the step's items, since the host does not know the step's row counts (they are in device
+// memory); a step without a prefill chunk costs one launch of blocks that find no item.
+KV_HD unsigned PrefillGrid(int sm_count, int blocks_per_sm) {
+    const int64_t g = static_cast<int64_t>(sm_count > 0 ? sm_count : 1) *
+                      (blocks_per_sm > 0 ? blocks_per_sm : 1);
+    return static_cast<unsigned>(g);
+}
+
 // ---- the paged KV layout (kernels/paged_attention.h) ----
 
 // Bytes from the pool's base to element `d` of (kv_head, position held at `slot_id`) of K
