@@ -215,6 +215,22 @@ class DecodeWeightPacker {
     virtual Result<BackendBuffer> PackForDecode(WeightView* w) = 0;
 };
 
+// Opt-in (found with dynamic_cast): RoPE of a step's queries and keys fused with the KV write,
+// one pass over the rows where the plain ops take three:
+//   Rope(q, row_stride, positions, rows, num_heads, head_dim, inv_freq);
+//   Rope(k, row_stride, positions, rows, kv.num_kv_heads, head_dim, inv_freq);
+//   KvWrite(kv, k, v, row_stride, slots, rows);
+// with head_dim = kv.head_dim, and the same results: q and k rotated in place, the rotated k and
+// v stored at their slots in the pool's storage (a negative slot: rotated, not stored). q, k and
+// v may be the three parts of one fused QKV row (rows row_stride > 0 floats apart).
+class RopeKvWriter {
+  public:
+    virtual ~RopeKvWriter() = default;
+    virtual void RopeKvWrite(float* q, float* k, const float* v, int64_t row_stride,
+                             const int32_t* positions, const int64_t* slots, int64_t rows,
+                             int64_t num_heads, const float* inv_freq, const PagedKvLayer& kv) = 0;
+};
+
 // The backend `config` names. InvalidArgument naming the setting for a kind this build or this
 // machine cannot run (kCuda without CUDA, or without a device).
 Result<std::unique_ptr<Backend>> MakeBackend(const BackendConfig& config);

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -124,6 +125,19 @@ void CpuBackend::Scale(float* x, float s, int64_t n) { cpu::Scale(x, s, n); }
 void CpuBackend::KvWrite(const PagedKvLayer& kv, const float* k, const float* v, int64_t row_stride,
                          const int64_t* slots, int64_t n) {
     cpu::PagedKvWrite(kv, k, v, row_stride, slots, n);
+}
+
+void CpuBackend::RopeKvWrite(float* q, float* k, const float* v, int64_t row_stride,
+                             const int32_t* positions, const int64_t* slots, int64_t rows,
+                             int64_t num_heads, const float* inv_freq, const PagedKvLayer& kv) {
+    KV_CHECK(row_stride > 0) << "RopeKvWrite: row_stride " << row_stride;
+    for (int64_t r0 = 0; r0 < rows; r0 += kRopeKvWriteRows) {
+        const int64_t n = std::min(kRopeKvWriteRows, rows - r0);
+        const int64_t at = r0 * row_stride;
+        cpu::Rope(q + at, positions + r0, n, num_heads, kv.head_dim, inv_freq, row_stride);
+        cpu::Rope(k + at, positions + r0, n, kv.num_kv_heads, kv.head_dim, inv_freq, row_stride);
+        cpu::PagedKvWrite(kv, k + at, v + at, row_stride, slots + r0, n);
+    }
 }
 
 void CpuBackend::PagedAttention(const float* q, int64_t q_stride, const PagedKvLayer& kv,

@@ -11,7 +11,7 @@
 
 namespace kvshard {
 
-class CpuBackend final : public Backend, public DecodeWeightPacker {
+class CpuBackend final : public Backend, public DecodeWeightPacker, public RopeKvWriter {
   public:
     explicit CpuBackend(const BackendConfig& config);
 
@@ -52,6 +52,13 @@ class CpuBackend final : public Backend, public DecodeWeightPacker {
     // The interleaved copy of a Q4_1 or Q8_0 weight of at least kInterleaveRows rows when the
     // active ISA is AVX-512 and activations are fp32 (kernels/cpu_matmul.h), else none.
     Result<BackendBuffer> PackForDecode(WeightView* w) override;
+
+    // Row blocks of kRopeKvWriteRows: the block's rotations, then its KV write, while its rows
+    // are in cache; the same arithmetic as Rope and KvWrite (cpu::Rope, cpu::PagedKvWrite).
+    void RopeKvWrite(float* q, float* k, const float* v, int64_t row_stride,
+                     const int32_t* positions, const int64_t* slots, int64_t rows,
+                     int64_t num_heads, const float* inv_freq, const PagedKvLayer& kv) override;
+    static constexpr int64_t kRopeKvWriteRows = 64;
 
   protected:
     Result<void*> AllocateRaw(size_t bytes) override;

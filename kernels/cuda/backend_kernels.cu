@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/backend_kernels.h"
+#include "kernels/cuda/kv_tile.cuh"
 #include "kernels/cuda/launch_math.h"
 #include "kernels/cuda/warp_reduce.cuh"
 
@@ -189,24 +190,6 @@ __global__ void CopyBlocksKernel(Word* pool, int64_t words_per_block, const int3
 
 // ---- paged KV ----
 
-struct KvArgs {
-    uint8_t* base;
-    int64_t block_stride, k_offset, v_offset, k_scale_offset, v_scale_offset;
-    int64_t block_size, num_kv_heads, head_dim;
-};
-
-KvArgs ToArgs(const cpu::PagedKvLayer& kv) {
-    return {kv.base,          kv.block_stride,   kv.k_offset,   kv.v_offset,
-            kv.k_scale_offset, kv.v_scale_offset, kv.block_size, kv.num_kv_heads,
-            kv.head_dim};
-}
-
-// The kernels below are instantiated per storage dtype (template <KvDtype>): fp32, the 16-bit
-// formats (no scale) and the 8-bit ones (with a per-token-per-head scale).
-__host__ __device__ constexpr bool Is16Bit(KvDtype s) {
-    return s == KvDtype::kBf16 || s == KvDtype::kFp16;
-}
-
 // Grid (n, num_kv_heads, 2: K then V): one head of one row; 16-bit storage rounds each element to
 // nearest even, 8-bit storage quantizes the head with its own scale.
 template <KvDtype kStorage>
@@ -221,72 +204,7 @@ __global__ void KvWriteKernel(KvArgs kv, const float* k, const float* v, int64_t
     uint8_t* dst =
         kv.base + KvElementOffset(kv.block_stride, is_v ? kv.v_offset : kv.k_offset, kv.block_size,
                                   hd, KvElementBytes(kStorage), slot, h, 0);
-    if constexpr (kStorage == KvDtype::kFp32) {
-        for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-            reinterpret_cast<float*>(dst)[d] = src[d];
-        }
-    } else if constexpr (Is16Bit(kStorage)) {
-        for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-            reinterpret_cast<uint16_t*>(dst)[d] =
-                kStorage == KvDtype::kBf16 ? Bf16Encode(src[d]) : Fp16Encode(src[d]);
-        }
-    } else {
-        float amax = 0.0f;
-        for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) amax = fmaxf(amax, fabsf(src[d]));
-        amax = BlockReduce<true>(amax);
-        const float scale = amax / (kStorage == KvDtype::kInt8 ? 127.0f : 448.0f);
-        const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-        for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-            if constexpr (kStorage == KvDtype::kInt8) {
-                reinterpret_cast<int8_t*>(dst)[d] = Int8Encode(src[d], inv);
-            } else {
-                dst[d] = Fp8E4M3Encode(src[d] * inv);
-            }
-        }
-        if (threadIdx.x == 0) {
-            *reinterpret_cast<float*>(
-                kv.base + KvScaleOffset(kv.block_stride, is_v ? kv.v_scale_offset : kv.k_scale_offset,
-                                        kv.block_size, slot, h)) = scale;
-        }
-    }
-}
-
-// The K (or V: `data_offset`, `scale_offset` of the layer's region) rows of a tile into shared
-// memory, kAttnTileKeys rows TileRowFloats(head_dim) apart, rows from nt on zeroed. row_at[t] and
-// scale_at[t] are the bytes from the pool's base to tile row t's head data and scale without the
-// region offset (KvElementOffset / KvScaleOffset of its slot). Warp w copies rows w, w + 4, ...,
-// its lanes along head_dim (coalesced). Called by every thread of the block.
-template <KvDtype kStorage>
-__device__ void LoadTile(const KvArgs& kv, int64_t data_offset, int64_t scale_offset,
-                         const int64_t* row_at, const int64_t* scale_at, int nt, float* tile) {
-    const int hd = static_cast<int>(kv.head_dim);
-    const int row = static_cast<int>(TileRowFloats(hd));
-    const int lane = threadIdx.x % kWarp;
-    for (int t = threadIdx.x / kWarp; t < kAttnTileKeys; t += blockDim.x / kWarp) {
-        float* dst = tile + t * row;
-        if (t >= nt) {
-            for (int d = lane; d < hd; d += kWarp) dst[d] = 0.0f;
-            continue;
-        }
-        const uint8_t* src = kv.base + data_offset + row_at[t];
-        if constexpr (kStorage == KvDtype::kFp32) {
-            for (int d = lane; d < hd; d += kWarp) dst[d] = reinterpret_cast<const float*>(src)[d];
-        } else if constexpr (Is16Bit(kStorage)) {
-            const uint16_t* src16 = reinterpret_cast<const uint16_t*>(src);
-            for (int d = lane; d < hd; d += kWarp) {
-                dst[d] = kStorage == KvDtype::kBf16 ? Bf16Decode(src16[d]) : Fp16Decode(src16[d]);
-            }
-        } else {
-            const float scale =
-                *reinterpret_cast<const float*>(kv.base + scale_offset + scale_at[t]);
-            for (int d = lane; d < hd; d += kWarp) {
-                const float x = kStorage == KvDtype::kInt8
-                                    ? static_cast<float>(static_cast<int8_t>(src[d]))
-                                    : Fp8E4M3Decode(src[d]);
-                dst[d] = x * scale;
-            }
-        }
-    }
+    StoreKvHead<kStorage>(src, hd, dst, KvScaleAt<kStorage>(kv, is_v, slot, h));
 }
 
 struct AttnArgs {
@@ -304,6 +222,7 @@ struct AttnArgs {
     float* partials;
     float scale;
     int64_t window;  // > 0: sliding-window attention over the last `window` positions
+    bool decode_only;  // leave sequences of more than one row to the prefill kernel
 };
 
 constexpr int kAccPerThread = kAttnMaxAccFloats / kAttnThreads;
@@ -312,7 +231,8 @@ constexpr int kAccPerThread = kAttnMaxAccFloats / kAttnThreads;
 // sequence: the query heads using that KV head read each K/V tile once from the pool into
 // shared memory. A decode row (one new token) has its keys split over the grid's z dimension,
 // each block writing a partial result merged by MergeSplitsKernel; a prefill chunk's rows are
-// dealt out to the z blocks in tiles, each attending causally over the block table.
+// dealt out to the z blocks in tiles, each attending causally over the block table, unless
+// a.decode_only leaves them to PrefillAttentionKernel (the CUDA backend's path).
 // (The launch bound's minimum of one block per SM lets ptxas keep the 16 accumulators and the
 // index state in registers: without it, nvcc 13.0 caps the kernel at 64 registers and spills.)
 template <KvDtype kStorage>
@@ -323,6 +243,7 @@ __global__ void __launch_bounds__(kAttnThreads, 1) PagedAttentionKernel(AttnArgs
     const int64_t hd = a.kv.head_dim;
     const int64_t row0 = a.query_starts[s];
     const int64_t n_rows = a.query_starts[s + 1] - row0;
+    if (a.decode_only && n_rows > 1) return;  // a prefill chunk: kernels/cuda/prefill_attention.cu
     const int64_t len = a.context_lens[s];
     const int32_t* table = a.block_tables + a.block_table_starts[s];
     const int qv_max = QueryVectorsPerPass(hd);
@@ -601,7 +522,7 @@ int LaunchKvWrite(const cpu::PagedKvLayer& kv, const float* k, const float* v, i
 int LaunchPagedAttention(const float* q, int64_t q_stride, const cpu::PagedKvLayer& kv,
                          const cpu::PagedAttentionBatch& batch, float* out, int64_t num_heads,
                          const int32_t* kv_head_of_q, int num_splits, float* partials,
-                         StreamHandle stream) {
+                         bool decode_only, StreamHandle stream) {
     if (batch.num_seqs == 0 || num_heads == 0) return 0;
     const AttnArgs a{q,
                      q_stride,
@@ -616,7 +537,8 @@ int LaunchPagedAttention(const float* q, int64_t q_stride, const cpu::PagedKvLay
                      num_splits,
                      partials,
                      1.0f / sqrtf(static_cast<float>(kv.head_dim)),
-                     batch.window};
+                     batch.window,
+                     decode_only};
     const dim3 grid(static_cast<unsigned>(batch.num_seqs), static_cast<unsigned>(kv.num_kv_heads),
                     static_cast<unsigned>(num_splits));
     const size_t shared = static_cast<size_t>(AttentionSharedBytes(kv.head_dim));

@@ -41,14 +41,23 @@ int LaunchF32ToBf16(const float* x, int64_t n, uint16_t* out, StreamHandle strea
 
 int LaunchKvWrite(const cpu::PagedKvLayer& kv, const float* k, const float* v, int64_t row_stride,
                   const int64_t* slots, int64_t n, StreamHandle stream);
+// RoPE of q (num_heads heads) and k (kv.num_kv_heads heads) of each row, in place, then k and v
+// stored at the row's slot (skipped when negative): Rope, Rope and KvWrite in one kernel, with
+// their arithmetic (kernels/cuda/rope_kv_write.cu).
+int LaunchRopeKvWrite(float* q, float* k, const float* v, int64_t row_stride,
+                      const int32_t* positions, const int64_t* slots, int64_t rows,
+                      int64_t num_heads, const float* inv_freq, const cpu::PagedKvLayer& kv,
+                      StreamHandle stream);
 // `num_splits` blocks share the keys of each decode row (a sequence with one new row); their
 // partial results go to `partials` (num_seqs × num_heads × num_splits × (head_dim + 2) floats)
-// and a second kernel merges them. Prefill rows are spread over the same blocks by row tiles.
-// batch.window > 0: each query sees only the last `window` positions up to its own.
+// and a second kernel merges them. `decode_only`: sequences of more than one row are skipped (the
+// prefill kernel's, kernels/cuda/prefill_attention.h); otherwise their rows are spread over the
+// same blocks by row tiles. batch.window > 0: each query sees only the last `window` positions
+// up to its own.
 int LaunchPagedAttention(const float* q, int64_t q_stride, const cpu::PagedKvLayer& kv,
                          const cpu::PagedAttentionBatch& batch, float* out, int64_t num_heads,
                          const int32_t* kv_head_of_q, int num_splits, float* partials,
-                         StreamHandle stream);
+                         bool decode_only, StreamHandle stream);
 int LaunchCopyBlocks(void* pool, int64_t bytes_per_block, const int32_t* src_dst,
                      int64_t num_pairs, StreamHandle stream);
 int LaunchGatherRows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out,

@@ -16,6 +16,7 @@
 #include "kernels/cuda/backend_kernels.h"
 #include "kernels/cuda/cublas_library.h"
 #include "kernels/cuda/launch_math.h"
+#include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/weight_pack.h"
 #include "kernels/cuda_ops.h"
 
@@ -587,6 +588,17 @@ void CudaBackend::KvWrite(const PagedKvLayer& kv, const float* k, const float* v
     Check(LaunchKvWrite(kv, k, v, row_stride, slots, n, stream_), "KvWrite");
 }
 
+void CudaBackend::RopeKvWrite(float* q, float* k, const float* v, int64_t row_stride,
+                              const int32_t* positions, const int64_t* slots, int64_t rows,
+                              int64_t num_heads, const float* inv_freq, const PagedKvLayer& kv) {
+    KV_CHECK(row_stride > 0 && kv.head_dim % 2 == 0)
+        << "RopeKvWrite: row_stride " << row_stride << ", head_dim " << kv.head_dim;
+    cudaSetDevice(device_);
+    Check(LaunchRopeKvWrite(q, k, v, row_stride, positions, slots, rows, num_heads, inv_freq, kv,
+                            stream_),
+          "RopeKvWrite");
+}
+
 void CudaBackend::PagedAttention(const float* q, int64_t q_stride, const PagedKvLayer& kv,
                                  const PagedAttentionBatch& batch, float* out, int64_t num_heads,
                                  const int32_t* kv_head_of_q) {
@@ -599,9 +611,14 @@ void CudaBackend::PagedAttention(const float* q, int64_t q_stride, const PagedKv
     cudaSetDevice(device_);
     const int splits = ChooseNumSplits(batch.num_seqs, kv.num_kv_heads, num_heads, kv.head_dim,
                                        sm_count_, kPartialFloats);
+    // Decode rows take the split-KV kernel; prefill chunks (more than one row) the FA2-style
+    // kernel, on a fixed grid, since the rows per sequence are in device memory only.
     Check(LaunchPagedAttention(q, q_stride, kv, batch, out, num_heads, kv_head_of_q, splits,
-                               impl_->partials, stream_),
+                               impl_->partials, /*decode_only=*/true, stream_),
           "PagedAttention");
+    Check(LaunchPrefillAttention(q, q_stride, kv, batch, out, num_heads, kv_head_of_q,
+                                 PrefillGrid(sm_count_, kPrefillBlocksPerSm), stream_),
+          "PagedAttention (prefill)");
 }
 
 void CudaBackend::CopyBlocks(void* pool, int64_t bytes_per_block, const int32_t* src_dst,

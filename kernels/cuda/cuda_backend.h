@@ -39,7 +39,7 @@
 
 namespace kvshard::cuda {
 
-class CudaBackend final : public Backend, public GraphCapture {
+class CudaBackend final : public Backend, public GraphCapture, public RopeKvWriter {
   public:
     // Device memory the backend allocates for itself at Create, beside what the runner asks for:
     // the cuBLASLt (and cuBLAS) workspace, the split-KV partial results, and the bf16 copy of a
@@ -88,6 +88,11 @@ class CudaBackend final : public Backend, public GraphCapture {
                     int64_t num_pairs) override;
     void GatherRows(const float* x, int64_t dim, const int32_t* rows, int64_t n,
                     float* out) override;
+
+    // RopeKvWriter: one kernel (kernels/cuda/rope_kv_write.cu) for Rope, Rope and KvWrite.
+    void RopeKvWrite(float* q, float* k, const float* v, int64_t row_stride,
+                     const int32_t* positions, const int64_t* slots, int64_t rows,
+                     int64_t num_heads, const float* inv_freq, const PagedKvLayer& kv) override;
 
     // Makes the device copies MatMul (`for_embedding` false) or Embedding (true) reads for `w`
     // now instead of at its first use. Errors: a failed copy or allocation.

@@ -193,17 +193,17 @@ KV_HD int PrefillQueriesPerBlock(int hd_class) {
     return q < kPrefillMaxQueries ? q : kPrefillMaxQueries;
 }
 // Floats from one K or V row to the next in a tile (one more than head_dim: the 32 keys a warp
-// scores fall in 32 banks).
-KV_HD int64_t PrefillTileRowFloats(int64_t head_dim) { return head_dim + 1; }
+// scores fall in 32 banks), as the split-KV kernel's tiles (LoadTile reads both).
+KV_HD int64_t PrefillTileRowFloats(int64_t head_dim) { return TileRowFloats(head_dim); }
 // Floats from one query vector's probabilities to the next.
 constexpr int kPrefillProbRowFloats = kPrefillTileKeys + 1;
 
 // Dynamic shared memory of a prefill block: the block's queries (pre-scaled), a K tile and a V
-// tile, the tile's probabilities, and per query vector its rescale factor and final sum.
+// tile, the tile's probabilities, and per query vector its running max, sum and rescale factor.
 KV_HD int64_t PrefillSharedBytes(int64_t head_dim) {
     const int64_t q = PrefillQueriesPerBlock(PrefillHeadDimClass(head_dim));
     return (q * head_dim + 2 * kPrefillTileKeys * PrefillTileRowFloats(head_dim) +
-            q * kPrefillProbRowFloats + 2 * q) *
+            q * kPrefillProbRowFloats + 3 * q) *
                static_cast<int64_t>(sizeof(float)) +
            2 * kPrefillTileKeys * static_cast<int64_t>(sizeof(int64_t));
 }
@@ -281,6 +281,7 @@ KV_HD PrefillTile PrefillTileOf(const PrefillPlan& p, int64_t w, int64_t num_seq
 // Blocks of a prefill launch: a fixed grid (blocks_per_sm on every multiprocessor) that strides
 // over the step's items, since the host does not know the step's row counts (they are in device
 // memory); a step without a prefill chunk costs one launch of blocks that find no item.
+constexpr int kPrefillBlocksPerSm = 2;  // the kernel's launch bound; shared memory fits two
 KV_HD unsigned PrefillGrid(int sm_count, int blocks_per_sm) {
     const int64_t g = static_cast<int64_t>(sm_count > 0 ? sm_count : 1) *
                       (blocks_per_sm > 0 ? blocks_per_sm : 1);

@@ -97,7 +97,7 @@ class SyntheticDecode {
         const PagedAttentionBatch attn = Attention(batch);
         const Layer& w = layers_.front();
         const PagedKvLayer kv = Kv(0);
-        const std::vector<std::pair<std::string, std::function<void()>>> ops = {
+        std::vector<std::pair<std::string, std::function<void()>>> ops = {
             {"embedding", [&] { b.Embedding(embedding_, 0, ids_, batch, x_); }},
             {"matmul_qkv", [&] { b.MatMul(xn_, batch, w.qkv, qkv_); }},
             {"rope", [&] { b.Rope(qkv_, qkv, positions_, batch, s.heads + s.kv_heads, s.head_dim, inv_freq_); }},
@@ -110,6 +110,13 @@ class SyntheticDecode {
             {"matmul_down", [&] { b.MatMul(h_, batch, w.down, delta_); }},
             {"classifier", [&] { b.MatMul(xn_, batch, output_, logits_); }},
         };
+        // The fused RoPE + KV write where the backend has it, in place of rope and kv_write.
+        if (auto* fused = dynamic_cast<RopeKvWriter*>(&b)) {
+            ops.emplace_back("rope_kv_write", [&, fused] {
+                fused->RopeKvWrite(qkv_, qkv_ + q_dim, qkv_ + q_dim + kv_dim, qkv, positions_,
+                                   slots_, batch, s.heads, inv_freq_, kv);
+            });
+        }
         std::vector<std::pair<std::string, double>> out;
         for (const auto& [name, op] : ops) {
             op();

@@ -1,6 +1,6 @@
 // CudaBackend against the CPU backend on the same inputs: what the op table
 // (backend_ops_test.cc) does not reach — long contexts that take the split-KV path, 8-bit KV
-// bytes identical to the CPU's, prefill chunks spread over row tiles, the cuBLASLt plan cache.
+// bytes identical to the CPU's, prefill chunks in FA2-style query tiles, the cuBLASLt plan cache.
 // The suite carries "Gpu" in its name; cases that need a device skip without one. The first
 // case, the refusal without a device, runs on every machine.
 #include <gtest/gtest.h>
@@ -67,8 +67,9 @@ TEST(SyntheticDecodeTest, RunsADecodeStepOnTheCpuBackend) {
     EXPECT_NE(std::vector<float>(la->begin(), la->begin() + 50),
               std::vector<float>(la->begin() + 50, la->begin() + 100));
     const auto times = a->OpTimes(3, 2);
-    ASSERT_EQ(times.size(), 11u);
+    ASSERT_EQ(times.size(), 12u);  // the CPU backend has the fused RoPE + KV write too
     EXPECT_EQ(times.front().first, "embedding");
+    EXPECT_EQ(times.back().first, "rope_kv_write");
     for (const auto& [name, ms] : times) EXPECT_GE(ms, 0.0) << name;
     EXPECT_EQ(TinyShape().weight_bytes(), 2 * (2 * (128 * 64 + 64 * 64 + 2 * 96 * 64 + 64 * 96) +
                                               2 * 50 * 64));
@@ -191,6 +192,76 @@ TEST_F(CudaBackendGpuTest, KvBytesAndSplitAttentionMatchTheCpu) {
             gpu_->PagedAttention(Put(q), heads * hd, gpu_kv, gpu_batch, out, heads, nullptr);
             EXPECT_LE(RelL2(Get(out, want.size()), want), 1e-5)
                 << "storage " << KvDtypeName(storage) << " window " << window;
+        }
+    }
+}
+
+// The FA2-style prefill kernel at each head-dim class it is compiled for (64, 128, 256; 80 pads
+// to 128), GQA groups of 1 to 8 and a group wider than one tile's 64 queries (65 heads a KV
+// head: two head passes, the second of one head), long chunks over many query tiles behind a
+// cached prefix,
+// mixed with decode rows, with and without a window: the CPU's attention within 1e-5.
+TEST_F(CudaBackendGpuTest, PrefillTilesMatchTheCpuAtEveryHeadDim) {
+    struct Shape {
+        int64_t heads, kv_heads, hd;
+    };
+    for (const Shape sh : {Shape{9, 3, 64}, Shape{32, 8, 128}, Shape{8, 1, 256}, Shape{4, 4, 80},
+                           Shape{130, 2, 64}}) {
+        for (KvDtype storage : {KvDtype::kFp32, KvDtype::kBf16}) {
+            const int64_t bs = 16, heads = sh.heads, kv_heads = sh.kv_heads, hd = sh.hd;
+            const std::vector<int32_t> ctx = {500, 90, 333}, news = {200, 1, 333};
+            int64_t total = 0, blocks = 0;
+            for (int32_t c : ctx) {
+                total += c;
+                blocks += (c + bs - 1) / bs;
+            }
+            const int64_t block_bytes = cpu::PagedLayerBytes(storage, bs, kv_heads, hd);
+            std::vector<uint8_t> cpu_pool(static_cast<size_t>(blocks * block_bytes), 0);
+            auto* gpu_pool = Put(cpu_pool);
+            std::vector<int32_t> flat, ts = {0}, qs = {0};
+            std::vector<int64_t> slots;
+            int32_t next = int32_t(blocks);
+            for (size_t s = 0; s < ctx.size(); ++s) {
+                const size_t first = flat.size();
+                for (int32_t p = 0; p < ctx[s]; p += bs) flat.push_back(--next);
+                for (int32_t p = 0; p < ctx[s]; ++p) {
+                    slots.push_back(int64_t(flat[first + p / bs]) * bs + p % bs);
+                }
+                ts.push_back(int32_t(flat.size()));
+                qs.push_back(qs.back() + news[s]);
+            }
+            const int64_t kvw = kv_heads * hd;
+            const std::vector<float> k = Random(total * kvw, 11, 2.0f), v = Random(total * kvw, 12);
+            const PagedKvLayer cpu_kv =
+                cpu::MakePagedKvLayer(cpu_pool.data(), block_bytes, 0, storage, bs, kv_heads, hd);
+            const PagedKvLayer gpu_kv =
+                cpu::MakePagedKvLayer(gpu_pool, block_bytes, 0, storage, bs, kv_heads, hd);
+            cpu_->KvWrite(cpu_kv, k.data(), v.data(), kvw, slots.data(), total);
+            gpu_->KvWrite(gpu_kv, Put(k), Put(v), kvw, Put(slots), total);
+            const int64_t rows = qs.back();
+            const std::vector<float> q = Random(rows * heads * hd, 13);
+            for (int64_t window : {0, 77}) {
+                const PagedAttentionBatch cpu_batch{.num_seqs = 3,
+                                                    .query_starts = qs.data(),
+                                                    .context_lens = ctx.data(),
+                                                    .block_table_starts = ts.data(),
+                                                    .block_tables = flat.data(),
+                                                    .window = window};
+                const PagedAttentionBatch gpu_batch{.num_seqs = 3,
+                                                    .query_starts = Put(qs),
+                                                    .context_lens = Put(ctx),
+                                                    .block_table_starts = Put(ts),
+                                                    .block_tables = Put(flat),
+                                                    .window = window};
+                std::vector<float> want(rows * heads * hd);
+                cpu_->PagedAttention(q.data(), heads * hd, cpu_kv, cpu_batch, want.data(), heads,
+                                     nullptr);
+                float* out = Put(std::vector<float>(want.size(), NAN));
+                gpu_->PagedAttention(Put(q), heads * hd, gpu_kv, gpu_batch, out, heads, nullptr);
+                EXPECT_LE(RelL2(Get(out, want.size()), want), 1e-5)
+                    << "heads " << heads << "/" << kv_heads << " head_dim " << hd << " storage "
+                    << KvDtypeName(storage) << " window " << window;
+            }
         }
     }
 }
