@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""Register spills and stack frames of the decode kernels (kernels/cuda/backend_kernels.cu).
+"""Register spills and stack frames of the CUDA kernels (kernels/cuda/*.cu, SOURCES below).
 
-Compiles the file's device code only (nvcc -cubin: no host compile) for every architecture the
+Compiles each file's device code only (nvcc -cubin: no host compile) for every architecture the
 build targets, with `--resource-usage -Xptxas --warn-on-spills`, and reads ptxas's report of each
 function. It fails when
-  - any function of the file spills registers (spill stores or loads > 0, or ptxas's spill warning),
-  - a decode kernel (DECODE_KERNELS) has a stack frame: its accumulators and tiles must stay in
-    registers and shared memory,
-  - a decode kernel is missing from an architecture's report (a rename must update this list).
-RopeKernel is not a decode kernel here: precise sinf/cosf keep a 32-byte stack for their slow
-argument reduction (positions times inverse frequencies reach 1e5 radians); it must not spill.
+  - any function spills registers (spill stores or loads > 0, or ptxas's spill warning),
+  - a decode kernel (DECODE_KERNELS) or the prefill attention kernel (PREFILL_KERNELS) has a
+    stack frame: their accumulators and tiles must stay in registers and shared memory,
+  - one of those kernels, or of STACK_ALLOWED_KERNELS, is missing from an architecture's report
+    (a rename must update these lists).
+RopeKernel and RopeKvWriteKernel may keep a stack: precise sinf/cosf keep a 32-byte one for their
+slow argument reduction (positions times inverse frequencies reach 1e5 radians); they must not
+spill.
 
 Exits 77 (ctest's SKIP_RETURN_CODE) when no nvcc is found. `--self-test` checks the parser and
 the rules on canned ptxas output and needs no nvcc.
@@ -30,6 +32,16 @@ DECODE_KERNELS = [
     "F32ToBf16Kernel", "GatherRowsKernel", "KvWriteKernel", "PagedAttentionKernel",
     "MergeSplitsKernel",
 ]
+
+# The FA2-style prefill attention (kernels/cuda/prefill_attention.cu), every storage and head_dim.
+PREFILL_KERNELS = ["PrefillAttentionKernel"]
+# Present and spill-free, a stack allowed (precise sinf/cosf).
+STACK_ALLOWED_KERNELS = ["RopeKernel", "RopeKvWriteKernel"]
+NO_STACK_KERNELS = DECODE_KERNELS + PREFILL_KERNELS
+REQUIRED_KERNELS = NO_STACK_KERNELS + STACK_ALLOWED_KERNELS
+
+# The files compiled, under kernels/cuda/.
+SOURCES = ["backend_kernels.cu", "prefill_attention.cu", "rope_kv_write.cu"]
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\d+a?)'")
 _PROPS = re.compile(r"Function properties for (\S+)")
@@ -75,19 +87,21 @@ def check(usage, warned, arch):
                             f"({stores} bytes spill stores, {loads} bytes spill loads)")
     for function in sorted(warned):
         problems.append(f"{arch}: ptxas warns that {function} spills registers")
-    for name in DECODE_KERNELS:
+    for name in REQUIRED_KERNELS:
         found = [f for f in usage if _is_kernel(f, name)]
         if not found:
-            problems.append(f"{arch}: decode kernel {name} is not in ptxas's report")
+            problems.append(f"{arch}: kernel {name} is not in ptxas's report")
+        if name not in NO_STACK_KERNELS:
+            continue
         for function in found:
             if usage[function][0]:
-                problems.append(f"{arch}: decode kernel {function} has a "
+                problems.append(f"{arch}: kernel {function} has a "
                                 f"{usage[function][0]}-byte stack frame")
     return problems
 
 
-def compile_report(nvcc, source_dir, arch):
-    source = os.path.join(source_dir, "kernels", "cuda", "backend_kernels.cu")
+def compile_report(nvcc, source_dir, arch, name):
+    source = os.path.join(source_dir, "kernels", "cuda", name)
     cmd = [nvcc, "-std=c++17", "-O3", "-DNDEBUG", f"-I{source_dir}", "--resource-usage",
            "-Xptxas", "--warn-on-spills", "-cubin", f"-arch={arch}", source, "-o", os.devnull]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -122,8 +136,8 @@ def self_test():
         fields = dict(attn_stack=0, attn_spill=0, rope_spill=0, warning="")
         fields.update(kw)
         usage, warned = parse(_CANNED.format(**fields), "sm_80")
-        # Only PagedAttentionKernel is in the canned report: the other decode kernels are missing.
-        missing = len(DECODE_KERNELS) - 1
+        # Only PagedAttentionKernel and RopeKernel are in the canned report: the others are missing.
+        missing = len(REQUIRED_KERNELS) - 2
         found = check(usage, warned, "sm_80")
         assert sum("is not in ptxas's report" in p for p in found) == missing, found
         return [p for p in found if "is not in ptxas's report" not in p]
@@ -140,6 +154,17 @@ def self_test():
         raise AssertionError("a report for another architecture was accepted")
     except ValueError:
         pass
+    # The prefill kernel may not keep a stack either; RopeKvWriteKernel may (precise sinf/cosf).
+    prefill = ("ptxas info    : Function properties for _ZN7kvshard4cuda53_GLOBAL__N__26d6e616_20_"
+               "prefill_attention_cu_8393b6e022PrefillAttentionKernelILNS_7KvDtypeE0ELi128EEEvNS1_11PrefillArgsE\n"
+               "    16 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+               "ptxas info    : Function properties for _ZN7kvshard4cuda12_GLOBAL__N_117RopeKvWriteKernel"
+               "ILNS_7KvDtypeE0EEEvPfS3_PKflPKiPKllS5_NS0_6KvArgsE\n"
+               "    32 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n")
+    usage, warned = parse(prefill, "sm_80")
+    found = check(usage, warned, "sm_80")
+    assert any("PrefillAttentionKernel" in p and "16-byte stack" in p for p in found), found
+    assert not any("RopeKvWriteKernel" in p for p in found), found
     assert _is_kernel("_ZN7kvshard4cuda12_GLOBAL__N_116AddRmsNormKernelEPf", "AddRmsNormKernel")
     assert not _is_kernel("_ZN7kvshard4cuda12_GLOBAL__N_116AddRmsNormKernelEPf", "RmsNormKernel")
     print("self-test passed")
@@ -161,9 +186,12 @@ def main():
         return SKIP
     archs = [f"sm_{a.strip()}" for a in args.archs.replace(",", ";").split(";") if a.strip()]
     try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(archs)) as pool:
-            reports = dict(zip(archs, pool.map(
-                lambda arch: compile_report(nvcc, os.path.abspath(args.source_dir), arch), archs)))
+        jobs = [(arch, name) for arch in archs for name in SOURCES]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(jobs), 4)) as pool:
+            texts = list(pool.map(
+                lambda job: compile_report(nvcc, os.path.abspath(args.source_dir), *job), jobs))
+        reports = {arch: "\n".join(t for (a, _), t in zip(jobs, texts) if a == arch)
+                   for arch in archs}
     except RuntimeError as error:
         print(f"FAIL {error}")
         return 1
@@ -171,13 +199,13 @@ def main():
     for arch, text in reports.items():
         usage, warned = parse(text, arch)
         problems += check(usage, warned, arch)
-        kernels = sum(any(_is_kernel(f, k) for f in usage) for k in DECODE_KERNELS)
-        print(f"{arch}: {len(usage)} functions, {kernels}/{len(DECODE_KERNELS)} decode kernels found")
+        kernels = sum(any(_is_kernel(f, k) for f in usage) for k in REQUIRED_KERNELS)
+        print(f"{arch}: {len(usage)} functions, {kernels}/{len(REQUIRED_KERNELS)} listed kernels found")
     for p in problems:
         print(f"FAIL {p}")
     if problems:
         return 1
-    print("no spills anywhere, no stack frame in the decode kernels")
+    print("no spills anywhere, no stack frame in the decode and prefill kernels")
     return 0
 
 
