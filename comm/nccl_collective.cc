@@ -261,15 +261,15 @@ Result<std::unique_ptr<Collective>> MakeNcclCollective(const CollectiveConfig& c
         return InvalidArgument("NCCL collective: timeout_ms " + std::to_string(config.timeout_ms) +
                                " must be > 0");
     }
+    if (config.nccl_stream_ordered && config.cuda_stream == nullptr) {
+        return InvalidArgument(
+            "NCCL collective: nccl_stream_ordered needs the caller's cuda_stream");
+    }
     const int devices = DeviceCount();
     if (config.cuda_device < 0 || config.cuda_device >= devices) {
         return Status(StatusCode::kUnavailable,
                       "NCCL collective: CUDA device " + std::to_string(config.cuda_device) +
                           " does not exist (" + std::to_string(devices) + " visible)");
-    }
-    if (config.nccl_stream_ordered && config.cuda_stream == nullptr) {
-        return InvalidArgument(
-            "NCCL collective: nccl_stream_ordered needs the caller's cuda_stream");
     }
     auto collective = std::make_unique<NcclCollective>(
         rank, size, config.cuda_device, config.timeout_ms, config.nccl_stream_ordered);
