@@ -233,6 +233,7 @@ int RunServe(ServeFlags f) {
         const PoolConfig* pool = nullptr;
         const InstanceConfig* config = nullptr;
         RunnerOptions runner;
+        std::vector<int> gpus;  // each rank's GPU (cuda); empty on the CPU
     };
     std::vector<PlannedInstance> planned;
     for (const PoolConfig& pool : pools) {
@@ -264,6 +265,7 @@ int RunServe(ServeFlags f) {
         for (size_t p = 0; p < pools.size(); ++p) {
             for (size_t i = 0; i < pools[p].instances.size(); ++i, ++k) {
                 ApplyDevicePlan(*dp, static_cast<int>(p), static_cast<int>(i), &planned[k].runner);
+                planned[k].gpus = RankGpus(*dp, static_cast<int>(p), static_cast<int>(i));
             }
         }
     }
@@ -295,8 +297,13 @@ int RunServe(ServeFlags f) {
             ps.instance_id = pi.name;
             ps.tp = pi.config->tp;
             ps.devices = pi.config->devices;
+            // The plan's GPUs (also where the config gave none), so that ranks on GPUs of their
+            // own get an NCCL unique id.
+            if (!pi.gpus.empty()) ps.devices.clear();
+            for (int gpu : pi.gpus) ps.devices.push_back(std::to_string(gpu));
             ps.model_path = c.model_path;
             ps.worker.runner = pi.runner;
+            ps.worker.devices = pi.gpus;
             ps.worker.tokenizer_path = c.tokenizer_path;
             ps.worker.threads = c.threads > 0 ? c.threads : threads_per_worker;
             ps.on_gave_up = [&num_gave_up](const Status&) { num_gave_up++; };
@@ -324,6 +331,7 @@ int RunServe(ServeFlags f) {
             tc.tp = ic.tp;
             tc.threads_per_rank = threads_per_worker;
             tc.runner = pi.runner;
+            tc.devices = pi.gpus;
             tc.kv_transport_name = inst.name;
             Result<std::unique_ptr<TpGroup>> group = TpGroup::Create(*stop_ids_of.file, tc);
             if (!group.ok())
