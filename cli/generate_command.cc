@@ -197,6 +197,9 @@ int RunGenerate(const GenerateFlags& f) {
     if (f.stage_collectives && (f.tp == 1 || f.comm == "mpi")) {
         return fail("--stage-collectives: only for --tp > 1 with --comm local");
     }
+    if (!f.devices.empty() && (f.tp == 1 || f.backend != "cuda")) {
+        return fail("--devices: only for --backend cuda with --tp > 1 (--device places tp 1)");
+    }
     runner.cuda_graphs = f.cuda_graphs;
     Result<LoadedModel> loaded = Load(f, runner, p);
     if (!loaded.ok()) return fail(loaded.status().message());
