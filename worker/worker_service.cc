@@ -296,9 +296,9 @@ Status RunWorkerService(const WorkerServiceOptions& options) {
         if (devices.empty())
             devices.assign(static_cast<size_t>(o.tp), settings->runner.backend.device);
         if (devices.size() != static_cast<size_t>(o.tp)) {
-            grouped = InvalidArgument(who + ": worker setting devices names " +
-                                      std::to_string(devices.size()) + " GPUs for tp " +
-                                      std::to_string(o.tp));
+            grouped =
+                InvalidArgument("worker setting devices names " + std::to_string(devices.size()) +
+                                " GPUs for tp " + std::to_string(o.tp));
         }
         path.path =
             ChooseCollectivePath({.backend = settings->runner.backend.kind,
@@ -307,13 +307,12 @@ Status RunWorkerService(const WorkerServiceOptions& options) {
                                   .nccl_available = KVSHARD_WITH_CUDA != 0 && !nccl_id.empty(),
                                   .force_staged = settings->force_staged_collective});
     }
-    if (!grouped.ok()) {
-        // reported below
-    } else if (o.collective != nullptr && o.collective->size() != o.tp) {
+    if (grouped.ok() && o.collective != nullptr && o.collective->size() != o.tp) {
         grouped = InvalidArgument(who + ": the given collective has " +
                                   std::to_string(o.collective->size()) + " ranks, the instance " +
                                   std::to_string(o.tp));
-    } else if (o.collective == nullptr && o.tp > 1 && path.path != CollectivePath::kNccl) {
+    } else if (grouped.ok() && o.collective == nullptr && o.tp > 1 &&
+               path.path != CollectivePath::kNccl) {
         spdlog::info("{}: meeting the other {} ranks (Gloo, through the coordinator)", who,
                      o.tp - 1);
         Result<std::unique_ptr<Collective>> made = FormGlooGroup(o, *channel);
