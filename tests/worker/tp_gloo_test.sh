@@ -49,10 +49,18 @@ EOF
         server_pid=""
         return 1
     fi
-    curl -sS --max-time 120 "$url/v1/completions" -H 'Content-Type: application/json' \
+    local text
+    text="$(curl -sS --max-time 120 "$url/v1/completions" -H 'Content-Type: application/json' \
         -d "{\"model\": \"$(basename "$model")\", \"prompt\": \"$prompt\", \"max_tokens\": $max_tokens, \"temperature\": 0}" |
-        grep -o '"text":"[^"]*"' | head -n 1
-    kill "$server_pid"
+        grep -o '"text":"[^"]*"' | head -n 1)" || true
+    if [ -z "$text" ]; then
+        # Why, for the reader of the failure: is the server still there, and what did it log.
+        kill -0 "$server_pid" 2>/dev/null && echo "serve tp $tp is running" >&2 ||
+            echo "serve tp $tp exited" >&2
+        tail -n 20 "$work/serve.log" >&2
+    fi
+    echo "$text"
+    kill "$server_pid" 2>/dev/null || true
     wait "$server_pid" 2>/dev/null || true
     server_pid=""
 }
