@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "comm/collective.h"
 #include "comm/mpi_runtime.h"
+#include "common/device.h"
 #include "common/logging.h"
 #include "kernels/cpu_ops.h"
 #include "worker/generator.h"
@@ -48,8 +49,35 @@ struct GenerateFlags {
     std::string comm = "local";
     std::string backend = "cpu";
     int device = 0;
+    std::vector<int> devices;  // --tp N on cuda: each rank's GPU
+    bool stage_collectives = false;
     std::optional<bool> cuda_graphs;  // unset: off (graphs are opt-in)
 };
+
+// --backend cuda --tp N: rank r on --devices[r], else on --device + r (docs/cuda.md "Tensor
+// parallelism on GPUs"). Ranks share a GPU only where --devices repeats an ordinal.
+Result<std::vector<int>> RankDevices(const GenerateFlags& f) {
+    if (!f.devices.empty()) {
+        if (static_cast<int>(f.devices.size()) != f.tp) {
+            return InvalidArgument("--devices: " + std::to_string(f.devices.size()) +
+                                   " GPU ordinals for --tp " + std::to_string(f.tp) +
+                                   " (--backend cuda: one per rank)");
+        }
+        return f.devices;
+    }
+    const int present = DeviceCount();
+    if (f.device + f.tp > present) {
+        return InvalidArgument("--tp " + std::to_string(f.tp) + " with --backend cuda: GPUs " +
+                               std::to_string(f.device) + ".." +
+                               std::to_string(f.device + f.tp - 1) + " wanted, " +
+                               std::to_string(present) +
+                               " present (--devices 0,0 runs two ranks on GPU 0, staging "
+                               "their all-reduces through the host)");
+    }
+    std::vector<int> devices;
+    for (int r = 0; r < f.tp; ++r) devices.push_back(f.device + r);
+    return devices;
+}
 
 // Where the ranks run: this process's threads, or this process as one MPI rank.
 struct Placement {
@@ -79,6 +107,10 @@ Result<LoadedModel> Load(const GenerateFlags& f, const RunnerOptions& runner, Pl
     KV_ASSIGN_OR_RETURN(m.local.file, OpenModel(f.model, options.open));
     KV_ASSIGN_OR_RETURN(m.local.tokenizer, Tokenizer::Create(m.local.file->tokenizer_data()));
     TpGroupConfig tc{.tp = f.tp, .runner = runner};
+    tc.force_staged = f.stage_collectives;
+    if (runner.backend.kind == BackendKind::kCuda) {
+        KV_ASSIGN_OR_RETURN(tc.devices, RankDevices(f));
+    }
     if (f.threads > 0) tc.threads_per_rank = std::max(1, f.threads / f.tp);
     KV_ASSIGN_OR_RETURN(m.group, TpGroup::Create(*m.local.file, tc));
     return m;
@@ -152,14 +184,21 @@ int RunGenerate(const GenerateFlags& f) {
     if (f.backend == "cpu") {
         runner.backend.kind = BackendKind::kCpu;
     } else if (f.backend == "cuda") {
-        if (f.tp > 1) {
-            return fail("--backend cuda: --tp " + std::to_string(f.tp) +
-                        " is not supported on GPUs yet (one device per instance); use --tp 1");
+        if (f.tp > 1 && f.comm == "mpi") {
+            return fail("--backend cuda --tp " + std::to_string(f.tp) +
+                        " --comm mpi: not implemented (use --comm local, one thread per GPU, or "
+                        "kvshard serve with workers.mode: processes)");
         }
         runner.backend.kind = BackendKind::kCuda;
         runner.backend.device = f.device;
     } else {
         return fail("--backend: '" + f.backend + "' is not one of cpu, cuda");
+    }
+    if (f.stage_collectives && (f.tp == 1 || f.comm == "mpi")) {
+        return fail("--stage-collectives: only for --tp > 1 with --comm local");
+    }
+    if (!f.devices.empty() && (f.tp == 1 || f.backend != "cuda")) {
+        return fail("--devices: only for --backend cuda with --tp > 1 (--device places tp 1)");
     }
     runner.cuda_graphs = f.cuda_graphs;
     Result<LoadedModel> loaded = Load(f, runner, p);
@@ -228,6 +267,9 @@ int RunGenerate(const GenerateFlags& f) {
         j["tp"] = f.tp;
         j["comm"] = f.comm;
         j["backend"] = f.backend;
+        // How the ranks all-reduced (worker/rank_collective.h): host, host-staged or nccl.
+        j["collective"] = CollectivePathName(m.group != nullptr ? m.group->collective_path()
+                                                                : CollectivePath::kHost);
         nlohmann::json ranks = nlohmann::json::array();
         for (const RankMemory& mem : *memory) {
             ranks.push_back({{"weight_bytes", mem.weight_bytes},
@@ -296,6 +338,14 @@ Command RegisterGenerate(CLI::App& app) {
         ->capture_default_str();
     sub->add_option("--device", f->device, "The GPU ordinal of --backend cuda")
         ->capture_default_str();
+    sub->add_option("--devices", f->devices,
+                    "--backend cuda --tp N: the GPU of each rank, comma-separated (default: "
+                    "--device, --device + 1, ...); a repeated ordinal puts ranks on one GPU")
+        ->delimiter(',');
+    sub->add_flag("--stage-collectives", f->stage_collectives,
+                  "--tp N: all-reduce through the host copies of the ranks' buffers even where "
+                  "NCCL or the host buffers themselves could be used (the path of ranks sharing "
+                  "a GPU)");
     sub->add_option("--cuda-graphs", f->cuda_graphs,
                     "Decode steps as CUDA graphs on cuda: true or false (default: false)");
     sub->add_option("--comm", f->comm,

@@ -53,6 +53,9 @@ struct ServeFlags {
     std::string max_model_len, kv_cache_dtype;
     std::vector<std::string> sets;  // --set key=value
     std::string step_log;           // --step-log FILE (coordinator/step_log.h)
+    // --stage-collectives: every tp > 1 instance stages its all-reduces through host copies
+    // (worker/rank_collective.h), as ranks sharing a GPU do; on the CPU, how that path is tested.
+    bool stage_collectives = false;
 };
 
 // A list flag's values as one override value (config/server_config.h: comma-separated), or the
@@ -233,6 +236,7 @@ int RunServe(ServeFlags f) {
         const PoolConfig* pool = nullptr;
         const InstanceConfig* config = nullptr;
         RunnerOptions runner;
+        std::vector<int> gpus;  // each rank's GPU (cuda); empty on the CPU
     };
     std::vector<PlannedInstance> planned;
     for (const PoolConfig& pool : pools) {
@@ -264,6 +268,7 @@ int RunServe(ServeFlags f) {
         for (size_t p = 0; p < pools.size(); ++p) {
             for (size_t i = 0; i < pools[p].instances.size(); ++i, ++k) {
                 ApplyDevicePlan(*dp, static_cast<int>(p), static_cast<int>(i), &planned[k].runner);
+                planned[k].gpus = RankGpus(*dp, static_cast<int>(p), static_cast<int>(i));
             }
         }
     }
@@ -295,8 +300,14 @@ int RunServe(ServeFlags f) {
             ps.instance_id = pi.name;
             ps.tp = pi.config->tp;
             ps.devices = pi.config->devices;
+            // The plan's GPUs (also where the config gave none), so that ranks on GPUs of their
+            // own get an NCCL unique id.
+            if (!pi.gpus.empty()) ps.devices.clear();
+            for (int gpu : pi.gpus) ps.devices.push_back(std::to_string(gpu));
             ps.model_path = c.model_path;
             ps.worker.runner = pi.runner;
+            ps.worker.devices = pi.gpus;
+            ps.worker.force_staged_collective = f.stage_collectives;
             ps.worker.tokenizer_path = c.tokenizer_path;
             ps.worker.threads = c.threads > 0 ? c.threads : threads_per_worker;
             ps.on_gave_up = [&num_gave_up](const Status&) { num_gave_up++; };
@@ -324,6 +335,8 @@ int RunServe(ServeFlags f) {
             tc.tp = ic.tp;
             tc.threads_per_rank = threads_per_worker;
             tc.runner = pi.runner;
+            tc.devices = pi.gpus;
+            tc.force_staged = f.stage_collectives;
             tc.kv_transport_name = inst.name;
             Result<std::unique_ptr<TpGroup>> group = TpGroup::Create(*stop_ids_of.file, tc);
             if (!group.ok())
@@ -445,7 +458,8 @@ Command RegisterServe(CLI::App& app) {
                     "or a Jinja template file");
     sub->add_option("--log-level", f->log_level, "trace|debug|info|warn|error|off");
     sub->add_option("--backend", f->backend,
-                    "Where the workers run: cpu, cuda (one GPU per instance) or auto");
+                    "Where the workers run: cpu, cuda (a GPU per rank unless devices repeat "
+                    "one) or auto");
     sub->add_option("--max-model-len", f->max_model_len,
                     "Context length in tokens (scheduler.max_model_len; default: the model's)");
     sub->add_option(
@@ -454,6 +468,10 @@ Command RegisterServe(CLI::App& app) {
         "(E4M3)");
     for (CLI::Option* o : sub->get_options())
         o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    sub->add_flag("--stage-collectives", f->stage_collectives,
+                  "tp > 1: all-reduce through host copies of the ranks' buffers even where NCCL "
+                  "or the host buffers themselves could be used (the path of ranks sharing a "
+                  "GPU)");
     sub->add_option("--served-model-name", f->served_model_names,
                     "The names clients send as \"model\" (served_model_name); the first is the "
                     "one answers carry. Default: the model file's name")

@@ -120,4 +120,14 @@ void ApplyDevicePlan(const DevicePlan& plan, int pool, int instance, RunnerOptio
     runner->num_kv_blocks = rp->kv_blocks;
 }
 
+std::vector<int> RankGpus(const DevicePlan& plan, int pool, int instance) {
+    std::vector<int> gpus;
+    if (!plan.cuda) return gpus;
+    for (int rank = 0;; ++rank) {
+        const RankPlacement* rp = plan.Find(pool, instance, rank);
+        if (rp == nullptr) return gpus;
+        gpus.push_back(rp->gpu);
+    }
+}
+
 }  // namespace kvshard::cli

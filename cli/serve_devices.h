@@ -43,4 +43,8 @@ Result<DevicePlan> PlanServeDevices(const ServerConfig& c, const std::vector<Poo
 // and the plan's KV block count; unchanged on the CPU.
 void ApplyDevicePlan(const DevicePlan& plan, int pool, int instance, RunnerOptions* runner);
 
+// The GPU of each rank of instance `instance` of pool `pool`, rank by rank (an ordinal repeats
+// where ranks share a GPU); empty on the CPU.
+std::vector<int> RankGpus(const DevicePlan& plan, int pool, int instance);
+
 }  // namespace kvshard::cli

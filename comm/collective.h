@@ -6,7 +6,13 @@
 //   kGloo   one process per rank, started any way at all (by the coordinator, by hand, as pods):
 //           the ranks meet in a key-value store (comm/collective_store.h; the coordinator's, over
 //           the registration channel) and talk over Gloo's TCP pairs; host memory.
-//   kNccl   one process or thread per GPU; device memory on the communicator's device.
+//   kNccl   one process or thread per GPU; device memory on the communicator's device (host
+//           memory is accepted too: it is copied through a device buffer of the communicator's,
+//           and the call waits).
+//
+// A rank whose buffers are a backend's memory (a GPU's) and whose peers share its GPU, or a build
+// without NCCL, wraps one of the host kinds in the host-staged collective of worker/
+// (worker/staged_collective.h), which copies through the backend.
 //
 // Determinism: AllReduceSum leaves bit-identical results on every rank, and the result does not
 // depend on timing. Local, Mpi and Gloo all add the ranks' values element by element in rank
@@ -108,8 +114,16 @@ struct CollectiveConfig {
     std::string nccl_unique_id;
     int cuda_device = 0;
     // kNccl: the stream (on cuda_device) the operations are queued on; nullptr: a stream of the
-    // communicator's own. Every operation has completed on the stream when the call returns.
+    // communicator's own. Every operation has completed on the stream when the call returns,
+    // unless nccl_stream_ordered says otherwise.
     StreamHandle cuda_stream = nullptr;
+    // kNccl with a cuda_stream that is the caller's compute stream (a backend's): AllReduceSum on
+    // device memory returns once the operation is queued there (the caller's later work on the
+    // stream runs after it, with no host wait per all-reduce). AllGather, Broadcast and Barrier
+    // still return only when the stream has run everything queued before them, polling with the
+    // deadline: the one wait of a step (the logits' AllGather) bounds every all-reduce queued
+    // before it, and a lost peer aborts the communicator instead of leaving the stream hung.
+    bool nccl_stream_ordered = false;
 };
 
 // Builds the communicator `config` describes. Unimplemented for kMpi, kGloo or kNccl in a build

@@ -45,12 +45,9 @@ Result<bool> ResolveCudaBackend(ServeBackend backend, bool built_with_cuda, int 
     return false;
 }
 
-Status CheckGpuServing(const std::vector<PoolConfig>& pools, WorkersMode mode) {
-    if (mode != WorkersMode::kEmbedded) {
-        return InvalidArgument("workers.mode: " + std::string(WorkersModeName(mode)) +
-                               " with backend: cuda: GPU workers run in the serving process only "
-                               "so far (workers.mode: embedded)");
-    }
+Status CheckGpuServing(const std::vector<PoolConfig>& pools, WorkersMode /*mode*/) {
+    // Embedded and process workers alike run on GPUs, at any tp the plan can place
+    // (PlanDevices); what is left is the handoff between pools.
     for (size_t p = 0; p < pools.size(); ++p) {
         if (pools[p].role != PoolRole::kMixed) {
             // The handoff packs and unpacks pool blocks with host copies (worker/kv_handoff.h).
@@ -58,14 +55,6 @@ Status CheckGpuServing(const std::vector<PoolConfig>& pools, WorkersMode mode) {
                                    ").role: " + std::string(PoolRoleName(pools[p].role)) +
                                    " with backend: cuda: KV handoff between GPU pools is not "
                                    "implemented yet (role: mixed)");
-        }
-        for (size_t i = 0; i < pools[p].instances.size(); ++i) {
-            const int tp = pools[p].instances[i].tp;
-            if (tp > 1) {
-                return InvalidArgument(InstanceKey(pools, p, i) + ".tp: " + std::to_string(tp) +
-                                       " with backend: cuda: an instance runs on one GPU so far "
-                                       "(tp 1; give more instances for more GPUs)");
-            }
         }
     }
     return Status::Ok();
@@ -103,10 +92,14 @@ Result<DevicePlan> PlanDevices(const std::vector<PoolConfig>& pools, const Devic
         for (size_t i = 0; i < pools[p].instances.size(); ++i) {
             const InstanceConfig& inst = pools[p].instances[i];
             const std::string key = InstanceKey(pools, p, i);
-            if (inst.tp > static_cast<int>(in.gpus.size())) {
+            // Ranks share a GPU (and stage their all-reduces through the host) only where
+            // `devices` says so; placed automatically, each rank gets a GPU of its own.
+            if (inst.devices.empty() && inst.tp > static_cast<int>(in.gpus.size())) {
                 return InvalidArgument(key + ".tp: " + std::to_string(inst.tp) +
                                        " is larger than the " + std::to_string(in.gpus.size()) +
-                                       " GPUs present (" + Ordinals(in.gpus) + ")");
+                                       " GPUs present (" + Ordinals(in.gpus) +
+                                       "); list the same GPU more than once in devices to share "
+                                       "one");
             }
             for (int r = 0; r < inst.tp; ++r) {
                 RankPlacement rp{.pool = static_cast<int>(p), .instance = static_cast<int>(i), .rank = r};

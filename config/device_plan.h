@@ -62,14 +62,15 @@ struct DevicePlan {
 Result<bool> ResolveCudaBackend(ServeBackend backend, bool built_with_cuda, int device_count,
                                 const std::string& no_device_reason = "");
 
-// What `kvshard serve` runs on GPUs so far: each instance on one GPU (tp 1) of a mixed pool in
-// this process. InvalidArgument naming the setting for an instance of tp above 1, a prefill or
-// decode pool (no KV handoff from device pools), or workers.mode: processes.
+// What `kvshard serve` runs on GPUs so far: instances of any tp (PlanDevices places their ranks)
+// in mixed pools, embedded or as worker processes. InvalidArgument naming the setting for a
+// prefill or decode pool (no KV handoff from device pools).
 Status CheckGpuServing(const std::vector<PoolConfig>& pools, WorkersMode mode);
 
 // InvalidArgument, one line naming the setting and the numbers: backend cuda in a build without
 // CUDA or with no device; a devices entry "cpu" with backend cuda; a devices entry naming a missing
-// GPU; tp larger than the GPUs present; compute capability below 8.0; a rank's weights and buffers
+// GPU; tp larger than the GPUs present when no devices are given (an instance's devices may name
+// one GPU more than once: those ranks share it, and its memory); compute capability below 8.0; a rank's weights and buffers
 // over its share of free × gpu_memory_utilization, or room for no KV block, or fewer than
 // kv_cache.num_blocks.
 Result<DevicePlan> PlanDevices(const std::vector<PoolConfig>& pools, const DevicePlanInputs& in);

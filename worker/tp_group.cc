@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "common/build_config.h"
 #include "kernels/cpu_ops.h"
 #include "worker/generator.h"
 #include "worker/kv_handoff.h"
@@ -27,6 +28,29 @@ Result<std::unique_ptr<TpGroup>> TpGroup::Create(const ModelFile& model,
     }
     g->group_ = LocalGroup::Create(config.tp, config.timeout_ms);
     for (int r = 0; r < config.tp; ++r) g->collectives_.push_back(g->group_->Collective(r));
+    // Each rank's GPU, and the path of the ranks' collectives (the same for every rank).
+    std::vector<int> devices = config.devices;
+    const bool cuda = config.runner.backend.kind == BackendKind::kCuda;
+    if (cuda && devices.empty()) {
+        for (int r = 0; r < config.tp; ++r) devices.push_back(config.runner.backend.device + r);
+    }
+    if (cuda && devices.size() != n) {
+        return InvalidArgument("tp " + std::to_string(config.tp) + ": " +
+                               std::to_string(devices.size()) + " devices given, one per rank");
+    }
+    g->path_ = config.tp == 1 ? CollectivePath::kHost
+                              : ChooseCollectivePath({.backend = config.runner.backend.kind,
+                                                      .tp = config.tp,
+                                                      .devices = devices,
+                                                      .nccl_available = KVSHARD_WITH_CUDA != 0,
+                                                      .force_staged = config.force_staged});
+    std::string nccl_id;
+    if (g->path_ == CollectivePath::kNccl) {
+        KV_ASSIGN_OR_RETURN(nccl_id, NewNcclUniqueId());
+    }
+    for (int r = 0; r < config.tp; ++r) {
+        g->rank_collectives_.push_back(std::make_unique<RankCollective>(r, config.tp));
+    }
     g->runners_.resize(n);
     g->transports_.resize(n);
     if (!config.kv_transport_name.empty()) {
@@ -42,10 +66,24 @@ Result<std::unique_ptr<TpGroup>> TpGroup::Create(const ModelFile& model,
     for (int r = 0; r < config.tp; ++r) g->threads_.emplace_back(&TpGroup::RankMain, g.get(), r);
     // Each rank loads its slices on its own thread (in parallel, and first-touched there).
     KV_RETURN_IF_ERROR(g->RunJob([&](int rank) -> Status {
-        Collective* c = config.tp > 1 ? g->collectives_[static_cast<size_t>(rank)].get() : nullptr;
+        const auto r = static_cast<size_t>(rank);
+        RankCollective* c = config.tp > 1 ? g->rank_collectives_[r].get() : nullptr;
+        RunnerOptions runner_options = config.runner;
+        if (cuda) runner_options.backend.device = devices[r];
         KV_ASSIGN_OR_RETURN(
             std::unique_ptr<ModelRunner> runner,
-            MakeModelRunner(model, {.rank = rank, .tp = config.tp}, config.runner, c));
+            MakeModelRunner(model, {.rank = rank, .tp = config.tp}, runner_options, c));
+        if (c != nullptr) {
+            // The backend exists now: the collective of the group's path goes on it (NCCL
+            // initializes here, every rank at once).
+            KV_RETURN_IF_ERROR(AttachBackendCollective({.path = g->path_,
+                                                        .rank = rank,
+                                                        .size = config.tp,
+                                                        .host = g->collectives_[r].get(),
+                                                        .nccl_unique_id = nccl_id,
+                                                        .timeout_ms = config.timeout_ms},
+                                                       runner->backend(), *c));
+        }
         KvTransport* transport = g->transports_[static_cast<size_t>(rank)].get();
         // Pieces that cannot fit this rank's pool are refused before anything is allocated.
         if (transport != nullptr) {
@@ -60,6 +98,17 @@ Result<std::unique_ptr<TpGroup>> TpGroup::Create(const ModelFile& model,
 }
 
 TpGroup::~TpGroup() {
+    // Each rank's runner and communicator are released on its own thread, all at once: an NCCL
+    // communicator's teardown waits for its peers'.
+    if (!threads_.empty()) {
+        (void)RunJobUnchecked([this](int rank) {
+            const auto r = static_cast<size_t>(rank);
+            step_runners_[r].reset();
+            runners_[r].reset();
+            rank_collectives_[r].reset();
+            return Status::Ok();
+        });
+    }
     {
         std::lock_guard<std::mutex> lock(mu_);
         stopping_ = true;
@@ -87,8 +136,15 @@ void TpGroup::RankMain(int rank) {
 }
 
 Status TpGroup::RunJob(const Job& job) {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!broken_.ok()) return broken_;
+    }
+    return RunJobUnchecked(job);
+}
+
+Status TpGroup::RunJobUnchecked(const Job& job) {
     std::unique_lock<std::mutex> lock(mu_);
-    if (!broken_.ok()) return broken_;
     job_ = &job;
     num_done_ = 0;
     ++job_generation_;
@@ -108,6 +164,7 @@ Status TpGroup::RunJob(const Job& job) {
                          "tensor-parallel group broken: " + std::to_string(num_failed) + " of " +
                              std::to_string(tp()) + " ranks failed: " + first.message());
         group_->Abort(broken_.message());
+        for (const auto& c : rank_collectives_) c->Abort(broken_.message());
         return broken_;
     }
     return first;

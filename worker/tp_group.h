@@ -1,6 +1,8 @@
 // TpGroup: one tensor-parallel instance embedded in this process — `tp` worker threads, each
 // owning the ModelRunner of one rank (its weight slices, its KV heads' pool) and that rank's
-// communicator of a LocalGroup (comm/local_collective.h).
+// communicator: a LocalGroup's (comm/local_collective.h) on the CPU; on GPUs NCCL on each rank's
+// stream when every rank has a GPU of its own, else the LocalGroup behind the host-staged
+// collective (worker/rank_collective.h chooses).
 //
 // Work reaches the ranks as a job that every rank thread runs at once (the ranks' collectives
 // pair up inside it): Execute runs a StepPlan through each rank's StepRunner and returns rank 0's
@@ -32,6 +34,7 @@
 #include "model/tokenizer.h"
 #include "worker/generator.h"
 #include "worker/model_runner.h"
+#include "worker/rank_collective.h"
 #include "worker/step_runner.h"
 
 namespace kvshard {
@@ -43,6 +46,13 @@ struct TpGroupConfig {
     int threads_per_rank = 0;
     // How long a rank waits in a collective for the others.
     int64_t timeout_ms = LocalGroup::kDefaultTimeoutMs;
+    // The GPU of each rank when runner.backend.kind is cuda (tp entries; an ordinal may repeat:
+    // those ranks share the GPU and stage their collectives through the host). Empty:
+    // runner.backend.device + rank.
+    std::vector<int> devices;
+    // Stage the collectives through the host even where the ranks could use theirs directly
+    // (the CPU backend; NCCL): the host-staged path, testable on the CPU.
+    bool force_staged = false;
     // Non-empty: each rank r gets an in-process KV transport named "<kv_transport_name>/<r>"
     // (comm/kv_transport.h), for KV handoff to and from other instances of this process.
     std::string kv_transport_name;
@@ -61,6 +71,8 @@ class TpGroup : public StepExecutor {
     TpGroup& operator=(const TpGroup&) = delete;
 
     int tp() const { return static_cast<int>(runners_.size()); }
+    // How the ranks reach each other (host at tp 1).
+    CollectivePath collective_path() const { return path_; }
 
     // Runs the plan on every rank. Internal error if the ranks sampled different tokens. The
     // result's KV byte counters are summed over ranks and its failed transfers merged.
@@ -84,12 +96,17 @@ class TpGroup : public StepExecutor {
 
     using Job = std::function<Status(int rank)>;
     Status RunJob(const Job& job);
+    // RunJob even on a broken group (the destructor's teardown).
+    Status RunJobUnchecked(const Job& job);
 
     TpGroupConfig config_;
     int saved_blas_threads_ = 0;  // restored by the destructor; 0: unchanged
     std::shared_ptr<LocalGroup> group_;
-    // Per rank, each used only by its rank's thread while a job runs.
+    CollectivePath path_ = CollectivePath::kHost;
+    // Per rank, each used only by its rank's thread while a job runs. The runners hold the rank
+    // collectives, which hold (staged) the LocalGroup's: declared in that order, destroyed after.
     std::vector<std::unique_ptr<Collective>> collectives_;
+    std::vector<std::unique_ptr<RankCollective>> rank_collectives_;
     std::vector<std::unique_ptr<ModelRunner>> runners_;
     std::vector<std::unique_ptr<KvTransport>> transports_;
     std::vector<std::unique_ptr<StepRunner>> step_runners_;

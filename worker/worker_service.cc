@@ -8,10 +8,12 @@
 
 #include "comm/collective_store.h"
 #include "comm/kv_transport.h"
+#include "common/build_config.h"
 #include "common/logging.h"
 #include "kernels/cpu_ops.h"
 #include "model/model_file.h"
 #include "worker/kv_handoff.h"
+#include "worker/rank_collective.h"
 #include "worker/step_runner.h"
 #include "worker/weights.h"
 
@@ -28,6 +30,35 @@ constexpr std::string_view kKeyTokenizer = "tokenizer";
 constexpr std::string_view kKeyThreads = "threads";
 constexpr std::string_view kKeyWeightFormat = "weight_format";
 constexpr std::string_view kKeyMaxStepTokens = "max_step_tokens";
+constexpr std::string_view kKeyBackend = "backend";
+constexpr std::string_view kKeyDevices = "devices";
+constexpr std::string_view kKeyCollective = "collective";
+// Set by the coordinator (coordinator/remote_executor.h), not by EncodeWorkerSettings.
+constexpr std::string_view kKeyNcclUniqueId = "nccl_unique_id";
+
+std::string JoinInts(const std::vector<int>& values) {
+    std::string s;
+    for (int v : values) s += (s.empty() ? "" : ",") + std::to_string(v);
+    return s;
+}
+
+Result<std::vector<int>> IntListSetting(std::string_view key, const std::string& text) {
+    std::vector<int> out;
+    size_t start = 0;
+    while (start < text.size()) {
+        size_t end = text.find(',', start);
+        if (end == std::string::npos) end = text.size();
+        int v = 0;
+        auto [ptr, ec] = std::from_chars(text.data() + start, text.data() + end, v);
+        if (start == end || ec != std::errc() || ptr != text.data() + end || v < 0) {
+            return InvalidArgument("worker setting " + std::string(key) + ": '" + text +
+                                   "' is not a list of GPU ordinals");
+        }
+        out.push_back(v);
+        start = end + 1;
+    }
+    return out;
+}
 
 Result<int64_t> IntSetting(std::string_view key, const std::string& text) {
     int64_t v = 0;
@@ -91,16 +122,23 @@ struct LoadedRank {
 };
 
 Result<LoadedRank> LoadRank(const WorkerServiceOptions& o, const RegisterAckMessage& ack,
-                            KvTransport* transport) {
-    KV_ASSIGN_OR_RETURN(WorkerRunSettings s, DecodeWorkerSettings(ack.settings));
+                            const WorkerRunSettings& settings, KvTransport* transport,
+                            RankCollective* collective, const BackendCollectiveOptions& path) {
+    WorkerRunSettings s = settings;
     const int threads = o.threads > 0 ? o.threads : s.threads;
     if (threads > 0) cpu::SetNumThreads(threads);
+    if (!s.devices.empty()) s.runner.backend.device = s.devices[static_cast<size_t>(o.rank)];
     LoadedRank r;
     OpenModelOptions open;
     open.tokenizer_path = s.tokenizer_path;
     KV_ASSIGN_OR_RETURN(r.file, OpenModel(ack.model_path, open));
     KV_ASSIGN_OR_RETURN(r.runner, MakeModelRunner(*r.file, {.rank = o.rank, .tp = o.tp}, s.runner,
-                                                  o.tp > 1 ? o.collective : nullptr));
+                                                  o.tp > 1 ? collective : nullptr));
+    if (o.tp > 1) {
+        spdlog::info("{}: {} collective on {}", Who(o), CollectivePathName(path.path),
+                     r.runner->backend().Describe());
+        KV_RETURN_IF_ERROR(AttachBackendCollective(path, r.runner->backend(), *collective));
+    }
     // Pieces that cannot fit this rank's pool are refused before anything is allocated.
     KV_RETURN_IF_ERROR(
         transport->SetReceiveGeometry(ReceiveGeometryOf(*r.runner->pool(), r.runner->layout())));
@@ -129,6 +167,10 @@ std::vector<std::pair<std::string, std::string>> EncodeWorkerSettings(const Work
         {std::string(kKeyThreads), std::to_string(s.threads)},
         {std::string(kKeyWeightFormat), std::string(WeightFormatName(s.runner.weight_format))},
         {std::string(kKeyMaxStepTokens), std::to_string(s.runner.max_step_tokens)},
+        {std::string(kKeyBackend), std::string(BackendKindName(s.runner.backend.kind))},
+        {std::string(kKeyDevices),
+         s.devices.empty() ? std::to_string(s.runner.backend.device) : JoinInts(s.devices)},
+        {std::string(kKeyCollective), s.force_staged_collective ? "staged" : "auto"},
     };
 }
 
@@ -158,6 +200,27 @@ Result<WorkerRunSettings> DecodeWorkerSettings(
             s.runner.weight_format = *format;
         } else if (key == kKeyMaxStepTokens) {
             KV_ASSIGN_OR_RETURN(s.runner.max_step_tokens, IntSetting(key, value));
+        } else if (key == kKeyBackend) {
+            if (value == BackendKindName(BackendKind::kCpu)) {
+                s.runner.backend.kind = BackendKind::kCpu;
+            } else if (value == BackendKindName(BackendKind::kCuda)) {
+                s.runner.backend.kind = BackendKind::kCuda;
+            } else {
+                return InvalidArgument("worker setting " + key + ": '" + value +
+                                       "' is not one of cpu, cuda");
+            }
+        } else if (key == kKeyDevices) {
+            KV_ASSIGN_OR_RETURN(s.devices, IntListSetting(key, value));
+            if (s.devices.size() == 1) {
+                s.runner.backend.device = s.devices[0];
+                s.devices.clear();
+            }
+        } else if (key == kKeyCollective) {
+            if (value != "auto" && value != "staged") {
+                return InvalidArgument("worker setting " + key + ": '" + value +
+                                       "' is not one of auto, staged");
+            }
+            s.force_staged_collective = value == "staged";
         } else if (key == kKeyThreads) {
             KV_ASSIGN_OR_RETURN(const int64_t threads, IntSetting(key, value));
             s.threads = static_cast<int>(threads);
@@ -214,14 +277,42 @@ Status RunWorkerService(const WorkerServiceOptions& options) {
     o.tp = ack->tp;
     who = Who(o);
 
-    // The ranks' collective, before the shard: the model runner all-reduces through it.
+    // How the ranks reach each other: decided alike on every rank from what the coordinator told
+    // them all (worker/rank_collective.h). The host collective forms before the shard: the
+    // runner all-reduces through it (staged, on a device).
+    Result<WorkerRunSettings> settings = DecodeWorkerSettings(ack->settings);
+    std::string nccl_id;
+    for (const auto& [key, value] : ack->settings) {
+        if (key == kKeyNcclUniqueId) nccl_id = value;
+    }
+    BackendCollectiveOptions path{.rank = o.rank,
+                                  .size = o.tp,
+                                  .nccl_unique_id = nccl_id,
+                                  .timeout_ms = o.collective_timeout_ms};
     std::unique_ptr<Collective> gloo;
-    Status grouped;
-    if (o.collective != nullptr && o.collective->size() != o.tp) {
+    Status grouped = settings.status();
+    if (settings.ok()) {
+        std::vector<int> devices = settings->devices;
+        if (devices.empty())
+            devices.assign(static_cast<size_t>(o.tp), settings->runner.backend.device);
+        if (devices.size() != static_cast<size_t>(o.tp)) {
+            grouped =
+                InvalidArgument("worker setting devices names " + std::to_string(devices.size()) +
+                                " GPUs for tp " + std::to_string(o.tp));
+        }
+        path.path =
+            ChooseCollectivePath({.backend = settings->runner.backend.kind,
+                                  .tp = o.tp,
+                                  .devices = devices,
+                                  .nccl_available = KVSHARD_WITH_CUDA != 0 && !nccl_id.empty(),
+                                  .force_staged = settings->force_staged_collective});
+    }
+    if (grouped.ok() && o.collective != nullptr && o.collective->size() != o.tp) {
         grouped = InvalidArgument(who + ": the given collective has " +
                                   std::to_string(o.collective->size()) + " ranks, the instance " +
                                   std::to_string(o.tp));
-    } else if (o.collective == nullptr && o.tp > 1) {
+    } else if (grouped.ok() && o.collective == nullptr && o.tp > 1 &&
+               path.path != CollectivePath::kNccl) {
         spdlog::info("{}: meeting the other {} ranks (Gloo, through the coordinator)", who,
                      o.tp - 1);
         Result<std::unique_ptr<Collective>> made = FormGlooGroup(o, *channel);
@@ -238,9 +329,12 @@ Status RunWorkerService(const WorkerServiceOptions& options) {
         (void)channel->Send(failed);  // best effort: the error is returned either way
         return grouped.WithContext(who);
     }
+    path.host = o.collective;
 
     spdlog::info("{}: loading {}", who, ack->model_path);
-    Result<LoadedRank> loaded = LoadRank(o, *ack, transport->get());
+    RankCollective rank_collective(o.rank, o.tp);
+    Result<LoadedRank> loaded =
+        LoadRank(o, *ack, *settings, transport->get(), &rank_collective, path);
     ReadyMessage ready;
     ready.ok = loaded.ok();
     if (loaded.ok()) {

@@ -4,7 +4,10 @@
 // receives and answers each with a StepResult, until Shutdown or until the connection fails.
 //
 //   connect (retried until connect_timeout_ms) → Register → RegisterAck (rank, tp) →
-//   [tp > 1 without a collective given: a Gloo group meets through the coordinator] → load → Ready
+//   [tp > 1 without a collective given, unless the ranks use NCCL: a Gloo group meets through
+//   the coordinator] → load → [tp > 1: the rank's collective on its backend: the host one, the
+//   host-staged one, or NCCL on the backend's stream with the RegisterAck's nccl_unique_id
+//   (worker/rank_collective.h)] → Ready
 //   loop: StepPlan → StepRunner::Execute → StepResult     Shutdown → exit 0
 //
 // Every rank answers every plan, with its own tokens (ranks sample alike) and its own KV byte
@@ -27,9 +30,17 @@ namespace kvshard {
 // What a worker needs besides the model path, carried in RegisterAck.settings as text so that
 // both sides of the wire agree on one encoding (EncodeWorkerSettings / DecodeWorkerSettings).
 struct WorkerRunSettings {
-    RunnerOptions runner;        // max_context, block_size, num_kv_blocks, kv_storage
+    // max_context, block_size, num_kv_blocks, kv_storage, weight_format, max_step_tokens, and
+    // the backend's kind (cpu or cuda).
+    RunnerOptions runner;
     std::string tokenizer_path;  // llama2.c only; "" finds it beside the model
     int threads = 0;             // OpenMP/BLAS threads of the worker; 0: leave the default
+    // cuda: the GPU of each rank of the instance (rank r runs on devices[r]; an ordinal may
+    // repeat). Empty: runner.backend.device for every rank.
+    std::vector<int> devices;
+    // Stage the ranks' collectives through the host even where they could run directly
+    // (worker/rank_collective.h): the host-staged path on the CPU, or around NCCL on GPUs.
+    bool force_staged_collective = false;
 };
 
 std::vector<std::pair<std::string, std::string>> EncodeWorkerSettings(const WorkerRunSettings& s);

@@ -114,6 +114,8 @@ class CudaBackend final : public Backend, public GraphCapture, public RopeKvWrit
     size_t live_graphs() const;
 
     int device() const { return device_; }
+    // The stream every op and copy is queued on (an NCCL collective queues on it too).
+    StreamHandle stream() const { return stream_; }
     int sm_count() const { return sm_count_; }
     // Distinct matrix-product shapes whose cuBLASLt algorithm has been chosen.
     size_t gemm_plans() const;

@@ -147,12 +147,23 @@ TEST(GenerateCli, BackendFlag) {
     const std::string base = "generate --json --model " + Quote(model) +
                              " --prompt 'Once upon a time' --max-tokens 24";
     for (const std::string& bad : {std::string(" --backend tpu"),
-                                   std::string(" --backend cuda --tp 2")}) {
+                                   std::string(" --backend cuda --tp 2 --devices 0")}) {
         Output o = RunKvshard(base + bad);
         EXPECT_NE(o.exit_code, 0) << bad;
         EXPECT_LT(o.exit_code, 128) << bad << " crashed: " << o.err;
         EXPECT_EQ(CountLines(o.err), 1) << o.err;
         EXPECT_NE(o.err.find("--backend"), std::string::npos) << o.err;
+    }
+    if (DeviceCount() < 2) {
+        // More ranks than GPUs, placed automatically: the numbers, and how to share a GPU.
+        Output o = RunKvshard(base + " --backend cuda --tp 2");
+        EXPECT_NE(o.exit_code, 0);
+        EXPECT_LT(o.exit_code, 128) << o.err;
+        EXPECT_EQ(CountLines(o.err), 1) << o.err;
+        EXPECT_NE(o.err.find("--tp 2 with --backend cuda: GPUs 0..1 wanted, " +
+                             std::to_string(DeviceCount()) + " present"),
+                  std::string::npos)
+            << o.err;
     }
     Output cuda = RunKvshard(base + " --backend cuda");
     if (DeviceCount() == 0) {
@@ -167,6 +178,35 @@ TEST(GenerateCli, BackendFlag) {
     ASSERT_EQ(cuda.exit_code, 0) << cuda.err;
     EXPECT_EQ(nlohmann::json::parse(cuda.out)["token_ids"],
               nlohmann::json::parse(cpu.out)["token_ids"]);
+}
+
+// --tp 2 with the ranks' all-reduces staged through host copies (the path of two ranks on one
+// GPU) gives tp 1's greedy tokens; and so does --backend cuda --tp 2 with both ranks on GPU 0,
+// where a GPU exists.
+TEST(GenerateCli, StagedCollectivesGiveTp1Tokens) {
+    const std::string model = SharedModel("stories260K/stories260K.bin");
+    KV_REQUIRE_FIXTURE(model, "stories260K.bin");
+    const std::string base = "generate --json --model " + Quote(model) +
+                             " --prompt 'Once upon a time' --max-tokens 32";
+    Output one = RunKvshard(base);
+    Output staged = RunKvshard(base + " --tp 2 --stage-collectives");
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+    ASSERT_EQ(staged.exit_code, 0) << staged.err;
+    const nlohmann::json j1 = nlohmann::json::parse(one.out), j2 = nlohmann::json::parse(staged.out);
+    EXPECT_EQ(j2["collective"], "host-staged");
+    EXPECT_EQ(j1["collective"], "host");
+    EXPECT_EQ(j2["token_ids"], j1["token_ids"]);
+    Output tp1_flag = RunKvshard(base + " --stage-collectives");
+    EXPECT_NE(tp1_flag.exit_code, 0);
+    EXPECT_NE(tp1_flag.err.find("--stage-collectives"), std::string::npos) << tp1_flag.err;
+    if (DeviceCount() == 0) return;
+    Output cuda1 = RunKvshard(base + " --backend cuda");
+    Output cuda2 = RunKvshard(base + " --backend cuda --tp 2 --devices 0,0");
+    ASSERT_EQ(cuda1.exit_code, 0) << cuda1.err;
+    ASSERT_EQ(cuda2.exit_code, 0) << cuda2.err;
+    EXPECT_EQ(nlohmann::json::parse(cuda2.out)["collective"], "host-staged");
+    EXPECT_EQ(nlohmann::json::parse(cuda2.out)["token_ids"],
+              nlohmann::json::parse(cuda1.out)["token_ids"]);
 }
 
 // A Hugging Face directory written by `kvshard convert` generates the same tokens as the GGUF.

@@ -104,6 +104,32 @@ TEST_F(ServeDevicesTest, EachInstanceOnItsGpuWithTheKvPoolTheMemoryLeaves) {
                             std::to_string(plan->ranks[0].kv_blocks * block / kMiB) + " MiB)");
 }
 
+// Tensor parallelism on GPUs: tp 2 as worker processes on GPUs of their own, and tp 2 on one GPU
+// where devices lists it twice; RankGpus hands each rank its ordinal.
+TEST_F(ServeDevicesTest, TpInstancesOnOwnOrSharedGpus) {
+    const DeviceQuery two{.devices = {Gpu(0, 40 * kGiB), Gpu(1, 40 * kGiB)}, .error = ""};
+    const ServerConfig own = Config("backend: cuda\ntp: 2\nworkers:\n  mode: processes\n");
+    Result<DevicePlan> plan = Plan(own, two);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_EQ(RankGpus(*plan, 0, 0), (std::vector<int>{0, 1}));
+    EXPECT_EQ(plan->ranks[0].ranks_on_gpu, 1);
+
+    const ServerConfig shared = Config(
+        "backend: cuda\npools:\n  - name: main\n    instances:\n      - tp: 2\n"
+        "        devices: [0, 0]\n");
+    plan = Plan(shared, {.devices = {Gpu(0, 40 * kGiB)}, .error = ""});
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_EQ(RankGpus(*plan, 0, 0), (std::vector<int>{0, 0}));
+    ASSERT_EQ(plan->ranks.size(), 2u);
+    EXPECT_EQ(plan->ranks[1].ranks_on_gpu, 2);
+    EXPECT_EQ(plan->ranks[1].usable_bytes, static_cast<int64_t>(40 * kGiB * 0.9) / 2);
+
+    // The CPU: no GPUs to hand out.
+    plan = Plan(Config("backend: cpu\ntp: 2\n"), two);
+    ASSERT_TRUE(plan.ok());
+    EXPECT_TRUE(RankGpus(*plan, 0, 0).empty());
+}
+
 TEST_F(ServeDevicesTest, FixedBlockCountAndTheSingleInstanceOfTp) {
     const ServerConfig c = Config("backend: auto\nkv_cache:\n  num_blocks: 64\n");
     Result<DevicePlan> plan = Plan(c, {.devices = {Gpu(0, 10 * kGiB)}, .error = ""});
@@ -141,11 +167,8 @@ TEST_F(ServeDevicesTest, RefusalsNameTheSettingAndTheNumbers) {
     EXPECT_EQ(Error(Config("backend: cuda\n"), one, /*with_cuda=*/false),
               "backend: cuda: this kvshard was built without CUDA");
     EXPECT_EQ(Error(Config("backend: cuda\ntp: 2\n"), one),
-              "pools[0] (default).instances[0].tp: 2 with backend: cuda: an instance runs on one "
-              "GPU so far (tp 1; give more instances for more GPUs)");
-    EXPECT_EQ(Error(Config("backend: cuda\nworkers:\n  mode: processes\n"), one),
-              "workers.mode: processes with backend: cuda: GPU workers run in the serving "
-              "process only so far (workers.mode: embedded)");
+              "pools[0] (default).instances[0].tp: 2 is larger than the 1 GPUs present (0); list "
+              "the same GPU more than once in devices to share one");
     EXPECT_EQ(Error(Config("backend: cuda\npools:\n  - name: main\n    instances:\n"
                            "      - devices: [2]\n"),
                     one),

@@ -115,6 +115,53 @@ TEST(NcclCollectiveGpu, MissingPeerTimesOut) {
     EXPECT_EQ(status.code(), StatusCode::kDeadlineExceeded) << status.ToString();
 }
 
+// The runner's mode: all-reduces queued on the caller's (compute) stream without a host wait,
+// the next waiting call bounding them; and host buffers, staged through device memory.
+TEST(NcclCollectiveGpu, StreamOrderedAndHostBuffers) {
+    if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    ASSERT_TRUE(SetDevice(0).ok());
+    Result<std::string> id = NewNcclUniqueId();
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    Result<DeviceStream> stream = DeviceStream::Create();
+    ASSERT_TRUE(stream.ok());
+    CollectiveConfig config = NcclConfig(*id, 0, 1, 60'000);
+    config.cuda_stream = stream->get();
+    config.nccl_stream_ordered = true;
+    Result<std::unique_ptr<Collective>> c = MakeCollective(config);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    constexpr int64_t kCount = 4096;
+    const std::vector<float> input = testing::RankInput(0, kCount, 3);
+    const size_t bytes = input.size() * sizeof(float);
+    Result<DeviceBuffer> data = DeviceBuffer::Allocate(bytes);
+    Result<DeviceBuffer> gathered = DeviceBuffer::Allocate(bytes);
+    ASSERT_TRUE(data.ok() && gathered.ok());
+    ASSERT_TRUE(data->CopyFromHost(input.data(), bytes).ok());
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE((*c)->AllReduceSum(data->floats(), kCount).ok());
+    // Waits for the stream: the three queued all-reduces have run when it returns.
+    ASSERT_TRUE((*c)->AllGather(data->floats(), kCount, gathered->floats()).ok());
+    std::vector<float> out(input.size());
+    ASSERT_TRUE(gathered->CopyToHost(out.data(), bytes).ok());
+    EXPECT_EQ(out, input);  // one rank: sums of one value
+    EXPECT_EQ((*c)->bytes_all_reduced(), 3 * kCount * 4);
+
+    std::vector<float> host = input, host_gathered(input.size());
+    ASSERT_TRUE((*c)->AllReduceSum(host.data(), kCount).ok());
+    ASSERT_TRUE((*c)->AllGather(host.data(), kCount, host_gathered.data()).ok());
+    std::string text = "host bytes";
+    ASSERT_TRUE((*c)->Broadcast(text.data(), static_cast<int64_t>(text.size()), 0).ok());
+    EXPECT_EQ(host, input);
+    EXPECT_EQ(host_gathered, input);
+    EXPECT_EQ(text, "host bytes");
+}
+
+TEST(NcclCollective, StreamOrderedNeedsTheCallersStream) {
+    CollectiveConfig config = NcclConfig(std::string(128, '\0'), 0, 1, 1'000);
+    config.nccl_stream_ordered = true;
+    const Status status = MakeCollective(config).status();
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.ToString();
+    EXPECT_NE(status.message().find("nccl_stream_ordered"), std::string::npos) << status.ToString();
+}
+
 TEST(NcclCollective, RejectsABadUniqueId) {
     const Status status = MakeCollective(NcclConfig("short", 0, 1, 1'000)).status();
     EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.ToString();

@@ -121,7 +121,8 @@ TEST(DevicePlan, BadInputIsOneLineNamingTheSettingAndNumbers) {
               "pools[0] (main).instances[0].devices[1]: cpu with backend: cuda (give every rank "
               "of a GPU instance a GPU ordinal)");
     EXPECT_EQ(Error(PlanDevices(Pools({InstanceConfig{.tp = 4, .devices = {}}}), in)),
-              "pools[0] (main).instances[0].tp: 4 is larger than the 2 GPUs present (0, 1)");
+              "pools[0] (main).instances[0].tp: 4 is larger than the 2 GPUs present (0, 1); list "
+              "the same GPU more than once in devices to share one");
 
     GpuInfo t4 = H200(0);
     t4.name = "Tesla T4";
@@ -150,21 +151,35 @@ TEST(DevicePlan, NoDeviceSaysWhatTheRuntimeReported) {
               "version)");
 }
 
-TEST(DevicePlan, GpuServingIsOneGpuPerInstanceInProcess) {
-    const auto ok = Pools({InstanceConfig{.tp = 1, .devices = {}}, InstanceConfig{.tp = 1, .devices = {"1"}}});
+TEST(DevicePlan, GpuServingTakesAnyTpEmbeddedOrAsProcesses) {
+    const auto ok = Pools({InstanceConfig{.tp = 1, .devices = {}}, InstanceConfig{.tp = 2, .devices = {"1", "0"}}});
     EXPECT_TRUE(CheckGpuServing(ok, WorkersMode::kEmbedded).ok());
-    EXPECT_EQ(CheckGpuServing(ok, WorkersMode::kProcesses).message(),
-              "workers.mode: processes with backend: cuda: GPU workers run in the serving process "
-              "only so far (workers.mode: embedded)");
+    EXPECT_TRUE(CheckGpuServing(ok, WorkersMode::kProcesses).ok());
     std::vector<PoolConfig> disagg = ok;
     disagg.push_back({.name = "decode", .role = PoolRole::kDecode, .instances = {InstanceConfig{.tp = 1, .devices = {}}}});
     EXPECT_EQ(CheckGpuServing(disagg, WorkersMode::kEmbedded).message(),
               "pools[1] (decode).role: decode with backend: cuda: KV handoff between GPU pools is "
               "not implemented yet (role: mixed)");
-    const auto tp2 = Pools({InstanceConfig{.tp = 1, .devices = {}}, InstanceConfig{.tp = 2, .devices = {}}});
-    EXPECT_EQ(CheckGpuServing(tp2, WorkersMode::kEmbedded).message(),
-              "pools[0] (main).instances[1].tp: 2 with backend: cuda: an instance runs on one GPU "
-              "so far (tp 1; give more instances for more GPUs)");
+}
+
+// Two ranks listed on one GPU share it: each gets half of its usable memory, and the plan says so.
+TEST(DevicePlan, RanksSharingAGpuSplitItsMemory) {
+    const auto pools = Pools({InstanceConfig{.tp = 2, .devices = {"0", "0"}}});
+    Result<DevicePlan> plan = PlanDevices(pools, Inputs(ServeBackend::kCuda, {H200(0, 100 * kGiB)}));
+    ASSERT_TRUE(plan.ok()) << Error(plan);
+    ASSERT_EQ(plan->ranks.size(), 2u);
+    for (const RankPlacement& r : plan->ranks) {
+        EXPECT_EQ(r.gpu, 0);
+        EXPECT_EQ(r.ranks_on_gpu, 2);
+        EXPECT_EQ(r.usable_bytes, 25 * kGiB);
+        // 25 GiB - 8 GiB weights (tp 2) - 1 GiB buffers = 16 GiB of 1 MiB blocks.
+        EXPECT_EQ(r.kv_blocks, 16 * 1024);
+    }
+    // Without devices, automatic placement gives each rank a GPU of its own or refuses.
+    EXPECT_EQ(Error(PlanDevices(Pools({InstanceConfig{.tp = 2, .devices = {}}}),
+                                Inputs(ServeBackend::kCuda, {H200(0)}))),
+              "pools[0] (main).instances[0].tp: 2 is larger than the 1 GPUs present (0); list the "
+              "same GPU more than once in devices to share one");
 }
 
 TEST(DevicePlan, FindsEachRanksPlacement) {
