@@ -193,7 +193,7 @@ Result<std::vector<TransferFailure>> StepRunner::ReceiveTransfers(const StepPlan
                     }
                 }
                 if (st.ok()) {
-                    st = UnpackKvPiece(piece, *runner_.pool(), layout,
+                    st = UnpackKvPiece(runner_.backend(), piece, *runner_.pool(), layout,
                                        blocks[static_cast<size_t>(g)]);
                 }
             }
@@ -269,9 +269,9 @@ Status StepRunner::SendLayers(const PreparedSend& send, int64_t layer_begin, int
         for (size_t dst = 0; dst < send.heads.size(); ++dst) {
             if (send.heads[dst].size() == 0 || send.blocks[static_cast<size_t>(g)].empty())
                 continue;
-            PackKvPiece(*runner_.pool(), runner_.layout(), op.transfer_id,
-                        send.blocks[static_cast<size_t>(g)], begin, end, send.heads[dst],
-                        &send_piece_);
+            KV_RETURN_IF_ERROR(PackKvPiece(runner_.backend(), *runner_.pool(), runner_.layout(),
+                                           op.transfer_id, send.blocks[static_cast<size_t>(g)],
+                                           begin, end, send.heads[dst], &send_piece_));
             // Pipelined: the next piece (layer-wise: the next layer's compute) proceeds while
             // the receiver takes this one; FlushSend collects the verdicts.
             KV_RETURN_IF_ERROR(
