@@ -46,7 +46,7 @@ struct ServeFlags {
     std::string config;
     std::vector<ConfigOverride> overrides;
     // Flag values, turned into overrides when given.
-    std::string model, tokenizer, host, chat_template, log_level, backend;
+    std::string model, tokenizer, host, chat_template, log_level, backend, cuda_graphs;
     int port = -1, tp = 0, threads = -1;
     // vLLM's spellings of common settings.
     std::vector<std::string> served_model_names, api_keys;
@@ -136,6 +136,7 @@ int RunServe(ServeFlags f) {
     if (!f.chat_template.empty()) add("chat_template", f.chat_template, "--chat-template");
     if (!f.log_level.empty()) add("log_level", f.log_level, "--log-level");
     if (!f.backend.empty()) add("backend", f.backend, "--backend");
+    if (!f.cuda_graphs.empty()) add("cuda_graphs", f.cuda_graphs, "--cuda-graphs");
     if (!f.max_model_len.empty())
         add("scheduler.max_model_len", f.max_model_len, "--max-model-len");
     if (!f.kv_cache_dtype.empty()) {
@@ -253,6 +254,7 @@ int RunServe(ServeFlags f) {
                 c.weight_format == "f32" ? WeightFormat::kF32 : WeightFormat::kStored;
             pi.runner.max_step_tokens = c.scheduler.max_num_batched_tokens;
             pi.runner.max_step_seqs = c.scheduler.max_num_seqs;
+            pi.runner.cuda_graphs = c.cuda_graphs;
             planned.push_back(std::move(pi));
         }
     }
@@ -460,6 +462,8 @@ Command RegisterServe(CLI::App& app) {
     sub->add_option("--backend", f->backend,
                     "Where the workers run: cpu, cuda (a GPU per rank unless devices repeat "
                     "one) or auto");
+    sub->add_option("--cuda-graphs", f->cuda_graphs,
+                    "Decode steps as CUDA graphs (cuda_graphs): true or false (default)");
     sub->add_option("--max-model-len", f->max_model_len,
                     "Context length in tokens (scheduler.max_model_len; default: the model's)");
     sub->add_option(

@@ -8,6 +8,7 @@
 #include "kernels/paged_attention.h"
 #include "kv/kv_geometry.h"
 #include "kv/kv_cache_groups.h"
+#include "worker/decode_buckets.h"
 #include "worker/shard.h"
 #include "worker/weights.h"
 
@@ -82,12 +83,12 @@ Result<DevicePlan> PlanServeDevices(const ServerConfig& c, const std::vector<Poo
     in.no_device_reason = devices.error;
     in.gpu_memory_utilization = c.kv_cache.gpu_memory_utilization;
     in.fixed_kv_blocks = c.kv_cache.num_blocks;
+    in.cuda_graphs = c.cuda_graphs;
     KV_ASSIGN_OR_RETURN(bool cuda, ResolveCudaBackend(in.backend, built_with_cuda,
                                                       static_cast<int>(in.gpus.size()),
                                                       in.no_device_reason));
     std::map<int, int64_t> weight_bytes;  // by tp
     if (cuda) {
-        KV_RETURN_IF_ERROR(CheckGpuServing(pools, c.workers.mode));
         for (const PoolConfig& p : pools) {
             for (const InstanceConfig& i : p.instances) {
                 if (weight_bytes.count(i.tp) != 0) continue;
@@ -107,6 +108,12 @@ Result<DevicePlan> PlanServeDevices(const ServerConfig& c, const std::vector<Poo
     };
     in.reserve_bytes_per_rank = [&](int tp) {
         return GpuRankReserveBytes(spec, runner, max_context, tp);
+    };
+    // One graph per decode bucket of the step's sequence limit (worker/decode_buckets.h).
+    in.graph_bytes_per_rank = [&](int) {
+        return CudaGraphBytes(
+            spec.num_layers,
+            static_cast<int64_t>(DecodeBuckets(std::max<int64_t>(1, runner.max_step_seqs)).size()));
     };
     return PlanDevices(pools, in);
 }

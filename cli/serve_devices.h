@@ -32,7 +32,7 @@ int64_t GpuRankReserveBytes(const ModelSpec& spec, const RunnerOptions& runner, 
 
 // The plan of every rank of `pools` for config `c` (its backend, kv_cache.gpu_memory_utilization,
 // kv_cache.num_blocks, weight_format): on the CPU, the warnings about GPU devices the CPU ignores;
-// on cuda, CheckGpuServing's limits and PlanDevices' placement and one-line refusals.
+// on cuda, PlanDevices' placement and one-line refusals.
 // `runner` is an instance's runner options before placement (step sizes, KV storage).
 Result<DevicePlan> PlanServeDevices(const ServerConfig& c, const std::vector<PoolConfig>& pools,
                                     const ModelFile& model, const RunnerOptions& runner,

@@ -45,19 +45,9 @@ Result<bool> ResolveCudaBackend(ServeBackend backend, bool built_with_cuda, int 
     return false;
 }
 
-Status CheckGpuServing(const std::vector<PoolConfig>& pools, WorkersMode /*mode*/) {
-    // Embedded and process workers alike run on GPUs, at any tp the plan can place
-    // (PlanDevices); what is left is the handoff between pools.
-    for (size_t p = 0; p < pools.size(); ++p) {
-        if (pools[p].role != PoolRole::kMixed) {
-            // The handoff packs and unpacks pool blocks with host copies (worker/kv_handoff.h).
-            return InvalidArgument("pools[" + std::to_string(p) + "] (" + pools[p].name +
-                                   ").role: " + std::string(PoolRoleName(pools[p].role)) +
-                                   " with backend: cuda: KV handoff between GPU pools is not "
-                                   "implemented yet (role: mixed)");
-        }
-    }
-    return Status::Ok();
+int64_t CudaGraphBytes(int64_t num_layers, int64_t num_buckets) {
+    return num_buckets * (kCudaGraphNodesPerLayer * num_layers + kCudaGraphFixedNodes) *
+           kCudaGraphBytesPerNode;
 }
 
 Result<DevicePlan> PlanDevices(const std::vector<PoolConfig>& pools, const DevicePlanInputs& in) {
@@ -65,6 +55,24 @@ Result<DevicePlan> PlanDevices(const std::vector<PoolConfig>& pools, const Devic
     KV_ASSIGN_OR_RETURN(plan.cuda,
                         ResolveCudaBackend(in.backend, in.built_with_cuda,
                                            static_cast<int>(in.gpus.size()), in.no_device_reason));
+    if (in.cuda_graphs) {
+        if (!plan.cuda) {
+            return InvalidArgument("cuda_graphs: true with backend: " +
+                                   std::string(ServeBackendName(in.backend)) +
+                                   " (the workers run on the CPU): CUDA graphs are captured on "
+                                   "the cuda backend only");
+        }
+        for (size_t p = 0; p < pools.size(); ++p) {
+            for (size_t i = 0; i < pools[p].instances.size(); ++i) {
+                if (pools[p].instances[i].tp > 1) {
+                    return InvalidArgument(
+                        "cuda_graphs: true with " + InstanceKey(pools, p, i) + ".tp: " +
+                        std::to_string(pools[p].instances[i].tp) +
+                        ": CUDA graphs are captured at tp 1 only");
+                }
+            }
+        }
+    }
     if (!plan.cuda) {
         for (size_t p = 0; p < pools.size(); ++p) {
             for (size_t i = 0; i < pools[p].instances.size(); ++i) {
@@ -144,6 +152,8 @@ Result<DevicePlan> PlanDevices(const std::vector<PoolConfig>& pools, const Devic
                           rp.ranks_on_gpu;
         rp.weight_bytes = in.weight_bytes_per_rank ? in.weight_bytes_per_rank(tp) : 0;
         rp.reserve_bytes = in.reserve_bytes_per_rank ? in.reserve_bytes_per_rank(tp) : 0;
+        rp.graph_bytes =
+            in.cuda_graphs && in.graph_bytes_per_rank ? in.graph_bytes_per_rank(tp) : 0;
         const int64_t block = in.kv_bytes_per_block ? in.kv_bytes_per_block(tp) : 0;
         const std::string key = InstanceKey(pools, static_cast<size_t>(rp.pool),
                                             static_cast<size_t>(rp.instance)) +
@@ -156,15 +166,19 @@ Result<DevicePlan> PlanDevices(const std::vector<PoolConfig>& pools, const Devic
                                               ? " ÷ " + std::to_string(rp.ranks_on_gpu) + " ranks"
                                               : std::string()) +
                                   " = " + Mib(rp.usable_bytes);
-        const int64_t left = rp.usable_bytes - rp.weight_bytes - rp.reserve_bytes;
+        const int64_t left =
+            rp.usable_bytes - rp.weight_bytes - rp.reserve_bytes - rp.graph_bytes;
+        const std::string graphs =
+            rp.graph_bytes > 0 ? " + CUDA graphs " + Mib(rp.graph_bytes) : std::string();
         if (left < 0) {
             return InvalidArgument(key + ": weights " + Mib(rp.weight_bytes) + " + buffers " +
-                                   Mib(rp.reserve_bytes) + " do not fit in " + share);
+                                   Mib(rp.reserve_bytes) + graphs + " do not fit in " + share);
         }
         rp.kv_blocks = block > 0 ? left / block : 0;
         if (rp.kv_blocks < 1) {
             return InvalidArgument(key + ": weights " + Mib(rp.weight_bytes) + " + buffers " +
-                                   Mib(rp.reserve_bytes) + " leave " + Mib(left) + " of " + share +
+                                   Mib(rp.reserve_bytes) + graphs + " leave " + Mib(left) +
+                                   " of " + share +
                                    ": no room for one KV block of " + std::to_string(block) +
                                    " bytes");
         }
@@ -177,6 +191,13 @@ Result<DevicePlan> PlanDevices(const std::vector<PoolConfig>& pools, const Devic
             rp.kv_blocks = in.fixed_kv_blocks;
         }
         rp.kv_bytes = rp.kv_blocks * block;
+    }
+    for (const PoolConfig& p : pools) {
+        if (p.role == PoolRole::kMixed) continue;
+        plan.kv_handoff =
+            "KV handoff between pools: host-staged (the sending GPU's blocks copied to host "
+            "memory, sent over the instances' KV transport, copied into the receiving GPU's blocks)";
+        break;
     }
     return plan;
 }
@@ -197,8 +218,10 @@ std::vector<std::string> DevicePlan::Describe(const std::vector<PoolConfig>& poo
                         ": GPU " + std::to_string(rp.gpu) + ", " + Mib(rp.free_bytes) +
                         " free, " + Mib(rp.usable_bytes) + " usable, weights " +
                         Mib(rp.weight_bytes) + ", buffers " + Mib(rp.reserve_bytes) + ", KV " +
-                        std::to_string(rp.kv_blocks) + " blocks (" + Mib(rp.kv_bytes) + ")");
+                        std::to_string(rp.kv_blocks) + " blocks (" + Mib(rp.kv_bytes) + ")" +
+                        (rp.graph_bytes > 0 ? ", CUDA graphs " + Mib(rp.graph_bytes) : ""));
     }
+    if (!kv_handoff.empty()) lines.push_back(kv_handoff);
     return lines;
 }
 

@@ -34,7 +34,23 @@ struct DevicePlanInputs {
     std::function<int64_t(int tp)> weight_bytes_per_rank;
     std::function<int64_t(int tp)> kv_bytes_per_block;
     std::function<int64_t(int tp)> reserve_bytes_per_rank;
+    // cuda_graphs: true (ServerConfig::cuda_graphs): refused on the CPU and at tp > 1; on a GPU
+    // each rank's decode graphs (graph_bytes_per_rank, e.g. CudaGraphBytes) are counted beside
+    // its buffers.
+    bool cuda_graphs = false;
+    std::function<int64_t(int tp)> graph_bytes_per_rank;
 };
+
+// The device memory the decode graphs of one rank are estimated to hold: `num_buckets` graphs
+// (worker/decode_buckets.h) of kCudaGraphNodesPerLayer kernel nodes per layer of `num_layers`,
+// plus kCudaGraphFixedNodes, at kCudaGraphBytesPerNode each. The graphs use the runner's fixed
+// buffers (no memory of their own for activations), so what they hold is the instantiated
+// executable's per-node state; the per-node figure is from a measurement of graphs of empty
+// kernels (about 33 MB more for 500 nodes more, CUDA 11.2), rounded up. docs/cuda.md.
+inline constexpr int64_t kCudaGraphNodesPerLayer = 16;
+inline constexpr int64_t kCudaGraphFixedNodes = 8;
+inline constexpr int64_t kCudaGraphBytesPerNode = int64_t{64} << 10;
+int64_t CudaGraphBytes(int64_t num_layers, int64_t num_buckets);
 
 struct RankPlacement {
     int pool = 0, instance = 0, rank = 0;
@@ -43,6 +59,7 @@ struct RankPlacement {
     int64_t free_bytes = 0;    // the device's free memory
     int64_t usable_bytes = 0;  // free × utilization ÷ ranks on the device
     int64_t weight_bytes = 0, reserve_bytes = 0, kv_bytes = 0;
+    int64_t graph_bytes = 0;  // the decode graphs' estimate (cuda_graphs: true), else 0
     int64_t kv_blocks = 0;
 };
 
@@ -50,7 +67,10 @@ struct DevicePlan {
     bool cuda = false;  // the resolved backend: cuda, else cpu
     std::vector<RankPlacement> ranks;  // pool by pool, instance by instance, rank by rank (cuda)
     std::vector<std::string> warnings;  // e.g. devices ignored by the CPU backend
-    // One line per GPU rank with the numbers `kvshard plan` prints for a pool.
+    // How KV moves from prefill to decode pools on GPUs (one line), or "" (no such pools, or
+    // the CPU).
+    std::string kv_handoff;
+    // One line per GPU rank with the numbers `kvshard plan` prints for a pool, then kv_handoff.
     std::vector<std::string> Describe(const std::vector<PoolConfig>& pools) const;
     // The placement of rank `rank` of instance `instance` of pool `pool`; nullptr on the CPU.
     const RankPlacement* Find(int pool, int instance, int rank) const;
@@ -62,17 +82,12 @@ struct DevicePlan {
 Result<bool> ResolveCudaBackend(ServeBackend backend, bool built_with_cuda, int device_count,
                                 const std::string& no_device_reason = "");
 
-// What `kvshard serve` runs on GPUs so far: instances of any tp (PlanDevices places their ranks)
-// in mixed pools, embedded or as worker processes. InvalidArgument naming the setting for a
-// prefill or decode pool (no KV handoff from device pools).
-Status CheckGpuServing(const std::vector<PoolConfig>& pools, WorkersMode mode);
-
 // InvalidArgument, one line naming the setting and the numbers: backend cuda in a build without
 // CUDA or with no device; a devices entry "cpu" with backend cuda; a devices entry naming a missing
 // GPU; tp larger than the GPUs present when no devices are given (an instance's devices may name
 // one GPU more than once: those ranks share it, and its memory); compute capability below 8.0; a rank's weights and buffers
 // over its share of free × gpu_memory_utilization, or room for no KV block, or fewer than
-// kv_cache.num_blocks.
+// kv_cache.num_blocks; cuda_graphs: true on the CPU or with an instance of tp above 1.
 Result<DevicePlan> PlanDevices(const std::vector<PoolConfig>& pools, const DevicePlanInputs& in);
 
 }  // namespace kvshard

@@ -111,6 +111,10 @@ struct ServerConfig {
     // (the reference path).
     std::string weight_format = "stored";
     ServeBackend backend = ServeBackend::kCpu;
+    // Decode steps as CUDA graphs, one per decode bucket (docs/cuda.md "CUDA graphs"): vLLM's
+    // enforce_eager: false, SGLang's graphs without --disable-cuda-graph. Off by default until
+    // scripts/gpu-check has shown replay equal to eager; true is refused on the CPU and at tp > 1.
+    bool cuda_graphs = false;
     std::string log_level = "info";
     HttpConfig http;
     SchedulerConfig scheduler;  // config/engine_config.h: the engine takes these three as they are

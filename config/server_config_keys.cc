@@ -179,6 +179,12 @@ const std::vector<Setting>& Settings() {
                  }
                  return BadValue(at, v, "expected cpu, cuda or auto");
              }});
+        s.push_back({"cuda_graphs",
+                     [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                         KV_RETURN_IF_ERROR(RequireScalar(at, n));
+                         KV_ASSIGN_OR_RETURN(c.cuda_graphs, ParseBool(at, ScalarText(n)));
+                         return Status::Ok();
+                     }});
         s.push_back(
             {"log_level",
              [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {

@@ -231,6 +231,24 @@ class RopeKvWriter {
                              int64_t num_heads, const float* inv_freq, const PagedKvLayer& kv) = 0;
 };
 
+// Opt-in (found with dynamic_cast): copies from the memory of another backend of this process
+// on this backend's stream, without staging on the host — the in-process KV handoff between two
+// GPUs (worker/kv_handoff.h CopyKvBetweenPools). The CUDA backend implements it with
+// cudaMemcpyPeerAsync (over NVLink or PCIe where the two devices have peer access; the driver
+// stages through the host where they have not).
+class PeerCopy {
+  public:
+    virtual ~PeerCopy() = default;
+    // Whether CopyFromPeer can read memory of `src` (a backend of the same kind in this process).
+    virtual bool CanCopyFromPeer(const Backend& src) const = 0;
+    // Queues a copy of `bytes` from `src_data` (memory of `src`) to `dst` (this backend's
+    // memory). REQUIRES: CanCopyFromPeer(src); `src`'s writes of src_data already done (its
+    // Synchronize returned), and src_data unchanged until this backend's Synchronize returns.
+    // Errors: the device's (a failed copy).
+    virtual Status CopyFromPeer(void* dst, const Backend& src, const void* src_data,
+                                size_t bytes) = 0;
+};
+
 // The backend `config` names. InvalidArgument naming the setting for a kind this build or this
 // machine cannot run (kCuda without CUDA, or without a device).
 Result<std::unique_ptr<Backend>> MakeBackend(const BackendConfig& config);

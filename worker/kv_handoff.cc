@@ -82,13 +82,47 @@ KvReceiveGeometry ReceiveGeometryOf(const KvPool& pool, const ShardLayout& layou
             .num_blocks = c.num_blocks};
 }
 
-void PackKvPiece(const KvPool& pool, const ShardLayout& layout, uint64_t transfer_id,
-                 std::span<const int32_t> blocks, int64_t layer_begin, int64_t layer_end,
-                 IndexRange heads, KvPiece* out_piece) {
-    const KvPoolConfig& c = pool.config();
+std::vector<KvCopyRun> KvCopyRuns(const KvPool& pool, const ShardLayout& layout,
+                                  std::span<const int32_t> blocks, int64_t layer_begin,
+                                  int64_t layer_end, IndexRange heads) {
     KV_CHECK(heads.begin >= layout.kv_heads.begin && heads.end <= layout.kv_heads.end &&
              heads.size() > 0)
         << "heads [" << heads.begin << ", " << heads.end << ") vs " << layout.ToString();
+    const int64_t h0 = heads.begin - layout.kv_heads.begin;
+    std::vector<KvCopyRun> runs;
+    int64_t piece_at = 0;
+    for (int32_t block : blocks) {
+        const int64_t block_at = int64_t{block} * pool.bytes_per_block();
+        for (int64_t l = layer_begin; l < layer_end; ++l) {
+            const LayerParts parts = PartsOf(pool, l);
+            const int64_t layer_bytes =
+                2 * heads.size() * (parts.data_bytes_per_head + parts.scale_bytes_per_head);
+            if (block >= 0) {
+                KV_CHECK(pool.ValidBlock(block)) << "block " << block;
+                ForEachRun(parts, h0, heads.size(), [&](int64_t pool_at, int64_t at, int64_t n) {
+                    const KvCopyRun run{block_at + pool_at, piece_at + at, n};
+                    if (!runs.empty()) {
+                        KvCopyRun& last = runs.back();
+                        if (last.pool_offset + last.bytes == run.pool_offset &&
+                            last.piece_offset + last.bytes == run.piece_offset) {
+                            last.bytes += n;
+                            return;
+                        }
+                    }
+                    runs.push_back(run);
+                });
+            }
+            piece_at += layer_bytes;
+        }
+    }
+    return runs;
+}
+
+Status PackKvPiece(Backend& backend, const KvPool& pool, const ShardLayout& layout,
+                   uint64_t transfer_id, std::span<const int32_t> blocks, int64_t layer_begin,
+                   int64_t layer_end, IndexRange heads, KvPiece* out_piece) {
+    const KvPoolConfig& c = pool.config();
+    for (int32_t block : blocks) KV_CHECK(pool.ValidBlock(block)) << "block " << block;
     KvPiece& piece = *out_piece;
     piece.header = {.transfer_id = transfer_id,
                     .layer_begin = static_cast<int32_t>(layer_begin),
@@ -100,26 +134,23 @@ void PackKvPiece(const KvPool& pool, const ShardLayout& layout, uint64_t transfe
                     .head_dim = static_cast<int32_t>(c.head_dim),
                     .dtype = c.storage};
     piece.data.resize(static_cast<size_t>(KvPieceBytes(piece.header)));
-    const int64_t layer_bytes = KvPieceLayerBytes(piece.header);
-    const int64_t h0 = heads.begin - layout.kv_heads.begin;
+    const std::vector<KvCopyRun> runs =
+        KvCopyRuns(pool, layout, blocks, layer_begin, layer_end, heads);
+    if (runs.empty()) return Status::Ok();
+    const uint8_t* base = pool.BlockData(0);
     uint8_t* out = piece.data.data();
-    for (int32_t block : blocks) {
-        KV_CHECK(pool.ValidBlock(block)) << "block " << block;
-        const uint8_t* src = pool.BlockData(block);
-        for (int64_t l = layer_begin; l < layer_end; ++l) {
-            ForEachRun(PartsOf(pool, l), h0, heads.size(),
-                       [&](int64_t pool_at, int64_t piece_at, int64_t n) {
-                           std::memcpy(out + piece_at, src + pool_at, static_cast<size_t>(n));
-                       });
-            out += layer_bytes;
-        }
+    for (const KvCopyRun& r : runs) {
+        KV_RETURN_IF_ERROR(backend.CopyToHost(out + r.piece_offset, base + r.pool_offset,
+                                              static_cast<size_t>(r.bytes)));
     }
+    return backend.Synchronize();
 }
 
-Status UnpackKvPiece(const KvPiece& piece, KvPool& pool, const ShardLayout& layout,
-                     std::span<const int32_t> blocks) {
-    KV_RETURN_IF_ERROR(ValidateKvPiece(piece));
-    const KvPieceHeader& h = piece.header;
+namespace {
+
+// The fit checks of a piece (or of a peer copy described as one) against a receiving pool.
+Status CheckFits(const KvPieceHeader& h, const KvPool& pool, const ShardLayout& layout,
+                 std::span<const int32_t> blocks) {
     const KvPoolConfig& c = pool.config();
     auto mismatch = [&](const std::string& what, int64_t got, int64_t want) {
         return InvalidArgument("KV piece of transfer " + std::to_string(h.transfer_id) + ": " +
@@ -143,24 +174,91 @@ Status UnpackKvPiece(const KvPiece& piece, KvPool& pool, const ShardLayout& layo
         if (block >= 0 && !pool.ValidBlock(block))
             return InvalidArgument("block " + std::to_string(block) + " outside the pool");
     }
-    const int64_t layer_bytes = KvPieceLayerBytes(h);
-    const int64_t h0 = h.head_begin - layout.kv_heads.begin;
+    return Status::Ok();
+}
+
+}  // namespace
+
+Status UnpackKvPiece(Backend& backend, const KvPiece& piece, KvPool& pool,
+                     const ShardLayout& layout, std::span<const int32_t> blocks) {
+    KV_RETURN_IF_ERROR(ValidateKvPiece(piece));
+    const KvPieceHeader& h = piece.header;
+    KV_RETURN_IF_ERROR(CheckFits(h, pool, layout, blocks));
+    const std::vector<KvCopyRun> runs = KvCopyRuns(pool, layout, blocks, h.layer_begin,
+                                                   h.layer_end, {h.head_begin, h.head_end});
+    if (runs.empty()) return Status::Ok();
+    uint8_t* base = pool.MutableBlockData(0);
     const uint8_t* in = piece.data.data();
-    for (int32_t block : blocks) {
-        if (block < 0) {
-            in += layer_bytes * (h.layer_end - h.layer_begin);
-            continue;
+    for (const KvCopyRun& r : runs) {
+        KV_RETURN_IF_ERROR(backend.CopyToDevice(base + r.pool_offset, in + r.piece_offset,
+                                                static_cast<size_t>(r.bytes)));
+    }
+    return backend.Synchronize();
+}
+
+Status CopyKvBetweenPools(Backend& src, const KvPool& src_pool, const ShardLayout& src_layout,
+                          std::span<const int32_t> src_blocks, Backend& dst, KvPool& dst_pool,
+                          const ShardLayout& dst_layout, std::span<const int32_t> dst_blocks,
+                          int64_t layer_begin, int64_t layer_end, IndexRange heads) {
+    auto* peer = dynamic_cast<PeerCopy*>(&dst);
+    if (peer == nullptr || !peer->CanCopyFromPeer(src)) {
+        return InvalidArgument("KV peer copy: the " + dst.Describe() +
+                               " backend cannot copy from the " + src.Describe() + " backend");
+    }
+    const KvPoolConfig& sc = src_pool.config();
+    if (layer_begin < 0 || layer_begin >= layer_end || layer_end > sc.num_layers) {
+        return InvalidArgument("KV peer copy: layers [" + std::to_string(layer_begin) + ", " +
+                               std::to_string(layer_end) + ") outside the sender's " +
+                               std::to_string(sc.num_layers));
+    }
+    if (heads.size() <= 0 || heads.begin < src_layout.kv_heads.begin ||
+        heads.end > src_layout.kv_heads.end) {
+        return InvalidArgument("KV peer copy: KV heads [" + std::to_string(heads.begin) + ", " +
+                               std::to_string(heads.end) + ") are not all held by the sender (" +
+                               src_layout.ToString() + ")");
+    }
+    for (int32_t block : src_blocks) {
+        if (!src_pool.ValidBlock(block))
+            return InvalidArgument("KV peer copy: block " + std::to_string(block) +
+                                   " outside the sender's pool");
+    }
+    // The receiver's checks are a piece's: the copy writes what that piece would.
+    const KvPieceHeader as_piece{.layer_begin = static_cast<int32_t>(layer_begin),
+                                 .layer_end = static_cast<int32_t>(layer_end),
+                                 .head_begin = static_cast<int32_t>(heads.begin),
+                                 .head_end = static_cast<int32_t>(heads.end),
+                                 .num_blocks = static_cast<int32_t>(src_blocks.size()),
+                                 .block_size = static_cast<int32_t>(sc.block_size),
+                                 .head_dim = static_cast<int32_t>(sc.head_dim),
+                                 .dtype = sc.storage};
+    KV_RETURN_IF_ERROR(CheckFits(as_piece, dst_pool, dst_layout, dst_blocks));
+    const std::vector<KvCopyRun> from =
+        KvCopyRuns(src_pool, src_layout, src_blocks, layer_begin, layer_end, heads);
+    const std::vector<KvCopyRun> to =
+        KvCopyRuns(dst_pool, dst_layout, dst_blocks, layer_begin, layer_end, heads);
+    if (to.empty()) return Status::Ok();
+    KV_RETURN_IF_ERROR(src.Synchronize());  // the sender's step wrote the KV on its stream
+    const uint8_t* src_base = src_pool.BlockData(0);
+    uint8_t* dst_base = dst_pool.MutableBlockData(0);
+    // Both lists are in piece order: copy each overlap of a sender run and a receiver run.
+    size_t i = 0, j = 0;
+    while (i < from.size() && j < to.size()) {
+        const KvCopyRun& a = from[i];
+        const KvCopyRun& b = to[j];
+        const int64_t lo = std::max(a.piece_offset, b.piece_offset);
+        const int64_t hi = std::min(a.piece_offset + a.bytes, b.piece_offset + b.bytes);
+        if (lo < hi) {
+            KV_RETURN_IF_ERROR(peer->CopyFromPeer(
+                dst_base + b.pool_offset + (lo - b.piece_offset), src,
+                src_base + a.pool_offset + (lo - a.piece_offset), static_cast<size_t>(hi - lo)));
         }
-        uint8_t* dst = pool.MutableBlockData(block);
-        for (int64_t l = h.layer_begin; l < h.layer_end; ++l) {
-            ForEachRun(PartsOf(pool, l), h0, h.head_end - h.head_begin,
-                       [&](int64_t pool_at, int64_t piece_at, int64_t n) {
-                           std::memcpy(dst + pool_at, in + piece_at, static_cast<size_t>(n));
-                       });
-            in += layer_bytes;
+        if (a.piece_offset + a.bytes <= b.piece_offset + b.bytes) {
+            ++i;
+        } else {
+            ++j;
         }
     }
-    return Status::Ok();
+    return dst.Synchronize();
 }
 
 }  // namespace kvshard

@@ -193,7 +193,7 @@ Result<std::vector<TransferFailure>> StepRunner::ReceiveTransfers(const StepPlan
                     }
                 }
                 if (st.ok()) {
-                    st = UnpackKvPiece(piece, *runner_.pool(), layout,
+                    st = UnpackKvPiece(runner_.backend(), piece, *runner_.pool(), layout,
                                        blocks[static_cast<size_t>(g)]);
                 }
             }
@@ -211,7 +211,16 @@ Result<std::vector<TransferFailure>> StepRunner::ReceiveTransfers(const StepPlan
     for (size_t i = 0; i < local.size(); ++i)
         failed[i] = local[i].code == StatusCode::kOk ? 0.0f : 1.0f;
     if (Collective* c = runner_.collective(); c != nullptr && !failed.empty()) {
-        KV_RETURN_IF_ERROR(c->AllReduceSum(failed.data(), static_cast<int64_t>(failed.size())));
+        Backend& backend = runner_.backend();
+        const size_t bytes = failed.size() * sizeof(float);
+        if (votes_.bytes() < bytes) {
+            KV_ASSIGN_OR_RETURN(votes_, backend.Allocate(std::max<size_t>(bytes, 256)));
+        }
+        KV_RETURN_IF_ERROR(backend.CopyToDevice(votes_.data(), failed.data(), bytes));
+        KV_RETURN_IF_ERROR(c->AllReduceSum(votes_.As<float>(),
+                                           static_cast<int64_t>(failed.size())));
+        KV_RETURN_IF_ERROR(backend.CopyToHost(failed.data(), votes_.data(), bytes));
+        KV_RETURN_IF_ERROR(backend.Synchronize());
     }
     std::vector<TransferFailure> out;
     for (size_t i = 0; i < local.size(); ++i) {
@@ -269,9 +278,9 @@ Status StepRunner::SendLayers(const PreparedSend& send, int64_t layer_begin, int
         for (size_t dst = 0; dst < send.heads.size(); ++dst) {
             if (send.heads[dst].size() == 0 || send.blocks[static_cast<size_t>(g)].empty())
                 continue;
-            PackKvPiece(*runner_.pool(), runner_.layout(), op.transfer_id,
-                        send.blocks[static_cast<size_t>(g)], begin, end, send.heads[dst],
-                        &send_piece_);
+            KV_RETURN_IF_ERROR(PackKvPiece(runner_.backend(), *runner_.pool(), runner_.layout(),
+                                           op.transfer_id, send.blocks[static_cast<size_t>(g)],
+                                           begin, end, send.heads[dst], &send_piece_));
             // Pipelined: the next piece (layer-wise: the next layer's compute) proceeds while
             // the receiver takes this one; FlushSend collects the verdicts.
             KV_RETURN_IF_ERROR(

@@ -63,6 +63,9 @@ class StepRunner : public StepExecutor {
     std::unordered_map<int64_t, Sampler> samplers_;
     std::vector<float> logits_;
     std::vector<float> logprobs_;
+    // Backend memory for the ranks' vote on failed transfers: the runner's collective reduces
+    // backend memory (a GPU rank's all-reduce is NCCL's or host-staged), never host vectors.
+    BackendBuffer votes_;
     std::vector<float> adjusted_;           // the logits after the logit controls
     std::vector<int32_t> control_scratch_;  // ApplyLogitControls scratch
     std::vector<int32_t> score_ids_;        // ScorePromptToken scratch

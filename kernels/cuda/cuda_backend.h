@@ -39,7 +39,8 @@
 
 namespace kvshard::cuda {
 
-class CudaBackend final : public Backend, public GraphCapture, public RopeKvWriter {
+class CudaBackend final : public Backend, public GraphCapture, public RopeKvWriter,
+                          public PeerCopy {
   public:
     // Device memory the backend allocates for itself at Create, beside what the runner asks for:
     // the cuBLASLt (and cuBLAS) workspace, the split-KV partial results, and the bf16 copy of a
@@ -112,6 +113,13 @@ class CudaBackend final : public Backend, public GraphCapture, public RopeKvWrit
     void ReleaseGraph(int graph) override;
     // Graphs captured and not released.
     size_t live_graphs() const;
+
+    // Peer copies (PeerCopy, kernels/backend.h): from another CudaBackend of this process, on
+    // this backend's stream with cudaMemcpyPeerAsync (the same device: a device-to-device copy).
+    // Peer access between the two devices is enabled at the first copy where the devices have it.
+    bool CanCopyFromPeer(const Backend& src) const override;
+    Status CopyFromPeer(void* dst, const Backend& src, const void* src_data,
+                        size_t bytes) override;
 
     int device() const { return device_; }
     // The stream every op and copy is queued on (an NCCL collective queues on it too).

@@ -128,6 +128,37 @@ TEST_F(ServeDevicesTest, TpInstancesOnOwnOrSharedGpus) {
     plan = Plan(Config("backend: cpu\ntp: 2\n"), two);
     ASSERT_TRUE(plan.ok());
     EXPECT_TRUE(RankGpus(*plan, 0, 0).empty());
+// A prefill and a decode instance on the one GPU, with cuda_graphs: both share its memory, each
+// has its decode graphs' estimate (one per decode bucket of max_num_seqs 8: 1, 2, 4, 8) taken
+// off its KV pool, and the log names the host-staged handoff. The CPU refuses cuda_graphs.
+TEST_F(ServeDevicesTest, PrefillAndDecodeOnOneGpuWithGraphs) {
+    const std::string pools =
+        "pools:\n  - name: prefill\n    role: prefill\n    instances:\n      - devices: [0]\n"
+        "  - name: decode\n    role: decode\n    instances:\n      - devices: [0]\n";
+    const DeviceQuery q{.devices = {Gpu(0, 40 * kGiB)}, .error = ""};
+    Result<DevicePlan> eager = Plan(Config("backend: cuda\n" + pools), q);
+    Result<DevicePlan> graphs = Plan(Config("backend: cuda\ncuda_graphs: true\n" + pools), q);
+    ASSERT_TRUE(eager.ok()) << eager.status().ToString();
+    ASSERT_TRUE(graphs.ok()) << graphs.status().ToString();
+    ASSERT_EQ(graphs->ranks.size(), 2u);
+    const ModelSpec& s = model_->spec();
+    const int64_t block = KvBlockBytes(s, runner_.kv_storage, 16, 1);
+    for (size_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(graphs->ranks[i].ranks_on_gpu, 2);
+        EXPECT_EQ(eager->ranks[i].graph_bytes, 0);
+        EXPECT_EQ(graphs->ranks[i].graph_bytes, CudaGraphBytes(s.num_layers, 4));
+        EXPECT_EQ(graphs->ranks[i].kv_blocks,
+                  (graphs->ranks[i].usable_bytes - graphs->ranks[i].weight_bytes -
+                   graphs->ranks[i].reserve_bytes - graphs->ranks[i].graph_bytes) /
+                      block);
+    }
+    const ServerConfig c = Config("backend: cuda\n" + pools);
+    const std::vector<std::string> lines = graphs->Describe(c.EffectivePools());
+    ASSERT_EQ(lines.size(), 3u);
+    EXPECT_NE(lines[2].find("KV handoff between pools: host-staged"), std::string::npos) << lines[2];
+    EXPECT_NE(Error(Config("cuda_graphs: true\n"), {}, /*with_cuda=*/false).find(
+                  "cuda_graphs: true with backend: cpu"),
+              std::string::npos);
 }
 
 TEST_F(ServeDevicesTest, FixedBlockCountAndTheSingleInstanceOfTp) {

@@ -151,17 +151,6 @@ TEST(DevicePlan, NoDeviceSaysWhatTheRuntimeReported) {
               "version)");
 }
 
-TEST(DevicePlan, GpuServingTakesAnyTpEmbeddedOrAsProcesses) {
-    const auto ok = Pools({InstanceConfig{.tp = 1, .devices = {}}, InstanceConfig{.tp = 2, .devices = {"1", "0"}}});
-    EXPECT_TRUE(CheckGpuServing(ok, WorkersMode::kEmbedded).ok());
-    EXPECT_TRUE(CheckGpuServing(ok, WorkersMode::kProcesses).ok());
-    std::vector<PoolConfig> disagg = ok;
-    disagg.push_back({.name = "decode", .role = PoolRole::kDecode, .instances = {InstanceConfig{.tp = 1, .devices = {}}}});
-    EXPECT_EQ(CheckGpuServing(disagg, WorkersMode::kEmbedded).message(),
-              "pools[1] (decode).role: decode with backend: cuda: KV handoff between GPU pools is "
-              "not implemented yet (role: mixed)");
-}
-
 // Two ranks listed on one GPU share it: each gets half of its usable memory, and the plan says so.
 TEST(DevicePlan, RanksSharingAGpuSplitItsMemory) {
     const auto pools = Pools({InstanceConfig{.tp = 2, .devices = {"0", "0"}}});
@@ -215,6 +204,74 @@ TEST(DevicePlan, BackendAndUtilizationAreServeSettings) {
         EXPECT_NE(u.status().message().find("kv_cache.gpu_memory_utilization"), std::string::npos)
             << u.status().message();
     }
+}
+
+// Prefill and decode pools on GPUs: allowed, both on the one GPU (sharing its memory), and the
+// plan names the host-staged handoff, which the startup log prints after the ranks' lines.
+TEST(DevicePlan, PrefillAndDecodePoolsShareAGpuWithTheHandoffNamed) {
+    std::vector<PoolConfig> pools = {
+        {.name = "prefill", .role = PoolRole::kPrefill, .instances = {InstanceConfig{.tp = 1, .devices = {"0"}}}},
+        {.name = "decode", .role = PoolRole::kDecode, .instances = {InstanceConfig{.tp = 1, .devices = {"0"}}}}};
+    Result<DevicePlan> plan = PlanDevices(pools, Inputs(ServeBackend::kCuda, {H200(0, 100 * kGiB)}));
+    ASSERT_TRUE(plan.ok()) << Error(plan);
+    ASSERT_EQ(plan->ranks.size(), 2u);
+    for (const RankPlacement& r : plan->ranks) {
+        EXPECT_EQ(r.ranks_on_gpu, 2);
+        EXPECT_EQ(r.usable_bytes, 25 * kGiB);
+    }
+    const std::vector<std::string> lines = plan->Describe(pools);
+    ASSERT_EQ(lines.size(), 3u);
+    EXPECT_EQ(lines[2], plan->kv_handoff);
+    EXPECT_NE(plan->kv_handoff.find("host-staged"), std::string::npos) << plan->kv_handoff;
+    // Mixed pools only: no handoff line.
+    plan = PlanDevices(Pools({InstanceConfig{.tp = 1, .devices = {}}}), Inputs(ServeBackend::kCuda, {H200(0)}));
+    ASSERT_TRUE(plan.ok()) << Error(plan);
+    EXPECT_EQ(plan->kv_handoff, "");
+}
+
+// cuda_graphs: true is refused by name on the CPU and at tp > 1, and on a GPU the graphs'
+// estimate comes off the KV pool and shows in the plan's line.
+TEST(DevicePlan, CudaGraphsAreRefusedOffGpuAndCountedOnOne) {
+    const auto pools = Pools({InstanceConfig{.tp = 1, .devices = {}}});
+    auto in = Inputs(ServeBackend::kCpu, {H200(0)});
+    in.cuda_graphs = true;
+    EXPECT_EQ(Error(PlanDevices(pools, in)),
+              "cuda_graphs: true with backend: cpu (the workers run on the CPU): CUDA graphs are "
+              "captured on the cuda backend only");
+    in.backend = ServeBackend::kAuto;
+    in.gpus.clear();
+    EXPECT_NE(Error(PlanDevices(pools, in)).find("cuda_graphs: true with backend: auto"),
+              std::string::npos);
+    in = Inputs(ServeBackend::kCuda, {H200(0), H200(1)});
+    in.cuda_graphs = true;
+    EXPECT_EQ(Error(PlanDevices(Pools({InstanceConfig{.tp = 1, .devices = {}},
+                                       InstanceConfig{.tp = 2, .devices = {}}}),
+                                in)),
+              "cuda_graphs: true with pools[0] (main).instances[1].tp: 2: CUDA graphs are "
+              "captured at tp 1 only");
+    in = Inputs(ServeBackend::kCuda, {H200(0, 100 * kGiB)});
+    in.graph_bytes_per_rank = [](int) { return 2 * kGiB; };
+    Result<DevicePlan> off = PlanDevices(pools, in);  // cuda_graphs false: not counted
+    in.cuda_graphs = true;
+    Result<DevicePlan> on = PlanDevices(pools, in);
+    ASSERT_TRUE(off.ok() && on.ok()) << Error(off) << Error(on);
+    EXPECT_EQ(off->ranks[0].graph_bytes, 0);
+    EXPECT_EQ(on->ranks[0].graph_bytes, 2 * kGiB);
+    EXPECT_EQ(off->ranks[0].kv_blocks - on->ranks[0].kv_blocks, 2 * 512);  // 2 GiB of 2 MiB blocks
+    EXPECT_NE(on->Describe(pools)[0].find(", CUDA graphs 2048 MiB"), std::string::npos)
+        << on->Describe(pools)[0];
+    in.graph_bytes_per_rank = [](int) { return 40 * kGiB; };
+    EXPECT_EQ(Error(PlanDevices(pools, in)),
+              "pools[0] (main).instances[0] rank 0 on GPU 0: weights 16384 MiB + buffers 1024 MiB "
+              "+ CUDA graphs 40960 MiB do not fit in 102400 MiB free × "
+              "kv_cache.gpu_memory_utilization 0.50 = 51200 MiB");
+}
+
+// The documented estimate: buckets × (16 nodes per layer + 8) × 64 KiB.
+TEST(DevicePlan, CudaGraphBytesEstimate) {
+    EXPECT_EQ(CudaGraphBytes(32, 1), (16 * 32 + 8) * 64 * 1024);
+    EXPECT_EQ(CudaGraphBytes(32, 35), 35 * CudaGraphBytes(32, 1));
+    EXPECT_EQ(CudaGraphBytes(32, 0), 0);
 }
 
 }  // namespace

@@ -314,10 +314,25 @@ TEST(ServerConfig, ExampleParsesAndEveryKeyIsDocumented) {
     auto c = LoadServerConfig(root + "/config/examples/serve.yaml");
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     const std::string doc = testing::ReadFile(root + "/docs/config.md");
-    EXPECT_EQ(ServerConfigKeys().size(), 47u);
+    EXPECT_EQ(ServerConfigKeys().size(), 48u);
     for (std::string_view key : ServerConfigKeys()) {
         EXPECT_NE(doc.find("`" + std::string(key) + "`"), std::string::npos) << key;
     }
+}
+
+// cuda_graphs: off unless asked; a boolean, named when it is not one.
+TEST(ServerConfig, CudaGraphs) {
+    auto c = ParseServerConfig("model: a.gguf\n", "serve.yaml");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_FALSE(c->cuda_graphs);
+    c = ParseServerConfig("model: a.gguf\ncuda_graphs: true\n", "serve.yaml");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_TRUE(c->cuda_graphs);
+    c = ParseServerConfig("model: a.gguf\n", "serve.yaml",
+                          {{"cuda_graphs", "maybe", "--cuda-graphs"}});
+    ASSERT_FALSE(c.ok());
+    EXPECT_NE(c.status().message().find("cuda_graphs: invalid value 'maybe'"), std::string::npos)
+        << c.status().ToString();
 }
 
 // GET /metrics under vLLM's names too: off unless asked, a boolean in the file or --set.

@@ -184,8 +184,11 @@ Row PackUnpack(Setup& s, const Options& o, bool layerwise, int runs) {
     return Measure("pack+unpack", layerwise ? "layerwise" : "blockwise", s, runs, [&](uint64_t id) {
         const auto t0 = Clock::now();
         for (const auto& [lb, le] : pieces) {
-            PackKvPiece(*s.src, s.layout, id, s.src_blocks, lb, le, s.layout.kv_heads, &piece);
-            CheckOk(UnpackKvPiece(piece, *s.dst, s.layout, s.dst_blocks), "unpack");
+            CheckOk(PackKvPiece(CpuBackendInstance(), *s.src, s.layout, id, s.src_blocks, lb, le,
+                                s.layout.kv_heads, &piece),
+                    "pack");
+            CheckOk(UnpackKvPiece(CpuBackendInstance(), piece, *s.dst, s.layout, s.dst_blocks),
+                    "unpack");
         }
         return Seconds(t0, Clock::now());
     });
@@ -205,7 +208,9 @@ Row ThroughTransport(const std::string& path, Setup& s, const Options& o, bool l
         std::thread sender([&] {
             t0 = Clock::now();
             for (const auto& [lb, le] : pieces) {
-                PackKvPiece(*s.src, s.layout, id, s.src_blocks, lb, le, s.layout.kv_heads, &piece);
+                sent = PackKvPiece(CpuBackendInstance(), *s.src, s.layout, id, s.src_blocks, lb,
+                                   le, s.layout.kv_heads, &piece);
+                if (!sent.ok()) return;
                 sent = from.Send(dst, piece, deadline);
                 if (!sent.ok()) return;
             }
@@ -213,7 +218,9 @@ Row ThroughTransport(const std::string& path, Setup& s, const Options& o, bool l
         Result<std::vector<KvPiece>> got = to.Receive(id, s.cells, deadline);
         if (got.ok()) {
             for (const KvPiece& piece : *got)
-                CheckOk(UnpackKvPiece(piece, *s.dst, s.layout, s.dst_blocks), "unpack");
+                CheckOk(UnpackKvPiece(CpuBackendInstance(), piece, *s.dst, s.layout,
+                                      s.dst_blocks),
+                        "unpack");
         }
         const auto t1 = Clock::now();
         if (got.ok()) to.Recycle(std::move(*got));  // as worker/step_runner.cc does

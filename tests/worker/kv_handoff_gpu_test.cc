@@ -1,0 +1,109 @@
+// The KV handoff from device pools on the CUDA backend (skipped without a device; run by
+// scripts/gpu-check's handoff step): the host-staged pack and unpack through CudaBackend's copies,
+// and the peer copy (CudaBackend's PeerCopy) between two backends — on two GPUs when there are
+// two, else two backends of the one GPU — write exactly the bytes the CPU backend's pools hold
+// after the same handoff, for whole blocks (equal tp) and for half of the heads (re-sharding).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "common/device.h"
+#include "kernels/backend.h"
+#include "worker/kv_handoff.h"
+#include "worker/kv_pool.h"
+
+namespace kvshard {
+namespace {
+
+constexpr int64_t kLayers = 4, kHeads = 4, kBlocks = 16;
+
+KvPoolConfig Config(int64_t heads) {
+    return {.num_blocks = kBlocks, .block_size = 16, .num_layers = kLayers, .num_kv_heads = heads,
+            .head_dim = 64, .storage = KvDtype::kInt8};
+}
+
+ShardLayout Holding(int64_t begin, int64_t end) {
+    ShardLayout l;
+    l.kv_heads = {begin, end};
+    return l;
+}
+
+std::vector<uint8_t> Contents(Backend& b, KvPool& pool) {
+    std::vector<uint8_t> host(static_cast<size_t>(pool.num_bytes()));
+    KV_CHECK(b.CopyToHost(host.data(), pool.data(), host.size()).ok());
+    KV_CHECK(b.Synchronize().ok());
+    return host;
+}
+
+std::unique_ptr<KvPool> MakePool(Backend& b, int64_t heads) {
+    Result<std::unique_ptr<KvPool>> p = KvPool::Create(Config(heads), b);
+    KV_CHECK(p.ok()) << p.status().ToString();
+    return std::move(*p);
+}
+
+void Fill(Backend& b, KvPool& pool, const std::vector<uint8_t>& bytes) {
+    KV_CHECK(pool.num_bytes() == int64_t(bytes.size()));
+    KV_CHECK(b.CopyToDevice(pool.data(), bytes.data(), bytes.size()).ok());
+    KV_CHECK(b.Synchronize().ok());
+}
+
+std::vector<uint8_t> Random(int64_t bytes, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<uint8_t> v(static_cast<size_t>(bytes));
+    for (uint8_t& x : v) x = uint8_t(rng());
+    return v;
+}
+
+TEST(KvHandoffGpu, HostStagedAndPeerCopiesMatchTheCpu) {
+    Result<std::unique_ptr<Backend>> src = MakeBackend({.kind = BackendKind::kCuda, .device = 0});
+    if (!src.ok()) GTEST_SKIP() << src.status().ToString();
+    Result<std::unique_ptr<Backend>> dst =
+        MakeBackend({.kind = BackendKind::kCuda, .device = DeviceCount() > 1 ? 1 : 0});
+    ASSERT_TRUE(dst.ok()) << dst.status().ToString();
+    Result<std::unique_ptr<Backend>> cpu = MakeBackend({.kind = BackendKind::kCpu});
+    ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+    ASSERT_NE(dynamic_cast<PeerCopy*>(dst->get()), nullptr);
+
+    const std::vector<int32_t> from = {3, 4, 5, 11}, to = {0, -1, 8, 9};
+    const ShardLayout all = Holding(0, kHeads);
+    for (IndexRange heads : {IndexRange{0, kHeads}, IndexRange{2, kHeads}}) {
+        SCOPED_TRACE("heads from " + std::to_string(heads.begin));
+        const ShardLayout recv = Holding(heads.begin, heads.end);
+        // The same contents on the CPU and on the GPUs.
+        auto cpu_src = MakePool(**cpu, kHeads);
+        auto gpu_src = MakePool(**src, kHeads);
+        const std::vector<uint8_t> bytes = Random(cpu_src->num_bytes(), 1);
+        Fill(**cpu, *cpu_src, bytes);
+        Fill(**src, *gpu_src, bytes);
+        auto cpu_dst = MakePool(**cpu, heads.size());
+        auto staged = MakePool(**dst, heads.size());
+        auto peer = MakePool(**dst, heads.size());
+        const std::vector<uint8_t> before = Random(cpu_dst->num_bytes(), 2);
+        Fill(**cpu, *cpu_dst, before);
+        Fill(**dst, *staged, before);
+        Fill(**dst, *peer, before);
+
+        KvPiece cpu_piece, gpu_piece;
+        ASSERT_TRUE(
+            PackKvPiece(**cpu, *cpu_src, all, 1, from, 0, kLayers, heads, &cpu_piece).ok());
+        ASSERT_TRUE(UnpackKvPiece(**cpu, cpu_piece, *cpu_dst, recv, to).ok());
+        Status st = PackKvPiece(**src, *gpu_src, all, 1, from, 0, kLayers, heads, &gpu_piece);
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        EXPECT_EQ(gpu_piece.header, cpu_piece.header);
+        EXPECT_TRUE(gpu_piece.data == cpu_piece.data);
+        st = UnpackKvPiece(**dst, gpu_piece, *staged, recv, to);
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        st = CopyKvBetweenPools(**src, *gpu_src, all, from, **dst, *peer, recv, to, 0, kLayers,
+                                heads);
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        const std::vector<uint8_t> want = Contents(**cpu, *cpu_dst);
+        EXPECT_TRUE(Contents(**dst, *staged) == want) << "host-staged";
+        EXPECT_TRUE(Contents(**dst, *peer) == want) << "peer copy";
+    }
+}
+
+}  // namespace
+}  // namespace kvshard
