@@ -33,6 +33,7 @@ struct SimulateFlags {
     std::string device = "h200";
     std::string catalog;
     std::string profile;
+    double profile_scale = 1.0;
     std::string weight_dtype = "bf16";
     std::string kv_dtype = "bf16";
     double memory_utilization = 0.9;
@@ -94,6 +95,8 @@ Status CheckFlagsApply(const SimulateFlags& f) {
             KV_RETURN_IF_ERROR(refuse(flag, "conflicts with --config (set it in the file)"));
         }
     }
+    if (f.profile.empty())
+        KV_RETURN_IF_ERROR(refuse("--profile-scale", "applies with --profile only"));
     if (!f.placement.empty()) {
         KV_RETURN_IF_ERROR(refuse("--tp", "conflicts with --placement (give tp there)"));
         KV_RETURN_IF_ERROR(refuse("--instances", "conflicts with --placement"));
@@ -320,16 +323,33 @@ int RunSimulate(const SimulateFlags& f) {
     if (!device.ok()) return Fail("--device: " + device.status().message());
     options.device = *device;
     if (!f.profile.empty()) {
+        if (!(f.profile_scale > 0 && std::isfinite(f.profile_scale)))
+            return Fail("--profile-scale must be a positive number");
         Result<sim::CpuProfile> profile = sim::LoadCpuProfile(f.profile);
         if (!profile.ok()) return Fail(profile.status().message());
-        options.profile = *profile;
         std::fprintf(stderr,
                      "profile %s: step s = %.4g + %.4g x prefill tokens + %.4g x decode seqs + "
                      "%.4g x KV tokens + %.4g x prefill pairs, + %.4g per request arriving during it "
                      "(%lld points, %lld outliers given weight 0, rms error %.3g s)\n",
-                     f.profile.c_str(), profile->a, profile->b, profile->c, profile->d, profile->e, profile->f,
-                     static_cast<long long>(profile->num_points),
+                     f.profile.c_str(), profile->a, profile->b, profile->c, profile->d, profile->e,
+                     profile->f, static_cast<long long>(profile->num_points),
                      static_cast<long long>(profile->num_outliers), profile->rms_error_s);
+        std::string kinds;
+        for (int k = 0; k < sim::kNumStepKinds; ++k) {
+            if (profile->kind_points[k] == 0) continue;
+            char part[96];
+            std::snprintf(part, sizeof part, "%s%s %.4f (%lld)", kinds.empty() ? "" : ", ",
+                          std::string(sim::StepKindName(static_cast<sim::StepKind>(k))).c_str(),
+                          profile->kind_scale[k],
+                          static_cast<long long>(profile->kind_points[k]));
+            kinds += part;
+        }
+        std::fprintf(stderr, "profile %s: per kind of step, the linear fit times the median measured / fitted: %s\n",
+                     f.profile.c_str(), kinds.c_str());
+        options.profile = profile->Scaled(f.profile_scale);
+        if (f.given.count("--profile-scale"))
+            std::fprintf(stderr, "profile %s: step times scaled by %.4f (--profile-scale)\n",
+                         f.profile.c_str(), f.profile_scale);
     }
     options.scheduler.max_num_seqs = f.max_num_seqs;
     options.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;
@@ -508,6 +528,10 @@ Command RegisterSimulate(CLI::App& app) {
     sub->add_option("--catalog", f->catalog, "YAML overriding or adding accelerator kinds");
     sub->add_option("--profile", f->profile,
                     "Measured step costs (kvshard bench-engine --json) instead of the roofline");
+    sub->add_option("--profile-scale", f->profile_scale,
+                    "Multiply the profile's step times by this (the machine's speed during the "
+                    "run replayed against the profile's)")
+        ->capture_default_str();
     sub->add_option("--weight-dtype", f->weight_dtype, "bf16, fp16, fp8, int4, fp32")->capture_default_str();
     sub->add_option("--kv-dtype", f->kv_dtype, "bf16, fp16, fp8, int8, fp32")->capture_default_str();
     sub->add_option("--memory-utilization", f->memory_utilization,
