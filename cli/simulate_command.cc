@@ -353,15 +353,15 @@ int RunSimulate(const SimulateFlags& f) {
     }
     options.scheduler.max_num_seqs = f.max_num_seqs;
     options.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;
-    options.block_size = f.block_size;
+    options.scheduler.max_model_len = f.max_model_len;
+    options.blocks.block_size = f.block_size;
     options.memory_utilization = f.memory_utilization;
-    options.num_kv_blocks = f.num_kv_blocks;
-    options.enable_prefix_caching = !f.no_prefix_caching;
-    options.max_context = f.max_model_len;
+    options.blocks.num_blocks = f.num_kv_blocks;
+    options.blocks.enable_prefix_caching = !f.no_prefix_caching;
     options.handoff.layerwise = f.layerwise;
     if (f.given.count("--max-waiting-requests") > 0) {
         if (f.max_waiting_requests < 0) return Fail("--max-waiting-requests must be >= 0");
-        options.max_waiting_requests = f.max_waiting_requests;
+        options.scheduler.max_waiting_requests = f.max_waiting_requests;
     }
     if (f.given.count("--cache-ttl-ms") > 0 &&
         !(f.cache_ttl_ms >= 1 && f.cache_ttl_ms <= 86'400'000))
@@ -372,8 +372,8 @@ int RunSimulate(const SimulateFlags& f) {
     options.frontend_s = f.frontend_ms / 1000.0;
     if (!(f.frontend_ms_per_token >= 0)) return Fail("--frontend-ms-per-token must be >= 0");
     options.frontend_per_prompt_token_s = f.frontend_ms_per_token / 1000.0;
-    options.max_pinned_fraction = f.max_pinned_fraction;
-    options.min_pinned_tokens = f.min_pinned_tokens;
+    options.blocks.max_pinned_fraction = f.max_pinned_fraction;
+    options.blocks.min_pinned_tokens = f.min_pinned_tokens;
 
     if (!f.config.empty()) {
         // The deployment file `kvshard serve` would run: its pools, scheduler and KV settings.
@@ -382,17 +382,11 @@ int RunSimulate(const SimulateFlags& f) {
             LoadServerConfig(f.config, {{"model", f.model_config, "--model-config"}});
         if (!config.ok()) return Fail(config.status().message());
         options.pools = config->EffectivePools();
-        options.scheduler = config->scheduler;
-        if (config->scheduler.max_model_len > 0) options.max_context = config->scheduler.max_model_len;
-        options.block_size = config->kv_cache.block_size;
-        options.enable_prefix_caching = config->kv_cache.enable_prefix_caching;
+        options.scheduler = config->scheduler;      // max_waiting_requests and max_model_len too
+        options.blocks = config->kv_cache;          // the block manager's part of kv_cache:
         options.handoff.layerwise = config->kv_transfer.layerwise;
-        if (config->kv_cache.num_blocks > 0) options.num_kv_blocks = config->kv_cache.num_blocks;
-        options.max_waiting_requests = config->scheduler.max_waiting_requests;
         options.request_timeout_s = config->http.request_timeout_s;
-        options.max_pinned_fraction = config->kv_cache.max_pinned_fraction;
-        options.min_pinned_tokens = config->kv_cache.min_pinned_tokens;
-        if (f.cache_ttl_ms > 0 && !options.enable_prefix_caching)
+        if (f.cache_ttl_ms > 0 && !options.blocks.enable_prefix_caching)
             return Fail(f.config +
                         ": kv_cache.enable_prefix_caching is false, so --cache-ttl-ms "
                         "would pin nothing");
