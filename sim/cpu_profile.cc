@@ -206,10 +206,13 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
         }
         Row next{};
         if (!std::isfinite(SolveNnls(x, y, w, next))) break;  // too few inliers: keep the last
+        // Settled when no term's contribution (coefficient x its column's largest value) moves.
         double change = 0, size = 0;
         for (int j = 0; j < kTerms; ++j) {
-            change = std::max(change, std::fabs(next[j] - best[j]));
-            size = std::max(size, std::fabs(next[j]));
+            double column = 0;
+            for (size_t i = 0; i < n; ++i) column = std::max(column, std::fabs(x[i][j]));
+            change = std::max(change, std::fabs(next[j] - best[j]) * column);
+            size = std::max(size, std::fabs(next[j]) * column);
         }
         best = next;
         if (change <= 1e-7 * size) break;
