@@ -15,7 +15,7 @@
 //   kv_transfer the plan's KV sends (KvTransferSeconds); layerwise sends overlap the forward pass
 //   overhead    step_overhead_s
 //   total       their sum (layerwise sends: max(forward, transfer) instead)
-// The CPU path replaces all of it with a linear fit to measured steps (CpuProfile).
+// The CPU path replaces all of it with a fit to measured steps (sim/cpu_profile.h CpuProfile).
 //
 // Thread-safety: a CostModel is immutable after Create; Cost() is const and allocates nothing.
 #pragma once
