@@ -327,25 +327,7 @@ int RunSimulate(const SimulateFlags& f) {
             return Fail("--profile-scale must be a positive number");
         Result<sim::CpuProfile> profile = sim::LoadCpuProfile(f.profile);
         if (!profile.ok()) return Fail(profile.status().message());
-        std::fprintf(stderr,
-                     "profile %s: step s = %.4g + %.4g x prefill tokens + %.4g x decode seqs + "
-                     "%.4g x KV tokens + %.4g x prefill pairs, + %.4g per request arriving during it "
-                     "(%lld points, %lld outliers given weight 0, rms error %.3g s)\n",
-                     f.profile.c_str(), profile->a, profile->b, profile->c, profile->d, profile->e,
-                     profile->f, static_cast<long long>(profile->num_points),
-                     static_cast<long long>(profile->num_outliers), profile->rms_error_s);
-        std::string kinds;
-        for (int k = 0; k < sim::kNumStepKinds; ++k) {
-            if (profile->kind_points[k] == 0) continue;
-            char part[96];
-            std::snprintf(part, sizeof part, "%s%s %.4f (%lld)", kinds.empty() ? "" : ", ",
-                          std::string(sim::StepKindName(static_cast<sim::StepKind>(k))).c_str(),
-                          profile->kind_scale[k],
-                          static_cast<long long>(profile->kind_points[k]));
-            kinds += part;
-        }
-        std::fprintf(stderr, "profile %s: per kind of step, the linear fit times the median measured / fitted: %s\n",
-                     f.profile.c_str(), kinds.c_str());
+        std::fputs(ProfileText(f.profile, *profile).c_str(), stderr);
         options.profile = profile->Scaled(f.profile_scale);
         if (f.given.count("--profile-scale"))
             std::fprintf(stderr, "profile %s: step times scaled by %.4f (--profile-scale)\n",
