@@ -33,6 +33,7 @@ struct SimulateFlags {
     std::string device = "h200";
     std::string catalog;
     std::string profile;
+    double profile_scale = 1.0;
     std::string weight_dtype = "bf16";
     std::string kv_dtype = "bf16";
     double memory_utilization = 0.9;
@@ -94,6 +95,8 @@ Status CheckFlagsApply(const SimulateFlags& f) {
             KV_RETURN_IF_ERROR(refuse(flag, "conflicts with --config (set it in the file)"));
         }
     }
+    if (f.profile.empty())
+        KV_RETURN_IF_ERROR(refuse("--profile-scale", "applies with --profile only"));
     if (!f.placement.empty()) {
         KV_RETURN_IF_ERROR(refuse("--tp", "conflicts with --placement (give tp there)"));
         KV_RETURN_IF_ERROR(refuse("--instances", "conflicts with --placement"));
@@ -320,28 +323,27 @@ int RunSimulate(const SimulateFlags& f) {
     if (!device.ok()) return Fail("--device: " + device.status().message());
     options.device = *device;
     if (!f.profile.empty()) {
+        if (!(f.profile_scale > 0 && std::isfinite(f.profile_scale)))
+            return Fail("--profile-scale must be a positive number");
         Result<sim::CpuProfile> profile = sim::LoadCpuProfile(f.profile);
         if (!profile.ok()) return Fail(profile.status().message());
-        options.profile = *profile;
-        std::fprintf(stderr,
-                     "profile %s: step s = %.4g + %.4g x prefill tokens + %.4g x decode seqs + "
-                     "%.4g x KV tokens + %.4g x prefill pairs, + %.4g per request arriving during it "
-                     "(%lld points, %lld outliers given weight 0, rms error %.3g s)\n",
-                     f.profile.c_str(), profile->a, profile->b, profile->c, profile->d, profile->e, profile->f,
-                     static_cast<long long>(profile->num_points),
-                     static_cast<long long>(profile->num_outliers), profile->rms_error_s);
+        std::fputs(ProfileText(f.profile, *profile).c_str(), stderr);
+        options.profile = profile->Scaled(f.profile_scale);
+        if (f.given.count("--profile-scale"))
+            std::fprintf(stderr, "profile %s: step times scaled by %.4f (--profile-scale)\n",
+                         f.profile.c_str(), f.profile_scale);
     }
     options.scheduler.max_num_seqs = f.max_num_seqs;
     options.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;
-    options.block_size = f.block_size;
+    options.scheduler.max_model_len = f.max_model_len;
+    options.blocks.block_size = f.block_size;
     options.memory_utilization = f.memory_utilization;
-    options.num_kv_blocks = f.num_kv_blocks;
-    options.enable_prefix_caching = !f.no_prefix_caching;
-    options.max_context = f.max_model_len;
+    options.blocks.num_blocks = f.num_kv_blocks;
+    options.blocks.enable_prefix_caching = !f.no_prefix_caching;
     options.handoff.layerwise = f.layerwise;
     if (f.given.count("--max-waiting-requests") > 0) {
         if (f.max_waiting_requests < 0) return Fail("--max-waiting-requests must be >= 0");
-        options.max_waiting_requests = f.max_waiting_requests;
+        options.scheduler.max_waiting_requests = f.max_waiting_requests;
     }
     if (f.given.count("--cache-ttl-ms") > 0 &&
         !(f.cache_ttl_ms >= 1 && f.cache_ttl_ms <= 86'400'000))
@@ -352,8 +354,8 @@ int RunSimulate(const SimulateFlags& f) {
     options.frontend_s = f.frontend_ms / 1000.0;
     if (!(f.frontend_ms_per_token >= 0)) return Fail("--frontend-ms-per-token must be >= 0");
     options.frontend_per_prompt_token_s = f.frontend_ms_per_token / 1000.0;
-    options.max_pinned_fraction = f.max_pinned_fraction;
-    options.min_pinned_tokens = f.min_pinned_tokens;
+    options.blocks.max_pinned_fraction = f.max_pinned_fraction;
+    options.blocks.min_pinned_tokens = f.min_pinned_tokens;
 
     if (!f.config.empty()) {
         // The deployment file `kvshard serve` would run: its pools, scheduler and KV settings.
@@ -362,17 +364,11 @@ int RunSimulate(const SimulateFlags& f) {
             LoadServerConfig(f.config, {{"model", f.model_config, "--model-config"}});
         if (!config.ok()) return Fail(config.status().message());
         options.pools = config->EffectivePools();
-        options.scheduler = config->scheduler;
-        if (config->scheduler.max_model_len > 0) options.max_context = config->scheduler.max_model_len;
-        options.block_size = config->kv_cache.block_size;
-        options.enable_prefix_caching = config->kv_cache.enable_prefix_caching;
+        options.scheduler = config->scheduler;      // max_waiting_requests and max_model_len too
+        options.blocks = config->kv_cache;          // the block manager's part of kv_cache:
         options.handoff.layerwise = config->kv_transfer.layerwise;
-        if (config->kv_cache.num_blocks > 0) options.num_kv_blocks = config->kv_cache.num_blocks;
-        options.max_waiting_requests = config->scheduler.max_waiting_requests;
         options.request_timeout_s = config->http.request_timeout_s;
-        options.max_pinned_fraction = config->kv_cache.max_pinned_fraction;
-        options.min_pinned_tokens = config->kv_cache.min_pinned_tokens;
-        if (f.cache_ttl_ms > 0 && !options.enable_prefix_caching)
+        if (f.cache_ttl_ms > 0 && !options.blocks.enable_prefix_caching)
             return Fail(f.config +
                         ": kv_cache.enable_prefix_caching is false, so --cache-ttl-ms "
                         "would pin nothing");
@@ -508,6 +504,10 @@ Command RegisterSimulate(CLI::App& app) {
     sub->add_option("--catalog", f->catalog, "YAML overriding or adding accelerator kinds");
     sub->add_option("--profile", f->profile,
                     "Measured step costs (kvshard bench-engine --json) instead of the roofline");
+    sub->add_option("--profile-scale", f->profile_scale,
+                    "Multiply the profile's step times by this (the machine's speed during the "
+                    "run replayed against the profile's)")
+        ->capture_default_str();
     sub->add_option("--weight-dtype", f->weight_dtype, "bf16, fp16, fp8, int4, fp32")->capture_default_str();
     sub->add_option("--kv-dtype", f->kv_dtype, "bf16, fp16, fp8, int8, fp32")->capture_default_str();
     sub->add_option("--memory-utilization", f->memory_utilization,

@@ -67,4 +67,29 @@ nlohmann::json SimulationJson(const sim::SimulationResult& r) {
             {"wall_seconds", r.wall_seconds}};
 }
 
+std::string ProfileText(const std::string& path, const sim::CpuProfile& p) {
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "profile %s: step s = %.4g + %.4g x prefill tokens + %.4g x decode seqs + "
+                  "%.4g x KV tokens + %.4g x prefill pairs, + %.4g per request arriving during it "
+                  "(%lld points, %lld outliers given weight 0, rms error %.3g s)\n",
+                  path.c_str(), p.a, p.b, p.c, p.d, p.e, p.f,
+                  static_cast<long long>(p.num_points), static_cast<long long>(p.num_outliers),
+                  p.rms_error_s);
+    std::string out = line;
+    out += "profile " + path + ": per kind of step, the linear fit times the median measured / "
+           "fitted: ";
+    bool first = true;
+    for (int k = 0; k < sim::kNumStepKinds; ++k) {
+        if (p.kind_points[k] == 0) continue;
+        char part[96];
+        std::snprintf(part, sizeof part, "%s%s %.4f (%lld)", first ? "" : ", ",
+                      std::string(sim::StepKindName(static_cast<sim::StepKind>(k))).c_str(),
+                      p.kind_scale[k], static_cast<long long>(p.kind_points[k]));
+        out += part;
+        first = false;
+    }
+    return out + "\n";
+}
+
 }  // namespace kvshard::cli

@@ -13,5 +13,8 @@ namespace kvshard::cli {
 
 std::string SimulationText(const sim::SimulationResult& r);
 nlohmann::json SimulationJson(const sim::SimulationResult& r);
+// The fitted CPU profile read from `path`: its terms, and per kind of step its median factor
+// (two lines, each starting "profile PATH: "; scripts/validate-simulate parses them).
+std::string ProfileText(const std::string& path, const sim::CpuProfile& p);
 
 }  // namespace kvshard::cli

@@ -15,7 +15,7 @@
 //   kv_transfer the plan's KV sends (KvTransferSeconds); layerwise sends overlap the forward pass
 //   overhead    step_overhead_s
 //   total       their sum (layerwise sends: max(forward, transfer) instead)
-// The CPU path replaces all of it with a linear fit to measured steps (CpuProfile).
+// The CPU path replaces all of it with a fit to measured steps (sim/cpu_profile.h CpuProfile).
 //
 // Thread-safety: a CostModel is immutable after Create; Cost() is const and allocates nothing.
 #pragma once
@@ -31,6 +31,7 @@
 #include "kv/kv_geometry.h"
 #include "kv/weight_footprint.h"
 #include "sim/accelerator.h"
+#include "sim/cpu_profile.h"
 
 namespace kvshard::sim {
 
@@ -49,71 +50,6 @@ struct StepCost {
 
 // Where a KV transfer goes: the other instance is on the same node (NVLink) or not (network).
 enum class Link { kIntraNode, kNetwork };
-
-// One measured step of kvshard's CPU engine.
-struct CpuProfilePoint {
-    int64_t prefill_tokens = 0;  // tokens of sequences that are prefilling
-    int64_t decode_seqs = 0;     // sequences decoding one token
-    int64_t kv_tokens = 0;       // sum over the step's sequences of their context after the step
-    double seconds = 0;
-    // The causal (query, key) pairs of the prefilling sequences' chunks: q x start_pos +
-    // q (q + 1) / 2 each. A chunk after a long context (a prompt's second chunk, a suffix after
-    // a cached prefix) attends to all of it, which kv_tokens counts once per sequence.
-    int64_t prefill_pairs = 0;
-    // Requests a client sent while the step ran (its cycle): the serving front end's CPU work
-    // for them (HTTP, tokenization) shares the cores with the step. A step log does not know
-    // them; scripts/validate-simulate counts them from the clients' traces (docs/simulate.md).
-    int64_t arrivals = 0;
-};
-
-// t = a + b x prefill_tokens + c x decode_seqs + d x kv_tokens + e x prefill_pairs
-//     + f x arrivals, every coefficient >= 0.
-struct CpuProfile {
-    double a = 0;  // seconds per step
-    double b = 0;  // seconds per prefill token
-    double c = 0;  // seconds per decoding sequence
-    double d = 0;  // seconds per KV token read
-    double e = 0;  // seconds per (query, key) pair of a prefill chunk
-    // Seconds a request arriving during a step adds to it (the front end's CPU work). Not part
-    // of Seconds(): the simulator adds it to the step in flight when a request arrives.
-    double f = 0;
-    int64_t num_points = 0;
-    int64_t num_outliers = 0;  // points the robust fit gave weight 0 (see FitCpuProfile)
-    double rms_error_s = 0;    // of the fit over all its points, outliers included
-
-    double Seconds(int64_t prefill_tokens, int64_t decode_seqs, int64_t kv_tokens,
-                   int64_t prefill_pairs = 0) const {
-        return a + b * static_cast<double>(prefill_tokens) + c * static_cast<double>(decode_seqs) +
-               d * static_cast<double>(kv_tokens) + e * static_cast<double>(prefill_pairs);
-    }
-};
-
-// Non-negative least squares of the relative error over the points (each row divided by its
-// measured seconds; exact: every subset of the five terms is solved and the best feasible one
-// kept), made outlier-robust by iterative reweighting (Tukey's bisquare on the relative
-// residuals, cutoff 4.685 x their median absolute value / 0.6745): steps the machine stalled
-// get weight 0 and are counted in num_outliers (with 20 points or more; fewer keep the plain
-// fit). InvalidArgument when there are no points, a point is negative
-// or not finite, or no subset of terms can be fitted.
-Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points);
-
-// Reads measured points from JSON text: any number of JSON values (one document or JSON lines),
-// each one of
-//   {"prefill_tokens": 512, "decode_seqs": 0, "kv_tokens": 512, "seconds": 0.21}   one point
-//     (optional "prefill_pairs" and "arrivals", 0 when absent; other fields, as a step log's,
-//     are ignored)
-//   {"points": [ ...points... ]}
-//   the output of `kvshard bench-engine --json` ({"engine": "kvshard", "results": [...]}): each
-//   row gives a prefill point (batch x prompt_tokens tokens, batch x p (p + 1) / 2 pairs,
-//   seconds = tokens / prefill tok/s)
-//   and a decode point (batch sequences at the mean context prompt + (decode_tokens + 1) / 2,
-//   seconds = batch / decode tok/s)
-//   a JSON array of any of these.
-// InvalidArgument naming `path` and the field otherwise.
-Result<std::vector<CpuProfilePoint>> ParseCpuProfilePoints(std::string_view json_text,
-                                                           const std::string& path);
-// Reads and fits a profile file. NotFound for a missing file.
-Result<CpuProfile> LoadCpuProfile(const std::string& path);
 
 class CostModel {
   public:

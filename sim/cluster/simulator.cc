@@ -153,13 +153,14 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
     if (!(o.request_timeout_s >= 0))
         return InvalidArgument("request_timeout_s must be >= 0, got " +
                                std::to_string(o.request_timeout_s));
-    if (o.max_waiting_requests < 0)
-        return InvalidArgument("max_waiting_requests must be >= 0, got " +
-                               std::to_string(o.max_waiting_requests));
+    if (o.scheduler.max_waiting_requests < 0)
+        return InvalidArgument("scheduler.max_waiting_requests must be >= 0, got " +
+                               std::to_string(o.scheduler.max_waiting_requests));
     KV_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, MakeTokenizer(o.arch.vocab_size));
     VirtualClock clock;
     const int64_t max_context =
-        o.max_context > 0 ? o.max_context : (o.arch.max_position > 0 ? o.arch.max_position : 8192);
+        o.scheduler.max_model_len > 0 ? o.scheduler.max_model_len
+                                      : (o.arch.max_position > 0 ? o.arch.max_position : 8192);
 
     SimulationResult out;
     std::vector<int64_t> group_windows;  // empty: one full-attention group
@@ -197,24 +198,21 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
                 c.kv_endpoints.push_back("sim://" + name + "/" + std::to_string(r));
             c.handoff = o.handoff;
             c.scheduler = o.scheduler;
-            c.blocks.block_size = o.block_size;
-            c.blocks.enable_prefix_caching = o.enable_prefix_caching;
-            c.blocks.max_pinned_fraction = o.max_pinned_fraction;
-            c.blocks.min_pinned_tokens = o.min_pinned_tokens;
+            c.blocks = o.blocks;
             // Sliding-window layers: a table per KV cache group, and blocks of one group's layers,
             // so the planner's all-layer blocks make num_groups times as many
             // (kv/kv_cache_groups.h).
             c.blocks.group_windows = group_windows;
-            c.blocks.num_blocks =
-                o.num_kv_blocks > 0
-                    ? o.num_kv_blocks
-                    : num_groups * inst->cost->NumKvBlocks(o.block_size, o.memory_utilization);
+            if (o.blocks.num_blocks <= 0) {
+                c.blocks.num_blocks =
+                    num_groups * inst->cost->NumKvBlocks(o.blocks.block_size, o.memory_utilization);
+            }
             if (c.blocks.num_blocks <= 0) {
                 return InvalidArgument("pool '" + pool.name + "': the model's weights leave no room for KV cache on " +
                                        std::to_string(inst->tp) + " x " + o.device.name);
             }
-            c.max_context = std::min(max_context, c.blocks.num_blocks / num_groups * o.block_size);
-            c.scheduler.max_waiting_requests = o.max_waiting_requests;
+            c.max_context =
+                std::min(max_context, c.blocks.num_blocks / num_groups * o.blocks.block_size);
             c.clock = &clock;
             KV_RETURN_IF_ERROR(InstanceEngine::ValidateConfig(c));
             out.kv_blocks_per_instance = c.blocks.num_blocks;

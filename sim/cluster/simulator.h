@@ -50,20 +50,19 @@ struct SimulationOptions {
     std::vector<PoolConfig> pools;  // as in the serve config (roles, instances, tp)
     Accelerator device;             // every instance's GPUs
     std::optional<CpuProfile> profile;  // measured step costs instead of the roofline (cpu)
-    SchedulerConfig scheduler;
-    int64_t block_size = 16;
+    // Each instance's scheduler, as `kvshard serve`'s scheduler: section sets it. max_model_len
+    // 0: the model's max_position (else 8192), capped by what one instance's blocks hold.
+    // max_waiting_requests (the queue beyond max_num_seqs before HTTP 429) defaults to no cap
+    // here, where `kvshard serve`'s default is 256: offline benchmarks queue everything.
+    SchedulerConfig scheduler{.max_waiting_requests = int64_t{1} << 40};
+    // Each instance's BlockManager (block_size, prefix caching, the pin limits of
+    // docs/prompt-caching.md), as the kv_cache: section sets it. num_blocks 0: what the
+    // device's memory holds at memory_utilization (CostModel::NumKvBlocks); group_windows is
+    // the model's (Simulate sets it from its sliding-window layers).
+    BlockManagerConfig blocks;
     double memory_utilization = 0.9;
-    int64_t num_kv_blocks = 0;  // per instance; 0: what the device's memory holds (CostModel)
-    bool enable_prefix_caching = true;
-    int64_t max_context = 0;  // 0: the model's max_position (else 8192)
-    // Requests an instance holds beyond max_num_seqs before refusing more (HTTP 429 on a
-    // server). The default queues everything; `kvshard serve`'s default is 256.
-    int64_t max_waiting_requests = int64_t{1} << 40;
-    // Prompt caching: the BlockManager's pin limits (docs/prompt-caching.md), and the TTL of the
-    // breakpoint each request of a prefix group carries at the end of its shared prefix (0: no
-    // request carries a breakpoint).
-    double max_pinned_fraction = 0.5;
-    int64_t min_pinned_tokens = 1024;
+    // The TTL of the breakpoint each request of a prefix group carries at the end of its shared
+    // prefix (0: no request carries a breakpoint).
     int64_t cache_ttl_ms = 0;
     double request_timeout_s = 0;  // 0: none (`kvshard serve`'s default is 600)
     KvTransferConfig handoff;

@@ -75,7 +75,7 @@ TEST(SimulatorFrontendTest, AProfilesArrivalCostLengthensTheStepInFlight) {
     // flight by f, so request 0 ends 3 f later; f = 0 changes nothing.
     SimulationOptions o = OneH200Instance(512);
     o.device = *FindAccelerator("cpu");
-    o.num_kv_blocks = 256;
+    o.blocks.num_blocks = 256;
     o.scheduler.max_num_seqs = 1;
     o.profile = CpuProfile{.a = 0.010};
     const std::vector<SimRequest> requests = {
@@ -95,7 +95,7 @@ TEST(SimulatorFrontendTest, AProfilesArrivalCostLengthensTheStepInFlight) {
 
 TEST(SimulatorFrontendTest, ARefusedRequestIsNotCharged) {
     SimulationOptions o = OneH200Instance(512);
-    o.max_waiting_requests = 0;
+    o.scheduler.max_waiting_requests = 0;
     o.frontend_s = 0.05;
     const std::vector<SimRequest> burst(6, SimRequest{0.0, 100, 4, -1, 0});
     Result<SimulationResult> r = Simulate(o, burst);

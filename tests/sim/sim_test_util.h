@@ -29,7 +29,7 @@ inline SimulationOptions OneH200Instance(int64_t max_num_batched_tokens) {
     o.device = *FindAccelerator("h200");
     o.scheduler.max_num_seqs = 4;
     o.scheduler.max_num_batched_tokens = max_num_batched_tokens;
-    o.max_context = 8192;
+    o.scheduler.max_model_len = 8192;
     return o;
 }
 

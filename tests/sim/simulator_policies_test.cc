@@ -24,7 +24,7 @@ SimulationResult RunSim(const SimulationOptions& o, const std::vector<SimRequest
 TEST(SimulatorPoliciesTest, AFullQueueRefusesRequestsInsteadOfServingThem) {
     std::vector<SimRequest> requests(20, SimRequest{0.0, 200, 16, -1, 0});
     SimulationOptions o = OneH200Instance(8192);
-    o.max_waiting_requests = 2;
+    o.scheduler.max_waiting_requests = 2;
     const SimulationResult capped = RunSim(o, requests);
     EXPECT_EQ(capped.num_refused, 14);
     int served = 0;
@@ -92,13 +92,13 @@ TEST(SimulatorPoliciesTest, OutOfRangeSettingsAreRefusedByName) {
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.status().message().find("ttl_ms"), std::string::npos) << r.status().message();
     o = OneH200Instance(8192);
-    o.max_pinned_fraction = 1.5;
+    o.blocks.max_pinned_fraction = 1.5;
     r = Simulate(o, one);
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.status().message().find("max_pinned_fraction"), std::string::npos)
         << r.status().message();
     o = OneH200Instance(8192);
-    o.max_waiting_requests = -1;
+    o.scheduler.max_waiting_requests = -1;
     r = Simulate(o, one);
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.status().message().find("max_waiting_requests"), std::string::npos);
@@ -122,7 +122,7 @@ std::vector<SimRequest> PrefixThenFlood() {
 
 SimulationOptions SmallPool(int64_t cache_ttl_ms) {
     SimulationOptions o = OneH200Instance(8192);
-    o.num_kv_blocks = 400;  // 16-token blocks; pins may hold 200
+    o.blocks.num_blocks = 400;  // 16-token blocks; pins may hold 200
     o.cache_ttl_ms = cache_ttl_ms;
     return o;
 }
@@ -159,7 +159,7 @@ TEST(SimulatorPoliciesTest, APinLapsesAtItsTtlOnTheVirtualClock) {
 TEST(SimulatorPoliciesTest, PinsBeyondTheirShareAreRefused) {
     // A pool of 400 blocks with a 10% share (40 blocks) cannot pin a 128-block prefix.
     SimulationOptions o = SmallPool(600'000);
-    o.max_pinned_fraction = 0.1;
+    o.blocks.max_pinned_fraction = 0.1;
     const SimulationResult r = RunSim(o, PrefixThenFlood());
     EXPECT_EQ(r.run.outcomes.front().cache_creation_tokens, 0);
     EXPECT_GE(r.pins_refused, 1);

@@ -31,7 +31,7 @@ SimulationOptions Options(const std::string& model, std::vector<PoolConfig> pool
     o.device = *FindAccelerator(device);
     o.scheduler.max_num_seqs = 256;
     o.scheduler.max_num_batched_tokens = 8192;
-    o.max_context = 8192;
+    o.scheduler.max_model_len = 8192;
     return o;
 }
 
@@ -153,7 +153,7 @@ TEST(SimulatorTest, PrefixCacheShortensTimeToFirstToken) {
     const std::vector<SimRequest> requests = *MakeWorkload(w);
     SimulationOptions o = Options("llama-3-8b.json", {Pool("mixed", PoolRole::kMixed, 1, 1)});
     const double with = loadgen::MakeReport(RunSim(o, requests).run, {}).ttft_ms.median;
-    o.enable_prefix_caching = false;
+    o.blocks.enable_prefix_caching = false;
     const double without = loadgen::MakeReport(RunSim(o, requests).run, {}).ttft_ms.median;
     EXPECT_LT(with, without / 3);  // ~64 of ~4064 tokens computed per prompt with the cache
 }
@@ -179,8 +179,8 @@ TEST(SimulatorTest, DisaggregatedRequestsAreHandedOff) {
 // A KV pool too small for the running batch preempts (and the run still completes every request).
 TEST(SimulatorTest, SmallKvPoolPreempts) {
     SimulationOptions o = Options("llama-3-8b.json", {Pool("mixed", PoolRole::kMixed, 1, 1)});
-    o.num_kv_blocks = 600;  // 9,600 tokens; 64 requests grow to 64 x 1,100
-    o.max_context = 2048;
+    o.blocks.num_blocks = 600;  // 9,600 tokens; 64 requests grow to 64 x 1,100
+    o.scheduler.max_model_len = 2048;
     const SimulationResult r = RunSim(o, Fixed(64, 600, 500, 0));
     EXPECT_GT(r.num_preemptions, 0);
     for (const auto& oc : r.run.outcomes) EXPECT_TRUE(oc.ok) << oc.error;

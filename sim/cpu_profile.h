@@ -1,0 +1,117 @@
+// CpuProfile: the step cost of kvshard's CPU engine as a linear fit to measured steps (a serving
+// step log or `kvshard bench-engine` output), which CostModel::CreateWithProfile charges instead
+// of the roofline. docs/simulate.md "The CPU profile" gives the terms and the estimator.
+//
+// Thread-safety: plain values and free functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvshard::sim {
+
+// One measured step of kvshard's CPU engine.
+struct CpuProfilePoint {
+    int64_t prefill_tokens = 0;  // tokens of sequences that are prefilling
+    int64_t decode_seqs = 0;     // sequences decoding one token
+    int64_t kv_tokens = 0;       // sum over the step's sequences of their context after the step
+    double seconds = 0;
+    // The causal (query, key) pairs of the prefilling sequences' chunks: q x start_pos +
+    // q (q + 1) / 2 each. A chunk after a long context (a prompt's second chunk, a suffix after
+    // a cached prefix) attends to all of it, which kv_tokens counts once per sequence.
+    int64_t prefill_pairs = 0;
+    // Requests a client sent while the step ran (its cycle): the serving front end's CPU work
+    // for them (HTTP, tokenization) shares the cores with the step. A step log does not know
+    // them; scripts/validate-simulate counts them from the clients' traces (docs/simulate.md).
+    int64_t arrivals = 0;
+};
+
+// The kinds of step a profile is checked on: decode only (no prefill token), prefill only (no
+// decoding sequence), and mixed (both).
+enum class StepKind { kDecode, kPrefill, kMixed };
+inline constexpr int kNumStepKinds = 3;
+StepKind KindOf(const CpuProfilePoint& point);
+std::string_view StepKindName(StepKind kind);  // "decode", "prefill", "mixed"
+
+// t = a + b x prefill_tokens + c x decode_seqs + d x kv_tokens + e x prefill_pairs
+//     + f x arrivals, every coefficient >= 0.
+struct CpuProfile {
+    double a = 0;  // seconds per step
+    double b = 0;  // seconds per prefill token
+    double c = 0;  // seconds per decoding sequence
+    double d = 0;  // seconds per KV token read
+    double e = 0;  // seconds per (query, key) pair of a prefill chunk
+    // Seconds a request arriving during a step adds to it (the front end's CPU work). Not part
+    // of Seconds(): the simulator adds it to the step in flight when a request arrives.
+    double f = 0;
+    int64_t num_points = 0;
+    int64_t num_outliers = 0;  // points the robust fit gave weight 0 (see FitCpuProfile)
+    double rms_error_s = 0;    // of the fit over all its points, outliers included
+    // Per StepKind: how many of the points are of that kind, and the factor its steps' linear
+    // prediction is multiplied by: the median over its points of measured / linear prediction,
+    // each point counted once per token it produced (1 when a kind has no points). How far the
+    // linear fit alone is from each kind's median step.
+    int64_t kind_points[kNumStepKinds] = {};
+    double kind_scale[kNumStepKinds] = {1, 1, 1};
+
+    // The linear terms (without f) times the kind's scale.
+    double Seconds(int64_t prefill_tokens, int64_t decode_seqs, int64_t kv_tokens,
+                   int64_t prefill_pairs = 0) const {
+        const StepKind kind = prefill_tokens == 0 ? StepKind::kDecode
+                              : decode_seqs == 0  ? StepKind::kPrefill
+                                                  : StepKind::kMixed;
+        return kind_scale[static_cast<int>(kind)] *
+               (a + b * static_cast<double>(prefill_tokens) +
+                c * static_cast<double>(decode_seqs) + d * static_cast<double>(kv_tokens) +
+                e * static_cast<double>(prefill_pairs));
+    }
+    // The point's predicted seconds, its arrivals included.
+    double Predict(const CpuProfilePoint& p) const {
+        return Seconds(p.prefill_tokens, p.decode_seqs, p.kv_tokens, p.prefill_pairs) +
+               f * static_cast<double>(p.arrivals);
+    }
+    // Every coefficient times `factor` (> 0): the same machine running `factor` times slower.
+    CpuProfile Scaled(double factor) const;
+};
+
+// Fits the profile so that it predicts the median step of each kind, which is what the validated
+// figures (TTFT and ITL medians) are made of:
+// (1) non-negative least squares of the relative error (each row divided by its measured
+//     seconds, so a 20 ms decode step weighs as much as a 2 s prefill; exact: every subset of the
+//     terms is solved and the best feasible one kept);
+// (2) made outlier-robust by iterative reweighting (Tukey's bisquare on the relative residuals,
+//     cutoff 4.685 x their median absolute value / 0.6745): steps the machine stalled get
+//     weight 0 and are counted in num_outliers (with 20 points or more; fewer keep the plain fit);
+// (3) per StepKind, kind_scale: the median of measured / predicted over the kind's points that
+//     (2) kept, each
+//     counted once per token it produced (max(1, decode_seqs)). Least squares of the relative
+//     error predicts below the median of a right-skewed step time (a step is sometimes much
+//     slower than usual, never much faster), and a fit shared by the kinds leaves each its own
+//     bias; after (3) the median residual of every kind is 0 on the fitted points.
+// InvalidArgument when there are no points, a point is negative or not finite, or no subset of
+// terms can be fitted.
+Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points);
+
+// Reads measured points from JSON text: any number of JSON values (one document or JSON lines),
+// each one of
+//   {"prefill_tokens": 512, "decode_seqs": 0, "kv_tokens": 512, "seconds": 0.21}   one point
+//     (optional "prefill_pairs" and "arrivals", 0 when absent; other fields, as a step log's,
+//     are ignored)
+//   {"points": [ ...points... ]}
+//   the output of `kvshard bench-engine --json` ({"engine": "kvshard", "results": [...]}): each
+//   row gives a prefill point (batch x prompt_tokens tokens, batch x p (p + 1) / 2 pairs,
+//   seconds = tokens / prefill tok/s)
+//   and a decode point (batch sequences at the mean context prompt + (decode_tokens + 1) / 2,
+//   seconds = batch / decode tok/s)
+//   a JSON array of any of these.
+// InvalidArgument naming `path` and the field otherwise.
+Result<std::vector<CpuProfilePoint>> ParseCpuProfilePoints(std::string_view json_text,
+                                                           const std::string& path);
+// Reads and fits a profile file. NotFound for a missing file.
+Result<CpuProfile> LoadCpuProfile(const std::string& path);
+
+}  // namespace kvshard::sim
