@@ -352,8 +352,21 @@ void RunNarrow(const Problem& p, const Tile& t, int64_t num_lanes, Scratch& sc) 
     std::fill(sc.qt.begin(), sc.qt.begin() + hd,
               0.0f);  // the zero row for ScoresNarrow
     float* s = sc.s.data();
+    // A narrow tile (decode) reads each of its K/V rows once, most of them from DRAM: their lines
+    // are requested kPrefetchChunks chunks ahead of the walk (the first ones before it starts), so
+    // many misses are in flight at once instead of the few the walk's own loads would have
+    // (-17% attention time at batch-1 decode, context ~160), without running farther ahead than
+    // the L2 holds.
+    constexpr int64_t kPrefetchChunks = 4;
+    PrefetchPagedRows(p.kv, table, t.kv_head, t.kv_begin,
+                      std::min<int64_t>(t.kv_end, t.kv_begin + kPrefetchChunks * kChunk));
     for (int64_t p0 = t.kv_begin; p0 < t.kv_end; p0 += kChunk) {
         const int64_t n = std::min(kChunk, t.kv_end - p0);
+        const int64_t ahead = p0 + kPrefetchChunks * kChunk;
+        if (ahead < t.kv_end) {
+            PrefetchPagedRows(p.kv, table, t.kv_head, ahead,
+                              std::min<int64_t>(t.kv_end, ahead + kChunk));
+        }
         GatherPagedRows(p.kv, table, t.kv_head, p0, n, sc.kbuf.data(), sc.vbuf.data(),
                         sc.krows.data(), sc.vrows.data());
         for (int64_t lane = 0; lane < num_lanes; ++lane) {
