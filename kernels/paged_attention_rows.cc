@@ -111,4 +111,25 @@ void GatherPagedRows(const PagedKvLayer& kv, const int32_t* block_table, int64_t
     }
 }
 
+void PrefetchPagedRows(const PagedKvLayer& kv, const int32_t* block_table, int64_t kv_head,
+                       int64_t p0, int64_t p1) {
+    constexpr int64_t kLine = 64;
+    const int64_t bs = kv.block_size;
+    const int64_t row_bytes = kv.head_dim * KvDtypeBytes(kv.storage);
+    for (int64_t p = p0; p < p1;) {
+        const int64_t block = p / bs;
+        const int64_t slot = p % bs;
+        const int64_t run = std::min(bs - slot, p1 - p);
+        p += run;
+        if (block_table[block] < 0) continue;
+        const uint8_t* b = kv.base + int64_t{block_table[block]} * kv.block_stride;
+        // A run of slots of one head is contiguous in K and in V.
+        const int64_t first = (kv_head * bs + slot) * row_bytes;
+        for (const int64_t offset : {kv.k_offset, kv.v_offset}) {
+            const uint8_t* begin = b + offset + first;
+            for (int64_t o = 0; o < run * row_bytes; o += kLine) __builtin_prefetch(begin + o, 0, 2);
+        }
+    }
+}
+
 }  // namespace kvshard::cpu

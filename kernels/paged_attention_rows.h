@@ -18,4 +18,11 @@ void GatherPagedRows(const PagedKvLayer& kv, const int32_t* block_table, int64_t
                      int64_t p0, int64_t n, float* kbuf, float* vbuf, const float** krows,
                      const float** vrows);
 
+// Asks the caches for the K and V rows of positions [p0, p1) of KV head `kv_head` (block table as
+// above; kv::kNoBlock entries skipped), without waiting for them: a decode tile reads its rows
+// once, from DRAM, and a request for all of them up front keeps many misses in flight instead of
+// the one or two that the kernel's walk would have outstanding. Reads nothing; changes nothing.
+void PrefetchPagedRows(const PagedKvLayer& kv, const int32_t* block_table, int64_t kv_head,
+                       int64_t p0, int64_t p1);
+
 }  // namespace kvshard::cpu

@@ -176,11 +176,27 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
 
 int32_t Sampler::Argmax(const float* values, int64_t n) {
     KV_CHECK_GT(n, 0);
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; ++i) {
-        if (values[i] > values[best]) best = i;
+    // What a scan keeping the first strictly larger value returns (NaNs never win; a NaN at 0
+    // wins everything), in two vectorized passes: the maximum, 16 independent running maxima at
+    // a time (`v > m ? v : m` is one vmaxps), then the first index equal to it. The scan's one
+    // dependent compare per element took ~35 µs over a 49,152-token vocabulary.
+    constexpr int64_t kLanes = 16;
+    float m = values[0];
+    float lane[kLanes];
+    for (float& l : lane) l = values[0];
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+        for (int64_t j = 0; j < kLanes; ++j) {
+            const float v = values[i + j];
+            lane[j] = v > lane[j] ? v : lane[j];
+        }
     }
-    return static_cast<int32_t>(best);
+    for (; i < n; ++i) m = values[i] > m ? values[i] : m;
+    for (const float l : lane) m = l > m ? l : m;
+    for (i = 0; i < n; ++i) {
+        if (values[i] == m) return static_cast<int32_t>(i);
+    }
+    return 0;  // values[0] is NaN
 }
 
 int32_t Sampler::Sample(const float* logits, int64_t vocab) {

@@ -159,6 +159,7 @@ int Main(int argc, char** argv) {
         {"prefill chunk 512 at context 2048", {Step{{2048}, {512}}}},
         {"decode 16 seqs at context 1024", {Decode(16, 1024)}},
         {"decode 1 seq at context 2048", {Decode(1, 2048)}},
+        {"decode 1 seq at context 160", {Decode(1, 160)}},
     };
     std::printf(
         "attention per layer: %lld query heads, %lld KV heads, head_dim "

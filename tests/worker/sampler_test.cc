@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -431,6 +432,42 @@ TEST(TokenMaskTest, MaskedTokensAreNeverSampled) {
               std::string::npos);
     EXPECT_NE(ValidateTokenMask(std::vector<uint64_t>{0, 0}, 70).message().find("allows no token"), std::string::npos);
     EXPECT_TRUE(ValidateTokenMask(std::vector<uint64_t>{}, 70).ok());
+}
+
+// The first index of the largest value, as a scan keeping the first strictly larger one finds it.
+int32_t ScanArgmax(const std::vector<float>& v) {
+    int64_t best = 0;
+    for (size_t i = 1; i < v.size(); ++i) {
+        if (v[i] > v[static_cast<size_t>(best)]) best = static_cast<int64_t>(i);
+    }
+    return static_cast<int32_t>(best);
+}
+
+TEST(SamplerTest, ArgmaxIsTheScansFirstLargest) {
+    const float kNaN = std::numeric_limits<float>::quiet_NaN();
+    const float kInf = std::numeric_limits<float>::infinity();
+    std::mt19937 gen(3);
+    std::uniform_int_distribution<int> small(-3, 3);  // many ties
+    for (int64_t n : {1, 2, 15, 16, 17, 31, 33, 100, 49152}) {
+        for (int trial = 0; trial < 20; ++trial) {
+            std::vector<float> v(static_cast<size_t>(n));
+            for (float& x : v) x = static_cast<float>(small(gen));
+            const auto at = [&](int k) { return static_cast<size_t>(k % n); };
+            if (trial % 4 == 1) v[at(trial * 7)] = kNaN;
+            if (trial % 4 == 2) v[0] = kNaN;  // a NaN first wins everything
+            if (trial % 5 == 3) {
+                v[at(5)] = 3.0f;
+                v[at(9)] = kInf;
+                v[at(11)] = kInf;
+            }
+            if (trial % 6 == 4) {
+                std::fill(v.begin(), v.end(), -1.0f);
+                v[at(4)] = -0.0f;
+                v[at(8)] = 0.0f;
+            }
+            EXPECT_EQ(Sampler::Argmax(v.data(), n), ScanArgmax(v)) << "n " << n << " trial " << trial;
+        }
+    }
 }
 
 }  // namespace
