@@ -143,18 +143,18 @@ bool HasAvx512Vnni() {
     return vnni;
 }
 
-// KVSHARD_MATMUL_ACTIVATIONS=int16|fp32|int8, read once; unset means int16.
+// KVSHARD_MATMUL_ACTIVATIONS=fp32|int16|int8, read once; unset means fp32.
 ActivationFormat DefaultActivationFormat() {
     static const ActivationFormat format = [] {
         const char* env = std::getenv("KVSHARD_MATMUL_ACTIVATIONS");
-        if (env == nullptr || std::string_view(env) == "int16") return ActivationFormat::kInt16;
-        if (std::string_view(env) == "fp32") return ActivationFormat::kFp32;
+        if (env == nullptr || std::string_view(env) == "fp32") return ActivationFormat::kFp32;
+        if (std::string_view(env) == "int16") return ActivationFormat::kInt16;
         if (std::string_view(env) == "int8") return ActivationFormat::kInt8;
         std::fprintf(stderr,
-                     "kvshard: KVSHARD_MATMUL_ACTIVATIONS=%s is not int16, fp32 or int8; using "
-                     "int16\n",
+                     "kvshard: KVSHARD_MATMUL_ACTIVATIONS=%s is not fp32, int16 or int8; using "
+                     "fp32\n",
                      env);
-        return ActivationFormat::kInt16;
+        return ActivationFormat::kFp32;
     }();
     return format;
 }
@@ -372,8 +372,8 @@ void MatMulInt8(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w,
 }
 
 // A single activation row against the interleaved copy of a matrix (cpu_matmul.h): the row
-// prepared once on the calling thread (int16 blocks with ActivationFormat::kInt16 on AVX512-VNNI,
-// else Q4_1's block sums of the fp32 row), then the team streams the groups, split in whole
+// prepared once on the calling thread (Q4_1: int16 blocks with ActivationFormat::kInt16 on
+// AVX512-VNNI, else the block sums of the fp32 row), then the team streams the groups, split in whole
 // groups; the rows past the last whole group (n % kInterleaveRows) take the stored-layout kernel
 // with the fp32 row, always as one strip, so every row's arithmetic is the same whichever thread
 // takes it.
@@ -383,13 +383,13 @@ void MatMulInterleaved(const float* x, const StoredMatrix& w, float* y) {
     const int64_t blocks = k / kBlockElements32;
     float* sums = ThreadScratch<Scratch::kBlockSums, float>(static_cast<size_t>(2 * blocks));
     matmul_internal::ActivationsInt16 xi;
-    const bool int16 = ActiveActivationFormat() == ActivationFormat::kInt16 && HasAvx512Vnni();
+    const bool int16 = RoundsToInt16(w, 1);
     if (int16) {
 #if defined(__x86_64__)
         // 64 bytes of room to align the values (their dword pairs are broadcast from memory).
         auto* raw = ThreadScratch<Scratch::kInt16, int16_t>(static_cast<size_t>(k + 32));
         auto* values = raw + (64 - reinterpret_cast<uintptr_t>(raw) % 64) % 64 / sizeof(int16_t);
-        matmul_internal::QuantizeRowInt16Avx512(w.dtype, x, k, values, sums + blocks, sums);
+        matmul_internal::QuantizeRowInt16Avx512(x, k, values, sums + blocks, sums);
         xi = {.values = values, .scales = sums + blocks, .sums = sums};
 #endif
     } else {
@@ -532,7 +532,8 @@ bool HasInterleavedKernel(DType dtype) {
 }  // namespace
 
 bool RoundsToInt16(const StoredMatrix& w, int64_t m) {
-    return m == 1 && w.interleaved != nullptr && HasInterleavedKernel(w.dtype) &&
+    return m == 1 && w.interleaved != nullptr && w.dtype == DType::kQ4_1 &&
+           HasInterleavedKernel(w.dtype) &&
            ActiveActivationFormat() == ActivationFormat::kInt16 && HasAvx512Vnni();
 }
 

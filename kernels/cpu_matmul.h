@@ -2,14 +2,18 @@
 // gather from such a table: the CPU kernels behind Backend::MatMul and Backend::Embedding.
 //
 // Three activation formats (ActivationFormat), for Q8_0, Q4_0 and Q4_1 weights:
-//  - kInt16 (the default): as kFp32, except the single-row products (batch-1 decode) that read an
-//    interleaved copy of Q4_1 or Q8_0 weights on a CPU with AVX512_VNNI: there the row is rounded
-//    once per product to int16 per 32-element block (s_b = max|x| / 32767, q = round(x / s_b);
-//    an element's error is at most 1.5e-5 of its block's largest |x|) and multiplied with vpdpwssd
-//    (~2x fewer instructions per Q4_1 weight than the fp32 kernel: docs/benchmarks.md, "int16
-//    activations for batch-1 decode"). Q4_1's min term takes the block's exact fp32 sum.
-//    Elsewhere, and on CPUs without VNNI, it is kFp32.
-//  - kFp32, exact: each weight block is dequantized in registers and multiplied by
+//  - kInt16 (opt-in): as kFp32, except the single-row products (batch-1 decode) that read an
+//    interleaved copy of Q4_1 weights on a CPU with AVX512_VNNI: there the row is rounded once
+//    per product to int16 per 32-element block (s_b = max|x| / 32767, q = round(x / s_b); an
+//    element's error is at most 1.5e-5 of its block's largest |x|; the min term takes the block's
+//    exact fp32 sum) and multiplied with vpdpwssd, 2.2x the fp32 kernel's rate (docs/benchmarks.md,
+//    "int16 activations for batch-1 decode"). Q8_0 keeps fp32 rows: its fp32 kernel already reads
+//    at memory speed on two cores, and rounding the tied classifier's row moved tp 2 logits by
+//    1.1e-5 of the largest (DESIGN.md's tensor-parallel bound is 1e-5). Elsewhere, and on CPUs
+//    without VNNI, kInt16 is kFp32. Opt-in because the rounding is discontinuous: a row decoded
+//    alone then differs from the same row in a batch (fp32 kernels) by up to ~0.016 in a logit on
+//    the default model (tests/worker/model_runner_test.cc RunnerInvariance asks 1e-3).
+//  - kFp32 (the default), exact: each weight block is dequantized in registers and multiplied by
 //    fp32 activations with fp32 accumulation, so a product equals the dequantize-at-load
 //    reference up to the order of the additions.
 //  - kInt8: the activations are rounded to blocks of 32 signed bytes with one fp32 scale per
@@ -20,8 +24,8 @@
 //    activations go to the fp32 kernels, so a row's product is the same up to fp32 rounding
 //    whatever batch it is in. The error is that of 8-bit activations (bounded in
 //    tests/kernels/cpu_matmul_test.cc and tests/worker/weight_format_test.cc).
-//  KVSHARD_MATMUL_ACTIVATIONS=fp32|int8|int16 in the environment (read once), or
-//  ForceActivationFormat, picks the format; fp32 is the exact one. kInt8 is opt-in: rounding is discontinuous, so an fp32-rounding difference upstream (a
+//  KVSHARD_MATMUL_ACTIVATIONS=fp32|int16|int8 in the environment (read once), or
+//  ForceActivationFormat, picks the format; fp32, the exact one, is the default. kInt8 is opt-in: rounding is discontinuous, so an fp32-rounding difference upstream (a
 //  tp N row-parallel sum, another batch, a prefix-cache hit) can flip a rounded activation and
 //  the flip grows through the layers; logits of tp 2 vs tp 1 then differ by ~7% of the largest
 //  |logit| instead of 1e-6 (DESIGN.md's tensor-parallel rule asks 1e-5). F32/F16/BF16, Q5_0/Q5_1
@@ -62,7 +66,7 @@ enum class ActivationFormat { kFp32, kInt8, kInt16 };
 constexpr int64_t kMaxInt8KernelRows = 16;
 
 std::string_view ActivationFormatName(ActivationFormat format);
-// The format in force: the process default (KVSHARD_MATMUL_ACTIVATIONS, else kInt16) unless
+// The format in force: the process default (KVSHARD_MATMUL_ACTIVATIONS, else kFp32) unless
 // forced.
 ActivationFormat ActiveActivationFormat();
 // Pins the format process-wide (tests, benchmarks, an exact reference run). Not to be called
@@ -113,7 +117,7 @@ size_t InterleavedBytes(const StoredMatrix& w);
 void InterleaveRows(const StoredMatrix& w, uint8_t* out);
 
 // Whether MatMulStored of m rows against `w` rounds the row to int16 now (kInt16, AVX512_VNNI,
-// m = 1 and w.interleaved set for a type with an interleaved kernel).
+// m = 1, w Q4_1 with w.interleaved set).
 bool RoundsToInt16(const StoredMatrix& w, int64_t m);
 
 // y[m, n] = x[m, k] · W[n, k]^T with W = `w` (n = w.rows, k = w.cols), all row-major; x rows have

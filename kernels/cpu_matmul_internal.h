@@ -34,19 +34,19 @@ void MatMulInterleavedAvx512(const float* x, const float* block_sums, const Stor
                              int64_t g0, int64_t g1, float* y);
 // One activation row rounded to int16 per 32-element block (ActivationFormat::kInt16): values[i]
 // = round(x[i] / s_b) with s_b = max|x in block b| / 32767 (0 for a block of zeros); scales[b] =
-// s_b, or s_b / 16 for Q4_1 weights (whose kernel sums 16 x the high nibbles' products); sums[b]
-// = the block's fp32 sum (Q4_1's min term). values 64-byte aligned for the kernel's broadcasts.
+// s_b / 16 (the Q4_1 kernel sums 16 x the high nibbles' products); sums[b] = the block's fp32
+// sum (Q4_1's min term). values 64-byte aligned for the kernel's broadcasts.
 struct ActivationsInt16 {
     const int16_t* values = nullptr;
     const float* scales = nullptr;
     const float* sums = nullptr;
 };
-// Rounds x (k floats) for a product with `dtype` weights into values (k), scales and sums
-// (k / 32 each). REQUIRES: k a multiple of 32; the CPU supports AVX-512.
-void QuantizeRowInt16Avx512(DType dtype, const float* x, int64_t k, int16_t* values,
-                            float* scales, float* sums);
+// Rounds x (k floats) into values (k), scales and sums (k / 32 each). REQUIRES: k a multiple of
+// 32; the CPU supports AVX-512.
+void QuantizeRowInt16Avx512(const float* x, int64_t k, int16_t* values, float* scales,
+                            float* sums);
 // MatMulInterleavedAvx512 with the row rounded by QuantizeRowInt16Avx512, multiplied with
-// vpdpwssd. REQUIRES: as MatMulInterleavedAvx512, and AVX512_VNNI.
+// vpdpwssd. REQUIRES: as MatMulInterleavedAvx512, w.dtype Q4_1, and AVX512_VNNI.
 void MatMulInterleavedInt16Avx512(const ActivationsInt16& x, const StoredMatrix& w, int64_t g0,
                                   int64_t g1, float* y);
 void DequantizeRowsAvx2(const StoredMatrix& w, int64_t r0, int64_t r1, float* out);

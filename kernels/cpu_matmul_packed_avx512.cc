@@ -10,15 +10,16 @@
 // columns 2t and 2t + 1.
 //
 // Two kernels read it:
-//  - int16 activations (ActivationFormat::kInt16, AVX512_VNNI): the row is rounded once per
-//    product to int16 per 32-element block (QuantizeRowInt16Avx512) and a unit zero/sign-extends
-//    to 32 words, i.e. 16 dword lanes of two columns each, which vpdpwssd multiplies by the
-//    activation pair of those two columns (a dword broadcast from memory) into the row's lane.
-//    Q4_1: a unit masked with 0x000F gives columns 2t, 2t + 1, masked with 0x00F0 columns
-//    2t + 16, 2t + 17 times 16 (no shift: vpandd issues on either vector port, vpsrlw on one),
-//    so 64 weights cost one extension, two masks and two vpdpwssd; Q8_0 32 weights one extension
-//    and one vpdpwssd. Per block and row the int32 sum (16 x the high columns' part added in)
-//    converts to float once and takes d · s_b (Q4_1: s_b / 16), and Q4_1 adds m · sum_b(x).
+//  - int16 activations (ActivationFormat::kInt16, AVX512_VNNI; Q4_1 only): the row is rounded
+//    once per product to int16 per 32-element block (QuantizeRowInt16Avx512) and a unit
+//    zero-extends to 32 words, i.e. 16 dword lanes of two columns each, which vpdpwssd multiplies
+//    by the activation pair of those two columns (a dword broadcast from memory) into the row's
+//    lane. A unit masked with 0x000F gives columns 2t, 2t + 1, masked with 0x00F0 columns
+//    2t + 16, 2t + 17 times 16 (no shift: vpandd issues on either vector port, vpsrlw on one), so
+//    64 weights cost one extension, two masks and two vpdpwssd. Per block and row the int32 sum
+//    (16 x the high columns' part added in) converts to float once and takes d · s_b / 16, plus
+//    m · sum_b(x). (Q8_0 the same way, one vpmovsxbw and one vpdpwssd per 32 weights, measured
+//    2.2x the fp32 kernel hot but is not kept: docs/benchmarks.md.)
 //  - fp32 activations (the exact path; CPUs without VNNI): a unit zero/sign-extends to 16 dword
 //    lanes of one 16-bit word each, whose bytes shift down to the columns; Q4_1 looks the nibbles
 //    up in the constant table 0..15 (vpermps reads an index's low 4 bits), Q8_0 converts the bytes
@@ -182,7 +183,8 @@ KV_AVX512_VNNI void GroupsInt16T(const ActivationsInt16& x, const StoredMatrix& 
             __m512i a2 = _mm512_setzero_si512();
             __m512i a3 = _mm512_setzero_si512();
             __m512i sum;
-            if constexpr (T == DType::kQ4_1) {
+            {
+                static_assert(T == DType::kQ4_1);
                 // a0, a1: columns 0-15; a2, a3: 16 x columns 16-31. |sum| <= 16 x 32 x 15 x 32767
                 // < 2^31.
 #pragma GCC unroll 8
@@ -198,17 +200,6 @@ KV_AVX512_VNNI void GroupsInt16T(const ActivationsInt16& x, const StoredMatrix& 
                                        _mm512_add_epi32(a2, a3));
                 acc_min = _mm512_fmadd_ps(LoadHalves16(p + 32), BroadcastFromMemory(x.sums + b),
                                           acc_min);
-            } else {
-                static_assert(T == DType::kQ8_0);
-                // |sum| <= 32 x 128 x 32767 < 2^31.
-#pragma GCC unroll 16
-                for (int t = 0; t < 16; t += 4) {
-                    a0 = DotPairs(a0, _mm512_cvtepi8_epi16(LoadUnit(q + 32 * t)), xb + t);
-                    a1 = DotPairs(a1, _mm512_cvtepi8_epi16(LoadUnit(q + 32 * (t + 1))), xb + t + 1);
-                    a2 = DotPairs(a2, _mm512_cvtepi8_epi16(LoadUnit(q + 32 * (t + 2))), xb + t + 2);
-                    a3 = DotPairs(a3, _mm512_cvtepi8_epi16(LoadUnit(q + 32 * (t + 3))), xb + t + 3);
-                }
-                sum = _mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3));
             }
             const __m512 ds = _mm512_mul_ps(LoadHalves16(p), BroadcastFromMemory(x.scales + b));
             acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), ds, acc);
@@ -232,12 +223,12 @@ KV_AVX512 void MatMulInterleavedAvx512(const float* x, const float* block_sums,
     }
 }
 
-KV_AVX512 void QuantizeRowInt16Avx512(DType dtype, const float* x, int64_t k, int16_t* values,
-                                      float* scales, float* sums) {
+KV_AVX512 void QuantizeRowInt16Avx512(const float* x, int64_t k, int16_t* values, float* scales,
+                                      float* sums) {
     KV_CHECK(k % kBlock == 0) << "k=" << k;
     const __m512 sign = _mm512_set1_ps(-0.0f);
-    // Q4_1's kernel sums 16 x the high nibbles' products; its scale carries the 1/16.
-    const float unit = dtype == DType::kQ4_1 ? 1.0f / 16.0f : 1.0f;
+    // The kernel sums 16 x the high nibbles' products; the scale carries the 1/16.
+    const float unit = 1.0f / 16.0f;
     for (int64_t b = 0; b < k / kBlock; ++b) {
         const __m512 v0 = _mm512_loadu_ps(x + b * kBlock);
         const __m512 v1 = _mm512_loadu_ps(x + b * kBlock + 16);
@@ -263,10 +254,8 @@ KV_AVX512_VNNI void MatMulInterleavedInt16Avx512(const ActivationsInt16& x, cons
     switch (w.dtype) {
         case DType::kQ4_1:
             return GroupsInt16T<DType::kQ4_1>(x, w, g0, g1, y);
-        case DType::kQ8_0:
-            return GroupsInt16T<DType::kQ8_0>(x, w, g0, g1, y);
         default:
-            KV_CHECK(false) << "no interleaved kernel for " << DTypeName(w.dtype);
+            KV_CHECK(false) << "no int16 interleaved kernel for " << DTypeName(w.dtype);
     }
 }
 
