@@ -143,15 +143,17 @@ bool HasAvx512Vnni() {
     return vnni;
 }
 
-// KVSHARD_MATMUL_ACTIVATIONS=fp32|int8, read once; unset means fp32.
+// KVSHARD_MATMUL_ACTIVATIONS=fp32|int16|int8, read once; unset means fp32.
 ActivationFormat DefaultActivationFormat() {
     static const ActivationFormat format = [] {
         const char* env = std::getenv("KVSHARD_MATMUL_ACTIVATIONS");
         if (env == nullptr || std::string_view(env) == "fp32") return ActivationFormat::kFp32;
+        if (std::string_view(env) == "int16") return ActivationFormat::kInt16;
         if (std::string_view(env) == "int8") return ActivationFormat::kInt8;
-        std::fprintf(
-            stderr, "kvshard: KVSHARD_MATMUL_ACTIVATIONS=%s is neither fp32 nor int8; using fp32\n",
-            env);
+        std::fprintf(stderr,
+                     "kvshard: KVSHARD_MATMUL_ACTIVATIONS=%s is not fp32, int16 or int8; using "
+                     "fp32\n",
+                     env);
         return ActivationFormat::kFp32;
     }();
     return format;
@@ -325,7 +327,7 @@ void MatMulTiled(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w
 
 // A buffer of the calling thread, kept between calls so that its pages are faulted in once (a
 // fresh 8 MB allocation per call costs ~0.5 ms of page faults); one per Use.
-enum class Scratch { kPanel, kInt8, kRounded, kBlockSums };
+enum class Scratch { kPanel, kInt8, kRounded, kBlockSums, kInt16 };
 template <Scratch Use, typename T>
 T* ThreadScratch(size_t count) {
     thread_local std::unique_ptr<T[]> buffer;
@@ -369,19 +371,33 @@ void MatMulInt8(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w,
     });
 }
 
-// A single fp32 activation row against the interleaved copy of a matrix (cpu_matmul.h): Q4_1's
-// block sums of x once on the calling thread, then the team streams the groups, split in whole
-// groups; the rows past the last whole group (n % kInterleaveRows) take the stored-layout kernel,
-// always as one strip, so every row's arithmetic is the same whichever thread takes it.
+// A single activation row against the interleaved copy of a matrix (cpu_matmul.h): the row
+// prepared once on the calling thread (Q4_1: int16 blocks with ActivationFormat::kInt16 on
+// AVX512-VNNI, else the block sums of the fp32 row), then the team streams the groups, split in whole
+// groups; the rows past the last whole group (n % kInterleaveRows) take the stored-layout kernel
+// with the fp32 row, always as one strip, so every row's arithmetic is the same whichever thread
+// takes it.
 void MatMulInterleaved(const float* x, const StoredMatrix& w, float* y) {
     const int64_t n = w.rows;
     const int64_t k = w.cols;
     const int64_t blocks = k / kBlockElements32;
-    float* sums = ThreadScratch<Scratch::kBlockSums, float>(static_cast<size_t>(blocks));
-    for (int64_t b = 0; w.dtype == DType::kQ4_1 && b < blocks; ++b) {
-        float s = 0.0f;
-        for (int64_t i = 0; i < kBlockElements32; ++i) s += x[b * kBlockElements32 + i];
-        sums[b] = s;
+    float* sums = ThreadScratch<Scratch::kBlockSums, float>(static_cast<size_t>(2 * blocks));
+    matmul_internal::ActivationsInt16 xi;
+    const bool int16 = RoundsToInt16(w, 1);
+    if (int16) {
+#if defined(__x86_64__)
+        // 64 bytes of room to align the values (their dword pairs are broadcast from memory).
+        auto* raw = ThreadScratch<Scratch::kInt16, int16_t>(static_cast<size_t>(k + 32));
+        auto* values = raw + (64 - reinterpret_cast<uintptr_t>(raw) % 64) % 64 / sizeof(int16_t);
+        matmul_internal::QuantizeRowInt16Avx512(x, k, values, sums + blocks, sums);
+        xi = {.values = values, .scales = sums + blocks, .sums = sums};
+#endif
+    } else {
+        for (int64_t b = 0; w.dtype == DType::kQ4_1 && b < blocks; ++b) {
+            float s = 0.0f;
+            for (int64_t i = 0; i < kBlockElements32; ++i) s += x[b * kBlockElements32 + i];
+            sums[b] = s;
+        }
     }
     const int64_t whole = n / kInterleaveRows * kInterleaveRows;
     const bool parallel = n > kInterleaveRows && n * k >= kMinParallelMacs;
@@ -390,7 +406,10 @@ void MatMulInterleaved(const float* x, const StoredMatrix& w, float* y) {
     ranges.Run(omp_get_thread_num(), [&](int64_t n0, int64_t n1) {
         const int64_t end = std::min(n1, whole);
 #if defined(__x86_64__)
-        if (n0 < end) {
+        if (n0 < end && int16) {
+            matmul_internal::MatMulInterleavedInt16Avx512(xi, w, n0 / kInterleaveRows,
+                                                          end / kInterleaveRows, y);
+        } else if (n0 < end) {
             matmul_internal::MatMulInterleavedAvx512(x, sums, w, n0 / kInterleaveRows,
                                                      end / kInterleaveRows, y);
         }
@@ -471,7 +490,15 @@ void ForceKernelIsa(KernelIsa isa) {
 void ResetKernelIsa() { g_forced_isa.store(kNotForced, std::memory_order_relaxed); }
 
 std::string_view ActivationFormatName(ActivationFormat format) {
-    return format == ActivationFormat::kInt8 ? "int8" : "fp32";
+    switch (format) {
+        case ActivationFormat::kFp32:
+            return "fp32";
+        case ActivationFormat::kInt16:
+            return "int16";
+        case ActivationFormat::kInt8:
+            return "int8";
+    }
+    return "?";
 }
 
 ActivationFormat ActiveActivationFormat() {
@@ -504,6 +531,12 @@ bool HasInterleavedKernel(DType dtype) {
 
 }  // namespace
 
+bool RoundsToInt16(const StoredMatrix& w, int64_t m) {
+    return m == 1 && w.interleaved != nullptr && w.dtype == DType::kQ4_1 &&
+           HasInterleavedKernel(w.dtype) &&
+           ActiveActivationFormat() == ActivationFormat::kInt16 && HasAvx512Vnni();
+}
+
 size_t InterleavedBytes(const StoredMatrix& w) {
     if (!HasInterleavedKernel(w.dtype) || w.cols % kBlockElements32 != 0) return 0;
     return static_cast<size_t>(w.rows / kInterleaveRows * kInterleaveRows) *
@@ -531,8 +564,9 @@ void InterleaveRows(const StoredMatrix& w, uint8_t* out) {
                 for (int64_t h = 0; h < halves; ++h) {
                     std::memcpy(o + 2 * (h * kInterleaveRows + r), src + 2 * h, 2);
                 }
-                for (int64_t j = 0; j < quant_bytes; ++j) {
-                    quants[kInterleaveRows * j + r] = src[2 * halves + j];
+                // Unit t (32 bytes): quant bytes 2t and 2t + 1 of each of the 16 rows.
+                for (int64_t t = 0; t < quant_bytes / 2; ++t) {
+                    std::memcpy(quants + 2 * (kInterleaveRows * t + r), src + 2 * halves + 2 * t, 2);
                 }
             }
         }

@@ -1,7 +1,18 @@
 // Matrix products against weights kept in their stored format (common/dtype.h), and the embedding
 // gather from such a table: the CPU kernels behind Backend::MatMul and Backend::Embedding.
 //
-// Two activation formats (ActivationFormat), for Q8_0, Q4_0 and Q4_1 weights:
+// Three activation formats (ActivationFormat), for Q8_0, Q4_0 and Q4_1 weights:
+//  - kInt16 (opt-in): as kFp32, except the single-row products (batch-1 decode) that read an
+//    interleaved copy of Q4_1 weights on a CPU with AVX512_VNNI: there the row is rounded once
+//    per product to int16 per 32-element block (s_b = max|x| / 32767, q = round(x / s_b); an
+//    element's error is at most 1.5e-5 of its block's largest |x|; the min term takes the block's
+//    exact fp32 sum) and multiplied with vpdpwssd, 2.2x the fp32 kernel's rate (docs/benchmarks.md,
+//    "int16 activations for batch-1 decode"). Q8_0 keeps fp32 rows: its fp32 kernel already reads
+//    at memory speed on two cores, and rounding the tied classifier's row moved tp 2 logits by
+//    1.1e-5 of the largest (DESIGN.md's tensor-parallel bound is 1e-5). Elsewhere, and on CPUs
+//    without VNNI, kInt16 is kFp32. Opt-in because the rounding is discontinuous: a row decoded
+//    alone then differs from the same row in a batch (fp32 kernels) by up to ~0.016 in a logit on
+//    the default model (tests/worker/model_runner_test.cc RunnerInvariance asks 1e-3).
 //  - kFp32 (the default), exact: each weight block is dequantized in registers and multiplied by
 //    fp32 activations with fp32 accumulation, so a product equals the dequantize-at-load
 //    reference up to the order of the additions.
@@ -13,8 +24,8 @@
 //    activations go to the fp32 kernels, so a row's product is the same up to fp32 rounding
 //    whatever batch it is in. The error is that of 8-bit activations (bounded in
 //    tests/kernels/cpu_matmul_test.cc and tests/worker/weight_format_test.cc).
-//  kInt8 is opt-in (KVSHARD_MATMUL_ACTIVATIONS=int8 in the environment, read once; or
-//  ForceActivationFormat): rounding is discontinuous, so an fp32-rounding difference upstream (a
+//  KVSHARD_MATMUL_ACTIVATIONS=fp32|int16|int8 in the environment (read once), or
+//  ForceActivationFormat, picks the format; fp32, the exact one, is the default. kInt8 is opt-in: rounding is discontinuous, so an fp32-rounding difference upstream (a
 //  tp N row-parallel sum, another batch, a prefix-cache hit) can flip a rounded activation and
 //  the flip grows through the layers; logits of tp 2 vs tp 1 then differ by ~7% of the largest
 //  |logit| instead of 1e-6 (DESIGN.md's tensor-parallel rule asks 1e-5). F32/F16/BF16, Q5_0/Q5_1
@@ -47,7 +58,7 @@ KernelIsa ActiveKernelIsa();
 void ForceKernelIsa(KernelIsa isa);
 void ResetKernelIsa();
 
-enum class ActivationFormat { kFp32, kInt8 };
+enum class ActivationFormat { kFp32, kInt8, kInt16 };
 
 // Products of at most this many activation rows take the int8 dot-product kernels.
 // kvshard_matmul_bench (SmolLM2-135M shapes; docs/benchmarks.md, issue 10) puts them ahead of
@@ -89,8 +100,11 @@ struct StoredMatrix {
 // block and row with the weights in cache, Q8_0 1.11 against 1.68, on this machine's AVX-512).
 // The bytes are those of the stored rows, rearranged: group g (rows 16g .. 16g + 15) at
 // g * 16 * RowBytes, and in it block b at b * 16 * BlockBytes: the 16 rows' fp16 scales d (Q4_1:
-// then their fp16 mins m), then byte j of the 16 rows' quants, row by row (Q4_1: 16 bytes, byte
-// j holding weights j and j + 16; Q8_0: 32 bytes). A row's product is sum_b d_b (sum_i q_i x_i)
+// then their fp16 mins m), then the quants in 32-byte units, unit t holding bytes 2t and 2t + 1
+// of each of the 16 rows in turn (Q4_1: 8 units, byte j holding weights j and j + 16; Q8_0: 16
+// units). A unit zero- or sign-extended to words is 16 dword lanes of two columns of one row each,
+// the operand of vpdpwssd (the int16 kernel); the fp32 kernel extends it to one word per lane.
+// A row's product is sum_b d_b (sum_i q_i x_i)
 // (+ m_b (sum_i x_i) for Q4_1): the stored layout's fp32 arithmetic up to the order of the
 // additions and where the scale is applied (the results agree to fp32 rounding, not bit for bit).
 constexpr int64_t kInterleaveRows = 16;
@@ -102,10 +116,15 @@ size_t InterleavedBytes(const StoredMatrix& w);
 // REQUIRES: InterleavedBytes(w) > 0.
 void InterleaveRows(const StoredMatrix& w, uint8_t* out);
 
+// Whether MatMulStored of m rows against `w` rounds the row to int16 now (kInt16, AVX512_VNNI,
+// m = 1, w Q4_1 with w.interleaved set).
+bool RoundsToInt16(const StoredMatrix& w, int64_t m);
+
 // y[m, n] = x[m, k] · W[n, k]^T with W = `w` (n = w.rows, k = w.cols), all row-major; x rows have
-// stride k, y rows stride n. REQUIRES: m >= 1. A single row (m = 1) with fp32 activations reads
-// w.interleaved when it is set and the active ISA has its kernel; a row's result then does not
-// depend on how the team splits the product (whole groups always take the interleaved kernel).
+// stride k, y rows stride n. REQUIRES: m >= 1. A single row (m = 1) with fp32 or int16
+// activations reads w.interleaved when it is set and the active ISA has its kernel; a row's
+// result then does not depend on how the team splits the product (whole groups always take the
+// interleaved kernel, the rows past the last group the stored one with the fp32 row).
 void MatMulStored(const float* x, int64_t m, const StoredMatrix& w, float* y);
 
 // out[i, :] = the dequantized row ids[i] - row_offset of `table` when that lies in

@@ -1,5 +1,5 @@
 // Internals shared by kernels/cpu_matmul.cc, its ISA files (cpu_matmul_avx512.cc,
-// cpu_matmul_avx2.cc) and the batched-decode kernel (cpu_gemm.cc): the entry points of the ISA kernels and the 8-bit activation blocks of the
+// cpu_matmul_packed_avx512.cc, cpu_matmul_avx2.cc) and the batched-decode kernel (cpu_gemm.cc): the entry points of the ISA kernels and the 8-bit activation blocks of the
 // int8 path. Not for use outside those files.
 #pragma once
 
@@ -25,11 +25,30 @@ void MatMulRowsAvx512(const float* x, int64_t m, const StoredMatrix& w, int64_t 
 void DequantizeRowsAvx512(const StoredMatrix& w, int64_t r0, int64_t r1, float* out);
 void MatMulRowsAvx2(const float* x, int64_t m, const StoredMatrix& w, int64_t n0, int64_t n1,
                     float* y);
-// One activation row against the interleaved groups [g0, g1) of w (cpu_matmul.h, InterleaveRows):
-// y[16 g + r] for r < kInterleaveRows. block_sums[b] = the sum of x's block b (32 floats; read
-// for Q4_1 only). REQUIRES: w.interleaved set, w.dtype Q4_1 or Q8_0, the CPU supports AVX-512.
+// Single-row products over interleaved copies (cpu_matmul_packed_avx512.cc).
+// One fp32 activation row against the interleaved groups [g0, g1) of w (cpu_matmul.h,
+// InterleaveRows): y[16 g + r] for r < kInterleaveRows. block_sums[b] = the sum of x's block b
+// (32 floats; read for Q4_1 only). REQUIRES: w.interleaved set, w.dtype Q4_1 or Q8_0, the CPU
+// supports AVX-512.
 void MatMulInterleavedAvx512(const float* x, const float* block_sums, const StoredMatrix& w,
                              int64_t g0, int64_t g1, float* y);
+// One activation row rounded to int16 per 32-element block (ActivationFormat::kInt16): values[i]
+// = round(x[i] / s_b) with s_b = max|x in block b| / 32767 (0 for a block of zeros); scales[b] =
+// s_b / 16 (the Q4_1 kernel sums 16 x the high nibbles' products); sums[b] = the block's fp32
+// sum (Q4_1's min term). values 64-byte aligned for the kernel's broadcasts.
+struct ActivationsInt16 {
+    const int16_t* values = nullptr;
+    const float* scales = nullptr;
+    const float* sums = nullptr;
+};
+// Rounds x (k floats) into values (k), scales and sums (k / 32 each). REQUIRES: k a multiple of
+// 32; the CPU supports AVX-512.
+void QuantizeRowInt16Avx512(const float* x, int64_t k, int16_t* values, float* scales,
+                            float* sums);
+// MatMulInterleavedAvx512 with the row rounded by QuantizeRowInt16Avx512, multiplied with
+// vpdpwssd. REQUIRES: as MatMulInterleavedAvx512, w.dtype Q4_1, and AVX512_VNNI.
+void MatMulInterleavedInt16Avx512(const ActivationsInt16& x, const StoredMatrix& w, int64_t g0,
+                                  int64_t g1, float* y);
 void DequantizeRowsAvx2(const StoredMatrix& w, int64_t r0, int64_t r1, float* out);
 
 // The int8-activation kernels (kernels/cpu_matmul.h, ActivationFormat::kInt8) for Q8_0, Q4_0 and

@@ -5,22 +5,22 @@
 // A matrix whose k is not a multiple of the type's block is skipped.
 //
 //   kvshard_matmul_bench [--dtypes Q4_1,Q8_0,F32] [--m 1,16,128] [--threads 1,2]
-//                        [--isa portable|avx2|avx512] [--activations fp32,int8] [--hot]
+//                        [--isa portable|avx2|avx512] [--activations fp32,int8,int16] [--hot]
 //                        [--min-ms N] [--gemm auto,off,on] [--interleaved]
 //
 // --gemm lists the modes of the batched-decode kernel (kernels/cpu_gemm.h) each case runs with:
 // auto (MatMulStored's own choice), off (the register-tiled kernels or sgemm panels) and on (the
 // kernel at any m); the "gemm" column says whether it ran.
-// --interleaved gives each Q4_1 matrix its interleaved copy (kernels/cpu_matmul.h), which
+// --interleaved gives each Q4_1 and Q8_0 matrix its interleaved copy (kernels/cpu_matmul.h), which
 // single-row products read on AVX-512 (batch-1 decode's layout; the runner makes it).
-// --activations lists the activation formats (kernels/cpu_matmul.h) each case runs with, in the
-// same process one after the other; "vs fp32" is the fp32 time over this one (above 1: faster).
+// --activations lists the activation formats (kernels/cpu_matmul.h; default fp32,int8) each case
+// runs with, in the same process one after the other; "vs fp32" is the fp32 time over this one (above 1: faster).
 // cpu-us is the least CPU time per call and thread over the 5 runs, and "cpu vs" the same ratio
 // on it: on a shared machine, where the wall time counts the other processes' turns, it is the
 // steadier figure (at 1 thread; at 2 an idle team member's spin-wait counts too).
 // The "act" column says what ran: int8 (the int8 dot-product kernels), rnd8 (activations rounded
-// to 8 bits, then the fp32 kernels: m > 16 or the portable ISA) or fp32 (the types that always
-// take fp32 activations).
+// to 8 bits, then the fp32 kernels: m > 16 or the portable ISA), i16 (a single row rounded to
+// int16 against the interleaved copy, AVX512_VNNI) or fp32 (the exact kernels).
 //
 // Decode reads every layer's weights once per step from DRAM, so by default each matrix is
 // replicated into copies totalling at least twice the last-level cache and the calls cycle through
@@ -205,7 +205,7 @@ int main(int argc, char** argv) {
         } else {
             std::fprintf(stderr,
                          "usage: %s [--dtypes Q4_1,Q8_0,F32] [--m 1,16,128] [--threads 1,2] "
-                         "[--isa portable|avx2|avx512] [--activations fp32,int8] [--hot] "
+                         "[--isa portable|avx2|avx512] [--activations fp32,int8,int16] [--hot] "
                          "[--min-ms N] [--gemm auto,off,on] [--interleaved]\n",
                          argv[0]);
             return 2;
@@ -237,8 +237,8 @@ int main(int argc, char** argv) {
     std::vector<kvshard::cpu::ActivationFormat> formats;
     for (const std::string& name : activation_names) {
         bool found = false;
-        for (auto f :
-             {kvshard::cpu::ActivationFormat::kFp32, kvshard::cpu::ActivationFormat::kInt8}) {
+        for (auto f : {kvshard::cpu::ActivationFormat::kFp32, kvshard::cpu::ActivationFormat::kInt8,
+                       kvshard::cpu::ActivationFormat::kInt16}) {
             if (kvshard::cpu::ActivationFormatName(f) == name) {
                 formats.push_back(f);
                 found = true;
@@ -320,8 +320,10 @@ int main(int argc, char** argv) {
                         double fp32_cpu_us = 0;
                         for (const kvshard::cpu::ActivationFormat format : formats) {
                             kvshard::cpu::ForceActivationFormat(format);
+                            const StoredMatrix shown{dtype, base, shape.n, shape.k, packed};
                             const char* act = kvshard::cpu::UsesInt8Kernels(dtype, m)     ? "int8"
                                               : kvshard::cpu::QuantizesActivations(dtype) ? "rnd8"
+                                              : kvshard::cpu::RoundsToInt16(shown, m)     ? "i16"
                                                                                           : "fp32";
                             size_t next = 0;
                             const auto call = [&] {

@@ -315,6 +315,105 @@ TEST(InterleavedTest, OtherProductsReadTheStoredRows) {
     }
 }
 
+// x rounded as the int16 activations are (cpu_matmul.h, ActivationFormat::kInt16): per block of
+// 32, s = max|x| / 32767 and x' = s · round(x / s).
+std::vector<float> RoundedToInt16(const std::vector<float>& x) {
+    std::vector<float> out(x.size());
+    for (size_t b = 0; b < x.size(); b += 32) {
+        float amax = 0.0f;
+        for (size_t i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+        const float s = amax / 32767.0f;
+        const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        for (size_t i = b; i < b + 32; ++i) out[i] = s * std::nearbyint(x[i] * inv);
+    }
+    return out;
+}
+
+// Single Q4_1 rows against the copy with int16 activations (AVX512_VNNI): the product of the
+// rounded row, within 1e-4 of the exact one, the same on every team size; every other product
+// (batches, the stored rows) is the fp32 one bit for bit.
+TEST(InterleavedTest, Int16SingleRowIsTheRoundedRowsProduct) {
+    const KernelIsaScope scope(KernelIsa::kAvx512);
+    ForceActivationFormat(ActivationFormat::kInt16);
+    if (ActiveKernelIsa() != KernelIsa::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU";
+    for (DType dtype : {DType::kQ4_1}) {
+        for (const Shape& shape : kInterleavedShapes) {
+            const RandomStoredMatrix w(dtype, shape.n, shape.k, 61);
+            const InterleavedCopy copy(w.matrix());
+            const std::string what = std::string(DTypeName(dtype)) +
+                                     " n=" + std::to_string(shape.n) +
+                                     " k=" + std::to_string(shape.k);
+            if (!RoundsToInt16(copy.matrix(), 1)) GTEST_SKIP() << "no AVX512_VNNI on this CPU";
+            EXPECT_FALSE(RoundsToInt16(copy.matrix(), 2)) << what;
+            EXPECT_FALSE(RoundsToInt16(w.matrix(), 1)) << what;
+            // Activations of mixed magnitudes, as a model's are: block maxima 1e-3 .. 30.
+            std::vector<float> x = RandomFloats(static_cast<size_t>(shape.k), 62);
+            for (size_t i = 0; i < x.size(); ++i) x[i] *= std::pow(10.0f, float(i / 32 % 5) - 3);
+            x[7] = 30.0f;
+            std::vector<float> alone;
+            {
+                const TeamSizeScope one(1);
+                alone = Product(x, 1, copy.matrix());
+            }
+            // The whole groups take the rounded row, the tail rows the fp32 one.
+            const int64_t whole = shape.n / kInterleaveRows * kInterleaveRows;
+            const std::vector<double> rounded = Reference(RoundedToInt16(x), 1, w);
+            const std::vector<double> exact = Reference(x, 1, w);
+            std::vector<double> expected(exact);
+            std::copy(rounded.begin(), rounded.begin() + whole, expected.begin());
+            EXPECT_LE(NormalizedError(alone, expected), 1e-5) << what;
+            const double error = NormalizedError(alone, exact);
+            EXPECT_LE(error, 1e-4) << what;
+            if (whole > 0) {
+                EXPECT_GT(error, 0.0) << what;
+            }
+            const TeamSizeScope two(2);
+            EXPECT_EQ(Product(x, 1, copy.matrix()), alone) << what;
+            // Batches and the stored rows: the fp32 kernels.
+            const std::vector<float> x3 = RandomFloats(static_cast<size_t>(3 * shape.k), 63);
+            std::vector<float> batch = Product(x3, 3, copy.matrix());
+            ForceActivationFormat(ActivationFormat::kFp32);
+            EXPECT_EQ(batch, Product(x3, 3, copy.matrix())) << what;
+            const std::vector<float> stored_fp32 = Product(x, 1, w.matrix());
+            ForceActivationFormat(ActivationFormat::kInt16);
+            EXPECT_EQ(Product(x, 1, w.matrix()), stored_fp32) << what;
+        }
+    }
+}
+
+// Q8_0 single rows keep the fp32 kernel under kInt16 (cpu_matmul.h).
+TEST(InterleavedTest, Int16LeavesQ80RowsInFp32) {
+    const KernelIsaScope scope(KernelIsa::kAvx512);
+    const RandomStoredMatrix w(DType::kQ8_0, 70, 576, 65);
+    const InterleavedCopy copy(w.matrix());
+    if (copy.bytes() == 0) GTEST_SKIP() << "no AVX-512 on this CPU";
+    const std::vector<float> x = RandomFloats(576, 66);
+    const std::vector<float> fp32 = Product(x, 1, copy.matrix());
+    ForceActivationFormat(ActivationFormat::kInt16);
+    EXPECT_FALSE(RoundsToInt16(copy.matrix(), 1));
+    EXPECT_EQ(Product(x, 1, copy.matrix()), fp32);
+}
+
+// Block maxima at the ends of the int16 range: zeros, one huge element, denormal-sized values.
+TEST(InterleavedTest, Int16HandlesZeroAndExtremeBlocks) {
+    const KernelIsaScope scope(KernelIsa::kAvx512);
+    ForceActivationFormat(ActivationFormat::kInt16);
+    for (DType dtype : {DType::kQ4_1}) {
+        const RandomStoredMatrix w(dtype, 32, 128, 71);
+        const InterleavedCopy copy(w.matrix());
+        if (!RoundsToInt16(copy.matrix(), 1)) GTEST_SKIP() << "no AVX512_VNNI on this CPU";
+        std::vector<float> x(128, 0.0f);  // block 0 zeros
+        for (size_t i = 32; i < 64; ++i) x[i] = (i % 2 ? -1.0f : 1.0f) * 1e-30f * float(i);
+        x[70] = -3e4f;  // block 2: one large element, the others tiny
+        for (size_t i = 71; i < 96; ++i) x[i] = 1e-3f;
+        for (size_t i = 96; i < 128; ++i) x[i] = -2.5f;  // block 3: all at the maximum
+        const std::vector<float> y = Product(x, 1, copy.matrix());
+        EXPECT_LE(NormalizedError(y, Reference(RoundedToInt16(x), 1, w)), 1e-5)
+            << DTypeName(dtype);
+        EXPECT_LE(NormalizedError(y, Reference(x, 1, w)), 1e-4) << DTypeName(dtype);
+    }
+}
+
 TEST(InterleavedTest, OnlyQ41AndQ80OnAvx512HaveACopy) {
     for (DType dtype : {DType::kQ4_0, DType::kQ5_0, DType::kF16}) {
         const RandomStoredMatrix w(dtype, 64, 64, 51);
