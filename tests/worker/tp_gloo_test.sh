@@ -30,12 +30,15 @@ workers:
   launcher: direct
   register_timeout_ms: 120000
 EOF
+    # A log of its own per server: a worker of the previous server that outlives it briefly still
+    # writes to the previous file, never into the lines this server's URL is read from.
+    log="$(mktemp "$work/serve.XXXXXX")"
     "$kvshard" serve --config "$work/serve.yaml" --tp "$tp" --threads 1 --host 127.0.0.1 \
-        --port 0 $flag 2> "$work/serve.log" &
+        --port 0 $flag 2> "$log" &
     server_pid=$!
     local url=""
     for _ in $(seq 1 1200); do
-        url="$(grep -o 'listening on http://[0-9.]*:[0-9]*' "$work/serve.log" | head -n 1 |
+        url="$(grep -o 'listening on http://[0-9.]*:[0-9]*' "$log" | head -n 1 |
                sed 's/listening on //')" || true
         [ -n "$url" ] && break
         if ! kill -0 "$server_pid" 2>/dev/null; then break; fi
@@ -43,23 +46,24 @@ EOF
     done
     if [ -z "$url" ]; then
         echo "serve tp $tp did not start:" >&2
-        cat "$work/serve.log" >&2
+        cat "$log" >&2
         kill "$server_pid" 2>/dev/null || true
         wait "$server_pid" 2>/dev/null || true
         server_pid=""
         return 1
     fi
     local text
-    text="$(curl -sS --max-time 120 "$url/v1/completions" -H 'Content-Type: application/json' \
+    text="$(curl -sS --max-time 120 --retry 5 --retry-connrefused --retry-delay 1 "$url/v1/completions" -H 'Content-Type: application/json' \
         -d "{\"model\": \"$(basename "$model")\", \"prompt\": \"$prompt\", \"max_tokens\": $max_tokens, \"temperature\": 0}" |
         grep -o '"text":"[^"]*"' | head -n 1)" || true
     if [ -z "$text" ]; then
         # Why, for the reader of the failure: is the server still there, and what did it log.
         kill -0 "$server_pid" 2>/dev/null && echo "serve tp $tp is running" >&2 ||
             echo "serve tp $tp exited" >&2
-        tail -n 20 "$work/serve.log" >&2
+        tail -n 20 "$log" >&2
     fi
     echo "$text"
+    cp "$log" "$work/serve.log"
     kill "$server_pid" 2>/dev/null || true
     wait "$server_pid" 2>/dev/null || true
     server_pid=""
