@@ -308,8 +308,10 @@ Status PlanWeights(const ModelFile& model, const WeightLoadOptions& options, Mod
             // One bias row for the fused QKV product: the rank's Q, K and V parts.
             const std::string blk = "blk." + std::to_string(i) + ".";
             KV_ASSIGN_OR_RETURN(std::vector<float> bq, plan.ReadVector(blk + "attn_q.bias", q_dim));
-            KV_ASSIGN_OR_RETURN(std::vector<float> bk, plan.ReadVector(blk + "attn_k.bias", kv_dim));
-            KV_ASSIGN_OR_RETURN(std::vector<float> bv, plan.ReadVector(blk + "attn_v.bias", kv_dim));
+            KV_ASSIGN_OR_RETURN(std::vector<float> bk,
+                                plan.ReadVector(blk + "attn_k.bias", kv_dim));
+            KV_ASSIGN_OR_RETURN(std::vector<float> bv,
+                                plan.ReadVector(blk + "attn_v.bias", kv_dim));
             std::vector<float> bias;
             AppendSlice(bq, q_rows, permute, &bias);
             AppendSlice(bk, kv_rows, permute, &bias);
@@ -318,9 +320,10 @@ Status PlanWeights(const ModelFile& model, const WeightLoadOptions& options, Mod
         }
         if (s.qk_norm) {
             const IndexRange head = {0, s.head_dim};
-            for (auto [suffix, view] : {std::pair{"attn_q_norm", &l.q_norm},
-                                        std::pair{"attn_k_norm", &l.k_norm}}) {
-                KV_ASSIGN_OR_RETURN(std::vector<float> v, plan.ReadVector(name(suffix), s.head_dim));
+            for (auto [suffix, view] :
+                 {std::pair{"attn_q_norm", &l.q_norm}, std::pair{"attn_k_norm", &l.k_norm}}) {
+                KV_ASSIGN_OR_RETURN(std::vector<float> v,
+                                    plan.ReadVector(name(suffix), s.head_dim));
                 std::vector<float> permuted;
                 AppendSlice(v, head, permute, &permuted);
                 plan.FinishHost(std::move(permuted), view);
@@ -354,13 +357,14 @@ Result<ModelWeights> LoadWeights(const ModelFile& model, Backend& backend,
     ArenaPlan plan(model, options.format, options.formats_of.value_or(backend.kind()));
     KV_RETURN_IF_ERROR(PlanWeights(model, options, w, plan));
     if (plan.converted_bf16() + plan.converted_f32() > 0) {
-        spdlog::info("{}: {} matrices converted to BF16 and {} to F32 at load for the {} backend "
-                     "({} bytes resident, no stored-format copy kept)",
-                     model.path(), plan.converted_bf16(), plan.converted_f32(),
-                     BackendKindName(options.formats_of.value_or(backend.kind())),
-                     plan.total_bytes());
+        spdlog::info(
+            "{}: {} matrices converted to BF16 and {} to F32 at load for the {} backend "
+            "({} bytes resident, no stored-format copy kept)",
+            model.path(), plan.converted_bf16(), plan.converted_f32(),
+            BackendKindName(options.formats_of.value_or(backend.kind())), plan.total_bytes());
     }
-    KV_ASSIGN_OR_RETURN(w.arena, backend.Allocate(plan.total_bytes()));
+    KV_ASSIGN_OR_RETURN(w.arena,
+                        backend.Allocate(plan.total_bytes(), Backend::BufferUse::kResident));
     KV_RETURN_IF_ERROR(plan.Fill(backend, w.arena, options.on_bytes_loaded));
     return w;
 }
