@@ -184,6 +184,13 @@ class ArenaPlan {
             for (const Part& p : m.parts) ReleaseMappedPages(p.tensor->data, p.tensor->num_bytes);
             if (on_bytes_loaded) on_bytes_loaded(static_cast<int64_t>(m.bytes));
         }
+        // Once more over every tensor read: a read fault maps the file's pages around the one
+        // touched (the kernel's fault-around, 64 KiB), so reading one tensor maps the edges of
+        // its neighbours again after they were released: ~5 MB of the default model's file
+        // stayed resident for the life of the process.
+        for (const Matrix& m : matrices_) {
+            for (const Part& p : m.parts) ReleaseMappedPages(p.tensor->data, p.tensor->num_bytes);
+        }
         return Status::Ok();
     }
 
