@@ -77,7 +77,8 @@ Result<LoadedModel> Load(const GenerateFlags& f, const RunnerOptions& runner, Pl
         return m;
     }
     KV_ASSIGN_OR_RETURN(m.local.file, OpenModel(f.model, options.open));
-    KV_ASSIGN_OR_RETURN(m.local.tokenizer, Tokenizer::Create(m.local.file->tokenizer_data()));
+    KV_ASSIGN_OR_RETURN(m.local.tokenizer,
+                        Tokenizer::Create(m.local.file->shared_tokenizer_data()));
     TpGroupConfig tc{.tp = f.tp, .runner = runner};
     if (f.threads > 0) tc.threads_per_rank = std::max(1, f.threads / f.tp);
     KV_ASSIGN_OR_RETURN(m.group, TpGroup::Create(*m.local.file, tc));
