@@ -105,7 +105,8 @@ Result<LoadedModel> Load(const GenerateFlags& f, const RunnerOptions& runner, Pl
         return m;
     }
     KV_ASSIGN_OR_RETURN(m.local.file, OpenModel(f.model, options.open));
-    KV_ASSIGN_OR_RETURN(m.local.tokenizer, Tokenizer::Create(m.local.file->tokenizer_data()));
+    KV_ASSIGN_OR_RETURN(m.local.tokenizer,
+                        Tokenizer::Create(m.local.file->shared_tokenizer_data()));
     TpGroupConfig tc{.tp = f.tp, .runner = runner};
     tc.force_staged = f.stage_collectives;
     if (runner.backend.kind == BackendKind::kCuda) {

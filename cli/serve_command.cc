@@ -187,7 +187,8 @@ int RunServe(ServeFlags f) {
     Result<kv::KvCacheGroups> kv_groups = kv::MakeKvCacheGroups(kv::LayerWindows(spec));
     if (!kv_groups.ok()) return Fail(c.model_path + ": " + kv_groups.status().message());
     const std::vector<int64_t> kv_group_windows = kv_groups->BlockManagerWindows();
-    Result<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::Create((*model)->tokenizer_data());
+    Result<std::unique_ptr<Tokenizer>> tokenizer =
+        Tokenizer::Create((*model)->shared_tokenizer_data());
     if (!tokenizer.ok()) return Fail(c.model_path + ": " + tokenizer.status().message());
     Result<std::optional<ChatTemplate>> chat = ResolveChatTemplate(
         spec.chat_template, c.chat_template, ChatTemplateTokensOf((*model)->tokenizer_data()),

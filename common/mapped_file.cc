@@ -8,10 +8,40 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <utility>
 
 namespace kvshard {
+namespace {
+
+// The live read-only mappings of MappedFile, begin -> size: ReleaseMappedPages drops the pages of
+// a range inside one of them with MADV_DONTNEED, which always unmaps them (see there).
+std::mutex g_mappings_mutex;
+std::map<uintptr_t, size_t> g_mappings;  // guarded by g_mappings_mutex
+
+void AddMapping(const uint8_t* data, size_t size) {
+    std::lock_guard<std::mutex> lock(g_mappings_mutex);
+    g_mappings[reinterpret_cast<uintptr_t>(data)] = size;
+}
+
+void RemoveMapping(const uint8_t* data) {
+    std::lock_guard<std::mutex> lock(g_mappings_mutex);
+    g_mappings.erase(reinterpret_cast<uintptr_t>(data));
+}
+
+// Whether [begin, end) lies inside one MappedFile's mapping (its pages, rounded out).
+bool InsideAMapping(uintptr_t begin, uintptr_t end, uintptr_t page) {
+    std::lock_guard<std::mutex> lock(g_mappings_mutex);
+    auto it = g_mappings.upper_bound(begin);
+    if (it == g_mappings.begin()) return false;
+    --it;
+    const uintptr_t map_end = (it->first + it->second + page - 1) / page * page;
+    return begin >= it->first && end <= map_end;
+}
+
+}  // namespace
 
 Result<MappedFile> MappedFile::Open(const std::string& path) {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -32,6 +62,7 @@ Result<MappedFile> MappedFile::Open(const std::string& path) {
             return Internal(path + ": mmap failed: " + std::strerror(err));
         }
         file.data_ = static_cast<const uint8_t*>(p);
+        AddMapping(file.data_, file.size_);
     }
     ::close(fd);
     return file;
@@ -41,7 +72,10 @@ MappedFile::MappedFile(MappedFile&& other) noexcept { *this = std::move(other); 
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     if (this != &other) {
-        if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+        if (data_ != nullptr) {
+            RemoveMapping(data_);
+            ::munmap(const_cast<uint8_t*>(data_), size_);
+        }
         path_ = std::move(other.path_);
         data_ = std::exchange(other.data_, nullptr);
         size_ = std::exchange(other.size_, 0);
@@ -50,7 +84,10 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
 }
 
 MappedFile::~MappedFile() {
-    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+    if (data_ != nullptr) {
+        RemoveMapping(data_);
+        ::munmap(const_cast<uint8_t*>(data_), size_);
+    }
 }
 
 Result<std::string> ReadFileToString(const std::string& path) {
@@ -73,7 +110,14 @@ void ReleaseMappedPages(const void* data, size_t bytes) {
     // only moves them to swap, or leaves them where there is none. The range is rounded out to
     // whole pages, which may take in a neighbour's bytes: so it must be harmless on any memory.
     // Kernels before 5.4 refuse PAGEOUT (EINVAL): the pages then simply stay.
-    ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_PAGEOUT);
+    // But PAGEOUT passes over every page that another process maps too, and a model file is
+    // often mapped by several (a server and a benchmark, engineers sharing a machine): the whole
+    // file then stayed resident (96 MB of the default model). Inside a MappedFile's mapping,
+    // which is read-only and private so its pages are never anything but the file's, DONTNEED
+    // is safe and always unmaps them from this process.
+    const bool file_pages = InsideAMapping(begin, end, page);
+    ::madvise(reinterpret_cast<void*>(begin), end - begin,
+              file_pages ? MADV_DONTNEED : MADV_PAGEOUT);
 }
 
 }  // namespace kvshard

@@ -42,9 +42,10 @@ DType ResidentWeightFormat(BackendKind kind, DType stored, WeightUse use) {
     return use == WeightUse::kMatMul ? DType::kBF16 : DType::kF32;
 }
 
-Result<BackendBuffer> Backend::Allocate(size_t bytes) {
+Result<BackendBuffer> Backend::Allocate(size_t bytes, BufferUse use) {
     if (bytes == 0) return BackendBuffer(this, nullptr, 0);
     KV_ASSIGN_OR_RETURN(void* data, AllocateRaw(bytes));
+    AdviseUse(data, bytes, use);
     return BackendBuffer(this, data, bytes);
 }
 

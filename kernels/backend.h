@@ -108,9 +108,15 @@ class Backend {
     virtual std::string Describe() const = 0;
 
     // ---- memory and stream ----
+    // What a buffer holds, so the backend can place it: kResident for large buffers read in
+    // full, over and over, for the model's life (weights, their copies, the KV pool); kScratch for
+    // the rest (the step workspace, step inputs, staging), which a step may touch only in part.
+    // The CPU backend backs kResident buffers with transparent huge pages (a 2 MiB page committed
+    // for any byte touched in it); kScratch keeps 4 KiB pages, committed only where written.
+    enum class BufferUse { kScratch, kResident };
     // `bytes` of backend memory, aligned to 64 bytes; contents undefined (on the CPU, pages are
     // committed as they are first written). ResourceExhausted when it cannot be had.
-    Result<BackendBuffer> Allocate(size_t bytes);
+    Result<BackendBuffer> Allocate(size_t bytes, BufferUse use = BufferUse::kScratch);
     // Queued copies between host memory and backend memory. The host side must stay valid until
     // Synchronize() returns.
     virtual Status CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
@@ -178,6 +184,11 @@ class Backend {
   protected:
     virtual Result<void*> AllocateRaw(size_t bytes) = 0;
     virtual void FreeRaw(void* data, size_t bytes) = 0;
+    // Called once on memory from AllocateRaw before it is handed out; the default places every
+    // use alike.
+    virtual void AdviseUse(void* data, size_t bytes, BufferUse use) {
+        (void)data, (void)bytes, (void)use;
+    }
 
   private:
     friend class BackendBuffer;

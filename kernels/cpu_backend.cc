@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -35,10 +36,8 @@ std::string CpuBackend::Describe() const {
 }
 
 Result<void*> CpuBackend::AllocateRaw(size_t bytes) {
-    // Buffers of a huge page or more (the weights, the KV pool) are aligned to huge pages and
-    // marked for transparent huge pages, which this kind of system grants only on request
-    // (/sys/kernel/mm/transparent_hugepage/enabled = madvise): a batch-1 decode streams ~100 MB
-    // of weights a token, and in 4 KiB pages every page of it is a TLB miss.
+    // Buffers of a huge page or more start on a huge page, so that AdviseUse can back them with
+    // huge pages (the alignment costs address space, not memory).
     const bool huge = bytes >= kHugePageBytes;
     const size_t align = huge ? kHugePageBytes : 64;
     const size_t rounded = (bytes + align - 1) / align * align;
@@ -47,9 +46,21 @@ Result<void*> CpuBackend::AllocateRaw(size_t bytes) {
         return Status(StatusCode::kResourceExhausted,
                       "cpu backend: cannot allocate " + std::to_string(bytes) + " bytes");
     }
-    // Advice only: without THP in the kernel the buffer keeps 4 KiB pages.
-    if (huge) ::madvise(p, rounded, MADV_HUGEPAGE);
     return p;
+}
+
+void CpuBackend::AdviseUse(void* data, size_t bytes, BufferUse use) {
+    // Resident buffers (the weights, their decode copies, the KV pool) get transparent huge
+    // pages, which this kind of system grants only on request (/sys/kernel/mm/transparent_hugepage/
+    // enabled = madvise): a batch-1 decode streams ~100 MB of weights a token, and in 4 KiB pages
+    // every page of it is a TLB miss. Only the whole huge pages inside the buffer are advised: a
+    // huge page is committed in full at its first touch, so advising the tail would commit up to
+    // 2 MiB past the buffer's end. Scratch (the step workspace) keeps 4 KiB pages: a decode step
+    // touches a few KiB of each of its slices, and in huge pages each slice would commit 2 MiB.
+    // Advice only: without THP in the kernel the buffer keeps 4 KiB pages.
+    if (use != BufferUse::kResident || bytes < kHugePageBytes) return;
+    if (reinterpret_cast<uintptr_t>(data) % kHugePageBytes != 0) return;
+    ::madvise(data, bytes / kHugePageBytes * kHugePageBytes, MADV_HUGEPAGE);
 }
 
 void CpuBackend::FreeRaw(void* data, size_t) { std::free(data); }
@@ -70,7 +81,7 @@ Result<BackendBuffer> CpuBackend::PackForDecode(WeightView* w) {
     // kernels over the stored rows: a copy would only cost memory.
     const size_t bytes = cpu::QuantizesActivations(w->dtype) ? 0 : cpu::InterleavedBytes(stored);
     if (bytes == 0) return BackendBuffer();
-    KV_ASSIGN_OR_RETURN(BackendBuffer copy, Allocate(bytes));
+    KV_ASSIGN_OR_RETURN(BackendBuffer copy, Allocate(bytes, BufferUse::kResident));
     cpu::InterleaveRows(stored, copy.As<uint8_t>());
     w->decode_copy = copy.data();
     return copy;

@@ -63,6 +63,8 @@ class CpuBackend final : public Backend, public DecodeWeightPacker, public RopeK
   protected:
     Result<void*> AllocateRaw(size_t bytes) override;
     void FreeRaw(void* data, size_t bytes) override;
+    // kResident: transparent huge pages over the whole 2 MiB pages of the buffer.
+    void AdviseUse(void* data, size_t bytes, BufferUse use) override;
 
   private:
     int num_threads_;

@@ -102,7 +102,8 @@ std::vector<std::string> PreTokenizerRegexes(std::string_view pre) {
     return {};
 }
 
-BpeTokenizer::BpeTokenizer(TokenizerData data) : TableTokenizer(std::move(data)), specials_(data_) {
+BpeTokenizer::BpeTokenizer(std::shared_ptr<const TokenizerData> data)
+    : TableTokenizer(std::move(data)), specials_(data_) {
     token_bytes_.resize(data_.tokens.size());
     for (size_t i = 0; i < data_.tokens.size(); ++i) {
         switch (TypeOf(data_, static_cast<int32_t>(i))) {
@@ -124,10 +125,10 @@ BpeTokenizer::BpeTokenizer(TokenizerData data) : TableTokenizer(std::move(data))
 
 BpeTokenizer::~BpeTokenizer() = default;
 
-Result<std::unique_ptr<Tokenizer>> BpeTokenizer::Create(TokenizerData data) {
-    const std::vector<std::string> regexes = PreTokenizerRegexes(data.pre);
+Result<std::unique_ptr<Tokenizer>> BpeTokenizer::Create(std::shared_ptr<const TokenizerData> data) {
+    const std::vector<std::string> regexes = PreTokenizerRegexes(data->pre);
     if (regexes.empty()) {
-        return Unimplemented(data.source + ": byte-level BPE pre-tokenizer \"" + data.pre +
+        return Unimplemented(data->source + ": byte-level BPE pre-tokenizer \"" + data->pre +
                              "\" is not supported (kvshard knows gpt-2, smollm, llama-bpe)");
     }
     std::unique_ptr<BpeTokenizer> tok(new BpeTokenizer(std::move(data)));

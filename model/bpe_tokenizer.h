@@ -34,13 +34,13 @@ class BpeTokenizer final : public TableTokenizer {
   public:
     // REQUIRES: data.kind == kByteLevelBpe and the checks of Tokenizer::Create passed.
     // Unimplemented for an unknown pre-tokenizer; InvalidArgument for a malformed merge.
-    static Result<std::unique_ptr<Tokenizer>> Create(TokenizerData data);
+    static Result<std::unique_ptr<Tokenizer>> Create(std::shared_ptr<const TokenizerData> data);
     ~BpeTokenizer() override;
 
     std::vector<int32_t> Encode(std::string_view text, const EncodeOptions& options) const override;
 
   private:
-    explicit BpeTokenizer(TokenizerData data);
+    explicit BpeTokenizer(std::shared_ptr<const TokenizerData> data);
 
     // Appends the ids of one pre-tokenized piece (raw bytes).
     void EncodeWord(std::string_view word, std::vector<int32_t>* out) const;

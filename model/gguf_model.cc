@@ -91,8 +91,10 @@ Result<std::unique_ptr<ModelFile>> GgufModel::Open(const std::string& path) {
     KV_RETURN_IF_ERROR(model->ReadSpec());
     Result<TokenizerData> tokenizer = TokenizerDataFromGguf(*model->gguf_);
     if (!tokenizer.ok()) return NameFile(tokenizer.status(), path);
-    model->tokenizer_data_ = std::move(tokenizer).value();
-    if (model->tokenizer_data_.source.empty()) model->tokenizer_data_.source = path;
+    *model->tokenizer_data_ = std::move(tokenizer).value();
+    if (model->tokenizer_data_->source.empty()) model->tokenizer_data_->source = path;
+    // The spec and the tokenizer's data hold all this model reads of the metadata.
+    model->gguf_->DropMetadata();
     return std::unique_ptr<ModelFile>(std::move(model));
 }
 

@@ -139,12 +139,12 @@ Result<std::unique_ptr<ModelFile>> HfModel::Open(const std::string& dir) {
     if (!fs::exists(tokenizer_path)) return NotFound(dir + ": no tokenizer.json");
     Result<TokenizerData> tokenizer = ReadTokenizerJson(tokenizer_path);
     if (!tokenizer.ok()) return NameFile(tokenizer.status(), tokenizer_path);
-    model->tokenizer_data_ = std::move(tokenizer).value();
-    if (model->tokenizer_data_.source.empty()) model->tokenizer_data_.source = tokenizer_path;
+    *model->tokenizer_data_ = std::move(tokenizer).value();
+    if (model->tokenizer_data_->source.empty()) model->tokenizer_data_->source = tokenizer_path;
     ModelSpec& s = model->spec_;
-    s.chat_template = model->tokenizer_data_.chat_template;
-    if (s.bos_token_id < 0) s.bos_token_id = model->tokenizer_data_.bos_id;
-    if (s.eos_token_id < 0) s.eos_token_id = model->tokenizer_data_.eos_id;
+    s.chat_template = model->tokenizer_data_->chat_template;
+    if (s.bos_token_id < 0) s.bos_token_id = model->tokenizer_data_->bos_id;
+    if (s.eos_token_id < 0) s.eos_token_id = model->tokenizer_data_->eos_id;
     return std::unique_ptr<ModelFile>(std::move(model));
 }
 

@@ -213,8 +213,8 @@ Result<std::unique_ptr<ModelFile>> Llama2cModel::Open(const std::string& path,
     }
     Result<TokenizerData> tokenizer = ReadLlama2cTokenizer(tokenizer_path, vocab);
     if (!tokenizer.ok()) return NameFile(tokenizer.status(), tokenizer_path);
-    model->tokenizer_data_ = std::move(tokenizer).value();
-    if (model->tokenizer_data_.source.empty()) model->tokenizer_data_.source = tokenizer_path;
+    *model->tokenizer_data_ = std::move(tokenizer).value();
+    if (model->tokenizer_data_->source.empty()) model->tokenizer_data_->source = tokenizer_path;
     return std::unique_ptr<ModelFile>(std::move(model));
 }
 

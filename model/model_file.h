@@ -52,7 +52,9 @@ class ModelFile {
     virtual ModelFormat format() const = 0;
     const std::string& path() const { return path_; }
     const ModelSpec& spec() const { return spec_; }
-    const TokenizerData& tokenizer_data() const { return tokenizer_data_; }
+    const TokenizerData& tokenizer_data() const { return *tokenizer_data_; }
+    // The same data, for a Tokenizer to share (Tokenizer::Create) instead of copying it.
+    std::shared_ptr<const TokenizerData> shared_tokenizer_data() const { return tokenizer_data_; }
 
     // nullptr when absent.
     virtual const TensorInfo* FindTensor(std::string_view name) const = 0;
@@ -65,7 +67,7 @@ class ModelFile {
   protected:
     std::string path_;
     ModelSpec spec_;
-    TokenizerData tokenizer_data_;
+    std::shared_ptr<TokenizerData> tokenizer_data_ = std::make_shared<TokenizerData>();
 };
 
 // A ModelFile whose tensors are a list built when it is opened (llama2.c checkpoints, Hugging

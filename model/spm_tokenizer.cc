@@ -76,7 +76,8 @@ struct BigramLess {
 
 }  // namespace
 
-SpmTokenizer::SpmTokenizer(TokenizerData data) : TableTokenizer(std::move(data)), specials_(data_) {
+SpmTokenizer::SpmTokenizer(std::shared_ptr<const TokenizerData> data)
+    : TableTokenizer(std::move(data)), specials_(data_) {
     byte_ids_.fill(-1);
     for (int b = 0; b < 256; ++b) {
         char name[8];
@@ -112,7 +113,7 @@ SpmTokenizer::SpmTokenizer(TokenizerData data) : TableTokenizer(std::move(data))
     }
 }
 
-Result<std::unique_ptr<Tokenizer>> SpmTokenizer::Create(TokenizerData data) {
+Result<std::unique_ptr<Tokenizer>> SpmTokenizer::Create(std::shared_ptr<const TokenizerData> data) {
     return std::unique_ptr<Tokenizer>(new SpmTokenizer(std::move(data)));
 }
 

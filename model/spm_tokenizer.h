@@ -22,12 +22,12 @@ namespace kvshard {
 class SpmTokenizer final : public TableTokenizer {
   public:
     // REQUIRES: data.kind == kSentencePiece and the checks of Tokenizer::Create passed.
-    static Result<std::unique_ptr<Tokenizer>> Create(TokenizerData data);
+    static Result<std::unique_ptr<Tokenizer>> Create(std::shared_ptr<const TokenizerData> data);
 
     std::vector<int32_t> Encode(std::string_view text, const EncodeOptions& options) const override;
 
   private:
-    explicit SpmTokenizer(TokenizerData data);
+    explicit SpmTokenizer(std::shared_ptr<const TokenizerData> data);
 
     // Appends the ids of `text`, whose spaces are already "▁".
     void EncodeEscaped(std::string_view text, std::vector<int32_t>* out) const;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/check.h"
 #include "model/bpe_tokenizer.h"
 #include "model/spm_tokenizer.h"
 #include "model/tokenizer_util.h"
@@ -51,8 +52,13 @@ Status Validate(const TokenizerData& data) {
 }  // namespace
 
 Result<std::unique_ptr<Tokenizer>> Tokenizer::Create(TokenizerData data) {
-    KV_RETURN_IF_ERROR(Validate(data));
-    switch (data.kind) {
+    return Create(std::make_shared<const TokenizerData>(std::move(data)));
+}
+
+Result<std::unique_ptr<Tokenizer>> Tokenizer::Create(std::shared_ptr<const TokenizerData> data) {
+    KV_CHECK(data != nullptr);
+    KV_RETURN_IF_ERROR(Validate(*data));
+    switch (data->kind) {
         case TokenizerKind::kSentencePiece:
             return SpmTokenizer::Create(std::move(data));
         case TokenizerKind::kByteLevelBpe:
@@ -61,8 +67,10 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Create(TokenizerData data) {
     return Internal("unknown tokenizer kind");
 }
 
-Tokenizer::Tokenizer(TokenizerData data)
-    : data_(std::move(data)), piece_splitter_(std::make_shared<SpecialTokenSplitter>(data_)) {}
+Tokenizer::Tokenizer(std::shared_ptr<const TokenizerData> data)
+    : shared_data_(std::move(data)),
+      data_(*shared_data_),
+      piece_splitter_(std::make_shared<SpecialTokenSplitter>(data_)) {}
 
 std::vector<int32_t> Tokenizer::EncodePieces(const std::vector<TextPiece>& pieces,
                                              const EncodeOptions& options) const {
@@ -126,7 +134,7 @@ bool Tokenizer::IsControl(int32_t id) const {
     return TypeOf(data_, id) == TokenType::kControl;
 }
 
-TableTokenizer::TableTokenizer(TokenizerData data)
+TableTokenizer::TableTokenizer(std::shared_ptr<const TokenizerData> data)
     : Tokenizer(std::move(data)), piece_to_id_(BuildPieceMap(data_.tokens)) {}
 
 std::string TableTokenizer::TokenBytes(int32_t id) const {

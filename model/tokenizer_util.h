@@ -33,7 +33,7 @@ class TableTokenizer : public Tokenizer {
     int32_t PieceToId(std::string_view piece) const final;
 
   protected:
-    explicit TableTokenizer(TokenizerData data);
+    explicit TableTokenizer(std::shared_ptr<const TokenizerData> data);
 
     PieceMap piece_to_id_;
     std::vector<std::string> token_bytes_;  // TokenBytes of every id

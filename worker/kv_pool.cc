@@ -53,7 +53,8 @@ Result<std::unique_ptr<KvPool>> KvPool::Create(const KvPoolConfig& c, Backend& b
                 layers_per_block *
                     cpu::PagedLayerBytes(c.storage, c.block_size, c.num_kv_heads, c.head_dim));
     KV_ASSIGN_OR_RETURN(BackendBuffer buffer,
-                        backend.Allocate(static_cast<size_t>(bytes_per_block * c.num_blocks)));
+                        backend.Allocate(static_cast<size_t>(bytes_per_block * c.num_blocks),
+                                         Backend::BufferUse::kResident));
     return std::unique_ptr<KvPool>(
         new KvPool(c, bytes_per_block, layers_per_block, std::move(buffer)));
 }

@@ -32,7 +32,7 @@ Result<LocalModel> LoadLocalModel(const std::string& path, const LocalModelOptio
     const auto t0 = std::chrono::steady_clock::now();
     LocalModel m;
     KV_ASSIGN_OR_RETURN(m.file, OpenModel(path, options.open));
-    KV_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::Create(m.file->tokenizer_data()));
+    KV_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::Create(m.file->shared_tokenizer_data()));
     if (options.shard.tp > 1 &&
         (options.collective == nullptr || options.collective->size() != options.shard.tp ||
          options.collective->rank() != options.shard.rank)) {

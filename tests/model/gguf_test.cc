@@ -118,6 +118,28 @@ TEST(GgufTest, WriterRoundTripsEveryValueAndTensorType) {
     }
 }
 
+TEST(GgufTest, DropMetadataFreesTheValuesAndKeepsTheTensors) {
+    TempDir dir;
+    auto f = GgufFile::Open(Write(dir, FullWriter().Serialize()));
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    GgufFile& g = **f;
+    ASSERT_TRUE(g.Has("strs"));
+    std::vector<float> before(5);
+    DequantizeRows(*g.FindTensor("vec"), 0, 1, before.data());
+    g.DropMetadata();
+    EXPECT_TRUE(g.keys().empty());
+    EXPECT_FALSE(g.Has("strs"));
+    EXPECT_EQ(g.GetStringArray("strs").status().code(), StatusCode::kNotFound);
+    EXPECT_EQ(g.GetString("general.architecture").status().code(), StatusCode::kNotFound);
+    ASSERT_EQ(g.tensors().size(), 7u);
+    const TensorInfo* vec = g.FindTensor("vec");
+    ASSERT_NE(vec, nullptr);
+    std::vector<float> after(5);
+    DequantizeRows(*vec, 0, 1, after.data());
+    EXPECT_EQ(after, before);
+    EXPECT_EQ(after, Iota(5, 1.0f));
+}
+
 TEST(GgufTest, GettersReportMissingAndMistypedKeys) {
     TempDir dir;
     const std::string path = Write(dir, FullWriter().Serialize());

@@ -12,6 +12,7 @@
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
 #include "model/synthetic_gguf.h"
+#include "model/tokenizer.h"
 #include "tests/test_util.h"
 
 namespace kvshard {
@@ -360,6 +361,29 @@ TEST(ModelFileTest, GgufRopeFreqsOfLlama3Scaling) {
     auto bad = OpenModel(dir.File("other.gguf"));
     EXPECT_EQ(bad.status().code(), StatusCode::kUnimplemented) << bad.status().ToString();
     EXPECT_NE(bad.status().message().find("rope_freqs.weight"), std::string::npos);
+}
+
+TEST(ModelFileTest, ATokenizerSharesTheModelFilesTokenizerData) {
+    TempDir dir;
+    const std::string path = dir.File("tiny.gguf");
+    ASSERT_TRUE(SyntheticLlamaGguf(TinySpec()).WriteFile(path).ok());
+    auto m = OpenModel(path);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    auto shared = Tokenizer::Create((*m)->shared_tokenizer_data());
+    ASSERT_TRUE(shared.ok()) << shared.status().ToString();
+    // One copy of the vocabulary in the process: the tokenizer reads the file's.
+    EXPECT_EQ(&(*shared)->data(), &(*m)->tokenizer_data());
+    // A tokenizer made from a copy owns it, and encodes alike.
+    auto copied = Tokenizer::Create((*m)->tokenizer_data());
+    ASSERT_TRUE(copied.ok()) << copied.status().ToString();
+    EXPECT_NE(&(*copied)->data(), &(*m)->tokenizer_data());
+    EXPECT_EQ((*copied)->data().tokens, (*shared)->data().tokens);
+    const std::string text = (*m)->tokenizer_data().tokens.back();
+    EXPECT_EQ((*shared)->Encode(text, {}), (*copied)->Encode(text, {}));
+    // The tokenizer keeps the data alive after the file is closed.
+    const std::vector<std::string> tokens = (*m)->tokenizer_data().tokens;
+    m->reset();
+    EXPECT_EQ((*shared)->data().tokens, tokens);
 }
 
 TEST(ModelFileTest, TokenizerVocabularyMustMatch) {
