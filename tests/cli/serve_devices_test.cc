@@ -128,6 +128,8 @@ TEST_F(ServeDevicesTest, TpInstancesOnOwnOrSharedGpus) {
     plan = Plan(Config("backend: cpu\ntp: 2\n"), two);
     ASSERT_TRUE(plan.ok());
     EXPECT_TRUE(RankGpus(*plan, 0, 0).empty());
+}
+
 // A prefill and a decode instance on the one GPU, with cuda_graphs: both share its memory, each
 // has its decode graphs' estimate (one per decode bucket of max_num_seqs 8: 1, 2, 4, 8) taken
 // off its KV pool, and the log names the host-staged handoff. The CPU refuses cuda_graphs.

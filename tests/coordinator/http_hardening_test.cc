@@ -61,7 +61,8 @@ bool Eventually(F done) {
 class GatedTokenizer : public Tokenizer {
   public:
     explicit GatedTokenizer(std::unique_ptr<Tokenizer> inner)
-        : Tokenizer(inner->data()), inner_(std::move(inner)) {}
+        : Tokenizer(std::make_shared<const TokenizerData>(inner->data())),
+          inner_(std::move(inner)) {}
 
     std::vector<int32_t> Encode(std::string_view text, const EncodeOptions& o) const override {
         {
