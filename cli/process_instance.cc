@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "common/build_config.h"
@@ -277,7 +278,11 @@ bool UsesNcclBootstrap(const ProcessInstanceSpec& spec, bool cuda_build) {
     if (!cuda_build || spec.tp <= 1 || spec.devices.size() != static_cast<size_t>(spec.tp)) {
         return false;
     }
-    return std::none_of(spec.devices.begin(), spec.devices.end(),
+    // NCCL refuses two ranks of one communicator on one GPU: ranks listed on a shared GPU stage
+    // their all-reduces through the host (worker/rank_collective.h), so they need no NCCL id.
+    const std::set<std::string> distinct(spec.devices.begin(), spec.devices.end());
+    return distinct.size() == spec.devices.size() &&
+           std::none_of(spec.devices.begin(), spec.devices.end(),
                         [](const std::string& device) { return device == "cpu"; });
 }
 

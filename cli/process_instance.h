@@ -128,8 +128,8 @@ class ProcessInstance {
 
 // Whether the ranks of `spec` form an NCCL group, so that each formation hands them an NCCL
 // unique id (RemoteInstanceOptions::nccl_bootstrap): in CUDA builds, for tp > 1 with every
-// rank's device a GPU. CPU instances (any rank on "cpu", or no devices given) all-reduce over
-// Gloo or MPI and get none.
+// rank on a GPU of its own. Ranks sharing a GPU stage their all-reduces through the host, and CPU
+// instances (any rank on "cpu", or no devices given) all-reduce over Gloo or MPI: they get none.
 bool UsesNcclBootstrap(const ProcessInstanceSpec& spec, bool cuda_build = KVSHARD_WITH_CUDA);
 
 // An instance declared to its registry whose workers have not been waited for yet.

@@ -682,7 +682,8 @@ TEST(WorkerRegistryTest, AnInstanceThatFailsToFormEndsTheOthersWaiting) {
         << formed.status().ToString();
 }
 
-// The NCCL bootstrap goes only to instances whose ranks are all on GPUs, tp > 1, in CUDA builds.
+// The NCCL bootstrap goes only to instances whose ranks are all on GPUs of their own, tp > 1, in
+// CUDA builds.
 TEST(ProcessModeConfigTest, OnlyGpuInstancesOfTensorParallelRanksGetAnNcclBootstrap) {
     struct Case {
         int tp;
@@ -696,6 +697,7 @@ TEST(ProcessModeConfigTest, OnlyGpuInstancesOfTensorParallelRanksGetAnNcclBootst
         {1, {"0"}, true, false},
         {2, {"cpu", "cpu"}, true, false},
         {2, {"0", "cpu"}, true, false},
+        {2, {"0", "0"}, true, false},  // ranks sharing a GPU stage through the host
         {2, {}, true, false},
     };
     for (const Case& c : cases) {
