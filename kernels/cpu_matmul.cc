@@ -148,7 +148,14 @@ ActivationFormat DefaultActivationFormat() {
     static const ActivationFormat format = [] {
         const char* env = std::getenv("KVSHARD_MATMUL_ACTIVATIONS");
         if (env == nullptr || std::string_view(env) == "fp32") return ActivationFormat::kFp32;
-        if (std::string_view(env) == "int16") return ActivationFormat::kInt16;
+        if (std::string_view(env) == "int16") {
+            if (!HasAvx512Vnni()) {
+                std::fprintf(stderr,
+                             "kvshard: KVSHARD_MATMUL_ACTIVATIONS=int16 needs AVX512-VNNI, which "
+                             "this CPU lacks; single-row products keep fp32 activations\n");
+            }
+            return ActivationFormat::kInt16;
+        }
         if (std::string_view(env) == "int8") return ActivationFormat::kInt8;
         std::fprintf(stderr,
                      "kvshard: KVSHARD_MATMUL_ACTIVATIONS=%s is not fp32, int16 or int8; using "
