@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 
 namespace kvshard::internal {
 
@@ -21,26 +20,6 @@ constexpr size_t kMaxRememberedFailures = 1'024;
 static void RecordFailure(TcpKvPeer& peer, uint64_t transfer_id, Status status);
 static void OnReply(TcpKvPeer& peer, const boost::system::error_code& ec);
 static void OnVerdict(TcpKvPeer& peer, const boost::system::error_code& ec);
-
-Result<TcpKvAddress> ParseTcpKvEndpoint(const std::string& endpoint) {
-    const size_t colon = endpoint.rfind(':');
-    if (colon == std::string::npos || colon == 0 || colon + 1 == endpoint.size()) {
-        return InvalidArgument("KV endpoint '" + endpoint + "' is not HOST:PORT");
-    }
-    std::string host = endpoint.substr(0, colon);
-    if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-        host = host.substr(1, host.size() - 2);
-    }
-    const std::string port_text = endpoint.substr(colon + 1);
-    unsigned port = 0;
-    const auto [end, ec] =
-        std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-    if (ec != std::errc() || end != port_text.data() + port_text.size() || port == 0 ||
-        port > 65535) {
-        return InvalidArgument("KV endpoint '" + endpoint + "': bad port '" + port_text + "'");
-    }
-    return TcpKvAddress{host, port_text};
-}
 
 void CloseSocket(TcpKvPeer& peer, const Status& why) {
     ++peer.generation;

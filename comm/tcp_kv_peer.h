@@ -23,17 +23,10 @@
 
 #include "comm/shm_region.h"
 #include "comm/tcp_kv_wire.h"
+#include "common/host_port.h"
 #include "common/status.h"
 
 namespace kvshard::internal {
-
-struct TcpKvAddress {
-    std::string host;
-    std::string port;
-};
-
-// "HOST:PORT" (also "[v6]:PORT" and "::1:PORT": the port follows the last colon).
-Result<TcpKvAddress> ParseTcpKvEndpoint(const std::string& endpoint);
 
 // Runs `io` on the calling thread until `done()` or `deadline`. On the deadline calls `cancel`
 // (which must make the pending operations complete) and runs their handlers. Returns whether
@@ -76,9 +69,9 @@ struct TcpKvPendingPiece {
 // A destination's cached connection. Its io_context runs only on the thread holding `mu`, inside
 // Send, so a deadline is just how long that thread runs it.
 struct TcpKvPeer {
-    explicit TcpKvPeer(TcpKvAddress address) : address(std::move(address)) {}
+    explicit TcpKvPeer(HostPort address) : address(std::move(address)) {}
     std::mutex mu;
-    const TcpKvAddress address;
+    const HostPort address;
     boost::asio::io_context io;
     boost::asio::ip::tcp::socket socket{io};
     // The transfer this connection named last (guarded by mu; reset with the connection).

@@ -49,13 +49,14 @@ Status TcpKvSender::Send(const std::string& dst_endpoint, const KvPiece& piece,
 Status TcpKvSender::SendPipelined(const std::string& dst_endpoint, const KvPiece& piece,
                                   Clock::time_point deadline) {
     KV_RETURN_IF_ERROR(ValidateKvPiece(piece));
-    KV_ASSIGN_OR_RETURN(TcpKvAddress address, ParseTcpKvEndpoint(dst_endpoint));
+    Result<HostPort> address = ParseHostPort(dst_endpoint);
+    if (!address.ok()) return address.status().WithContext("KV endpoint");
     if (Clock::now() >= deadline) {
         return Status(StatusCode::kDeadlineExceeded,
                       "KV send to " + dst_endpoint + ": deadline passed before it began");
     }
     const uint64_t id = piece.header.transfer_id;
-    std::shared_ptr<TcpKvPeer> peer = FindPeer(dst_endpoint, std::move(address));
+    std::shared_ptr<TcpKvPeer> peer = FindPeer(dst_endpoint, std::move(*address));
     std::lock_guard<std::mutex> lock(peer->mu);
     CollectVerdicts(*peer);
     if (auto failed = peer->failures.find(id); failed != peer->failures.end()) {
@@ -114,8 +115,7 @@ Status TcpKvSender::Flush(const std::string& dst_endpoint, uint64_t transfer_id,
     return status;
 }
 
-std::shared_ptr<TcpKvPeer> TcpKvSender::FindPeer(const std::string& endpoint,
-                                                 TcpKvAddress address) {
+std::shared_ptr<TcpKvPeer> TcpKvSender::FindPeer(const std::string& endpoint, HostPort address) {
     std::lock_guard<std::mutex> lock(peers_mu_);
     std::shared_ptr<TcpKvPeer>& peer = peers_[endpoint];
     if (peer == nullptr) peer = std::make_shared<TcpKvPeer>(std::move(address));
@@ -127,7 +127,7 @@ Status TcpKvSender::Connect(TcpKvPeer& peer, const std::string& dst, Clock::time
     bool done = false;
     boost::system::error_code result;
     resolver.async_resolve(
-        peer.address.host, peer.address.port,
+        peer.address.host, std::to_string(peer.address.port),
         [&](const boost::system::error_code& ec, const tcp::resolver::results_type& found) {
             if (ec) {
                 done = true;

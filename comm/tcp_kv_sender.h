@@ -46,7 +46,7 @@ class TcpKvSender {
         bool connection_failed = false;  // an I/O error, not a verdict or a deadline
     };
 
-    std::shared_ptr<TcpKvPeer> FindPeer(const std::string& endpoint, TcpKvAddress address);
+    std::shared_ptr<TcpKvPeer> FindPeer(const std::string& endpoint, HostPort address);
     // REQUIRES: peer.mu held. Connects, says hello and, on the same host, offers a region.
     Status Connect(TcpKvPeer& peer, const std::string& dst,
                    std::chrono::steady_clock::time_point deadline);
