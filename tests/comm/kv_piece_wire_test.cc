@@ -10,10 +10,9 @@
 #include "comm/tcp_kv_wire.h"
 #include "tests/comm/kv_transport_test_util.h"
 
-namespace kvshard {
+// The helpers of kv_transport_test_util.h, and its aliases (Clock: the steady clock).
+namespace kvshard::testing {
 namespace {
-
-using testing::Piece;
 
 TEST(KvPiece, ByteFormulas) {
     struct Case {
@@ -162,4 +161,4 @@ TEST(KvPiece, HelloAndTransferFramesRoundTripAndRejectCorruption) {
 }
 
 }  // namespace
-}  // namespace kvshard
+}  // namespace kvshard::testing

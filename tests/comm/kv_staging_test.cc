@@ -12,15 +12,9 @@
 #include "comm/kv_transport.h"
 #include "tests/comm/kv_transport_test_util.h"
 
-namespace kvshard {
+// The helpers of kv_transport_test_util.h, and its aliases (Clock: the steady clock).
+namespace kvshard::testing {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
-using testing::Header;
-using testing::In;
-using testing::Local;
-using testing::Piece;
 
 TEST(KvStaging, StaleTransfersAreDroppedAndRememberedAsDiscarded) {
     KvTransportOptions options;
@@ -292,4 +286,4 @@ TEST(LocalKvTransport, SendRacingDestructionIsSafe) {
 }
 
 }  // namespace
-}  // namespace kvshard
+}  // namespace kvshard::testing

@@ -13,22 +13,9 @@
 #include "comm/tcp_kv_wire.h"
 #include "tests/comm/kv_transport_test_util.h"
 
-namespace kvshard {
+// The helpers of kv_transport_test_util.h, and its aliases (Clock: the steady clock).
+namespace kvshard::testing {
 namespace {
-
-using testing::Concat;
-using testing::Header;
-using testing::HeaderBytes;
-using testing::HelloBytes;
-using testing::In;
-using testing::Local;
-using testing::Piece;
-using testing::PieceBytes;
-using testing::PortOf;
-using testing::RawPeer;
-using testing::Tcp;
-using testing::TestGeometry;
-using testing::TransferBytes;
 
 // How much peak RSS may grow while a claim is refused or read in pieces. AddressSanitizer keeps
 // freed chunks in its quarantine (256 MiB by default), so its builds get more room: the
@@ -209,4 +196,4 @@ TEST(TcpKvTransport, PieceOfATransferTheConnectionDidNotNameIsRefused) {
 }
 
 }  // namespace
-}  // namespace kvshard
+}  // namespace kvshard::testing

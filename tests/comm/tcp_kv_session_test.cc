@@ -10,23 +10,9 @@
 #include "common/clock.h"
 #include "tests/comm/kv_transport_test_util.h"
 
-namespace kvshard {
+// The helpers of kv_transport_test_util.h, and its aliases (Clock: the steady clock).
+namespace kvshard::testing {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
-using testing::ClosedAsTheClockMoves;
-using testing::Concat;
-using testing::Eventually;
-using testing::HelloBytes;
-using testing::In;
-using testing::Piece;
-using testing::PieceBytes;
-using testing::PortOf;
-using testing::RawPeer;
-using testing::Tcp;
-using testing::TestGeometry;
-using testing::TransferBytes;
 
 TEST(TcpKvTransport, StalledOrIdleConnectionsAreClosedAndTheirStagingFreed) {
     // The deadlines are on a virtual clock: a connection stalls exactly as long as the test says,
@@ -118,4 +104,4 @@ TEST(TcpKvTransport, IdleClosedConnectionIsReopenedBySender) {
 }
 
 }  // namespace
-}  // namespace kvshard
+}  // namespace kvshard::testing

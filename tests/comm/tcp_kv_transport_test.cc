@@ -11,17 +11,9 @@
 #include "comm/tcp_kv_wire.h"
 #include "tests/comm/kv_transport_test_util.h"
 
-namespace kvshard {
+// The helpers of kv_transport_test_util.h, and its aliases (Clock: the steady clock).
+namespace kvshard::testing {
 namespace {
-
-namespace asio = boost::asio;
-using tcp = asio::ip::tcp;
-using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
-using testing::In;
-using testing::Piece;
-using testing::Tcp;
-using testing::TestGeometry;
 
 TEST(TcpKvTransport, SeveralPiecesFromConcurrentSenders) {
     auto r = Tcp();
@@ -164,4 +156,4 @@ TEST(TcpKvTransport, BadEndpointsAreInvalidArgument) {
 }
 
 }  // namespace
-}  // namespace kvshard
+}  // namespace kvshard::testing
