@@ -44,45 +44,30 @@ size_t MinEncodedSize(GgufValueType type) {
     }
 }
 
+// Reads one T and widens it to int64 (which holds every integer type's values but uint64's).
+template <typename T>
+Status ReadWidened(GgufCursor& c, const std::string& what, int64_t* out) {
+    T v = 0;
+    KV_RETURN_IF_ERROR(c.Read(&v, what));
+    *out = v;
+    return Status::Ok();
+}
+
 // Reads one scalar of an integer GGUF type, widened to int64.
 Status ReadInt(GgufCursor& c, GgufValueType type, const std::string& what, int64_t* out) {
     switch (type) {
-        case kU8: {
-            uint8_t v = 0;
-            KV_RETURN_IF_ERROR(c.Read(&v, what));
-            *out = v;
-            return Status::Ok();
-        }
-        case kI8: {
-            int8_t v = 0;
-            KV_RETURN_IF_ERROR(c.Read(&v, what));
-            *out = v;
-            return Status::Ok();
-        }
-        case kU16: {
-            uint16_t v = 0;
-            KV_RETURN_IF_ERROR(c.Read(&v, what));
-            *out = v;
-            return Status::Ok();
-        }
-        case kI16: {
-            int16_t v = 0;
-            KV_RETURN_IF_ERROR(c.Read(&v, what));
-            *out = v;
-            return Status::Ok();
-        }
-        case kU32: {
-            uint32_t v = 0;
-            KV_RETURN_IF_ERROR(c.Read(&v, what));
-            *out = v;
-            return Status::Ok();
-        }
-        case kI32: {
-            int32_t v = 0;
-            KV_RETURN_IF_ERROR(c.Read(&v, what));
-            *out = v;
-            return Status::Ok();
-        }
+        case kU8:
+            return ReadWidened<uint8_t>(c, what, out);
+        case kI8:
+            return ReadWidened<int8_t>(c, what, out);
+        case kU16:
+            return ReadWidened<uint16_t>(c, what, out);
+        case kI16:
+            return ReadWidened<int16_t>(c, what, out);
+        case kU32:
+            return ReadWidened<uint32_t>(c, what, out);
+        case kI32:
+            return ReadWidened<int32_t>(c, what, out);
         case kU64: {
             uint64_t v = 0;
             KV_RETURN_IF_ERROR(c.Read(&v, what));
@@ -93,12 +78,8 @@ Status ReadInt(GgufCursor& c, GgufValueType type, const std::string& what, int64
             *out = static_cast<int64_t>(v);
             return Status::Ok();
         }
-        case kI64: {
-            int64_t v = 0;
-            KV_RETURN_IF_ERROR(c.Read(&v, what));
-            *out = v;
-            return Status::Ok();
-        }
+        case kI64:
+            return ReadWidened<int64_t>(c, what, out);
         default:
             return c.Error(what + ": type " + std::to_string(static_cast<uint32_t>(type)) +
                            " is not an integer type");
