@@ -62,7 +62,8 @@ inline KvPiece Piece(uint64_t transfer_id, int32_t layer_begin, int32_t layer_en
 }
 
 // An in-process transport named `name`.
-inline std::unique_ptr<KvTransport> Local(const std::string& name, KvTransportOptions options = {}) {
+inline std::unique_ptr<KvTransport> Local(const std::string& name,
+                                          KvTransportOptions options = {}) {
     Result<std::unique_ptr<KvTransport>> t = MakeLocalKvTransport(name, options);
     KV_CHECK(t.ok()) << t.status().ToString();
     return std::move(t).value();
