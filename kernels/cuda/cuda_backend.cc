@@ -622,8 +622,8 @@ void CudaBackend::PagedAttention(const float* q, int64_t q_stride, const PagedKv
     Check(LaunchPagedAttention(q, q_stride, kv, batch, out, num_heads, kv_head_of_q, splits,
                                impl_->partials, /*decode_only=*/true, stream_),
           "PagedAttention");
-    const auto launch_prefill = *prefill == PrefillKernel::kTensorCore ? LaunchPrefillAttentionTc
-                                                                       : LaunchPrefillAttention;
+    const auto launch_prefill =
+        *prefill == PrefillKernel::kTensorCore ? LaunchPrefillAttentionTc : LaunchPrefillAttention;
     Check(launch_prefill(q, q_stride, kv, batch, out, num_heads, kv_head_of_q,
                          PrefillGrid(sm_count_, kPrefillBlocksPerSm), stream_),
           "PagedAttention (prefill)");
