@@ -8,7 +8,6 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -101,10 +100,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendConfig& co
     if (const cudaError_t e = cudaSetDevice(config.device); e != cudaSuccess) {
         return CudaStatus(e, "cudaSetDevice");
     }
-    KV_ASSIGN_OR_RETURN(const PrefillKernel prefill,
-                        ParsePrefillKernel(std::getenv(kPrefillKernelEnv)));
     std::unique_ptr<CudaBackend> b(new CudaBackend(config.device));
-    b->prefill_ = prefill;
+    KV_ASSIGN_OR_RETURN(b->prefill_, PrefillKernelFromEnvironment());
     b->sm_count_ = prop.multiProcessorCount;
     b->name_ = prop.name;
     b->cc_major_ = prop.major;

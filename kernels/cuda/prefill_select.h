@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 
@@ -28,6 +29,11 @@ inline Result<PrefillKernel> ParsePrefillKernel(const char* value) {
     if (std::string_view(value) == "fp32") return PrefillKernel::kFp32;
     return InvalidArgument(std::string(kPrefillKernelEnv) + "=" + value +
                            " is not auto, tc or fp32");
+}
+
+// The setting of this process's environment.
+inline Result<PrefillKernel> PrefillKernelFromEnvironment() {
+    return ParsePrefillKernel(std::getenv(kPrefillKernelEnv));
 }
 
 // Whether the tensor-core kernel reads a layer: bf16 pools, and fp8/int8 ones (dequantized to bf16
