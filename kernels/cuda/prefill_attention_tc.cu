@@ -17,6 +17,7 @@
 
 #include "kernels/cuda/kv_tile.cuh"
 #include "kernels/cuda/launch_math.h"
+#include "kernels/cuda/prefill_args.cuh"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/prefill_tc_math.h"
 
@@ -25,22 +26,6 @@ namespace {
 
 static_assert(kTcLanes == kWarpSize, "a warp's lanes");
 constexpr int kMaxDevices = 64;
-
-struct TcArgs {
-    const float* q;
-    int64_t q_stride;
-    KvArgs kv;
-    int64_t num_seqs;
-    const int32_t* query_starts;
-    const int32_t* context_lens;
-    const int32_t* block_table_starts;
-    const int32_t* block_tables;
-    float* out;
-    int64_t num_heads;
-    const int32_t* kv_head_of_q;  // null: h / (num_heads / num_kv_heads)
-    float scale;
-    int64_t window;
-};
 
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -82,7 +67,7 @@ __device__ __forceinline__ float2 LoadPair(const uint8_t* row, const uint8_t* sc
 // (8 n8 fragments), masks what its rows may not see (TcKeyTileMask), takes the online-softmax step
 // (TcSoftmaxStep) and adds P·V into its output fragments (kHd / 8 of them).
 template <KvDtype kStorage, int kHd>
-__global__ void __launch_bounds__(kTcThreads, 2) PrefillAttentionTcKernel(TcArgs a) {
+__global__ void __launch_bounds__(kTcThreads, 2) PrefillAttentionTcKernel(PrefillArgs a) {
     constexpr int kKSteps = kHd / kMmaK;          // A fragments of Q
     constexpr int kDTiles = kHd / kMmaN;          // output fragments
     constexpr int kPSteps = kTcTileKeys / kMmaK;  // k-steps of P·V
@@ -101,17 +86,7 @@ __global__ void __launch_bounds__(kTcThreads, 2) PrefillAttentionTcKernel(TcArgs
     __shared__ int counts[kAttnMaxHeads];
     __shared__ int group_size, max_group;
 
-    const int64_t per = a.num_heads / a.kv.num_kv_heads;
-    if (tid == 0) {
-        for (int64_t g = 0; g < a.kv.num_kv_heads; ++g) counts[g] = 0;
-        int widest = 0;
-        for (int64_t h = 0; h < a.num_heads; ++h) {
-            const int64_t owner = a.kv_head_of_q != nullptr ? a.kv_head_of_q[h] : h / per;
-            const int c = ++counts[owner];
-            widest = c > widest ? c : widest;
-        }
-        max_group = widest;
-    }
+    if (tid == 0) max_group = WidestGroup(a, counts);
     __syncthreads();
     const PrefillPlan plan = PlanPrefill(max_group, kTcQueries);
 
@@ -120,14 +95,7 @@ __global__ void __launch_bounds__(kTcThreads, 2) PrefillAttentionTcKernel(TcArgs
                                             a.context_lens, a.window);
         if (t.seq < 0) break;
         __syncthreads();  // the previous tile is done with group[] and the shared arrays
-        if (tid == 0) {
-            int g = 0;
-            for (int64_t h = 0; h < a.num_heads; ++h) {
-                const int64_t owner = a.kv_head_of_q != nullptr ? a.kv_head_of_q[h] : h / per;
-                if (owner == t.kv_head) group[g++] = static_cast<int>(h);
-            }
-            group_size = g;
-        }
+        if (tid == 0) group_size = GroupHeads(a, t.kv_head, group);
         __syncthreads();
         const int g_size = group_size;
         if (t.h_begin >= g_size) continue;  // a pass past this KV head's (smaller) group
@@ -280,7 +248,7 @@ __global__ void __launch_bounds__(kTcThreads, 2) PrefillAttentionTcKernel(TcArgs
 }
 
 template <KvDtype kStorage, int kHd>
-int Launch(const TcArgs& a, unsigned grid, StreamHandle stream) {
+int Launch(const PrefillArgs& a, unsigned grid, StreamHandle stream) {
     static std::atomic<bool> configured[kMaxDevices];
     const size_t shared = static_cast<size_t>(TcSharedBytes(kHd));
     int device = 0;
@@ -297,7 +265,7 @@ int Launch(const TcArgs& a, unsigned grid, StreamHandle stream) {
 }
 
 template <KvDtype kStorage>
-int LaunchForStorage(const TcArgs& a, unsigned grid, StreamHandle stream) {
+int LaunchForStorage(const PrefillArgs& a, unsigned grid, StreamHandle stream) {
     if (a.kv.head_dim == 64) return Launch<kStorage, 64>(a, grid, stream);
     if (a.kv.head_dim == 128) return Launch<kStorage, 128>(a, grid, stream);
     return static_cast<int>(cudaErrorInvalidValue);
@@ -310,19 +278,7 @@ int LaunchPrefillAttentionTc(const float* q, int64_t q_stride, const cpu::PagedK
                              const int32_t* kv_head_of_q, unsigned grid_blocks,
                              StreamHandle stream) {
     if (batch.num_seqs == 0 || num_heads == 0 || kv.num_kv_heads == 0) return 0;
-    const TcArgs a{q,
-                   q_stride,
-                   ToArgs(kv),
-                   batch.num_seqs,
-                   batch.query_starts,
-                   batch.context_lens,
-                   batch.block_table_starts,
-                   batch.block_tables,
-                   out,
-                   num_heads,
-                   kv_head_of_q,
-                   1.0f / sqrtf(static_cast<float>(kv.head_dim)),
-                   batch.window};
+    const PrefillArgs a = MakePrefillArgs(q, q_stride, kv, batch, out, num_heads, kv_head_of_q);
     const unsigned grid = grid_blocks > 0 ? grid_blocks : 1;
     switch (kv.storage) {
         case KvDtype::kBf16:
