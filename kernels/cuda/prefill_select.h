@@ -2,9 +2,12 @@
 // tensor-core kernel where the pool's dtype and head_dim allow, else the fp32 FMA kernel, which
 // stays as the tensor-core kernel's oracle. The setting is KVSHARD_CUDA_PREFILL, read when a
 // CudaBackend is created (CudaBackend::set_prefill_kernel pins it afterwards, for tests):
-//   auto (or unset)  tc where TcPrefillSupports, fp32 elsewhere
+//   fp32 (or unset)  the fp32 kernel everywhere
+//   auto             tc where TcPrefillSupports, fp32 elsewhere
 //   tc               the tensor-core kernel; a layer it cannot read is an error naming the setting
-//   fp32             the fp32 kernel everywhere
+// Unset means fp32 until the tensor-core kernel has run on a device (scripts/gpu-check's
+// prefilltc step compares it with the fp32 kernel): it is compiled and its index math tested on
+// the CPU only, so serving takes it only when asked.
 // A plain host header.
 #pragma once
 
@@ -24,9 +27,9 @@ inline constexpr const char* kPrefillKernelEnv = "KVSHARD_CUDA_PREFILL";
 
 // `value` is the environment's (null: unset). InvalidArgument naming the setting otherwise.
 inline Result<PrefillKernel> ParsePrefillKernel(const char* value) {
-    if (value == nullptr || std::string_view(value) == "auto") return PrefillKernel::kAuto;
+    if (value == nullptr || std::string_view(value) == "fp32") return PrefillKernel::kFp32;
+    if (std::string_view(value) == "auto") return PrefillKernel::kAuto;
     if (std::string_view(value) == "tc") return PrefillKernel::kTensorCore;
-    if (std::string_view(value) == "fp32") return PrefillKernel::kFp32;
     return InvalidArgument(std::string(kPrefillKernelEnv) + "=" + value +
                            " is not auto, tc or fp32");
 }
