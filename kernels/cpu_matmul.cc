@@ -27,6 +27,7 @@
 
 #include "common/check.h"
 #include "kernels/cpu_gemm.h"
+#include "kernels/cpu_gemm_bf16.h"
 #include "kernels/cpu_matmul_internal.h"
 #include "kernels/cpu_ops.h"
 
@@ -612,7 +613,10 @@ void MatMulStored(const float* x, int64_t m, const StoredMatrix& w, float* y) {
         }
         x = rounded;
     }
-    if (gemm::UsesGemm(isa, w.dtype, m)) {
+    if (gemm_bf16::UsesGemmBf16(isa, w.dtype, m)) {
+        // Prefill-sized products in bf16 when chosen (kernels/cpu_gemm_bf16.h).
+        gemm_bf16::GemmBf16Avx512(x, m, w, y);
+    } else if (gemm::UsesGemm(isa, w.dtype, m)) {
         // Batched decode (kernels/cpu_gemm.h): each weight strip dequantized once for all rows.
         gemm::GemmAvx512(x, m, w, y);
     } else if (w.dtype == DType::kF32 || m > kMaxTiledRows) {
