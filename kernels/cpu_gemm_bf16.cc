@@ -26,6 +26,14 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #define KV_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
+#define KV_AMX                                                                    \
+    __attribute__((                                                               \
+        target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c,amx-tile," \
+               "amx-bf16")))
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace kvshard::cpu::gemm_bf16 {
@@ -33,6 +41,7 @@ namespace {
 
 constexpr int kNotPinned = -1;
 std::atomic<int> g_pinned{kNotPinned};
+std::atomic<int> g_pinned_unit{kNotPinned};
 
 PrefillMode EnvironmentMode() {
     static const PrefillMode mode = [] {
@@ -58,8 +67,30 @@ bool DetectAvx512Bf16() {
     __cpuid_count(7, 1, eax, ebx, ecx, edx);
     return (eax & (1u << 5)) != 0;
 }
+
+// AMX-TILE and AMX-BF16 (cpuid leaf 7: edx bits 24 and 22), the OS's tile state in XCR0 (bits 17
+// and 18), and Linux's permission for this process to use the tile data (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; asked once, it holds for every thread).
+bool DetectAmxBf16() {
+#if defined(__linux__)
+    if (!DetectAvx512Bf16()) return false;
+    unsigned eax, ebx, ecx, edx;
+    __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    if (!(edx & (1u << 22)) || !(edx & (1u << 24))) return false;
+    uint32_t xcr0_lo;
+    uint32_t xcr0_hi;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    if ((xcr0_lo & (3u << 17)) != (3u << 17)) return false;
+    constexpr long kArchReqXcompPerm = 0x1023;
+    constexpr long kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
+}
 #else
 bool DetectAvx512Bf16() { return false; }
+bool DetectAmxBf16() { return false; }
 #endif
 
 }  // namespace
@@ -100,6 +131,34 @@ bool CpuHasAvx512Bf16() {
     static const bool has = DetectAvx512Bf16();
     return has;
 }
+
+bool CpuHasAmxBf16() {
+    static const bool has = DetectAmxBf16();
+    return has;
+}
+
+std::string_view Bf16UnitName(Bf16Unit unit) {
+    switch (unit) {
+        case Bf16Unit::kAvx512Bf16:
+            return "avx512bf16";
+        case Bf16Unit::kAmx:
+            return "amx";
+    }
+    return "?";
+}
+
+Bf16Unit ActiveBf16Unit() {
+    const Bf16Unit best = CpuHasAmxBf16() ? Bf16Unit::kAmx : Bf16Unit::kAvx512Bf16;
+    const int pinned = g_pinned_unit.load(std::memory_order_relaxed);
+    if (pinned == kNotPinned) return best;
+    return static_cast<Bf16Unit>(std::min(pinned, static_cast<int>(best)));
+}
+
+void ForceBf16Unit(Bf16Unit unit) {
+    g_pinned_unit.store(static_cast<int>(unit), std::memory_order_relaxed);
+}
+
+void ResetBf16Unit() { g_pinned_unit.store(kNotPinned, std::memory_order_relaxed); }
 
 bool GemmBf16Reads(DType dtype) {
     return dtype != DType::kF32 && matmul_internal::HasSimdKernel(dtype);
@@ -218,11 +277,8 @@ KV_BF16 void TileOf(int rows, const uint32_t* xt, const uint32_t* packed, int64_
     ((rows == Js + 1 ? Tile<Js + 1>(xt, packed, kp, y, ldy, m0, m1) : void()), ...);
 }
 
-}  // namespace
-
-KV_BF16 void GemmBf16Avx512(const float* x, int64_t m, const StoredMatrix& w, float* y) {
-    KV_CHECK(m >= 1 && GemmBf16Reads(w.dtype) && CpuHasAvx512Bf16())
-        << "m=" << m << " dtype=" << DTypeName(w.dtype);
+// The vdpbf16ps kernel (Bf16Unit::kAvx512Bf16).
+KV_BF16 void GemmVdpbf16ps(const float* x, int64_t m, const StoredMatrix& w, float* y) {
     const int64_t n = w.rows;
     const int64_t k = w.cols;
     const int64_t kpad = (k + kBf16PerZmm - 1) / kBf16PerZmm * kBf16PerZmm;
@@ -262,6 +318,112 @@ KV_BF16 void GemmBf16Avx512(const float* x, int64_t m, const StoredMatrix& w, fl
                        m1, std::make_integer_sequence<int, kTileRows>{});
             }
         }
+    }
+}
+
+// The AMX tile configuration of GemmAmx: palette 1, eight tiles of 16 rows × 64 bytes (tmm0-3
+// the 2 × 2 fp32 accumulators of 32 activation rows × 32 weight rows, tmm4-5 the activation rows'
+// 16 × 32 bf16, tmm6-7 the strip's two halves, 16 pairs × 16 weight rows).
+struct alignas(64) TileConfig {
+    uint8_t palette_id = 1;
+    uint8_t start_row = 0;
+    uint8_t reserved[14] = {};
+    uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+    uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+// The tdpbf16ps kernel (Bf16Unit::kAmx): the activations rounded once into row-major bf16 rows
+// (padded with zeros to a multiple of 32 rows and of kBf16PerZmm columns), which are the A tiles
+// as they lie; the strip of PackStrip is the B tiles' layout (16 pairs × 16 dwords, rows 128
+// bytes apart). Each output is the fp32 sum of the pair products in order of k, as in
+// GemmVdpbf16ps.
+KV_AMX void GemmAmx(const float* x, int64_t m, const StoredMatrix& w, float* y) {
+    constexpr int64_t kBlockRows = 2 * kLanes;  // activation rows of the 2 × 2 accumulator tiles
+    const int64_t n = w.rows;
+    const int64_t k = w.cols;
+    const int64_t kpad = (k + kBf16PerZmm - 1) / kBf16PerZmm * kBf16PerZmm;
+    const int64_t kp = kpad / 2;
+    const int64_t mpad = (m + kBlockRows - 1) / kBlockRows * kBlockRows;
+    const int64_t strips = (n + kBf16StripRows - 1) / kBf16StripRows;
+    auto* xb = Scratch<Use::kActivations, uint16_t>(static_cast<size_t>(mpad * kpad));
+    const bool parallel = strips > 1 && m * n * k >= kMinParallelMacs;
+    const int64_t a_stride = kpad * int64_t{sizeof(uint16_t)};
+    constexpr int64_t kStripStride = kBf16StripRows * int64_t{sizeof(uint32_t)};
+#pragma omp parallel if (parallel)
+    {
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < mpad; ++i) {
+            if (i < m) {
+                RoundRow(x + i * k, k, kpad, xb + i * kpad);
+            } else {
+                std::memset(xb + i * kpad, 0, static_cast<size_t>(a_stride));
+            }
+        }
+        // (The loop's closing barrier publishes the activations to the team.)
+        auto* rows_f32 = Scratch<Use::kStripF32, float>(static_cast<size_t>(kLanes * k));
+        auto* rows_bf16 = Scratch<Use::kStripBf16, uint16_t>(static_cast<size_t>(kLanes * kpad));
+        auto* packed = Scratch<Use::kPacked, uint32_t>(static_cast<size_t>(kBf16StripRows * kp));
+        alignas(64) float edge[4][kLanes * kLanes];
+        const TileConfig config;
+        _tile_loadconfig(&config);
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int64_t s = 0; s < strips; ++s) {
+            const int64_t j0 = s * kBf16StripRows;
+            const int64_t cols = std::min(kBf16StripRows, n - j0);
+            PackStrip(w, j0, kpad, rows_f32, rows_bf16, packed);
+            for (int64_t i0 = 0; i0 < mpad; i0 += kBlockRows) {
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+                const uint16_t* a = xb + i0 * kpad;
+                for (int64_t c = 0; c < kpad; c += kBf16PerZmm) {
+                    _tile_loadd(4, a + c, a_stride);
+                    _tile_loadd(5, a + kLanes * kpad + c, a_stride);
+                    _tile_loadd(6, packed + (c / 2) * kBf16StripRows, kStripStride);
+                    _tile_loadd(7, packed + (c / 2) * kBf16StripRows + kLanes, kStripStride);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(1, 4, 7);
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+                const int64_t rows = std::min(kBlockRows, m - i0);
+                float* out = y + i0 * n + j0;
+                const int64_t y_stride = n * int64_t{sizeof(float)};
+                if (rows == kBlockRows && cols == kBf16StripRows) {
+                    _tile_stored(0, out, y_stride);
+                    _tile_stored(1, out + kLanes, y_stride);
+                    _tile_stored(2, out + kLanes * n, y_stride);
+                    _tile_stored(3, out + kLanes * n + kLanes, y_stride);
+                    continue;
+                }
+                constexpr int64_t kEdgeStride = kLanes * int64_t{sizeof(float)};
+                _tile_stored(0, edge[0], kEdgeStride);
+                _tile_stored(1, edge[1], kEdgeStride);
+                _tile_stored(2, edge[2], kEdgeStride);
+                _tile_stored(3, edge[3], kEdgeStride);
+                for (int64_t i = 0; i < rows; ++i) {
+                    for (int64_t j = 0; j < cols; ++j) {
+                        out[i * n + j] =
+                            edge[(i / kLanes) * 2 + j / kLanes][(i % kLanes) * kLanes + j % kLanes];
+                    }
+                }
+            }
+        }
+        _tile_release();
+    }
+}
+
+}  // namespace
+
+void GemmBf16Avx512(const float* x, int64_t m, const StoredMatrix& w, float* y) {
+    KV_CHECK(m >= 1 && GemmBf16Reads(w.dtype) && CpuHasAvx512Bf16())
+        << "m=" << m << " dtype=" << DTypeName(w.dtype);
+    switch (ActiveBf16Unit()) {
+        case Bf16Unit::kAmx:
+            return GemmAmx(x, m, w, y);
+        case Bf16Unit::kAvx512Bf16:
+            return GemmVdpbf16ps(x, m, w, y);
     }
 }
 #else

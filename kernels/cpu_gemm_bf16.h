@@ -1,5 +1,6 @@
 // The bf16 prefill product (kernels/cpu_matmul.cc dispatches to it): y[m, n] = x[m, k] · W[n, k]^T
-// with W in its stored format, for prefill-sized m, on CPUs with AVX512-BF16 (vdpbf16ps).
+// with W in its stored format, for prefill-sized m, on CPUs with AVX512-BF16: with AMX tiles
+// (tdpbf16ps) where the CPU and the OS offer AMX-BF16, else with vdpbf16ps in zmm registers.
 //
 // The activations are rounded to bf16 once per product (round to nearest even) and kept
 // row-major, so the pair (x[i, 2p], x[i, 2p + 1]) is one dword that a tile broadcasts. Each strip
@@ -8,6 +9,9 @@
 // strip is kBf16StripRows dwords, one per weight row, i.e. two zmm operands of vdpbf16ps. A tile of
 // up to 12 activation rows × the strip's 32 weight rows keeps 24 fp32 accumulators in registers;
 // a row of y is written directly (16 output columns per accumulator). Threads split over n.
+// With AMX the strip's layout is the B operand as it lies (16 pairs × 16 weight rows a tile), the
+// bf16 activation rows the A operand, and 2 × 2 accumulator tiles hold 32 activation rows × the
+// strip's 32 weight rows.
 //
 // Accuracy: each product x·w is exact in fp32 (bf16 × bf16), the sums are fp32, so y[i, j] is the
 // fp32 sum over p of bf16(x[i, p]) · bf16(w[j, p]) (vdpbf16ps adds the two products of a pair to
@@ -55,6 +59,21 @@ void ResetPrefillMode();
 
 // Whether this CPU (and its OS) runs AVX512-BF16 (cpuid leaf 7 sub-leaf 1, with AVX-512 state).
 bool CpuHasAvx512Bf16();
+
+// Whether this CPU has AMX-TILE and AMX-BF16 with the OS's tile state, and Linux granted this
+// process the tile data (arch_prctl, asked on the first call).
+bool CpuHasAmxBf16();
+
+// The unit that multiplies: AMX tiles when the CPU has them, else AVX512-BF16 registers. Both
+// sum the same bf16 products in fp32 in order of k (the pairs' two products may be added in another
+// order, so the two agree to fp32 rounding, not bit for bit).
+enum class Bf16Unit { kAvx512Bf16, kAmx };
+std::string_view Bf16UnitName(Bf16Unit unit);
+// The best unit this CPU has, unless pinned (tests, benchmarks; a pinned unit the CPU lacks falls
+// back to the one it has). Not to be called while kernels run.
+Bf16Unit ActiveBf16Unit();
+void ForceBf16Unit(Bf16Unit unit);
+void ResetBf16Unit();
 
 // Whether the kernel reads `dtype`: the types of the AVX-512 dequantizer but F32 (F32 weights go
 // to sgemm as they are, so that an F32 model stays exact).

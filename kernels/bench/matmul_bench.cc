@@ -7,13 +7,14 @@
 //   kvshard_matmul_bench [--dtypes Q4_1,Q8_0,F32] [--m 1,16,128] [--threads 1,2]
 //                        [--isa portable|avx2|avx512] [--activations fp32,int8,int16] [--hot]
 //                        [--min-ms N] [--gemm auto,off,on] [--interleaved]
-//                        [--prefill fp32,bf16]
+//                        [--prefill fp32,bf16,bf16-avx512]
 //
 // --gemm lists the modes of the batched-decode kernel (kernels/cpu_gemm.h) each case runs with:
 // auto (MatMulStored's own choice), off (the register-tiled kernels or sgemm panels) and on (the
 // kernel at any m); the "gemm" column says whether it ran.
 // --prefill lists the modes of prefill-sized products (kernels/cpu_gemm_bf16.h; default: the
-// process's, KVSHARD_MATMUL_PREFILL) each case runs with; the "pre" column says which ran (bf16 at
+// process's, KVSHARD_MATMUL_PREFILL) each case runs with: fp32, bf16 (AMX tiles where the CPU has
+// them), bf16-avx512 (vdpbf16ps even with AMX); the "pre" column says which ran (amx or bf16 at
 // m >= 49 on a CPU with AVX512-BF16, else fp32).
 // --interleaved gives each Q4_1 and Q8_0 matrix its interleaved copy (kernels/cpu_matmul.h), which
 // single-row products read on AVX-512 (batch-1 decode's layout; the runner makes it).
@@ -226,7 +227,7 @@ int main(int argc, char** argv) {
                          "usage: %s [--dtypes Q4_1,Q8_0,F32] [--m 1,16,128] [--threads 1,2] "
                          "[--isa portable|avx2|avx512] [--activations fp32,int8,int16] [--hot] "
                          "[--min-ms N] [--gemm auto,off,on] [--interleaved] "
-                         "[--prefill fp32,bf16]\n",
+                         "[--prefill fp32,bf16,bf16-avx512]\n",
                          argv[0]);
             return 2;
         }
@@ -283,16 +284,14 @@ int main(int argc, char** argv) {
         }
     }
     namespace bf16 = kvshard::cpu::gemm_bf16;
-    std::vector<bf16::PrefillMode> prefill_modes;
     for (const std::string& name : prefill_names) {
-        if (name != "fp32" && name != "bf16") {
+        if (name != "fp32" && name != "bf16" && name != "bf16-avx512") {
             std::fprintf(stderr, "kvshard_matmul_bench: unknown --prefill mode %s\n", name.c_str());
             return 2;
         }
-        prefill_modes.push_back(name == "bf16" ? bf16::PrefillMode::kBf16
-                                               : bf16::PrefillMode::kFp32);
     }
-    if (prefill_modes.empty()) prefill_modes.push_back(bf16::ActivePrefillMode());
+    if (prefill_names.empty())
+        prefill_names.push_back(std::string(bf16::PrefillModeName(bf16::ActivePrefillMode())));
     const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
     const size_t cold_bytes = 2 * static_cast<size_t>(llc > 0 ? llc : 64 << 20);
     std::printf("isa %s (detected %s), blas core %s, weights %s\n",
@@ -341,12 +340,19 @@ int main(int argc, char** argv) {
                     const int threads = std::atoi(t_text.c_str());
                     if (threads <= 0) continue;
                     kvshard::cpu::SetNumThreads(threads);
-                    for (const auto& [prefill_mode, gemm_mode] : Pairs(prefill_modes, gemm_modes)) {
-                        bf16::ForcePrefillMode(prefill_mode);
+                    for (const auto& [prefill_name, gemm_mode] : Pairs(prefill_names, gemm_modes)) {
+                        bf16::ForcePrefillMode(prefill_name == "fp32" ? bf16::PrefillMode::kFp32
+                                                                      : bf16::PrefillMode::kBf16);
+                        if (prefill_name == "bf16-avx512") {
+                            bf16::ForceBf16Unit(bf16::Bf16Unit::kAvx512Bf16);
+                        } else {
+                            bf16::ResetBf16Unit();
+                        }
                         kvshard::cpu::gemm::ForceGemmMode(gemm_mode);
                         const char* prefill_used =
-                            bf16::UsesGemmBf16(kvshard::cpu::ActiveKernelIsa(), dtype, m) ? "bf16"
-                                                                                          : "fp32";
+                            !bf16::UsesGemmBf16(kvshard::cpu::ActiveKernelIsa(), dtype, m) ? "fp32"
+                            : bf16::ActiveBf16Unit() == bf16::Bf16Unit::kAmx               ? "amx"
+                                                                                           : "bf16";
                         // (The bf16 kernel, when it runs, comes before the batched one.)
                         const char* gemm_used = kvshard::cpu::gemm::UsesGemm(
                                                     kvshard::cpu::ActiveKernelIsa(), dtype, m) &&
@@ -421,6 +427,7 @@ int main(int argc, char** argv) {
                     }
                     kvshard::cpu::gemm::ResetGemmMode();
                     bf16::ResetPrefillMode();
+                    bf16::ResetBf16Unit();
                 }
             }
         }

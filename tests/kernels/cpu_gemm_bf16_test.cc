@@ -1,8 +1,9 @@
 // The bf16 prefill kernel (kernels/cpu_gemm_bf16.h): its product against the sum it promises (the
 // bf16-rounded operands' products summed in double, within fp32 accumulation's bound) and against
 // the fp32 product (within bf16 rounding's bound); a row's result independent of the batch, the
-// tile and the team; the rule by which MatMulStored picks it, the fp32 fallback when the ISA is
-// pinned below AVX-512 (a CPU without AVX512-BF16 takes the same branch), and the setting's parse.
+// tile and the team (with AMX tiles and with AVX512-BF16 registers); the rule by which MatMulStored
+// picks it, the fp32 fallback when the ISA is pinned below AVX-512 (a CPU without AVX512-BF16 takes
+// the same branch), and the setting's parse.
 #include "kernels/cpu_gemm_bf16.h"
 
 #include <gtest/gtest.h>
@@ -74,44 +75,57 @@ constexpr Case kCases[] = {
     {DType::kQ4_K, 53, 35, 256},   {DType::kQ4_1, 512, 64, 64},
 };
 
+// The units this CPU can run (AMX, when it has it, and AVX512-BF16), each pinned in turn.
+std::vector<Bf16Unit> Units() {
+    std::vector<Bf16Unit> units = {Bf16Unit::kAvx512Bf16};
+    if (CpuHasAmxBf16()) units.push_back(Bf16Unit::kAmx);
+    return units;
+}
+
 TEST(GemmBf16, WithinFp32AccumulationOfTheBf16Products) {
     if (!CpuHasAvx512Bf16()) GTEST_SKIP() << "no AVX512-BF16";
-    for (const Case& c : kCases) {
-        SCOPED_TRACE(std::string(DTypeName(c.dtype)) + " m=" + std::to_string(c.m) +
-                     " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k));
-        const RandomMatrix w(c.dtype, c.n, c.k, 7);
-        const std::vector<float> x = RandomFloats(static_cast<size_t>(c.m * c.k), 11);
-        std::vector<float> rows(static_cast<size_t>(c.n * c.k));
-        matmul_internal::DequantizeRowsAvx512(w.matrix(), 0, c.n, rows.data());
-        std::vector<float> y(static_cast<size_t>(c.m * c.n), NAN);
-        GemmBf16Avx512(x.data(), c.m, w.matrix(), y.data());
-        double worst_bf16 = 0;  // error over its bound, for the message
-        double worst_fp32 = 0;
-        for (int64_t i = 0; i < c.m; ++i) {
-            for (int64_t j = 0; j < c.n; ++j) {
-                double ref = 0, abs_sum = 0, exact = 0, exact_abs = 0;
-                for (int64_t p = 0; p < c.k; ++p) {
-                    const double xv = x[i * c.k + p];
-                    const double wv = rows[j * c.k + p];
-                    const double prod = double(RoundBf16(float(xv))) * RoundBf16(float(wv));
-                    ref += prod;
-                    abs_sum += std::fabs(prod);
-                    exact += xv * wv;
-                    exact_abs += std::fabs(xv * wv);
+    for (const Bf16Unit unit : Units())
+        for (const Case& c : kCases) {
+            ForceBf16Unit(unit);
+            SCOPED_TRACE(std::string(Bf16UnitName(unit)) + " " + std::string(DTypeName(c.dtype)) +
+                         " m=" + std::to_string(c.m) + " n=" + std::to_string(c.n) +
+                         " k=" + std::to_string(c.k));
+            const RandomMatrix w(c.dtype, c.n, c.k, 7);
+            const std::vector<float> x = RandomFloats(static_cast<size_t>(c.m * c.k), 11);
+            std::vector<float> rows(static_cast<size_t>(c.n * c.k));
+            matmul_internal::DequantizeRowsAvx512(w.matrix(), 0, c.n, rows.data());
+            std::vector<float> y(static_cast<size_t>(c.m * c.n), NAN);
+            GemmBf16Avx512(x.data(), c.m, w.matrix(), y.data());
+            ResetBf16Unit();
+            EXPECT_EQ(ActiveBf16Unit(), CpuHasAmxBf16() ? Bf16Unit::kAmx : Bf16Unit::kAvx512Bf16);
+            double worst_bf16 = 0;  // error over its bound, for the message
+            double worst_fp32 = 0;
+            for (int64_t i = 0; i < c.m; ++i) {
+                for (int64_t j = 0; j < c.n; ++j) {
+                    double ref = 0, abs_sum = 0, exact = 0, exact_abs = 0;
+                    for (int64_t p = 0; p < c.k; ++p) {
+                        const double xv = x[i * c.k + p];
+                        const double wv = rows[j * c.k + p];
+                        const double prod = double(RoundBf16(float(xv))) * RoundBf16(float(wv));
+                        ref += prod;
+                        abs_sum += std::fabs(prod);
+                        exact += xv * wv;
+                        exact_abs += std::fabs(xv * wv);
+                    }
+                    const double got = y[i * c.n + j];
+                    // Recursive fp32 summation of k exact products: at most k · 2^-24 of their
+                    // |sum|.
+                    const double bound = double(c.k) * std::ldexp(1.0, -24) * abs_sum + 1e-30;
+                    worst_bf16 = std::max(worst_bf16, std::fabs(got - ref) / bound);
+                    // Both operands rounded to 8 significant bits: each product within ~2^-8 of its
+                    // own.
+                    const double bound32 = std::ldexp(1.0, -7) * exact_abs + 1e-30;
+                    worst_fp32 = std::max(worst_fp32, std::fabs(got - exact) / bound32);
                 }
-                const double got = y[i * c.n + j];
-                // Recursive fp32 summation of k exact products: at most k · 2^-24 of their |sum|.
-                const double bound = double(c.k) * std::ldexp(1.0, -24) * abs_sum + 1e-30;
-                worst_bf16 = std::max(worst_bf16, std::fabs(got - ref) / bound);
-                // Both operands rounded to 8 significant bits: each product within ~2^-8 of its
-                // own.
-                const double bound32 = std::ldexp(1.0, -7) * exact_abs + 1e-30;
-                worst_fp32 = std::max(worst_fp32, std::fabs(got - exact) / bound32);
             }
+            EXPECT_LE(worst_bf16, 1.0);
+            EXPECT_LE(worst_fp32, 1.0);
         }
-        EXPECT_LE(worst_bf16, 1.0);
-        EXPECT_LE(worst_fp32, 1.0);
-    }
 }
 
 TEST(GemmBf16, ARowsProductDoesNotDependOnTheBatchTileOrTeam) {
@@ -119,16 +133,22 @@ TEST(GemmBf16, ARowsProductDoesNotDependOnTheBatchTileOrTeam) {
     const int64_t n = 100, k = 576, m = 130, offset = 5, sub = 60;
     const RandomMatrix w(DType::kQ4_1, n, k, 3);
     const std::vector<float> x = RandomFloats(static_cast<size_t>(m * k), 4);
-    std::vector<float> all(static_cast<size_t>(m * n));
-    SetNumThreads(2);
-    GemmBf16Avx512(x.data(), m, w.matrix(), all.data());
-    // Rows offset .. offset + sub - 1 as a product of their own: row offset is now row 0 of a
-    // tile instead of row 5, and the tiles end elsewhere.
-    std::vector<float> part(static_cast<size_t>(sub * n));
-    SetNumThreads(1);
-    GemmBf16Avx512(x.data() + offset * k, sub, w.matrix(), part.data());
-    SetNumThreads(2);
-    EXPECT_EQ(std::memcmp(part.data(), all.data() + offset * n, part.size() * sizeof(float)), 0);
+    for (const Bf16Unit unit : Units()) {
+        SCOPED_TRACE(Bf16UnitName(unit));
+        ForceBf16Unit(unit);
+        std::vector<float> all(static_cast<size_t>(m * n));
+        SetNumThreads(2);
+        GemmBf16Avx512(x.data(), m, w.matrix(), all.data());
+        // Rows offset .. offset + sub - 1 as a product of their own: row offset is now row 0 of a
+        // tile instead of row 5, and the tiles end elsewhere.
+        std::vector<float> part(static_cast<size_t>(sub * n));
+        SetNumThreads(1);
+        GemmBf16Avx512(x.data() + offset * k, sub, w.matrix(), part.data());
+        SetNumThreads(2);
+        EXPECT_EQ(std::memcmp(part.data(), all.data() + offset * n, part.size() * sizeof(float)),
+                  0);
+    }
+    ResetBf16Unit();
 }
 
 TEST(GemmBf16, MatMulStoredTakesItByTheRuleAndFallsBackToFp32) {
