@@ -6,7 +6,8 @@
 //    by the register-tiled kernels of cpu_matmul_avx512.cc / cpu_matmul_avx2.cc (or the portable
 //    loop here); the product is bound by the weight bytes streamed, which quantization shrinks.
 //  - larger m (prefill): dequantizing a weight row costs O(k) and sgemm amortizes it over m rows
-//    at near-peak FLOP rate, so a panel of rows is dequantized to fp32 and handed to sgemm.
+//    at near-peak FLOP rate, so a panel of rows is dequantized to fp32 and handed to sgemm; with
+//    KVSHARD_MATMUL_PREFILL=bf16, m >= 49 takes the bf16 kernel of kernels/cpu_gemm_bf16.h.
 #include "kernels/cpu_matmul.h"
 
 #include <cblas.h>
