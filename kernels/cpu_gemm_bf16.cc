@@ -1,7 +1,7 @@
-// The bf16 prefill product of kernels/cpu_gemm_bf16.h (AVX512-BF16). Compiled for any x86-64
-// target: every function that uses AVX-512 carries the target attribute, and
-// kernels/cpu_matmul.cc calls GemmBf16Avx512 only after cpuid and xgetbv said the CPU and the OS
-// support it (UsesGemmBf16).
+// The bf16 prefill product of kernels/cpu_gemm_bf16.h (AMX-BF16 tiles, else AVX512-BF16
+// registers). Compiled for any x86-64 target: every function that uses AVX-512 or AMX carries the
+// target attribute, and kernels/cpu_matmul.cc calls GemmBf16 only after cpuid and xgetbv said the
+// CPU and the OS support it (UsesGemmBf16; AMX also after Linux granted the tile data).
 #include "kernels/cpu_gemm_bf16.h"
 
 #include <omp.h>
@@ -416,7 +416,7 @@ KV_AMX void GemmAmx(const float* x, int64_t m, const StoredMatrix& w, float* y) 
 
 }  // namespace
 
-void GemmBf16Avx512(const float* x, int64_t m, const StoredMatrix& w, float* y) {
+void GemmBf16(const float* x, int64_t m, const StoredMatrix& w, float* y) {
     KV_CHECK(m >= 1 && GemmBf16Reads(w.dtype) && CpuHasAvx512Bf16())
         << "m=" << m << " dtype=" << DTypeName(w.dtype);
     switch (ActiveBf16Unit()) {
@@ -427,8 +427,8 @@ void GemmBf16Avx512(const float* x, int64_t m, const StoredMatrix& w, float* y) 
     }
 }
 #else
-void GemmBf16Avx512(const float*, int64_t, const StoredMatrix&, float*) {
-    KV_CHECK(false) << "GemmBf16Avx512 on a CPU without AVX512-BF16";
+void GemmBf16(const float*, int64_t, const StoredMatrix&, float*) {
+    KV_CHECK(false) << "GemmBf16 on a CPU without AVX512-BF16";
 }
 #endif
 

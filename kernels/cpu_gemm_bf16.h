@@ -79,13 +79,13 @@ void ResetBf16Unit();
 // to sgemm as they are, so that an F32 model stays exact).
 bool GemmBf16Reads(DType dtype);
 
-// Whether MatMulStored of m rows against `dtype` weights on `isa` runs GemmBf16Avx512 now: the
+// Whether MatMulStored of m rows against `dtype` weights on `isa` runs GemmBf16 now: the
 // bf16 mode, m >= kMinBf16Rows, isa kAvx512 on a CPU with AVX512-BF16, and a type it reads.
 // Elsewhere (a CPU without AVX512-BF16, or an ISA pinned below AVX-512) the fp32 path runs.
 bool UsesGemmBf16(KernelIsa isa, DType dtype, int64_t m);
 
 // y = x · W^T as above. REQUIRES: CpuHasAvx512Bf16(); GemmBf16Reads(w.dtype); m >= 1; x rows of
 // stride k = w.cols, y rows of stride n = w.rows.
-void GemmBf16Avx512(const float* x, int64_t m, const StoredMatrix& w, float* y);
+void GemmBf16(const float* x, int64_t m, const StoredMatrix& w, float* y);
 
 }  // namespace kvshard::cpu::gemm_bf16

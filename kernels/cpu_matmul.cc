@@ -616,7 +616,7 @@ void MatMulStored(const float* x, int64_t m, const StoredMatrix& w, float* y) {
     }
     if (gemm_bf16::UsesGemmBf16(isa, w.dtype, m)) {
         // Prefill-sized products in bf16 when chosen (kernels/cpu_gemm_bf16.h).
-        gemm_bf16::GemmBf16Avx512(x, m, w, y);
+        gemm_bf16::GemmBf16(x, m, w, y);
     } else if (gemm::UsesGemm(isa, w.dtype, m)) {
         // Batched decode (kernels/cpu_gemm.h): each weight strip dequantized once for all rows.
         gemm::GemmAvx512(x, m, w, y);

@@ -95,7 +95,7 @@ TEST(GemmBf16, WithinFp32AccumulationOfTheBf16Products) {
             std::vector<float> rows(static_cast<size_t>(c.n * c.k));
             matmul_internal::DequantizeRowsAvx512(w.matrix(), 0, c.n, rows.data());
             std::vector<float> y(static_cast<size_t>(c.m * c.n), NAN);
-            GemmBf16Avx512(x.data(), c.m, w.matrix(), y.data());
+            GemmBf16(x.data(), c.m, w.matrix(), y.data());
             ResetBf16Unit();
             EXPECT_EQ(ActiveBf16Unit(), CpuHasAmxBf16() ? Bf16Unit::kAmx : Bf16Unit::kAvx512Bf16);
             double worst_bf16 = 0;  // error over its bound, for the message
@@ -138,12 +138,12 @@ TEST(GemmBf16, ARowsProductDoesNotDependOnTheBatchTileOrTeam) {
         ForceBf16Unit(unit);
         std::vector<float> all(static_cast<size_t>(m * n));
         SetNumThreads(2);
-        GemmBf16Avx512(x.data(), m, w.matrix(), all.data());
+        GemmBf16(x.data(), m, w.matrix(), all.data());
         // Rows offset .. offset + sub - 1 as a product of their own: row offset is now row 0 of a
         // tile instead of row 5, and the tiles end elsewhere.
         std::vector<float> part(static_cast<size_t>(sub * n));
         SetNumThreads(1);
-        GemmBf16Avx512(x.data() + offset * k, sub, w.matrix(), part.data());
+        GemmBf16(x.data() + offset * k, sub, w.matrix(), part.data());
         SetNumThreads(2);
         EXPECT_EQ(std::memcmp(part.data(), all.data() + offset * n, part.size() * sizeof(float)),
                   0);
@@ -183,7 +183,7 @@ TEST(GemmBf16, MatMulStoredTakesItByTheRuleAndFallsBackToFp32) {
         // Through MatMulStored at AVX-512: the kernel's own result, and not fp32's.
         const std::vector<float> got = run(PrefillMode::kBf16, KernelIsa::kAvx512);
         std::vector<float> direct(static_cast<size_t>(m * n));
-        GemmBf16Avx512(x.data(), m, w.matrix(), direct.data());
+        GemmBf16(x.data(), m, w.matrix(), direct.data());
         EXPECT_EQ(std::memcmp(got.data(), direct.data(), got.size() * sizeof(float)), 0);
         const std::vector<float> fp32 = run(PrefillMode::kFp32, KernelIsa::kAvx512);
         EXPECT_NE(std::memcmp(got.data(), fp32.data(), got.size() * sizeof(float)), 0);
