@@ -6,7 +6,8 @@
 //    by the register-tiled kernels of cpu_matmul_avx512.cc / cpu_matmul_avx2.cc (or the portable
 //    loop here); the product is bound by the weight bytes streamed, which quantization shrinks.
 //  - larger m (prefill): dequantizing a weight row costs O(k) and sgemm amortizes it over m rows
-//    at near-peak FLOP rate, so a panel of rows is dequantized to fp32 and handed to sgemm.
+//    at near-peak FLOP rate, so a panel of rows is dequantized to fp32 and handed to sgemm; with
+//    KVSHARD_MATMUL_PREFILL=bf16, m >= 49 takes the bf16 kernel of kernels/cpu_gemm_bf16.h.
 #include "kernels/cpu_matmul.h"
 
 #include <cblas.h>
@@ -27,6 +28,7 @@
 
 #include "common/check.h"
 #include "kernels/cpu_gemm.h"
+#include "kernels/cpu_gemm_bf16.h"
 #include "kernels/cpu_matmul_internal.h"
 #include "kernels/cpu_ops.h"
 
@@ -612,7 +614,10 @@ void MatMulStored(const float* x, int64_t m, const StoredMatrix& w, float* y) {
         }
         x = rounded;
     }
-    if (gemm::UsesGemm(isa, w.dtype, m)) {
+    if (gemm_bf16::UsesGemmBf16(isa, w.dtype, m)) {
+        // Prefill-sized products in bf16 when chosen (kernels/cpu_gemm_bf16.h).
+        gemm_bf16::GemmBf16(x, m, w, y);
+    } else if (gemm::UsesGemm(isa, w.dtype, m)) {
         // Batched decode (kernels/cpu_gemm.h): each weight strip dequantized once for all rows.
         gemm::GemmAvx512(x, m, w, y);
     } else if (w.dtype == DType::kF32 || m > kMaxTiledRows) {

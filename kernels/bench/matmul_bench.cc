@@ -7,20 +7,25 @@
 //   kvshard_matmul_bench [--dtypes Q4_1,Q8_0,F32] [--m 1,16,128] [--threads 1,2]
 //                        [--isa portable|avx2|avx512] [--activations fp32,int8,int16] [--hot]
 //                        [--min-ms N] [--gemm auto,off,on] [--interleaved]
+//                        [--prefill fp32,bf16,bf16-avx512]
 //
 // --gemm lists the modes of the batched-decode kernel (kernels/cpu_gemm.h) each case runs with:
 // auto (MatMulStored's own choice), off (the register-tiled kernels or sgemm panels) and on (the
 // kernel at any m); the "gemm" column says whether it ran.
+// --prefill lists the modes of prefill-sized products (kernels/cpu_gemm_bf16.h; default: the
+// process's, KVSHARD_MATMUL_PREFILL) each case runs with: fp32, bf16 (AMX tiles where the CPU has
+// them), bf16-avx512 (vdpbf16ps even with AMX); the "pre" column says which ran (amx or bf16 at
+// m >= 49 on a CPU with AVX512-BF16, else fp32).
 // --interleaved gives each Q4_1 and Q8_0 matrix its interleaved copy (kernels/cpu_matmul.h), which
 // single-row products read on AVX-512 (batch-1 decode's layout; the runner makes it).
 // --activations lists the activation formats (kernels/cpu_matmul.h; default fp32,int8) each case
-// runs with, in the same process one after the other; "vs fp32" is the fp32 time over this one (above 1: faster).
-// cpu-us is the least CPU time per call and thread over the 5 runs, and "cpu vs" the same ratio
-// on it: on a shared machine, where the wall time counts the other processes' turns, it is the
-// steadier figure (at 1 thread; at 2 an idle team member's spin-wait counts too).
-// The "act" column says what ran: int8 (the int8 dot-product kernels), rnd8 (activations rounded
-// to 8 bits, then the fp32 kernels: m > 16 or the portable ISA), i16 (a single row rounded to
-// int16 against the interleaved copy, AVX512_VNNI) or fp32 (the exact kernels).
+// runs with, in the same process one after the other; "vs fp32" is the fp32 time over this one
+// (above 1: faster). cpu-us is the least CPU time per call and thread over the 5 runs, and "cpu vs"
+// the same ratio on it: on a shared machine, where the wall time counts the other processes' turns,
+// it is the steadier figure (at 1 thread; at 2 an idle team member's spin-wait counts too). The
+// "act" column says what ran: int8 (the int8 dot-product kernels), rnd8 (activations rounded to 8
+// bits, then the fp32 kernels: m > 16 or the portable ISA), i16 (a single row rounded to int16
+// against the interleaved copy, AVX512_VNNI) or fp32 (the exact kernels).
 //
 // Decode reads every layer's weights once per step from DRAM, so by default each matrix is
 // replicated into copies totalling at least twice the last-level cache and the calls cycle through
@@ -38,10 +43,12 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
 #include "kernels/cpu_gemm.h"
+#include "kernels/cpu_gemm_bf16.h"
 #include "kernels/cpu_matmul.h"
 #include "kernels/cpu_ops.h"
 
@@ -169,6 +176,16 @@ double ProcessCpuSeconds() {
     return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
+// Every (a, b) with a from `as` and b from `bs`, a the outer.
+template <typename A, typename B>
+std::vector<std::pair<A, B>> Pairs(const std::vector<A>& as, const std::vector<B>& bs) {
+    std::vector<std::pair<A, B>> out;
+    for (const A& a : as) {
+        for (const B& b : bs) out.emplace_back(a, b);
+    }
+    return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -181,6 +198,7 @@ int main(int argc, char** argv) {
     bool interleaved = false;
     double min_ms = 150;
     std::vector<std::string> gemm_names = {"auto"};
+    std::vector<std::string> prefill_names;
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
         const bool has_value = i + 1 < argc;
@@ -202,11 +220,14 @@ int main(int argc, char** argv) {
             min_ms = std::atof(argv[++i]);
         } else if (arg == "--gemm" && has_value) {
             gemm_names = Split(argv[++i]);
+        } else if (arg == "--prefill" && has_value) {
+            prefill_names = Split(argv[++i]);
         } else {
             std::fprintf(stderr,
                          "usage: %s [--dtypes Q4_1,Q8_0,F32] [--m 1,16,128] [--threads 1,2] "
                          "[--isa portable|avx2|avx512] [--activations fp32,int8,int16] [--hot] "
-                         "[--min-ms N] [--gemm auto,off,on] [--interleaved]\n",
+                         "[--min-ms N] [--gemm auto,off,on] [--interleaved] "
+                         "[--prefill fp32,bf16,bf16-avx512]\n",
                          argv[0]);
             return 2;
         }
@@ -262,6 +283,15 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
+    namespace bf16 = kvshard::cpu::gemm_bf16;
+    for (const std::string& name : prefill_names) {
+        if (name != "fp32" && name != "bf16" && name != "bf16-avx512") {
+            std::fprintf(stderr, "kvshard_matmul_bench: unknown --prefill mode %s\n", name.c_str());
+            return 2;
+        }
+    }
+    if (prefill_names.empty())
+        prefill_names.push_back(std::string(bf16::PrefillModeName(bf16::ActivePrefillMode())));
     const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
     const size_t cold_bytes = 2 * static_cast<size_t>(llc > 0 ? llc : 64 << 20);
     std::printf("isa %s (detected %s), blas core %s, weights %s\n",
@@ -269,9 +299,9 @@ int main(int argc, char** argv) {
                 std::string(kvshard::cpu::KernelIsaName(kvshard::cpu::DetectedKernelIsa())).c_str(),
                 kvshard::cpu::BlasCoreName().c_str(),
                 hot ? "hot (one copy)" : "cold (copies > 2x LLC)");
-    std::printf("%-10s %-5s %4s %3s %-4s %-4s %10s %9s %10s %7s %5s %10s %7s\n", "matrix", "dtype",
-                "m", "thr", "act", "gemm", "us/call", "GFLOP/s", "weightGB/s", "vs fp32", "cpu%",
-                "cpu-us", "cpu vs");
+    std::printf("%-10s %-5s %4s %3s %-4s %-4s %-4s %10s %9s %10s %7s %5s %10s %7s\n", "matrix",
+                "dtype", "m", "thr", "act", "gemm", "pre", "us/call", "GFLOP/s", "weightGB/s",
+                "vs fp32", "cpu%", "cpu-us", "cpu vs");
     std::mt19937 gen(1);
     for (const Shape& shape : kShapes) {
         for (DType dtype : dtypes) {
@@ -310,12 +340,25 @@ int main(int argc, char** argv) {
                     const int threads = std::atoi(t_text.c_str());
                     if (threads <= 0) continue;
                     kvshard::cpu::SetNumThreads(threads);
-                    for (const kvshard::cpu::gemm::GemmMode gemm_mode : gemm_modes) {
+                    for (const auto& [prefill_name, gemm_mode] : Pairs(prefill_names, gemm_modes)) {
+                        bf16::ForcePrefillMode(prefill_name == "fp32" ? bf16::PrefillMode::kFp32
+                                                                      : bf16::PrefillMode::kBf16);
+                        if (prefill_name == "bf16-avx512") {
+                            bf16::ForceBf16Unit(bf16::Bf16Unit::kAvx512Bf16);
+                        } else {
+                            bf16::ResetBf16Unit();
+                        }
                         kvshard::cpu::gemm::ForceGemmMode(gemm_mode);
-                        const char* gemm_used =
-                            kvshard::cpu::gemm::UsesGemm(kvshard::cpu::ActiveKernelIsa(), dtype, m)
-                                ? "on"
-                                : "off";
+                        const char* prefill_used =
+                            !bf16::UsesGemmBf16(kvshard::cpu::ActiveKernelIsa(), dtype, m) ? "fp32"
+                            : bf16::ActiveBf16Unit() == bf16::Bf16Unit::kAmx               ? "amx"
+                                                                                           : "bf16";
+                        // (The bf16 kernel, when it runs, comes before the batched one.)
+                        const char* gemm_used = kvshard::cpu::gemm::UsesGemm(
+                                                    kvshard::cpu::ActiveKernelIsa(), dtype, m) &&
+                                                        prefill_used[0] == 'f'
+                                                    ? "on"
+                                                    : "off";
                         double fp32_best = 0;
                         double fp32_cpu_us = 0;
                         for (const kvshard::cpu::ActivationFormat format : formats) {
@@ -370,18 +413,21 @@ int main(int argc, char** argv) {
                                               fp32_cpu_us / best_cpu_us);
                             }
                             std::printf(
-                                "%-10s %-5s %4lld %3d %-4s %-4s %10.1f %9.1f %10.2f %7s %5.0f "
+                                "%-10s %-5s %4lld %3d %-4s %-4s %-4s %10.1f %9.1f %10.2f %7s %5.0f "
                                 "%10.1f "
                                 "%7s\n",
                                 shape.name, std::string(kvshard::DTypeName(dtype)).c_str(),
-                                static_cast<long long>(m), threads, act, gemm_used, best * 1e6,
-                                flops / best / 1e9, static_cast<double>(matrix_bytes) / best / 1e9,
-                                ratio, 100 * best_cpu_share, best_cpu_us, cpu_ratio);
+                                static_cast<long long>(m), threads, act, gemm_used, prefill_used,
+                                best * 1e6, flops / best / 1e9,
+                                static_cast<double>(matrix_bytes) / best / 1e9, ratio,
+                                100 * best_cpu_share, best_cpu_us, cpu_ratio);
                             std::fflush(stdout);
                         }
                         kvshard::cpu::ResetActivationFormat();
                     }
                     kvshard::cpu::gemm::ResetGemmMode();
+                    bf16::ResetPrefillMode();
+                    bf16::ResetBf16Unit();
                 }
             }
         }
