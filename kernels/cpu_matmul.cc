@@ -249,7 +249,7 @@ void MatMulTiled(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w
 
 // A buffer of the calling thread, kept between calls so that its pages are faulted in once (a
 // fresh 8 MB allocation per call costs ~0.5 ms of page faults); one per Use.
-enum class Scratch { kPanel, kInt8, kRounded, kBlockSums, kInt16 };
+enum class Scratch { kPanel, kInt8, kRounded, kBlockSums, kInt16, kTailRow };
 template <Scratch Use, typename T>
 T* ThreadScratch(size_t count) {
     thread_local std::unique_ptr<T[]> buffer;
@@ -294,18 +294,20 @@ void MatMulInt8(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w,
 }
 
 // A single activation row against the interleaved copy of a matrix (cpu_matmul.h): the row
-// prepared once on the calling thread (Q4_1: int16 blocks with ActivationFormat::kInt16 on
-// AVX512-VNNI, else the block sums of the fp32 row), then the team streams the groups, split in whole
-// groups; the rows past the last whole group (n % kInterleaveRows) take the stored-layout kernel
-// with the fp32 row, always as one strip, so every row's arithmetic is the same whichever thread
-// takes it.
+// prepared once on the calling thread (Q4_1: int16 blocks when RoundsToInt16, else the block sums
+// of the fp32 row), then the team streams the groups, split in whole groups; the rows past the
+// last whole group (n % kInterleaveRows) take the stored-layout kernel with the same row (rounded
+// back to fp32 when RoundsToInt16), always as one strip, so every row's arithmetic is the same
+// whichever thread takes it.
 void MatMulInterleaved(const float* x, const StoredMatrix& w, float* y) {
     const int64_t n = w.rows;
     const int64_t k = w.cols;
     const int64_t blocks = k / kBlockElements32;
     float* sums = ThreadScratch<Scratch::kBlockSums, float>(static_cast<size_t>(2 * blocks));
     matmul_internal::ActivationsInt16 xi;
-    const bool int16 = RoundsToInt16(w, 1);
+    const bool int16 = RoundsToInt16(w.dtype);
+    const int64_t whole = n / kInterleaveRows * kInterleaveRows;
+    const float* tail_x = x;
     if (int16) {
 #if defined(__x86_64__)
         // 64 bytes of room to align the values (their dword pairs are broadcast from memory).
@@ -313,6 +315,11 @@ void MatMulInterleaved(const float* x, const StoredMatrix& w, float* y) {
         auto* values = raw + (64 - reinterpret_cast<uintptr_t>(raw) % 64) % 64 / sizeof(int16_t);
         matmul_internal::QuantizeRowInt16Avx512(x, k, values, sums + blocks, sums);
         xi = {.values = values, .scales = sums + blocks, .sums = sums};
+        if (n > whole) {
+            float* rounded = ThreadScratch<Scratch::kTailRow, float>(static_cast<size_t>(k));
+            matmul_internal::RoundRowsInt16Avx512(x, k, rounded);
+            tail_x = rounded;
+        }
 #endif
     } else {
         for (int64_t b = 0; w.dtype == DType::kQ4_1 && b < blocks; ++b) {
@@ -321,7 +328,6 @@ void MatMulInterleaved(const float* x, const StoredMatrix& w, float* y) {
             sums[b] = s;
         }
     }
-    const int64_t whole = n / kInterleaveRows * kInterleaveRows;
     const bool parallel = n > kInterleaveRows && n * k >= kMinParallelMacs;
     StripRanges ranges(n, parallel ? omp_get_max_threads() : 1, kInterleaveRows);
 #pragma omp parallel if (parallel)
@@ -339,7 +345,7 @@ void MatMulInterleaved(const float* x, const StoredMatrix& w, float* y) {
         KV_CHECK(n0 >= end) << "no interleaved kernel off x86-64";
 #endif
         if (n1 > whole)
-            MatMulRowsIsa(KernelIsa::kAvx512, x, 1, w, std::max(n0, whole), n1, y, nullptr);
+            MatMulRowsIsa(KernelIsa::kAvx512, tail_x, 1, w, std::max(n0, whole), n1, y, nullptr);
     });
 }
 
@@ -453,9 +459,8 @@ bool HasInterleavedKernel(DType dtype) {
 
 }  // namespace
 
-bool RoundsToInt16(const StoredMatrix& w, int64_t m) {
-    return m == 1 && w.interleaved != nullptr && w.dtype == DType::kQ4_1 &&
-           HasInterleavedKernel(w.dtype) &&
+bool RoundsToInt16(DType dtype) {
+    return dtype == DType::kQ4_1 && HasInterleavedKernel(dtype) &&
            ActiveActivationFormat() == ActivationFormat::kInt16 && HasAvx512Vnni();
 }
 
@@ -514,6 +519,15 @@ void MatMulStored(const float* x, int64_t m, const StoredMatrix& w, float* y) {
         !QuantizesActivations(w.dtype)) {
         return MatMulInterleaved(x, w, y);
     }
+#if defined(__x86_64__)
+    if (RoundsToInt16(w.dtype)) {
+        // Any other product of a row that int16 rounds (batches, prefill, no copy): the same
+        // rounded values for the fp32 kernels, so a row's product is the same in any batch.
+        float* rounded = ThreadScratch<Scratch::kRounded, float>(static_cast<size_t>(m * k));
+        matmul_internal::RoundRowsInt16Avx512(x, m * k, rounded);
+        x = rounded;
+    }
+#endif
     if (UsesInt8Kernels(w.dtype, m)) {
         return MatMulInt8(isa, x, m, w, y);
     }
