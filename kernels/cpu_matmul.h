@@ -9,15 +9,17 @@
 //    copy multiplies q with vpdpwssd, 2.2x the fp32 kernel's rate (docs/benchmarks.md, "int16
 //    activations for batch-1 decode"); every other product (batches, prefill, the rows past the
 //    last interleaved group) gives x' to the fp32 kernels. Both compute the product of the same
-//    x' (the min term takes the block sums of x'), so a row's result is the same, up to fp32 rounding,
-//    alone, in a batch or in a prompt (tests/kernels/cpu_matmul_int16_test.cc). Q8_0 (the
+//    x' (the min term takes the block sums of x'), so a row's product is the same, up to fp32
+//    rounding, alone, in a batch or in a prompt (tests/kernels/cpu_matmul_int16_test.cc). Q8_0 (the
 //    default model's tied classifier) keeps fp32 rows: its fp32 kernel already reads at memory
 //    speed on two cores. Other weight types, other ISAs and CPUs without VNNI: kFp32.
-//    Opt-in because the rounding is discontinuous: tp N adds a row-parallel product's partial
-//    sums in another order than tp 1, the float-rounding difference flips some rounded
-//    activations of the next layer, and the default model's prompt logits at tp 2 / 3 then
-//    differ from tp 1's by 1.4e-4 / 1.1e-4 of the largest (DESIGN.md's tp rule, tests/worker/
-//    tp_test.cc, asks 1e-5; docs/benchmarks.md, "Batch-1 decode: int16 by default").
+//    Opt-in because the rounding is discontinuous: a float-rounding difference upstream (tp N's
+//    row-parallel sums, another kernel's order of additions for another batch size, a prefix
+//    reused) flips some rounded activations, and the flips grow through the layers to about
+//    int16's own distance from fp32. On the default model: tp 2 / 3 prompt logits 1.4e-4 /
+//    1.1e-4 of the largest from tp 1's (DESIGN.md's tp rule asks 1e-5), a sequence alone vs
+//    batched 0.0047 (RunnerInvariance asks 1e-3) (docs/benchmarks.md, "Batch-1 decode: int16 by
+//    default").
 //  - kFp32 (the default), exact: each weight block is dequantized in registers and multiplied by
 //    fp32 activations with fp32 accumulation, so a product equals the dequantize-at-load
 //    reference up to the order of the additions.
