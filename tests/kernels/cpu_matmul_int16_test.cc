@@ -203,6 +203,8 @@ TEST(Int16Rounding, ARowIsTheSameAloneAndInAnyBatch) {
         const Q41Matrix w(c.n, c.k, 11);
         ASSERT_TRUE(w.has_copy());
         for (int64_t m : {2, 5, 16, 17, 48, 49, 130}) {
+            // The panels (m = 130) on the small matrix only: the double reference is the cost.
+            if (m > 49 && c.n != 70) continue;
             const std::string what = "n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) +
                                      " m=" + std::to_string(m);
             const std::vector<float> x = Activations(m, c.k, static_cast<uint32_t>(m));
