@@ -31,6 +31,7 @@
 #include "kernels/cpu_gemm_bf16.h"
 #include "kernels/cpu_matmul_internal.h"
 #include "kernels/cpu_ops.h"
+#include "kernels/cpu_strip_ranges.h"
 
 namespace kvshard::cpu {
 
@@ -63,6 +64,7 @@ bool HasSimdKernel(DType dtype) {
 namespace {
 
 using matmul_internal::HasSimdKernel;
+using matmul_internal::StripRanges;
 
 using matmul_internal::DequantizeRowsAvx2;
 using matmul_internal::DequantizeRowsAvx512;
@@ -210,93 +212,6 @@ void MatMulRowsPortable(const float* x, int64_t m, const StoredMatrix& w, int64_
     }
 }
 
-// The split of a tiled product's output columns over the team, in strips of kStripRows (the
-// last may be short). Each member owns one contiguous range (the kernels prefetch the strips
-// ahead of the one they compute, so a thread that walks its own range streams its weights without
-// a restart), takes it from the front kClaimStrips at a time, and when it is done takes the back
-// half of what is left of another member's range, until nothing is left. A static split left
-// each thread waiting at the product's closing barrier ~10% of batch-1 decode time (the two
-// halves of a product do not take the same time when the threads share the memory system with
-// other processes); a dynamic split of small chunks lost the streams (docs/benchmarks.md,
-// issue 10).
-// Strips are kStripRows columns, or kInterleaveRows for the interleaved kernel (whose groups must
-// not be cut: a group's rows are computed together, so the split never changes a result).
-// Thread-safety: Run is called by the team's members concurrently (each range's bounds are one
-// atomic word); the ranges are built by the calling thread before the parallel region.
-class StripRanges {
-  public:
-    // Ranges for `members` threads over n columns. REQUIRES: 1 <= members, 1 <= strip_rows.
-    StripRanges(int64_t n, int members, int64_t strip_rows = kStripRows)
-        : n_(n), members_(members), strip_rows_(strip_rows) {
-        const int64_t strips = (n + strip_rows - 1) / strip_rows;
-        KV_CHECK(strips < (int64_t{1} << 31)) << "n=" << n;
-        if (static_cast<size_t>(members) > Slots().size()) Slots() = std::vector<Slot>(members);
-        for (int t = 0; t < members; ++t) {
-            Slots()[t].bounds.store(Pack(strips * t / members, strips * (t + 1) / members),
-                                    std::memory_order_relaxed);
-        }
-        slots_ = Slots().data();
-    }
-
-    // Calls f(n0, n1) on column ranges until the product is done: member t's own range first,
-    // then what it can take from the others'. REQUIRES: 0 <= t < members.
-    template <typename F>
-    void Run(int t, F&& f) {
-        int64_t s0;
-        int64_t s1;
-        while (Take(t, /*steal=*/false, &s0, &s1)) f(Column(s0), Column(s1));
-        for (int d = 1; d < members_; ++d) {
-            const int victim = (t + d) % members_;
-            while (Take(victim, /*steal=*/true, &s0, &s1)) f(Column(s0), Column(s1));
-        }
-    }
-
-  private:
-    struct alignas(64) Slot {
-        std::atomic<uint64_t> bounds{0};  // [lo, hi) in strips: lo in the low 32 bits
-    };
-    // Strips an owner takes at a time (16 weight rows).
-    static constexpr int64_t kClaimStrips = 4;
-
-    // One array per calling thread (a tensor-parallel rank thread has its own team), reused.
-    static std::vector<Slot>& Slots() {
-        thread_local std::vector<Slot> slots;
-        return slots;
-    }
-    static uint64_t Pack(int64_t lo, int64_t hi) {
-        return static_cast<uint64_t>(lo) | (static_cast<uint64_t>(hi) << 32);
-    }
-    int64_t Column(int64_t strip) const { return std::min(n_, strip * strip_rows_); }
-
-    // Takes strips [*s0, *s1) of slot `t`: its front kClaimStrips for the owner, the back half
-    // of what is left for a thief. False when the slot is empty.
-    bool Take(int t, bool steal, int64_t* s0, int64_t* s1) {
-        std::atomic<uint64_t>& bounds = slots_[t].bounds;
-        uint64_t v = bounds.load(std::memory_order_relaxed);
-        while (true) {
-            const int64_t lo = static_cast<int64_t>(v & 0xFFFFFFFFu);
-            const int64_t hi = static_cast<int64_t>(v >> 32);
-            if (lo >= hi) return false;
-            uint64_t next;
-            if (steal) {
-                *s1 = hi;
-                *s0 = hi - std::max<int64_t>(1, (hi - lo) / 2);
-                next = Pack(lo, *s0);
-            } else {
-                *s0 = lo;
-                *s1 = std::min(hi, lo + kClaimStrips);
-                next = Pack(*s1, hi);
-            }
-            if (bounds.compare_exchange_weak(v, next, std::memory_order_relaxed)) return true;
-        }
-    }
-
-    int64_t n_;
-    int members_;
-    int64_t strip_rows_;
-    Slot* slots_ = nullptr;
-};
-
 void MatMulRowsIsa(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w, int64_t n0,
                    int64_t n1, float* y, float* row) {
     switch (isa) {
@@ -318,7 +233,7 @@ void MatMulTiled(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w
     const int64_t n = w.rows;
     const int64_t k = w.cols;
     const bool parallel = n > kStripRows && m * n * k >= kMinParallelMacs;
-    StripRanges ranges(n, parallel ? omp_get_max_threads() : 1);
+    StripRanges ranges(n, parallel ? omp_get_max_threads() : 1, kStripRows);
 #pragma omp parallel if (parallel)
     {
         std::vector<float> row(isa == KernelIsa::kPortable ? static_cast<size_t>(k) : 0);
@@ -336,7 +251,7 @@ void MatMulTiled(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w
 
 // A buffer of the calling thread, kept between calls so that its pages are faulted in once (a
 // fresh 8 MB allocation per call costs ~0.5 ms of page faults); one per Use.
-enum class Scratch { kPanel, kInt8, kRounded, kBlockSums, kInt16 };
+enum class Scratch { kPanel, kInt8, kRounded, kBlockSums, kInt16, kTailRow };
 template <Scratch Use, typename T>
 T* ThreadScratch(size_t count) {
     thread_local std::unique_ptr<T[]> buffer;
@@ -369,7 +284,7 @@ void MatMulInt8(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w,
         matmul_internal::QuantizeRowsAvx2(w.dtype, x, m, k, xq);
     }
     const bool parallel = n > kStripRows && m * n * k >= kMinParallelMacs;
-    StripRanges ranges(n, parallel ? omp_get_max_threads() : 1);
+    StripRanges ranges(n, parallel ? omp_get_max_threads() : 1, kStripRows);
 #pragma omp parallel if (parallel)
     ranges.Run(omp_get_thread_num(), [&](int64_t n0, int64_t n1) {
         if (avx512) {
@@ -381,18 +296,20 @@ void MatMulInt8(KernelIsa isa, const float* x, int64_t m, const StoredMatrix& w,
 }
 
 // A single activation row against the interleaved copy of a matrix (cpu_matmul.h): the row
-// prepared once on the calling thread (Q4_1: int16 blocks with ActivationFormat::kInt16 on
-// AVX512-VNNI, else the block sums of the fp32 row), then the team streams the groups, split in whole
-// groups; the rows past the last whole group (n % kInterleaveRows) take the stored-layout kernel
-// with the fp32 row, always as one strip, so every row's arithmetic is the same whichever thread
-// takes it.
+// prepared once on the calling thread (Q4_1: int16 blocks when RoundsToInt16, else the block sums
+// of the fp32 row), then the team streams the groups, split in whole groups; the rows past the
+// last whole group (n % kInterleaveRows) take the stored-layout kernel with the same row (rounded
+// back to fp32 when RoundsToInt16), always as one strip, so every row's arithmetic is the same
+// whichever thread takes it.
 void MatMulInterleaved(const float* x, const StoredMatrix& w, float* y) {
     const int64_t n = w.rows;
     const int64_t k = w.cols;
     const int64_t blocks = k / kBlockElements32;
     float* sums = ThreadScratch<Scratch::kBlockSums, float>(static_cast<size_t>(2 * blocks));
     matmul_internal::ActivationsInt16 xi;
-    const bool int16 = RoundsToInt16(w, 1);
+    const bool int16 = RoundsToInt16(w.dtype);
+    const int64_t whole = n / kInterleaveRows * kInterleaveRows;
+    const float* tail_x = x;
     if (int16) {
 #if defined(__x86_64__)
         // 64 bytes of room to align the values (their dword pairs are broadcast from memory).
@@ -400,6 +317,11 @@ void MatMulInterleaved(const float* x, const StoredMatrix& w, float* y) {
         auto* values = raw + (64 - reinterpret_cast<uintptr_t>(raw) % 64) % 64 / sizeof(int16_t);
         matmul_internal::QuantizeRowInt16Avx512(x, k, values, sums + blocks, sums);
         xi = {.values = values, .scales = sums + blocks, .sums = sums};
+        if (n > whole) {
+            float* rounded = ThreadScratch<Scratch::kTailRow, float>(static_cast<size_t>(k));
+            matmul_internal::RoundRowsInt16Avx512(x, k, rounded);
+            tail_x = rounded;
+        }
 #endif
     } else {
         for (int64_t b = 0; w.dtype == DType::kQ4_1 && b < blocks; ++b) {
@@ -408,7 +330,6 @@ void MatMulInterleaved(const float* x, const StoredMatrix& w, float* y) {
             sums[b] = s;
         }
     }
-    const int64_t whole = n / kInterleaveRows * kInterleaveRows;
     const bool parallel = n > kInterleaveRows && n * k >= kMinParallelMacs;
     StripRanges ranges(n, parallel ? omp_get_max_threads() : 1, kInterleaveRows);
 #pragma omp parallel if (parallel)
@@ -426,7 +347,7 @@ void MatMulInterleaved(const float* x, const StoredMatrix& w, float* y) {
         KV_CHECK(n0 >= end) << "no interleaved kernel off x86-64";
 #endif
         if (n1 > whole)
-            MatMulRowsIsa(KernelIsa::kAvx512, x, 1, w, std::max(n0, whole), n1, y, nullptr);
+            MatMulRowsIsa(KernelIsa::kAvx512, tail_x, 1, w, std::max(n0, whole), n1, y, nullptr);
     });
 }
 
@@ -540,9 +461,8 @@ bool HasInterleavedKernel(DType dtype) {
 
 }  // namespace
 
-bool RoundsToInt16(const StoredMatrix& w, int64_t m) {
-    return m == 1 && w.interleaved != nullptr && w.dtype == DType::kQ4_1 &&
-           HasInterleavedKernel(w.dtype) &&
+bool RoundsToInt16(DType dtype) {
+    return dtype == DType::kQ4_1 && HasInterleavedKernel(dtype) &&
            ActiveActivationFormat() == ActivationFormat::kInt16 && HasAvx512Vnni();
 }
 
@@ -601,6 +521,15 @@ void MatMulStored(const float* x, int64_t m, const StoredMatrix& w, float* y) {
         !QuantizesActivations(w.dtype)) {
         return MatMulInterleaved(x, w, y);
     }
+#if defined(__x86_64__)
+    if (RoundsToInt16(w.dtype)) {
+        // Any other product of a row that int16 rounds (batches, prefill, no copy): the same
+        // rounded values for the fp32 kernels, so a row's product is the same in any batch.
+        float* rounded = ThreadScratch<Scratch::kRounded, float>(static_cast<size_t>(m * k));
+        matmul_internal::RoundRowsInt16Avx512(x, m * k, rounded);
+        x = rounded;
+    }
+#endif
     if (UsesInt8Kernels(w.dtype, m)) {
         return MatMulInt8(isa, x, m, w, y);
     }

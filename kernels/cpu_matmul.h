@@ -2,17 +2,24 @@
 // gather from such a table: the CPU kernels behind Backend::MatMul and Backend::Embedding.
 //
 // Three activation formats (ActivationFormat), for Q8_0, Q4_0 and Q4_1 weights:
-//  - kInt16 (opt-in): as kFp32, except the single-row products (batch-1 decode) that read an
-//    interleaved copy of Q4_1 weights on a CPU with AVX512_VNNI: there the row is rounded once
-//    per product to int16 per 32-element block (s_b = max|x| / 32767, q = round(x / s_b); an
-//    element's error is at most 1.5e-5 of its block's largest |x|; the min term takes the block's
-//    exact fp32 sum) and multiplied with vpdpwssd, 2.2x the fp32 kernel's rate (docs/benchmarks.md,
-//    "int16 activations for batch-1 decode"). Q8_0 keeps fp32 rows: its fp32 kernel already reads
-//    at memory speed on two cores, and rounding the tied classifier's row moved tp 2 logits by
-//    1.1e-5 of the largest (DESIGN.md's tensor-parallel bound is 1e-5). Elsewhere, and on CPUs
-//    without VNNI, kInt16 is kFp32. Opt-in because the rounding is discontinuous: a row decoded
-//    alone then differs from the same row in a batch (fp32 kernels) by up to ~0.016 in a logit on
-//    the default model (tests/worker/model_runner_test.cc RunnerInvariance asks 1e-3).
+//  - kInt16 (opt-in; needs AVX512_VNNI and the AVX-512 kernels active): every product against
+//    Q4_1 weights, whatever its number of rows, multiplies the activations rounded to int16 per
+//    32-element block (s_b = max|x| / 32767, q = round(x / s_b), x' = s_b · q; an element's
+//    error is at most 1.5e-5 of its block's largest |x|). A single row against an interleaved
+//    copy multiplies q with vpdpwssd, 2.2x the fp32 kernel's rate (docs/benchmarks.md, "int16
+//    activations for batch-1 decode"); every other product (batches, prefill, the rows past the
+//    last interleaved group) gives x' to the fp32 kernels. Both compute the product of the same
+//    x' (the min term takes the block sums of x'), so a row's product is the same, up to fp32
+//    rounding, alone, in a batch or in a prompt (tests/kernels/cpu_matmul_int16_test.cc). Q8_0 (the
+//    default model's tied classifier) keeps fp32 rows: its fp32 kernel already reads at memory
+//    speed on two cores. Other weight types, other ISAs and CPUs without VNNI: kFp32.
+//    Opt-in because the rounding is discontinuous: a float-rounding difference upstream (tp N's
+//    row-parallel sums, another kernel's order of additions for another batch size, a prefix
+//    reused) flips some rounded activations, and the flips grow through the layers to about
+//    int16's own distance from fp32. On the default model: tp 2 / 3 prompt logits 1.4e-4 /
+//    1.1e-4 of the largest from tp 1's (DESIGN.md's tp rule asks 1e-5), a sequence alone vs
+//    batched 0.0047 (RunnerInvariance asks 1e-3) (docs/benchmarks.md, "Batch-1 decode: int16 by
+//    default").
 //  - kFp32 (the default), exact: each weight block is dequantized in registers and multiplied by
 //    fp32 activations with fp32 accumulation, so a product equals the dequantize-at-load
 //    reference up to the order of the additions.
@@ -25,7 +32,8 @@
 //    whatever batch it is in. The error is that of 8-bit activations (bounded in
 //    tests/kernels/cpu_matmul_test.cc and tests/worker/weight_format_test.cc).
 //  KVSHARD_MATMUL_ACTIVATIONS=fp32|int16|int8 in the environment (read once), or
-//  ForceActivationFormat, picks the format; fp32, the exact one, is the default. kInt8 is opt-in: rounding is discontinuous, so an fp32-rounding difference upstream (a
+//  ForceActivationFormat, picks the format; fp32, the exact one, is the default.
+//  kInt8 is opt-in: rounding is discontinuous, so an fp32-rounding difference upstream (a
 //  tp N row-parallel sum, another batch, a prefix-cache hit) can flip a rounded activation and
 //  the flip grows through the layers; logits of tp 2 vs tp 1 then differ by ~7% of the largest
 //  |logit| instead of 1e-6 (DESIGN.md's tensor-parallel rule asks 1e-5). F32/F16/BF16, Q5_0/Q5_1
@@ -116,15 +124,15 @@ size_t InterleavedBytes(const StoredMatrix& w);
 // REQUIRES: InterleavedBytes(w) > 0.
 void InterleaveRows(const StoredMatrix& w, uint8_t* out);
 
-// Whether MatMulStored of m rows against `w` rounds the row to int16 now (kInt16, AVX512_VNNI,
-// m = 1, w Q4_1 with w.interleaved set).
-bool RoundsToInt16(const StoredMatrix& w, int64_t m);
+// Whether MatMulStored against `dtype` weights rounds the activations to int16 now (kInt16,
+// AVX-512 kernels active, AVX512_VNNI, Q4_1), whatever the number of rows.
+bool RoundsToInt16(DType dtype);
 
 // y[m, n] = x[m, k] · W[n, k]^T with W = `w` (n = w.rows, k = w.cols), all row-major; x rows have
 // stride k, y rows stride n. REQUIRES: m >= 1. A single row (m = 1) with fp32 or int16
 // activations reads w.interleaved when it is set and the active ISA has its kernel; a row's
 // result then does not depend on how the team splits the product (whole groups always take the
-// interleaved kernel, the rows past the last group the stored one with the fp32 row).
+// interleaved kernel, the rows past the last group the stored one with the same activations).
 void MatMulStored(const float* x, int64_t m, const StoredMatrix& w, float* y);
 
 // out[i, :] = the dequantized row ids[i] - row_offset of `table` when that lies in

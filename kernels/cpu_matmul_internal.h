@@ -34,8 +34,9 @@ void MatMulInterleavedAvx512(const float* x, const float* block_sums, const Stor
                              int64_t g0, int64_t g1, float* y);
 // One activation row rounded to int16 per 32-element block (ActivationFormat::kInt16): values[i]
 // = round(x[i] / s_b) with s_b = max|x in block b| / 32767 (0 for a block of zeros); scales[b] =
-// s_b / 16 (the Q4_1 kernel sums 16 x the high nibbles' products); sums[b] = the block's fp32
-// sum (Q4_1's min term). values 64-byte aligned for the kernel's broadcasts.
+// s_b / 16 (the Q4_1 kernel sums 16 x the high nibbles' products); sums[b] = the rounded block's
+// sum, s_b · sum_i values[i] (Q4_1's min term), so the product is exactly that of the rounded row
+// up to fp32 rounding. values 64-byte aligned for the kernel's broadcasts.
 struct ActivationsInt16 {
     const int16_t* values = nullptr;
     const float* scales = nullptr;
@@ -45,6 +46,11 @@ struct ActivationsInt16 {
 // 32; the CPU supports AVX-512.
 void QuantizeRowInt16Avx512(const float* x, int64_t k, int16_t* values, float* scales,
                             float* sums);
+// out[i] = s_b · values[i] of QuantizeRowInt16Avx512, for `count` floats of any number of rows
+// (the same values and scales, block by block): the rounded activations that the fp32 kernels
+// multiply wherever kInt16 rounds a product without the int16 kernel (batches, prefill, the rows
+// past the last interleaved group). REQUIRES: count a multiple of 32; the CPU supports AVX-512.
+void RoundRowsInt16Avx512(const float* x, int64_t count, float* out);
 // MatMulInterleavedAvx512 with the row rounded by QuantizeRowInt16Avx512, multiplied with
 // vpdpwssd. REQUIRES: as MatMulInterleavedAvx512, w.dtype Q4_1, and AVX512_VNNI.
 void MatMulInterleavedInt16Avx512(const ActivationsInt16& x, const StoredMatrix& w, int64_t g0,

@@ -223,28 +223,65 @@ KV_AVX512 void MatMulInterleavedAvx512(const float* x, const float* block_sums,
     }
 }
 
+namespace {
+
+// Block b of 32 floats rounded to int16 (ActivationFormat::kInt16): q = round(x / s) with
+// s = max|x| / 32767, into *q0 and *q1 (16 dwords each); returns s. Every rounding of an
+// activation row goes through here, so a row's int16 values and scale are the same whichever
+// product (single row, batch, prefill) rounds it.
+KV_AVX512 KV_INLINE float RoundBlockInt16(const float* x, __m512i* q0, __m512i* q1) {
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    const __m512 v0 = _mm512_loadu_ps(x);
+    const __m512 v1 = _mm512_loadu_ps(x + 16);
+    const float amax = _mm512_reduce_max_ps(
+        _mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
+    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 32767.0f / amax : 0.0f);
+    // Round to nearest (even); |v · inv| <= 32767 up to rounding, and the callers saturate.
+    *q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv));
+    *q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+    return amax / 32767.0f;
+}
+
+// q clamped to int16's range, as vpmovsdw saturates.
+KV_AVX512 KV_INLINE __m512i SaturateInt16(__m512i q) {
+    return _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(32767)),
+                            _mm512_set1_epi32(-32768));
+}
+
+}  // namespace
+
 KV_AVX512 void QuantizeRowInt16Avx512(const float* x, int64_t k, int16_t* values, float* scales,
                                       float* sums) {
     KV_CHECK(k % kBlock == 0) << "k=" << k;
-    const __m512 sign = _mm512_set1_ps(-0.0f);
     // The kernel sums 16 x the high nibbles' products; the scale carries the 1/16.
     const float unit = 1.0f / 16.0f;
     for (int64_t b = 0; b < k / kBlock; ++b) {
-        const __m512 v0 = _mm512_loadu_ps(x + b * kBlock);
-        const __m512 v1 = _mm512_loadu_ps(x + b * kBlock + 16);
-        const float amax =
-            _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
-        const float s = amax / 32767.0f;
-        const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 32767.0f / amax : 0.0f);
-        // Round to nearest (even); |v · inv| <= 32767 up to rounding, and vpmovsdw saturates.
-        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv));
-        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+        __m512i q0;
+        __m512i q1;
+        const float s = RoundBlockInt16(x + b * kBlock, &q0, &q1);
+        q0 = SaturateInt16(q0);
+        q1 = SaturateInt16(q1);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(values + b * kBlock),
-                            _mm512_cvtsepi32_epi16(q0));
+                            _mm512_cvtepi32_epi16(q0));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(values + b * kBlock + 16),
-                            _mm512_cvtsepi32_epi16(q1));
+                            _mm512_cvtepi32_epi16(q1));
         scales[b] = s * unit;
-        sums[b] = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+        // The min term takes the rounded row's block sum (exact in int32, one fp32 rounding), so
+        // the product is that of the rounded row, as RoundRowsInt16Avx512's rows give the fp32
+        // kernels.
+        sums[b] = s * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+    }
+}
+
+KV_AVX512 void RoundRowsInt16Avx512(const float* x, int64_t count, float* out) {
+    KV_CHECK(count % kBlock == 0) << "count=" << count;
+    for (int64_t b = 0; b < count / kBlock; ++b) {
+        __m512i q0;
+        __m512i q1;
+        const __m512 s = _mm512_set1_ps(RoundBlockInt16(x + b * kBlock, &q0, &q1));
+        _mm512_storeu_ps(out + b * kBlock, _mm512_mul_ps(_mm512_cvtepi32_ps(SaturateInt16(q0)), s));
+        _mm512_storeu_ps(out + b * kBlock + 16,
+                         _mm512_mul_ps(_mm512_cvtepi32_ps(SaturateInt16(q1)), s));
     }
 }
 

@@ -363,10 +363,9 @@ int main(int argc, char** argv) {
                         double fp32_cpu_us = 0;
                         for (const kvshard::cpu::ActivationFormat format : formats) {
                             kvshard::cpu::ForceActivationFormat(format);
-                            const StoredMatrix shown{dtype, base, shape.n, shape.k, packed};
                             const char* act = kvshard::cpu::UsesInt8Kernels(dtype, m)     ? "int8"
                                               : kvshard::cpu::QuantizesActivations(dtype) ? "rnd8"
-                                              : kvshard::cpu::RoundsToInt16(shown, m)     ? "i16"
+                                              : kvshard::cpu::RoundsToInt16(dtype)        ? "i16"
                                                                                           : "fp32";
                             size_t next = 0;
                             const auto call = [&] {

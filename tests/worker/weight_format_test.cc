@@ -4,7 +4,8 @@
 // in the same pass: with fp32 activations (kernels/cpu_matmul.h) they differ from the reference
 // only in the order of the additions; with int8 activations (KVSHARD_MATMUL_ACTIVATIONS=int8)
 // also by the activations' 8-bit rounding. A third copy runs each sequence alone (decode steps of
-// m = 1, which read the interleaved Q4_1 copies) with int16 activations (opt-in, AVX512-VNNI).
+// m = 1, which read the interleaved Q4_1 copies) with int16 activations (opt-in, AVX512-VNNI;
+// the prompts' prefill rounds too).
 // The figures are printed for the issue note.
 #include <gtest/gtest.h>
 
