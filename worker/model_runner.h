@@ -103,6 +103,11 @@ struct RunnerOptions {
     // on AVX-512, 1.5-1.65x less compute per weight at batch-1 decode, for a second copy of
     // those weights in memory).
     bool pack_decode_weights = true;
+    // RoPE of q and k and the KV write as one op (kernels/backend.h RopeKvWriter) where the
+    // backend offers it: one kernel in place of two on CUDA, each row block rotated and written
+    // while in cache on the CPU; the same results as the separate ops (Rope, KvWrite), which
+    // false forces (tests compare the two; `kvshard bench-engine --rope-kv-write separate`).
+    bool fuse_rope_kv_write = true;
     // The backend each runner builds (kind, device); CPU threads stay the calling thread's.
     BackendConfig backend;
     // MakeModelRunner: reports the weights' load (WeightLoadOptions::on_bytes_loaded); called on
@@ -256,6 +261,12 @@ class ModelRunner {
     std::vector<float> host_logits_;    // the gathered logits at tp > 1
     std::vector<int32_t> slice_rows_;   // ClassifyAllRows: the rows of one slice
     std::vector<float> slice_logits_;   // ClassifyAllRows: their logits
+    // The backend's fused RoPE + KV write (RunnerOptions::fuse_rope_kv_write); nullptr: the
+    // separate ops.
+    RopeKvWriter* rope_kv_writer_ = nullptr;
+    // The most new rows of one sequence in the packed step (PackInputs): 1 on a decode step,
+    // which tells the backend no prefill chunk is there (PagedAttentionBatch::max_query_rows).
+    int64_t step_max_query_rows_ = -1;
 
     // Decode buckets, and their graphs (with a backend that captures and cuda_graphs allowing).
     // The generation counts allocations of the buffers a graph points into (workspace, step
