@@ -153,7 +153,7 @@ ModelRunner::ModelRunner(const ModelSpec& spec, std::unique_ptr<Backend> backend
     const Status graphs_ok =
         CheckCudaGraphs(options, backend_->kind(), capture != nullptr, shard.tp);
     KV_CHECK(graphs_ok.ok()) << graphs_ok.ToString();
-    if (capture != nullptr && options.cuda_graphs.value_or(false) && shard.tp == 1) {
+    if (capture != nullptr && options.cuda_graphs.value_or(false)) {
         capture_ = capture;
         graphs_ = std::make_unique<DecodeGraphs>(capture_);
     }
@@ -296,6 +296,7 @@ Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<fl
         case DecodeGraphs::Mode::kReplay:
             KV_RETURN_IF_ERROR(capture_->Replay(plan.graph));
             graphs_->Replayed();
+            CountReplayedCollectives(step_rows);
             break;
     }
     // The real sequences' last rows come first in xn_: the padded ones are never classified.
