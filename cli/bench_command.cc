@@ -58,7 +58,7 @@ struct BenchFlags {
 Result<loadgen::TokenCounter> LocalTokenCounter(const std::string& path) {
     KV_ASSIGN_OR_RETURN(std::unique_ptr<ModelFile> file, OpenModel(path));
     KV_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
-                        Tokenizer::Create(file->tokenizer_data()));
+                        Tokenizer::Create(file->shared_tokenizer_data()));
     const bool model_adds_bos = file->tokenizer_data().add_bos;
     std::shared_ptr<const Tokenizer> shared = std::move(tokenizer);
     return loadgen::TokenCounter(

@@ -19,6 +19,7 @@
 #include "comm/collective.h"
 #include "comm/control_messages.h"
 #include "comm/mpi_runtime.h"
+#include "common/host_port.h"
 #include "common/logging.h"
 #include "worker/worker_service.h"
 
@@ -71,37 +72,17 @@ Result<int> RankFromEnvironment() {
     return rank;
 }
 
-// "HOST:PORT" (the last colon splits, so "[::1]:9000"-style hosts keep their colons).
-Result<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& text) {
-    const size_t colon = text.rfind(':');
-    if (colon == std::string::npos || colon == 0) {
-        return InvalidArgument("--coordinator: '" + text + "' is not HOST:PORT");
-    }
-    std::string host = text.substr(0, colon);
-    if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-        host = host.substr(1, host.size() - 2);
-    }
-    const std::string port_text = text.substr(colon + 1);
-    int port = 0;
-    auto [ptr, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-    if (port_text.empty() || ec != std::errc() || ptr != port_text.data() + port_text.size() ||
-        port < 1 || port > 65535) {
-        return InvalidArgument("--coordinator: port '" + port_text + "' is not in 1..65535");
-    }
-    return std::make_pair(host, static_cast<uint16_t>(port));
-}
-
 int RunWorker(const WorkerFlags& f) {
-    Result<std::pair<std::string, uint16_t>> address = ParseHostPort(f.coordinator);
-    if (!address.ok()) return Fail(address.status().message());
+    Result<HostPort> address = ParseHostPort(f.coordinator);
+    if (!address.ok()) return Fail(address.status().WithContext("--coordinator").message());
 
     Result<std::string> token = ReadToken(f);
     if (!token.ok()) return Fail(token.status().message());
 
     WorkerServiceOptions o;
     o.token = std::move(*token);
-    o.coordinator_host = address->first;
-    o.coordinator_port = address->second;
+    o.coordinator_host = address->host;
+    o.coordinator_port = address->port;
     o.instance_id = f.instance;
     o.kv_host = f.kv_host;
     o.model = f.model;

@@ -5,7 +5,7 @@
 // sends one piece frame per KvPiece, each answered by one acknowledgement frame. A piece's payload
 // follows its header on the socket, or, through the region, as chunk frames naming where in the
 // region each chunk lies, each answered by a credit frame once the receiver copied it out.
-// Internal to comm/ (tcp_kv_transport.cc, its tests and its fuzzer).
+// Internal to comm/ (the TCP transport's sender and sessions, their tests and the fuzzer).
 //
 // Every decoder here is total over its fixed-size input: it validates each field and never
 // allocates; what the header announces (a token's or a payload's length) is bounded before a

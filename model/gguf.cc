@@ -1,306 +1,29 @@
+// GgufFile (model/gguf.h): the file's structure (header, metadata, tensor infos, data offsets),
+// the typed accessors over its metadata, and the mapping between ggml type ids and DType. The
+// values themselves are read by model/gguf_reader.h.
 #include "model/gguf.h"
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
-#include <type_traits>
 #include <utility>
+
+#include "model/gguf_reader.h"
 
 namespace kvshard {
 namespace {
 
 constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 constexpr int kMaxDims = 4;
-constexpr int kMaxArrayNesting = 8;
 constexpr uint64_t kMaxAlignment = 1u << 20;
-// Limits far above any real model (the largest vocabularies have ~256K tokens, the largest
-// models a few thousand tensors) that keep a corrupted count from allocating gigabytes before
-// the bytes run out.
-constexpr uint64_t kMaxArrayElements = 1u << 24;
+// Limits far above any real model (the largest models have a few thousand tensors) that keep a
+// corrupted count from allocating gigabytes before the bytes run out.
 constexpr uint64_t kMaxKvs = 1u << 20;
 constexpr uint64_t kMaxTensors = 1u << 20;
 
-using enum GgufValueType;
-
-// Smallest encoded size of one value of `type`, so a count can be checked against the bytes left
-// before anything is allocated for it. 0 for an unknown type.
-size_t MinEncodedSize(GgufValueType type) {
-    switch (type) {
-        case kU8:
-        case kI8:
-        case kBool:
-            return 1;
-        case kU16:
-        case kI16:
-            return 2;
-        case kU32:
-        case kI32:
-        case kF32:
-            return 4;
-        case kU64:
-        case kI64:
-        case kF64:
-        case kString:
-            return 8;
-        case kArray:
-            return 12;
-        default:
-            return 0;
-    }
-}
-
-// A bounds-checked little-endian reader over the mapped bytes. Every read either succeeds or
-// returns DataLoss naming the file, what was being read and the offset.
-class Cursor {
-  public:
-    Cursor(const uint8_t* data, size_t size, const std::string& path)
-        : data_(data), size_(size), path_(path) {}
-
-    size_t pos() const { return pos_; }
-    size_t remaining() const { return size_ - pos_; }
-
-    Status Error(const std::string& what) const {
-        return DataLoss(path_ + ": " + what + " (at byte " + std::to_string(pos_) + ")");
-    }
-
-    Status Need(size_t n, const std::string& what) const {
-        if (remaining() < n) return Error("file truncated while reading " + what);
-        return Status::Ok();
-    }
-
-    template <typename T>
-    Status Read(T* out, const std::string& what) {
-        KV_RETURN_IF_ERROR(Need(sizeof(T), what));
-        std::memcpy(out, data_ + pos_, sizeof(T));
-        pos_ += sizeof(T);
-        return Status::Ok();
-    }
-
-    Status ReadString(std::string* out, const std::string& what) {
-        uint64_t len = 0;
-        KV_RETURN_IF_ERROR(Read(&len, what + " length"));
-        if (len > remaining()) {
-            return Error(what + " length " + std::to_string(len) + " exceeds the " +
-                         std::to_string(remaining()) + " bytes left");
-        }
-        out->assign(reinterpret_cast<const char*>(data_ + pos_), len);
-        pos_ += len;
-        return Status::Ok();
-    }
-
-    // Checks that `count` (at most `max_count`) values of at least `min_size` bytes each can
-    // still follow.
-    Status CheckCount(uint64_t count, size_t min_size, uint64_t max_count,
-                      const std::string& what) const {
-        if (count > max_count) {
-            return Error(what + " count " + std::to_string(count) + " exceeds the limit of " +
-                         std::to_string(max_count));
-        }
-        if (min_size == 0 || count > remaining() / min_size) {
-            return Error(what + " count " + std::to_string(count) + " is impossible with " +
-                         std::to_string(remaining()) + " bytes left");
-        }
-        return Status::Ok();
-    }
-
-  private:
-    const uint8_t* data_;
-    size_t size_;
-    const std::string& path_;
-    size_t pos_ = 0;
-};
-
-// Reads one scalar of an integer GGUF type, widened to int64.
-Status ReadInt(Cursor& c, GgufValueType type, const std::string& what, int64_t* out) {
-    switch (type) {
-        case kU8: {
-            uint8_t v = 0;
-            KV_RETURN_IF_ERROR(c.Read(&v, what));
-            *out = v;
-            return Status::Ok();
-        }
-        case kI8: {
-            int8_t v = 0;
-            KV_RETURN_IF_ERROR(c.Read(&v, what));
-            *out = v;
-            return Status::Ok();
-        }
-        case kU16: {
-            uint16_t v = 0;
-            KV_RETURN_IF_ERROR(c.Read(&v, what));
-            *out = v;
-            return Status::Ok();
-        }
-        case kI16: {
-            int16_t v = 0;
-            KV_RETURN_IF_ERROR(c.Read(&v, what));
-            *out = v;
-            return Status::Ok();
-        }
-        case kU32: {
-            uint32_t v = 0;
-            KV_RETURN_IF_ERROR(c.Read(&v, what));
-            *out = v;
-            return Status::Ok();
-        }
-        case kI32: {
-            int32_t v = 0;
-            KV_RETURN_IF_ERROR(c.Read(&v, what));
-            *out = v;
-            return Status::Ok();
-        }
-        case kU64: {
-            uint64_t v = 0;
-            KV_RETURN_IF_ERROR(c.Read(&v, what));
-            if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-                return c.Error(what + ": uint64 value " + std::to_string(v) +
-                               " does not fit in int64");
-            }
-            *out = static_cast<int64_t>(v);
-            return Status::Ok();
-        }
-        case kI64: {
-            int64_t v = 0;
-            KV_RETURN_IF_ERROR(c.Read(&v, what));
-            *out = v;
-            return Status::Ok();
-        }
-        default:
-            return c.Error(what + ": type " + std::to_string(static_cast<uint32_t>(type)) +
-                           " is not an integer type");
-    }
-}
-
-bool IsIntType(GgufValueType t) {
-    return t == kU8 || t == kI8 || t == kU16 || t == kI16 || t == kU32 || t == kI32 || t == kU64 ||
-           t == kI64;
-}
-
-Status ReadFloat(Cursor& c, GgufValueType type, const std::string& what, double* out) {
-    if (type == kF32) {
-        float v = 0;
-        KV_RETURN_IF_ERROR(c.Read(&v, what));
-        *out = v;
-    } else {
-        double v = 0;
-        KV_RETURN_IF_ERROR(c.Read(&v, what));
-        *out = v;
-    }
-    return Status::Ok();
-}
-
-Status ReadBool(Cursor& c, const std::string& what, bool* out) {
-    uint8_t v = 0;
-    KV_RETURN_IF_ERROR(c.Read(&v, what));
-    if (v > 1) return c.Error(what + ": bool value " + std::to_string(v));
-    *out = v != 0;
-    return Status::Ok();
-}
-
-// Reads the elements of an array value. Arrays of arrays are walked (to stay in bounds) but not
-// kept: `*kept` is false then.
-Status ReadArray(Cursor& c, const std::string& what, int depth, GgufValue::Array* out, bool* kept) {
-    if (depth > kMaxArrayNesting) return c.Error(what + ": arrays nested too deeply");
-    GgufValueType elem_type{};
-    uint64_t count = 0;
-    KV_RETURN_IF_ERROR(c.Read(&elem_type, what + " element type"));
-    KV_RETURN_IF_ERROR(c.Read(&count, what + " element count"));
-    const size_t min_size = MinEncodedSize(elem_type);
-    if (min_size == 0) {
-        return c.Error(what + ": unknown array element type " +
-                       std::to_string(static_cast<uint32_t>(elem_type)));
-    }
-    KV_RETURN_IF_ERROR(c.CheckCount(count, min_size, kMaxArrayElements, what + " element"));
-    *kept = true;
-    if (IsIntType(elem_type)) {
-        std::vector<int64_t> v(count);
-        for (uint64_t i = 0; i < count; ++i) KV_RETURN_IF_ERROR(ReadInt(c, elem_type, what, &v[i]));
-        *out = std::move(v);
-    } else if (elem_type == kF32 || elem_type == kF64) {
-        std::vector<double> v(count);
-        for (uint64_t i = 0; i < count; ++i) {
-            KV_RETURN_IF_ERROR(ReadFloat(c, elem_type, what, &v[i]));
-        }
-        *out = std::move(v);
-    } else if (elem_type == kBool) {
-        std::vector<bool> v(count);
-        for (uint64_t i = 0; i < count; ++i) {
-            bool b = false;
-            KV_RETURN_IF_ERROR(ReadBool(c, what, &b));
-            v[i] = b;
-        }
-        *out = std::move(v);
-    } else if (elem_type == kString) {
-        // Grown as strings are read, so memory follows the bytes actually there.
-        std::vector<std::string> v;
-        v.reserve(std::min<uint64_t>(count, 1u << 16));
-        for (uint64_t i = 0; i < count; ++i) {
-            KV_RETURN_IF_ERROR(c.ReadString(&v.emplace_back(), what));
-        }
-        *out = std::move(v);
-    } else {  // kArray
-        *kept = false;
-        for (uint64_t i = 0; i < count; ++i) {
-            GgufValue::Array inner;
-            bool inner_kept = false;
-            KV_RETURN_IF_ERROR(ReadArray(c, what, depth + 1, &inner, &inner_kept));
-        }
-    }
-    return Status::Ok();
-}
-
-// Reads one value of `type`; `*kept` is false for values GgufValue cannot hold (nested arrays).
-Status ReadValue(Cursor& c, GgufValueType type, const std::string& what, GgufValue* out,
-                 bool* kept) {
-    *kept = true;
-    if (IsIntType(type)) {
-        int64_t v = 0;
-        KV_RETURN_IF_ERROR(ReadInt(c, type, what, &v));
-        out->value = v;
-    } else if (type == kF32 || type == kF64) {
-        double v = 0;
-        KV_RETURN_IF_ERROR(ReadFloat(c, type, what, &v));
-        out->value = v;
-    } else if (type == kBool) {
-        bool v = false;
-        KV_RETURN_IF_ERROR(ReadBool(c, what, &v));
-        out->value = v;
-    } else if (type == kString) {
-        std::string v;
-        KV_RETURN_IF_ERROR(c.ReadString(&v, what));
-        out->value = std::move(v);
-    } else if (type == kArray) {
-        GgufValue::Array a;
-        KV_RETURN_IF_ERROR(ReadArray(c, what, 0, &a, kept));
-        out->value = std::move(a);
-    } else {
-        return c.Error(what + ": unknown value type " +
-                       std::to_string(static_cast<uint32_t>(type)));
-    }
-    return Status::Ok();
-}
-
-// A name read from the file, fit for an error message: a corrupted length can make it long
-// binary garbage, so it is cut and non-printable bytes are escaped.
-std::string Printable(std::string_view name) {
-    constexpr size_t kMaxChars = 80;
-    std::string out;
-    for (size_t i = 0; i < name.size() && i < kMaxChars; ++i) {
-        const unsigned char c = static_cast<unsigned char>(name[i]);
-        if (c >= 0x20 && c < 0x7F) {
-            out += static_cast<char>(c);
-        } else {
-            static const char kHex[] = "0123456789abcdef";
-            out += "\\x";
-            out += kHex[c >> 4];
-            out += kHex[c & 15];
-        }
-    }
-    if (name.size() > kMaxChars) out += "...";
-    return out;
-}
-
-std::string QuoteKey(std::string_view key) { return "key '" + Printable(key) + "'"; }
+using internal::GgufCursor;
+using internal::PrintableGgufName;
+using internal::QuoteGgufKey;
+using internal::ReadGgufValue;
 
 }  // namespace
 
@@ -393,7 +116,7 @@ Result<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
 
 Status GgufFile::Parse() {
     const std::string& p = file_.path();
-    Cursor c(file_.data(), file_.size(), p);
+    GgufCursor c(file_.data(), file_.size(), p);
 
     uint32_t magic = 0;
     KV_RETURN_IF_ERROR(c.Read(&magic, "magic"));
@@ -414,11 +137,11 @@ Status GgufFile::Parse() {
         std::string key;
         KV_RETURN_IF_ERROR(c.ReadString(&key, "metadata key #" + std::to_string(i)));
         GgufValueType type{};
-        KV_RETURN_IF_ERROR(c.Read(&type, QuoteKey(key) + " type"));
+        KV_RETURN_IF_ERROR(c.Read(&type, QuoteGgufKey(key) + " type"));
         GgufValue value;
         bool kept = false;
-        KV_RETURN_IF_ERROR(ReadValue(c, type, QuoteKey(key), &value, &kept));
-        if (metadata_.count(key) != 0) return c.Error("duplicate " + QuoteKey(key));
+        KV_RETURN_IF_ERROR(ReadGgufValue(c, type, QuoteGgufKey(key), &value, &kept));
+        if (metadata_.count(key) != 0) return c.Error("duplicate " + QuoteGgufKey(key));
         if (!kept) continue;  // nested arrays: nothing kvshard reads
         keys_.push_back(key);
         metadata_.emplace(std::move(key), std::move(value));
@@ -442,7 +165,7 @@ Status GgufFile::Parse() {
     for (uint64_t i = 0; i < tensor_count; ++i) {
         TensorInfo t;
         KV_RETURN_IF_ERROR(c.ReadString(&t.name, "tensor name #" + std::to_string(i)));
-        const std::string what = "tensor '" + Printable(t.name) + "'";
+        const std::string what = "tensor '" + PrintableGgufName(t.name) + "'";
         uint32_t n_dims = 0;
         KV_RETURN_IF_ERROR(c.Read(&n_dims, what + " dimension count"));
         if (n_dims > kMaxDims) {
@@ -466,7 +189,7 @@ Status GgufFile::Parse() {
         KV_RETURN_IF_ERROR(c.Read(&offset, what + " offset"));
         std::optional<DType> dtype = DTypeFromGgmlType(ggml_type);
         if (!dtype) {
-            return Unimplemented(p + ": tensor '" + Printable(t.name) + "' has ggml type " +
+            return Unimplemented(p + ": tensor '" + PrintableGgufName(t.name) + "' has ggml type " +
                                  std::to_string(ggml_type) +
                                  ", which kvshard does not read (F32, F16, BF16, Q8_0, Q4_0, "
                                  "Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, Q8_K are supported)");
@@ -504,7 +227,7 @@ Status GgufFile::Parse() {
         const uint64_t offset = offsets[i];
         if (data_start > size || offset > size - data_start ||
             t.num_bytes > size - data_start - offset) {
-            return DataLoss(p + ": tensor '" + Printable(t.name) + "' data [" +
+            return DataLoss(p + ": tensor '" + PrintableGgufName(t.name) + "' data [" +
                             std::to_string(data_start) + " + " + std::to_string(offset) + ", +" +
                             std::to_string(t.num_bytes) + ") lies past the end of the file (" +
                             std::to_string(size) + " bytes)");
@@ -539,14 +262,14 @@ namespace {
 template <typename T>
 Result<const T*> GetAs(const GgufFile& f, std::string_view key, const char* type_name) {
     const GgufValue* v = f.Find(key);
-    if (v == nullptr) return NotFound(f.path() + ": " + QuoteKey(key) + " not found");
+    if (v == nullptr) return NotFound(f.path() + ": " + QuoteGgufKey(key) + " not found");
     if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, double> ||
                   std::is_same_v<T, bool> || std::is_same_v<T, std::string>) {
         if (const T* t = std::get_if<T>(&v->value)) return t;
     } else if (const auto* a = std::get_if<GgufValue::Array>(&v->value)) {
         if (const T* t = std::get_if<T>(a)) return t;
     }
-    return InvalidArgument(f.path() + ": " + QuoteKey(key) + " is not " + type_name);
+    return InvalidArgument(f.path() + ": " + QuoteGgufKey(key) + " is not " + type_name);
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // receiver applies before it allocates (ValidateKvPieceFits, KvStaging::Reserve). Built with
 // -DKVSHARD_BUILD_FUZZERS=ON and clang; see comm/CMakeLists.txt and docs/comm.md.
 //
-// An input is the byte stream a receiving connection sees, parsed the way tcp_kv_transport.cc's
+// An input is the byte stream a receiving connection sees, parsed the way tcp_kv_session.cc's
 // Session parses it: a hello (and its token), then transfer and piece frames, each piece followed
 // by its payload. Besides never crashing, what must hold:
 //   - whatever decodes re-encodes to the same bytes;

@@ -102,6 +102,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendConfig& co
         return CudaStatus(e, "cudaSetDevice");
     }
     std::unique_ptr<CudaBackend> b(new CudaBackend(config.device));
+    KV_ASSIGN_OR_RETURN(b->prefill_, PrefillKernelFromEnvironment());
     b->sm_count_ = prop.multiProcessorCount;
     b->name_ = prop.name;
     b->cc_major_ = prop.major;
@@ -541,17 +542,20 @@ void CudaBackend::PagedAttention(const float* q, int64_t q_stride, const PagedKv
     cudaSetDevice(device_);
     const int splits = ChooseNumSplits(batch.num_seqs, kv.num_kv_heads, num_heads, kv.head_dim,
                                        sm_count_, kPartialFloats);
-    // Decode rows take the split-KV kernel; prefill chunks (more than one row) the FA2-style
-    // kernel, on a fixed grid, since the rows per sequence are in device memory only. A step
-    // the caller says has no chunk (a decode step) does not launch it.
+    // Decode rows take the split-KV kernel; prefill chunks (more than one row) an FA2-style
+    // kernel (prefill_select.h picks which), on a fixed grid: the rows are in device memory only.
+    // A step the caller says has no chunk (a decode step) does not launch it.
     Check(LaunchPagedAttention(q, q_stride, kv, batch, out, num_heads, kv_head_of_q, splits,
                                impl_->partials, /*decode_only=*/true, stream_),
           "PagedAttention");
-    if (LaunchesPrefillAttention(batch.max_query_rows)) {
-        Check(LaunchPrefillAttention(q, q_stride, kv, batch, out, num_heads, kv_head_of_q,
-                                     PrefillGrid(sm_count_, kPrefillBlocksPerSm), stream_),
-              "PagedAttention (prefill)");
-    }
+    if (!LaunchesPrefillAttention(batch.max_query_rows)) return;
+    const Result<PrefillKernel> prefill = ChoosePrefillKernel(prefill_, kv.storage, kv.head_dim);
+    if (!prefill.ok()) return Fail(prefill.status());
+    const auto launch_prefill =
+        *prefill == PrefillKernel::kTensorCore ? LaunchPrefillAttentionTc : LaunchPrefillAttention;
+    Check(launch_prefill(q, q_stride, kv, batch, out, num_heads, kv_head_of_q,
+                         PrefillGrid(sm_count_, kPrefillBlocksPerSm), stream_),
+          "PagedAttention (prefill)");
 }
 
 }  // namespace kvshard::cuda

@@ -36,6 +36,7 @@
 #include "common/device.h"
 #include "common/status.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/prefill_select.h"
 
 namespace kvshard::cuda {
 
@@ -125,6 +126,9 @@ class CudaBackend final : public Backend, public GraphCapture, public RopeKvWrit
     // The stream every op and copy is queued on (an NCCL collective queues on it too).
     StreamHandle stream() const { return stream_; }
     int sm_count() const { return sm_count_; }
+    // The prefill kernel setting (kernels/cuda/prefill_select.h; KVSHARD_CUDA_PREFILL at Create).
+    PrefillKernel prefill_kernel() const { return prefill_; }
+    void set_prefill_kernel(PrefillKernel k) { prefill_ = k; }
     // Distinct matrix-product shapes whose cuBLASLt algorithm has been chosen.
     size_t gemm_plans() const;
 
@@ -146,6 +150,7 @@ class CudaBackend final : public Backend, public GraphCapture, public RopeKvWrit
     std::string name_;
     int cc_major_ = 0, cc_minor_ = 0;
     StreamHandle stream_ = nullptr;
+    PrefillKernel prefill_ = PrefillKernel::kAuto;
     Status first_error_;
     std::unique_ptr<Impl> impl_;
 };

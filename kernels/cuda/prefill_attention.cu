@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/kv_tile.cuh"
 #include "kernels/cuda/launch_math.h"
+#include "kernels/cuda/prefill_args.cuh"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/warp_reduce.cuh"
 
@@ -20,22 +21,6 @@ static_assert(kPrefillTileKeys == kWarpSize, "a tile's scores are one warp's lan
 constexpr int kWarps = kPrefillThreads / kWarpSize;
 // Most devices whose shared-memory opt-in a process remembers.
 constexpr int kMaxDevices = 64;
-
-struct PrefillArgs {
-    const float* q;
-    int64_t q_stride;
-    KvArgs kv;
-    int64_t num_seqs;
-    const int32_t* query_starts;
-    const int32_t* context_lens;
-    const int32_t* block_table_starts;
-    const int32_t* block_tables;
-    float* out;
-    int64_t num_heads;
-    const int32_t* kv_head_of_q;  // null: h / (num_heads / num_kv_heads)
-    float scale;
-    int64_t window;
-};
 
 __host__ __device__ constexpr int QueriesOf(int hd_class) {
     return kPrefillAccFloats / hd_class < kPrefillMaxQueries ? kPrefillAccFloats / hd_class
@@ -77,17 +62,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) PrefillAttentionKernel(Pre
     __shared__ int group_size, max_group;
 
     // The widest GQA group plans the tiles (kv_head_of_q may give groups of unequal sizes).
-    const int64_t per = a.num_heads / a.kv.num_kv_heads;
-    if (tid == 0) {
-        for (int64_t g = 0; g < a.kv.num_kv_heads; ++g) counts[g] = 0;
-        int widest = 0;
-        for (int64_t h = 0; h < a.num_heads; ++h) {
-            const int64_t owner = a.kv_head_of_q != nullptr ? a.kv_head_of_q[h] : h / per;
-            const int c = ++counts[owner];
-            widest = c > widest ? c : widest;
-        }
-        max_group = widest;
-    }
+    if (tid == 0) max_group = WidestGroup(a, counts);
     __syncthreads();
     const PrefillPlan plan = PlanPrefill(max_group, kQ);
 
@@ -96,14 +71,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 2) PrefillAttentionKernel(Pre
                                             a.query_starts, a.context_lens, a.window);
         if (t.seq < 0) break;
         __syncthreads();  // the previous tile is done with group[] and the shared arrays
-        if (tid == 0) {
-            int g = 0;
-            for (int64_t h = 0; h < a.num_heads; ++h) {
-                const int64_t owner = a.kv_head_of_q != nullptr ? a.kv_head_of_q[h] : h / per;
-                if (owner == t.kv_head) group[g++] = static_cast<int>(h);
-            }
-            group_size = g;
-        }
+        if (tid == 0) group_size = GroupHeads(a, t.kv_head, group);
         __syncthreads();
         const int g_size = group_size;
         if (t.h_begin >= g_size) continue;  // a pass past this KV head's (smaller) group
@@ -260,19 +228,7 @@ int LaunchPrefillAttention(const float* q, int64_t q_stride, const cpu::PagedKvL
                            const cpu::PagedAttentionBatch& batch, float* out, int64_t num_heads,
                            const int32_t* kv_head_of_q, unsigned grid_blocks, StreamHandle stream) {
     if (batch.num_seqs == 0 || num_heads == 0 || kv.num_kv_heads == 0) return 0;
-    const PrefillArgs a{q,
-                        q_stride,
-                        ToArgs(kv),
-                        batch.num_seqs,
-                        batch.query_starts,
-                        batch.context_lens,
-                        batch.block_table_starts,
-                        batch.block_tables,
-                        out,
-                        num_heads,
-                        kv_head_of_q,
-                        1.0f / sqrtf(static_cast<float>(kv.head_dim)),
-                        batch.window};
+    const PrefillArgs a = MakePrefillArgs(q, q_stride, kv, batch, out, num_heads, kv_head_of_q);
     const unsigned grid = grid_blocks > 0 ? grid_blocks : 1;
     const size_t shared = static_cast<size_t>(PrefillSharedBytes(kv.head_dim));
     switch (kv.storage) {

@@ -26,4 +26,16 @@ int LaunchPrefillAttention(const float* q, int64_t q_stride, const cpu::PagedKvL
                            const cpu::PagedAttentionBatch& batch, float* out, int64_t num_heads,
                            const int32_t* kv_head_of_q, unsigned grid_blocks, StreamHandle stream);
 
+// The same attention with tensor cores (kernels/cuda/prefill_attention_tc.cu): K/V tiles in bf16
+// (bf16 pools as stored, fp8/int8 pools dequantized to bf16), Q rounded to bf16, Q·Kᵀ and P·V as
+// mma.sync m16n8k16 bf16 products with fp32 accumulation, the softmax in fp32. About 3 significant
+// digits (bf16): the fp32 kernel above is its oracle. 64-query tiles (PlanPrefill(group,
+// kTcQueries)) over 64-key tiles.
+// REQUIRES: TcPrefillSupports(kv.storage, kv.head_dim) (kernels/cuda/prefill_select.h), sm_80+,
+// num_heads <= kAttnMaxHeads, the step's K/V written. Returns the launch's cudaError_t as an int.
+int LaunchPrefillAttentionTc(const float* q, int64_t q_stride, const cpu::PagedKvLayer& kv,
+                             const cpu::PagedAttentionBatch& batch, float* out, int64_t num_heads,
+                             const int32_t* kv_head_of_q, unsigned grid_blocks,
+                             StreamHandle stream);
+
 }  // namespace kvshard::cuda

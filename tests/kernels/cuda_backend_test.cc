@@ -102,6 +102,9 @@ class CudaBackendGpuTest : public ::testing::Test {
         Result<std::unique_ptr<Backend>> b = MakeBackend({.kind = BackendKind::kCuda});
         ASSERT_TRUE(b.ok()) << b.status().ToString();
         gpu_ = std::move(*b);
+        // The fp32 prefill kernel, whose bounds these cases state; the tensor-core kernel has its
+        // own (cuda_prefill_tc_test.cc).
+        static_cast<cuda::CudaBackend*>(gpu_.get())->set_prefill_kernel(cuda::PrefillKernel::kFp32);
         cpu_ = std::make_unique<CpuBackend>(BackendConfig{});
     }
 

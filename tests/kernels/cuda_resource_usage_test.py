@@ -33,15 +33,16 @@ DECODE_KERNELS = [
     "MergeSplitsKernel",
 ]
 
-# The FA2-style prefill attention (kernels/cuda/prefill_attention.cu), every storage and head_dim.
-PREFILL_KERNELS = ["PrefillAttentionKernel"]
+# The FA2-style prefill attention (kernels/cuda/prefill_attention.cu) and its tensor-core variant
+# (kernels/cuda/prefill_attention_tc.cu), every storage and head_dim.
+PREFILL_KERNELS = ["PrefillAttentionKernel", "PrefillAttentionTcKernel"]
 # Present and spill-free, a stack allowed (precise sinf/cosf).
 STACK_ALLOWED_KERNELS = ["RopeKernel", "RopeKvWriteKernel"]
 NO_STACK_KERNELS = DECODE_KERNELS + PREFILL_KERNELS
 REQUIRED_KERNELS = NO_STACK_KERNELS + STACK_ALLOWED_KERNELS
 
 # The files compiled, under kernels/cuda/.
-SOURCES = ["backend_kernels.cu", "prefill_attention.cu", "rope_kv_write.cu"]
+SOURCES = ["backend_kernels.cu", "prefill_attention.cu", "prefill_attention_tc.cu", "rope_kv_write.cu"]
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\d+a?)'")
 _PROPS = re.compile(r"Function properties for (\S+)")
@@ -160,10 +161,14 @@ def self_test():
                "    16 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
                "ptxas info    : Function properties for _ZN7kvshard4cuda12_GLOBAL__N_117RopeKvWriteKernel"
                "ILNS_7KvDtypeE0EEEvPfS3_PKflPKiPKllS5_NS0_6KvArgsE\n"
-               "    32 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n")
+               "    32 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+               "ptxas info    : Function properties for _ZN7kvshard4cuda56_GLOBAL__N__67ddc845_23_"
+               "prefill_attention_tc_cu_d96a1f3224PrefillAttentionTcKernelILNS_7KvDtypeE4ELi128EEEvNS1_6TcArgsE\n"
+               "    8 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n")
     usage, warned = parse(prefill, "sm_80")
     found = check(usage, warned, "sm_80")
     assert any("PrefillAttentionKernel" in p and "16-byte stack" in p for p in found), found
+    assert any("PrefillAttentionTcKernel" in p and "8-byte stack" in p for p in found), found
     assert not any("RopeKvWriteKernel" in p for p in found), found
     assert _is_kernel("_ZN7kvshard4cuda12_GLOBAL__N_116AddRmsNormKernelEPf", "AddRmsNormKernel")
     assert not _is_kernel("_ZN7kvshard4cuda12_GLOBAL__N_116AddRmsNormKernelEPf", "RmsNormKernel")
