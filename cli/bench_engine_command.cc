@@ -35,6 +35,7 @@ struct BenchFlags {
     int tp = 1;
     std::string comm = "local";
     std::string weight_format = "stored";
+    std::string rope_kv_write = "fused";
 };
 
 int RunBench(const BenchFlags& f) {
@@ -73,6 +74,7 @@ int RunBench(const BenchFlags& f) {
     const int threads = f.threads > 0 ? f.threads : hw;  // in all, shared by the ranks
     RunnerOptions runner;
     runner.max_context = f.prompt_tokens + f.decode_tokens;
+    runner.fuse_rope_kv_write = f.rope_kv_write == "fused";
     if (Result<WeightFormat> wf = ParseWeightFormat(f.weight_format); wf.ok()) {
         runner.weight_format = *wf;
     } else {
@@ -171,6 +173,11 @@ Command RegisterBenchEngine(CLI::App& app) {
         ->check(CLI::PositiveNumber);
     sub->add_option("--comm", f->comm, "local or mpi")->capture_default_str();
     sub->add_option("--weight-format", f->weight_format, "stored or f32 (dequantized at load)")
+        ->capture_default_str();
+    sub->add_option("--rope-kv-write", f->rope_kv_write,
+                    "fused (the backend's RoPE + KV write in one op, where it has one) or "
+                    "separate (Rope, then KvWrite)")
+        ->check(CLI::IsMember({"fused", "separate"}))
         ->capture_default_str();
     sub->add_flag("--json", f->json, "One JSON object on stdout");
     return [f] { return RunBench(*f); };

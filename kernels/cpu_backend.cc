@@ -145,8 +145,16 @@ void CpuBackend::RopeKvWrite(float* q, float* k, const float* v, int64_t row_str
     for (int64_t r0 = 0; r0 < rows; r0 += kRopeKvWriteRows) {
         const int64_t n = std::min(kRopeKvWriteRows, rows - r0);
         const int64_t at = r0 * row_stride;
-        cpu::Rope(q + at, positions + r0, n, num_heads, kv.head_dim, inv_freq, row_stride);
-        cpu::Rope(k + at, positions + r0, n, kv.num_kv_heads, kv.head_dim, inv_freq, row_stride);
+        if (k == q + num_heads * kv.head_dim) {
+            // K heads right after the Q heads (a fused QKV row, as the ModelRunner's): one call
+            // rotates both and computes each row's cos/sin once, as the separate Rope does.
+            cpu::Rope(q + at, positions + r0, n, num_heads + kv.num_kv_heads, kv.head_dim, inv_freq,
+                      row_stride);
+        } else {
+            cpu::Rope(q + at, positions + r0, n, num_heads, kv.head_dim, inv_freq, row_stride);
+            cpu::Rope(k + at, positions + r0, n, kv.num_kv_heads, kv.head_dim, inv_freq,
+                      row_stride);
+        }
         cpu::PagedKvWrite(kv, k + at, v + at, row_stride, slots + r0, n);
     }
 }

@@ -74,6 +74,12 @@ struct PagedAttentionBatch {
     // positions up to its own, p - window + 1 .. p, and blocks wholly before every query's window
     // are not read (their table entries may be stale). 0: causal over the whole context.
     int64_t window = 0;
+    // The most new rows any one sequence brings to the step, when the caller knows it on the
+    // host (the ModelRunner packs the step there): 1 on a pure-decode step, so a device backend
+    // skips the prefill kernel (kernels/cuda/launch_math.h LaunchesPrefillAttention). -1:
+    // unknown, every kernel that may have work is launched. The CPU reads the rows themselves.
+    // REQUIRES: -1, or at least every sequence's query_starts[s + 1] - query_starts[s].
+    int64_t max_query_rows = -1;
 };
 
 // q: rows × (num_heads × head_dim) floats at row stride q_stride (q may sit inside a fused QKV

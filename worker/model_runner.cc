@@ -82,6 +82,7 @@ ModelRunner::ModelRunner(const ModelSpec& spec, std::unique_ptr<Backend> backend
             << "collective rank " << collective_->rank() << "/" << collective_->size()
             << " for the weights of rank " << shard.rank << "/" << shard.tp;
     }
+    if (options.fuse_rope_kv_write) rope_kv_writer_ = dynamic_cast<RopeKvWriter*>(backend_.get());
     if (auto* packer = dynamic_cast<DecodeWeightPacker*>(backend_.get());
         packer != nullptr && options.pack_decode_weights) {
         // The products' weights and the classifier, tied to the embedding or not (the gather
@@ -152,7 +153,7 @@ ModelRunner::ModelRunner(const ModelSpec& spec, std::unique_ptr<Backend> backend
     const Status graphs_ok =
         CheckCudaGraphs(options, backend_->kind(), capture != nullptr, shard.tp);
     KV_CHECK(graphs_ok.ok()) << graphs_ok.ToString();
-    if (capture != nullptr && options.cuda_graphs.value_or(false) && shard.tp == 1) {
+    if (capture != nullptr && options.cuda_graphs.value_or(false)) {
         capture_ = capture;
         graphs_ = std::make_unique<DecodeGraphs>(capture_);
     }
@@ -295,6 +296,7 @@ Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<fl
         case DecodeGraphs::Mode::kReplay:
             KV_RETURN_IF_ERROR(capture_->Replay(plan.graph));
             graphs_->Replayed();
+            CountReplayedCollectives(step_rows);
             break;
     }
     // The real sequences' last rows come first in xn_: the padded ones are never classified.
@@ -315,7 +317,8 @@ Status ModelRunner::QueueStep(int64_t rows, int64_t num_seqs,
                                   .query_starts = query_starts_,
                                   .context_lens = context_lens_,
                                   .block_table_starts = table_starts_,
-                                  .block_tables = tables_};
+                                  .block_tables = tables_,
+                                  .max_query_rows = step_max_query_rows_};
 
     backend_->Embedding(weights_.embedding, weights_.layout.vocab.begin, ids_, rows, x_);
     if (collective_ != nullptr) {
@@ -347,13 +350,19 @@ Status ModelRunner::QueueStep(int64_t rows, int64_t num_seqs,
             backend_->HeadRmsNorm(qkv_ + q_dim_, qkv_dim_, rows, num_kv_heads, hd,
                                   static_cast<const float*>(w.k_norm.data), eps);
         }
-        // The K heads follow the Q heads in a QKV row: one call rotates both, computing each
-        // row's cos/sin once for the two.
-        backend_->Rope(qkv_, qkv_dim_, positions_, rows, num_q_heads + num_kv_heads, hd, inv_freq);
         // Every chunk of the step writes before any reads, so chunks may share blocks (a fork
         // and its parent).
         const PagedKvLayer kv = pool_->Layer(l);
-        backend_->KvWrite(kv, qkv_ + q_dim_, qkv_ + q_dim_ + kv_dim_, qkv_dim_, slots, rows);
+        if (rope_kv_writer_ != nullptr) {
+            rope_kv_writer_->RopeKvWrite(qkv_, qkv_ + q_dim_, qkv_ + q_dim_ + kv_dim_, qkv_dim_,
+                                         positions_, slots, rows, num_q_heads, inv_freq, kv);
+        } else {
+            // The K heads follow the Q heads in a QKV row: one call rotates both, computing
+            // each row's cos/sin once for the two.
+            backend_->Rope(qkv_, qkv_dim_, positions_, rows, num_q_heads + num_kv_heads, hd,
+                           inv_freq);
+            backend_->KvWrite(kv, qkv_ + q_dim_, qkv_ + q_dim_ + kv_dim_, qkv_dim_, slots, rows);
+        }
         if (after_layer_kv) {
             KV_RETURN_IF_ERROR(backend_->Synchronize());
             after_layer_kv(l);

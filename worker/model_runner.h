@@ -44,6 +44,7 @@
 #include "kv/kv_cache_groups.h"
 #include "worker/decode_graphs.h"
 #include "worker/kv_pool.h"
+#include "worker/rank_collective.h"
 #include "worker/shard.h"
 #include "worker/weights.h"
 
@@ -91,10 +92,16 @@ struct RunnerOptions {
     // CUDA graphs of pure-decode steps, one per decode bucket (worker/decode_graphs.h, docs/cuda.md
     // "CUDA graphs"). Unset or false: never (opt-in until scripts/gpu-check has shown replay equal
     // to eager on a GPU). true: on where the backend captures graphs (kernels/backend.h
-    // GraphCapture; the CUDA backend) and the runner is tp 1; required, and
-    // MakeModelRunner refuses it, naming cuda_graphs, where it cannot be had (the CPU backend,
-    // tp > 1).
+    // GraphCapture; the CUDA backend) and, at tp > 1, the collective is queued on its stream
+    // (collective_path kNccl); required, and MakeModelRunner refuses it, naming cuda_graphs,
+    // where it cannot be had (the CPU backend, a host or host-staged collective).
     std::optional<bool> cuda_graphs;
+    // The path of the instance's collective at tp > 1 (worker/rank_collective.h), as the caller
+    // chose it for every rank: what decides whether a decode step and its all-reduces can be
+    // captured. kNccl queues them on the backend's stream, where a capture records them; kHost
+    // and kStaged run them on the host (and the staged path copies through it), which a graph
+    // cannot hold. Not read at tp 1.
+    CollectivePath collective_path = CollectivePath::kHost;
     // Pads every pure-decode step to its decode bucket (worker/decode_buckets.h) without graphs
     // too: how the padding of graph steps is tested on the CPU. Graph steps are always padded.
     bool pad_decode_to_buckets = false;
@@ -103,6 +110,11 @@ struct RunnerOptions {
     // on AVX-512, 1.5-1.65x less compute per weight at batch-1 decode, for a second copy of
     // those weights in memory).
     bool pack_decode_weights = true;
+    // RoPE of q and k and the KV write as one op (kernels/backend.h RopeKvWriter) where the
+    // backend offers it: one kernel in place of two on CUDA, each row block rotated and written
+    // while in cache on the CPU; the same results as the separate ops (Rope, KvWrite), which
+    // false forces (tests compare the two; `kvshard bench-engine --rope-kv-write separate`).
+    bool fuse_rope_kv_write = true;
     // The backend each runner builds (kind, device); CPU threads stay the calling thread's.
     BackendConfig backend;
     // MakeModelRunner: reports the weights' load (WeightLoadOptions::on_bytes_loaded); called on
@@ -201,8 +213,13 @@ class ModelRunner {
     Status QueueStep(int64_t rows, int64_t num_seqs,
                      const std::function<void(int64_t layer)>& after_layer_kv);
     // Captures the packed step of `bucket` as a graph and replays it (the capture runs nothing);
-    // runs it eagerly when the capture fails.
+    // runs it eagerly when the capture fails. At tp > 1 the ranks agree first (one all-reduce
+    // of a vote): a graph is kept only where every rank captured, since a captured collective
+    // must be launched as a graph on every rank or on none.
     Status CaptureStep(int64_t bucket, int64_t rows, int64_t num_seqs);
+    // Counts the collectives a replayed graph of `rows` rows ran (the capture counted them once,
+    // for the replay that follows it).
+    void CountReplayedCollectives(int64_t rows);
     Status EnsureWorkspace(int64_t rows, int64_t num_seqs, int64_t block_table_entries);
     // partial_ = all-reduce(in · w^T), normed by `post_norm` when it has data (Gemma), then
     // x_ += partial_ and (when `next_norm` is given) xn_ = RmsNorm(x_): the row-parallel
@@ -256,6 +273,12 @@ class ModelRunner {
     std::vector<float> host_logits_;    // the gathered logits at tp > 1
     std::vector<int32_t> slice_rows_;   // ClassifyAllRows: the rows of one slice
     std::vector<float> slice_logits_;   // ClassifyAllRows: their logits
+    // The backend's fused RoPE + KV write (RunnerOptions::fuse_rope_kv_write); nullptr: the
+    // separate ops.
+    RopeKvWriter* rope_kv_writer_ = nullptr;
+    // The most new rows of one sequence in the packed step (PackInputs): 1 on a decode step,
+    // which tells the backend no prefill chunk is there (PagedAttentionBatch::max_query_rows).
+    int64_t step_max_query_rows_ = -1;
 
     // Decode buckets, and their graphs (with a backend that captures and cuda_graphs allowing).
     // The generation counts allocations of the buffers a graph points into (workspace, step
@@ -267,8 +290,9 @@ class ModelRunner {
 };
 
 // Ok unless options.cuda_graphs is true where graphs cannot be had: a backend of `kind` that
-// does not capture (`captures`), or tp > 1 (the collectives are not captured): InvalidArgument
-// naming cuda_graphs.
+// does not capture (`captures`), or tp > 1 with a collective that is not queued on the
+// backend's stream (options.collective_path other than kNccl): InvalidArgument naming
+// cuda_graphs and the path.
 Status CheckCudaGraphs(const RunnerOptions& options, BackendKind kind, bool captures, int tp);
 
 // Builds rank `shard`'s backend (options.backend), loads its weights from `model` into it

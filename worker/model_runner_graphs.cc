@@ -14,10 +14,15 @@ Status CheckCudaGraphs(const RunnerOptions& options, BackendKind kind, bool capt
                                " backend does not capture CUDA graphs (leave cuda_graphs unset, "
                                "or false)");
     }
-    if (tp > 1) {
-        return InvalidArgument("cuda_graphs: true at tp " + std::to_string(tp) +
-                               ": decode steps of tp > 1 are not captured (their collectives "
-                               "are not); leave cuda_graphs unset, or false");
+    if (tp > 1 && options.collective_path != CollectivePath::kNccl) {
+        // NCCL on the backend's stream is recorded by a capture like a kernel; the host and
+        // host-staged collectives run on the host, between the kernels, and wait there.
+        return InvalidArgument(
+            "cuda_graphs: true at tp " + std::to_string(tp) + " with the " +
+            std::string(CollectivePathName(options.collective_path)) +
+            " collective: its all-reduces run on the host and wait there, which a graph cannot "
+            "hold (graphs at tp > 1 need the nccl collective: every rank on a GPU of its own, "
+            "collectives not staged); leave cuda_graphs unset, or false");
     }
     return Status::Ok();
 }
@@ -31,7 +36,7 @@ int64_t ModelRunner::PaddedBucket(std::span<const SequenceChunk> batch, bool has
 }
 
 Status ModelRunner::CaptureStep(int64_t bucket, int64_t rows, int64_t num_seqs) {
-    const Result<int> graph = [&]() -> Result<int> {
+    Result<int> graph = [&]() -> Result<int> {
         KV_RETURN_IF_ERROR(capture_->BeginCapture());
         const Status queued = QueueStep(rows, num_seqs, {});
         Result<int> captured = capture_->EndCapture();  // always closes the capture
@@ -41,12 +46,32 @@ Status ModelRunner::CaptureStep(int64_t bucket, int64_t rows, int64_t num_seqs) 
         }
         return captured;
     }();
+    if (collective_ != nullptr) {
+        // Whether a launch of a captured NCCL operation is a graph's must be the same on every
+        // rank (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/cudagraph.html):
+        // one rank's failed capture makes every rank run the bucket eagerly. The vote is host
+        // memory, so it waits for the stream (outside the capture, which is closed).
+        float captured = graph.ok() ? 1.0f : 0.0f;
+        KV_RETURN_IF_ERROR(collective_->AllReduceSum(&captured, 1));
+        if (graph.ok() && captured < static_cast<float>(collective_->size())) {
+            capture_->ReleaseGraph(*graph);
+            graph = Unavailable("another rank's capture of decode bucket " +
+                                std::to_string(bucket) + " failed");
+        }
+    }
     graphs_->Captured(bucket, graph);
     if (!graph.ok()) return QueueStep(rows, num_seqs, {});
     // The capture ran nothing: this step is the graph's first replay.
     KV_RETURN_IF_ERROR(capture_->Replay(*graph));
     graphs_->Replayed();
     return Status::Ok();
+}
+
+void ModelRunner::CountReplayedCollectives(int64_t rows) {
+    if (collective_ == nullptr) return;
+    const int64_t bytes = rows * spec_.hidden_size * int64_t(sizeof(float));
+    comm_stats_.embedding_all_reduce_bytes += bytes;
+    comm_stats_.layer_all_reduce_bytes += 2 * spec_.num_layers * bytes;
 }
 
 }  // namespace kvshard

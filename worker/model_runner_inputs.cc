@@ -206,9 +206,12 @@ Status ModelRunner::PackInputs(std::span<const SequenceChunk> batch, int64_t row
     auto* tables = reinterpret_cast<int32_t*>(h + layout.tables);
     int32_t r = 0;
     query_starts[0] = 0;
+    // Padded sequences (PadStepInputs) bring at most one row each.
+    step_max_query_rows_ = step_seqs > num_seqs ? 1 : 0;
     for (int64_t s = 0; s < num_seqs; ++s) {
         const SequenceChunk& c = batch[static_cast<size_t>(s)];
         const auto n = static_cast<int32_t>(c.tokens.size());
+        step_max_query_rows_ = std::max<int64_t>(step_max_query_rows_, n);
         for (int32_t i = 0; i < n; ++i) {
             ids[r + i] = c.tokens[static_cast<size_t>(i)];
             positions[r + i] = static_cast<int32_t>(c.start_pos + i);

@@ -70,6 +70,7 @@ Result<std::unique_ptr<TpGroup>> TpGroup::Create(const ModelFile& model,
         RankCollective* c = config.tp > 1 ? g->rank_collectives_[r].get() : nullptr;
         RunnerOptions runner_options = config.runner;
         if (cuda) runner_options.backend.device = devices[r];
+        runner_options.collective_path = g->path_;
         KV_ASSIGN_OR_RETURN(
             std::unique_ptr<ModelRunner> runner,
             MakeModelRunner(model, {.rank = rank, .tp = config.tp}, runner_options, c));

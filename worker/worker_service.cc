@@ -128,6 +128,7 @@ Result<LoadedRank> LoadRank(const WorkerServiceOptions& o, const RegisterAckMess
     const int threads = o.threads > 0 ? o.threads : s.threads;
     if (threads > 0) cpu::SetNumThreads(threads);
     if (!s.devices.empty()) s.runner.backend.device = s.devices[static_cast<size_t>(o.rank)];
+    s.runner.collective_path = path.path;
     LoadedRank r;
     OpenModelOptions open;
     open.tokenizer_path = s.tokenizer_path;

@@ -7,19 +7,19 @@
 // two must be identical, bit for bit), after per-op times at batch 8. Prints one line per batch;
 // --json adds one JSON object.
 //   kvshard_cuda_decode_bench [--backend cuda|cpu] [--shape 8b|tiny] [--context 512]
-//                             [--batches 1,8,32,64,128] [--steps 10]
+//                             [--batches 1,8,32,64,128] [--steps 10] [--json]
+// Flags are parsed by CLI11 (the shared ones in kernels/bench/cuda_bench_flags.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/bench/cuda_bench_flags.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/synthetic_decode.h"
 
@@ -89,50 +89,28 @@ double MatMulTflops(Backend& b, int64_t n) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::string backend = "cuda", shape_name = "8b";
+    CLI::App app{"Decode ms/step of a Llama-shaped model with random bf16 weights",
+                 "kvshard_cuda_decode_bench"};
+    kvshard::bench::CudaBenchFlags flags;
+    flags.batches = {1, 8, 32, 64, 128};
     int64_t context = 512, steps = 10;
-    std::vector<int64_t> batches = {1, 8, 32, 64, 128};
-    bool json = false;
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        auto value = [&]() -> std::string {
-            if (i + 1 >= argc) return "";
-            return argv[++i];
-        };
-        if (a == "--backend") {
-            backend = value();
-        } else if (a == "--shape") {
-            shape_name = value();
-        } else if (a == "--context") {
-            context = std::atoll(value().c_str());
-        } else if (a == "--steps") {
-            steps = std::atoll(value().c_str());
-        } else if (a == "--batches") {
-            batches.clear();
-            std::stringstream ss(value());
-            for (std::string b; std::getline(ss, b, ',');) batches.push_back(std::atoll(b.c_str()));
-        } else if (a == "--json") {
-            json = true;
-        } else {
-            return Fail("unknown flag " + a);
-        }
+    kvshard::bench::AddCudaBenchFlags(app, &flags);
+    app.add_option("--context", context, "Positions of KV behind every sequence")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    app.add_option("--steps", steps, "Timed steps per batch (the median is printed)")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    if (const int code = kvshard::bench::ParseCudaBenchFlags(app, argc, argv); code >= 0) {
+        return code;
     }
-    kvshard::cuda::DecodeShape shape;
-    if (shape_name == "tiny") {
-        shape = {.layers = 2, .hidden = 256, .heads = 4, .kv_heads = 2, .head_dim = 64,
-                 .ffn = 512, .vocab = 1000};
-    } else if (shape_name != "8b") {
-        return Fail("--shape: '" + shape_name + "' is not one of 8b, tiny");
-    }
-    if (backend != "cuda" && backend != "cpu") {
-        return Fail("--backend: '" + backend + "' is not one of cpu, cuda");
-    }
-    if (context < 1 || steps < 1 || batches.empty() ||
-        *std::min_element(batches.begin(), batches.end()) < 1) {
-        return Fail("--context, --steps and every --batches entry must be positive");
-    }
-    auto b = kvshard::MakeBackend(
-        {.kind = backend == "cuda" ? kvshard::BackendKind::kCuda : kvshard::BackendKind::kCpu});
+    const std::string& backend = flags.backend;
+    const std::string& shape_name = flags.shape;
+    const std::vector<int64_t>& batches = flags.batches;
+    const bool json = flags.json;
+    const kvshard::cuda::DecodeShape shape = kvshard::bench::ShapeOf(flags);
+    if (batches.empty()) return Fail("--batches: at least one batch size");
+    auto b = kvshard::MakeBackend({.kind = kvshard::bench::BackendOf(flags)});
     if (!b.ok()) return Fail(b.status().message());
     Backend& be = **b;
     const double bw = CopyBandwidth(be, backend == "cuda" ? size_t{1} << 30 : size_t{64} << 20);

@@ -11,19 +11,20 @@
 // Prints one line per measurement; --json adds one JSON object (scripts/gpu_check_ops.py reads it).
 //   kvshard_cuda_op_bench [--backend cuda|cpu] [--shape 8b|tiny] [--batches 1,32]
 //                         [--prefill-tokens 2048] [--json]
+// Flags are parsed by CLI11 (the shared ones in kernels/bench/cuda_bench_flags.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
+#include <limits>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/dtype.h"
 #include "kernels/backend.h"
+#include "kernels/bench/cuda_bench_flags.h"
 #include "kernels/cuda/synthetic_decode.h"
 #include "kernels/paged_attention.h"
 
@@ -138,54 +139,37 @@ Prefill PrefillAttention(Backend& b, const kvshard::cuda::DecodeShape& s, int64_
 }  // namespace
 
 int main(int argc, char** argv) {
-    std::string backend = "cuda", shape_name = "8b";
-    std::vector<int64_t> batches = {1, 32};
+    CLI::App app{"The bf16 MatMul ceiling, per-op times of a decode step and the prefill "
+                 "attention's share of the ceiling",
+                 "kvshard_cuda_op_bench"};
+    kvshard::bench::CudaBenchFlags flags;
+    flags.batches = {1, 32};
     int64_t prefill_tokens = 2048;
-    bool json = false;
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-        if (a == "--backend") {
-            backend = value();
-        } else if (a == "--shape") {
-            shape_name = value();
-        } else if (a == "--prefill-tokens") {
-            prefill_tokens = std::atoll(value().c_str());
-        } else if (a == "--batches") {
-            batches.clear();
-            std::stringstream ss(value());
-            for (std::string b; std::getline(ss, b, ',');) batches.push_back(std::atoll(b.c_str()));
-        } else if (a == "--json") {
-            json = true;
-        } else {
-            return Fail("unknown flag " + a);
-        }
+    kvshard::bench::AddCudaBenchFlags(app, &flags);
+    app.add_option("--prefill-tokens", prefill_tokens, "Rows of the timed prefill chunk")
+        ->check(CLI::Range(int64_t{2}, std::numeric_limits<int64_t>::max() / 2))
+        ->capture_default_str();
+    if (const int code = kvshard::bench::ParseCudaBenchFlags(app, argc, argv); code >= 0) {
+        return code;
     }
-    kvshard::cuda::DecodeShape shape;
+    const std::string& backend = flags.backend;
+    const std::string& shape_name = flags.shape;
+    const std::vector<int64_t>& batches = flags.batches;
+    const bool json = flags.json;
+    if (batches.empty()) return Fail("--batches: at least one batch size");
+    const kvshard::cuda::DecodeShape shape = kvshard::bench::ShapeOf(flags);
     std::vector<Gemm> gemms;
     if (shape_name == "tiny") {
-        shape = {.layers = 2, .hidden = 256, .heads = 4, .kv_heads = 2, .head_dim = 64,
-                 .ffn = 512, .vocab = 1000};
         gemms = {{"square_256", 256, 256, 256}};
-    } else if (shape_name == "8b") {
+    } else {
         const int64_t t = prefill_tokens;
         gemms = {{"square_4096", 4096, 4096, 4096},
                  {"8b_qkv", t, shape.qkv_rows(), shape.hidden},
                  {"8b_o", t, shape.hidden, shape.heads * shape.head_dim},
                  {"8b_gate_up", t, 2 * shape.ffn, shape.hidden},
                  {"8b_down", t, shape.hidden, shape.ffn}};
-    } else {
-        return Fail("--shape: '" + shape_name + "' is not one of 8b, tiny");
     }
-    if (backend != "cuda" && backend != "cpu") {
-        return Fail("--backend: '" + backend + "' is not one of cpu, cuda");
-    }
-    if (prefill_tokens < 2 || batches.empty() ||
-        *std::min_element(batches.begin(), batches.end()) < 1) {
-        return Fail("--prefill-tokens must be at least 2 and every --batches entry positive");
-    }
-    auto made = kvshard::MakeBackend(
-        {.kind = backend == "cuda" ? kvshard::BackendKind::kCuda : kvshard::BackendKind::kCpu});
+    auto made = kvshard::MakeBackend({.kind = kvshard::bench::BackendOf(flags)});
     if (!made.ok()) return Fail(made.status().message());
     Backend& b = **made;
 

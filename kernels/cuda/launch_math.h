@@ -279,13 +279,20 @@ KV_HD PrefillTile PrefillTileOf(const PrefillPlan& p, int64_t w, int64_t num_seq
 }
 
 // Blocks of a prefill launch: a fixed grid (blocks_per_sm on every multiprocessor) that strides
-// over the step's items, since the host does not know the step's row counts (they are in device
-// memory); a step without a prefill chunk costs one launch of blocks that find no item.
+// over the step's items, since the row counts of a step's sequences are in device memory.
 constexpr int kPrefillBlocksPerSm = 2;  // the kernel's launch bound; shared memory fits two
 KV_HD unsigned PrefillGrid(int sm_count, int blocks_per_sm) {
     const int64_t g = static_cast<int64_t>(sm_count > 0 ? sm_count : 1) *
                       (blocks_per_sm > 0 ? blocks_per_sm : 1);
     return static_cast<unsigned>(g);
+}
+
+// Whether a step's attention launches the prefill kernel, from the most new rows of one
+// sequence the host knows (PagedAttentionBatch::max_query_rows): not on a pure-decode step (1)
+// or an empty one (0), whose blocks would find no tile; where the host does not know (-1), or a
+// chunk is there (> 1), it does.
+KV_HD bool LaunchesPrefillAttention(int64_t max_query_rows) {
+    return max_query_rows < 0 || max_query_rows > 1;
 }
 
 // ---- the paged KV layout (kernels/paged_attention.h) ----

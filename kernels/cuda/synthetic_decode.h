@@ -1,6 +1,6 @@
 // A Llama-shaped decode step on any Backend, with random bf16 weights and a KV pool already
 // holding `context` random positions per sequence: the ops and order of the ModelRunner's forward
-// pass (embedding, per layer RmsNorm → QKV → RoPE → KvWrite → PagedAttention → O → AddRmsNorm →
+// pass (embedding, per layer RmsNorm → QKV → RoPE + KvWrite → PagedAttention → O → AddRmsNorm →
 // gate|up → SiluMul → down → AddRmsNorm, then the classifier) without a model file, so a GPU
 // machine that cannot carry real weights can time an 8B-shaped decode
 // (kernels/bench/cuda_decode_bench.cc) and a test can check a whole step against the CPU backend
@@ -73,9 +73,15 @@ class SyntheticDecode {
         for (int64_t l = 0; l < s.layers; ++l) {
             const Layer& w = layers_[static_cast<size_t>(l)];
             b.MatMul(xn_, batch, w.qkv, qkv_);
-            b.Rope(qkv_, qkv, positions_, batch, s.heads + s.kv_heads, s.head_dim, inv_freq_);
             const PagedKvLayer kv = Kv(l);
-            b.KvWrite(kv, qkv_ + q_dim, qkv_ + q_dim + kv_dim, qkv, slots_, batch);
+            // As the ModelRunner: the fused RoPE + KV write where the backend has it.
+            if (auto* fused = dynamic_cast<RopeKvWriter*>(&b)) {
+                fused->RopeKvWrite(qkv_, qkv_ + q_dim, qkv_ + q_dim + kv_dim, qkv, positions_,
+                                   slots_, batch, s.heads, inv_freq_, kv);
+            } else {
+                b.Rope(qkv_, qkv, positions_, batch, s.heads + s.kv_heads, s.head_dim, inv_freq_);
+                b.KvWrite(kv, qkv_ + q_dim, qkv_ + q_dim + kv_dim, qkv, slots_, batch);
+            }
             b.PagedAttention(qkv_, qkv, kv, attn, attn_, s.heads, nullptr);
             b.MatMul(attn_, batch, w.wo, delta_);
             b.AddRmsNorm(x_, delta_, ones_, xn_, batch, s.hidden, 1e-5f);
@@ -153,7 +159,8 @@ class SyntheticDecode {
                 .query_starts = query_starts_,
                 .context_lens = context_lens_,
                 .block_table_starts = table_starts_,
-                .block_tables = tables_};
+                .block_tables = tables_,
+                .max_query_rows = 1};  // a decode step: no prefill launch, as in the runner
     }
 
     PagedKvLayer Kv(int64_t layer) {

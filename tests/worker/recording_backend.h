@@ -35,6 +35,13 @@ class RecordingBackend final : public Backend, public GraphCapture {
         return n;
     }
 
+    // Whether a capture is open.
+    bool capturing() const { return capturing_; }
+    // Queues `op` on the stream as the backend's own ops are: recorded inside a capture, run at
+    // once outside one. How a test collective stands in for NCCL, which queues its operations on
+    // the backend's CUDA stream, where a capture records them.
+    void QueueOp(const std::string& name, std::function<void()> op) { Queue(name, std::move(op)); }
+
     BackendKind kind() const override { return inner_->kind(); }
     std::string Describe() const override { return "recording " + inner_->Describe(); }
 
