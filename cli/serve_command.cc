@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -22,6 +23,7 @@
 #include "cli/serve_devices.h"
 #include "common/build_config.h"
 #include "common/device.h"
+#include "common/device_peer.h"
 #include "common/logging.h"
 #include "config/device_plan.h"
 #include "config/server_config.h"
@@ -35,6 +37,8 @@
 #include "model/hf_export.h"
 #include "model/model_file.h"
 #include "model/tokenizer.h"
+#include "worker/kv_handoff_path.h"
+#include "worker/kv_peer_exchange.h"
 #include "worker/local_model.h"
 #include "worker/tp_group.h"
 #include "worker/weights.h"
@@ -259,13 +263,20 @@ int RunServe(ServeFlags f) {
             planned.push_back(std::move(pi));
         }
     }
-    // Every rank on its device, before any weight is read (the CPU: warnings only).
+    // Every rank on its device, before any weight is read (the CPU: warnings only), and how the
+    // KV of a handoff travels between the pools (worker/kv_handoff_path.h).
+    std::optional<KvHandoffPath> handoff_path;
     if (!planned.empty()) {
         Result<DevicePlan> dp =
             PlanServeDevices(c, pools, *stop_ids_of.file, planned[0].runner, max_context,
                              KVSHARD_WITH_CUDA != 0, devices);
         if (!dp.ok()) return Fail(source + dp.status().message());
         for (const std::string& w : dp->warnings) spdlog::warn("{}", w);
+        Result<std::optional<KvHandoffPath>> path =
+            ServeKvHandoffPath(c, pools, *dp, DevicesCanAccessPeer);
+        if (!path.ok()) return Fail(source + path.status().message());
+        handoff_path = *path;
+        if (handoff_path.has_value()) dp->kv_handoff = KvHandoffPathLine(*handoff_path);
         for (const std::string& line : dp->Describe(pools)) spdlog::info("device plan: {}", line);
         size_t k = 0;
         for (size_t p = 0; p < pools.size(); ++p) {
@@ -275,6 +286,10 @@ int RunServe(ServeFlags f) {
             }
         }
     }
+    // The peer-copy handoff's exchange, shared by every instance of this process.
+    std::shared_ptr<KvPeerExchange> peer_exchange;
+    if (handoff_path == KvHandoffPath::kPeerCopy)
+        peer_exchange = std::make_shared<KvPeerExchange>();
     // Embedded workers report their weights as they load (worker processes log their own).
     int64_t weight_bytes = 0;
     if (c.workers.mode == WorkersMode::kEmbedded) {
@@ -341,6 +356,7 @@ int RunServe(ServeFlags f) {
             tc.devices = pi.gpus;
             tc.force_staged = f.stage_collectives;
             tc.kv_transport_name = inst.name;
+            tc.peer_exchange = peer_exchange;
             Result<std::unique_ptr<TpGroup>> group = TpGroup::Create(*stop_ids_of.file, tc);
             if (!group.ok())
                 return Fail(c.model_path + ": instance " + inst.name + ": " +

@@ -6,9 +6,10 @@
 
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/paged_attention.h"
-#include "kv/kv_geometry.h"
 #include "kv/kv_cache_groups.h"
+#include "kv/kv_geometry.h"
 #include "worker/decode_buckets.h"
+#include "worker/kv_handoff_path.h"
 #include "worker/shard.h"
 #include "worker/weights.h"
 
@@ -135,6 +136,33 @@ std::vector<int> RankGpus(const DevicePlan& plan, int pool, int instance) {
         if (rp == nullptr) return gpus;
         gpus.push_back(rp->gpu);
     }
+}
+
+Result<std::optional<KvHandoffPath>> ServeKvHandoffPath(
+    const ServerConfig& c, const std::vector<PoolConfig>& pools, const DevicePlan& plan,
+    const std::function<bool(int to, int from)>& can_access_peer) {
+    KvHandoffPathFacts facts;
+    facts.requested = c.kv_transfer.path;
+    facts.backend = plan.cuda ? BackendKind::kCuda : BackendKind::kCpu;
+    facts.embedded = c.workers.mode == WorkersMode::kEmbedded;
+    // Both backends implement PeerCopy (kernels/backend.h): cuda with cudaMemcpyPeerAsync, the
+    // CPU with memcpy.
+    facts.backend_has_peer_copies = true;
+    facts.can_access_peer = can_access_peer;
+    bool disaggregated = false;
+    for (size_t p = 0; p < pools.size(); ++p) {
+        if (pools[p].role == PoolRole::kMixed) continue;
+        disaggregated = true;
+        std::vector<int>& gpus =
+            pools[p].role == PoolRole::kPrefill ? facts.src_gpus : facts.dst_gpus;
+        for (size_t i = 0; i < pools[p].instances.size(); ++i) {
+            for (int gpu : RankGpus(plan, static_cast<int>(p), static_cast<int>(i)))
+                gpus.push_back(gpu);
+        }
+    }
+    if (!disaggregated) return std::optional<KvHandoffPath>();
+    KV_ASSIGN_OR_RETURN(KvHandoffPath path, ChooseKvHandoffPath(facts));
+    return std::optional<KvHandoffPath>(path);
 }
 
 }  // namespace kvshard::cli

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <vector>
 
 #include "common/device.h"
@@ -46,5 +48,14 @@ void ApplyDevicePlan(const DevicePlan& plan, int pool, int instance, RunnerOptio
 // The GPU of each rank of instance `instance` of pool `pool`, rank by rank (an ordinal repeats
 // where ranks share a GPU); empty on the CPU.
 std::vector<int> RankGpus(const DevicePlan& plan, int pool, int instance);
+
+// The KV handoff path between the prefill and decode pools of `pools` (ChooseKvHandoffPath,
+// worker/kv_handoff_path.h) from kv_transfer.path, workers.mode and `plan`'s GPUs (on cuda: every
+// pair of a prefill rank's GPU and a decode rank's GPU asked `can_access_peer(to, from)`); empty
+// when no pool is a prefill or decode pool. InvalidArgument naming kv_transfer.path when the
+// requested path cannot serve this config.
+Result<std::optional<KvHandoffPath>> ServeKvHandoffPath(
+    const ServerConfig& c, const std::vector<PoolConfig>& pools, const DevicePlan& plan,
+    const std::function<bool(int to, int from)>& can_access_peer);
 
 }  // namespace kvshard::cli

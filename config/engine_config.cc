@@ -62,6 +62,27 @@ Status BlockManagerConfig::Validate() const {
     return Status::Ok();
 }
 
+std::string_view KvHandoffPathName(KvHandoffPath path) {
+    switch (path) {
+        case KvHandoffPath::kHostStaged:
+            return "host-staged";
+        case KvHandoffPath::kPeerCopy:
+            return "peer";
+        case KvHandoffPath::kNccl:
+            return "nccl";
+    }
+    return "?";
+}
+
+Result<KvHandoffPath> ParseKvHandoffPath(std::string_view name) {
+    for (KvHandoffPath p :
+         {KvHandoffPath::kHostStaged, KvHandoffPath::kPeerCopy, KvHandoffPath::kNccl}) {
+        if (name == KvHandoffPathName(p)) return p;
+    }
+    return InvalidArgument("'" + std::string(name) +
+                           "' is not a KV handoff path (auto, host-staged, peer, nccl)");
+}
+
 std::string_view PoolRoleName(PoolRole role) {
     switch (role) {
         case PoolRole::kMixed:

@@ -66,6 +66,19 @@ struct KvCacheConfig : BlockManagerConfig {
     std::optional<KvDtype> dtype;
 };
 
+// How the KV of a handoff travels from the sending instance's pools to the receiving one's
+// (docs/disaggregation.md "Transports", docs/cuda.md "Prefill and decode pools on GPUs"):
+//   kHostStaged  packed into host memory, over the instances' KV transport (in-process or TCP),
+//                unpacked into the receiving pool: every backend, every placement;
+//   kPeerCopy    pool to pool inside one process (PeerCopy, kernels/backend.h:
+//                cudaMemcpyPeerAsync between two GPUs), no host buffer;
+//   kNccl        ncclSend/ncclRecv between GPU ranks of one node (comm/nccl_kv_transport.h): not
+//                wired into serve yet, refused by name.
+enum class KvHandoffPath { kHostStaged, kPeerCopy, kNccl };
+std::string_view KvHandoffPathName(KvHandoffPath path);  // "host-staged", "peer", "nccl"
+// The path a name (KvHandoffPathName's) names; InvalidArgument listing the names otherwise.
+Result<KvHandoffPath> ParseKvHandoffPath(std::string_view name);
+
 // The kv_transfer: section: KV handoff from prefill to decode instances
 // (docs/disaggregation.md).
 struct KvTransferConfig {
@@ -74,6 +87,8 @@ struct KvTransferConfig {
     // the measurements).
     bool layerwise = false;
     int64_t timeout_ms = 10'000;  // per transfer, sending and receiving
+    // kv_transfer.path; empty is "auto" (serve chooses: worker/kv_handoff_path.h).
+    std::optional<KvHandoffPath> path;
 };
 
 // What an instance does (the pools: list's role): prefill and decode (mixed), or one of them.

@@ -359,6 +359,20 @@ const std::vector<Setting>& Settings() {
                          c.kv_transfer.layerwise = v == "layerwise";
                          return Status::Ok();
                      }});
+        s.push_back({"kv_transfer.path",
+                     [](const ValueSource& at, const YAML::Node& n, ServerConfig& c) -> Status {
+                         KV_RETURN_IF_ERROR(RequireScalar(at, n));
+                         const std::string v = ScalarText(n);
+                         if (v == "auto") {
+                             c.kv_transfer.path.reset();
+                             return Status::Ok();
+                         }
+                         Result<KvHandoffPath> path = ParseKvHandoffPath(v);
+                         if (!path.ok())
+                             return BadValue(at, v, "expected auto, host-staged, peer or nccl");
+                         c.kv_transfer.path = *path;
+                         return Status::Ok();
+                     }});
         s.push_back(Int<int64_t>(
             "kv_transfer.timeout_ms",
             [](ServerConfig& c) -> int64_t& { return c.kv_transfer.timeout_ms; }, 1,

@@ -75,6 +75,19 @@ Status CpuBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
     return Status::Ok();
 }
 
+bool CpuBackend::CanCopyFromPeer(const Backend& src) const {
+    return dynamic_cast<const CpuBackend*>(&src) != nullptr;
+}
+
+Status CpuBackend::CopyFromPeer(void* dst, const Backend& src, const void* src_data, size_t bytes) {
+    if (!CanCopyFromPeer(src)) {
+        return InvalidArgument("cpu backend: a peer copy from the " + src.Describe() +
+                               " backend (only from another CPU backend)");
+    }
+    if (bytes > 0) std::memcpy(dst, src_data, bytes);
+    return Status::Ok();
+}
+
 Result<BackendBuffer> CpuBackend::PackForDecode(WeightView* w) {
     const cpu::StoredMatrix stored = Stored(*w);
     // With 8-bit activations (KVSHARD_MATMUL_ACTIVATIONS=int8) single rows take the int8

@@ -3,6 +3,8 @@
 // (BackendConfig::num_threads) and are done when they return. Matrix products read weights in
 // their stored format (kernels/cpu_matmul.h); attention is batched over the step
 // (kernels/paged_attention.h). This is the reference other backends are checked against.
+// Peer copies (PeerCopy) from another CpuBackend are a memcpy: the peer-copy KV handoff between
+// two CPU instances of one process (kv_transfer.path: peer), as a GPU's is cudaMemcpyPeerAsync.
 #pragma once
 
 #include <string>
@@ -11,7 +13,10 @@
 
 namespace kvshard {
 
-class CpuBackend final : public Backend, public DecodeWeightPacker, public RopeKvWriter {
+class CpuBackend final : public Backend,
+                         public DecodeWeightPacker,
+                         public RopeKvWriter,
+                         public PeerCopy {
   public:
     explicit CpuBackend(const BackendConfig& config);
 
@@ -21,6 +26,9 @@ class CpuBackend final : public Backend, public DecodeWeightPacker, public RopeK
     Status CopyToDevice(void* dst, const void* src, size_t bytes) override;
     Status CopyToHost(void* dst, const void* src, size_t bytes) override;
     Status Synchronize() override { return Status::Ok(); }
+
+    bool CanCopyFromPeer(const Backend& src) const override;
+    Status CopyFromPeer(void* dst, const Backend& src, const void* src_data, size_t bytes) override;
 
     void Embedding(const WeightView& table, int64_t row_offset, const int32_t* ids, int64_t n,
                    float* out) override;

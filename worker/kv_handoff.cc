@@ -65,6 +65,43 @@ IndexRange KvHeadsToSend(const ModelSpec& spec, int src_rank, int src_tp, int ds
     return out;
 }
 
+Result<std::vector<KvReshardMessage>> KvReshardPlan(const ModelSpec& spec, int src_tp, int dst_tp) {
+    std::vector<ShardLayout> src, dst;
+    for (int r = 0; r < src_tp; ++r) {
+        KV_ASSIGN_OR_RETURN(ShardLayout l, MakeShardLayout(spec, {.rank = r, .tp = src_tp}));
+        src.push_back(std::move(l));
+    }
+    for (int r = 0; r < dst_tp; ++r) {
+        KV_ASSIGN_OR_RETURN(ShardLayout l, MakeShardLayout(spec, {.rank = r, .tp = dst_tp}));
+        dst.push_back(std::move(l));
+    }
+    // By (sender, receiver): the heads, in increasing order, merged when consecutive.
+    std::vector<KvReshardMessage> out;
+    for (int64_t h = 0; h < spec.num_kv_heads; ++h) {
+        int owner = -1;
+        for (int s = 0; s < src_tp && owner < 0; ++s) {
+            if (src[static_cast<size_t>(s)].kv_heads.Contains(h)) owner = s;
+        }
+        KV_CHECK(owner >= 0) << "KV head " << h << " held by no rank of tp " << src_tp;
+        for (int d = 0; d < dst_tp; ++d) {
+            if (!dst[static_cast<size_t>(d)].kv_heads.Contains(h)) continue;
+            auto it = std::find_if(out.begin(), out.end(), [&](const KvReshardMessage& m) {
+                return m.src_rank == owner && m.dst_rank == d;
+            });
+            if (it == out.end()) {
+                out.push_back({.src_rank = owner, .dst_rank = d, .heads = {h, h + 1}});
+            } else {
+                KV_CHECK(it->heads.end == h) << "heads of one pair not consecutive";
+                it->heads.end = h + 1;
+            }
+        }
+    }
+    std::sort(out.begin(), out.end(), [](const KvReshardMessage& a, const KvReshardMessage& b) {
+        return a.src_rank != b.src_rank ? a.src_rank < b.src_rank : a.dst_rank < b.dst_rank;
+    });
+    return out;
+}
+
 int64_t FirstHandoffEntry(int64_t num_tokens, int64_t block_size, int64_t window) {
     if (window <= 0) return 0;
     const int64_t first_read = num_tokens - window + 1;
@@ -116,6 +153,35 @@ std::vector<KvCopyRun> KvCopyRuns(const KvPool& pool, const ShardLayout& layout,
         }
     }
     return runs;
+}
+
+std::vector<KvPoolCopy> KvPoolToPoolCopies(std::span<const KvCopyRun> from,
+                                           std::span<const KvCopyRun> to) {
+    std::vector<KvPoolCopy> out;
+    size_t i = 0, j = 0;
+    while (i < from.size() && j < to.size()) {
+        const KvCopyRun& a = from[i];
+        const KvCopyRun& b = to[j];
+        const int64_t lo = std::max(a.piece_offset, b.piece_offset);
+        const int64_t hi = std::min(a.piece_offset + a.bytes, b.piece_offset + b.bytes);
+        if (lo < hi) {
+            const KvPoolCopy c{.src_offset = a.pool_offset + (lo - a.piece_offset),
+                               .dst_offset = b.pool_offset + (lo - b.piece_offset),
+                               .bytes = hi - lo};
+            if (!out.empty() && out.back().src_offset + out.back().bytes == c.src_offset &&
+                out.back().dst_offset + out.back().bytes == c.dst_offset) {
+                out.back().bytes += c.bytes;
+            } else {
+                out.push_back(c);
+            }
+        }
+        if (a.piece_offset + a.bytes <= b.piece_offset + b.bytes) {
+            ++i;
+        } else {
+            ++j;
+        }
+    }
+    return out;
 }
 
 Status PackKvPiece(Backend& backend, const KvPool& pool, const ShardLayout& layout,
@@ -196,10 +262,12 @@ Status UnpackKvPiece(Backend& backend, const KvPiece& piece, KvPool& pool,
     return backend.Synchronize();
 }
 
-Status CopyKvBetweenPools(Backend& src, const KvPool& src_pool, const ShardLayout& src_layout,
-                          std::span<const int32_t> src_blocks, Backend& dst, KvPool& dst_pool,
-                          const ShardLayout& dst_layout, std::span<const int32_t> dst_blocks,
-                          int64_t layer_begin, int64_t layer_end, IndexRange heads) {
+Result<int64_t> QueueKvPeerCopies(Backend& src, const KvPool& src_pool,
+                                  const ShardLayout& src_layout,
+                                  std::span<const int32_t> src_blocks, Backend& dst,
+                                  KvPool& dst_pool, const ShardLayout& dst_layout,
+                                  std::span<const int32_t> dst_blocks, int64_t layer_begin,
+                                  int64_t layer_end, IndexRange heads) {
     auto* peer = dynamic_cast<PeerCopy*>(&dst);
     if (peer == nullptr || !peer->CanCopyFromPeer(src)) {
         return InvalidArgument("KV peer copy: the " + dst.Describe() +
@@ -236,28 +304,26 @@ Status CopyKvBetweenPools(Backend& src, const KvPool& src_pool, const ShardLayou
         KvCopyRuns(src_pool, src_layout, src_blocks, layer_begin, layer_end, heads);
     const std::vector<KvCopyRun> to =
         KvCopyRuns(dst_pool, dst_layout, dst_blocks, layer_begin, layer_end, heads);
-    if (to.empty()) return Status::Ok();
-    KV_RETURN_IF_ERROR(src.Synchronize());  // the sender's step wrote the KV on its stream
     const uint8_t* src_base = src_pool.BlockData(0);
     uint8_t* dst_base = dst_pool.MutableBlockData(0);
-    // Both lists are in piece order: copy each overlap of a sender run and a receiver run.
-    size_t i = 0, j = 0;
-    while (i < from.size() && j < to.size()) {
-        const KvCopyRun& a = from[i];
-        const KvCopyRun& b = to[j];
-        const int64_t lo = std::max(a.piece_offset, b.piece_offset);
-        const int64_t hi = std::min(a.piece_offset + a.bytes, b.piece_offset + b.bytes);
-        if (lo < hi) {
-            KV_RETURN_IF_ERROR(peer->CopyFromPeer(
-                dst_base + b.pool_offset + (lo - b.piece_offset), src,
-                src_base + a.pool_offset + (lo - a.piece_offset), static_cast<size_t>(hi - lo)));
-        }
-        if (a.piece_offset + a.bytes <= b.piece_offset + b.bytes) {
-            ++i;
-        } else {
-            ++j;
-        }
+    int64_t bytes = 0;
+    for (const KvPoolCopy& c : KvPoolToPoolCopies(from, to)) {
+        KV_RETURN_IF_ERROR(peer->CopyFromPeer(dst_base + c.dst_offset, src, src_base + c.src_offset,
+                                              static_cast<size_t>(c.bytes)));
+        bytes += c.bytes;
     }
+    return bytes;
+}
+
+Status CopyKvBetweenPools(Backend& src, const KvPool& src_pool, const ShardLayout& src_layout,
+                          std::span<const int32_t> src_blocks, Backend& dst, KvPool& dst_pool,
+                          const ShardLayout& dst_layout, std::span<const int32_t> dst_blocks,
+                          int64_t layer_begin, int64_t layer_end, IndexRange heads) {
+    KV_RETURN_IF_ERROR(src.Synchronize());  // the sender's step wrote the KV on its stream
+    KV_ASSIGN_OR_RETURN(int64_t bytes,
+                        QueueKvPeerCopies(src, src_pool, src_layout, src_blocks, dst, dst_pool,
+                                          dst_layout, dst_blocks, layer_begin, layer_end, heads));
+    if (bytes == 0) return Status::Ok();
     return dst.Synchronize();
 }
 

@@ -34,6 +34,24 @@ namespace kvshard {
 // tp-`dst_tp` instance (empty when none). REQUIRES: valid tp for the spec on both sides.
 IndexRange KvHeadsToSend(const ModelSpec& spec, int src_rank, int src_tp, int dst_rank, int dst_tp);
 
+// One message of a handoff between a tp-`src_tp` sending instance and a tp-`dst_tp` receiving
+// one: sending rank `src_rank` hands receiving rank `dst_rank` global KV heads `heads`.
+struct KvReshardMessage {
+    int src_rank = 0;
+    int dst_rank = 0;
+    IndexRange heads;
+    friend bool operator==(const KvReshardMessage&, const KvReshardMessage&) = default;
+};
+
+// Every message of a handoff, ordered by src_rank, then dst_rank: the re-shard plan of a
+// transport that pairs each send with a receive (NCCL point-to-point: a sending rank issues its
+// messages in this order, a receiving rank its own, and NCCL matches a pair's in issue order).
+// Worked out head by head from the two sides' layouts (each global KV head goes from its owner,
+// the lowest sending rank holding it, to every receiving rank holding it; consecutive heads of one
+// pair merged), so it agrees with KvHeadsToSend by construction of neither.
+// InvalidArgument (MakeShardLayout's) for a tp the spec cannot split.
+Result<std::vector<KvReshardMessage>> KvReshardPlan(const ModelSpec& spec, int src_tp, int dst_tp);
+
 // What a rank's pool can receive (KvTransport::SetReceiveGeometry): its layers, block size, head
 // dim, dtype and blocks, and the global KV heads the rank holds.
 KvReceiveGeometry ReceiveGeometryOf(const KvPool& pool, const ShardLayout& layout);
@@ -63,6 +81,21 @@ std::vector<KvCopyRun> KvCopyRuns(const KvPool& pool, const ShardLayout& layout,
                                   std::span<const int32_t> blocks, int64_t layer_begin,
                                   int64_t layer_end, IndexRange heads);
 
+// One copy from a sending pool to a receiving pool, offsets from each pool's first block.
+struct KvPoolCopy {
+    int64_t src_offset = 0;
+    int64_t dst_offset = 0;
+    int64_t bytes = 0;
+    friend bool operator==(const KvPoolCopy&, const KvPoolCopy&) = default;
+};
+
+// The pool-to-pool copies that write what a piece would: `from` (the sender's KvCopyRuns) and
+// `to` (the receiver's, for the same piece) both in piece order; each overlap of a run of one
+// and a run of the other is a copy, copies adjacent on both sides merged. Bytes of the piece
+// covered by only one side (a receiving block that is skipped) are not copied.
+std::vector<KvPoolCopy> KvPoolToPoolCopies(std::span<const KvCopyRun> from,
+                                           std::span<const KvCopyRun> to);
+
 // Packs layers [layer_begin, layer_end) (of one KV cache group: `blocks` are that group's) of
 // global KV heads `heads` (a subset of layout.kv_heads)
 // of `blocks` from `pool` (memory of `backend`) into `out` through backend.CopyToHost, and waits
@@ -90,6 +123,16 @@ Status UnpackKvPiece(Backend& backend, const KvPiece& piece, KvPool& pool,
 // KV) and for the copies after. InvalidArgument, before copying anything, when the two pools'
 // geometry differs (block size, head_dim, dtype, layers), `heads` are not held by both ranks, the
 // block lists differ in length or name a block outside a pool, or `dst` cannot copy from `src`.
+// CopyKvBetweenPools' checks and copies without its waits, for a caller that copies from several
+// senders and waits once: REQUIRES src's writes of the blocks done (its Synchronize returned);
+// the copies are queued on dst's stream, so the source blocks must stay unchanged and allocated
+// until dst.Synchronize() returns. Returns the bytes queued.
+Result<int64_t> QueueKvPeerCopies(Backend& src, const KvPool& src_pool,
+                                  const ShardLayout& src_layout,
+                                  std::span<const int32_t> src_blocks, Backend& dst,
+                                  KvPool& dst_pool, const ShardLayout& dst_layout,
+                                  std::span<const int32_t> dst_blocks, int64_t layer_begin,
+                                  int64_t layer_end, IndexRange heads);
 Status CopyKvBetweenPools(Backend& src, const KvPool& src_pool, const ShardLayout& src_layout,
                           std::span<const int32_t> src_blocks, Backend& dst, KvPool& dst_pool,
                           const ShardLayout& dst_layout, std::span<const int32_t> dst_blocks,

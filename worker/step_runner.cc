@@ -12,6 +12,15 @@
 
 namespace kvshard {
 
+StepRunner::StepRunner(ModelRunner& runner, KvTransport* transport, KvPeerExchange* peer)
+    : runner_(runner), transport_(transport), peer_(peer) {
+    if (peer_ != nullptr) {
+        KV_CHECK(transport_ != nullptr) << "the peer-copy path names this rank by its transport";
+        peer_registration_ =
+            KvPeerExchange::RegisterSource(runner_.backend(), *runner_.pool(), runner_.layout());
+    }
+}
+
 void LogSoftmax(const float* logits, int64_t n, float* out) {
     const float log_sum = LogSumExp(logits, n);
     for (int64_t i = 0; i < n; ++i) out[i] = logits[i] - log_sum;
@@ -166,6 +175,14 @@ Result<std::vector<TransferFailure>> StepRunner::ReceiveTransfers(const StepPlan
         }
         const auto deadline =
             std::chrono::steady_clock::now() + std::chrono::milliseconds(op.timeout_ms);
+        if (peer_ != nullptr) {
+            if (Status st = CopyFromPeers(op, blocks, cells, deadline, result); !st.ok()) {
+                fail(st);
+                peer_->Discard(transport_->endpoint(), op.transfer_id);
+                transport_->Discard(op.transfer_id);
+            }
+            continue;
+        }
         Result<std::vector<KvPiece>> pieces = transport_->Receive(op.transfer_id, cells, deadline);
         if (!pieces.ok()) {
             fail(pieces.status());
@@ -232,6 +249,77 @@ Result<std::vector<TransferFailure>> StepRunner::ReceiveTransfers(const StepPlan
         out.push_back(std::move(local[i]));
     }
     return out;
+}
+
+Status StepRunner::CopyFromPeers(const KvRecvOp& op,
+                                 const std::vector<std::span<const int32_t>>& blocks, int64_t cells,
+                                 std::chrono::steady_clock::time_point deadline,
+                                 StepResult* result) {
+    KV_ASSIGN_OR_RETURN(std::vector<KvPeerSource> sources,
+                        peer_->Take(transport_->endpoint(), op.transfer_id, cells, deadline));
+    const std::vector<int64_t>& group_of = runner_.kv_groups().group_of_layer;
+    const int64_t num_layers = runner_.spec().num_layers;
+    Backend& backend = runner_.backend();
+    for (const KvPeerSource& source : sources) {
+        KvPeerRank& from = *source.rank;
+        // Held until this backend ran the copies: the sender's pool stays while they read it.
+        std::lock_guard<std::mutex> lock(from.mu);
+        if (!from.alive) {
+            return Unavailable("KV peer handoff of transfer " + std::to_string(op.transfer_id) +
+                               ": the sending rank went away");
+        }
+        if (source.blocks.size() != blocks.size()) {
+            return InvalidArgument("KV peer handoff of transfer " + std::to_string(op.transfer_id) +
+                                   ": " + std::to_string(source.blocks.size()) +
+                                   " block tables from the sender for " +
+                                   std::to_string(blocks.size()) + " KV cache groups");
+        }
+        Status copied;
+        int64_t bytes = 0;
+        for (int64_t begin = 0; begin < num_layers && copied.ok();) {
+            const auto g = static_cast<size_t>(group_of[static_cast<size_t>(begin)]);
+            int64_t end = begin + 1;
+            while (end < num_layers && group_of[static_cast<size_t>(end)] == int64_t(g)) ++end;
+            if (!blocks[g].empty()) {
+                Result<int64_t> n = QueueKvPeerCopies(
+                    *from.backend, *from.pool, from.layout, source.blocks[g], backend,
+                    *runner_.pool(), runner_.layout(), blocks[g], begin, end, source.heads);
+                if (n.ok()) {
+                    bytes += *n;
+                } else {
+                    copied = n.status();
+                }
+            }
+            begin = end;
+        }
+        // Also after a failed copy: what was queued reads the sender's pool until it ran.
+        const Status synced = backend.Synchronize();
+        KV_RETURN_IF_ERROR(copied);
+        KV_RETURN_IF_ERROR(synced);
+        result->kv_bytes_received += bytes;
+    }
+    return Status::Ok();
+}
+
+Status StepRunner::PostPeerSources(const PreparedSend& send) {
+    const KvSendOp& op = *send.op;
+    const std::vector<int64_t>& group_of = runner_.kv_groups().group_of_layer;
+    for (size_t dst = 0; dst < send.heads.size(); ++dst) {
+        if (send.heads[dst].size() == 0) continue;
+        KvPeerSource source{.transfer_id = op.transfer_id,
+                            .rank = peer_registration_->rank(),
+                            .blocks = {},
+                            .heads = send.heads[dst],
+                            .cells = 0};
+        for (std::span<const int32_t> b : send.blocks)
+            source.blocks.emplace_back(b.begin(), b.end());
+        for (int64_t g : group_of) {
+            if (!send.blocks[static_cast<size_t>(g)].empty())
+                source.cells += send.heads[dst].size();
+        }
+        KV_RETURN_IF_ERROR(peer_->Post(op.dst_endpoints[dst], std::move(source)));
+    }
+    return Status::Ok();
 }
 
 Result<StepRunner::PreparedSend> StepRunner::PrepareSend(const KvSendOp& op) const {
@@ -321,7 +409,10 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
     for (const ScheduledSequence& s : plan.sequences)
         KV_RETURN_IF_ERROR(ValidatePromptLogprobs(s, runner_.spec().vocab_size));
     if (transport_ != nullptr) {
-        for (uint64_t id : plan.kv_discards) transport_->Discard(id);
+        for (uint64_t id : plan.kv_discards) {
+            transport_->Discard(id);
+            if (peer_ != nullptr) peer_->Discard(transport_->endpoint(), id);
+        }
     }
     std::vector<std::pair<int32_t, int32_t>> copies;
     for (const kv::CopyOp& c : plan.block_copies) copies.emplace_back(c.src_block, c.dst_block);
@@ -398,8 +489,10 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
             };
         }
         std::function<void(int64_t)> after_layer;
-        if (std::any_of(sends.begin(), sends.end(),
-                        [](const PreparedSend& s) { return s.op->layerwise; })) {
+        // The peer-copy path posts after the pass (the receiver copies whenever its step runs).
+        if (peer_ == nullptr && std::any_of(sends.begin(), sends.end(), [](const PreparedSend& s) {
+                return s.op->layerwise;
+            })) {
             after_layer = [&](int64_t layer) {
                 for (const PreparedSend& send : sends) {
                     if (!send.op->layerwise || has_failed(send.op->transfer_id)) continue;
@@ -415,6 +508,16 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
         for (size_t i = 0; i < run.size(); ++i) {
             if (run[i]->sample) result.tokens.push_back(SampleRow(*run[i], &logits_[i * vocab]));
         }
+    }
+    if (peer_ != nullptr && !sends.empty()) {
+        // The receivers read the blocks once posted: the step's writes must be done.
+        const Status synced = runner_.backend().Synchronize();
+        for (const PreparedSend& send : sends) {
+            if (has_failed(send.op->transfer_id)) continue;
+            const Status st = synced.ok() ? PostPeerSources(send) : synced;
+            if (!st.ok()) send_failed(*send.op, st);
+        }
+        sends.clear();  // nothing to send or flush through the transport
     }
     for (const PreparedSend& send : sends) {
         const KvSendOp& op = *send.op;

@@ -6,6 +6,9 @@
 // through the instance's collective on which transfers failed, and those sequences sit out the
 // step); its kv_sends run layer by layer inside the forward pass or after it, each rank sending
 // the KV heads it owns to every receiving rank that holds them (worker/kv_handoff.h).
+// With a KvPeerExchange (the peer-copy path, both instances in this process): a send posts where
+// its blocks are (worker/kv_peer_exchange.h) after the forward pass, layer-wise or not, and a
+// receive copies them pool to pool from the sending ranks' pools; no piece is packed.
 // Thread-safety: none; one thread drives it.
 #pragma once
 
@@ -15,6 +18,7 @@
 
 #include "comm/kv_transport.h"
 #include "comm/step_executor.h"
+#include "worker/kv_peer_exchange.h"
 #include "worker/model_runner.h"
 #include "worker/sampler.h"
 
@@ -23,9 +27,12 @@ namespace kvshard {
 class StepRunner : public StepExecutor {
   public:
     // `transport` (not owned; may be nullptr when no plan carries KV transfer ops) must outlive
-    // the runner.
-    explicit StepRunner(ModelRunner& runner, KvTransport* transport = nullptr)
-        : runner_(runner), transport_(transport) {}
+    // the runner. `peer` (not owned; nullptr: the host-staged path): the exchange of the
+    // peer-copy path, shared by every instance of the process; the runner's pool is registered
+    // with it while the StepRunner lives. REQUIRES with `peer`: a transport (its endpoint names
+    // this rank to senders).
+    explicit StepRunner(ModelRunner& runner, KvTransport* transport = nullptr,
+                        KvPeerExchange* peer = nullptr);
 
     Result<StepResult> Execute(const StepPlan& plan) override;
 
@@ -57,9 +64,19 @@ class StepRunner : public StepExecutor {
     // Waits for the verdicts of every piece of the send, at every receiving rank: the first
     // failed one.
     Status FlushSend(const PreparedSend& send);
+    // The peer-copy path's send: one KvPeerSource per receiving rank that gets heads.
+    // REQUIRES: the step's KV writes done.
+    Status PostPeerSources(const PreparedSend& send);
+    // The peer-copy path's receive of `op` into `blocks` (by group): takes the sources covering
+    // `cells` and copies from each sender's pool.
+    Status CopyFromPeers(const KvRecvOp& op, const std::vector<std::span<const int32_t>>& blocks,
+                         int64_t cells, std::chrono::steady_clock::time_point deadline,
+                         StepResult* result);
 
     ModelRunner& runner_;
     KvTransport* transport_;
+    KvPeerExchange* peer_;
+    std::unique_ptr<KvPeerExchange::Registration> peer_registration_;  // with peer_
     std::unordered_map<int64_t, Sampler> samplers_;
     std::vector<float> logits_;
     std::vector<float> logprobs_;

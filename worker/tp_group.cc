@@ -51,6 +51,8 @@ Result<std::unique_ptr<TpGroup>> TpGroup::Create(const ModelFile& model,
     for (int r = 0; r < config.tp; ++r) {
         g->rank_collectives_.push_back(std::make_unique<RankCollective>(r, config.tp));
     }
+    if (config.peer_exchange != nullptr && config.kv_transport_name.empty())
+        return InvalidArgument("a peer-copy KV handoff needs the instance's KV transport name");
     g->runners_.resize(n);
     g->transports_.resize(n);
     if (!config.kv_transport_name.empty()) {
@@ -91,7 +93,8 @@ Result<std::unique_ptr<TpGroup>> TpGroup::Create(const ModelFile& model,
             KV_RETURN_IF_ERROR(
                 transport->SetReceiveGeometry(ReceiveGeometryOf(*runner->pool(), runner->layout())));
         }
-        g->step_runners_[static_cast<size_t>(rank)] = std::make_unique<StepRunner>(*runner, transport);
+        g->step_runners_[static_cast<size_t>(rank)] =
+            std::make_unique<StepRunner>(*runner, transport, config.peer_exchange.get());
         g->runners_[static_cast<size_t>(rank)] = std::move(runner);
         return Status::Ok();
     }));

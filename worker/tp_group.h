@@ -33,6 +33,7 @@
 #include "model/model_file.h"
 #include "model/tokenizer.h"
 #include "worker/generator.h"
+#include "worker/kv_peer_exchange.h"
 #include "worker/model_runner.h"
 #include "worker/rank_collective.h"
 #include "worker/step_runner.h"
@@ -56,6 +57,9 @@ struct TpGroupConfig {
     // Non-empty: each rank r gets an in-process KV transport named "<kv_transport_name>/<r>"
     // (comm/kv_transport.h), for KV handoff to and from other instances of this process.
     std::string kv_transport_name;
+    // The peer-copy KV handoff (worker/kv_peer_exchange.h), shared by every instance of the
+    // process that hands KV over by peer copies; null: host-staged. REQUIRES: kv_transport_name.
+    std::shared_ptr<KvPeerExchange> peer_exchange;
 };
 
 class TpGroup : public StepExecutor {

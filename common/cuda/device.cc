@@ -7,6 +7,7 @@
 #include <string_view>
 #include <utility>
 
+#include "common/device_peer.h"
 #include "common/logging.h"
 
 namespace kvshard {
@@ -84,6 +85,18 @@ DeviceQuery QueryDevices() {
     }
     cudaSetDevice(current);
     return q;
+}
+
+bool DevicesCanAccessPeer(int device, int peer) {
+    const int count = DeviceCount();
+    if (device < 0 || peer < 0 || device >= count || peer >= count) return false;
+    if (device == peer) return true;
+    int can = 0;
+    if (cudaDeviceCanAccessPeer(&can, device, peer) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return can != 0;
 }
 
 Status SetDevice(int device) {

@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "common/device.h"
+#include "common/device_peer.h"
 
 namespace kvshard {
 namespace {
@@ -29,6 +30,8 @@ int DeviceCount() { return 0; }
 DeviceQuery QueryDevices() {
     return {.devices = {}, .error = "this kvshard was built without CUDA (KVSHARD_WITH_CUDA=OFF)"};
 }
+
+bool DevicesCanAccessPeer(int, int) { return false; }
 
 Status SetDevice(int device) {
     return InvalidArgument("CUDA device " + std::to_string(device) +

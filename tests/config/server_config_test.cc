@@ -314,7 +314,7 @@ TEST(ServerConfig, ExampleParsesAndEveryKeyIsDocumented) {
     auto c = LoadServerConfig(root + "/config/examples/serve.yaml");
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     const std::string doc = testing::ReadFile(root + "/docs/config.md");
-    EXPECT_EQ(ServerConfigKeys().size(), 48u);
+    EXPECT_EQ(ServerConfigKeys().size(), 49u);
     for (std::string_view key : ServerConfigKeys()) {
         EXPECT_NE(doc.find("`" + std::string(key) + "`"), std::string::npos) << key;
     }

@@ -13,7 +13,10 @@
 //                transport;
 //   local        the same through LocalKvTransport: a sender thread packs and Sends, the
 //                receiving thread Receives every cell and unpacks (as worker/step_runner.cc does);
-//   tcp          the same through TcpKvTransport over 127.0.0.1.
+//   tcp          the same through TcpKvTransport over 127.0.0.1;
+//   peer         the peer-copy handoff (kv_transfer.path: peer): QueueKvPeerCopies from the
+//                source pool straight into the destination pool through the backend's PeerCopy
+//                (the CPU's memcpy here; cudaMemcpyPeerAsync between GPUs), no piece.
 // Each path runs blockwise (one piece of all layers) and layerwise (one piece per layer, as a
 // prefill sends layer by layer). A transfer's bytes are KvPieceBytes summed over its pieces;
 // GB/s = those bytes / seconds of one whole transfer (first pack to last unpack), 1 GB = 1e9 B.
@@ -194,6 +197,22 @@ Row PackUnpack(Setup& s, const Options& o, bool layerwise, int runs) {
     });
 }
 
+Row PeerCopies(Setup& s, const Options& o, bool layerwise, int runs) {
+    const auto pieces = Pieces(o.layers, layerwise);
+    Backend& b = CpuBackendInstance();
+    return Measure("peer", layerwise ? "layerwise" : "blockwise", s, runs, [&](uint64_t) {
+        const auto t0 = Clock::now();
+        for (const auto& [lb, le] : pieces) {
+            CheckOk(QueueKvPeerCopies(b, *s.src, s.layout, s.src_blocks, b, *s.dst, s.layout,
+                                      s.dst_blocks, lb, le, s.layout.kv_heads)
+                        .status(),
+                    "peer copy");
+        }
+        CheckOk(b.Synchronize(), "peer copy");
+        return Seconds(t0, Clock::now());
+    });
+}
+
 // A sender thread packs and Sends every piece; this thread Receives them all and unpacks, as a
 // decode worker's step does. Timed from the sender's first pack to the last unpack.
 Row ThroughTransport(const std::string& path, Setup& s, const Options& o, bool layerwise, int runs,
@@ -351,6 +370,7 @@ int Main(int argc, char** argv) {
         const auto [best, median] = MemcpySeconds(s.bytes, o.runs);
         std::vector<Row> rows;
         for (bool layerwise : {false, true}) rows.push_back(PackUnpack(s, o, layerwise, o.runs));
+        for (bool layerwise : {false, true}) rows.push_back(PeerCopies(s, o, layerwise, o.runs));
         for (bool layerwise : {false, true}) {
             rows.push_back(
                 ThroughTransport("local", s, o, layerwise, o.runs, **local_src, **local_dst));

@@ -1,0 +1,80 @@
+#include "worker/kv_handoff_path.h"
+
+namespace kvshard {
+namespace {
+
+// The first (receiving GPU, sending GPU) pair without peer access, if any.
+std::optional<std::pair<int, int>> PairWithoutPeerAccess(const KvHandoffPathFacts& f) {
+    for (int to : f.dst_gpus) {
+        for (int from : f.src_gpus) {
+            if (to == from) continue;
+            if (!f.can_access_peer || !f.can_access_peer(to, from)) return std::pair{to, from};
+        }
+    }
+    return std::nullopt;
+}
+
+}  // namespace
+
+Result<KvHandoffPath> ChooseKvHandoffPath(const KvHandoffPathFacts& f) {
+    const bool cuda = f.backend == BackendKind::kCuda;
+    if (!f.requested.has_value()) {
+        if (f.embedded && cuda && f.backend_has_peer_copies && !PairWithoutPeerAccess(f))
+            return KvHandoffPath::kPeerCopy;
+        return KvHandoffPath::kHostStaged;
+    }
+    switch (*f.requested) {
+        case KvHandoffPath::kHostStaged:
+            return KvHandoffPath::kHostStaged;
+        case KvHandoffPath::kPeerCopy: {
+            if (!f.embedded) {
+                return InvalidArgument(
+                    "kv_transfer.path: peer copies need both pools in this process "
+                    "(workers.mode: embedded); worker processes hand KV over host-staged");
+            }
+            if (!f.backend_has_peer_copies) {
+                return InvalidArgument("kv_transfer.path: peer: the " +
+                                       std::string(BackendKindName(f.backend)) +
+                                       " backend has no peer copies");
+            }
+            if (cuda) {
+                if (std::optional<std::pair<int, int>> p = PairWithoutPeerAccess(f)) {
+                    return InvalidArgument(
+                        "kv_transfer.path: peer: GPU " + std::to_string(p->first) +
+                        " cannot access GPU " + std::to_string(p->second) +
+                        "'s memory (no NVLink or PCIe peer access); use host-staged or auto");
+                }
+            }
+            return KvHandoffPath::kPeerCopy;
+        }
+        case KvHandoffPath::kNccl:
+            return InvalidArgument(
+                "kv_transfer.path: nccl is not implemented in serve yet (the NCCL channel, "
+                "comm/nccl_kv_transport.h, and its re-shard plan exist; the communicator per "
+                "pair of instances is not set up at registration); use auto, peer or "
+                "host-staged");
+    }
+    return KvHandoffPath::kHostStaged;
+}
+
+std::string KvHandoffPathLine(KvHandoffPath path) {
+    std::string how;
+    switch (path) {
+        case KvHandoffPath::kHostStaged:
+            how =
+                "the sending pool's blocks copied to host memory, sent over the instances' KV "
+                "transport, copied into the receiving pool's blocks";
+            break;
+        case KvHandoffPath::kPeerCopy:
+            how =
+                "the receiving rank copies the sending pool's blocks pool to pool (GPUs: "
+                "cudaMemcpyPeerAsync), no host buffer";
+            break;
+        case KvHandoffPath::kNccl:
+            how = "ncclSend/ncclRecv between the pools' GPUs";
+            break;
+    }
+    return "KV handoff between pools: " + std::string(KvHandoffPathName(path)) + " (" + how + ")";
+}
+
+}  // namespace kvshard

@@ -1,0 +1,48 @@
+// Which way the KV of a handoff travels between a prefill pool and a decode pool
+// (KvHandoffPath, config/engine_config.h), chosen once at serve's start from kv_transfer.path and
+// where the two pools' ranks are. A pure function of the facts passed in (the device query is one
+// of them), so every case is tested on the CPU (tests/worker/kv_handoff_path_test.cc).
+//
+//   kv_transfer.path  | embedded (one process)                          | worker processes
+//   ------------------+-------------------------------------------------+------------------
+//   auto              | peer where both pools are cuda and every pair    | host-staged
+//                     | of a sending and a receiving GPU is one device   |
+//                     | or has peer access; else host-staged              |
+//   host-staged       | host-staged                                     | host-staged
+//   peer              | peer; refused (naming the setting) on a backend  | refused
+//                     | without peer copies or GPUs without peer access  |
+//   nccl              | refused: not wired into serve yet                | refused: likewise
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "config/engine_config.h"
+#include "kernels/backend.h"
+
+namespace kvshard {
+
+struct KvHandoffPathFacts {
+    std::optional<KvHandoffPath> requested;   // kv_transfer.path; empty: auto
+    BackendKind backend = BackendKind::kCpu;  // both pools' (one config gives one backend)
+    bool embedded = true;                     // every rank a thread of this process
+    // The backend copies between two of its instances of this process without the host
+    // (implements PeerCopy: cuda, and the CPU backend's memcpy).
+    bool backend_has_peer_copies = false;
+    // The GPUs of the sending pools' ranks and of the receiving pools' ranks (cuda only).
+    std::vector<int> src_gpus;
+    std::vector<int> dst_gpus;
+    // Whether GPU `to` can read GPU `from`'s memory (DevicesCanAccessPeer, common/device.h).
+    std::function<bool(int to, int from)> can_access_peer;
+};
+
+// The path, or InvalidArgument naming kv_transfer.path and why that path cannot serve here.
+Result<KvHandoffPath> ChooseKvHandoffPath(const KvHandoffPathFacts& facts);
+
+// The startup log's line: "KV handoff between pools: <name> (<how>)".
+std::string KvHandoffPathLine(KvHandoffPath path);
+
+}  // namespace kvshard
