@@ -18,6 +18,7 @@ StepShape ShapeOfStep(const StepPlan& plan) {
         } else {
             shape.prefill_tokens += q;
             shape.prefill_pairs += q * s.start_pos + q * (q + 1) / 2;
+            shape.continued_chunks += s.start_pos > 0 ? 1 : 0;
         }
         shape.kv_tokens += s.start_pos + q;
     }
@@ -31,6 +32,7 @@ std::string StepLogLine(const StepLogPoint& p) {
         {"decode_seqs", p.shape.decode_seqs},
         {"kv_tokens", p.shape.kv_tokens},
         {"prefill_pairs", p.shape.prefill_pairs},
+        {"continued_chunks", p.shape.continued_chunks},
         {"seconds", p.seconds},
         {"execute_seconds", p.execute_seconds},
         {"start_clock_s", p.start_clock_s},

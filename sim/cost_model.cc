@@ -171,6 +171,7 @@ StepCost CostModel::Cost(const StepPlan& plan, Link kv_link) const {
     int64_t decode_seqs = 0;
     int64_t kv_tokens = 0;
     int64_t prefill_pairs = 0;
+    int64_t continued_chunks = 0;  // prefill chunks after a context (CpuProfilePoint)
     double attention = 0;
     for (const ScheduledSequence& s : plan.sequences) {
         const auto q = static_cast<int64_t>(s.token_ids.size());
@@ -182,6 +183,7 @@ StepCost CostModel::Cost(const StepPlan& plan, Link kv_link) const {
         } else {
             c.num_prefill_tokens += q;
             prefill_pairs += q * s.start_pos + q * (q + 1) / 2;
+            continued_chunks += s.start_pos > 0 ? 1 : 0;
         }
         sampled += s.sample ? 1 : 0;
         kv_tokens += s.start_pos + q;
@@ -197,9 +199,11 @@ StepCost CostModel::Cost(const StepPlan& plan, Link kv_link) const {
 
     if (profile_) {
         const CpuProfile& p = *profile_;
-        // The kind's median correction (CpuProfile::kind_scale) scales every linear term.
+        // The kind's median correction (CpuProfile::kind_scale) scales every linear term; the
+        // kind as the step log's point of the same plan has it (coordinator/step_log.cc).
         const StepKind kind = KindOf({.prefill_tokens = c.num_prefill_tokens,
-                                      .decode_seqs = decode_seqs});
+                                      .decode_seqs = decode_seqs,
+                                      .continued_chunks = continued_chunks});
         const double scale = p.kind_scale[static_cast<int>(kind)];
         c.overhead_s = scale * p.a;
         c.gemm_s = scale * (p.b * static_cast<double>(c.num_prefill_tokens) +

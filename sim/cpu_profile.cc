@@ -13,6 +13,7 @@ namespace kvshard::sim {
 
 StepKind KindOf(const CpuProfilePoint& point) {
     if (point.prefill_tokens == 0) return StepKind::kDecode;
+    if (point.continued_chunks > 0) return StepKind::kContinued;
     return point.decode_seqs == 0 ? StepKind::kPrefill : StepKind::kMixed;
 }
 
@@ -21,6 +22,7 @@ std::string_view StepKindName(StepKind kind) {
         case StepKind::kDecode: return "decode";
         case StepKind::kPrefill: return "prefill";
         case StepKind::kMixed: return "mixed";
+        case StepKind::kContinued: return "continued";
     }
     return "?";
 }
@@ -162,7 +164,8 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
     for (size_t i = 0; i < n; ++i) {
         const CpuProfilePoint& p = points[i];
         if (p.prefill_tokens < 0 || p.decode_seqs < 0 || p.kv_tokens < 0 || p.prefill_pairs < 0 ||
-            p.arrivals < 0 || !(p.seconds >= 0 && std::isfinite(p.seconds))) {
+            p.arrivals < 0 || p.continued_chunks < 0 ||
+            !(p.seconds >= 0 && std::isfinite(p.seconds))) {
             return InvalidArgument("CPU profile: point " + std::to_string(i) +
                                    " has a negative or non-finite value");
         }
@@ -237,9 +240,7 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
         const CpuProfilePoint& q = points[i];
         const int kind = static_cast<int>(KindOf(q));
         p.kind_points[kind]++;
-        const double predicted =
-            p.Seconds(q.prefill_tokens, q.decode_seqs, q.kv_tokens, q.prefill_pairs) +
-            p.f * static_cast<double>(q.arrivals);
+        const double predicted = p.Predict(q);  // every kind_scale is still 1
         if (predicted > 0 && w[i] > 0) {
             ratios[kind].push_back(
                 {seconds[i] / predicted, static_cast<double>(std::max<int64_t>(1, q.decode_seqs))});
@@ -336,6 +337,9 @@ Status AddValue(const json& v, const std::string& where, std::vector<CpuProfileP
     }
     if (v.contains("arrivals")) {
         KV_ASSIGN_OR_RETURN(p.arrivals, JsonCount(v, "arrivals", where));
+    }
+    if (v.contains("continued_chunks")) {
+        KV_ASSIGN_OR_RETURN(p.continued_chunks, JsonCount(v, "continued_chunks", where));
     }
     KV_ASSIGN_OR_RETURN(p.seconds, JsonNumber(v, "seconds", where));
     if (p.seconds < 0) return InvalidArgument(where + ": field 'seconds': must be >= 0");
