@@ -13,7 +13,7 @@ namespace kvshard::sim {
 
 StepKind KindOf(const CpuProfilePoint& point) {
     if (point.prefill_tokens == 0) return StepKind::kDecode;
-    if (point.continued_chunks > 0) return StepKind::kContinued;
+    if (point.cached_chunks > 0) return StepKind::kCached;
     return point.decode_seqs == 0 ? StepKind::kPrefill : StepKind::kMixed;
 }
 
@@ -22,7 +22,7 @@ std::string_view StepKindName(StepKind kind) {
         case StepKind::kDecode: return "decode";
         case StepKind::kPrefill: return "prefill";
         case StepKind::kMixed: return "mixed";
-        case StepKind::kContinued: return "continued";
+        case StepKind::kCached: return "cached";
     }
     return "?";
 }
@@ -164,7 +164,7 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
     for (size_t i = 0; i < n; ++i) {
         const CpuProfilePoint& p = points[i];
         if (p.prefill_tokens < 0 || p.decode_seqs < 0 || p.kv_tokens < 0 || p.prefill_pairs < 0 ||
-            p.arrivals < 0 || p.continued_chunks < 0 ||
+            p.arrivals < 0 || p.cached_chunks < 0 ||
             !(p.seconds >= 0 && std::isfinite(p.seconds))) {
             return InvalidArgument("CPU profile: point " + std::to_string(i) +
                                    " has a negative or non-finite value");
@@ -338,8 +338,8 @@ Status AddValue(const json& v, const std::string& where, std::vector<CpuProfileP
     if (v.contains("arrivals")) {
         KV_ASSIGN_OR_RETURN(p.arrivals, JsonCount(v, "arrivals", where));
     }
-    if (v.contains("continued_chunks")) {
-        KV_ASSIGN_OR_RETURN(p.continued_chunks, JsonCount(v, "continued_chunks", where));
+    if (v.contains("cached_chunks")) {
+        KV_ASSIGN_OR_RETURN(p.cached_chunks, JsonCount(v, "cached_chunks", where));
     }
     KV_ASSIGN_OR_RETURN(p.seconds, JsonNumber(v, "seconds", where));
     if (p.seconds < 0) return InvalidArgument(where + ": field 'seconds': must be >= 0");

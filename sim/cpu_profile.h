@@ -28,19 +28,20 @@ struct CpuProfilePoint {
     // for them (HTTP, tokenization) shares the cores with the step. A step log does not know
     // them; scripts/validate-simulate counts them from the clients' traces (docs/simulate.md).
     int64_t arrivals = 0;
-    // Prefill chunks that start after a context (start_pos > 0): a suffix after a cached prefix,
-    // a prompt's second or later chunk. They make the step of kind kContinued.
-    int64_t continued_chunks = 0;
+    // Prefill chunks that start after a context (start_pos > 0) which their sequence did not
+    // compute in the previous step: a suffix after a prefix-cache hit (not a prompt's next chunk,
+    // which follows its previous one). They make the step of kind kCached.
+    int64_t cached_chunks = 0;
 };
 
-// The kinds of step a profile is corrected per: decode only (no prefill token), prefill only
-// from scratch (no decoding sequence), mixed (a prefill chunk from scratch and decodes), and
-// continued (a prefill chunk that starts after a context, with or without decodes: such a chunk
-// attends from its few tokens to a long context, a shape the other prefill steps lack).
-enum class StepKind { kDecode, kPrefill, kMixed, kContinued };
+// The kinds of step a profile is corrected per: decode only (no prefill token), prefill only (no
+// decoding sequence), mixed (prefill chunks and decodes), and cached (a prefill chunk after a
+// cached context, cached_chunks > 0, with or without decodes: a suffix after a prefix-cache hit,
+// 1.15-1.25x the linear terms in docs/simulate.md runs N-P where a prompt's next chunk fits them).
+enum class StepKind { kDecode, kPrefill, kMixed, kCached };
 inline constexpr int kNumStepKinds = 4;
 StepKind KindOf(const CpuProfilePoint& point);
-std::string_view StepKindName(StepKind kind);  // "decode", "prefill", "mixed", "continued"
+std::string_view StepKindName(StepKind kind);  // "decode", "prefill", "mixed", "cached"
 
 // t = a + b x prefill_tokens + c x decode_seqs + d x kv_tokens + e x prefill_pairs
 //     + f x arrivals, every coefficient >= 0.
@@ -102,7 +103,7 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points);
 // Reads measured points from JSON text: any number of JSON values (one document or JSON lines),
 // each one of
 //   {"prefill_tokens": 512, "decode_seqs": 0, "kv_tokens": 512, "seconds": 0.21}   one point
-//     (optional "prefill_pairs", "arrivals" and "continued_chunks", 0 when absent; other
+//     (optional "prefill_pairs", "arrivals" and "cached_chunks", 0 when absent; other
 //     fields, as a step log's, are ignored)
 //   {"points": [ ...points... ]}
 //   the output of `kvshard bench-engine --json` ({"engine": "kvshard", "results": [...]}): each
