@@ -210,7 +210,7 @@ StepCost CostModel::Cost(const StepPlan& plan, Link kv_link,
                                       .decode_seqs = decode_seqs,
                                       .cached_chunks = cached_chunks});
         const double scale = p.kind_scale[static_cast<int>(kind)];
-        c.overhead_s = scale * p.a;
+        c.overhead_s = scale * (p.a + p.g * static_cast<double>(cached_chunks));
         c.gemm_s = scale * (p.b * static_cast<double>(c.num_prefill_tokens) +
                             p.c * static_cast<double>(decode_seqs));
         c.attention_s = scale * (p.d * static_cast<double>(kv_tokens) +

@@ -35,12 +35,13 @@ CpuProfile CpuProfile::Scaled(double factor) const {
     p.d *= factor;
     p.e *= factor;
     p.f *= factor;
+    p.g *= factor;
     return p;
 }
 
 namespace {
 
-constexpr int kTerms = 6;
+constexpr int kTerms = 7;
 using Row = std::array<double, kTerms>;
 
 Row Terms(const CpuProfilePoint& p) {
@@ -49,7 +50,8 @@ Row Terms(const CpuProfilePoint& p) {
             static_cast<double>(p.decode_seqs),
             static_cast<double>(p.kv_tokens),
             static_cast<double>(p.prefill_pairs),
-            static_cast<double>(p.arrivals)};
+            static_cast<double>(p.arrivals),
+            static_cast<double>(p.cached_chunks)};
 }
 
 double Dot(const Row& coef, const Row& row) {
@@ -227,6 +229,7 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
     p.d = best[3];
     p.e = best[4];
     p.f = best[5];
+    p.g = best[6];
     p.num_points = static_cast<int64_t>(n);
     p.num_outliers = outliers;
     // (3) The median per kind of step: least squares of the relative error predicts below the

@@ -44,7 +44,7 @@ StepKind KindOf(const CpuProfilePoint& point);
 std::string_view StepKindName(StepKind kind);  // "decode", "prefill", "mixed", "cached"
 
 // t = a + b x prefill_tokens + c x decode_seqs + d x kv_tokens + e x prefill_pairs
-//     + f x arrivals, every coefficient >= 0.
+//     + g x cached_chunks + f x arrivals, every coefficient >= 0.
 struct CpuProfile {
     double a = 0;  // seconds per step
     double b = 0;  // seconds per prefill token
@@ -54,6 +54,9 @@ struct CpuProfile {
     // Seconds a request arriving during a step adds to it (the front end's CPU work). Not part
     // of Seconds(): the simulator adds it to the step in flight when a request arrives.
     double f = 0;
+    // Seconds per prefill chunk after a cached context (CpuProfilePoint::cached_chunks): runs
+    // N-P measured such a suffix at a constant 6-8 ms over the other terms whatever its length.
+    double g = 0;
     int64_t num_points = 0;
     int64_t num_outliers = 0;  // points the robust fit gave weight 0 (see FitCpuProfile)
     double rms_error_s = 0;    // of the fit over all its points, outliers included
@@ -68,7 +71,7 @@ struct CpuProfile {
     double Linear(const CpuProfilePoint& p) const {
         return a + b * static_cast<double>(p.prefill_tokens) +
                c * static_cast<double>(p.decode_seqs) + d * static_cast<double>(p.kv_tokens) +
-               e * static_cast<double>(p.prefill_pairs);
+               e * static_cast<double>(p.prefill_pairs) + g * static_cast<double>(p.cached_chunks);
     }
     // The linear terms (without f) times the scale of the point's kind (KindOf).
     double Seconds(const CpuProfilePoint& p) const {

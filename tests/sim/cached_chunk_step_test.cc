@@ -242,6 +242,23 @@ TEST(CachedChunkStepTest, TheKindsCorrectionReachesSlowStepsAfterACachedPrefix) 
     EXPECT_LT(std::fabs(new_error), std::fabs(old_error) / 2);
 }
 
+// What runs N-P measured: a suffix after a cached prefix costs a constant more than the other
+// terms say (6-8 ms whether it is 24 or 50 tokens), which a factor fitted on one suffix length
+// cannot carry to another; the term per cached chunk (g) does.
+TEST(CachedChunkStepTest, AConstantCostPerCachedChunkIsItsOwnTerm) {
+    const double extra_s = 0.008;
+    std::vector<CpuProfilePoint> points = Calibration(1.0, 7);
+    for (CpuProfilePoint& p : points) p.seconds += extra_s * static_cast<double>(p.cached_chunks);
+    Result<CpuProfile> fit = FitCpuProfile(points);
+    ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+    EXPECT_NEAR(fit->g, extra_s, 0.25 * extra_s);
+    for (const int64_t q : {24, 50}) {
+        SCOPED_TRACE(std::to_string(q) + "-token suffix");
+        const CpuProfilePoint suffix = LoggedPoint(Plan({{400, q}}), 0);
+        EXPECT_NEAR(fit->Seconds(suffix) / (TrueLinear(suffix) + extra_s), 1.0, 0.04);
+    }
+}
+
 // With no slowdown the kind's factor is 1 to within the noise: the kind adds no bias of its own.
 TEST(CachedChunkStepTest, NoSlowdownGivesAFactorOfOne) {
     Result<CpuProfile> fit = FitCpuProfile(Calibration(1.0, 5));
