@@ -71,9 +71,10 @@ std::string ProfileText(const std::string& path, const sim::CpuProfile& p) {
     char line[512];
     std::snprintf(line, sizeof line,
                   "profile %s: step s = %.4g + %.4g x prefill tokens + %.4g x decode seqs + "
-                  "%.4g x KV tokens + %.4g x prefill pairs, + %.4g per request arriving during it "
-                  "(%lld points, %lld outliers given weight 0, rms error %.3g s)\n",
-                  path.c_str(), p.a, p.b, p.c, p.d, p.e, p.f,
+                  "%.4g x KV tokens + %.4g x prefill pairs + %.4g x cached chunks, + %.4g per "
+                  "request arriving during it (%lld points, %lld outliers given weight 0, rms "
+                  "error %.3g s)\n",
+                  path.c_str(), p.a, p.b, p.c, p.d, p.e, p.g, p.f,
                   static_cast<long long>(p.num_points), static_cast<long long>(p.num_outliers),
                   p.rms_error_s);
     std::string out = line;

@@ -8,7 +8,7 @@
 
 namespace kvshard {
 
-StepShape ShapeOfStep(const StepPlan& plan) {
+StepShape ShapeOfStep(const StepPlan& plan, const std::vector<int64_t>& previous_seq_ids) {
     StepShape shape;
     for (const ScheduledSequence& s : plan.sequences) {
         const auto q = static_cast<int64_t>(s.token_ids.size());
@@ -18,6 +18,11 @@ StepShape ShapeOfStep(const StepPlan& plan) {
         } else {
             shape.prefill_tokens += q;
             shape.prefill_pairs += q * s.start_pos + q * (q + 1) / 2;
+            shape.cached_chunks +=
+                s.start_pos > 0 && !std::binary_search(previous_seq_ids.begin(),
+                                                       previous_seq_ids.end(), s.seq_id)
+                    ? 1
+                    : 0;
         }
         shape.kv_tokens += s.start_pos + q;
     }
@@ -31,6 +36,7 @@ std::string StepLogLine(const StepLogPoint& p) {
         {"decode_seqs", p.shape.decode_seqs},
         {"kv_tokens", p.shape.kv_tokens},
         {"prefill_pairs", p.shape.prefill_pairs},
+        {"cached_chunks", p.shape.cached_chunks},
         {"seconds", p.seconds},
         {"execute_seconds", p.execute_seconds},
         {"start_clock_s", p.start_clock_s},
@@ -84,10 +90,12 @@ Result<StepResult> StepLogExecutor::Execute(const StepPlan& plan) {
         }
     }
 
+    // The shape before the previous step's sequences are replaced (after a failed step: none).
+    StepShape shape = ShapeOfStep(plan, has_previous_ ? previous_seq_ids_ : std::vector<int64_t>{});
     Result<StepResult> result = inner_.Execute(plan);
     has_previous_ = result.ok() && StepError(*result).ok();
     if (has_previous_) {
-        previous_shape_ = ShapeOfStep(plan);
+        previous_shape_ = shape;
         previous_seq_ids_ = std::move(seq_ids);
         previous_start_ = start;
         previous_execute_s_ = clock_.SecondsSince(start);

@@ -3,18 +3,20 @@
 // CpuProfile, docs/simulate.md "The CPU profile"):
 //
 //   {"instance": "mixed-0", "prefill_tokens": 512, "decode_seqs": 3, "kv_tokens": 1807,
-//    "prefill_pairs": 131328, "seconds": 0.231, "execute_seconds": 0.214,
+//    "prefill_pairs": 131328, "cached_chunks": 1, "seconds": 0.231, "execute_seconds": 0.214,
 //    "start_clock_s": 81234.5617}
 //
-// prefill_tokens, decode_seqs, kv_tokens and prefill_pairs count the plan as CostModel::Cost
-// does (a sequence computing one token after a non-empty context decodes; kv_tokens sums every
-// sequence's context after the step; prefill_pairs sums q x start_pos + q (q + 1) / 2 over the
-// prefilling sequences). `seconds` is the step's CYCLE: from the start of its Execute to the
-// start of the next step's, while the engine stayed busy. That is what the simulator's event loop
-// charges a step (the next step is planned the moment the previous one ends), and it holds what a
-// pure forward pass lacks: the engine's output stage (detokenization, stop checks, stream deltas),
-// the sinks handing chunks to HTTP threads, planning the next step and every other thread that
-// competes for the cores meanwhile. `execute_seconds` is the workers' part alone, for reference.
+// prefill_tokens, decode_seqs, kv_tokens, prefill_pairs and cached_chunks count the plan as
+// CostModel::Cost does (a sequence computing one token after a non-empty context decodes;
+// kv_tokens sums every sequence's context after the step; prefill_pairs sums q x start_pos +
+// q (q + 1) / 2 over the prefilling sequences; cached_chunks counts those with start_pos > 0
+// whose sequence the previous step did not hold: a suffix after a prefix-cache hit). `seconds` is
+// the step's CYCLE: from the start of its Execute to the start of the next step's, while the engine
+// stayed busy. That is what the simulator's event loop charges a step (the next step is planned the
+// moment the previous one ends), and it holds what a pure forward pass lacks: the engine's output
+// stage (detokenization, stop checks, stream deltas), the sinks handing chunks to HTTP threads,
+// planning the next step and every other thread that competes for the cores meanwhile.
+// `execute_seconds` is the workers' part alone, for reference.
 //
 // A step is written only when its cycle was measured: the next step must continue one of its
 // sequences (a decode or the next prefill chunk), which the engine plans without waiting for new
@@ -42,8 +44,10 @@ struct StepShape {
     int64_t decode_seqs = 0;
     int64_t kv_tokens = 0;
     int64_t prefill_pairs = 0;  // causal (query, key) pairs of the prefill chunks
+    int64_t cached_chunks = 0;  // prefill chunks after a context not computed by the last step
 };
-StepShape ShapeOfStep(const StepPlan& plan);
+// `previous_seq_ids` (sorted): the sequences of the step before `plan` on the same instance.
+StepShape ShapeOfStep(const StepPlan& plan, const std::vector<int64_t>& previous_seq_ids = {});
 
 struct StepLogPoint {
     std::string instance;

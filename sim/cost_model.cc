@@ -165,12 +165,14 @@ double CostModel::KvTransferSeconds(int64_t num_tokens, Link link) const {
            static_cast<double>(num_tokens) * static_cast<double>(kv_bytes_per_token_) / bandwidth;
 }
 
-StepCost CostModel::Cost(const StepPlan& plan, Link kv_link) const {
+StepCost CostModel::Cost(const StepPlan& plan, Link kv_link,
+                         const std::vector<int64_t>& previous_seq_ids) const {
     StepCost c;
     int64_t sampled = 0;
     int64_t decode_seqs = 0;
     int64_t kv_tokens = 0;
     int64_t prefill_pairs = 0;
+    int64_t cached_chunks = 0;  // prefill chunks after a cached context (CpuProfilePoint)
     double attention = 0;
     for (const ScheduledSequence& s : plan.sequences) {
         const auto q = static_cast<int64_t>(s.token_ids.size());
@@ -182,6 +184,11 @@ StepCost CostModel::Cost(const StepPlan& plan, Link kv_link) const {
         } else {
             c.num_prefill_tokens += q;
             prefill_pairs += q * s.start_pos + q * (q + 1) / 2;
+            cached_chunks +=
+                s.start_pos > 0 && !std::binary_search(previous_seq_ids.begin(),
+                                                       previous_seq_ids.end(), s.seq_id)
+                    ? 1
+                    : 0;
         }
         sampled += s.sample ? 1 : 0;
         kv_tokens += s.start_pos + q;
@@ -197,11 +204,13 @@ StepCost CostModel::Cost(const StepPlan& plan, Link kv_link) const {
 
     if (profile_) {
         const CpuProfile& p = *profile_;
-        // The kind's median correction (CpuProfile::kind_scale) scales every linear term.
+        // The kind's median correction (CpuProfile::kind_scale) scales every linear term; the
+        // kind as the step log's point of the same plan has it (coordinator/step_log.cc).
         const StepKind kind = KindOf({.prefill_tokens = c.num_prefill_tokens,
-                                      .decode_seqs = decode_seqs});
+                                      .decode_seqs = decode_seqs,
+                                      .cached_chunks = cached_chunks});
         const double scale = p.kind_scale[static_cast<int>(kind)];
-        c.overhead_s = scale * p.a;
+        c.overhead_s = scale * (p.a + p.g * static_cast<double>(cached_chunks));
         c.gemm_s = scale * (p.b * static_cast<double>(c.num_prefill_tokens) +
                             p.c * static_cast<double>(decode_seqs));
         c.attention_s = scale * (p.d * static_cast<double>(kv_tokens) +

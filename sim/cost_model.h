@@ -66,7 +66,11 @@ class CostModel {
                                                const CpuProfile& profile);
 
     // The cost of running `plan` on this instance; KV sends go over `kv_link`.
-    StepCost Cost(const StepPlan& plan, Link kv_link = Link::kIntraNode) const;
+    // `previous_seq_ids` (sorted): the sequences of this instance's step before `plan`, which tell
+    // a prefill chunk after a cached context (the profile's kind StepKind::kCached) from a
+    // prompt's next chunk, as the step log does (coordinator/step_log.h ShapeOfStep).
+    StepCost Cost(const StepPlan& plan, Link kv_link = Link::kIntraNode,
+                  const std::vector<int64_t>& previous_seq_ids = {}) const;
     // Seconds to move the KV of `num_tokens` tokens from this instance to another over `link`:
     // each of the tp ranks sends its share over its own link in parallel, so
     // hop latency + num_tokens x KvBytesPerToken() / (tp x link B/s x allreduce_efficiency).

@@ -13,6 +13,7 @@ namespace kvshard::sim {
 
 StepKind KindOf(const CpuProfilePoint& point) {
     if (point.prefill_tokens == 0) return StepKind::kDecode;
+    if (point.cached_chunks > 0) return StepKind::kCached;
     return point.decode_seqs == 0 ? StepKind::kPrefill : StepKind::kMixed;
 }
 
@@ -21,6 +22,7 @@ std::string_view StepKindName(StepKind kind) {
         case StepKind::kDecode: return "decode";
         case StepKind::kPrefill: return "prefill";
         case StepKind::kMixed: return "mixed";
+        case StepKind::kCached: return "cached";
     }
     return "?";
 }
@@ -33,12 +35,13 @@ CpuProfile CpuProfile::Scaled(double factor) const {
     p.d *= factor;
     p.e *= factor;
     p.f *= factor;
+    p.g *= factor;
     return p;
 }
 
 namespace {
 
-constexpr int kTerms = 6;
+constexpr int kTerms = 7;
 using Row = std::array<double, kTerms>;
 
 Row Terms(const CpuProfilePoint& p) {
@@ -47,7 +50,8 @@ Row Terms(const CpuProfilePoint& p) {
             static_cast<double>(p.decode_seqs),
             static_cast<double>(p.kv_tokens),
             static_cast<double>(p.prefill_pairs),
-            static_cast<double>(p.arrivals)};
+            static_cast<double>(p.arrivals),
+            static_cast<double>(p.cached_chunks)};
 }
 
 double Dot(const Row& coef, const Row& row) {
@@ -162,7 +166,8 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
     for (size_t i = 0; i < n; ++i) {
         const CpuProfilePoint& p = points[i];
         if (p.prefill_tokens < 0 || p.decode_seqs < 0 || p.kv_tokens < 0 || p.prefill_pairs < 0 ||
-            p.arrivals < 0 || !(p.seconds >= 0 && std::isfinite(p.seconds))) {
+            p.arrivals < 0 || p.cached_chunks < 0 ||
+            !(p.seconds >= 0 && std::isfinite(p.seconds))) {
             return InvalidArgument("CPU profile: point " + std::to_string(i) +
                                    " has a negative or non-finite value");
         }
@@ -224,6 +229,7 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
     p.d = best[3];
     p.e = best[4];
     p.f = best[5];
+    p.g = best[6];
     p.num_points = static_cast<int64_t>(n);
     p.num_outliers = outliers;
     // (3) The median per kind of step: least squares of the relative error predicts below the
@@ -237,9 +243,7 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
         const CpuProfilePoint& q = points[i];
         const int kind = static_cast<int>(KindOf(q));
         p.kind_points[kind]++;
-        const double predicted =
-            p.Seconds(q.prefill_tokens, q.decode_seqs, q.kv_tokens, q.prefill_pairs) +
-            p.f * static_cast<double>(q.arrivals);
+        const double predicted = p.Predict(q);  // every kind_scale is still 1
         if (predicted > 0 && w[i] > 0) {
             ratios[kind].push_back(
                 {seconds[i] / predicted, static_cast<double>(std::max<int64_t>(1, q.decode_seqs))});
@@ -336,6 +340,9 @@ Status AddValue(const json& v, const std::string& where, std::vector<CpuProfileP
     }
     if (v.contains("arrivals")) {
         KV_ASSIGN_OR_RETURN(p.arrivals, JsonCount(v, "arrivals", where));
+    }
+    if (v.contains("cached_chunks")) {
+        KV_ASSIGN_OR_RETURN(p.cached_chunks, JsonCount(v, "cached_chunks", where));
     }
     KV_ASSIGN_OR_RETURN(p.seconds, JsonNumber(v, "seconds", where));
     if (p.seconds < 0) return InvalidArgument(where + ": field 'seconds': must be >= 0");

@@ -28,17 +28,23 @@ struct CpuProfilePoint {
     // for them (HTTP, tokenization) shares the cores with the step. A step log does not know
     // them; scripts/validate-simulate counts them from the clients' traces (docs/simulate.md).
     int64_t arrivals = 0;
+    // Prefill chunks that start after a context (start_pos > 0) which their sequence did not
+    // compute in the previous step: a suffix after a prefix-cache hit (not a prompt's next chunk,
+    // which follows its previous one). They make the step of kind kCached.
+    int64_t cached_chunks = 0;
 };
 
-// The kinds of step a profile is checked on: decode only (no prefill token), prefill only (no
-// decoding sequence), and mixed (both).
-enum class StepKind { kDecode, kPrefill, kMixed };
-inline constexpr int kNumStepKinds = 3;
+// The kinds of step a profile is corrected per: decode only (no prefill token), prefill only (no
+// decoding sequence), mixed (prefill chunks and decodes), and cached (a prefill chunk after a
+// cached context, cached_chunks > 0, with or without decodes: a suffix after a prefix-cache hit,
+// 1.15-1.25x the linear terms in docs/simulate.md runs N-P where a prompt's next chunk fits them).
+enum class StepKind { kDecode, kPrefill, kMixed, kCached };
+inline constexpr int kNumStepKinds = 4;
 StepKind KindOf(const CpuProfilePoint& point);
-std::string_view StepKindName(StepKind kind);  // "decode", "prefill", "mixed"
+std::string_view StepKindName(StepKind kind);  // "decode", "prefill", "mixed", "cached"
 
 // t = a + b x prefill_tokens + c x decode_seqs + d x kv_tokens + e x prefill_pairs
-//     + f x arrivals, every coefficient >= 0.
+//     + g x cached_chunks + f x arrivals, every coefficient >= 0.
 struct CpuProfile {
     double a = 0;  // seconds per step
     double b = 0;  // seconds per prefill token
@@ -48,6 +54,9 @@ struct CpuProfile {
     // Seconds a request arriving during a step adds to it (the front end's CPU work). Not part
     // of Seconds(): the simulator adds it to the step in flight when a request arrives.
     double f = 0;
+    // Seconds per prefill chunk after a cached context (CpuProfilePoint::cached_chunks): runs
+    // N-P measured such a suffix at a constant 6-8 ms over the other terms whatever its length.
+    double g = 0;
     int64_t num_points = 0;
     int64_t num_outliers = 0;  // points the robust fit gave weight 0 (see FitCpuProfile)
     double rms_error_s = 0;    // of the fit over all its points, outliers included
@@ -56,23 +65,21 @@ struct CpuProfile {
     // each point counted once per token it produced (1 when a kind has no points). How far the
     // linear fit alone is from each kind's median step.
     int64_t kind_points[kNumStepKinds] = {};
-    double kind_scale[kNumStepKinds] = {1, 1, 1};
+    double kind_scale[kNumStepKinds] = {1, 1, 1, 1};
 
-    // The linear terms (without f) times the kind's scale.
-    double Seconds(int64_t prefill_tokens, int64_t decode_seqs, int64_t kv_tokens,
-                   int64_t prefill_pairs = 0) const {
-        const StepKind kind = prefill_tokens == 0 ? StepKind::kDecode
-                              : decode_seqs == 0  ? StepKind::kPrefill
-                                                  : StepKind::kMixed;
-        return kind_scale[static_cast<int>(kind)] *
-               (a + b * static_cast<double>(prefill_tokens) +
-                c * static_cast<double>(decode_seqs) + d * static_cast<double>(kv_tokens) +
-                e * static_cast<double>(prefill_pairs));
+    // The linear terms alone (no kind's scale, no f).
+    double Linear(const CpuProfilePoint& p) const {
+        return a + b * static_cast<double>(p.prefill_tokens) +
+               c * static_cast<double>(p.decode_seqs) + d * static_cast<double>(p.kv_tokens) +
+               e * static_cast<double>(p.prefill_pairs) + g * static_cast<double>(p.cached_chunks);
+    }
+    // The linear terms (without f) times the scale of the point's kind (KindOf).
+    double Seconds(const CpuProfilePoint& p) const {
+        return kind_scale[static_cast<int>(KindOf(p))] * Linear(p);
     }
     // The point's predicted seconds, its arrivals included.
     double Predict(const CpuProfilePoint& p) const {
-        return Seconds(p.prefill_tokens, p.decode_seqs, p.kv_tokens, p.prefill_pairs) +
-               f * static_cast<double>(p.arrivals);
+        return Seconds(p) + f * static_cast<double>(p.arrivals);
     }
     // Every coefficient times `factor` (> 0): the same machine running `factor` times slower.
     CpuProfile Scaled(double factor) const;
@@ -99,8 +106,8 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points);
 // Reads measured points from JSON text: any number of JSON values (one document or JSON lines),
 // each one of
 //   {"prefill_tokens": 512, "decode_seqs": 0, "kv_tokens": 512, "seconds": 0.21}   one point
-//     (optional "prefill_pairs" and "arrivals", 0 when absent; other fields, as a step log's,
-//     are ignored)
+//     (optional "prefill_pairs", "arrivals" and "cached_chunks", 0 when absent; other
+//     fields, as a step log's, are ignored)
 //   {"points": [ ...points... ]}
 //   the output of `kvshard bench-engine --json` ({"engine": "kvshard", "results": [...]}): each
 //   row gives a prefill point (batch x prompt_tokens tokens, batch x p (p + 1) / 2 pairs,

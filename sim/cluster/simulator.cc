@@ -116,6 +116,7 @@ struct Instance {
     int64_t step_number = 0;
     double busy_s = 0;
     int64_t steps = 0;
+    std::vector<int64_t> previous_seq_ids;  // sorted: the last step's (CostModel::Cost)
 };
 
 constexpr int64_t kTimeoutEvent = -2;
@@ -336,7 +337,11 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
                 out.handoff_bytes += op.num_tokens * inst.cost->KvBytesPerToken();
             }
             // Layerwise sends overlap the forward pass, blockwise ones follow it (CostModel).
-            const double seconds = inst.cost->Cost(*plan, link).total_s;
+            const double seconds = inst.cost->Cost(*plan, link, inst.previous_seq_ids).total_s;
+            inst.previous_seq_ids.clear();
+            for (const ScheduledSequence& s : plan->sequences)
+                inst.previous_seq_ids.push_back(s.seq_id);
+            std::sort(inst.previous_seq_ids.begin(), inst.previous_seq_ids.end());
             inst.result = ModelledExecutor::ModelStep(*plan, inst.cost->KvBytesPerToken());
             inst.result.compute_seconds = seconds;
             inst.plan = std::move(plan);

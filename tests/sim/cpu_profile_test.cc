@@ -66,6 +66,7 @@ std::vector<CpuProfilePoint> Steps(const Coefficients& k, Noise noise, double s,
             p.prefill_tokens = q;
             p.prefill_pairs = q * start + q * (q + 1) / 2;
             p.kv_tokens = start + q;
+            p.cached_chunks = start > 0 ? 1 : 0;  // the "cached" kind
             if (kind > 0.85) {  // mixed
                 p.decode_seqs = decode_seqs;
                 for (int64_t j = 0; j < p.decode_seqs; ++j) p.kv_tokens += context(rng);
