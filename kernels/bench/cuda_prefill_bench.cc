@@ -19,6 +19,7 @@
 
 #include "common/dtype.h"
 #include "kernels/backend.h"
+#include "kernels/bench/cuda_bench_flags.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/paged_attention.h"
 
@@ -88,19 +89,16 @@ int main(int argc, char** argv) {
     int64_t tokens = 2048;
     int reps = 10;
     bool json = false;
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-        if (a == "--tokens") {
-            tokens = std::atoll(value().c_str());
-        } else if (a == "--reps") {
-            reps = std::atoi(value().c_str());
-        } else if (a == "--json") {
-            json = true;
-        } else {
-            return Fail("unknown flag " + a);
-        }
-    }
+    CLI::App app{"kvshard_cuda_prefill_bench: the tensor-core prefill attention against the fp32 "
+                 "one at the 8B shape, as % of the bf16 MatMul ceiling"};
+    app.add_option("--tokens", tokens, "Prompt tokens of the one sequence")
+        ->check(CLI::Range(int64_t{2}, int64_t{1} << 20))
+        ->capture_default_str();
+    app.add_option("--reps", reps, "Timed repetitions of each kernel")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    app.add_flag("--json", json, "Also print one JSON object");
+    if (const int rc = kvshard::bench::ParseCudaBenchFlags(app, argc, argv); rc >= 0) return rc;
     if (tokens < 2 || reps < 1) return Fail("--tokens must be at least 2 and --reps at least 1");
     auto made = kvshard::MakeBackend({.kind = kvshard::BackendKind::kCuda});
     if (!made.ok()) return Fail(made.status().message());
