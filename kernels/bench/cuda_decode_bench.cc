@@ -20,6 +20,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/bench/cuda_bench_flags.h"
+#include "kernels/bench/cuda_bench_util.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/synthetic_decode.h"
 
@@ -27,15 +28,11 @@ namespace {
 
 using kvshard::Backend;
 using Clock = std::chrono::steady_clock;
+using kvshard::bench::Median;
 
 int Fail(const std::string& message) {
     std::fprintf(stderr, "kvshard_cuda_decode_bench: %s\n", message.c_str());
     return 2;
-}
-
-double Median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 // Device copy bandwidth (bytes read + written per second): one block of `bytes` copied to
@@ -54,36 +51,6 @@ double CopyBandwidth(Backend& b, size_t bytes) {
         if (i > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
     return 2.0 * double(bytes) / Median(t);
-}
-
-// bf16 matrix-product rate through the backend's MatMul (fp32 activations converted to bf16,
-// cuBLASLt, fp32 out): y[n, n] = x[n, n] · w[n, n]^T on random data, median of 5 after a warm-up.
-double MatMulTflops(Backend& b, int64_t n) {
-    const size_t elems = size_t(n * n);
-    auto w = b.Allocate(elems * 2), x = b.Allocate(elems * 4), y = b.Allocate(elems * 4);
-    if (!w.ok() || !x.ok() || !y.ok()) return 0.0;
-    std::mt19937 rng(3);
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    std::vector<uint16_t> wh(elems);
-    std::vector<float> xh(elems);
-    for (size_t i = 0; i < elems; ++i) {
-        wh[i] = kvshard::FloatToBF16(u(rng) * 0.01f);
-        xh[i] = u(rng);
-    }
-    if (!b.CopyToDevice(w->data(), wh.data(), elems * 2).ok() ||
-        !b.CopyToDevice(x->data(), xh.data(), elems * 4).ok() || !b.Synchronize().ok()) {
-        return 0.0;
-    }
-    const kvshard::WeightView view{
-        .dtype = kvshard::DType::kBF16, .data = w->data(), .rows = n, .cols = n};
-    std::vector<double> t;
-    for (int i = 0; i < 6; ++i) {
-        const auto t0 = Clock::now();
-        b.MatMul(x->As<float>(), n, view, y->As<float>());
-        if (!b.Synchronize().ok()) return 0.0;
-        if (i > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-    return 2.0 * double(n) * double(n) * double(n) / Median(t) / 1e12;
 }
 
 }  // namespace
@@ -114,7 +81,8 @@ int main(int argc, char** argv) {
     if (!b.ok()) return Fail(b.status().message());
     Backend& be = **b;
     const double bw = CopyBandwidth(be, backend == "cuda" ? size_t{1} << 30 : size_t{64} << 20);
-    const double tflops = MatMulTflops(be, backend == "cuda" ? 8192 : 256);
+    const int64_t n_ceiling = backend == "cuda" ? 8192 : 256;  // an n x n x n product
+    const double tflops = kvshard::bench::Bf16MatMulTflops(be, n_ceiling, n_ceiling, n_ceiling);
     std::printf("ceilings: device copy %.0f GB/s (read + write), bf16 MatMul %.1f TFLOP/s at n=%d\n",
                 bw / 1e9, tflops, backend == "cuda" ? 8192 : 256);
     const int64_t max_batch = *std::max_element(batches.begin(), batches.end());

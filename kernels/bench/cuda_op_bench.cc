@@ -13,55 +13,27 @@
 //                         [--prefill-tokens 2048] [--json]
 // Flags are parsed by CLI11 (the shared ones in kernels/bench/cuda_bench_flags.h).
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "common/dtype.h"
 #include "kernels/backend.h"
 #include "kernels/bench/cuda_bench_flags.h"
+#include "kernels/bench/cuda_bench_util.h"
 #include "kernels/cuda/synthetic_decode.h"
 #include "kernels/paged_attention.h"
 
 namespace {
 
 using kvshard::Backend;
-using Clock = std::chrono::steady_clock;
 
 int Fail(const std::string& message) {
     std::fprintf(stderr, "kvshard_cuda_op_bench: %s\n", message.c_str());
     return 2;
-}
-
-double Median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-// Seconds of `op` (queued, then waited for), median of `reps` after one warm-up; 0 on an error.
-template <typename Op>
-double Time(Backend& b, int reps, Op op) {
-    std::vector<double> t;
-    for (int i = 0; i <= reps; ++i) {
-        const auto t0 = Clock::now();
-        op();
-        if (!b.Synchronize().ok()) return 0.0;
-        if (i > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-    return Median(t);
-}
-
-std::vector<float> Random(size_t n, uint32_t seed, float scale) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> u(-scale, scale);
-    std::vector<float> v(n);
-    for (float& x : v) x = u(rng);
-    return v;
 }
 
 struct Gemm {
@@ -69,25 +41,6 @@ struct Gemm {
     int64_t m, n, k;
     double tflops = 0.0;
 };
-
-// y[m, n] = x[m, k] · w[n, k]^T through the backend's MatMul with bf16 weights.
-double MatMulTflops(Backend& b, const Gemm& g) {
-    auto w = b.Allocate(size_t(g.n * g.k) * 2), x = b.Allocate(size_t(g.m * g.k) * 4),
-         y = b.Allocate(size_t(g.m * g.n) * 4);
-    if (!w.ok() || !x.ok() || !y.ok()) return 0.0;
-    const std::vector<float> wf = Random(size_t(g.n * g.k), 3, 0.01f);
-    std::vector<uint16_t> wh(wf.size());
-    for (size_t i = 0; i < wf.size(); ++i) wh[i] = kvshard::FloatToBF16(wf[i]);
-    const std::vector<float> xh = Random(size_t(g.m * g.k), 4, 1.0f);
-    if (!b.CopyToDevice(w->data(), wh.data(), wh.size() * 2).ok() ||
-        !b.CopyToDevice(x->data(), xh.data(), xh.size() * 4).ok() || !b.Synchronize().ok()) {
-        return 0.0;
-    }
-    const kvshard::WeightView view{
-        .dtype = kvshard::DType::kBF16, .data = w->data(), .rows = g.n, .cols = g.k};
-    const double sec = Time(b, 5, [&] { b.MatMul(x->As<float>(), g.m, view, y->As<float>()); });
-    return sec > 0 ? 2.0 * double(g.m) * double(g.n) * double(g.k) / sec / 1e12 : 0.0;
-}
 
 struct Prefill {
     double ms = 0.0, tflops = 0.0;
@@ -106,7 +59,7 @@ Prefill PrefillAttention(Backend& b, const kvshard::cuda::DecodeShape& s, int64_
     auto slots = b.Allocate(size_t(tokens) * 8);
     auto meta = b.Allocate(size_t(blocks + 8) * 4);
     if (!pool.ok() || !qkv.ok() || !out.ok() || !slots.ok() || !meta.ok()) return {};
-    const std::vector<float> xh = Random(size_t(tokens * stride), 5, 1.0f);
+    const std::vector<float> xh = kvshard::bench::RandomFloats(size_t(tokens * stride), 5, 1.0f);
     std::vector<int64_t> sh(static_cast<size_t>(tokens));
     for (int64_t i = 0; i < tokens; ++i) sh[size_t(i)] = i;  // block b holds positions 16b..
     // query_starts {0, tokens}, context_lens {tokens}, block_table_starts {0, blocks}, table.
@@ -128,7 +81,7 @@ Prefill PrefillAttention(Backend& b, const kvshard::cuda::DecodeShape& s, int64_
     batch.context_lens = m + 2;
     batch.block_table_starts = m + 3;
     batch.block_tables = m + 5;
-    const double sec = Time(b, 5, [&] {
+    const double sec = kvshard::bench::TimeMedian(b, 5, [&] {
         b.PagedAttention(q, stride, kv, batch, out->As<float>(), heads, nullptr);
     });
     if (sec <= 0) return {};
@@ -176,7 +129,7 @@ int main(int argc, char** argv) {
     double ceiling = 0.0;
     std::string gemm_json;
     for (Gemm& g : gemms) {
-        g.tflops = MatMulTflops(b, g);
+        g.tflops = kvshard::bench::Bf16MatMulTflops(b, g.m, g.n, g.k);
         if (g.tflops <= 0) return Fail("the bf16 MatMul of " + g.name + " failed");
         ceiling = std::max(ceiling, g.tflops);
         std::printf("gemm %-12s m=%lld n=%lld k=%lld %.2f TFLOP/s\n", g.name.c_str(),

@@ -9,17 +9,16 @@
 // --json, one JSON object.
 //   kvshard_cuda_prefill_bench [--tokens 2048] [--reps 10] [--json]
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "common/dtype.h"
 #include "kernels/backend.h"
 #include "kernels/bench/cuda_bench_flags.h"
+#include "kernels/bench/cuda_bench_util.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/paged_attention.h"
 
@@ -28,59 +27,14 @@ namespace {
 using kvshard::Backend;
 using kvshard::BackendBuffer;
 using kvshard::cuda::PrefillKernel;
-using Clock = std::chrono::steady_clock;
+using kvshard::bench::Median;
+using kvshard::bench::TimeOnce;
 
 constexpr double kTargetPct = 60.0;  // issue 13
 
 int Fail(const std::string& message) {
     std::fprintf(stderr, "kvshard_cuda_prefill_bench: %s\n", message.c_str());
     return 2;
-}
-
-double Median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-std::vector<float> Random(size_t n, uint32_t seed, float scale) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> u(-scale, scale);
-    std::vector<float> v(n);
-    for (float& x : v) x = u(rng);
-    return v;
-}
-
-// Seconds of one queued `op`, waited for; 0 on an error.
-template <typename Op>
-double TimeOnce(Backend& b, Op op) {
-    const auto t0 = Clock::now();
-    op();
-    if (!b.Synchronize().ok()) return 0.0;
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// TFLOP/s of y[m, n] = x[m, k] · w[n, k]^T through the backend's bf16 MatMul, median of 5.
-double MatMulTflops(Backend& b, int64_t m, int64_t n, int64_t k) {
-    auto w = b.Allocate(size_t(n * k) * 2), x = b.Allocate(size_t(m * k) * 4),
-         y = b.Allocate(size_t(m * n) * 4);
-    if (!w.ok() || !x.ok() || !y.ok()) return 0.0;
-    const std::vector<float> wf = Random(size_t(n * k), 3, 0.01f);
-    std::vector<uint16_t> wh(wf.size());
-    for (size_t i = 0; i < wf.size(); ++i) wh[i] = kvshard::FloatToBF16(wf[i]);
-    const std::vector<float> xh = Random(size_t(m * k), 4, 1.0f);
-    if (!b.CopyToDevice(w->data(), wh.data(), wh.size() * 2).ok() ||
-        !b.CopyToDevice(x->data(), xh.data(), xh.size() * 4).ok() || !b.Synchronize().ok()) {
-        return 0.0;
-    }
-    const kvshard::WeightView view{
-        .dtype = kvshard::DType::kBF16, .data = w->data(), .rows = n, .cols = k};
-    std::vector<double> t;
-    for (int i = 0; i <= 5; ++i) {
-        const double s = TimeOnce(b, [&] { b.MatMul(x->As<float>(), m, view, y->As<float>()); });
-        if (s <= 0) return 0.0;
-        if (i > 0) t.push_back(s);
-    }
-    return 2.0 * double(m) * double(n) * double(k) / Median(t) / 1e12;
 }
 
 }  // namespace
@@ -107,7 +61,8 @@ int main(int argc, char** argv) {
 
     const int64_t heads = 32, kv_heads = 8, hd = 128, hidden = 4096, ffn = 14336, bs = 16;
     const double ceiling =
-        std::max(MatMulTflops(b, 4096, 4096, 4096), MatMulTflops(b, tokens, 2 * ffn, hidden));
+        std::max(kvshard::bench::Bf16MatMulTflops(b, 4096, 4096, 4096),
+                 kvshard::bench::Bf16MatMulTflops(b, tokens, 2 * ffn, hidden));
     if (ceiling <= 0) return Fail("the bf16 MatMul failed");
     std::printf("ceiling %.2f TFLOP/s (bf16 MatMul: best of 4096^3 and %lldx%lldx%lld)\n", ceiling,
                 static_cast<long long>(tokens), static_cast<long long>(2 * ffn),
@@ -126,7 +81,7 @@ int main(int argc, char** argv) {
     if (!pool.ok() || !qkv.ok() || !out_tc.ok() || !out_fp32.ok() || !slots.ok() || !meta.ok()) {
         return Fail("allocation failed");
     }
-    const std::vector<float> xh = Random(size_t(tokens * stride), 5, 1.0f);
+    const std::vector<float> xh = kvshard::bench::RandomFloats(size_t(tokens * stride), 5, 1.0f);
     std::vector<int64_t> sh(static_cast<size_t>(tokens));
     for (int64_t i = 0; i < tokens; ++i) sh[size_t(i)] = i;
     std::vector<int32_t> mh = {0, int32_t(tokens), int32_t(tokens), 0, int32_t(blocks)};
