@@ -58,6 +58,7 @@ RemoteStepExecutor::~RemoteStepExecutor() {
         slots_->closed = true;
         channels = std::move(slots_->channels);
         slots_->Reset();
+        slots_->cv.notify_all();  // a registration held for a re-form gives up now
     }
     channels.clear();  // joins their I/O threads, outside the lock
 }

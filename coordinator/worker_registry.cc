@@ -250,7 +250,21 @@ void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel>& channel,
     RegisterAckMessage ack;
     int rank = reg->worker_rank;
     {
-        std::lock_guard<std::mutex> lock(slots->mu);
+        std::unique_lock<std::mutex> lock(slots->mu);
+        // A replacement that arrives while a failed instance waits out its restart backoff is
+        // held until the re-form opens the ranks (BeginReform notifies), instead of being refused:
+        // an external launcher (a restarted pod, a supervisor) cannot see the backoff. Bounded
+        // like any handshake; an instance that does not re-form by then is refused as before.
+        const auto waiting_for_reform = [&] {
+            return !slots->closed && !slots->shut_down && !slots->formed &&
+                   !slots->TakesRegistrations();
+        };
+        if (waiting_for_reform()) {
+            slots->cv.wait_until(
+                lock,
+                SteadyClock::now() + std::chrono::milliseconds(options_.register_message_timeout_ms),
+                [&] { return !waiting_for_reform(); });
+        }
         const int tp = slots->options.tp;
         std::string problem;
         if (slots->closed || slots->shut_down) {

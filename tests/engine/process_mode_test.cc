@@ -1006,24 +1006,55 @@ TEST(WorkerRegistryTest, AFailedInstanceTakesNewRegistrationsWhenReforming) {
               std::string::npos)
         << ex.Health().ToString();
     EXPECT_EQ(ex.Execute(StepPlan{}).status().code(), StatusCode::kUnavailable);
-    // Failed and not re-forming: refused.
-    const RegisterAckMessage early =
-        RegisterAs(port, {0, 1, "e", kControlProtocolVersion, "h:2", kToken});
-    EXPECT_FALSE(early.accepted);
-    EXPECT_NE(early.error.find("not re-forming"), std::string::npos) << early.error;
-
+    // Failed and not re-forming yet (the supervisor's restart backoff): a replacement that
+    // registers now is held, not refused, and taken once the re-form opens the ranks. Before,
+    // it was refused, and an external worker arriving in the backoff was lost (a CI run saw it).
+    std::unique_ptr<FrameChannel> replacement;
+    RegisterAckMessage held;
+    std::thread early([&] {
+        held = RegisterAs(port, {0, 1, "e", kControlProtocolVersion, "h:3", kToken}, &replacement);
+    });
+    std::this_thread::sleep_for(milliseconds(300));  // the backoff, as the supervisor waits it
     ex.BeginReform("test");
     EXPECT_NE(ex.Health().message().find("re-forming"), std::string::npos);
+    early.join();
+    ASSERT_TRUE(held.accepted) << held.error;
     EXPECT_EQ(ex.Execute(StepPlan{}).status().code(), StatusCode::kUnavailable);
-    std::unique_ptr<FrameChannel> replacement;
-    ASSERT_TRUE(RegisterAs(port, {0, 1, "e", kControlProtocolVersion, "h:3", kToken}, &replacement)
-                    .accepted);
     ASSERT_TRUE(replacement->Send(ReadyMessage{true, "", 16}).ok());
     ASSERT_TRUE(ex.Reform(milliseconds(10'000)).ok());
     EXPECT_TRUE(ex.Health().ok()) << ex.Health().ToString();
     EXPECT_EQ(ex.epoch(), 2u);
     EXPECT_EQ(ex.kv_endpoints(), std::vector<std::string>{"h:3"});
     EXPECT_EQ(ex.num_kv_blocks(), std::vector<int64_t>{16});
+}
+
+// An instance that failed and is not re-formed (no supervisor, or its restart limit spent)
+// refuses a held registration once the handshake's time is up, naming why.
+TEST(WorkerRegistryTest, ARegistrationHeldForAReformThatNeverComesIsRefused) {
+    WorkerRegistryOptions options = RegistryOptions();
+    options.register_message_timeout_ms = 400;
+    Result<std::unique_ptr<WorkerRegistry>> registry = WorkerRegistry::Start(options);
+    ASSERT_TRUE(registry.ok());
+    const uint16_t port = (*registry)->port();
+    RemoteInstanceOptions o;
+    o.instance_id = "f";
+    Result<std::unique_ptr<RemoteStepExecutor>> executor = (*registry)->AddInstance(o);
+    ASSERT_TRUE(executor.ok());
+    RemoteStepExecutor& ex = **executor;
+    std::unique_ptr<FrameChannel> worker;
+    ASSERT_TRUE(
+        RegisterAs(port, {0, 1, "f", kControlProtocolVersion, "h:1", kToken}, &worker).accepted);
+    ASSERT_TRUE(worker->Send(ReadyMessage{true, "", 8}).ok());
+    ASSERT_TRUE(ex.WaitReady(milliseconds(10'000)).ok());
+    worker->Close();
+    ASSERT_TRUE(WaitFor([&] { return !ex.Health().ok(); }));
+
+    const auto start = SteadyClock::now();
+    const RegisterAckMessage late =
+        RegisterAs(port, {0, 1, "f", kControlProtocolVersion, "h:2", kToken});
+    EXPECT_FALSE(late.accepted);
+    EXPECT_NE(late.error.find("not re-forming"), std::string::npos) << late.error;
+    EXPECT_GE(SteadyClock::now() - start, milliseconds(350));  // held for the handshake's time
 }
 
 // ---- Gloo: tp 2 worker processes that meet through the coordinator ----
