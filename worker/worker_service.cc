@@ -33,6 +33,7 @@ constexpr std::string_view kKeyMaxStepTokens = "max_step_tokens";
 constexpr std::string_view kKeyBackend = "backend";
 constexpr std::string_view kKeyDevices = "devices";
 constexpr std::string_view kKeyCollective = "collective";
+constexpr std::string_view kKeyCudaGraphs = "cuda_graphs";
 // Set by the coordinator (coordinator/remote_executor.h), not by EncodeWorkerSettings.
 constexpr std::string_view kKeyNcclUniqueId = "nccl_unique_id";
 
@@ -159,7 +160,7 @@ StepResult RunStep(StepRunner& steps, const StepPlan& plan) {
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> EncodeWorkerSettings(const WorkerRunSettings& s) {
-    return {
+    std::vector<std::pair<std::string, std::string>> out = {
         {std::string(kKeyMaxContext), std::to_string(s.runner.max_context)},
         {std::string(kKeyBlockSize), std::to_string(s.runner.block_size)},
         {std::string(kKeyNumKvBlocks), std::to_string(s.runner.num_kv_blocks)},
@@ -173,6 +174,11 @@ std::vector<std::pair<std::string, std::string>> EncodeWorkerSettings(const Work
          s.devices.empty() ? std::to_string(s.runner.backend.device) : JoinInts(s.devices)},
         {std::string(kKeyCollective), s.force_staged_collective ? "staged" : "auto"},
     };
+    // Only when set: a worker told nothing keeps the runner's default (graphs off).
+    if (s.runner.cuda_graphs.has_value()) {
+        out.emplace_back(std::string(kKeyCudaGraphs), *s.runner.cuda_graphs ? "true" : "false");
+    }
+    return out;
 }
 
 Result<WorkerRunSettings> DecodeWorkerSettings(
@@ -222,6 +228,12 @@ Result<WorkerRunSettings> DecodeWorkerSettings(
                                        "' is not one of auto, staged");
             }
             s.force_staged_collective = value == "staged";
+        } else if (key == kKeyCudaGraphs) {
+            if (value != "true" && value != "false") {
+                return InvalidArgument("worker setting " + key + ": '" + value +
+                                       "' is not one of true, false");
+            }
+            s.runner.cuda_graphs = value == "true";
         } else if (key == kKeyThreads) {
             KV_ASSIGN_OR_RETURN(const int64_t threads, IntSetting(key, value));
             s.threads = static_cast<int>(threads);

@@ -3,6 +3,7 @@
 // collectives go; a bad value is one line naming the key.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,12 +21,14 @@ TEST(WorkerSettings, RoundTripTheBackendDevicesAndCollective) {
     s.runner.backend.kind = BackendKind::kCuda;
     s.devices = {1, 1};
     s.force_staged_collective = true;
+    s.runner.cuda_graphs = true;  // serve's cuda_graphs reaches worker processes
     Result<WorkerRunSettings> back = DecodeWorkerSettings(EncodeWorkerSettings(s));
     ASSERT_TRUE(back.ok()) << back.status().ToString();
     EXPECT_EQ(back->runner.backend.kind, BackendKind::kCuda);
     EXPECT_EQ(back->devices, (std::vector<int>{1, 1}));
     EXPECT_TRUE(back->force_staged_collective);
     EXPECT_EQ(back->runner.num_kv_blocks, 40);
+    EXPECT_EQ(back->runner.cuda_graphs, std::optional<bool>(true));
 
     // One device for every rank, and the defaults.
     WorkerRunSettings one;
@@ -37,6 +40,7 @@ TEST(WorkerSettings, RoundTripTheBackendDevicesAndCollective) {
     EXPECT_EQ(back->runner.backend.device, 3);
     EXPECT_TRUE(back->devices.empty());
     EXPECT_FALSE(back->force_staged_collective);
+    EXPECT_FALSE(back->runner.cuda_graphs.has_value());
 }
 
 TEST(WorkerSettings, BadValuesNameTheKey) {
@@ -47,6 +51,7 @@ TEST(WorkerSettings, BadValuesNameTheKey) {
         {"devices", "0,,1", "worker setting devices: '0,,1' is not a list of GPU ordinals"},
         {"devices", "0,-1", "worker setting devices: '0,-1' is not a list of GPU ordinals"},
         {"collective", "nccl", "worker setting collective: 'nccl' is not one of auto, staged"},
+        {"cuda_graphs", "yes", "worker setting cuda_graphs: 'yes' is not one of true, false"},
     };
     for (const auto& c : cases) {
         Result<WorkerRunSettings> r =
