@@ -57,6 +57,11 @@ class BenchChunked(unittest.TestCase):
             # The server's phases happen inside the client's end-to-end time.
             self.assertLess(row["queue_s"] + row["prefill_s"], row["served_s"])
             self.assertLessEqual(sum(row["chunk_cycle_s"]), row["prefill_s"])
+            # Split at the first chunk's start: what came before it, and the response after.
+            self.assertGreaterEqual(row["before_s"], 0)
+            self.assertGreater(row["after_s"], -1e-3)
+            self.assertAlmostEqual(row["before_s"] + row["prefill_s"] + row["after_s"],
+                                   row["served_s"], places=9)
             self.assertAlmostEqual(row["ratio"], row["served_s"] / row["one_pass_s"], places=9)
         self.assertAlmostEqual(out["median_served_s"],
                                statistics.median(row["served_s"] for row in rows), places=9)
