@@ -41,19 +41,7 @@ class FakeReceiver {
         tcp::socket socket(io_);
         acceptor_.accept(socket);
         boost::system::error_code ec;
-        std::array<uint8_t, internal::kKvHelloHeaderBytes> hello{};
-        asio::read(socket, asio::buffer(hello), ec);
-        asio::write(socket,
-                    asio::buffer(internal::EncodeKvAckFrame(
-                        0, Status(StatusCode::kOk, internal::KvHostBootId()))),
-                    ec);
-        std::array<uint8_t, internal::kKvOfferFrameHeaderBytes> offer{};
-        asio::read(socket, asio::buffer(offer), ec);
-        Result<internal::DecodedKvOfferHeader> decoded = internal::DecodeKvOfferFrameHeader(offer);
-        if (!decoded.ok()) return;
-        std::string name(decoded->name_bytes, '\0');
-        asio::read(socket, asio::buffer(name), ec);
-        asio::write(socket, asio::buffer(internal::EncodeKvAckFrame(0, Status::Ok())), ec);
+        if (!AcceptHelloAndRegion(socket, ec)) return;
         std::vector<uint8_t> frames(read_bytes);
         asio::read(socket, asio::buffer(frames), ec);
         if (then == Then::kClose) return;  // the socket closes as the thread ends

@@ -184,19 +184,7 @@ TEST(KvShm, ADeadlinePassesCleanlyAndTheRegionGoesWithTheConnection) {
         tcp::socket socket(io);
         acceptor.accept(socket);
         boost::system::error_code ec;
-        std::array<uint8_t, internal::kKvHelloHeaderBytes> hello{};
-        asio::read(socket, asio::buffer(hello), ec);
-        asio::write(socket,
-                    asio::buffer(internal::EncodeKvAckFrame(
-                        0, Status(StatusCode::kOk, internal::KvHostBootId()))),
-                    ec);
-        std::array<uint8_t, internal::kKvOfferFrameHeaderBytes> offer{};
-        asio::read(socket, asio::buffer(offer), ec);
-        Result<internal::DecodedKvOfferHeader> decoded = internal::DecodeKvOfferFrameHeader(offer);
-        if (!decoded.ok()) return;
-        std::string name(decoded->name_bytes, '\0');
-        asio::read(socket, asio::buffer(name), ec);
-        asio::write(socket, asio::buffer(internal::EncodeKvAckFrame(0, Status::Ok())), ec);
+        if (!AcceptHelloAndRegion(socket, ec)) return;
         std::array<uint8_t, 4096> sink{};
         while (!ec) socket.read_some(asio::buffer(sink), ec);  // until the sender gives up
     });

@@ -1,8 +1,8 @@
 // Helpers shared by the shared-memory KV path's tests (kv_shm_test.cc, kv_shm_refusal_test.cc,
-// kv_shm_dead_peer_test.cc): large pieces of one shape, a region of the smallest size, and counts
-// of this process's region descriptors, region mappings and open descriptors, which the tests
-// compare before and after, and RawSender, a sender on a raw socket that offers a region of its
-// own making. Builds on kv_transport_test_util.h (In, Tcp).
+// kv_shm_dead_peer_test.cc): large pieces of one shape, a region of the smallest size, counts of
+// this process's region descriptors, region mappings and open descriptors (the tests compare them
+// before and after), a hand-written receiver's handshake, and RawSender, a sender on a raw socket
+// that offers a region of its own making. Builds on kv_transport_test_util.h (In, Tcp).
 #pragma once
 
 #include <dirent.h>
@@ -90,6 +90,26 @@ inline bool SameHostPathAvailable() {
     Result<internal::KvShmSenderRegion> probe =
         internal::KvShmSenderRegion::Create(internal::kMinKvShmRegionBytes);
     return probe.ok();
+}
+
+// A hand-written receiver's side of the handshake on an accepted `socket`: reads the hello and
+// answers it with this host's boot id, then reads the sender's offer of a region and accepts it.
+// False when the offer does not decode; I/O errors land in `ec` (a test reads on until it is set).
+inline bool AcceptHelloAndRegion(tcp::socket& socket, boost::system::error_code& ec) {
+    std::array<uint8_t, internal::kKvHelloHeaderBytes> hello{};
+    asio::read(socket, asio::buffer(hello), ec);
+    asio::write(socket,
+                asio::buffer(internal::EncodeKvAckFrame(
+                    0, Status(StatusCode::kOk, internal::KvHostBootId()))),
+                ec);
+    std::array<uint8_t, internal::kKvOfferFrameHeaderBytes> offer{};
+    asio::read(socket, asio::buffer(offer), ec);
+    Result<internal::DecodedKvOfferHeader> decoded = internal::DecodeKvOfferFrameHeader(offer);
+    if (!decoded.ok()) return false;
+    std::string name(decoded->name_bytes, '\0');
+    asio::read(socket, asio::buffer(name), ec);
+    asio::write(socket, asio::buffer(internal::EncodeKvAckFrame(0, Status::Ok())), ec);
+    return true;
 }
 
 // A hand-written sender on a raw socket that offers a region of its own making.
