@@ -220,6 +220,29 @@ class ProcessModeTest : public ::testing::Test {
         return Run(**group);
     }
 
+    // A long request on a fresh engine over `executor`; `pid` is killed once its first token came,
+    // and the request must end, with an error, within `bound`. Callers wrap it in
+    // ASSERT_NO_FATAL_FAILURE.
+    void FailARequestByKilling(StepExecutor& executor, pid_t pid, milliseconds bound) {
+        auto engine = Engine(executor);
+        auto sink = std::make_shared<Sink>();
+        ASSERT_TRUE(engine->Submit(Request("long", "Once upon a time", 400, true), sink).ok());
+        ASSERT_TRUE(sink->WaitFirstToken());
+        ASSERT_EQ(kill(pid, SIGKILL), 0);
+        ASSERT_TRUE(sink->WaitDone(bound)) << "the request hangs";
+        EXPECT_FALSE(sink->status().ok());
+        engine->Stop();
+    }
+
+    // Whether `instance` came back healthy at epoch 2 after one restart (within WaitFor's bound).
+    // restarts() counts once Reform returned, a moment after the epoch changed.
+    static bool ReformedOnce(cli::ProcessInstance& instance) {
+        return WaitFor([&] {
+            return instance.executor().Health().ok() && instance.executor().epoch() == 2 &&
+                   instance.restarts() == 1;
+        });
+    }
+
     std::string model_path_;
     std::string binary_;
     std::unique_ptr<LocalModel> model_;

@@ -151,20 +151,9 @@ TEST_F(ProcessModeTest, GlooTp2InstanceKilledUnderAStepIsReformed) {
     RemoteStepExecutor& executor = (*instance)->executor();
     const std::vector<pid_t> ranks = (*instance)->worker_pids();
     ASSERT_EQ(ranks.size(), 2u);
-    {
-        auto engine = Engine(executor);
-        auto sink = std::make_shared<Sink>();
-        ASSERT_TRUE(engine->Submit(Request("long", "Once upon a time", 400, true), sink).ok());
-        ASSERT_TRUE(sink->WaitFirstToken());
-        ASSERT_EQ(kill(ranks[1], SIGKILL), 0);
-        ASSERT_TRUE(sink->WaitDone(milliseconds(30'000))) << "the request hangs";
-        EXPECT_FALSE(sink->status().ok());
-        engine->Stop();
-    }
-    ASSERT_TRUE(WaitFor([&] {
-        return executor.Health().ok() && executor.epoch() == 2 && (*instance)->restarts() == 1;
-    })) << executor.Health().ToString()
-        << "; last failure " << (*instance)->last_failure().ToString();
+    ASSERT_NO_FATAL_FAILURE(FailARequestByKilling(executor, ranks[1], milliseconds(30'000)));
+    ASSERT_TRUE(ReformedOnce(**instance)) << executor.Health().ToString() << "; last failure "
+                                          << (*instance)->last_failure().ToString();
     EXPECT_TRUE(Reaped(ranks[0]));
     EXPECT_TRUE(Reaped(ranks[1]));
     EXPECT_EQ(Run(executor), EmbeddedReference());
@@ -198,21 +187,9 @@ TEST_F(ProcessModeTest, MpiTp2InstanceKilledUnderAStepIsReformed) {
         ranks = ChildrenOf(mpirun);
         return ranks.size() >= 2;
     }));
-    {
-        auto engine = Engine(executor);
-        auto sink = std::make_shared<Sink>();
-        ASSERT_TRUE(engine->Submit(Request("long", "Once upon a time", 400, true), sink).ok());
-        ASSERT_TRUE(sink->WaitFirstToken());
-        ASSERT_EQ(kill(ranks.back(), SIGKILL), 0);
-        ASSERT_TRUE(sink->WaitDone(milliseconds(60'000))) << "the request hangs";
-        EXPECT_FALSE(sink->status().ok());
-        engine->Stop();
-    }
-    // (restarts() counts once Reform returned, a moment after the epoch changed.)
-    ASSERT_TRUE(WaitFor([&] {
-        return executor.Health().ok() && executor.epoch() == 2 && (*instance)->restarts() == 1;
-    })) << executor.Health().ToString()
-        << "; last failure " << (*instance)->last_failure().ToString();
+    ASSERT_NO_FATAL_FAILURE(FailARequestByKilling(executor, ranks.back(), milliseconds(60'000)));
+    ASSERT_TRUE(ReformedOnce(**instance)) << executor.Health().ToString() << "; last failure "
+                                          << (*instance)->last_failure().ToString();
     EXPECT_TRUE(Reaped(mpirun));
     EXPECT_EQ(executor.kv_endpoints().size(), 2u);
     EXPECT_EQ(Run(executor), EmbeddedReference());
