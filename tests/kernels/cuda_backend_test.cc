@@ -106,20 +106,11 @@ TEST_F(CudaBackendGpuTest, KvBytesAndSplitAttentionMatchTheCpu) {
         const int64_t bs = 16, heads = 8, kv_heads = 2, hd = 128, layers = 1;
         const std::vector<int32_t> ctx = {1000, 37, 300}, news = {1, 1, 45};
         const PagedLayout layout = LayOutPaged(ctx, news, bs);
-        const int64_t block_bytes = layers * cpu::PagedLayerBytes(storage, bs, kv_heads, hd);
-        std::vector<uint8_t> cpu_pool(static_cast<size_t>(layout.blocks * block_bytes), 0);
-        auto* gpu_pool = Put(cpu_pool);
-        const int64_t kvw = kv_heads * hd;
-        const std::vector<float> k = Random(layout.total * kvw, 1, 2.0f),
-                                 v = Random(layout.total * kvw, 2);
-        const PagedKvLayer cpu_kv =
-            cpu::MakePagedKvLayer(cpu_pool.data(), block_bytes, 0, storage, bs, kv_heads, hd);
-        const PagedKvLayer gpu_kv =
-            cpu::MakePagedKvLayer(gpu_pool, block_bytes, 0, storage, bs, kv_heads, hd);
-        cpu_->KvWrite(cpu_kv, k.data(), v.data(), kvw, layout.slots.data(), layout.total);
-        gpu_->KvWrite(gpu_kv, Put(k), Put(v), kvw, Put(layout.slots), layout.total);
-        const std::vector<uint8_t> got_pool = Get(gpu_pool, cpu_pool.size());
-        EXPECT_EQ(0, std::memcmp(got_pool.data(), cpu_pool.data(), cpu_pool.size()))
+        const KvPools pools = WriteSameKv(layout, storage, bs, kv_heads, hd, 1, 2, layers);
+        const PagedKvLayer& cpu_kv = pools.cpu_kv;
+        const PagedKvLayer& gpu_kv = pools.gpu_kv;
+        const std::vector<uint8_t> got_pool = Get(pools.gpu_pool, pools.cpu_pool.size());
+        EXPECT_EQ(0, std::memcmp(got_pool.data(), pools.cpu_pool.data(), pools.cpu_pool.size()))
             << "storage " << KvDtypeName(storage);
 
         const int64_t rows = layout.query_starts.back();
@@ -155,18 +146,9 @@ TEST_F(CudaBackendGpuTest, PrefillTilesMatchTheCpuAtEveryHeadDim) {
             const int64_t bs = 16, heads = sh.heads, kv_heads = sh.kv_heads, hd = sh.hd;
             const std::vector<int32_t> ctx = {500, 90, 333}, news = {200, 1, 333};
             const PagedLayout layout = LayOutPaged(ctx, news, bs);
-            const int64_t block_bytes = cpu::PagedLayerBytes(storage, bs, kv_heads, hd);
-            std::vector<uint8_t> cpu_pool(static_cast<size_t>(layout.blocks * block_bytes), 0);
-            auto* gpu_pool = Put(cpu_pool);
-            const int64_t kvw = kv_heads * hd;
-            const std::vector<float> k = Random(layout.total * kvw, 11, 2.0f),
-                                     v = Random(layout.total * kvw, 12);
-            const PagedKvLayer cpu_kv =
-                cpu::MakePagedKvLayer(cpu_pool.data(), block_bytes, 0, storage, bs, kv_heads, hd);
-            const PagedKvLayer gpu_kv =
-                cpu::MakePagedKvLayer(gpu_pool, block_bytes, 0, storage, bs, kv_heads, hd);
-            cpu_->KvWrite(cpu_kv, k.data(), v.data(), kvw, layout.slots.data(), layout.total);
-            gpu_->KvWrite(gpu_kv, Put(k), Put(v), kvw, Put(layout.slots), layout.total);
+            const KvPools pools = WriteSameKv(layout, storage, bs, kv_heads, hd, 11, 12);
+            const PagedKvLayer& cpu_kv = pools.cpu_kv;
+            const PagedKvLayer& gpu_kv = pools.gpu_kv;
             const int64_t rows = layout.query_starts.back();
             const std::vector<float> q = Random(rows * heads * hd, 13);
             for (int64_t window : {0, 77}) {

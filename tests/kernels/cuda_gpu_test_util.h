@@ -1,6 +1,7 @@
 // What the CUDA backend's GPU suites (cuda_backend_test.cc, cuda_prefill_tc_test.cc) share: random
 // operands, the relative L2 error they bound, a fixture with a CUDA backend and the CPU backend it
-// is checked against (it skips without a device), and sequences laid out in a paged KV pool.
+// is checked against (it skips without a device), and sequences laid out in a paged KV pool that
+// both backends write the same K/V into.
 // CUDA builds only.
 #pragma once
 
@@ -105,6 +106,31 @@ class CudaGpuTest : public ::testing::Test {
         KV_CHECK(gpu_->CopyToHost(out.data(), dev, n * sizeof(T)).ok());
         const Status st = gpu_->Synchronize();
         KV_CHECK(st.ok()) << st.ToString();
+        return out;
+    }
+
+    // A pool of `layout`'s blocks on each backend (zeroed, `layers` layers of `storage`; layer 0
+    // viewed) and the same K/V rows written into both by their own KvWrite: K uniform in [-2, 2)
+    // from `k_seed`, V in [-1, 1) from `v_seed`.
+    struct KvPools {
+        std::vector<uint8_t> cpu_pool;  // cpu_kv points into it (a move keeps it there)
+        uint8_t* gpu_pool = nullptr;
+        PagedKvLayer cpu_kv, gpu_kv;
+    };
+    KvPools WriteSameKv(const PagedLayout& layout, KvDtype storage, int64_t bs, int64_t kv_heads,
+                        int64_t hd, uint32_t k_seed, uint32_t v_seed, int64_t layers = 1) {
+        KvPools out;
+        const int64_t block_bytes = layers * cpu::PagedLayerBytes(storage, bs, kv_heads, hd);
+        out.cpu_pool.assign(static_cast<size_t>(layout.blocks * block_bytes), 0);
+        out.gpu_pool = Put(out.cpu_pool);
+        const int64_t kvw = kv_heads * hd;
+        const std::vector<float> k = Random(layout.total * kvw, k_seed, 2.0f),
+                                 v = Random(layout.total * kvw, v_seed);
+        out.cpu_kv =
+            cpu::MakePagedKvLayer(out.cpu_pool.data(), block_bytes, 0, storage, bs, kv_heads, hd);
+        out.gpu_kv = cpu::MakePagedKvLayer(out.gpu_pool, block_bytes, 0, storage, bs, kv_heads, hd);
+        cpu_->KvWrite(out.cpu_kv, k.data(), v.data(), kvw, layout.slots.data(), layout.total);
+        gpu_->KvWrite(out.gpu_kv, Put(k), Put(v), kvw, Put(layout.slots), layout.total);
         return out;
     }
 

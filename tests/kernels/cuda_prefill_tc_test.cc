@@ -46,18 +46,9 @@ TEST_F(CudaPrefillTcGpuTest, TensorCoreTilesMatchTheCpuWithinTheBf16Bound) {
             const int64_t bs = 16, heads = sh.heads, kv_heads = sh.kv_heads, hd = sh.hd;
             const std::vector<int32_t> ctx = {500, 90, 333}, news = {200, 1, 333};
             const PagedLayout layout = LayOutPaged(ctx, news, bs);
-            const int64_t block_bytes = cpu::PagedLayerBytes(storage, bs, kv_heads, hd);
-            std::vector<uint8_t> cpu_pool(static_cast<size_t>(layout.blocks * block_bytes), 0);
-            auto* gpu_pool = Put(cpu_pool);
-            const int64_t kvw = kv_heads * hd;
-            const std::vector<float> k = Random(layout.total * kvw, 21, 2.0f),
-                                     v = Random(layout.total * kvw, 22);
-            const PagedKvLayer cpu_kv =
-                cpu::MakePagedKvLayer(cpu_pool.data(), block_bytes, 0, storage, bs, kv_heads, hd);
-            const PagedKvLayer gpu_kv =
-                cpu::MakePagedKvLayer(gpu_pool, block_bytes, 0, storage, bs, kv_heads, hd);
-            cpu_->KvWrite(cpu_kv, k.data(), v.data(), kvw, layout.slots.data(), layout.total);
-            gpu_->KvWrite(gpu_kv, Put(k), Put(v), kvw, Put(layout.slots), layout.total);
+            const KvPools pools = WriteSameKv(layout, storage, bs, kv_heads, hd, 21, 22);
+            const PagedKvLayer& cpu_kv = pools.cpu_kv;
+            const PagedKvLayer& gpu_kv = pools.gpu_kv;
             std::vector<int32_t> kv_of_q;
             for (int64_t h = 0; h < heads; ++h) kv_of_q.push_back(int32_t(h % kv_heads));
             const int32_t* cpu_map = sh.interleaved ? kv_of_q.data() : nullptr;
