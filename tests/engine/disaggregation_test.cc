@@ -21,7 +21,51 @@
 namespace kvshard::disagg_test {
 namespace {
 
-class Disaggregation : public DisaggregationFixture {};
+class Disaggregation : public DisaggregationFixture {
+  protected:
+    // The tokens of `prompts` (16 each, one by one) on a mixed tp 1 instance without prefix
+    // caching; the same again with it on must give them and read at least `min_cached_tokens`
+    // from the cache. Leaves prefix caching on.
+    std::vector<std::vector<int32_t>> UncachedThenCached(
+        const std::vector<std::vector<int32_t>>& prompts, int64_t min_cached_tokens,
+        const SamplingParams& sampling = {}) {
+        prefix_caching_ = false;
+        std::vector<std::vector<int32_t>> expected;
+        {
+            Instance mixed = Make("mixed", PoolRole::kMixed, 1);
+            expected = Run(*mixed.engine, prompts, 16, /*concurrent=*/false, sampling);
+        }
+        prefix_caching_ = true;
+        {
+            Instance mixed = Make("mixed", PoolRole::kMixed, 1);
+            EXPECT_EQ(Run(*mixed.engine, prompts, 16, /*concurrent=*/false, sampling), expected)
+                << "prefix cache on";
+            ExpectClean(mixed);
+            EXPECT_GE(mixed.engine->BlockStats().prompt_tokens_from_cache, min_cached_tokens);
+        }
+        return expected;
+    }
+
+    // Every handoff pairing the invariance tests cover (prefill tp 1 -> decode tp 1 layerwise,
+    // 2 -> 1, 1 -> 2): `prompts`, 16 tokens each and all at once, give `expected`. Callers wrap it
+    // in ASSERT_NO_FATAL_FAILURE.
+    void ExpectEveryPairingGives(const std::vector<std::vector<int32_t>>& prompts,
+                                 const std::vector<std::vector<int32_t>>& expected,
+                                 const SamplingParams& sampling = {}) {
+        for (auto [prefill_tp, decode_tp, layerwise] :
+             {std::tuple{1, 1, true}, std::tuple{2, 1, false}, std::tuple{1, 2, false}}) {
+            Instance decode = Make("decode", PoolRole::kDecode, decode_tp);
+            Instance prefill = Make("prefill", PoolRole::kPrefill, prefill_tp, 10'000, layerwise);
+            Result<std::unique_ptr<Router>> router =
+                Router::Create({prefill.engine.get(), decode.engine.get()});
+            ASSERT_TRUE(router.ok()) << router.status().ToString();
+            EXPECT_EQ(Run(**router, prompts, 16, /*concurrent=*/true, sampling), expected)
+                << "prefill tp " << prefill_tp << " -> decode tp " << decode_tp;
+            ExpectClean(prefill);
+            ExpectClean(decode);
+        }
+    }
+};
 
 struct PairCase {
     const char* name;
@@ -115,32 +159,8 @@ TEST_F(Disaggregation, Bf16KvKeepsTheColocatedTokensWithPrefixCacheAndHandoff) {
         ExpectClean(prefill);
         ExpectClean(decode);
     }
-    prefix_caching_ = false;
-    std::vector<std::vector<int32_t>> expected;
-    {
-        Instance mixed = Make("mixed", PoolRole::kMixed, 1);
-        expected = Run(*mixed.engine, prompts, 16, /*concurrent=*/false);
-    }
-    prefix_caching_ = true;
-    {
-        Instance mixed = Make("mixed", PoolRole::kMixed, 1);
-        EXPECT_EQ(Run(*mixed.engine, prompts, 16, /*concurrent=*/false), expected)
-            << "prefix cache on";
-        ExpectClean(mixed);
-        EXPECT_GE(mixed.engine->BlockStats().prompt_tokens_from_cache, 7 * 48);
-    }
-    for (auto [prefill_tp, decode_tp, layerwise] :
-         {std::tuple{1, 1, true}, std::tuple{2, 1, false}, std::tuple{1, 2, false}}) {
-        Instance decode = Make("decode", PoolRole::kDecode, decode_tp);
-        Instance prefill = Make("prefill", PoolRole::kPrefill, prefill_tp, 10'000, layerwise);
-        Result<std::unique_ptr<Router>> router =
-            Router::Create({prefill.engine.get(), decode.engine.get()});
-        ASSERT_TRUE(router.ok()) << router.status().ToString();
-        EXPECT_EQ(Run(**router, prompts, 16, /*concurrent=*/true), expected)
-            << "prefill tp " << prefill_tp << " -> decode tp " << decode_tp;
-        ExpectClean(prefill);
-        ExpectClean(decode);
-    }
+    const std::vector<std::vector<int32_t>> expected = UncachedThenCached(prompts, 7 * 48);
+    ASSERT_NO_FATAL_FAILURE(ExpectEveryPairingGives(prompts, expected));
     EXPECT_EQ(observer_.transfers.load(), 1 + 3 * 8);
     EXPECT_EQ(observer_.failures.load(), 0);
 }
@@ -402,33 +422,10 @@ TEST_P(DisaggregationArchs, PrefixCacheAndHandoffKeepTheColocatedTokens) {
     SamplingParams sampling;
     sampling.temperature = 1.0f;
     sampling.seed = 7;
-    prefix_caching_ = false;
-    std::vector<std::vector<int32_t>> expected;
-    {
-        Instance mixed = Make("mixed", PoolRole::kMixed, 1);
-        expected = Run(*mixed.engine, prompts, 16, /*concurrent=*/false, sampling);
-    }
-    prefix_caching_ = true;
-    {
-        Instance mixed = Make("mixed", PoolRole::kMixed, 1);
-        EXPECT_EQ(Run(*mixed.engine, prompts, 16, /*concurrent=*/false, sampling), expected)
-            << "prefix cache on";
-        ExpectClean(mixed);
-        // Each prompt after the first reads the two full blocks of the shared prefix.
-        EXPECT_GE(mixed.engine->BlockStats().prompt_tokens_from_cache, 7 * 32);
-    }
-    for (auto [prefill_tp, decode_tp, layerwise] :
-         {std::tuple{1, 1, true}, std::tuple{2, 1, false}, std::tuple{1, 2, false}}) {
-        Instance decode = Make("decode", PoolRole::kDecode, decode_tp);
-        Instance prefill = Make("prefill", PoolRole::kPrefill, prefill_tp, 10'000, layerwise);
-        Result<std::unique_ptr<Router>> router =
-            Router::Create({prefill.engine.get(), decode.engine.get()});
-        ASSERT_TRUE(router.ok()) << router.status().ToString();
-        EXPECT_EQ(Run(**router, prompts, 16, /*concurrent=*/true, sampling), expected)
-            << "prefill tp " << prefill_tp << " -> decode tp " << decode_tp;
-        ExpectClean(prefill);
-        ExpectClean(decode);
-    }
+    // Each prompt after the first reads the two full blocks of the shared prefix.
+    const std::vector<std::vector<int32_t>> expected =
+        UncachedThenCached(prompts, 7 * 32, sampling);
+    ASSERT_NO_FATAL_FAILURE(ExpectEveryPairingGives(prompts, expected, sampling));
     EXPECT_EQ(observer_.transfers.load(), 3 * 8);
     EXPECT_EQ(observer_.failures.load(), 0);
 }
