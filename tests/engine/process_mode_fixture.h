@@ -145,6 +145,17 @@ class ProcessModeTest : public ::testing::Test {
         return *c;
     }
 
+    // A serve config whose instances take external workers presenting `token` (the registry
+    // given to the cli:: functions is the one used, whatever the port says), with `workers_yaml`
+    // (lines of the workers: section, each "  key: value\n") after it.
+    Result<ServerConfig> ExternalConfig(const std::string& token, const std::string& workers_yaml) {
+        return ParseServerConfig("model: " + model_path_ +
+                                     "\nlog_level: warn\nworkers:\n  mode: processes\n  launcher: "
+                                     "external\n  port: 1\n  token: " +
+                                     token + "\n" + workers_yaml,
+                                 "test.yaml");
+    }
+
     cli::ProcessInstanceSpec Spec(int tp, const std::string& model_path = "") {
         cli::ProcessInstanceSpec s;
         s.instance_id = "test";

@@ -197,14 +197,10 @@ TEST_F(ProcessModeTest, ExternalWorkersNeedTheTokenAndTheirReplacementReformsThe
     };
 
     // external needs a fixed port and the token; the registry given below is the one used.
-    Result<ServerConfig> parsed = ParseServerConfig(
-        "model: " + model_path_ +
-            "\nlog_level: warn\nworkers:\n  mode: processes\n  launcher: external\n  port: "
-            "1\n  token: " +
-            token +
-            "\n  heartbeat_interval_ms: 200\n  dead_after_ms: 1000\n  register_timeout_ms: "
-            "60000\n  restart_limit: 2\n  restart_backoff_ms: 100\n",
-        "test.yaml");
+    Result<ServerConfig> parsed = ExternalConfig(
+        token,
+        "  heartbeat_interval_ms: 200\n  dead_after_ms: 1000\n  register_timeout_ms: 60000\n"
+        "  restart_limit: 2\n  restart_backoff_ms: 100\n");
     ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
     const ServerConfig config = *parsed;
     Result<std::unique_ptr<cli::ProcessInstance>> instance = Internal("not started");

@@ -66,14 +66,10 @@ TEST_F(ProcessModeTest, GlooTp2ExternalWorkersGetRanksFromTheCoordinator) {
     Result<std::unique_ptr<WorkerRegistry>> started = WorkerRegistry::Start(ro);
     ASSERT_TRUE(started.ok()) << started.status().ToString();
     std::shared_ptr<WorkerRegistry> registry = std::move(*started);
-    Result<ServerConfig> parsed = ParseServerConfig(
-        "model: " + model_path_ +
-            "\nlog_level: warn\nworkers:\n  mode: processes\n  launcher: external\n  port: 1\n"
-            "  token: " +
-            token +
-            "\n  heartbeat_interval_ms: 200\n  dead_after_ms: 2000\n  register_timeout_ms: "
-            "60000\n  restart_limit: 0\n",
-        "test.yaml");
+    Result<ServerConfig> parsed = ExternalConfig(
+        token,
+        "  heartbeat_interval_ms: 200\n  dead_after_ms: 2000\n  register_timeout_ms: 60000\n"
+        "  restart_limit: 0\n");
     ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
     const ServerConfig config = *parsed;
     Result<std::unique_ptr<cli::ProcessInstance>> instance = Internal("not started");
@@ -114,12 +110,8 @@ TEST_F(ProcessModeTest, GlooTp2InstanceWithAMissingRankFailsNamingIt) {
     Result<std::unique_ptr<WorkerRegistry>> started = WorkerRegistry::Start(ro);
     ASSERT_TRUE(started.ok()) << started.status().ToString();
     std::shared_ptr<WorkerRegistry> registry = std::move(*started);
-    Result<ServerConfig> parsed = ParseServerConfig(
-        "model: " + model_path_ +
-            "\nlog_level: warn\nworkers:\n  mode: processes\n  launcher: external\n  port: 1\n"
-            "  token: " +
-            token + "\n  register_timeout_ms: 8000\n  restart_limit: 0\n",
-        "test.yaml");
+    Result<ServerConfig> parsed =
+        ExternalConfig(token, "  register_timeout_ms: 8000\n  restart_limit: 0\n");
     ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
     const auto began = SteadyClock::now();
     Result<std::unique_ptr<cli::ProcessInstance>> instance = Internal("not started");
