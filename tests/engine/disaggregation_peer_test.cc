@@ -7,148 +7,39 @@
 // deadline and the request decodes on its prefill instance, as with a dead peer.
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "coordinator/engine.h"
 #include "coordinator/router.h"
-#include "kv/kv_cache_groups.h"
-#include "model/model_file.h"
-#include "model/tokenizer.h"
-#include "tests/engine/collecting_sink.h"
+#include "tests/engine/disaggregation_fixture.h"
 #include "tests/test_util.h"
 #include "worker/kv_peer_exchange.h"
-#include "worker/tp_group.h"
 
-namespace kvshard {
+namespace kvshard::disagg_test {
 namespace {
 
-class CountingObserver : public EngineObserver {
-  public:
-    void OnFirstToken(const std::string&, double) override {}
-    void OnInterToken(const std::string&, double) override {}
-    void OnKvTransfer(int64_t bytes, double) override {
-        transfers++;
-        bytes_total += bytes;
-    }
-    void OnKvTransferFailed(const Status& status) override {
-        failures++;
-        if (status.code() == StatusCode::kDeadlineExceeded) deadline_failures++;
-    }
-    std::atomic<int64_t> transfers{0}, bytes_total{0}, failures{0}, deadline_failures{0};
-};
-
-struct Instance {
-    std::unique_ptr<TpGroup> group;
-    std::unique_ptr<InstanceEngine> engine;
-};
-
-class PeerDisaggregation : public ::testing::Test {
+// stories260K, with the fixture's instances on the peer path where an exchange is given.
+class PeerDisaggregation : public DisaggregationFixture {
   protected:
     void SetUp() override {
         const std::string path = testing::SharedModel("stories260K/stories260K.bin");
         KV_REQUIRE_FIXTURE(path, "stories260K.bin");
-        Result<std::unique_ptr<ModelFile>> m = OpenModel(path);
-        ASSERT_TRUE(m.ok()) << m.status().ToString();
-        file_ = std::move(*m);
-        Result<std::unique_ptr<Tokenizer>> t = Tokenizer::Create(file_->tokenizer_data());
-        ASSERT_TRUE(t.ok());
-        tokenizer_ = std::move(*t);
+        prompt_words_ = {"Once upon a time", "The little dog", "Lily and Tom went",
+                         "One day, a big bird", "The sun was hot and"};
+        Load(path);
     }
 
     // An instance of `tp` rank threads; `exchange` null: the host-staged path.
     Instance Make(const std::string& name, PoolRole role, int tp,
                   std::shared_ptr<KvPeerExchange> exchange, bool layerwise = false,
                   int64_t timeout_ms = 10'000) {
-        TpGroupConfig tc;
-        tc.tp = tp;
-        tc.threads_per_rank = 1;
-        tc.runner.max_context = 512;
-        tc.runner.block_size = 16;
-        tc.runner.num_kv_blocks = 256;
-        tc.kv_transport_name = "peer-" + name + "-" + std::to_string(++counter_);
-        tc.peer_exchange = std::move(exchange);
-        Result<std::unique_ptr<TpGroup>> g = TpGroup::Create(*file_, tc);
-        EXPECT_TRUE(g.ok()) << g.status().ToString();
-        Instance out;
-        out.group = std::move(*g);
-        InstanceEngineConfig c;
-        c.name = name;
-        c.pool = std::string(PoolRoleName(role));
-        c.role = role;
-        c.tp = tp;
-        c.kv_endpoints = out.group->kv_endpoints();
-        c.handoff.layerwise = layerwise;
-        c.handoff.timeout_ms = timeout_ms;
-        c.observer = &observer_;
-        c.scheduler.max_num_seqs = 64;
-        c.scheduler.max_num_batched_tokens = 256;
-        c.blocks.num_blocks = 256;
-        c.blocks.block_size = 16;
-        c.blocks.group_windows =
-            kv::MakeKvCacheGroups(kv::LayerWindows(file_->spec()))->BlockManagerWindows();
-        c.max_context = 512;
-        if (tokenizer_->eos_id() >= 0) c.stop_token_ids.push_back(tokenizer_->eos_id());
-        out.engine = std::make_unique<InstanceEngine>(c, *tokenizer_, *out.group);
-        out.engine->Start();
-        return out;
+        InstanceOptions o;
+        o.timeout_ms = timeout_ms;
+        o.layerwise = layerwise;
+        o.peer_exchange = std::move(exchange);
+        return MakeWith(name, role, tp, o);
     }
-
-    std::vector<std::vector<int32_t>> Prompts(int count) const {
-        const std::vector<std::string> words = {"Once upon a time", "The little dog",
-                                                "Lily and Tom went", "One day, a big bird",
-                                                "The sun was hot and"};
-        std::vector<std::vector<int32_t>> out;
-        for (int i = 0; i < count; ++i) {
-            std::string text = words[static_cast<size_t>(i) % words.size()];
-            for (int k = 0; k < i / int(words.size()); ++k) text += " and then they played again";
-            out.push_back(tokenizer_->Encode(text, {.add_bos = tokenizer_->data().add_bos}));
-        }
-        return out;
-    }
-
-    std::vector<std::vector<int32_t>> Run(Engine& engine,
-                                          const std::vector<std::vector<int32_t>>& prompts,
-                                          int64_t max_tokens, bool concurrent) {
-        std::vector<std::shared_ptr<CollectingSink>> sinks;
-        for (const std::vector<int32_t>& p : prompts) {
-            GenerationRequest r;
-            r.request_id = "peer-req-" + std::to_string(++request_counter_);
-            r.prompt_token_ids = p;
-            r.max_tokens = max_tokens;
-            r.ignore_eos = true;
-            sinks.push_back(std::make_shared<CollectingSink>(1));
-            EXPECT_TRUE(engine.Submit(r, sinks.back()).ok());
-            if (!concurrent) sinks.back()->Wait();
-        }
-        std::vector<std::vector<int32_t>> out;
-        for (auto& s : sinks) {
-            s->Wait();
-            EXPECT_TRUE(s->status_.ok()) << s->status_.ToString();
-            out.push_back(s->ids_[0]);
-        }
-        return out;
-    }
-
-    std::vector<std::vector<int32_t>> Colocated(const std::vector<std::vector<int32_t>>& prompts,
-                                                int64_t max_tokens) {
-        Instance mixed = Make("mixed", PoolRole::kMixed, 1, nullptr);
-        return Run(*mixed.engine, prompts, max_tokens, /*concurrent=*/false);
-    }
-
-    static void ExpectClean(Instance& i) {
-        i.engine->Stop();
-        EXPECT_EQ(i.engine->BlockStats().num_used_blocks, 0) << i.engine->config().name;
-        EXPECT_EQ(i.group->kv_staged_bytes(), 0) << i.engine->config().name;
-    }
-
-    std::unique_ptr<ModelFile> file_;
-    std::unique_ptr<Tokenizer> tokenizer_;
-    CountingObserver observer_;
-    int counter_ = 0;
-    int request_counter_ = 0;
 };
 
 struct PeerPair {
@@ -206,11 +97,11 @@ TEST_F(PeerDisaggregation, MissingSourcesFailByTheDeadlineAndTheRequestDecodesOn
     ASSERT_TRUE(router.ok()) << router.status().ToString();
     const auto got = Run(**router, prompts, 8, /*concurrent=*/false);
     EXPECT_EQ(got, expected);
-    EXPECT_EQ(observer_.deadline_failures.load(), 2);
+    EXPECT_EQ(observer_.FailuresWith(StatusCode::kDeadlineExceeded), 2);
     EXPECT_EQ(observer_.transfers.load(), 0);
     ExpectClean(decode);
     ExpectClean(prefill);
 }
 
 }  // namespace
-}  // namespace kvshard
+}  // namespace kvshard::disagg_test

@@ -5,8 +5,6 @@
 // leaks and nothing stays staged.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -15,197 +13,58 @@
 #include <tuple>
 #include <vector>
 
-#include "coordinator/engine.h"
 #include "coordinator/router.h"
-#include "kv/kv_cache_groups.h"
-#include "model/model_file.h"
 #include "model/synthetic_gguf.h"
-#include "model/tokenizer.h"
-#include "tests/engine/collecting_sink.h"
+#include "tests/engine/disaggregation_fixture.h"
 #include "tests/test_util.h"
-#include "worker/tp_group.h"
 
-namespace kvshard {
+namespace kvshard::disagg_test {
 namespace {
 
-class RecordingObserver : public EngineObserver {
-  public:
-    void OnFirstToken(const std::string& pool, double) override {
-        pool == "prefill" ? ttft_prefill++ : ttft_other++;
-        std::lock_guard<std::mutex> lock(mu);
-        first_token_pools.push_back(pool);
-    }
-    void OnInterToken(const std::string&, double) override { itl++; }
-    void OnKvTransfer(int64_t bytes, double) override {
-        transfers++;
-        bytes_total += bytes;
-    }
-    void OnKvTransferFailed(const Status& status) override {
-        failures++;
-        std::lock_guard<std::mutex> lock(mu);
-        failure_codes.push_back(status.code());
-    }
-    // How many failures had `code`.
-    int64_t FailuresWith(StatusCode code) {
-        std::lock_guard<std::mutex> lock(mu);
-        return std::count(failure_codes.begin(), failure_codes.end(), code);
-    }
-    std::atomic<int64_t> ttft_prefill{0}, ttft_other{0}, itl{0}, transfers{0}, bytes_total{0},
-        failures{0};
-    std::mutex mu;
-    std::vector<std::string> first_token_pools;  // guarded by mu
-    std::vector<StatusCode> failure_codes;       // guarded by mu
-};
-
-// Lets a test take an instance's workers down (as a dead worker process would) and up again.
-class DownableExecutor : public StepExecutor {
-  public:
-    explicit DownableExecutor(StepExecutor& inner) : inner_(inner) {}
-    Result<StepResult> Execute(const StepPlan& plan) override {
-        if (down.load()) return Status(StatusCode::kUnavailable, "rank 0: dead");
-        return inner_.Execute(plan);
-    }
-    Status Health() const override {
-        return down.load() ? Status(StatusCode::kUnavailable, "rank 0: dead") : Status::Ok();
-    }
-    uint64_t epoch() const override { return inner_.epoch(); }
-    std::vector<std::string> kv_endpoints() const override { return inner_.kv_endpoints(); }
-    std::atomic<bool> down{false};
-
-  private:
-    StepExecutor& inner_;
-};
-
-struct Instance {
-    std::unique_ptr<TpGroup> group;
-    std::unique_ptr<DownableExecutor> gate;  // between the group and the engine, when asked
-    std::unique_ptr<InstanceEngine> engine;
-};
-
-class Disaggregation : public ::testing::Test {
+class Disaggregation : public DisaggregationFixture {
   protected:
-    void Load(const std::string& path) {
-        Result<std::unique_ptr<ModelFile>> m = OpenModel(path);
-        ASSERT_TRUE(m.ok()) << m.status().ToString();
-        file_ = std::move(*m);
-        Result<std::unique_ptr<Tokenizer>> t = Tokenizer::Create(file_->tokenizer_data());
-        ASSERT_TRUE(t.ok());
-        tokenizer_ = std::move(*t);
-    }
-
-    // An instance with `tp` rank threads and a KV transport named `name`.
-    Instance Make(const std::string& name, PoolRole role, int tp, int64_t timeout_ms = 10'000,
-                  bool layerwise = false, std::vector<std::string> endpoints_override = {},
-                  const std::string& pool = "", bool downable = false) {
-        TpGroupConfig tc;
-        tc.tp = tp;
-        tc.threads_per_rank = 1;
-        tc.runner.max_context = 512;
-        tc.runner.block_size = 16;
-        tc.runner.num_kv_blocks = 256;
-        tc.runner.kv_storage = kv_storage_;
-        tc.kv_transport_name = name + "-" + std::to_string(++counter_);
-        Result<std::unique_ptr<TpGroup>> g = TpGroup::Create(*file_, tc);
-        EXPECT_TRUE(g.ok()) << g.status().ToString();
-        Instance out;
-        out.group = std::move(*g);
-        InstanceEngineConfig c;
-        c.name = name;
-        c.pool = pool.empty() ? std::string(PoolRoleName(role)) : pool;
-        c.role = role;
-        c.tp = tp;
-        c.kv_endpoints =
-            endpoints_override.empty() ? out.group->kv_endpoints() : endpoints_override;
-        c.handoff.layerwise = layerwise;
-        c.handoff.timeout_ms = timeout_ms;
-        c.observer = &observer_;
-        c.scheduler.max_num_seqs = 64;
-        c.scheduler.max_num_batched_tokens = 256;
-        c.blocks.num_blocks = 256;
-        c.blocks.block_size = 16;
-        c.blocks.group_windows =
-            kv::MakeKvCacheGroups(kv::LayerWindows(file_->spec()))->BlockManagerWindows();
-        c.blocks.enable_prefix_caching = prefix_caching_;
-        c.max_context = 512;
-        c.stop_token_ids = StopIds();
-        StepExecutor* executor = out.group.get();
-        if (downable) {
-            out.gate = std::make_unique<DownableExecutor>(*out.group);
-            executor = out.gate.get();
+    // The tokens of `prompts` (16 each, one by one) on a mixed tp 1 instance without prefix
+    // caching; the same again with it on must give them and read at least `min_cached_tokens`
+    // from the cache. Leaves prefix caching on.
+    std::vector<std::vector<int32_t>> UncachedThenCached(
+        const std::vector<std::vector<int32_t>>& prompts, int64_t min_cached_tokens,
+        const SamplingParams& sampling = {}) {
+        prefix_caching_ = false;
+        std::vector<std::vector<int32_t>> expected;
+        {
+            Instance mixed = Make("mixed", PoolRole::kMixed, 1);
+            expected = Run(*mixed.engine, prompts, 16, /*concurrent=*/false, sampling);
         }
-        out.engine = std::make_unique<InstanceEngine>(c, *tokenizer_, *executor);
-        out.engine->Start();
-        return out;
-    }
-
-    std::vector<int32_t> StopIds() const {
-        std::vector<int32_t> ids;
-        if (tokenizer_->eos_id() >= 0) ids.push_back(tokenizer_->eos_id());
-        return ids;
-    }
-
-    std::vector<std::vector<int32_t>> Prompts(int count) const {
-        const std::vector<std::string> words = {"Once upon a time",       "The little dog",
-                                                "Lily and Tom went",      "One day, a big bird",
-                                                "The sun was hot and",    "Sam had a red ball that",
-                                                "In the park there was a"};
-        std::vector<std::vector<int32_t>> out;
-        for (int i = 0; i < count; ++i) {
-            std::string text = words[static_cast<size_t>(i) % words.size()];
-            for (int k = 0; k < i / int(words.size()); ++k) text += " and then they played again";
-            out.push_back(tokenizer_->Encode(text, {.add_bos = tokenizer_->data().add_bos}));
+        prefix_caching_ = true;
+        {
+            Instance mixed = Make("mixed", PoolRole::kMixed, 1);
+            EXPECT_EQ(Run(*mixed.engine, prompts, 16, /*concurrent=*/false, sampling), expected)
+                << "prefix cache on";
+            ExpectClean(mixed);
+            EXPECT_GE(mixed.engine->BlockStats().prompt_tokens_from_cache, min_cached_tokens);
         }
-        return out;
+        return expected;
     }
 
-    // Runs the prompts concurrently (or one by one) through `engine`; returns each one's tokens.
-    std::vector<std::vector<int32_t>> Run(Engine& engine,
-                                          const std::vector<std::vector<int32_t>>& prompts,
-                                          int64_t max_tokens, bool concurrent,
-                                          const SamplingParams& sampling = {}) {
-        std::vector<std::shared_ptr<CollectingSink>> sinks;
-        for (size_t i = 0; i < prompts.size(); ++i) {
-            GenerationRequest r;
-            r.request_id = "req-" + std::to_string(++request_counter_);
-            r.prompt_token_ids = prompts[i];
-            r.max_tokens = max_tokens;
-            r.ignore_eos = true;
-            r.sampling = sampling;
-            r.sampling.seed = sampling.seed + i;
-            sinks.push_back(std::make_shared<CollectingSink>(1));
-            EXPECT_TRUE(engine.Submit(r, sinks.back()).ok());
-            if (!concurrent) sinks.back()->Wait();
+    // Every handoff pairing the invariance tests cover (prefill tp 1 -> decode tp 1 layerwise,
+    // 2 -> 1, 1 -> 2): `prompts`, 16 tokens each and all at once, give `expected`. Callers wrap it
+    // in ASSERT_NO_FATAL_FAILURE.
+    void ExpectEveryPairingGives(const std::vector<std::vector<int32_t>>& prompts,
+                                 const std::vector<std::vector<int32_t>>& expected,
+                                 const SamplingParams& sampling = {}) {
+        for (auto [prefill_tp, decode_tp, layerwise] :
+             {std::tuple{1, 1, true}, std::tuple{2, 1, false}, std::tuple{1, 2, false}}) {
+            Instance decode = Make("decode", PoolRole::kDecode, decode_tp);
+            Instance prefill = Make("prefill", PoolRole::kPrefill, prefill_tp, 10'000, layerwise);
+            Result<std::unique_ptr<Router>> router =
+                Router::Create({prefill.engine.get(), decode.engine.get()});
+            ASSERT_TRUE(router.ok()) << router.status().ToString();
+            EXPECT_EQ(Run(**router, prompts, 16, /*concurrent=*/true, sampling), expected)
+                << "prefill tp " << prefill_tp << " -> decode tp " << decode_tp;
+            ExpectClean(prefill);
+            ExpectClean(decode);
         }
-        std::vector<std::vector<int32_t>> out;
-        for (auto& s : sinks) {
-            s->Wait();
-            EXPECT_TRUE(s->status_.ok()) << s->status_.ToString();
-            EXPECT_EQ(s->usage_.completion_tokens, max_tokens);
-            out.push_back(s->ids_[0]);
-        }
-        return out;
     }
-
-    std::vector<std::vector<int32_t>> Colocated(const std::vector<std::vector<int32_t>>& prompts,
-                                                int64_t max_tokens) {
-        Instance mixed = Make("mixed", PoolRole::kMixed, 1);
-        return Run(*mixed.engine, prompts, max_tokens, /*concurrent=*/false);
-    }
-
-    static void ExpectClean(Instance& i) {
-        i.engine->Stop();
-        const kv::BlockManagerStats s = i.engine->BlockStats();
-        EXPECT_EQ(s.num_used_blocks, 0) << i.engine->config().name;
-        EXPECT_EQ(i.group->kv_staged_bytes(), 0) << i.engine->config().name;
-    }
-
-    std::unique_ptr<ModelFile> file_;
-    std::unique_ptr<Tokenizer> tokenizer_;
-    RecordingObserver observer_;
-    int counter_ = 0;
-    int request_counter_ = 0;
-    bool prefix_caching_ = true;  // of the instances Make builds from now on
-    KvDtype kv_storage_ = KvDtype::kFp32;  // likewise
 };
 
 struct PairCase {
@@ -300,32 +159,8 @@ TEST_F(Disaggregation, Bf16KvKeepsTheColocatedTokensWithPrefixCacheAndHandoff) {
         ExpectClean(prefill);
         ExpectClean(decode);
     }
-    prefix_caching_ = false;
-    std::vector<std::vector<int32_t>> expected;
-    {
-        Instance mixed = Make("mixed", PoolRole::kMixed, 1);
-        expected = Run(*mixed.engine, prompts, 16, /*concurrent=*/false);
-    }
-    prefix_caching_ = true;
-    {
-        Instance mixed = Make("mixed", PoolRole::kMixed, 1);
-        EXPECT_EQ(Run(*mixed.engine, prompts, 16, /*concurrent=*/false), expected)
-            << "prefix cache on";
-        ExpectClean(mixed);
-        EXPECT_GE(mixed.engine->BlockStats().prompt_tokens_from_cache, 7 * 48);
-    }
-    for (auto [prefill_tp, decode_tp, layerwise] :
-         {std::tuple{1, 1, true}, std::tuple{2, 1, false}, std::tuple{1, 2, false}}) {
-        Instance decode = Make("decode", PoolRole::kDecode, decode_tp);
-        Instance prefill = Make("prefill", PoolRole::kPrefill, prefill_tp, 10'000, layerwise);
-        Result<std::unique_ptr<Router>> router =
-            Router::Create({prefill.engine.get(), decode.engine.get()});
-        ASSERT_TRUE(router.ok()) << router.status().ToString();
-        EXPECT_EQ(Run(**router, prompts, 16, /*concurrent=*/true), expected)
-            << "prefill tp " << prefill_tp << " -> decode tp " << decode_tp;
-        ExpectClean(prefill);
-        ExpectClean(decode);
-    }
+    const std::vector<std::vector<int32_t>> expected = UncachedThenCached(prompts, 7 * 48);
+    ASSERT_NO_FATAL_FAILURE(ExpectEveryPairingGives(prompts, expected));
     EXPECT_EQ(observer_.transfers.load(), 1 + 3 * 8);
     EXPECT_EQ(observer_.failures.load(), 0);
 }
@@ -587,33 +422,10 @@ TEST_P(DisaggregationArchs, PrefixCacheAndHandoffKeepTheColocatedTokens) {
     SamplingParams sampling;
     sampling.temperature = 1.0f;
     sampling.seed = 7;
-    prefix_caching_ = false;
-    std::vector<std::vector<int32_t>> expected;
-    {
-        Instance mixed = Make("mixed", PoolRole::kMixed, 1);
-        expected = Run(*mixed.engine, prompts, 16, /*concurrent=*/false, sampling);
-    }
-    prefix_caching_ = true;
-    {
-        Instance mixed = Make("mixed", PoolRole::kMixed, 1);
-        EXPECT_EQ(Run(*mixed.engine, prompts, 16, /*concurrent=*/false, sampling), expected)
-            << "prefix cache on";
-        ExpectClean(mixed);
-        // Each prompt after the first reads the two full blocks of the shared prefix.
-        EXPECT_GE(mixed.engine->BlockStats().prompt_tokens_from_cache, 7 * 32);
-    }
-    for (auto [prefill_tp, decode_tp, layerwise] :
-         {std::tuple{1, 1, true}, std::tuple{2, 1, false}, std::tuple{1, 2, false}}) {
-        Instance decode = Make("decode", PoolRole::kDecode, decode_tp);
-        Instance prefill = Make("prefill", PoolRole::kPrefill, prefill_tp, 10'000, layerwise);
-        Result<std::unique_ptr<Router>> router =
-            Router::Create({prefill.engine.get(), decode.engine.get()});
-        ASSERT_TRUE(router.ok()) << router.status().ToString();
-        EXPECT_EQ(Run(**router, prompts, 16, /*concurrent=*/true, sampling), expected)
-            << "prefill tp " << prefill_tp << " -> decode tp " << decode_tp;
-        ExpectClean(prefill);
-        ExpectClean(decode);
-    }
+    // Each prompt after the first reads the two full blocks of the shared prefix.
+    const std::vector<std::vector<int32_t>> expected =
+        UncachedThenCached(prompts, 7 * 32, sampling);
+    ASSERT_NO_FATAL_FAILURE(ExpectEveryPairingGives(prompts, expected, sampling));
     EXPECT_EQ(observer_.transfers.load(), 3 * 8);
     EXPECT_EQ(observer_.failures.load(), 0);
 }
@@ -625,4 +437,4 @@ INSTANTIATE_TEST_SUITE_P(Archs, DisaggregationArchs,
 TEST(RouterCreate, RefusesAnEmptyCluster) { EXPECT_FALSE(Router::Create({}).ok()); }
 
 }  // namespace
-}  // namespace kvshard
+}  // namespace kvshard::disagg_test

@@ -19,9 +19,7 @@
 #include "kernels/cpu_backend.h"
 #include "kernels/cuda/synthetic_decode.h"
 #include "kernels/paged_attention.h"
-#if KVSHARD_WITH_CUDA
-#include "kernels/cuda/cuda_backend.h"
-#endif
+#include "tests/kernels/cuda_gpu_test_util.h"
 
 namespace kvshard {
 namespace {
@@ -45,8 +43,14 @@ TEST(CudaBackendFactoryTest, RefusedWithAClearErrorWithoutADevice) {
 }
 
 cuda::DecodeShape TinyShape() {
-    return {.layers = 2, .hidden = 64, .heads = 4, .kv_heads = 2, .head_dim = 16, .ffn = 96,
-            .vocab = 50, .block_size = 4};
+    return {.layers = 2,
+            .hidden = 64,
+            .heads = 4,
+            .kv_heads = 2,
+            .head_dim = 16,
+            .ffn = 96,
+            .vocab = 50,
+            .block_size = 4};
 }
 
 // The synthetic decode step the GPU benchmark times runs the runner's ops on the CPU backend:
@@ -71,63 +75,26 @@ TEST(SyntheticDecodeTest, RunsADecodeStepOnTheCpuBackend) {
     EXPECT_EQ(times.front().first, "embedding");
     EXPECT_EQ(times.back().first, "rope_kv_write");
     for (const auto& [name, ms] : times) EXPECT_GE(ms, 0.0) << name;
-    EXPECT_EQ(TinyShape().weight_bytes(), 2 * (2 * (128 * 64 + 64 * 64 + 2 * 96 * 64 + 64 * 96) +
-                                              2 * 50 * 64));
+    EXPECT_EQ(TinyShape().weight_bytes(),
+              2 * (2 * (128 * 64 + 64 * 64 + 2 * 96 * 64 + 64 * 96) + 2 * 50 * 64));
 }
 
 #if KVSHARD_WITH_CUDA
 
-std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> u(-scale, scale);
-    std::vector<float> v(n);
-    for (float& x : v) x = u(rng);
-    return v;
-}
+using cuda_test::LayOutPaged;
+using cuda_test::PagedLayout;
+using cuda_test::Random;
+using cuda_test::RelL2;
 
-double RelL2(const std::vector<float>& got, const std::vector<float>& want) {
-    double num = 0, den = 1e-30;
-    for (size_t i = 0; i < got.size(); ++i) {
-        if (std::isnan(got[i])) return INFINITY;
-        num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-        den += double(want[i]) * want[i];
-    }
-    return std::sqrt(num / den);
-}
-
-class CudaBackendGpuTest : public ::testing::Test {
+// The fp32 prefill kernel, whose bounds these cases state; the tensor-core kernel has its own
+// (cuda_prefill_tc_test.cc).
+class CudaBackendGpuTest : public cuda_test::CudaGpuTest {
   protected:
     void SetUp() override {
-        if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
-        Result<std::unique_ptr<Backend>> b = MakeBackend({.kind = BackendKind::kCuda});
-        ASSERT_TRUE(b.ok()) << b.status().ToString();
-        gpu_ = std::move(*b);
-        // The fp32 prefill kernel, whose bounds these cases state; the tensor-core kernel has its
-        // own (cuda_prefill_tc_test.cc).
-        static_cast<cuda::CudaBackend*>(gpu_.get())->set_prefill_kernel(cuda::PrefillKernel::kFp32);
-        cpu_ = std::make_unique<CpuBackend>(BackendConfig{});
+        CudaGpuTest::SetUp();
+        if (IsSkipped() || HasFatalFailure()) return;
+        cuda_->set_prefill_kernel(cuda::PrefillKernel::kFp32);
     }
-
-    template <typename T>
-    T* Put(const std::vector<T>& host) {
-        Result<BackendBuffer> buf = gpu_->Allocate(std::max<size_t>(64, host.size() * sizeof(T)));
-        KV_CHECK(buf.ok()) << buf.status().ToString();
-        KV_CHECK(gpu_->CopyToDevice(buf->data(), host.data(), host.size() * sizeof(T)).ok());
-        buffers_.push_back(std::move(*buf));
-        return buffers_.back().As<T>();
-    }
-    template <typename T>
-    std::vector<T> Get(const T* dev, size_t n) {
-        std::vector<T> out(n);
-        KV_CHECK(gpu_->CopyToHost(out.data(), dev, n * sizeof(T)).ok());
-        const Status st = gpu_->Synchronize();
-        KV_CHECK(st.ok()) << st.ToString();
-        return out;
-    }
-
-    std::unique_ptr<Backend> gpu_;
-    std::unique_ptr<CpuBackend> cpu_;
-    std::vector<BackendBuffer> buffers_;
 };
 
 // K/V written on both backends from the same rows give the same pool bytes (fp32, bf16 and fp16
@@ -138,56 +105,21 @@ TEST_F(CudaBackendGpuTest, KvBytesAndSplitAttentionMatchTheCpu) {
          {KvDtype::kFp32, KvDtype::kInt8, KvDtype::kFp8, KvDtype::kBf16, KvDtype::kFp16}) {
         const int64_t bs = 16, heads = 8, kv_heads = 2, hd = 128, layers = 1;
         const std::vector<int32_t> ctx = {1000, 37, 300}, news = {1, 1, 45};
-        int64_t total = 0, blocks = 0;
-        for (int32_t c : ctx) {
-            total += c;
-            blocks += (c + bs - 1) / bs;
-        }
-        const int64_t block_bytes = layers * cpu::PagedLayerBytes(storage, bs, kv_heads, hd);
-        std::vector<uint8_t> cpu_pool(static_cast<size_t>(blocks * block_bytes), 0);
-        auto* gpu_pool = Put(cpu_pool);
-        // Blocks handed out in reverse, so tables are not the identity.
-        std::vector<int32_t> flat, ts = {0}, qs = {0};
-        std::vector<int64_t> slots;
-        int32_t next = int32_t(blocks);
-        for (size_t s = 0; s < ctx.size(); ++s) {
-            const size_t first = flat.size();
-            for (int32_t p = 0; p < ctx[s]; p += bs) flat.push_back(--next);
-            for (int32_t p = 0; p < ctx[s]; ++p) {
-                slots.push_back(int64_t(flat[first + p / bs]) * bs + p % bs);
-            }
-            ts.push_back(int32_t(flat.size()));
-            qs.push_back(qs.back() + news[s]);
-        }
-        const int64_t kvw = kv_heads * hd;
-        const std::vector<float> k = Random(total * kvw, 1, 2.0f), v = Random(total * kvw, 2);
-        const PagedKvLayer cpu_kv =
-            cpu::MakePagedKvLayer(cpu_pool.data(), block_bytes, 0, storage, bs, kv_heads, hd);
-        const PagedKvLayer gpu_kv =
-            cpu::MakePagedKvLayer(gpu_pool, block_bytes, 0, storage, bs, kv_heads, hd);
-        cpu_->KvWrite(cpu_kv, k.data(), v.data(), kvw, slots.data(), total);
-        gpu_->KvWrite(gpu_kv, Put(k), Put(v), kvw, Put(slots), total);
-        const std::vector<uint8_t> got_pool = Get(gpu_pool, cpu_pool.size());
-        EXPECT_EQ(0, std::memcmp(got_pool.data(), cpu_pool.data(), cpu_pool.size()))
+        const PagedLayout layout = LayOutPaged(ctx, news, bs);
+        const KvPools pools = WriteSameKv(layout, storage, bs, kv_heads, hd, 1, 2, layers);
+        const PagedKvLayer& cpu_kv = pools.cpu_kv;
+        const PagedKvLayer& gpu_kv = pools.gpu_kv;
+        const std::vector<uint8_t> got_pool = Get(pools.gpu_pool, pools.cpu_pool.size());
+        EXPECT_EQ(0, std::memcmp(got_pool.data(), pools.cpu_pool.data(), pools.cpu_pool.size()))
             << "storage " << KvDtypeName(storage);
 
-        const int64_t rows = qs.back();
+        const int64_t rows = layout.query_starts.back();
         const std::vector<float> q = Random(rows * heads * hd, 3);
         // Without a window, and a window of 100 (the decode row's splits mostly empty; the
         // prefill chunk's rows each starting at their own key).
         for (int64_t window : {0, 100}) {
-            const PagedAttentionBatch cpu_batch{.num_seqs = 3,
-                                                .query_starts = qs.data(),
-                                                .context_lens = ctx.data(),
-                                                .block_table_starts = ts.data(),
-                                                .block_tables = flat.data(),
-                                                .window = window};
-            const PagedAttentionBatch gpu_batch{.num_seqs = 3,
-                                                .query_starts = Put(qs),
-                                                .context_lens = Put(ctx),
-                                                .block_table_starts = Put(ts),
-                                                .block_tables = Put(flat),
-                                                .window = window};
+            const PagedAttentionBatch cpu_batch = HostBatch(layout, ctx, window);
+            const PagedAttentionBatch gpu_batch = DeviceBatch(layout, ctx, window);
             std::vector<float> want(rows * heads * hd);
             cpu_->PagedAttention(q.data(), heads * hd, cpu_kv, cpu_batch, want.data(), heads,
                                  nullptr);
@@ -213,49 +145,15 @@ TEST_F(CudaBackendGpuTest, PrefillTilesMatchTheCpuAtEveryHeadDim) {
         for (KvDtype storage : {KvDtype::kFp32, KvDtype::kBf16}) {
             const int64_t bs = 16, heads = sh.heads, kv_heads = sh.kv_heads, hd = sh.hd;
             const std::vector<int32_t> ctx = {500, 90, 333}, news = {200, 1, 333};
-            int64_t total = 0, blocks = 0;
-            for (int32_t c : ctx) {
-                total += c;
-                blocks += (c + bs - 1) / bs;
-            }
-            const int64_t block_bytes = cpu::PagedLayerBytes(storage, bs, kv_heads, hd);
-            std::vector<uint8_t> cpu_pool(static_cast<size_t>(blocks * block_bytes), 0);
-            auto* gpu_pool = Put(cpu_pool);
-            std::vector<int32_t> flat, ts = {0}, qs = {0};
-            std::vector<int64_t> slots;
-            int32_t next = int32_t(blocks);
-            for (size_t s = 0; s < ctx.size(); ++s) {
-                const size_t first = flat.size();
-                for (int32_t p = 0; p < ctx[s]; p += bs) flat.push_back(--next);
-                for (int32_t p = 0; p < ctx[s]; ++p) {
-                    slots.push_back(int64_t(flat[first + p / bs]) * bs + p % bs);
-                }
-                ts.push_back(int32_t(flat.size()));
-                qs.push_back(qs.back() + news[s]);
-            }
-            const int64_t kvw = kv_heads * hd;
-            const std::vector<float> k = Random(total * kvw, 11, 2.0f), v = Random(total * kvw, 12);
-            const PagedKvLayer cpu_kv =
-                cpu::MakePagedKvLayer(cpu_pool.data(), block_bytes, 0, storage, bs, kv_heads, hd);
-            const PagedKvLayer gpu_kv =
-                cpu::MakePagedKvLayer(gpu_pool, block_bytes, 0, storage, bs, kv_heads, hd);
-            cpu_->KvWrite(cpu_kv, k.data(), v.data(), kvw, slots.data(), total);
-            gpu_->KvWrite(gpu_kv, Put(k), Put(v), kvw, Put(slots), total);
-            const int64_t rows = qs.back();
+            const PagedLayout layout = LayOutPaged(ctx, news, bs);
+            const KvPools pools = WriteSameKv(layout, storage, bs, kv_heads, hd, 11, 12);
+            const PagedKvLayer& cpu_kv = pools.cpu_kv;
+            const PagedKvLayer& gpu_kv = pools.gpu_kv;
+            const int64_t rows = layout.query_starts.back();
             const std::vector<float> q = Random(rows * heads * hd, 13);
             for (int64_t window : {0, 77}) {
-                const PagedAttentionBatch cpu_batch{.num_seqs = 3,
-                                                    .query_starts = qs.data(),
-                                                    .context_lens = ctx.data(),
-                                                    .block_table_starts = ts.data(),
-                                                    .block_tables = flat.data(),
-                                                    .window = window};
-                const PagedAttentionBatch gpu_batch{.num_seqs = 3,
-                                                    .query_starts = Put(qs),
-                                                    .context_lens = Put(ctx),
-                                                    .block_table_starts = Put(ts),
-                                                    .block_tables = Put(flat),
-                                                    .window = window};
+                const PagedAttentionBatch cpu_batch = HostBatch(layout, ctx, window);
+                const PagedAttentionBatch gpu_batch = DeviceBatch(layout, ctx, window);
                 std::vector<float> want(rows * heads * hd);
                 cpu_->PagedAttention(q.data(), heads * hd, cpu_kv, cpu_batch, want.data(), heads,
                                      nullptr);
