@@ -31,13 +31,14 @@ namespace {
 
 // Both runtimes read their settings when the process loads them, before main, so kvshard sets its
 // defaults and starts itself again, once:
-// - GOMP_SPINCOUNT=10000000 (a few ms): a decode step is ~250 short parallel regions, and a team
-//   thread that fell asleep between two of them costs a wake-up each (batch-1 decode of the
-//   default model at 2 threads: 68-70 tok/s with libgomp's default spin, 61 passive, 78-80 with
-//   this; kvshard_bench numbers in docs/benchmarks.md). After that the threads sleep, so an idle
-//   server does not hold its cores. (BLAS runs one thread inside the OpenMP team, so nothing else
-//   needs the cores the team spins on; until the stored-format kernels it was OMP_WAIT_POLICY=
-//   passive, because libgomp's spinning starved OpenBLAS's own threads.)
+// - GOMP_SPINCOUNT=10000000 (ten million turns of libgomp's pause loop: tenths of a second on these
+//   Xeons, where one `pause` is over a hundred cycles): a decode step is ~250 short parallel
+//   regions, and a team thread that fell asleep between two of them costs a wake-up each (batch-1
+//   decode of the default model at 2 threads: 68-70 tok/s with libgomp's default spin, 61 passive,
+//   78-80 with this; kvshard_bench numbers in docs/benchmarks.md). After that the threads sleep, so
+//   an idle server does not hold its cores. (BLAS runs one thread inside the OpenMP team, so
+//   nothing else needs the cores the team spins on; until the stored-format kernels it was
+//   OMP_WAIT_POLICY=passive, because libgomp's spinning starved OpenBLAS's own threads.)
 // - OPENBLAS_CORETYPE: Debian's OpenBLAS does not know some current CPUs (virtualized Xeons
 //   among them) and falls back to its SSE3 "Prescott" kernels; the AVX2/AVX-512 kernels the CPU
 //   supports are ~2x faster here and pass the same tests.
