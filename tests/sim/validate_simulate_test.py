@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """scripts/validate-simulate's readings of the profile, without a server: it parses the profile
 line that the current `kvshard simulate` prints (a synthetic step log of known coefficients comes
-back as those coefficients, and the script's per-step prediction matches the steps), and its
-decode-by-batch diagnostic sorts pure decode steps into 1, 2, 3-4, 5-8 and 9+ sequences.
+back as those coefficients, and the script's per-step prediction matches the steps); its
+decode-by-batch diagnostic sorts pure decode steps into 1, 2, 3-4, 5-8 and 9+ sequences, and its
+decode-by-context one the one-sequence steps into 0-127, 128-255, 256-511 and 512+ tokens.
 
   validate_simulate_test.py --kvshard build/cli/kvshard
 """
@@ -93,6 +94,14 @@ def main():
         check(abs(ratio - 2) < 1e-3 and abs(measured / predicted - 2) < 1e-3,
               f"{name}: the profile at scale 0.5 should predict half the steps, got {ratio}")
     check("1: 2 steps" in vs.format_batch_table(table), vs.format_batch_table(table))
+
+    # One-sequence decode steps by context: other batches and prefill steps left out.
+    lines = [json.dumps(step(0, 1, kv)) for kv in (40, 127, 128, 300, 511, 512, 2000)]
+    lines += [json.dumps(step(0, 2, 100)), json.dumps(step(64, 1, 100))]
+    table = vs.decode_context_table(fit, lines)
+    check(list(table) == ["0-127", "128-255", "256-511", "512+"], f"context buckets {list(table)}")
+    check([v[0] for v in table.values()] == [2, 1, 2, 2], f"context counts {table}")
+    check(all(abs(v[3] - 1) < 1e-3 for v in table.values()), f"context ratios {table}")
     print("validate-simulate profile readings: ok")
 
 
