@@ -102,6 +102,7 @@ def main():
     check(list(table) == ["0-127", "128-255", "256-511", "512+"], f"context buckets {list(table)}")
     check([v[0] for v in table.values()] == [2, 1, 2, 2], f"context counts {table}")
     check(all(abs(v[3] - 1) < 1e-3 for v in table.values()), f"context ratios {table}")
+    check(vs.format_batch_table({}) == "no such steps", "an empty table prints nothing")
     print("validate-simulate profile readings: ok")
 
 
