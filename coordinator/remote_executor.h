@@ -22,6 +22,7 @@
 // with new workers.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -90,8 +91,9 @@ class RemoteStepExecutor;
 class WorkerRegistry {
   public:
     static Result<std::unique_ptr<WorkerRegistry>> Start(const WorkerRegistryOptions& options);
-    // Stops accepting, closes the connections still in their handshake and joins every thread.
-    // Executors made by this registry stay usable (they own their channels).
+    // Stops accepting, refuses the registrations held for a re-form ("shutting down", at once),
+    // closes the connections still in their handshake and joins every thread. Executors made by
+    // this registry stay usable (they own their channels).
     ~WorkerRegistry();
     WorkerRegistry(const WorkerRegistry&) = delete;
     WorkerRegistry& operator=(const WorkerRegistry&) = delete;
@@ -139,6 +141,8 @@ class WorkerRegistry {
 
     mutable std::mutex mu_;
     bool stopping_ = false;                                    // guarded by mu_
+    // Set by the destructor; read under an instance's slots->mu (which mu_ must not nest in).
+    std::atomic<bool> closing_{false};
     std::map<std::string, std::shared_ptr<Slots>> instances_;  // guarded by mu_
     std::deque<std::string> rejections_;                       // guarded by mu_
     std::list<Handshake> handshakes_;                          // guarded by mu_

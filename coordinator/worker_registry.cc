@@ -82,9 +82,19 @@ Result<std::unique_ptr<WorkerRegistry>> WorkerRegistry::Start(
 }
 
 WorkerRegistry::~WorkerRegistry() {
+    std::vector<std::shared_ptr<Slots>> instances;
     {
         std::lock_guard<std::mutex> lock(mu_);
         stopping_ = true;
+        for (const auto& [id, slots] : instances_) instances.push_back(slots);
+    }
+    // A registration held for a re-form (HandleConnection) waits on its instance's cv: wake it,
+    // so it is refused at once ("shutting down") instead of holding the join below for up to
+    // register_message_timeout_ms. Set before each slots->mu is taken, so no wait misses it.
+    closing_.store(true);
+    for (const std::shared_ptr<Slots>& slots : instances) {
+        std::lock_guard<std::mutex> lock(slots->mu);
+        slots->cv.notify_all();
     }
     listener_->Close();
     if (accept_thread_.joinable()) accept_thread_.join();
@@ -256,7 +266,7 @@ void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel>& channel,
         // an external launcher (a restarted pod, a supervisor) cannot see the backoff. Bounded
         // like any handshake; an instance that does not re-form by then is refused as before.
         const auto waiting_for_reform = [&] {
-            return !slots->closed && !slots->shut_down && !slots->formed &&
+            return !closing_.load() && !slots->closed && !slots->shut_down && !slots->formed &&
                    !slots->TakesRegistrations();
         };
         if (waiting_for_reform()) {
@@ -267,7 +277,9 @@ void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel>& channel,
         }
         const int tp = slots->options.tp;
         std::string problem;
-        if (slots->closed || slots->shut_down) {
+        if (closing_.load()) {
+            problem = "the coordinator's worker registry is shutting down";
+        } else if (slots->closed || slots->shut_down) {
             problem = "the instance is shut down";
         } else if (!slots->TakesRegistrations()) {
             problem = slots->formed ? "the instance is formed: every rank is registered"
