@@ -68,6 +68,9 @@ struct RemoteInstanceOptions {
     // What every rank is told to load (RegisterAckMessage model_path and settings).
     std::string model_path;
     std::vector<std::pair<std::string, std::string>> settings;
+    // Empty, or one list per rank appended to that rank's settings (what differs between the
+    // ranks: e.g. the NCCL KV handoff's pairs, comm/kv_nccl_pairs.h kKvNcclPairsSetting).
+    std::vector<std::vector<std::pair<std::string, std::string>>> rank_settings;
     // How long Execute waits for every rank's StepResult (a dead worker is usually found sooner
     // by the channel heartbeats).
     int64_t step_timeout_ms = 60'000;
@@ -105,7 +108,8 @@ class WorkerRegistry {
     const std::string& token() const { return options_.token; }
 
     // Declares an instance whose `tp` ranks may now register and returns its executor.
-    // InvalidArgument for an empty id, tp < 1, or an id in use by a live executor.
+    // InvalidArgument for an empty id, tp < 1, rank_settings neither empty nor of tp lists, or
+    // an id in use by a live executor.
     Result<std::unique_ptr<RemoteStepExecutor>> AddInstance(const RemoteInstanceOptions& options);
 
     // The registrations refused so far, each "peer: reason" (for logs and tests); the latest

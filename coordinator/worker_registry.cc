@@ -122,6 +122,12 @@ Result<std::unique_ptr<RemoteStepExecutor>> WorkerRegistry::AddInstance(
         return InvalidArgument("instance " + options.instance_id + ": step_timeout_ms " +
                                std::to_string(options.step_timeout_ms) + " must be > 0");
     }
+    if (!options.rank_settings.empty() &&
+        options.rank_settings.size() != static_cast<size_t>(options.tp)) {
+        return InvalidArgument("instance " + options.instance_id + ": rank_settings for " +
+                               std::to_string(options.rank_settings.size()) + " ranks, tp " +
+                               std::to_string(options.tp));
+    }
     auto slots = std::make_shared<Slots>(options);
     std::lock_guard<std::mutex> lock(mu_);
     auto it = instances_.find(options.instance_id);
@@ -319,6 +325,10 @@ void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel>& channel,
             ack.tp = tp;
             ack.rank = rank;
             ack.settings = slots->options.settings;
+            if (!slots->options.rank_settings.empty()) {
+                const auto& own = slots->options.rank_settings[r];
+                ack.settings.insert(ack.settings.end(), own.begin(), own.end());
+            }
 #if KVSHARD_WITH_CUDA
             if (slots->options.nccl_bootstrap && tp > 1 && slots->nccl_unique_id.empty()) {
                 Result<std::string> id = NewNcclUniqueId();
