@@ -48,10 +48,9 @@ Status RefuseNccl(const KvHandoffPathFacts& f) {
         }
     }
     return InvalidArgument(key +
-                           "not wired into serve yet: the communicator of each (prefill rank, "
-                           "decode rank) pair is planned and its id handed out at registration, "
-                           "but the workers do not send or receive a handoff over it; use auto "
-                           "or host-staged");
+                           "not wired into serve yet (the pairs' communicators are not set up "
+                           "and the workers do not send or receive a handoff over NCCL); use "
+                           "auto or host-staged");
 }
 
 }  // namespace

@@ -19,8 +19,9 @@
 // of other machines, and NVLink p2p is a one-node path), and a GPU that holds both a prefill and
 // a decode rank (NCCL refuses two ranks of one communicator on one GPU). Where it could work
 // (GPU worker processes launched here on distinct GPUs, NCCL built) it is refused as not wired
-// yet: the pairs' communicators (KvNcclPairs, worker/kv_nccl_pairs.h) are planned and handed out
-// at registration, but no worker issues ncclSend/ncclRecv for a handoff. So auto never picks it.
+// yet: the pairs and their ids can be planned (PlanKvNcclPairs, worker/kv_handoff_nccl_pairs.h)
+// and handed out at registration (RemoteInstanceOptions::rank_settings), but serve does not do
+// so and no worker issues ncclSend/ncclRecv for a handoff. So auto never picks it.
 #pragma once
 
 #include <functional>
