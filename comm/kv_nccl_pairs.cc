@@ -44,8 +44,8 @@ Result<std::vector<KvNcclPairAssignment>> DecodeKvNcclPairs(std::string_view byt
         const std::string pair = what + "pair " + std::to_string(i) + ": ";
         if (p.peer_instance.empty() || p.peer_instance.size() > kMaxKvNcclInstanceName) {
             return InvalidArgument(pair + "peer instance name of " +
-                                   std::to_string(p.peer_instance.size()) +
-                                   " bytes, must be 1.." + std::to_string(kMaxKvNcclInstanceName));
+                                   std::to_string(p.peer_instance.size()) + " bytes, must be 1.." +
+                                   std::to_string(kMaxKvNcclInstanceName));
         }
         if (p.peer_rank < 0 || p.peer_rank >= kMaxKvNcclPeerRank) {
             return InvalidArgument(pair + "peer rank " + std::to_string(p.peer_rank) +

@@ -145,12 +145,12 @@ class WorkerRegistry {
 
     mutable std::mutex mu_;
     bool stopping_ = false;                                    // guarded by mu_
-    // Set by the destructor; read under an instance's slots->mu (which mu_ must not nest in).
-    std::atomic<bool> closing_{false};
     std::map<std::string, std::shared_ptr<Slots>> instances_;  // guarded by mu_
     std::deque<std::string> rejections_;                       // guarded by mu_
     std::list<Handshake> handshakes_;                          // guarded by mu_
     int pending_handshakes_ = 0;                               // guarded by mu_
+    // Set by the destructor; read under an instance's slots->mu (which mu_ must not nest in).
+    std::atomic<bool> closing_{false};
 };
 
 // The StepExecutor of one instance of worker processes. Ownership: owns the channels of its

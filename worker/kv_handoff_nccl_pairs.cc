@@ -10,8 +10,7 @@ namespace kvshard {
 
 Result<std::vector<KvNcclPair>> PlanKvNcclPairs(
     const ModelSpec& spec, const std::vector<KvNcclInstance>& prefill,
-    const std::vector<KvNcclInstance>& decode,
-    const std::function<Result<std::string>()>& new_id) {
+    const std::vector<KvNcclInstance>& decode, const std::function<Result<std::string>()>& new_id) {
     std::set<std::string> names;
     for (const std::vector<KvNcclInstance>* side : {&prefill, &decode}) {
         for (const KvNcclInstance& i : *side) {
@@ -28,7 +27,8 @@ Result<std::vector<KvNcclPair>> PlanKvNcclPairs(
             KV_ASSIGN_OR_RETURN(std::vector<KvReshardMessage> plan,
                                 KvReshardPlan(spec, p.tp, d.tp));
             for (const KvReshardMessage& m : plan) {
-                for (const auto& key : {std::pair{p.name, m.src_rank}, std::pair{d.name, m.dst_rank}}) {
+                for (const auto& key :
+                     {std::pair{p.name, m.src_rank}, std::pair{d.name, m.dst_rank}}) {
                     if (++per_rank[key] > kMaxKvNcclPairsPerRank) {
                         return InvalidArgument(
                             "kv_transfer.path: nccl: instance '" + key.first + "' rank " +

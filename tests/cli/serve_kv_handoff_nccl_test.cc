@@ -63,8 +63,7 @@ TEST(ServeKvHandoffNccl, RefusedWithTheReasonForEachPlacement) {
         EXPECT_NE(Refusal(direct, CudaPlan({0, 1})).find("not wired into serve yet"),
                   std::string::npos);
     } else {
-        EXPECT_NE(Refusal(direct, CudaPlan({0, 1})).find("built without CUDA"),
-                  std::string::npos);
+        EXPECT_NE(Refusal(direct, CudaPlan({0, 1})).find("built without CUDA"), std::string::npos);
     }
 }
 

@@ -1,6 +1,6 @@
-// The NCCL KV handoff's pairs as a RegisterAck carries them (comm/kv_nccl_pairs.h): they round-trip,
-// and every bound on what the coordinator can make a worker create is refused with one line
-// naming the setting and the field — before anything is allocated for it.
+// The NCCL KV handoff's pairs as a RegisterAck carries them (comm/kv_nccl_pairs.h): they
+// round-trip, and every bound on what the coordinator can make a worker create is refused with one
+// line naming the setting and the field — before anything is allocated for it.
 #include "comm/kv_nccl_pairs.h"
 
 #include <gtest/gtest.h>
@@ -22,9 +22,8 @@ KvNcclPairAssignment Pair(const std::string& instance, int32_t peer_rank, int32_
 }
 
 TEST(KvNcclPairs, RoundTrip) {
-    const std::vector<KvNcclPairAssignment> pairs = {Pair("decode-0", 0, 0, 'a'),
-                                                     Pair("decode-0", 1, 0, 'b'),
-                                                     Pair("decode-1", 0, 0, '\0')};
+    const std::vector<KvNcclPairAssignment> pairs = {
+        Pair("decode-0", 0, 0, 'a'), Pair("decode-0", 1, 0, 'b'), Pair("decode-1", 0, 0, '\0')};
     Result<std::vector<KvNcclPairAssignment>> back = DecodeKvNcclPairs(EncodeKvNcclPairs(pairs));
     ASSERT_TRUE(back.ok()) << back.status().ToString();
     EXPECT_EQ(*back, pairs);
@@ -50,16 +49,15 @@ TEST(KvNcclPairs, RefusesEachBoundNamingIt) {
     cases.push_back({"long instance",
                      with([](auto& p) { p.peer_instance.assign(kMaxKvNcclInstanceName + 1, 'i'); }),
                      "peer instance name of 257 bytes"});
-    cases.push_back({"negative peer rank", with([](auto& p) { p.peer_rank = -1; }),
-                     "peer rank -1 outside"});
+    cases.push_back(
+        {"negative peer rank", with([](auto& p) { p.peer_rank = -1; }), "peer rank -1 outside"});
     cases.push_back({"huge peer rank", with([](auto& p) { p.peer_rank = kMaxKvNcclPeerRank; }),
                      "peer rank 1024 outside"});
     cases.push_back({"nccl rank 2", with([](auto& p) { p.nccl_rank = 2; }),
                      "nccl rank 2 must be 0 (sender) or 1 (receiver)"});
     cases.push_back({"empty heads", with([](auto& p) { p.head_end = p.head_begin; }),
                      "heads [2, 2) must be a non-empty range"});
-    cases.push_back({"negative heads", with([](auto& p) { p.head_begin = -1; }),
-                     "heads [-1, 4)"});
+    cases.push_back({"negative heads", with([](auto& p) { p.head_begin = -1; }), "heads [-1, 4)"});
     cases.push_back({"too many heads", with([](auto& p) { p.head_end = kMaxKvNcclHeads + 1; }),
                      "heads [2, 65537)"});
     cases.push_back({"short id", with([](auto& p) { p.nccl_unique_id.resize(16); }),

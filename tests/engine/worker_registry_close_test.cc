@@ -8,9 +8,9 @@
 
 #include <chrono>
 #include <functional>
-#include <set>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <variant>
@@ -78,9 +78,9 @@ TEST(WorkerRegistryCloseTest, DestructionRefusesARegistrationHeldForAReformAtOnc
 
     bool closed = false;
     std::unique_ptr<FrameChannel> worker;
-    ASSERT_TRUE(RegisterAs(port, {0, 1, "g", kControlProtocolVersion, "h:1", kToken}, &closed,
-                           &worker)
-                    .accepted);
+    ASSERT_TRUE(
+        RegisterAs(port, {0, 1, "g", kControlProtocolVersion, "h:1", kToken}, &closed, &worker)
+            .accepted);
     ASSERT_TRUE(worker->Send(ReadyMessage{true, "", 8}).ok());
     ASSERT_TRUE(ex.WaitReady(milliseconds(10'000)).ok());
     worker->Close();  // the worker dies; nobody begins the re-form (the backoff)
@@ -137,9 +137,8 @@ TEST(WorkerRegistryRankSettingsTest, EachRankGetsItsOwnNcclKvPairsAtRegistration
         o.tp = tp;
         o.settings = {{"block_size", "16"}};
         for (int rank = 0; rank < tp; ++rank) {
-            o.rank_settings.push_back(
-                {{std::string(kKvNcclPairsSetting),
-                  EncodeKvNcclPairs(KvNcclPairsOfRank(*pairs, name, rank))}});
+            o.rank_settings.push_back({{std::string(kKvNcclPairsSetting),
+                                        EncodeKvNcclPairs(KvNcclPairsOfRank(*pairs, name, rank))}});
         }
         Result<std::unique_ptr<RemoteStepExecutor>> ex = (*registry)->AddInstance(o);
         ASSERT_TRUE(ex.ok()) << ex.status().ToString();
@@ -148,13 +147,12 @@ TEST(WorkerRegistryRankSettingsTest, EachRankGetsItsOwnNcclKvPairsAtRegistration
     // The ids each rank got, by (peer instance, peer rank, own nccl rank).
     std::map<std::string, std::string> ids;
     std::vector<std::unique_ptr<FrameChannel>> workers;
-    for (const auto& [name, rank] : {std::pair<std::string, int>{"prefill", 1}, {"prefill", 0},
-                                     {"decode", 0}}) {
+    for (const auto& [name, rank] :
+         {std::pair<std::string, int>{"prefill", 1}, {"prefill", 0}, {"decode", 0}}) {
         bool closed = false;
         std::unique_ptr<FrameChannel> keep;
-        const RegisterAckMessage ack =
-            RegisterAs(port, {rank, kAnyTp, name, kControlProtocolVersion, "", kToken}, &closed,
-                       &keep);
+        const RegisterAckMessage ack = RegisterAs(
+            port, {rank, kAnyTp, name, kControlProtocolVersion, "", kToken}, &closed, &keep);
         ASSERT_TRUE(ack.accepted) << ack.error;
         workers.push_back(std::move(keep));
         int found = 0;
@@ -165,8 +163,8 @@ TEST(WorkerRegistryRankSettingsTest, EachRankGetsItsOwnNcclKvPairsAtRegistration
             ASSERT_TRUE(mine.ok()) << mine.status().ToString();
             EXPECT_EQ(*mine, KvNcclPairsOfRank(*pairs, name, rank)) << name << " " << rank;
             for (const KvNcclPairAssignment& a : *mine) {
-                const std::string src = name == "prefill" ? std::to_string(rank)
-                                                          : std::to_string(a.peer_rank);
+                const std::string src =
+                    name == "prefill" ? std::to_string(rank) : std::to_string(a.peer_rank);
                 ids[src + (a.nccl_rank == 0 ? "/send" : "/recv")] = a.nccl_unique_id;
             }
         }
@@ -185,8 +183,7 @@ TEST(WorkerRegistryRankSettingsTest, EachRankGetsItsOwnNcclKvPairsAtRegistration
     wrong.rank_settings = {{}};
     Result<std::unique_ptr<RemoteStepExecutor>> refused = (*registry)->AddInstance(wrong);
     ASSERT_FALSE(refused.ok());
-    EXPECT_NE(refused.status().message().find("rank_settings for 1 ranks, tp 2"),
-              std::string::npos)
+    EXPECT_NE(refused.status().message().find("rank_settings for 1 ranks, tp 2"), std::string::npos)
         << refused.status().message();
 }
 

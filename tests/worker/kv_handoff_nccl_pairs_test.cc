@@ -2,6 +2,8 @@
 // KvReshardPlan message of every (prefill, decode) instance pair, each with its own id, seen from
 // both of its ranks (the sender as NCCL rank 0, the receiver as 1, the same id and heads), and the
 // bound on a rank's pairs.
+#include "worker/kv_handoff_nccl_pairs.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "worker/kv_handoff.h"
-#include "worker/kv_handoff_nccl_pairs.h"
 
 namespace kvshard {
 namespace {
@@ -96,8 +97,7 @@ TEST(KvNcclPairsPlan, EachRankSeesItsPairsWithTheSameIdAsItsPeer) {
         EXPECT_EQ((IndexRange{s->head_begin, s->head_end}), pair.heads);
         EXPECT_EQ((IndexRange{r->head_begin, r->head_end}), pair.heads);
         // What the registry hands over decodes to the same.
-        Result<std::vector<KvNcclPairAssignment>> wire =
-            DecodeKvNcclPairs(EncodeKvNcclPairs(src));
+        Result<std::vector<KvNcclPairAssignment>> wire = DecodeKvNcclPairs(EncodeKvNcclPairs(src));
         ASSERT_TRUE(wire.ok()) << wire.status().ToString();
         EXPECT_EQ(*wire, src);
     }
