@@ -4,6 +4,7 @@
 #include <map>
 #include <string>
 
+#include "common/build_config.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/paged_attention.h"
 #include "kv/kv_cache_groups.h"
@@ -149,6 +150,10 @@ Result<std::optional<KvHandoffPath>> ServeKvHandoffPath(
     // CPU with memcpy.
     facts.backend_has_peer_copies = true;
     facts.can_access_peer = can_access_peer;
+    // Worker processes the coordinator launches itself (one per rank) run on this machine.
+    facts.one_node = c.workers.mode == WorkersMode::kProcesses &&
+                     c.workers.launcher == WorkersLauncher::kDirect;
+    facts.nccl_built = KVSHARD_WITH_CUDA != 0;
     bool disaggregated = false;
     for (size_t p = 0; p < pools.size(); ++p) {
         if (pools[p].role == PoolRole::kMixed) continue;

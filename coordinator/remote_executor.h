@@ -22,6 +22,7 @@
 // with new workers.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -67,6 +68,9 @@ struct RemoteInstanceOptions {
     // What every rank is told to load (RegisterAckMessage model_path and settings).
     std::string model_path;
     std::vector<std::pair<std::string, std::string>> settings;
+    // Empty, or one list per rank appended to that rank's settings (what differs between the
+    // ranks: e.g. the NCCL KV handoff's pairs, comm/kv_nccl_pairs.h kKvNcclPairsSetting).
+    std::vector<std::vector<std::pair<std::string, std::string>>> rank_settings;
     // How long Execute waits for every rank's StepResult (a dead worker is usually found sooner
     // by the channel heartbeats).
     int64_t step_timeout_ms = 60'000;
@@ -90,8 +94,9 @@ class RemoteStepExecutor;
 class WorkerRegistry {
   public:
     static Result<std::unique_ptr<WorkerRegistry>> Start(const WorkerRegistryOptions& options);
-    // Stops accepting, closes the connections still in their handshake and joins every thread.
-    // Executors made by this registry stay usable (they own their channels).
+    // Stops accepting, refuses the registrations held for a re-form ("shutting down", at once),
+    // closes the connections still in their handshake and joins every thread. Executors made by
+    // this registry stay usable (they own their channels).
     ~WorkerRegistry();
     WorkerRegistry(const WorkerRegistry&) = delete;
     WorkerRegistry& operator=(const WorkerRegistry&) = delete;
@@ -103,7 +108,8 @@ class WorkerRegistry {
     const std::string& token() const { return options_.token; }
 
     // Declares an instance whose `tp` ranks may now register and returns its executor.
-    // InvalidArgument for an empty id, tp < 1, or an id in use by a live executor.
+    // InvalidArgument for an empty id, tp < 1, rank_settings neither empty nor of tp lists, or
+    // an id in use by a live executor.
     Result<std::unique_ptr<RemoteStepExecutor>> AddInstance(const RemoteInstanceOptions& options);
 
     // The registrations refused so far, each "peer: reason" (for logs and tests); the latest
@@ -143,6 +149,8 @@ class WorkerRegistry {
     std::deque<std::string> rejections_;                       // guarded by mu_
     std::list<Handshake> handshakes_;                          // guarded by mu_
     int pending_handshakes_ = 0;                               // guarded by mu_
+    // Set by the destructor; read under an instance's slots->mu (which mu_ must not nest in).
+    std::atomic<bool> closing_{false};
 };
 
 // The StepExecutor of one instance of worker processes. Ownership: owns the channels of its

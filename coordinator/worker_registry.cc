@@ -82,9 +82,19 @@ Result<std::unique_ptr<WorkerRegistry>> WorkerRegistry::Start(
 }
 
 WorkerRegistry::~WorkerRegistry() {
+    std::vector<std::shared_ptr<Slots>> instances;
     {
         std::lock_guard<std::mutex> lock(mu_);
         stopping_ = true;
+        for (const auto& [id, slots] : instances_) instances.push_back(slots);
+    }
+    // A registration held for a re-form (HandleConnection) waits on its instance's cv: wake it,
+    // so it is refused at once ("shutting down") instead of holding the join below for up to
+    // register_message_timeout_ms. Set before each slots->mu is taken, so no wait misses it.
+    closing_.store(true);
+    for (const std::shared_ptr<Slots>& slots : instances) {
+        std::lock_guard<std::mutex> lock(slots->mu);
+        slots->cv.notify_all();
     }
     listener_->Close();
     if (accept_thread_.joinable()) accept_thread_.join();
@@ -111,6 +121,12 @@ Result<std::unique_ptr<RemoteStepExecutor>> WorkerRegistry::AddInstance(
     if (options.step_timeout_ms <= 0) {
         return InvalidArgument("instance " + options.instance_id + ": step_timeout_ms " +
                                std::to_string(options.step_timeout_ms) + " must be > 0");
+    }
+    if (!options.rank_settings.empty() &&
+        options.rank_settings.size() != static_cast<size_t>(options.tp)) {
+        return InvalidArgument("instance " + options.instance_id + ": rank_settings for " +
+                               std::to_string(options.rank_settings.size()) + " ranks, tp " +
+                               std::to_string(options.tp));
     }
     auto slots = std::make_shared<Slots>(options);
     std::lock_guard<std::mutex> lock(mu_);
@@ -256,7 +272,7 @@ void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel>& channel,
         // an external launcher (a restarted pod, a supervisor) cannot see the backoff. Bounded
         // like any handshake; an instance that does not re-form by then is refused as before.
         const auto waiting_for_reform = [&] {
-            return !slots->closed && !slots->shut_down && !slots->formed &&
+            return !closing_.load() && !slots->closed && !slots->shut_down && !slots->formed &&
                    !slots->TakesRegistrations();
         };
         if (waiting_for_reform()) {
@@ -267,7 +283,9 @@ void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel>& channel,
         }
         const int tp = slots->options.tp;
         std::string problem;
-        if (slots->closed || slots->shut_down) {
+        if (closing_.load()) {
+            problem = "the coordinator's worker registry is shutting down";
+        } else if (slots->closed || slots->shut_down) {
             problem = "the instance is shut down";
         } else if (!slots->TakesRegistrations()) {
             problem = slots->formed ? "the instance is formed: every rank is registered"
@@ -307,6 +325,10 @@ void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel>& channel,
             ack.tp = tp;
             ack.rank = rank;
             ack.settings = slots->options.settings;
+            if (!slots->options.rank_settings.empty()) {
+                const auto& own = slots->options.rank_settings[r];
+                ack.settings.insert(ack.settings.end(), own.begin(), own.end());
+            }
 #if KVSHARD_WITH_CUDA
             if (slots->options.nccl_bootstrap && tp > 1 && slots->nccl_unique_id.empty()) {
                 Result<std::string> id = NewNcclUniqueId();

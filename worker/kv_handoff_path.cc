@@ -14,6 +14,45 @@ std::optional<std::pair<int, int>> PairWithoutPeerAccess(const KvHandoffPathFact
     return std::nullopt;
 }
 
+// kv_transfer.path: nccl is refused everywhere today; the line says why for this placement
+// (where NCCL point-to-point cannot work at all first, then what is not wired).
+Status RefuseNccl(const KvHandoffPathFacts& f) {
+    const std::string key = "kv_transfer.path: nccl: ";
+    if (f.backend != BackendKind::kCuda) {
+        return InvalidArgument(key + "the " + std::string(BackendKindName(f.backend)) +
+                               " backend has no device memory to send from; NCCL point-to-point "
+                               "needs GPU worker processes (use auto or host-staged)");
+    }
+    if (f.embedded) {
+        return InvalidArgument(key +
+                               "both pools are in this process (workers.mode: embedded): GPUs "
+                               "of one process hand KV over by peer copies (use auto or peer)");
+    }
+    if (!f.nccl_built) {
+        return InvalidArgument(key + "this kvshard was built without CUDA, so without NCCL");
+    }
+    if (!f.one_node) {
+        return InvalidArgument(key +
+                               "the worker processes are not all launched on this node "
+                               "(workers.launcher external or mpirun); NCCL point-to-point over "
+                               "NVLink is a one-node path: use host-staged between nodes");
+    }
+    for (int to : f.dst_gpus) {
+        for (int from : f.src_gpus) {
+            if (to == from) {
+                return InvalidArgument(
+                    key + "GPU " + std::to_string(to) +
+                    " holds a prefill rank and a decode rank; NCCL cannot put both ranks of a "
+                    "communicator on one GPU (use host-staged)");
+            }
+        }
+    }
+    return InvalidArgument(key +
+                           "not wired into serve yet (the pairs' communicators are not set up "
+                           "and the workers do not send or receive a handoff over NCCL); use "
+                           "auto or host-staged");
+}
+
 }  // namespace
 
 Result<KvHandoffPath> ChooseKvHandoffPath(const KvHandoffPathFacts& f) {
@@ -48,11 +87,7 @@ Result<KvHandoffPath> ChooseKvHandoffPath(const KvHandoffPathFacts& f) {
             return KvHandoffPath::kPeerCopy;
         }
         case KvHandoffPath::kNccl:
-            return InvalidArgument(
-                "kv_transfer.path: nccl is not implemented in serve yet (the NCCL channel, "
-                "comm/nccl_kv_transport.h, and its re-shard plan exist; the communicator per "
-                "pair of instances is not set up at registration); use auto, peer or "
-                "host-staged");
+            return RefuseNccl(f);
     }
     return KvHandoffPath::kHostStaged;
 }

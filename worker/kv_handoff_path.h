@@ -11,7 +11,17 @@
 //   host-staged       | host-staged                                     | host-staged
 //   peer              | peer; refused (naming the setting) on a backend  | refused
 //                     | without peer copies or GPUs without peer access  |
-//   nccl              | refused: not wired into serve yet                | refused: likewise
+//   nccl              | refused: one process hands over by peer copies   | see below
+//
+// nccl with worker processes is refused, each with its own line naming kv_transfer.path, where it
+// cannot work: the CPU backend (no device memory to send from), a build without NCCL, workers
+// not all launched on this node (launcher external or mpirun: the GPU ordinals may name devices
+// of other machines, and NVLink p2p is a one-node path), and a GPU that holds both a prefill and
+// a decode rank (NCCL refuses two ranks of one communicator on one GPU). Where it could work
+// (GPU worker processes launched here on distinct GPUs, NCCL built) it is refused as not wired
+// yet: the pairs and their ids can be planned (PlanKvNcclPairs, worker/kv_handoff_nccl_pairs.h)
+// and handed out at registration (RemoteInstanceOptions::rank_settings), but serve does not do
+// so and no worker issues ncclSend/ncclRecv for a handoff. So auto never picks it.
 #pragma once
 
 #include <functional>
@@ -37,6 +47,11 @@ struct KvHandoffPathFacts {
     std::vector<int> dst_gpus;
     // Whether GPU `to` can read GPU `from`'s memory (DevicesCanAccessPeer, common/device.h).
     std::function<bool(int to, int from)> can_access_peer;
+    // Worker processes: every one is launched by this coordinator on this machine (the direct
+    // launcher), so src_gpus and dst_gpus are ordinals of one node's GPUs.
+    bool one_node = false;
+    // This kvshard has NCCL (KVSHARD_WITH_CUDA).
+    bool nccl_built = false;
 };
 
 // The path, or InvalidArgument naming kv_transfer.path and why that path cannot serve here.

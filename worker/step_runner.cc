@@ -301,7 +301,7 @@ Status StepRunner::CopyFromPeers(const KvRecvOp& op,
     return Status::Ok();
 }
 
-Status StepRunner::PostPeerSources(const PreparedSend& send) {
+Status StepRunner::PostPeerSources(const PreparedSend& send, StepResult* result) {
     const KvSendOp& op = *send.op;
     const std::vector<int64_t>& group_of = runner_.kv_groups().group_of_layer;
     for (size_t dst = 0; dst < send.heads.size(); ++dst) {
@@ -317,7 +317,24 @@ Status StepRunner::PostPeerSources(const PreparedSend& send) {
             if (!send.blocks[static_cast<size_t>(g)].empty())
                 source.cells += send.heads[dst].size();
         }
+        // The bytes the receiver copies out of this pool: what a piece of these heads would
+        // carry (KvCopyRuns per run of one group's layers), as the host-staged path counts them.
+        int64_t bytes = 0;
+        const auto num_layers = static_cast<int64_t>(group_of.size());
+        for (int64_t begin = 0; begin < num_layers;) {
+            const int64_t g = group_of[static_cast<size_t>(begin)];
+            int64_t end = begin + 1;
+            while (end < num_layers && group_of[static_cast<size_t>(end)] == g) ++end;
+            const std::span<const int32_t> blocks = send.blocks[static_cast<size_t>(g)];
+            if (!blocks.empty()) {
+                for (const KvCopyRun& run : KvCopyRuns(*runner_.pool(), runner_.layout(), blocks,
+                                                       begin, end, send.heads[dst]))
+                    bytes += run.bytes;
+            }
+            begin = end;
+        }
         KV_RETURN_IF_ERROR(peer_->Post(op.dst_endpoints[dst], std::move(source)));
+        result->kv_bytes_sent += bytes;
     }
     return Status::Ok();
 }
@@ -514,7 +531,7 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
         const Status synced = runner_.backend().Synchronize();
         for (const PreparedSend& send : sends) {
             if (has_failed(send.op->transfer_id)) continue;
-            const Status st = synced.ok() ? PostPeerSources(send) : synced;
+            const Status st = synced.ok() ? PostPeerSources(send, &result) : synced;
             if (!st.ok()) send_failed(*send.op, st);
         }
         sends.clear();  // nothing to send or flush through the transport

@@ -64,9 +64,10 @@ class StepRunner : public StepExecutor {
     // Waits for the verdicts of every piece of the send, at every receiving rank: the first
     // failed one.
     Status FlushSend(const PreparedSend& send);
-    // The peer-copy path's send: one KvPeerSource per receiving rank that gets heads.
+    // The peer-copy path's send: one KvPeerSource per receiving rank that gets heads; adds the
+    // bytes the receivers will copy from this pool to result->kv_bytes_sent.
     // REQUIRES: the step's KV writes done.
-    Status PostPeerSources(const PreparedSend& send);
+    Status PostPeerSources(const PreparedSend& send, StepResult* result);
     // The peer-copy path's receive of `op` into `blocks` (by group): takes the sources covering
     // `cells` and copies from each sender's pool.
     Status CopyFromPeers(const KvRecvOp& op, const std::vector<std::span<const int32_t>>& blocks,

@@ -49,7 +49,7 @@ TEST(KvHandoffPathChoice, Table) {
          std::nullopt,
          "GPU 2 cannot access GPU 1"},
         {"peer worker processes", peer, cpu, false, {}, {}, std::nullopt, "workers.mode: embedded"},
-        {"nccl", nccl, cuda, false, {0}, {1}, std::nullopt, "nccl is not implemented in serve"},
+        {"nccl", nccl, cuda, false, {0}, {1}, std::nullopt, "nccl: this kvshard was built"},
     };
     for (const PathCase& c : cases) {
         KvHandoffPathFacts f;
