@@ -1,6 +1,6 @@
-// The flags kvshard_cuda_decode_bench and kvshard_cuda_op_bench share, parsed with CLI11 as the
-// kvshard CLI parses its own: --backend, --shape, --batches and --json, their checks, and what
-// they name (a backend kind, a DecodeShape). A bad value is refused by CLI11 in one line naming
+// The flags kvshard_cuda_decode_bench, kvshard_cuda_op_bench and kvshard_cuda_prefill_step_bench
+// share, parsed with CLI11 as the kvshard CLI parses its own: --backend, --shape, --batches and
+// --json, their checks, and what they name (a backend kind, a DecodeShape). A bad value is refused by CLI11 in one line naming
 // the flag, exit code non-zero, before any device is touched.
 #pragma once
 
@@ -21,18 +21,21 @@ struct CudaBenchFlags {
     bool json = false;
 };
 
-// Adds the shared flags to `app`, writing into *flags (which must outlive the parse).
-inline void AddCudaBenchFlags(CLI::App& app, CudaBenchFlags* flags) {
+// Adds the shared flags to `app`, writing into *flags (which must outlive the parse); --batches
+// only where `batches` (a bench without batches has no such flag).
+inline void AddCudaBenchFlags(CLI::App& app, CudaBenchFlags* flags, bool batches = true) {
     app.add_option("--backend", flags->backend, "The backend to time")
         ->check(CLI::IsMember({"cuda", "cpu"}))
         ->capture_default_str();
     app.add_option("--shape", flags->shape, "Model shape: 8b (Llama-3-8B) or tiny")
         ->check(CLI::IsMember({"8b", "tiny"}))
         ->capture_default_str();
-    app.add_option("--batches", flags->batches, "Batch sizes, comma-separated")
-        ->delimiter(',')
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
+    if (batches) {
+        app.add_option("--batches", flags->batches, "Batch sizes, comma-separated")
+            ->delimiter(',')
+            ->check(CLI::PositiveNumber)
+            ->capture_default_str();
+    }
     app.add_flag("--json", flags->json, "Also print one JSON object");
 }
 

@@ -8,6 +8,7 @@
 #include "kernels/cuda/backend_kernels.h"
 #include "kernels/cuda/kv_tile.cuh"
 #include "kernels/cuda/launch_math.h"
+#include "kernels/cuda/prefill_args.cuh"
 #include "kernels/cuda/warp_reduce.cuh"
 
 namespace kvshard::cuda {
@@ -207,21 +208,11 @@ __global__ void KvWriteKernel(KvArgs kv, const float* k, const float* v, int64_t
     StoreKvHead<kStorage>(src, hd, dst, KvScaleAt<kStorage>(kv, is_v, slot, h));
 }
 
-struct AttnArgs {
-    const float* q;
-    int64_t q_stride;
-    KvArgs kv;
-    const int32_t* query_starts;
-    const int32_t* context_lens;
-    const int32_t* block_table_starts;
-    const int32_t* block_tables;
-    float* out;
-    int64_t num_heads;
-    const int32_t* kv_head_of_q;  // null: h / (num_heads / num_kv_heads)
+// The prefill kernels' arguments (prefill_args.cuh: the batch, the pool, q, out, the GQA map,
+// scale and window), plus the decode kernel's own: its key splits and their partial results.
+struct AttnArgs : PrefillArgs {
     int num_splits;
     float* partials;
-    float scale;
-    int64_t window;  // > 0: sliding-window attention over the last `window` positions
     bool decode_only;  // leave sequences of more than one row to the prefill kernel
 };
 
@@ -264,15 +255,7 @@ __global__ void __launch_bounds__(kAttnThreads, 1) PagedAttentionKernel(AttnArgs
     const int64_t elem = KvElementBytes(kStorage);
     const int hd_i = static_cast<int>(hd);
 
-    if (threadIdx.x == 0) {
-        int g = 0;
-        const int64_t per = a.num_heads / a.kv.num_kv_heads;
-        for (int64_t h = 0; h < a.num_heads; ++h) {
-            const int64_t owner = a.kv_head_of_q != nullptr ? a.kv_head_of_q[h] : h / per;
-            if (owner == kvh) group[g++] = static_cast<int>(h);
-        }
-        group_size = g;
-    }
+    if (threadIdx.x == 0) group_size = GroupHeads(a, kvh, group);
     __syncthreads();
     const int g_size = group_size;
     if (g_size == 0) return;
@@ -524,21 +507,8 @@ int LaunchPagedAttention(const float* q, int64_t q_stride, const cpu::PagedKvLay
                          const int32_t* kv_head_of_q, int num_splits, float* partials,
                          bool decode_only, StreamHandle stream) {
     if (batch.num_seqs == 0 || num_heads == 0) return 0;
-    const AttnArgs a{q,
-                     q_stride,
-                     ToArgs(kv),
-                     batch.query_starts,
-                     batch.context_lens,
-                     batch.block_table_starts,
-                     batch.block_tables,
-                     out,
-                     num_heads,
-                     kv_head_of_q,
-                     num_splits,
-                     partials,
-                     1.0f / sqrtf(static_cast<float>(kv.head_dim)),
-                     batch.window,
-                     decode_only};
+    const AttnArgs a{MakePrefillArgs(q, q_stride, kv, batch, out, num_heads, kv_head_of_q),
+                     num_splits, partials, decode_only};
     const dim3 grid(static_cast<unsigned>(batch.num_seqs), static_cast<unsigned>(kv.num_kv_heads),
                     static_cast<unsigned>(num_splits));
     const size_t shared = static_cast<size_t>(AttentionSharedBytes(kv.head_dim));

@@ -1,5 +1,6 @@
-// What the two prefill attention kernels (kernels/cuda/prefill_attention.cu, fp32 FMA, and
-// kernels/cuda/prefill_attention_tc.cu, tensor cores) share: their arguments, and the GQA-group
+// What the attention kernels share: the two prefill kernels (kernels/cuda/prefill_attention.cu,
+// fp32 FMA, and kernels/cuda/prefill_attention_tc.cu, tensor cores) their arguments, which the
+// paged decode kernel's (backend_kernels.cu AttnArgs) extend, and all three the GQA-group
 // bookkeeping each block does (which query heads read a KV head). Device code only.
 #pragma once
 

@@ -42,6 +42,41 @@ __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint3
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8×8 bf16 matrices from shared memory (prefill_tc_math.h TcLdsmTile16 / TcLdsmStrip8 give
+// each lane's row address): register i is lane l's row l / 4, columns 2 (l % 4) and one more, of
+// matrix i. No "memory" clobber (it would force reloads in the inner loop): every write to the
+// tiles is ordered before these reads by a __syncthreads, which volatile asm is not moved across.
+__device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], const __nv_bfloat16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(SharedAddress(p)));
+}
+// The same, each matrix transposed: register i is column l / 4, rows 2 (l % 4) and one more.
+__device__ __forceinline__ void Ldsm4Trans(uint32_t (&r)[4], const __nv_bfloat16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(SharedAddress(p)));
+}
+
+// 16 bytes from global to shared memory without a register round trip (sm_80's cp.async, cached
+// in L2 only: a block reads each K/V row once).
+__device__ __forceinline__ void CopyAsync16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SharedAddress(dst)), "l"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void CopyAsyncCommit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void CopyAsyncWait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
 // Two consecutive elements (d, d + 1) of a K or V row of the pool, decoded to fp32.
 template <KvDtype kStorage>
 __device__ __forceinline__ float2 LoadPair(const uint8_t* row, const uint8_t* scale_at, int d) {
@@ -60,28 +95,58 @@ __device__ __forceinline__ float2 LoadPair(const uint8_t* row, const uint8_t* sc
     }
 }
 
+// Starts the copy of key tile [t0, t0 + nt) of a bf16 pool into shared K and V tiles (dk, dv:
+// kTcTileKeys rows of TcRowHalves(kHd) elements), 16 bytes a cp.async (TcCopyChunkKey/Dim); rows
+// from nt on are zeroed (a masked score's probability is 0, but 0 · NaN is not). Every thread
+// computes the slots of its own chunks. Called by every thread; the caller commits the group.
+// REQUIRES: the pool's base, block stride and K/V offsets 16-byte aligned (Aligned16).
+template <int kHd>
+__device__ __forceinline__ void CopyTileAsync(const PrefillArgs& a, const int32_t* table,
+                                              int64_t kv_head, int64_t t0, int nt,
+                                              __nv_bfloat16* dk, __nv_bfloat16* dv) {
+    constexpr int kRow = kHd + kTcRowPad;
+    for (int c = threadIdx.x; c < kTcTileKeys * kHd / 8; c += kTcThreads) {
+        const int j = TcCopyChunkKey(c, kHd), d = TcCopyChunkDim(c, kHd);
+        __nv_bfloat16* k_dst = dk + j * kRow + d;
+        __nv_bfloat16* v_dst = dv + j * kRow + d;
+        if (j < nt) {
+            const int64_t slot = SlotOfPosition(table, a.kv.block_size, t0 + j);
+            const int64_t at =
+                KvElementOffset(a.kv.block_stride, 0, a.kv.block_size, kHd, 2, slot, kv_head, d);
+            CopyAsync16(k_dst, a.kv.base + a.kv.k_offset + at);
+            CopyAsync16(v_dst, a.kv.base + a.kv.v_offset + at);
+        } else {
+            *reinterpret_cast<uint4*>(k_dst) = make_uint4(0u, 0u, 0u, 0u);
+            *reinterpret_cast<uint4*>(v_dst) = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
 // One block takes query tiles w = blockIdx.x, + gridDim.x, ... (PrefillTileOf with kTcQueries
 // query vectors a tile); warp w owns the tile's query vectors 16 w .. 16 w + 15 as an A fragment
-// per 16 head dims. Per kTcTileKeys-key tile: the K rows (bf16) and the V rows (bf16, transposed)
-// through the block table into shared memory; each warp scores its 16 queries against the 64 keys
-// (8 n8 fragments), masks what its rows may not see (TcKeyTileMask), takes the online-softmax step
-// (TcSoftmaxStep) and adds P·V into its output fragments (kHd / 8 of them).
-template <KvDtype kStorage, int kHd>
+// per 16 head dims. Per kTcTileKeys-key tile: the K and V rows (bf16, key-major) through the block
+// table into shared memory; each warp scores its 16 queries against the 64 keys (8 n8 fragments),
+// masks what its rows may not see (TcKeyTileMask), takes the online-softmax step (TcSoftmaxStep)
+// and adds P·V into its output fragments (kHd / 8 of them). Fragments come out of shared memory
+// by ldmatrix (V's transposed by ldmatrix.trans). The K/V tiles alternate between two stages:
+// with kAsync (bf16 pools, 16-byte aligned) the next tile's cp.async copy runs while the warps
+// compute on this one; otherwise (fp8 and int8 pools, dequantized to bf16 on the way) each tile
+// is loaded synchronously into its stage. Either way the arithmetic and its order are the same.
+template <KvDtype kStorage, int kHd, bool kAsync>
 __global__ void __launch_bounds__(kTcThreads, 2) PrefillAttentionTcKernel(PrefillArgs a) {
+    static_assert(!kAsync || kStorage == KvDtype::kBf16, "cp.async copies bf16 rows as stored");
     constexpr int kKSteps = kHd / kMmaK;          // A fragments of Q
     constexpr int kDTiles = kHd / kMmaN;          // output fragments
     constexpr int kPSteps = kTcTileKeys / kMmaK;  // k-steps of P·V
     constexpr int kRow = kHd + kTcRowPad;
-    constexpr int kVtRow = kTcTileKeys + kTcRowPad;
     const int64_t elem = KvElementBytes(kStorage);
     const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
 
     extern __shared__ __align__(16) unsigned char smem_raw[];
     int64_t* row_at = reinterpret_cast<int64_t*>(smem_raw);
     int64_t* scale_at = row_at + kTcTileKeys;
-    __nv_bfloat16* sq = reinterpret_cast<__nv_bfloat16*>(scale_at + kTcTileKeys);
-    __nv_bfloat16* sk = sq + kTcQueries * kRow;
-    __nv_bfloat16* svt = sk + kTcTileKeys * kRow;
+    __nv_bfloat16* tiles = reinterpret_cast<__nv_bfloat16*>(scale_at + kTcTileKeys);
+    __nv_bfloat16* sq = tiles + TcQTileAt(kHd);
     __shared__ int group[kAttnMaxHeads];
     __shared__ int counts[kAttnMaxHeads];
     __shared__ int group_size, max_group;
@@ -106,6 +171,19 @@ __global__ void __launch_bounds__(kTcThreads, 2) PrefillAttentionTcKernel(Prefil
         const int64_t pos0 = a.context_lens[t.seq] - n_rows + t.r_begin;
         const int nq = static_cast<int>((t.r_end - t.r_begin) * nh);
         const int32_t* table = a.block_tables + a.block_table_starts[t.seq];
+        const int64_t n_tiles = t.k_end > t.k_begin
+                                    ? (t.k_end - t.k_begin + kTcTileKeys - 1) / kTcTileKeys
+                                    : 0;
+        if constexpr (kAsync) {
+            // Key tile 0 into stage 0 (not where Q goes) while Q is loaded.
+            if (n_tiles > 0) {
+                const int nt0 = static_cast<int>(
+                    t.k_end - t.k_begin < kTcTileKeys ? t.k_end - t.k_begin : kTcTileKeys);
+                CopyTileAsync<kHd>(a, table, t.kv_head, t.k_begin, nt0, tiles + TcKTileAt(0, kHd),
+                                   tiles + TcVTileAt(0, kHd));
+            }
+            CopyAsyncCommit();
+        }
 
         // The tile's queries in bf16, zero past nq (the scale is applied to the fp32 scores).
         for (int c = tid; c < kTcQueries * kHd / 2; c += kTcThreads) {
@@ -123,13 +201,11 @@ __global__ void __launch_bounds__(kTcThreads, 2) PrefillAttentionTcKernel(Prefil
         __syncthreads();
         const TcWarpSpan span = TcWarpPositions(warp, nq, nh, pos0);
         uint32_t qf[kKSteps][4];
+        {
+            const FragCoord c = TcLdsmTile16(lane);
 #pragma unroll
-        for (int kk = 0; kk < kKSteps; ++kk) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const FragCoord c = MmaAElement(lane, 2 * r);
-                qf[kk][r] = *reinterpret_cast<const uint32_t*>(sq + (warp * kMmaM + c.row) * kRow +
-                                                               kk * kMmaK + c.col);
+            for (int kk = 0; kk < kKSteps; ++kk) {
+                Ldsm4(qf[kk], sq + (warp * kMmaM + c.row) * kRow + kk * kMmaK + c.col);
             }
         }
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -140,47 +216,66 @@ __global__ void __launch_bounds__(kTcThreads, 2) PrefillAttentionTcKernel(Prefil
             for (int e = 0; e < 4; ++e) o[d][e] = 0.0f;
         }
 
-        for (int64_t t0 = t.k_begin; t0 < t.k_end; t0 += kTcTileKeys) {
+        for (int64_t i = 0; i < n_tiles; ++i) {
+            const int64_t t0 = t.k_begin + i * kTcTileKeys;
             const int nt =
                 static_cast<int>(t.k_end - t0 < kTcTileKeys ? t.k_end - t0 : kTcTileKeys);
-            __syncthreads();  // every warp is done with the previous tile's K and V
-            if (tid < nt) {
-                const int64_t slot = SlotOfPosition(table, a.kv.block_size, t0 + tid);
-                row_at[tid] = KvElementOffset(a.kv.block_stride, 0, a.kv.block_size, kHd, elem,
-                                              slot, t.kv_head, 0);
-                scale_at[tid] =
-                    KvScaleOffset(a.kv.block_stride, 0, a.kv.block_size, slot, t.kv_head);
-            }
+            const int stage = static_cast<int>(i & 1);
+            __nv_bfloat16* sk = tiles + TcKTileAt(stage, kHd);
+            __nv_bfloat16* sv = tiles + TcVTileAt(stage, kHd);
+            // Every warp is done with the other stage's tiles (read at i - 1) and, at i = 0, with
+            // the Q tile in stage 1.
             __syncthreads();
-            for (int c = tid; c < kTcTileKeys * kHd / 2; c += kTcThreads) {
-                const int j = TcChunkKey(c, kHd), d = TcChunkDim(c, kHd);
-                float2 k2 = make_float2(0.0f, 0.0f), v2 = k2;
-                if (j < nt) {
-                    k2 = LoadPair<kStorage>(a.kv.base + a.kv.k_offset + row_at[j],
-                                            a.kv.base + a.kv.k_scale_offset + scale_at[j], d);
-                    v2 = LoadPair<kStorage>(a.kv.base + a.kv.v_offset + row_at[j],
-                                            a.kv.base + a.kv.v_scale_offset + scale_at[j], d);
+            if constexpr (kAsync) {
+                if (i + 1 < n_tiles) {
+                    const int64_t t1 = t0 + kTcTileKeys;
+                    const int nt1 =
+                        static_cast<int>(t.k_end - t1 < kTcTileKeys ? t.k_end - t1 : kTcTileKeys);
+                    CopyTileAsync<kHd>(a, table, t.kv_head, t1, nt1,
+                                       tiles + TcKTileAt(stage ^ 1, kHd),
+                                       tiles + TcVTileAt(stage ^ 1, kHd));
                 }
-                *reinterpret_cast<uint32_t*>(sk + j * kRow + d) = PackBf16(k2.x, k2.y);
-                svt[d * kVtRow + j] = __float2bfloat16_rn(v2.x);
-                svt[(d + 1) * kVtRow + j] = __float2bfloat16_rn(v2.y);
+                CopyAsyncCommit();   // (an empty group past the last tile keeps the count)
+                CopyAsyncWait<1>();  // this thread's copies of tile i have landed
+            } else {
+                if (tid < nt) {
+                    const int64_t slot = SlotOfPosition(table, a.kv.block_size, t0 + tid);
+                    row_at[tid] = KvElementOffset(a.kv.block_stride, 0, a.kv.block_size, kHd,
+                                                  elem, slot, t.kv_head, 0);
+                    scale_at[tid] =
+                        KvScaleOffset(a.kv.block_stride, 0, a.kv.block_size, slot, t.kv_head);
+                }
+                __syncthreads();
+                for (int c = tid; c < kTcTileKeys * kHd / 2; c += kTcThreads) {
+                    const int j = TcChunkKey(c, kHd), d = TcChunkDim(c, kHd);
+                    float2 k2 = make_float2(0.0f, 0.0f), v2 = k2;
+                    if (j < nt) {
+                        k2 = LoadPair<kStorage>(a.kv.base + a.kv.k_offset + row_at[j],
+                                                a.kv.base + a.kv.k_scale_offset + scale_at[j], d);
+                        v2 = LoadPair<kStorage>(a.kv.base + a.kv.v_offset + row_at[j],
+                                                a.kv.base + a.kv.v_scale_offset + scale_at[j], d);
+                    }
+                    *reinterpret_cast<uint32_t*>(sk + j * kRow + d) = PackBf16(k2.x, k2.y);
+                    *reinterpret_cast<uint32_t*>(sv + j * kRow + d) = PackBf16(v2.x, v2.y);
+                }
             }
-            __syncthreads();
+            __syncthreads();  // the tile is in shared memory for every warp
             const TcTileMask mask = TcKeyTileMask(t0, nt, span, a.window);
             if (mask == TcTileMask::kSkip) continue;
 
             float s[kTcScoreTiles][4];
+            const FragCoord ks = TcLdsmStrip8(lane);
 #pragma unroll
             for (int n = 0; n < kTcScoreTiles; ++n) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
 #pragma unroll
-                for (int kk = 0; kk < kKSteps; ++kk) {
-                    // B(k, n) = K[key 8 n + n'][dim 16 kk + k]: elements 2r, 2r + 1 one word.
-                    const FragCoord b0 = MmaBElement(lane, 0), b1 = MmaBElement(lane, 2);
-                    const __nv_bfloat16* kr = sk + (n * kMmaN + b0.col) * kRow + kk * kMmaK;
-                    Mma(s[n], qf[kk], *reinterpret_cast<const uint32_t*>(kr + b0.row),
-                        *reinterpret_cast<const uint32_t*>(kr + b1.row));
+                for (int kk = 0; kk < kKSteps; kk += 2) {
+                    // B(k, n') = K[key 8 n + n'][dim 16 kk + k], k-steps kk and kk + 1.
+                    uint32_t b[4];
+                    Ldsm4(b, sk + (n * kMmaN + ks.row) * kRow + kk * kMmaK + ks.col);
+                    Mma(s[n], qf[kk], b[0], b[1]);
+                    Mma(s[n], qf[kk + 1], b[2], b[3]);
                 }
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
@@ -214,16 +309,18 @@ __global__ void __launch_bounds__(kTcThreads, 2) PrefillAttentionTcKernel(Prefil
                     pf[r] = PackBf16(s[TcPTileOf(kk, e)][TcPElementOf(e)],
                                      s[TcPTileOf(kk, e + 1)][TcPElementOf(e + 1)]);
                 }
-                const FragCoord b0 = MmaBElement(lane, 0), b1 = MmaBElement(lane, 2);
+                const FragCoord vs = TcLdsmTile16(lane);
 #pragma unroll
-                for (int d = 0; d < kDTiles; ++d) {
-                    // B(k, n) = V[key 16 kk + k][dim 8 d + n] = Vᵀ[dim][key].
-                    const __nv_bfloat16* vr = svt + (d * kMmaN + b0.col) * kVtRow + kk * kMmaK;
-                    Mma(o[d], pf, *reinterpret_cast<const uint32_t*>(vr + b0.row),
-                        *reinterpret_cast<const uint32_t*>(vr + b1.row));
+                for (int d = 0; d < kDTiles; d += 2) {
+                    // B(k, n) = V[key 16 kk + k][dim 8 d + n], dim tiles d and d + 1.
+                    uint32_t b[4];
+                    Ldsm4Trans(b, sv + (kk * kMmaK + vs.row) * kRow + d * kMmaN + vs.col);
+                    Mma(o[d], pf, b[0], b[1]);
+                    Mma(o[d + 1], pf, b[2], b[3]);
                 }
             }
         }
+        if constexpr (kAsync) CopyAsyncWait<0>();  // nothing left in flight into the next Q tile
         if (span.empty) continue;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -247,27 +344,44 @@ __global__ void __launch_bounds__(kTcThreads, 2) PrefillAttentionTcKernel(Prefil
     }
 }
 
-template <KvDtype kStorage, int kHd>
+template <KvDtype kStorage, int kHd, bool kAsync>
 int Launch(const PrefillArgs& a, unsigned grid, StreamHandle stream) {
     static std::atomic<bool> configured[kMaxDevices];
     const size_t shared = static_cast<size_t>(TcSharedBytes(kHd));
     int device = 0;
     if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return static_cast<int>(e);
     if (device < 0 || device >= kMaxDevices || !configured[device].load()) {
-        const cudaError_t e = cudaFuncSetAttribute(PrefillAttentionTcKernel<kStorage, kHd>,
+        const cudaError_t e = cudaFuncSetAttribute(PrefillAttentionTcKernel<kStorage, kHd, kAsync>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(shared));
         if (e != cudaSuccess) return static_cast<int>(e);
         if (device >= 0 && device < kMaxDevices) configured[device].store(true);
     }
-    PrefillAttentionTcKernel<kStorage, kHd><<<grid, kTcThreads, shared, stream>>>(a);
+    PrefillAttentionTcKernel<kStorage, kHd, kAsync><<<grid, kTcThreads, shared, stream>>>(a);
     return static_cast<int>(cudaGetLastError());
+}
+
+// Whether cp.async may copy the pool's bf16 rows 16 bytes at a time: each K/V head row starts at
+// base + block · block_stride + the K (or V) offset + a multiple of head_dim · 2 bytes.
+bool Aligned16(const PrefillArgs& a) {
+    const uint64_t bits = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(a.kv.base)) |
+                          static_cast<uint64_t>(a.kv.block_stride) |
+                          static_cast<uint64_t>(a.kv.k_offset) | static_cast<uint64_t>(a.kv.v_offset);
+    return bits % 16 == 0;
+}
+
+template <KvDtype kStorage, int kHd>
+int LaunchForHeadDim(const PrefillArgs& a, unsigned grid, StreamHandle stream) {
+    if constexpr (kStorage == KvDtype::kBf16) {
+        if (Aligned16(a)) return Launch<kStorage, kHd, true>(a, grid, stream);
+    }
+    return Launch<kStorage, kHd, false>(a, grid, stream);
 }
 
 template <KvDtype kStorage>
 int LaunchForStorage(const PrefillArgs& a, unsigned grid, StreamHandle stream) {
-    if (a.kv.head_dim == 64) return Launch<kStorage, 64>(a, grid, stream);
-    if (a.kv.head_dim == 128) return Launch<kStorage, 128>(a, grid, stream);
+    if (a.kv.head_dim == 64) return LaunchForHeadDim<kStorage, 64>(a, grid, stream);
+    if (a.kv.head_dim == 128) return LaunchForHeadDim<kStorage, 128>(a, grid, stream);
     return static_cast<int>(cudaErrorInvalidValue);
 }
 

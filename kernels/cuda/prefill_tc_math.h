@@ -1,10 +1,12 @@
 // The index math of the tensor-core prefill attention kernel (kernels/cuda/prefill_attention_tc.cu)
 // as __host__ __device__ functions: which lane holds which (row, col) of an mma.sync m16n8k16
 // fragment, how a score fragment becomes the A fragment of the P·V product, which key tiles a
-// warp's queries see, the shared-memory layout, and each lane's online-softmax step. The kernel
+// warp's queries see, the shared-memory layout, the ldmatrix addresses, the asynchronous copy's
+// chunks, and each lane's online-softmax step. The kernel
 // calls them on the device; tests/kernels/cuda_prefill_tc_math_test.cc runs a scalar emulation of
-// the kernel's tile loop built from them on the CPU against the CPU attention. A plain header: no
-// CUDA includes.
+// the kernel's tile loop built from them on the CPU against the CPU attention, and
+// tests/kernels/cuda_prefill_tc_ldsm_test.cc emulates ldmatrix over the shared tiles at the
+// addresses given here. A plain header: no CUDA includes.
 //
 // The tiling is FlashAttention-2's (Dao, "FlashAttention-2: Faster Attention with Better
 // Parallelism and Work Partitioning", 2023, §3): a block owns a tile of queries, each warp 16 of
@@ -43,18 +45,24 @@ constexpr int kTcRowPad = 8;
 
 // Whether the tensor-core kernel is compiled for a head_dim (its registers are sized by it).
 KV_HD bool TcHeadDimSupported(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
-// bf16 elements from one Q or K row to the next in shared memory.
+// bf16 elements from one Q, K or V row to the next in shared memory (V is stored key-major like
+// K; the P·V product's B fragments come out of it transposed by ldmatrix.trans).
 KV_HD int TcRowHalves(int64_t head_dim) { return static_cast<int>(head_dim) + kTcRowPad; }
-// bf16 elements from one head-dim row of the transposed V tile to the next (V is stored dim-major
-// so that a B fragment's two keys are one 32-bit word).
-KV_HD int TcVtRowHalves() { return kTcTileKeys + kTcRowPad; }
-// Dynamic shared memory of a block: Q (kTcQueries rows), K (kTcTileKeys rows), Vᵀ (head_dim rows)
-// in bf16, then the tile's kTcTileKeys slot offsets and scale offsets.
+// bf16 elements of one K or V tile (kTcTileKeys rows) in shared memory.
+KV_HD int TcTileHalves(int64_t head_dim) { return kTcTileKeys * TcRowHalves(head_dim); }
+// The tiles' shared memory, in bf16 elements from its start: two stages of a K and a V tile (the
+// next key tile is copied into one while the warps compute on the other), K then V, stage 0 then
+// 1. The Q tile (kTcQueries rows) overlaps stage 1's K tile: the warps hold Q in registers before
+// stage 1 is first written.
+KV_HD int TcKTileAt(int stage, int64_t head_dim) { return 2 * stage * TcTileHalves(head_dim); }
+KV_HD int TcVTileAt(int stage, int64_t head_dim) { return (2 * stage + 1) * TcTileHalves(head_dim); }
+KV_HD int TcQTileAt(int64_t head_dim) { return TcKTileAt(1, head_dim); }
+static_assert(kTcQueries <= kTcTileKeys, "the Q tile fits in a K tile's place");
+// Dynamic shared memory of a block: the tile's kTcTileKeys slot offsets and scale offsets (the
+// synchronous load's), then the four tiles (TcKTileAt).
 KV_HD int64_t TcSharedBytes(int64_t head_dim) {
-    return (static_cast<int64_t>(kTcQueries + kTcTileKeys) * TcRowHalves(head_dim) +
-            head_dim * TcVtRowHalves()) *
-               2 +
-           2 * kTcTileKeys * static_cast<int64_t>(sizeof(int64_t));
+    return 2 * kTcTileKeys * static_cast<int64_t>(sizeof(int64_t)) +
+           4 * static_cast<int64_t>(TcTileHalves(head_dim)) * 2;
 }
 
 // ---- mma.sync m16n8k16 fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16") ----
@@ -117,6 +125,23 @@ KV_HD TcTileMask TcKeyTileMask(int64_t t0, int nt, const TcWarpSpan& w, int64_t 
 // dims 2 (c % (head_dim / 2)) and one more.
 KV_HD int TcChunkKey(int c, int head_dim) { return c / (head_dim / 2); }
 KV_HD int TcChunkDim(int c, int head_dim) { return 2 * (c % (head_dim / 2)); }
+// The asynchronous copy's unit (cp.async of 16 bytes, bf16 pools): chunk c of a K/V tile is 8
+// elements, key c / (head_dim / 8) of the tile, dims 8 (c % (head_dim / 8)) .. + 7.
+KV_HD int TcCopyChunkKey(int c, int head_dim) { return c / (head_dim / 8); }
+KV_HD int TcCopyChunkDim(int c, int head_dim) { return 8 * (c % (head_dim / 8)); }
+
+// ---- ldmatrix.x4 (PTX ISA, "Warp-level matrix load instruction: ldmatrix") ----
+// One ldmatrix.sync.aligned.m8n8.x4 loads four 8×8 b16 matrices: lane l gives the shared address
+// of row l % 8 of matrix l / 8 (16 contiguous bytes), and receives in register i row l / 4,
+// columns 2 (l % 4) and one more, of matrix i (with .trans: column l / 4, rows 2 (l % 4) and one
+// more). These give each lane's address as (row, col) from a 16×16 (or 8×32) corner.
+// A 16×16 tile, matrix i at rows 8 (i % 2), cols 8 (i / 2): registers 0..3 are an A fragment (Q
+// rows × 16 dims); with .trans over V (16 keys × 16 dims) they are the B fragments of two n8
+// tiles of dims (registers 0, 1 the first's, 2, 3 the second's).
+KV_HD FragCoord TcLdsmTile16(int lane) { return {(lane & 7) + 8 * ((lane >> 3) & 1), 8 * (lane >> 4)}; }
+// An 8×32 strip, matrix i at cols 8 i: over K (8 keys × 32 dims) the B fragments of two k-steps of
+// one n8 score tile (registers 0, 1 the first's, 2, 3 the second's).
+KV_HD FragCoord TcLdsmStrip8(int lane) { return {lane & 7, 8 * (lane >> 3)}; }
 
 // ---- a lane's online softmax over one key tile ----
 // A lane holds two query rows of its warp (MmaCElement rows g and g + 8: index r = e / 2) of the

@@ -5,7 +5,8 @@
 // machine that cannot carry real weights can time an 8B-shaped decode
 // (kernels/bench/cuda_decode_bench.cc) and a test can check a whole step against the CPU backend
 // (tests/kernels/cuda_backend_test.cc). Header-only; the weights are the same on every backend for
-// a seed. Not thread-safe.
+// a seed (kernels/cuda/synthetic_model.h's SyntheticWeights, which
+// kernels/cuda/synthetic_prefill.h shares). Not thread-safe.
 #pragma once
 
 #include <algorithm>
@@ -23,31 +24,10 @@
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "kernels/cpu_ops.h"
+#include "kernels/cuda/synthetic_model.h"
 #include "kernels/paged_attention.h"
 
 namespace kvshard::cuda {
-
-struct DecodeShape {
-    int64_t layers = 32;
-    int64_t hidden = 4096;
-    int64_t heads = 32;
-    int64_t kv_heads = 8;
-    int64_t head_dim = 128;
-    int64_t ffn = 14336;
-    int64_t vocab = 128256;
-    int64_t block_size = 16;
-    float rope_theta = 500000.0f;
-    KvDtype kv_dtype = KvDtype::kBf16;  // the KV pool's storage, as GPU engines keep it
-
-    static DecodeShape Llama3_8B() { return {}; }
-    int64_t qkv_rows() const { return (heads + 2 * kv_heads) * head_dim; }
-    // bf16 weight bytes one step reads (every matrix once).
-    int64_t weight_bytes() const {
-        const int64_t per_layer =
-            qkv_rows() * hidden + hidden * heads * head_dim + 2 * ffn * hidden + hidden * ffn;
-        return 2 * (layers * per_layer + 2 * vocab * hidden);
-    }
-};
 
 class SyntheticDecode {
   public:
@@ -56,7 +36,8 @@ class SyntheticDecode {
     // buffers. Errors: the backend's (allocation, copies).
     static Result<SyntheticDecode> Create(Backend& b, const DecodeShape& s, int64_t max_batch,
                                           int64_t context, uint32_t seed) {
-        SyntheticDecode d(b, s, max_batch, context);
+        KV_ASSIGN_OR_RETURN(SyntheticWeights w, SyntheticWeights::Create(b, s, seed));
+        SyntheticDecode d(b, s, std::move(w), max_batch, context);
         KV_RETURN_IF_ERROR(d.Init(seed));
         return d;
     }
@@ -68,10 +49,10 @@ class SyntheticDecode {
         Backend& b = *b_;
         const int64_t qkv = s.qkv_rows(), q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
         const PagedAttentionBatch attn = Attention(batch);
-        b.Embedding(embedding_, 0, ids_, batch, x_);
+        b.Embedding(w_.embedding(), 0, ids_, batch, x_);
         b.RmsNorm(x_, ones_, xn_, batch, s.hidden, 1e-5f);
         for (int64_t l = 0; l < s.layers; ++l) {
-            const Layer& w = layers_[static_cast<size_t>(l)];
+            const SyntheticWeights::Layer& w = w_.layer(l);
             b.MatMul(xn_, batch, w.qkv, qkv_);
             const PagedKvLayer kv = Kv(l);
             // As the ModelRunner: the fused RoPE + KV write where the backend has it.
@@ -90,7 +71,7 @@ class SyntheticDecode {
             b.MatMul(h_, batch, w.down, delta_);
             b.AddRmsNorm(x_, delta_, ones_, xn_, batch, s.hidden, 1e-5f);
         }
-        b.MatMul(xn_, batch, output_, logits_);
+        b.MatMul(xn_, batch, w_.output(), logits_);
     }
 
     // Milliseconds per call of each op of layer 0's step (and the classifier) at `batch`, each
@@ -101,10 +82,10 @@ class SyntheticDecode {
         Backend& b = *b_;
         const int64_t qkv = s.qkv_rows(), q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
         const PagedAttentionBatch attn = Attention(batch);
-        const Layer& w = layers_.front();
+        const SyntheticWeights::Layer& w = w_.layer(0);
         const PagedKvLayer kv = Kv(0);
         std::vector<std::pair<std::string, std::function<void()>>> ops = {
-            {"embedding", [&] { b.Embedding(embedding_, 0, ids_, batch, x_); }},
+            {"embedding", [&] { b.Embedding(w_.embedding(), 0, ids_, batch, x_); }},
             {"matmul_qkv", [&] { b.MatMul(xn_, batch, w.qkv, qkv_); }},
             {"rope", [&] { b.Rope(qkv_, qkv, positions_, batch, s.heads + s.kv_heads, s.head_dim, inv_freq_); }},
             {"kv_write", [&] { b.KvWrite(kv, qkv_ + q_dim, qkv_ + q_dim + kv_dim, qkv, slots_, batch); }},
@@ -114,7 +95,7 @@ class SyntheticDecode {
             {"matmul_gate_up", [&] { b.MatMul(xn_, batch, w.gate_up, gate_up_); }},
             {"silu_mul", [&] { b.SiluMul(gate_up_, batch, s.ffn, h_); }},
             {"matmul_down", [&] { b.MatMul(h_, batch, w.down, delta_); }},
-            {"classifier", [&] { b.MatMul(xn_, batch, output_, logits_); }},
+            {"classifier", [&] { b.MatMul(xn_, batch, w_.output(), logits_); }},
         };
         // The fused RoPE + KV write where the backend has it, in place of rope and kv_write.
         if (auto* fused = dynamic_cast<RopeKvWriter*>(&b)) {
@@ -147,12 +128,9 @@ class SyntheticDecode {
     const DecodeShape& shape() const { return s_; }
 
   private:
-    struct Layer {
-        WeightView qkv, wo, gate_up, down;
-    };
-
-    SyntheticDecode(Backend& b, const DecodeShape& s, int64_t max_batch, int64_t context)
-        : b_(&b), s_(s), max_batch_(max_batch), context_(context) {}
+    SyntheticDecode(Backend& b, const DecodeShape& s, SyntheticWeights w, int64_t max_batch,
+                    int64_t context)
+        : b_(&b), s_(s), w_(std::move(w)), bufs_(b), max_batch_(max_batch), context_(context) {}
 
     PagedAttentionBatch Attention(int64_t batch) const {
         return {.num_seqs = batch,
@@ -168,59 +146,10 @@ class SyntheticDecode {
                                      s_.block_size, s_.kv_heads, s_.head_dim);
     }
 
-    // Fills `bytes` of backend memory at `dst` from the random table, starting at a varying
-    // offset so matrices differ.
-    Status FillRandom(void* dst, size_t bytes, size_t* cursor) {
-        auto* out = static_cast<uint8_t*>(dst);
-        const size_t table = random_bf16_.size() * sizeof(uint16_t);
-        const auto* src = reinterpret_cast<const uint8_t*>(random_bf16_.data());
-        while (bytes > 0) {
-            const size_t at = (*cursor % (table / 2)) & ~size_t{1};
-            const size_t n = std::min(bytes, table - at);
-            KV_RETURN_IF_ERROR(b_->CopyToDevice(out, src + at, n));
-            KV_RETURN_IF_ERROR(b_->Synchronize());
-            out += n;
-            bytes -= n;
-            *cursor += 2 * n + 7919 * 2;
-        }
-        return Status::Ok();
-    }
-
     Status Init(uint32_t seed) {
         const DecodeShape& s = s_;
         std::mt19937 rng(seed);
         std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-        // Uniform(-a, a) with a = sqrt(3 / hidden): each product keeps its input's scale.
-        const float a = std::sqrt(3.0f / static_cast<float>(s.hidden));
-        random_bf16_.resize(size_t{1} << 20);
-        for (uint16_t& v : random_bf16_) v = FloatToBF16(a * u(rng));
-
-        // Weights: one arena of bf16 matrices.
-        struct Planned {
-            WeightView* view;
-            int64_t rows, cols;
-        };
-        std::vector<Planned> plan;
-        layers_.resize(static_cast<size_t>(s.layers));
-        plan.push_back({&embedding_, s.vocab, s.hidden});
-        plan.push_back({&output_, s.vocab, s.hidden});
-        for (Layer& l : layers_) {
-            plan.push_back({&l.qkv, s.qkv_rows(), s.hidden});
-            plan.push_back({&l.wo, s.hidden, s.heads * s.head_dim});
-            plan.push_back({&l.gate_up, 2 * s.ffn, s.hidden});
-            plan.push_back({&l.down, s.hidden, s.ffn});
-        }
-        size_t total = 0;
-        for (const Planned& p : plan) total += Aligned(size_t(p.rows * p.cols) * 2);
-        KV_ASSIGN_OR_RETURN(weights_, b_->Allocate(total));
-        size_t offset = 0, cursor = seed;
-        for (const Planned& p : plan) {
-            const size_t bytes = size_t(p.rows * p.cols) * 2;
-            void* at = weights_.As<uint8_t>() + offset;
-            KV_RETURN_IF_ERROR(FillRandom(at, bytes, &cursor));
-            *p.view = {.dtype = DType::kBF16, .data = at, .rows = p.rows, .cols = p.cols};
-            offset += Aligned(bytes);
-        }
 
         // The KV pool: max_batch sequences of context + 1 positions, consecutive blocks each.
         const int64_t per_seq = (context_ + 1 + s.block_size - 1) / s.block_size;
@@ -296,31 +225,17 @@ class SyntheticDecode {
         return b_->Synchronize();
     }
 
-    static size_t Aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
     template <typename T>
-    Result<T*> Put(const std::vector<T>& host) {
-        KV_ASSIGN_OR_RETURN(BackendBuffer buf, b_->Allocate(std::max<size_t>(64, host.size() * sizeof(T))));
-        KV_RETURN_IF_ERROR(b_->CopyToDevice(buf.data(), host.data(), host.size() * sizeof(T)));
-        KV_RETURN_IF_ERROR(b_->Synchronize());
-        buffers_.push_back(std::move(buf));
-        return buffers_.back().As<T>();
-    }
-    Result<float*> Scratch(int64_t floats) {
-        KV_ASSIGN_OR_RETURN(BackendBuffer buf, b_->Allocate(size_t(floats) * sizeof(float)));
-        buffers_.push_back(std::move(buf));
-        return buffers_.back().As<float>();
-    }
+    Result<T*> Put(const std::vector<T>& host) { return bufs_.Put(host); }
+    Result<float*> Scratch(int64_t floats) { return bufs_.Scratch(floats); }
 
     Backend* b_;
     DecodeShape s_;
+    SyntheticWeights w_;
+    SyntheticBuffers bufs_;
     int64_t max_batch_, context_;
-    std::vector<uint16_t> random_bf16_;
-    BackendBuffer weights_, pool_;
-    std::vector<BackendBuffer> buffers_;
+    BackendBuffer pool_;
     int64_t block_bytes_ = 0;
-    WeightView embedding_, output_;
-    std::vector<Layer> layers_;
     int32_t *ids_ = nullptr, *positions_ = nullptr, *query_starts_ = nullptr,
             *context_lens_ = nullptr, *table_starts_ = nullptr, *tables_ = nullptr;
     int64_t* slots_ = nullptr;
