@@ -12,7 +12,8 @@
 //            NCCL): the host collective behind StagedCollective (worker/staged_collective.h).
 //
 // Every rank of an instance must choose the same path: the choice depends only on what every
-// rank is told alike (the backend, the instance's devices, whether an id was handed out).
+// rank is told alike (the backend, the instance's devices, whether an id was handed out). The
+// rule itself is config/collective_path.h's, which the serving config's device plan applies too.
 //
 // The ModelRunner takes its collective when it is made, and the backend is made inside
 // MakeModelRunner: so a rank is given a RankCollective first (rank and size known), and the
@@ -27,12 +28,10 @@
 #include <vector>
 
 #include "comm/collective.h"
+#include "config/collective_path.h"
 #include "kernels/backend.h"
 
 namespace kvshard {
-
-enum class CollectivePath { kHost, kStaged, kNccl };
-std::string_view CollectivePathName(CollectivePath path);
 
 struct CollectivePathInputs {
     BackendKind backend = BackendKind::kCpu;
@@ -47,6 +46,7 @@ struct CollectivePathInputs {
     bool force_staged = false;
 };
 
+// DecideCollectivePath (config/collective_path.h) for a rank of `in.backend`.
 CollectivePath ChooseCollectivePath(const CollectivePathInputs& in);
 
 // A Collective whose implementation is attached after it is handed out. Before Attach every
