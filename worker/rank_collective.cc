@@ -71,7 +71,12 @@ void RankCollective::Abort(const std::string& reason) {
 
 int64_t RankCollective::bytes_all_reduced() const {
     Collective* t = target_.load();
-    return t != nullptr ? t->bytes_all_reduced() : 0;
+    return (t != nullptr ? t->bytes_all_reduced() : 0) +
+           graph_bytes_.load(std::memory_order_relaxed);
+}
+
+void RankCollective::AddGraphAllReduceBytes(int64_t bytes) {
+    graph_bytes_.fetch_add(bytes, std::memory_order_relaxed);
 }
 
 // ---- attaching ----

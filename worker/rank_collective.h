@@ -69,7 +69,13 @@ class RankCollective final : public Collective {
     Status Broadcast(void* data, int64_t bytes, int root) override;
     Status Barrier() override;
     void Abort(const std::string& reason) override;
+    // The attached collective's count, plus AddGraphAllReduceBytes'.
     int64_t bytes_all_reduced() const override;
+    // Adds `bytes` to bytes_all_reduced: the all-reduces a replayed CUDA graph launched (NCCL's,
+    // recorded by the capture: the replay never calls the collective, so it cannot count them),
+    // or, negative, those a discarded capture queued and the collective counted but that never
+    // ran. REQUIRES: the attached collective counts its calls, not the graphs' launches (NCCL).
+    void AddGraphAllReduceBytes(int64_t bytes);
 
   private:
     Status Unattached(std::string_view what) const;
@@ -80,6 +86,7 @@ class RankCollective final : public Collective {
     std::atomic<Collective*> target_{nullptr};
     std::mutex mu_;             // Attach against Abort
     std::string abort_reason_;  // guarded by mu_; an Abort before Attach
+    std::atomic<int64_t> graph_bytes_{0};
 };
 
 struct BackendCollectiveOptions {
