@@ -62,9 +62,10 @@ Status CheckGraphCollectives(const std::vector<PoolConfig>& pools, const DeviceP
                                            " (give each rank a GPU of its own in devices)");
                 }
             }
+            // Not reached while plan.cuda implies a CUDA (and so NCCL) build; kept so that a
+            // new reason for the staged path is refused, not captured.
             return InvalidArgument(at + "its " + std::to_string(tp) +
-                                   " ranks have no NCCL (this kvshard was built without CUDA)" +
-                                   why);
+                                   " ranks cannot form an NCCL group" + why);
         }
     }
     return Status::Ok();
