@@ -1,6 +1,7 @@
 #include "cli/process_instance.h"
 
 #include <algorithm>
+#include <charconv>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -8,6 +9,7 @@
 #include "common/build_config.h"
 #include "common/check.h"
 #include "common/logging.h"
+#include "config/collective_path.h"
 
 namespace kvshard::cli {
 
@@ -275,15 +277,19 @@ Result<std::unique_ptr<ProcessInstance>> Form(const ServerConfig& config,
 }  // namespace
 
 bool UsesNcclBootstrap(const ProcessInstanceSpec& spec, bool cuda_build) {
-    if (!cuda_build || spec.tp <= 1 || spec.devices.size() != static_cast<size_t>(spec.tp)) {
-        return false;
+    // The ranks' own rule (config/collective_path.h): NCCL refuses two ranks of one communicator
+    // on one GPU, so ranks listed on a shared GPU stage their all-reduces through the host and
+    // need no NCCL id; CPU instances ("cpu" devices) all-reduce over Gloo or MPI.
+    std::vector<int> gpus;
+    for (const std::string& d : spec.devices) {
+        int ordinal = -1;
+        const auto [end, ec] = std::from_chars(d.data(), d.data() + d.size(), ordinal);
+        if (ec != std::errc() || end != d.data() + d.size()) return false;  // "cpu"
+        gpus.push_back(ordinal);
     }
-    // NCCL refuses two ranks of one communicator on one GPU: ranks listed on a shared GPU stage
-    // their all-reduces through the host (worker/rank_collective.h), so they need no NCCL id.
-    const std::set<std::string> distinct(spec.devices.begin(), spec.devices.end());
-    return distinct.size() == spec.devices.size() &&
-           std::none_of(spec.devices.begin(), spec.devices.end(),
-                        [](const std::string& device) { return device == "cpu"; });
+    return DecideCollectivePath(
+               {.on_gpus = true, .tp = spec.tp, .devices = gpus, .nccl_available = cuda_build}) ==
+           CollectivePath::kNccl;
 }
 
 Result<std::vector<DeclaredProcessInstance>> DeclareProcessInstances(

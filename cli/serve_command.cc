@@ -269,7 +269,7 @@ int RunServe(ServeFlags f) {
     if (!planned.empty()) {
         Result<DevicePlan> dp =
             PlanServeDevices(c, pools, *stop_ids_of.file, planned[0].runner, max_context,
-                             KVSHARD_WITH_CUDA != 0, devices);
+                             KVSHARD_WITH_CUDA != 0, devices, f.stage_collectives);
         if (!dp.ok()) return Fail(source + dp.status().message());
         for (const std::string& w : dp->warnings) spdlog::warn("{}", w);
         Result<std::optional<KvHandoffPath>> path =

@@ -77,7 +77,7 @@ int64_t GpuRankReserveBytes(const ModelSpec& spec, const RunnerOptions& runner, 
 Result<DevicePlan> PlanServeDevices(const ServerConfig& c, const std::vector<PoolConfig>& pools,
                                     const ModelFile& model, const RunnerOptions& runner,
                                     int64_t max_context, bool built_with_cuda,
-                                    const DeviceQuery& devices) {
+                                    const DeviceQuery& devices, bool force_staged_collectives) {
     DevicePlanInputs in;
     in.backend = c.backend;
     in.built_with_cuda = built_with_cuda;
@@ -86,6 +86,7 @@ Result<DevicePlan> PlanServeDevices(const ServerConfig& c, const std::vector<Poo
     in.gpu_memory_utilization = c.kv_cache.gpu_memory_utilization;
     in.fixed_kv_blocks = c.kv_cache.num_blocks;
     in.cuda_graphs = c.cuda_graphs;
+    in.force_staged_collectives = force_staged_collectives;
     KV_ASSIGN_OR_RETURN(bool cuda, ResolveCudaBackend(in.backend, built_with_cuda,
                                                       static_cast<int>(in.gpus.size()),
                                                       in.no_device_reason));
@@ -112,10 +113,11 @@ Result<DevicePlan> PlanServeDevices(const ServerConfig& c, const std::vector<Poo
         return GpuRankReserveBytes(spec, runner, max_context, tp);
     };
     // One graph per decode bucket of the step's sequence limit (worker/decode_buckets.h).
-    in.graph_bytes_per_rank = [&](int) {
+    in.graph_bytes_per_rank = [&](int tp) {
         return CudaGraphBytes(
             spec.num_layers,
-            static_cast<int64_t>(DecodeBuckets(std::max<int64_t>(1, runner.max_step_seqs)).size()));
+            static_cast<int64_t>(DecodeBuckets(std::max<int64_t>(1, runner.max_step_seqs)).size()),
+            tp);
     };
     return PlanDevices(pools, in);
 }

@@ -33,13 +33,16 @@ int64_t GpuRankReserveBytes(const ModelSpec& spec, const RunnerOptions& runner, 
                             int tp);
 
 // The plan of every rank of `pools` for config `c` (its backend, kv_cache.gpu_memory_utilization,
-// kv_cache.num_blocks, weight_format): on the CPU, the warnings about GPU devices the CPU ignores;
-// on cuda, PlanDevices' placement and one-line refusals.
+// kv_cache.num_blocks, weight_format, cuda_graphs): on the CPU, the warnings about GPU devices
+// the CPU ignores; on cuda, PlanDevices' placement and one-line refusals.
 // `runner` is an instance's runner options before placement (step sizes, KV storage).
+// `force_staged_collectives`: serve's --stage-collectives (every tp > 1 instance stages its
+// all-reduces through the host, so cuda_graphs: true is refused with it at tp > 1).
 Result<DevicePlan> PlanServeDevices(const ServerConfig& c, const std::vector<PoolConfig>& pools,
                                     const ModelFile& model, const RunnerOptions& runner,
                                     int64_t max_context, bool built_with_cuda,
-                                    const DeviceQuery& devices);
+                                    const DeviceQuery& devices,
+                                    bool force_staged_collectives = false);
 
 // Puts instance `instance` of pool `pool` where `plan` placed it: on cuda, the backend on its GPU
 // and the plan's KV block count; unchanged on the CPU.

@@ -22,6 +22,55 @@ std::string Ordinals(const std::vector<GpuInfo>& gpus) {
     return s.empty() ? "none" : s;
 }
 
+// Decode graphs at tp > 1 hold the instance's all-reduces, which only the nccl collective queues
+// on the stream a capture records (config/collective_path.h; worker/model_runner_graphs.cc
+// CheckCudaGraphs refuses the rest again on each rank).
+Status CheckGraphCollectives(const std::vector<PoolConfig>& pools, const DevicePlan& plan,
+                             const DevicePlanInputs& in) {
+    for (size_t p = 0; p < pools.size(); ++p) {
+        for (size_t i = 0; i < pools[p].instances.size(); ++i) {
+            const int tp = pools[p].instances[i].tp;
+            if (tp <= 1) continue;
+            std::vector<int> gpus;
+            for (int r = 0; r < tp; ++r) {
+                const RankPlacement* rp = plan.Find(static_cast<int>(p), static_cast<int>(i), r);
+                if (rp != nullptr) gpus.push_back(rp->gpu);
+            }
+            const CollectivePath path =
+                DecideCollectivePath({.on_gpus = true,
+                                      .tp = tp,
+                                      .devices = gpus,
+                                      .nccl_available = in.built_with_cuda,
+                                      .force_staged = in.force_staged_collectives});
+            if (path == CollectivePath::kNccl) continue;
+            const std::string at = "cuda_graphs: true with " + InstanceKey(pools, p, i) + ": ";
+            const std::string why = ", so their all-reduces are " +
+                                    std::string(CollectivePathName(path)) +
+                                    " (they wait on the host) and cannot be captured in a graph";
+            if (in.force_staged_collectives) {
+                return InvalidArgument(at + "its " + std::to_string(tp) +
+                                       " ranks stage their collectives (--stage-collectives)" +
+                                       why);
+            }
+            std::map<int, int> on;
+            for (int g : gpus) ++on[g];
+            for (const auto& [gpu, n] : on) {
+                if (n > 1) {
+                    return InvalidArgument(at + std::to_string(n) + " of its " +
+                                           std::to_string(tp) + " ranks share GPU " +
+                                           std::to_string(gpu) + why +
+                                           " (give each rank a GPU of its own in devices)");
+                }
+            }
+            // Not reached while plan.cuda implies a CUDA (and so NCCL) build; kept so that a
+            // new reason for the staged path is refused, not captured.
+            return InvalidArgument(at + "its " + std::to_string(tp) +
+                                   " ranks cannot form an NCCL group" + why);
+        }
+    }
+    return Status::Ok();
+}
+
 }  // namespace
 
 Result<bool> ResolveCudaBackend(ServeBackend backend, bool built_with_cuda, int device_count,
@@ -45,8 +94,12 @@ Result<bool> ResolveCudaBackend(ServeBackend backend, bool built_with_cuda, int 
     return false;
 }
 
-int64_t CudaGraphBytes(int64_t num_layers, int64_t num_buckets) {
-    return num_buckets * (kCudaGraphNodesPerLayer * num_layers + kCudaGraphFixedNodes) *
+int64_t CudaGraphNodesPerLayer(int tp) {
+    return kCudaGraphKernelsPerLayer + (tp > 1 ? kCudaGraphAllReducesPerLayer : 0);
+}
+
+int64_t CudaGraphBytes(int64_t num_layers, int64_t num_buckets, int tp) {
+    return num_buckets * (CudaGraphNodesPerLayer(tp) * num_layers + kCudaGraphFixedNodes) *
            kCudaGraphBytesPerNode;
 }
 
@@ -55,23 +108,11 @@ Result<DevicePlan> PlanDevices(const std::vector<PoolConfig>& pools, const Devic
     KV_ASSIGN_OR_RETURN(plan.cuda,
                         ResolveCudaBackend(in.backend, in.built_with_cuda,
                                            static_cast<int>(in.gpus.size()), in.no_device_reason));
-    if (in.cuda_graphs) {
-        if (!plan.cuda) {
-            return InvalidArgument("cuda_graphs: true with backend: " +
-                                   std::string(ServeBackendName(in.backend)) +
-                                   " (the workers run on the CPU): CUDA graphs are captured on "
-                                   "the cuda backend only");
-        }
-        for (size_t p = 0; p < pools.size(); ++p) {
-            for (size_t i = 0; i < pools[p].instances.size(); ++i) {
-                if (pools[p].instances[i].tp > 1) {
-                    return InvalidArgument(
-                        "cuda_graphs: true with " + InstanceKey(pools, p, i) + ".tp: " +
-                        std::to_string(pools[p].instances[i].tp) +
-                        ": CUDA graphs are captured at tp 1 only");
-                }
-            }
-        }
+    if (in.cuda_graphs && !plan.cuda) {
+        return InvalidArgument(
+            "cuda_graphs: true with backend: " + std::string(ServeBackendName(in.backend)) +
+            " (the workers run on the CPU): CUDA graphs are captured on "
+            "the cuda backend only");
     }
     if (!plan.cuda) {
         for (size_t p = 0; p < pools.size(); ++p) {
@@ -140,6 +181,7 @@ Result<DevicePlan> PlanDevices(const std::vector<PoolConfig>& pools, const Devic
             }
         }
     }
+    if (in.cuda_graphs) KV_RETURN_IF_ERROR(CheckGraphCollectives(pools, plan, in));
     std::map<int, int> ranks_on;
     for (const RankPlacement& rp : plan.ranks) ++ranks_on[rp.gpu];
     for (RankPlacement& rp : plan.ranks) {

@@ -34,7 +34,8 @@ DecodeGraphs::Plan DecodeGraphs::Next(int64_t bucket, int64_t generation) {
     }
     Entry& e = buckets_[bucket];
     if (e.failed) return {};
-    if (e.graph >= 0) return {.mode = Mode::kReplay, .graph = e.graph};
+    if (e.graph >= 0)
+        return {.mode = Mode::kReplay, .graph = e.graph, .collectives = e.collectives};
     if (!e.warmed) {
         e.warmed = true;
         return {};
@@ -42,10 +43,12 @@ DecodeGraphs::Plan DecodeGraphs::Next(int64_t bucket, int64_t generation) {
     return {.mode = Mode::kCapture};
 }
 
-void DecodeGraphs::Captured(int64_t bucket, const Result<int>& graph) {
+void DecodeGraphs::Captured(int64_t bucket, const Result<int>& graph,
+                            const CapturedCollectives& collectives) {
     Entry& e = buckets_[bucket];
     if (graph.ok()) {
         e.graph = *graph;
+        e.collectives = collectives;
         ++stats_.captures;
         return;
     }

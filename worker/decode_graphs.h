@@ -29,6 +29,15 @@ struct DecodeGraphStats {
     int64_t releases = 0;         // graphs released (buffers re-created)
 };
 
+// The all-reduces a decode step's capture queued (payload bytes, as CommStats counts them): a
+// replay launches them from the graph, never through the collective's calls, so the runner counts
+// them again, from these sizes, at each replay.
+struct CapturedCollectives {
+    int64_t layer_all_reduce_bytes = 0;
+    int64_t embedding_all_reduce_bytes = 0;
+    int64_t all_reduce_bytes() const { return layer_all_reduce_bytes + embedding_all_reduce_bytes; }
+};
+
 class DecodeGraphs {
   public:
     explicit DecodeGraphs(GraphCapture* capture);
@@ -39,14 +48,16 @@ class DecodeGraphs {
     enum class Mode { kEager, kCapture, kReplay };
     struct Plan {
         Mode mode = Mode::kEager;
-        int graph = -1;  // kReplay: the graph to replay
+        int graph = -1;                   // kReplay: the graph to replay
+        CapturedCollectives collectives;  // kReplay: what its capture queued
     };
     // What a decode step of `bucket` does with buffers of `generation` (see above). A generation
     // other than the last one seen releases every graph first.
     Plan Next(int64_t bucket, int64_t generation);
-    // The outcome of the capture Next asked for: the graph, or why it failed (the bucket then
-    // stays eager; logged once per bucket).
-    void Captured(int64_t bucket, const Result<int>& graph);
+    // The outcome of the capture Next asked for: the graph and the collectives its capture
+    // queued, or why it failed (the bucket then stays eager; logged once per bucket).
+    void Captured(int64_t bucket, const Result<int>& graph,
+                  const CapturedCollectives& collectives = {});
     // A replay counted in stats().
     void Replayed() { ++stats_.replays; }
     // Releases every graph; the buckets warm up again.
@@ -61,6 +72,7 @@ class DecodeGraphs {
         bool warmed = false;  // one eager step ran with these buffers
         bool failed = false;  // its capture failed: eager for good
         int graph = -1;
+        CapturedCollectives collectives;
     };
     GraphCapture* capture_;
     int64_t generation_ = -1;

@@ -65,6 +65,7 @@ ModelRunner::ModelRunner(const ModelSpec& spec, std::unique_ptr<Backend> backend
       backend_(std::move(backend)),
       weights_(std::move(weights)),
       collective_(collective),
+      rank_collective_(dynamic_cast<RankCollective*>(collective)),
       max_context_(options.max_context > 0 ? options.max_context
                    : spec.max_position > 0 ? spec.max_position
                                            : 4096),
@@ -296,7 +297,7 @@ Status ModelRunner::Forward(std::span<const SequenceChunk> batch, std::vector<fl
         case DecodeGraphs::Mode::kReplay:
             KV_RETURN_IF_ERROR(capture_->Replay(plan.graph));
             graphs_->Replayed();
-            CountReplayedCollectives(step_rows);
+            CountReplayedCollectives(plan.collectives);
             break;
     }
     // The real sequences' last rows come first in xn_: the padded ones are never classified.

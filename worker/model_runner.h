@@ -217,9 +217,10 @@ class ModelRunner {
     // of a vote): a graph is kept only where every rank captured, since a captured collective
     // must be launched as a graph on every rank or on none.
     Status CaptureStep(int64_t bucket, int64_t rows, int64_t num_seqs);
-    // Counts the collectives a replayed graph of `rows` rows ran (the capture counted them once,
-    // for the replay that follows it).
-    void CountReplayedCollectives(int64_t rows);
+    // Counts the collectives a replayed graph ran, from the sizes its capture queued (the
+    // capture's calls counted them once, for the replay that follows it), in CommStats and in
+    // the RankCollective's bytes_all_reduced.
+    void CountReplayedCollectives(const CapturedCollectives& collectives);
     Status EnsureWorkspace(int64_t rows, int64_t num_seqs, int64_t block_table_entries);
     // partial_ = all-reduce(in · w^T), normed by `post_norm` when it has data (Gemma), then
     // x_ += partial_ and (when `next_norm` is given) xn_ = RmsNorm(x_): the row-parallel
@@ -238,6 +239,9 @@ class ModelRunner {
     // The backend's single-row copies of weights_'s products (RunnerOptions.pack_decode_weights).
     std::vector<BackendBuffer> decode_copies_;
     Collective* collective_;
+    // collective_ when it is a RankCollective (TpGroup, worker processes): told of the
+    // all-reduces graph replays launch without calling it.
+    RankCollective* rank_collective_;
     int64_t max_context_;
     int64_t q_dim_;    // this rank's query heads × head_dim
     int64_t kv_dim_;   // this rank's KV heads × head_dim

@@ -36,6 +36,8 @@ int64_t ModelRunner::PaddedBucket(std::span<const SequenceChunk> batch, bool has
 }
 
 Status ModelRunner::CaptureStep(int64_t bucket, int64_t rows, int64_t num_seqs) {
+    const CommStats before = comm_stats_;
+    const int64_t counted_before = collective_ != nullptr ? collective_->bytes_all_reduced() : 0;
     Result<int> graph = [&]() -> Result<int> {
         KV_RETURN_IF_ERROR(capture_->BeginCapture());
         const Status queued = QueueStep(rows, num_seqs, {});
@@ -46,32 +48,47 @@ Status ModelRunner::CaptureStep(int64_t bucket, int64_t rows, int64_t num_seqs) 
         }
         return captured;
     }();
+    // What the capture queued: the sizes each replay counts again.
+    const CapturedCollectives captured{
+        .layer_all_reduce_bytes =
+            comm_stats_.layer_all_reduce_bytes - before.layer_all_reduce_bytes,
+        .embedding_all_reduce_bytes =
+            comm_stats_.embedding_all_reduce_bytes - before.embedding_all_reduce_bytes};
+    const int64_t counted_in_capture =
+        collective_ != nullptr ? collective_->bytes_all_reduced() - counted_before : 0;
     if (collective_ != nullptr) {
         // Whether a launch of a captured NCCL operation is a graph's must be the same on every
         // rank (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/cudagraph.html):
         // one rank's failed capture makes every rank run the bucket eagerly. The vote is host
         // memory, so it waits for the stream (outside the capture, which is closed).
-        float captured = graph.ok() ? 1.0f : 0.0f;
-        KV_RETURN_IF_ERROR(collective_->AllReduceSum(&captured, 1));
-        if (graph.ok() && captured < static_cast<float>(collective_->size())) {
+        float captured_here = graph.ok() ? 1.0f : 0.0f;
+        KV_RETURN_IF_ERROR(collective_->AllReduceSum(&captured_here, 1));
+        if (graph.ok() && captured_here < static_cast<float>(collective_->size())) {
             capture_->ReleaseGraph(*graph);
             graph = Unavailable("another rank's capture of decode bucket " +
                                 std::to_string(bucket) + " failed");
         }
     }
-    graphs_->Captured(bucket, graph);
-    if (!graph.ok()) return QueueStep(rows, num_seqs, {});
+    graphs_->Captured(bucket, graph, captured);
+    if (!graph.ok()) {
+        // Nothing the capture queued ran: the eager step below counts its collectives.
+        comm_stats_.layer_all_reduce_bytes = before.layer_all_reduce_bytes;
+        comm_stats_.embedding_all_reduce_bytes = before.embedding_all_reduce_bytes;
+        if (rank_collective_ != nullptr)
+            rank_collective_->AddGraphAllReduceBytes(-counted_in_capture);
+        return QueueStep(rows, num_seqs, {});
+    }
     // The capture ran nothing: this step is the graph's first replay.
     KV_RETURN_IF_ERROR(capture_->Replay(*graph));
     graphs_->Replayed();
     return Status::Ok();
 }
 
-void ModelRunner::CountReplayedCollectives(int64_t rows) {
-    if (collective_ == nullptr) return;
-    const int64_t bytes = rows * spec_.hidden_size * int64_t(sizeof(float));
-    comm_stats_.embedding_all_reduce_bytes += bytes;
-    comm_stats_.layer_all_reduce_bytes += 2 * spec_.num_layers * bytes;
+void ModelRunner::CountReplayedCollectives(const CapturedCollectives& collectives) {
+    comm_stats_.embedding_all_reduce_bytes += collectives.embedding_all_reduce_bytes;
+    comm_stats_.layer_all_reduce_bytes += collectives.layer_all_reduce_bytes;
+    if (rank_collective_ != nullptr)
+        rank_collective_->AddGraphAllReduceBytes(collectives.all_reduce_bytes());
 }
 
 }  // namespace kvshard

@@ -1,7 +1,5 @@
 #include "worker/rank_collective.h"
 
-#include <set>
-
 #include "common/build_config.h"
 #include "common/check.h"
 #include "worker/staged_collective.h"
@@ -11,32 +9,12 @@
 
 namespace kvshard {
 
-std::string_view CollectivePathName(CollectivePath path) {
-    switch (path) {
-        case CollectivePath::kHost:
-            return "host";
-        case CollectivePath::kStaged:
-            return "host-staged";
-        case CollectivePath::kNccl:
-            return "nccl";
-    }
-    return "unknown";
-}
-
 CollectivePath ChooseCollectivePath(const CollectivePathInputs& in) {
-    if (in.force_staged) return CollectivePath::kStaged;
-    switch (in.backend) {
-        case BackendKind::kCpu:
-            return CollectivePath::kHost;
-        case BackendKind::kCuda: {
-            // NCCL refuses two ranks of one communicator on one GPU.
-            const std::set<int> distinct(in.devices.begin(), in.devices.end());
-            const bool own_gpus = in.tp > 1 && in.devices.size() == static_cast<size_t>(in.tp) &&
-                                  distinct.size() == in.devices.size();
-            return own_gpus && in.nccl_available ? CollectivePath::kNccl : CollectivePath::kStaged;
-        }
-    }
-    return CollectivePath::kStaged;
+    return DecideCollectivePath({.on_gpus = in.backend == BackendKind::kCuda,
+                                 .tp = in.tp,
+                                 .devices = in.devices,
+                                 .nccl_available = in.nccl_available,
+                                 .force_staged = in.force_staged});
 }
 
 // ---- RankCollective ----
@@ -93,7 +71,12 @@ void RankCollective::Abort(const std::string& reason) {
 
 int64_t RankCollective::bytes_all_reduced() const {
     Collective* t = target_.load();
-    return t != nullptr ? t->bytes_all_reduced() : 0;
+    return (t != nullptr ? t->bytes_all_reduced() : 0) +
+           graph_bytes_.load(std::memory_order_relaxed);
+}
+
+void RankCollective::AddGraphAllReduceBytes(int64_t bytes) {
+    graph_bytes_.fetch_add(bytes, std::memory_order_relaxed);
 }
 
 // ---- attaching ----

@@ -12,7 +12,8 @@
 //            NCCL): the host collective behind StagedCollective (worker/staged_collective.h).
 //
 // Every rank of an instance must choose the same path: the choice depends only on what every
-// rank is told alike (the backend, the instance's devices, whether an id was handed out).
+// rank is told alike (the backend, the instance's devices, whether an id was handed out). The
+// rule itself is config/collective_path.h's, which the serving config's device plan applies too.
 //
 // The ModelRunner takes its collective when it is made, and the backend is made inside
 // MakeModelRunner: so a rank is given a RankCollective first (rank and size known), and the
@@ -27,12 +28,10 @@
 #include <vector>
 
 #include "comm/collective.h"
+#include "config/collective_path.h"
 #include "kernels/backend.h"
 
 namespace kvshard {
-
-enum class CollectivePath { kHost, kStaged, kNccl };
-std::string_view CollectivePathName(CollectivePath path);
 
 struct CollectivePathInputs {
     BackendKind backend = BackendKind::kCpu;
@@ -47,6 +46,7 @@ struct CollectivePathInputs {
     bool force_staged = false;
 };
 
+// DecideCollectivePath (config/collective_path.h) for a rank of `in.backend`.
 CollectivePath ChooseCollectivePath(const CollectivePathInputs& in);
 
 // A Collective whose implementation is attached after it is handed out. Before Attach every
@@ -69,7 +69,13 @@ class RankCollective final : public Collective {
     Status Broadcast(void* data, int64_t bytes, int root) override;
     Status Barrier() override;
     void Abort(const std::string& reason) override;
+    // The attached collective's count, plus AddGraphAllReduceBytes'.
     int64_t bytes_all_reduced() const override;
+    // Adds `bytes` to bytes_all_reduced: the all-reduces a replayed CUDA graph launched (NCCL's,
+    // recorded by the capture: the replay never calls the collective, so it cannot count them),
+    // or, negative, those a discarded capture queued and the collective counted but that never
+    // ran. REQUIRES: the attached collective counts its calls, not the graphs' launches (NCCL).
+    void AddGraphAllReduceBytes(int64_t bytes);
 
   private:
     Status Unattached(std::string_view what) const;
@@ -80,6 +86,7 @@ class RankCollective final : public Collective {
     std::atomic<Collective*> target_{nullptr};
     std::mutex mu_;             // Attach against Abort
     std::string abort_reason_;  // guarded by mu_; an Abort before Attach
+    std::atomic<int64_t> graph_bytes_{0};
 };
 
 struct BackendCollectiveOptions {

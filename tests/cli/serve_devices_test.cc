@@ -130,6 +130,35 @@ TEST_F(ServeDevicesTest, TpInstancesOnOwnOrSharedGpus) {
     EXPECT_TRUE(RankGpus(*plan, 0, 0).empty());
 }
 
+// cuda_graphs: true at tp 2: planned where the two ranks get GPUs of their own (their graphs'
+// estimate at tp 2, with the layers' all-reduces), refused naming the shared GPU where the config
+// puts both ranks on one, and refused with --stage-collectives.
+TEST_F(ServeDevicesTest, GraphsAtTpTwoNeedAGpuPerRank) {
+    const DeviceQuery two{.devices = {Gpu(0, 40 * kGiB), Gpu(1, 40 * kGiB)}, .error = ""};
+    const ServerConfig own = Config("backend: cuda\ncuda_graphs: true\ntp: 2\n");
+    Result<DevicePlan> plan = Plan(own, two);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_EQ(RankGpus(*plan, 0, 0), (std::vector<int>{0, 1}));
+    for (const RankPlacement& r : plan->ranks) {
+        EXPECT_EQ(r.graph_bytes, CudaGraphBytes(model_->spec().num_layers, 4, 2));
+    }
+    EXPECT_GT(CudaGraphBytes(model_->spec().num_layers, 4, 2),
+              CudaGraphBytes(model_->spec().num_layers, 4, 1));
+    const std::string shared = Error(
+        Config("backend: cuda\ncuda_graphs: true\npools:\n  - name: main\n    instances:\n"
+               "      - tp: 2\n        devices: [1, 1]\n"),
+        two);
+    EXPECT_NE(shared.find("cuda_graphs: true with pools[0] (main).instances[0]: 2 of its 2 ranks "
+                          "share GPU 1"),
+              std::string::npos)
+        << shared;
+    const Result<DevicePlan> staged = PlanServeDevices(own, own.EffectivePools(), *model_, runner_,
+                                                       512, true, two, /*force_staged=*/true);
+    ASSERT_FALSE(staged.ok());
+    EXPECT_NE(staged.status().message().find("--stage-collectives"), std::string::npos)
+        << staged.status().message();
+}
+
 // A prefill and a decode instance on the one GPU, with cuda_graphs: both share its memory, each
 // has its decode graphs' estimate (one per decode bucket of max_num_seqs 8: 1, 2, 4, 8) taken
 // off its KV pool, and the log names the host-staged handoff. The CPU refuses cuda_graphs.
@@ -148,7 +177,7 @@ TEST_F(ServeDevicesTest, PrefillAndDecodeOnOneGpuWithGraphs) {
     for (size_t i = 0; i < 2; ++i) {
         EXPECT_EQ(graphs->ranks[i].ranks_on_gpu, 2);
         EXPECT_EQ(eager->ranks[i].graph_bytes, 0);
-        EXPECT_EQ(graphs->ranks[i].graph_bytes, CudaGraphBytes(s.num_layers, 4));
+        EXPECT_EQ(graphs->ranks[i].graph_bytes, CudaGraphBytes(s.num_layers, 4, 1));
         EXPECT_EQ(graphs->ranks[i].kv_blocks,
                   (graphs->ranks[i].usable_bytes - graphs->ranks[i].weight_bytes -
                    graphs->ranks[i].reserve_bytes - graphs->ranks[i].graph_bytes) /

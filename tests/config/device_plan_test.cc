@@ -229,8 +229,8 @@ TEST(DevicePlan, PrefillAndDecodePoolsShareAGpuWithTheHandoffNamed) {
     EXPECT_EQ(plan->kv_handoff, "");
 }
 
-// cuda_graphs: true is refused by name on the CPU and at tp > 1, and on a GPU the graphs'
-// estimate comes off the KV pool and shows in the plan's line.
+// cuda_graphs: true is refused by name on the CPU, and on a GPU the graphs' estimate comes off
+// the KV pool and shows in the plan's line.
 TEST(DevicePlan, CudaGraphsAreRefusedOffGpuAndCountedOnOne) {
     const auto pools = Pools({InstanceConfig{.tp = 1, .devices = {}}});
     auto in = Inputs(ServeBackend::kCpu, {H200(0)});
@@ -242,13 +242,6 @@ TEST(DevicePlan, CudaGraphsAreRefusedOffGpuAndCountedOnOne) {
     in.gpus.clear();
     EXPECT_NE(Error(PlanDevices(pools, in)).find("cuda_graphs: true with backend: auto"),
               std::string::npos);
-    in = Inputs(ServeBackend::kCuda, {H200(0), H200(1)});
-    in.cuda_graphs = true;
-    EXPECT_EQ(Error(PlanDevices(Pools({InstanceConfig{.tp = 1, .devices = {}},
-                                       InstanceConfig{.tp = 2, .devices = {}}}),
-                                in)),
-              "cuda_graphs: true with pools[0] (main).instances[1].tp: 2: CUDA graphs are "
-              "captured at tp 1 only");
     in = Inputs(ServeBackend::kCuda, {H200(0, 100 * kGiB)});
     in.graph_bytes_per_rank = [](int) { return 2 * kGiB; };
     Result<DevicePlan> off = PlanDevices(pools, in);  // cuda_graphs false: not counted
@@ -267,11 +260,73 @@ TEST(DevicePlan, CudaGraphsAreRefusedOffGpuAndCountedOnOne) {
               "kv_cache.gpu_memory_utilization 0.50 = 51200 MiB");
 }
 
-// The documented estimate: buckets × (16 nodes per layer + 8) × 64 KiB.
+// cuda_graphs: true at tp > 1: allowed where the instance's all-reduces are NCCL's on each rank's
+// stream (every rank on a GPU of its own, config/collective_path.h), which a capture records;
+// refused by name, with the GPU the ranks share, where they would be host-staged.
+TEST(DevicePlan, CudaGraphsAtTpAboveOneNeedEveryRankOnItsOwnGpu) {
+    struct Case {
+        std::vector<InstanceConfig> instances;
+        bool stage;
+        const char* error;  // "" : allowed
+    };
+    const Case cases[] = {
+        {{{.tp = 2, .devices = {}}}, false, ""},          // placed on GPUs 0 and 1
+        {{{.tp = 2, .devices = {"1", "0"}}}, false, ""},  // listed, distinct
+        {{{.tp = 1, .devices = {}}, {.tp = 2, .devices = {}}}, false, ""},
+        {{{.tp = 1, .devices = {"0"}}}, true, ""},  // tp 1: no collective to stage
+        {{{.tp = 2, .devices = {"0", "0"}}},
+         false,
+         "cuda_graphs: true with pools[0] (main).instances[0]: 2 of its 2 ranks share GPU 0, so "
+         "their all-reduces are host-staged (they wait on the host) and cannot be captured in a "
+         "graph (give each rank a GPU of its own in devices)"},
+        {{{.tp = 1, .devices = {"0"}}, {.tp = 4, .devices = {"0", "1", "1", "0"}}},
+         false,
+         "cuda_graphs: true with pools[0] (main).instances[1]: 2 of its 4 ranks share GPU 0, so "
+         "their all-reduces are host-staged (they wait on the host) and cannot be captured in a "
+         "graph (give each rank a GPU of its own in devices)"},
+        {{{.tp = 2, .devices = {}}},
+         true,
+         "cuda_graphs: true with pools[0] (main).instances[0]: its 2 ranks stage their "
+         "collectives (--stage-collectives), so their all-reduces are host-staged (they wait on "
+         "the host) and cannot be captured in a graph"},
+    };
+    for (const Case& c : cases) {
+        auto in = Inputs(ServeBackend::kCuda, {H200(0), H200(1)});
+        in.cuda_graphs = true;
+        in.force_staged_collectives = c.stage;
+        in.graph_bytes_per_rank = [](int tp) { return tp * kGiB; };
+        const auto pools = Pools(c.instances);
+        const Result<DevicePlan> plan = PlanDevices(pools, in);
+        const std::string what = std::to_string(c.instances.size()) + " instances, last tp " +
+                                 std::to_string(c.instances.back().tp) + ", stage " +
+                                 std::to_string(c.stage);
+        if (*c.error != '\0') {
+            EXPECT_EQ(Error(plan), c.error) << what;
+            EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument) << what;
+            // The same instances without graphs are a valid plan: only the graphs are refused.
+            in.cuda_graphs = false;
+            EXPECT_TRUE(PlanDevices(pools, in).ok()) << what;
+            continue;
+        }
+        ASSERT_TRUE(plan.ok()) << what << ": " << Error(plan);
+        for (const RankPlacement& r : plan->ranks) {
+            const int tp = c.instances[static_cast<size_t>(r.instance)].tp;
+            EXPECT_EQ(r.graph_bytes, tp * kGiB) << what << " rank " << r.rank;
+        }
+    }
+}
+
+// buckets × (nodes per layer × layers + 8) × 64 KiB, the layer's nodes being its kernels
+// (kCudaGraphKernelsPerLayer, checked against the runner's ops in tests/worker) and, at tp > 1,
+// its two all-reduces.
 TEST(DevicePlan, CudaGraphBytesEstimate) {
-    EXPECT_EQ(CudaGraphBytes(32, 1), (16 * 32 + 8) * 64 * 1024);
-    EXPECT_EQ(CudaGraphBytes(32, 35), 35 * CudaGraphBytes(32, 1));
-    EXPECT_EQ(CudaGraphBytes(32, 0), 0);
+    EXPECT_EQ(CudaGraphNodesPerLayer(1), 14);
+    EXPECT_EQ(CudaGraphNodesPerLayer(2), 16);
+    EXPECT_EQ(CudaGraphNodesPerLayer(8), 16);
+    EXPECT_EQ(CudaGraphBytes(32, 1, 1), (14 * 32 + 8) * 64 * 1024);
+    EXPECT_EQ(CudaGraphBytes(32, 1, 2), (16 * 32 + 8) * 64 * 1024);
+    EXPECT_EQ(CudaGraphBytes(32, 35, 4), 35 * CudaGraphBytes(32, 1, 4));
+    EXPECT_EQ(CudaGraphBytes(32, 0, 1), 0);
 }
 
 }  // namespace

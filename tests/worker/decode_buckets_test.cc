@@ -129,5 +129,29 @@ TEST(DecodeGraphs, WarmUpThenCaptureThenReplayPerBucketAndGeneration) {
     EXPECT_EQ(capture.released.back(), 2);
 }
 
+// A replay carries the collectives its capture queued (what the runner counts per replay), and a
+// recapture with new buffers replaces them.
+TEST(DecodeGraphs, ReplaysCarryTheirCapturesCollectives) {
+    FakeCapture capture;
+    DecodeGraphs graphs(&capture);
+    (void)graphs.Next(4, 1);
+    (void)graphs.Next(4, 1);
+    graphs.Captured(4, capture.EndCapture(),
+                    {.layer_all_reduce_bytes = 400, .embedding_all_reduce_bytes = 40});
+    DecodeGraphs::Plan p = graphs.Next(4, 1);
+    ASSERT_EQ(p.mode, DecodeGraphs::Mode::kReplay);
+    EXPECT_EQ(p.collectives.layer_all_reduce_bytes, 400);
+    EXPECT_EQ(p.collectives.embedding_all_reduce_bytes, 40);
+    EXPECT_EQ(p.collectives.all_reduce_bytes(), 440);
+    (void)graphs.Next(4, 2);  // new buffers: warm up and capture again
+    (void)graphs.Next(4, 2);
+    graphs.Captured(4, capture.EndCapture(), {.layer_all_reduce_bytes = 8});
+    p = graphs.Next(4, 2);
+    ASSERT_EQ(p.mode, DecodeGraphs::Mode::kReplay);
+    EXPECT_EQ(p.collectives.all_reduce_bytes(), 8);
+    // Eager and capture plans carry none.
+    EXPECT_EQ(graphs.Next(2, 2).collectives.all_reduce_bytes(), 0);
+}
+
 }  // namespace
 }  // namespace kvshard

@@ -83,7 +83,9 @@ TEST(CudaGraphsCheck, RefusalAndAcceptanceMatrix) {
 // A rank's collective whose AllReduceSum is queued on the rank's RecordingBackend, as NCCL's is
 // on a CUDA stream: recorded inside a capture and run by its replays, run at once otherwise.
 // Errors of a replayed all-reduce are kept (a graph's kernels report nothing to the caller
-// either) and checked by the test. Everything else runs on the host collective at once.
+// either) and checked by the test. Everything else runs on the host collective at once. Like
+// NCCL's, its bytes_all_reduced counts the calls that queued an all-reduce, not what a replay
+// runs.
 class StreamQueuedCollective final : public Collective {
   public:
     StreamQueuedCollective(std::unique_ptr<Collective> host, RecordingBackend* stream)
@@ -92,11 +94,15 @@ class StreamQueuedCollective final : public Collective {
     int rank() const override { return host_->rank(); }
     int size() const override { return host_->size(); }
     Status AllReduceSum(float* data, int64_t count) override {
-        if (!stream_->capturing()) return host_->AllReduceSum(data, count);
-        stream_->QueueOp("AllReduceSum", [this, data, count] {
-            const Status st = host_->AllReduceSum(data, count);
-            if (!st.ok() && replay_error.ok()) replay_error = st;
-        });
+        if (!stream_->capturing()) {
+            KV_RETURN_IF_ERROR(host_->AllReduceSum(data, count));
+        } else {
+            stream_->QueueOp("AllReduceSum", [this, data, count] {
+                const Status st = host_->AllReduceSum(data, count);
+                if (!st.ok() && replay_error.ok()) replay_error = st;
+            });
+        }
+        bytes_queued_ += count * int64_t(sizeof(float));
         return Status::Ok();
     }
     Status AllGather(const float* send, int64_t count_per_rank, float* recv) override {
@@ -109,13 +115,14 @@ class StreamQueuedCollective final : public Collective {
     }
     Status Barrier() override { return host_->Barrier(); }
     void Abort(const std::string& reason) override { host_->Abort(reason); }
-    int64_t bytes_all_reduced() const override { return host_->bytes_all_reduced(); }
+    int64_t bytes_all_reduced() const override { return bytes_queued_; }
 
     Status replay_error;
 
   private:
     std::unique_ptr<Collective> host_;
     RecordingBackend* stream_;
+    int64_t bytes_queued_ = 0;
 };
 
 constexpr int kTp = 2;
@@ -133,6 +140,8 @@ void OnRanks(const std::function<void(int)>& fn) {
 
 struct Rank {
     std::unique_ptr<StreamQueuedCollective> graph_collective;
+    // What the graph runner is given, as TpGroup and worker processes give theirs.
+    std::unique_ptr<RankCollective> rank_collective;
     std::unique_ptr<Collective> padded_collective;
     RecordingBackend* recording = nullptr;
     std::unique_ptr<ModelRunner> graphs;
@@ -176,6 +185,8 @@ class TpGraphs : public ::testing::Test {
             if (r == 1) rec->refuse_in_capture = refuse_on_rank1;
             k.graph_collective =
                 std::make_unique<StreamQueuedCollective>(graph_group->Collective(r), rec.get());
+            k.rank_collective = std::make_unique<RankCollective>(r, kTp);
+            k.rank_collective->Attach(k.graph_collective.get());
             k.padded_collective = padded_group->Collective(r);
             const ShardSpec shard{.rank = r, .tp = kTp};
             Result<ModelWeights> gw = LoadWeights(*file_, *rec, {.shard = shard});
@@ -185,7 +196,7 @@ class TpGraphs : public ::testing::Test {
             go.collective_path = CollectivePath::kNccl;  // the collective queues on the stream
             ASSERT_TRUE(CheckCudaGraphs(go, rec->kind(), true, kTp).ok());
             k.graphs = std::make_unique<ModelRunner>(file_->spec(), std::move(rec), std::move(*gw),
-                                                     go, k.graph_collective.get());
+                                                     go, k.rank_collective.get());
             Result<std::unique_ptr<Backend>> cpu2 = MakeBackend({});
             ASSERT_TRUE(cpu2.ok());
             Result<ModelWeights> pw = LoadWeights(*file_, **cpu2, {.shard = shard});
@@ -295,6 +306,12 @@ TEST_F(TpGraphs, ReplaysWithTheirAllReducesGiveTheEagerLogits) {
         EXPECT_EQ(k.graphs->comm_stats().embedding_all_reduce_bytes,
                   k.padded->comm_stats().embedding_all_reduce_bytes)
             << "rank " << r;
+        // And so are they by the collective (as NCCL's, it counts only the calls): the eager
+        // runner's bytes, and the vote after each capture (one float).
+        EXPECT_GT(k.padded_collective->bytes_all_reduced(), 0);
+        EXPECT_EQ(k.rank_collective->bytes_all_reduced(),
+                  k.padded_collective->bytes_all_reduced() + 3 * int64_t(sizeof(float)))
+            << "rank " << r;
     }
 }
 
@@ -310,6 +327,16 @@ TEST_F(TpGraphs, ACaptureFailedOnOneRankLeavesEveryRankEager) {
         EXPECT_EQ(st.replays, 0) << "rank " << r;
         EXPECT_EQ(k.recording->live_graphs(), 0) << "rank " << r;
         EXPECT_EQ(k.recording->replayed_ops, 0) << "rank " << r;
+        // The discarded captures' all-reduces never ran: counted once, by the eager steps.
+        EXPECT_EQ(k.graphs->comm_stats().layer_all_reduce_bytes,
+                  k.padded->comm_stats().layer_all_reduce_bytes)
+            << "rank " << r;
+        EXPECT_EQ(k.graphs->comm_stats().embedding_all_reduce_bytes,
+                  k.padded->comm_stats().embedding_all_reduce_bytes)
+            << "rank " << r;
+        EXPECT_EQ(k.rank_collective->bytes_all_reduced(),
+                  k.padded_collective->bytes_all_reduced() + 3 * int64_t(sizeof(float)))
+            << "rank " << r;
     }
     EXPECT_GT(decode_steps, 0);
 }
