@@ -15,6 +15,15 @@ namespace kvshard {
 namespace {
 
 constexpr size_t kHugePageBytes = size_t{2} << 20;
+// The decode copies' chunks: 16 huge pages; a copy that does not fit in what is left of the
+// current chunk opens a new one (of its own size if larger). The untouched tail of a chunk is
+// address space, not memory.
+constexpr size_t kArenaChunkBytes = size_t{32} << 20;
+constexpr size_t kArenaAlign = 64;
+
+// The backend whose PackForDecode is running on this thread: its Allocate then takes room in
+// the decode arena (AllocateRaw), so the copy is still a BackendBuffer freed through FreeRaw.
+thread_local const void* t_packing_for = nullptr;
 
 cpu::StoredMatrix Stored(const WeightView& w) {
     return {.dtype = w.dtype,
@@ -35,7 +44,32 @@ std::string CpuBackend::Describe() const {
            std::to_string(num_threads_ > 0 ? num_threads_ : cpu::NumThreads()) + " threads)";
 }
 
+Result<void*> CpuBackend::AllocateInArena(size_t bytes) {
+    const size_t rounded = (bytes + kArenaAlign - 1) / kArenaAlign * kArenaAlign;
+    if (arenas_.empty() || arenas_.back().bytes - arenas_.back().used < rounded) {
+        const size_t chunk = std::max(kArenaChunkBytes, (rounded + kHugePageBytes - 1) /
+                                                            kHugePageBytes * kHugePageBytes);
+        void* base = std::aligned_alloc(kHugePageBytes, chunk);
+        if (base == nullptr) {
+            return Status(StatusCode::kResourceExhausted,
+                          "cpu backend: cannot allocate " + std::to_string(chunk) +
+                              " bytes for the decode copies");
+        }
+        ::madvise(base, chunk, MADV_HUGEPAGE);
+        arenas_.push_back({.base = static_cast<uint8_t*>(base), .bytes = chunk});
+    }
+    DecodeArena& arena = arenas_.back();
+    void* p = arena.base + arena.used;
+    arena.used += rounded;
+    ++arena.live;
+    return p;
+}
+
 Result<void*> CpuBackend::AllocateRaw(size_t bytes) {
+    if (t_packing_for == this) {
+        std::lock_guard<std::mutex> lock(arena_mu_);
+        return AllocateInArena(bytes);
+    }
     // Buffers of a huge page or more start on a huge page, so that AdviseUse can back them with
     // huge pages (the alignment costs address space, not memory).
     const bool huge = bytes >= kHugePageBytes;
@@ -63,7 +97,21 @@ void CpuBackend::AdviseUse(void* data, size_t bytes, BufferUse use) {
     ::madvise(data, bytes / kHugePageBytes * kHugePageBytes, MADV_HUGEPAGE);
 }
 
-void CpuBackend::FreeRaw(void* data, size_t) { std::free(data); }
+void CpuBackend::FreeRaw(void* data, size_t) {
+    {
+        std::lock_guard<std::mutex> lock(arena_mu_);
+        auto* p = static_cast<uint8_t*>(data);
+        for (auto it = arenas_.begin(); it != arenas_.end(); ++it) {
+            if (p < it->base || p >= it->base + it->bytes) continue;
+            if (--it->live == 0) {
+                std::free(it->base);
+                arenas_.erase(it);
+            }
+            return;
+        }
+    }
+    std::free(data);
+}
 
 Status CpuBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
     if (bytes > 0) std::memcpy(dst, src, bytes);
@@ -94,7 +142,11 @@ Result<BackendBuffer> CpuBackend::PackForDecode(WeightView* w) {
     // kernels over the stored rows: a copy would only cost memory.
     const size_t bytes = cpu::QuantizesActivations(w->dtype) ? 0 : cpu::InterleavedBytes(stored);
     if (bytes == 0) return BackendBuffer();
-    KV_ASSIGN_OR_RETURN(BackendBuffer copy, Allocate(bytes, BufferUse::kResident));
+    // In the decode arena (AllocateRaw): huge pages for copies smaller than one.
+    t_packing_for = this;
+    Result<BackendBuffer> allocated = Allocate(bytes, BufferUse::kResident);
+    t_packing_for = nullptr;
+    KV_ASSIGN_OR_RETURN(BackendBuffer copy, std::move(allocated));
     cpu::InterleaveRows(stored, copy.As<uint8_t>());
     w->decode_copy = copy.data();
     return copy;

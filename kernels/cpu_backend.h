@@ -7,7 +7,9 @@
 // two CPU instances of one process (kv_transfer.path: peer), as a GPU's is cudaMemcpyPeerAsync.
 #pragma once
 
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "kernels/backend.h"
 
@@ -75,7 +77,21 @@ class CpuBackend final : public Backend,
     void AdviseUse(void* data, size_t bytes, BufferUse use) override;
 
   private:
+    // The decode copies share 2 MiB-aligned chunks advised for huge pages (PackForDecode): a
+    // layer's copies are 0.2-1.1 MB each, below a huge page, so each alone would stay in 4 KiB
+    // pages, and a batch-1 token walks all ~66 MB of them (SmolLM2), thousands of TLB misses.
+    struct DecodeArena {
+        uint8_t* base = nullptr;
+        size_t bytes = 0;
+        size_t used = 0;
+        int live = 0;  // copies not yet freed; the chunk is freed with the last
+    };
+    // A copy's room in the current chunk, or in a new one. REQUIRES: arena_mu_ held.
+    Result<void*> AllocateInArena(size_t bytes);
+
     int num_threads_;
+    std::mutex arena_mu_;
+    std::vector<DecodeArena> arenas_;
 };
 
 }  // namespace kvshard
