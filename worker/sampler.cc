@@ -199,6 +199,24 @@ int32_t Sampler::Argmax(const float* values, int64_t n) {
     return 0;  // values[0] is NaN
 }
 
+std::vector<TokenLogprob> TopLogprobs(const float* logits, int64_t vocab, float log_sum,
+                                      int64_t k) {
+    std::vector<TokenLogprob> best;
+    if (k <= 0) return best;
+    best.reserve(static_cast<size_t>(k) + 1);
+    // Ids arrive increasing, so an id equal in value to one kept ranks after it: a new id enters
+    // only strictly above the last kept value, and goes after every kept one not below it.
+    for (int64_t i = 0; i < vocab; ++i) {
+        const float v = logits[i] - log_sum;
+        if (static_cast<int64_t>(best.size()) == k && !(v > best.back().logprob)) continue;
+        auto at = std::upper_bound(best.begin(), best.end(), v,
+                                   [](float x, const TokenLogprob& t) { return x > t.logprob; });
+        best.insert(at, TokenLogprob{static_cast<int32_t>(i), v});
+        if (static_cast<int64_t>(best.size()) > k) best.pop_back();
+    }
+    return best;
+}
+
 int32_t Sampler::Sample(const float* logits, int64_t vocab) {
     KV_CHECK(vocab > 0 && vocab <= std::numeric_limits<int32_t>::max()) << "vocab=" << vocab;
     if (params_.temperature == 0.0f) return Argmax(logits, vocab);

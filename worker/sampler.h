@@ -48,6 +48,13 @@ Status ValidateTokenMask(std::span<const uint64_t> allowed, int64_t vocab);
 // and allowed not empty.
 void ApplyTokenMask(std::span<const uint64_t> allowed, float* logits, int64_t vocab);
 
+// The k highest of logits[i] - log_sum (a row's log-probabilities when log_sum is its
+// LogSumExp), highest first, ties to the lower id: the first k of every id sorted so, each value
+// computed as `logits[i] - log_sum` in float, in one pass without a vocabulary-sized array.
+// REQUIRES: 0 <= k <= vocab, no NaN among the logits.
+std::vector<TokenLogprob> TopLogprobs(const float* logits, int64_t vocab, float log_sum,
+                                      int64_t k);
+
 // llama2.c's xorshift* generator. State 0 is a fixed point of xorshift (every draw would be 0),
 // so a seed of 0 starts from kZeroSeedState instead; llama2.c never seeds with 0.
 class XorShiftRng {

@@ -21,11 +21,6 @@ StepRunner::StepRunner(ModelRunner& runner, KvTransport* transport, KvPeerExchan
     }
 }
 
-void LogSoftmax(const float* logits, int64_t n, float* out) {
-    const float log_sum = LogSumExp(logits, n);
-    for (int64_t i = 0; i < n; ++i) out[i] = logits[i] - log_sum;
-}
-
 // The prompt token row `row` of `seq`'s chunk predicts: the chunk's next token, or after its last
 // row the plan's next_prompt_token (-1: none).
 static int32_t PromptTarget(const ScheduledSequence& seq, int64_t row) {
@@ -89,16 +84,12 @@ SampledToken StepRunner::SampleRow(const ScheduledSequence& seq, const float* lo
     }
     out.rng_state = it->second.rng_state();
     if (seq.num_top_logprobs >= 0) {
-        logprobs_.resize(static_cast<size_t>(vocab));
-        LogSoftmax(logits, vocab, logprobs_.data());
-        out.logprob = logprobs_[static_cast<size_t>(out.token_id)];
+        // Only the sampled token's and the top k values are read: each is computed as the full
+        // row's log-softmax would hold it (logit - LogSumExp), without writing the row.
+        const float log_sum = LogSumExp(logits, vocab);
+        out.logprob = logits[out.token_id] - log_sum;
         const int64_t k = std::min<int64_t>(seq.num_top_logprobs, vocab);
-        std::vector<int32_t> ids(static_cast<size_t>(vocab));
-        std::iota(ids.begin(), ids.end(), 0);
-        std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
-            return logprobs_[a] > logprobs_[b] || (logprobs_[a] == logprobs_[b] && a < b);
-        });
-        for (int64_t i = 0; i < k; ++i) out.top_logprobs.push_back({ids[i], logprobs_[ids[i]]});
+        out.top_logprobs = TopLogprobs(logits, vocab, log_sum, k);
     }
     return out;
 }

@@ -80,7 +80,6 @@ class StepRunner : public StepExecutor {
     std::unique_ptr<KvPeerExchange::Registration> peer_registration_;  // with peer_
     std::unordered_map<int64_t, Sampler> samplers_;
     std::vector<float> logits_;
-    std::vector<float> logprobs_;
     // Backend memory for the ranks' vote on failed transfers: the runner's collective reduces
     // backend memory (a GPU rank's all-reduce is NCCL's or host-staged), never host vectors.
     BackendBuffer votes_;
@@ -90,8 +89,6 @@ class StepRunner : public StepExecutor {
     KvPiece send_piece_;                    // reused by every send
 };
 
-// log-softmax of `n` logits into `out`.
-void LogSoftmax(const float* logits, int64_t n, float* out);
 // A chunk's prompt-logprobs request checked: num_prompt_logprobs in -1..kMaxLogprobs,
 // next_prompt_token -1 or in the vocabulary.
 Status ValidatePromptLogprobs(const ScheduledSequence& seq, int64_t vocab);
