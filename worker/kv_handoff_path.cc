@@ -48,9 +48,10 @@ Status RefuseNccl(const KvHandoffPathFacts& f) {
         }
     }
     return InvalidArgument(key +
-                           "not wired into serve yet (the pairs' communicators are not set up "
-                           "and the workers do not send or receive a handoff over NCCL); use "
-                           "auto or host-staged");
+                           "not wired into serve yet (its transfer protocol and NCCL pair "
+                           "channel exist, comm/kv_pair_protocol.h, but serve sets up no pair "
+                           "communicator and the workers do not send or receive a handoff over "
+                           "NCCL); use auto or host-staged");
 }
 
 }  // namespace
