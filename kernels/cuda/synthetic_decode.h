@@ -45,33 +45,8 @@ class SyntheticDecode {
     // Queues one decode step of `batch` sequences (each at position `context`; the step's K/V go
     // to the same slots every step). REQUIRES: 0 < batch <= max_batch.
     void Step(int64_t batch) {
-        const DecodeShape& s = s_;
-        Backend& b = *b_;
-        const int64_t qkv = s.qkv_rows(), q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
-        const PagedAttentionBatch attn = Attention(batch);
-        b.Embedding(w_.embedding(), 0, ids_, batch, x_);
-        b.RmsNorm(x_, ones_, xn_, batch, s.hidden, 1e-5f);
-        for (int64_t l = 0; l < s.layers; ++l) {
-            const SyntheticWeights::Layer& w = w_.layer(l);
-            b.MatMul(xn_, batch, w.qkv, qkv_);
-            const PagedKvLayer kv = Kv(l);
-            // As the ModelRunner: the fused RoPE + KV write where the backend has it.
-            if (auto* fused = dynamic_cast<RopeKvWriter*>(&b)) {
-                fused->RopeKvWrite(qkv_, qkv_ + q_dim, qkv_ + q_dim + kv_dim, qkv, positions_,
-                                   slots_, batch, s.heads, inv_freq_, kv);
-            } else {
-                b.Rope(qkv_, qkv, positions_, batch, s.heads + s.kv_heads, s.head_dim, inv_freq_);
-                b.KvWrite(kv, qkv_ + q_dim, qkv_ + q_dim + kv_dim, qkv, slots_, batch);
-            }
-            b.PagedAttention(qkv_, qkv, kv, attn, attn_, s.heads, nullptr);
-            b.MatMul(attn_, batch, w.wo, delta_);
-            b.AddRmsNorm(x_, delta_, ones_, xn_, batch, s.hidden, 1e-5f);
-            b.MatMul(xn_, batch, w.gate_up, gate_up_);
-            b.SiluMul(gate_up_, batch, s.ffn, h_);
-            b.MatMul(h_, batch, w.down, delta_);
-            b.AddRmsNorm(x_, delta_, ones_, xn_, batch, s.hidden, 1e-5f);
-        }
-        b.MatMul(xn_, batch, w_.output(), logits_);
+        t_.QueueLayers(*b_, s_, w_, batch, Attention(batch));
+        b_->MatMul(t_.xn, batch, w_.output(), t_.logits);
     }
 
     // Milliseconds per call of each op of layer 0's step (and the classifier) at `batch`, each
@@ -83,25 +58,25 @@ class SyntheticDecode {
         const int64_t qkv = s.qkv_rows(), q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
         const PagedAttentionBatch attn = Attention(batch);
         const SyntheticWeights::Layer& w = w_.layer(0);
-        const PagedKvLayer kv = Kv(0);
+        const PagedKvLayer kv = t_.Kv(s_, 0);
         std::vector<std::pair<std::string, std::function<void()>>> ops = {
-            {"embedding", [&] { b.Embedding(w_.embedding(), 0, ids_, batch, x_); }},
-            {"matmul_qkv", [&] { b.MatMul(xn_, batch, w.qkv, qkv_); }},
-            {"rope", [&] { b.Rope(qkv_, qkv, positions_, batch, s.heads + s.kv_heads, s.head_dim, inv_freq_); }},
-            {"kv_write", [&] { b.KvWrite(kv, qkv_ + q_dim, qkv_ + q_dim + kv_dim, qkv, slots_, batch); }},
-            {"attention", [&] { b.PagedAttention(qkv_, qkv, kv, attn, attn_, s.heads, nullptr); }},
-            {"matmul_o", [&] { b.MatMul(attn_, batch, w.wo, delta_); }},
-            {"add_rmsnorm", [&] { b.AddRmsNorm(x_, delta_, ones_, xn_, batch, s.hidden, 1e-5f); }},
-            {"matmul_gate_up", [&] { b.MatMul(xn_, batch, w.gate_up, gate_up_); }},
-            {"silu_mul", [&] { b.SiluMul(gate_up_, batch, s.ffn, h_); }},
-            {"matmul_down", [&] { b.MatMul(h_, batch, w.down, delta_); }},
-            {"classifier", [&] { b.MatMul(xn_, batch, w_.output(), logits_); }},
+            {"embedding", [&] { b.Embedding(w_.embedding(), 0, t_.ids, batch, t_.x); }},
+            {"matmul_qkv", [&] { b.MatMul(t_.xn, batch, w.qkv, t_.qkv); }},
+            {"rope", [&] { b.Rope(t_.qkv, qkv, t_.positions, batch, s.heads + s.kv_heads, s.head_dim, t_.inv_freq); }},
+            {"kv_write", [&] { b.KvWrite(kv, t_.qkv + q_dim, t_.qkv + q_dim + kv_dim, qkv, t_.slots, batch); }},
+            {"attention", [&] { b.PagedAttention(t_.qkv, qkv, kv, attn, t_.attn, s.heads, nullptr); }},
+            {"matmul_o", [&] { b.MatMul(t_.attn, batch, w.wo, t_.delta); }},
+            {"add_rmsnorm", [&] { b.AddRmsNorm(t_.x, t_.delta, t_.ones, t_.xn, batch, s.hidden, 1e-5f); }},
+            {"matmul_gate_up", [&] { b.MatMul(t_.xn, batch, w.gate_up, t_.gate_up); }},
+            {"silu_mul", [&] { b.SiluMul(t_.gate_up, batch, s.ffn, t_.h); }},
+            {"matmul_down", [&] { b.MatMul(t_.h, batch, w.down, t_.delta); }},
+            {"classifier", [&] { b.MatMul(t_.xn, batch, w_.output(), t_.logits); }},
         };
         // The fused RoPE + KV write where the backend has it, in place of rope and kv_write.
         if (auto* fused = dynamic_cast<RopeKvWriter*>(&b)) {
             ops.emplace_back("rope_kv_write", [&, fused] {
-                fused->RopeKvWrite(qkv_, qkv_ + q_dim, qkv_ + q_dim + kv_dim, qkv, positions_,
-                                   slots_, batch, s.heads, inv_freq_, kv);
+                fused->RopeKvWrite(t_.qkv, t_.qkv + q_dim, t_.qkv + q_dim + kv_dim, qkv,
+                                   t_.positions, t_.slots, batch, s.heads, t_.inv_freq, kv);
             });
         }
         std::vector<std::pair<std::string, double>> out;
@@ -120,7 +95,7 @@ class SyntheticDecode {
     // The logits of the last step's `batch` rows (waits for the step).
     Result<std::vector<float>> Logits(int64_t batch) {
         std::vector<float> out(static_cast<size_t>(batch * s_.vocab));
-        KV_RETURN_IF_ERROR(b_->CopyToHost(out.data(), logits_, out.size() * sizeof(float)));
+        KV_RETURN_IF_ERROR(b_->CopyToHost(out.data(), t_.logits, out.size() * sizeof(float)));
         KV_RETURN_IF_ERROR(b_->Synchronize());
         return out;
     }
@@ -134,16 +109,11 @@ class SyntheticDecode {
 
     PagedAttentionBatch Attention(int64_t batch) const {
         return {.num_seqs = batch,
-                .query_starts = query_starts_,
-                .context_lens = context_lens_,
-                .block_table_starts = table_starts_,
-                .block_tables = tables_,
+                .query_starts = t_.query_starts,
+                .context_lens = t_.context_lens,
+                .block_table_starts = t_.table_starts,
+                .block_tables = t_.tables,
                 .max_query_rows = 1};  // a decode step: no prefill launch, as in the runner
-    }
-
-    PagedKvLayer Kv(int64_t layer) {
-        return cpu::MakePagedKvLayer(pool_.As<uint8_t>(), block_bytes_, layer, s_.kv_dtype,
-                                     s_.block_size, s_.kv_heads, s_.head_dim);
     }
 
     Status Init(uint32_t seed) {
@@ -153,9 +123,7 @@ class SyntheticDecode {
 
         // The KV pool: max_batch sequences of context + 1 positions, consecutive blocks each.
         const int64_t per_seq = (context_ + 1 + s.block_size - 1) / s.block_size;
-        block_bytes_ =
-            s.layers * cpu::PagedLayerBytes(s.kv_dtype, s.block_size, s.kv_heads, s.head_dim);
-        KV_ASSIGN_OR_RETURN(pool_, b_->Allocate(size_t(max_batch_ * per_seq * block_bytes_)));
+        KV_RETURN_IF_ERROR(t_.AllocatePool(*b_, s, max_batch_ * per_seq));
 
         // Step buffers and inputs.
         const int64_t m = max_batch_;
@@ -171,25 +139,14 @@ class SyntheticDecode {
         }
         starts[m] = int32_t(m);
         table_starts[m] = int32_t(m * per_seq);
-        std::vector<float> ones(s.hidden, 1.0f), inv_freq(s.head_dim / 2);
-        cpu::RopeInvFreq(s.head_dim, s.rope_theta, {}, inv_freq.data());
-        KV_ASSIGN_OR_RETURN(ids_, Put(ids));
-        KV_ASSIGN_OR_RETURN(positions_, Put(positions));
-        KV_ASSIGN_OR_RETURN(query_starts_, Put(starts));
-        KV_ASSIGN_OR_RETURN(context_lens_, Put(lens));
-        KV_ASSIGN_OR_RETURN(table_starts_, Put(table_starts));
-        KV_ASSIGN_OR_RETURN(tables_, Put(tables));
-        KV_ASSIGN_OR_RETURN(slots_, Put(slots));
-        KV_ASSIGN_OR_RETURN(ones_, Put(ones));
-        KV_ASSIGN_OR_RETURN(inv_freq_, Put(inv_freq));
-        KV_ASSIGN_OR_RETURN(x_, Scratch(m * s.hidden));
-        KV_ASSIGN_OR_RETURN(xn_, Scratch(m * s.hidden));
-        KV_ASSIGN_OR_RETURN(delta_, Scratch(m * s.hidden));
-        KV_ASSIGN_OR_RETURN(qkv_, Scratch(m * s.qkv_rows()));
-        KV_ASSIGN_OR_RETURN(attn_, Scratch(m * s.heads * s.head_dim));
-        KV_ASSIGN_OR_RETURN(gate_up_, Scratch(m * 2 * s.ffn));
-        KV_ASSIGN_OR_RETURN(h_, Scratch(m * s.ffn));
-        KV_ASSIGN_OR_RETURN(logits_, Scratch(m * s.vocab));
+        KV_ASSIGN_OR_RETURN(t_.ids, Put(ids));
+        KV_ASSIGN_OR_RETURN(t_.positions, Put(positions));
+        KV_ASSIGN_OR_RETURN(t_.query_starts, Put(starts));
+        KV_ASSIGN_OR_RETURN(t_.context_lens, Put(lens));
+        KV_ASSIGN_OR_RETURN(t_.table_starts, Put(table_starts));
+        KV_ASSIGN_OR_RETURN(t_.tables, Put(tables));
+        KV_ASSIGN_OR_RETURN(t_.slots, Put(slots));
+        KV_RETURN_IF_ERROR(t_.AllocateScratch(bufs_, s, m, m));
 
         // The first `context` positions of every sequence: random K/V rows, a chunk at a time.
         const int64_t kv_dim = s.kv_heads * s.head_dim;
@@ -208,7 +165,7 @@ class SyntheticDecode {
             KV_RETURN_IF_ERROR(b_->CopyToDevice(slot_buf.data(), chunk_slots.data(),
                                                 chunk_slots.size() * sizeof(int64_t)));
             for (int64_t l = 0; l < s.layers; ++l) {
-                b_->KvWrite(Kv(l), k_rows, v_rows, kv_dim, slot_buf.As<int64_t>(),
+                b_->KvWrite(t_.Kv(s_, l), k_rows, v_rows, kv_dim, slot_buf.As<int64_t>(),
                             int64_t(chunk_slots.size()));
             }
             KV_RETURN_IF_ERROR(b_->Synchronize());
@@ -234,13 +191,7 @@ class SyntheticDecode {
     SyntheticWeights w_;
     SyntheticBuffers bufs_;
     int64_t max_batch_, context_;
-    BackendBuffer pool_;
-    int64_t block_bytes_ = 0;
-    int32_t *ids_ = nullptr, *positions_ = nullptr, *query_starts_ = nullptr,
-            *context_lens_ = nullptr, *table_starts_ = nullptr, *tables_ = nullptr;
-    int64_t* slots_ = nullptr;
-    float *ones_ = nullptr, *inv_freq_ = nullptr, *x_ = nullptr, *xn_ = nullptr, *delta_ = nullptr,
-          *qkv_ = nullptr, *attn_ = nullptr, *gate_up_ = nullptr, *h_ = nullptr, *logits_ = nullptr;
+    SyntheticStep t_;
 };
 
 }  // namespace kvshard::cuda

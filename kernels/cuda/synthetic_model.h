@@ -1,7 +1,8 @@
 // What kernels/cuda/synthetic_decode.h and kernels/cuda/synthetic_prefill.h share: the
 // Llama-shaped model (DecodeShape), its random bf16 weights generated on the backend
-// (SyntheticWeights: the same matrices on every backend for a seed) and the step buffers'
-// allocator (SyntheticBuffers). Header-only. Not thread-safe.
+// (SyntheticWeights: the same matrices on every backend for a seed), the step buffers'
+// allocator (SyntheticBuffers) and a step's inputs, scratch, KV pool and layer loop
+// (SyntheticStep). Header-only. Not thread-safe.
 #pragma once
 
 #include <algorithm>
@@ -14,6 +15,8 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "kernels/backend.h"
+#include "kernels/cpu_ops.h"
+#include "kernels/paged_attention.h"
 
 namespace kvshard::cuda {
 
@@ -148,5 +151,81 @@ class SyntheticWeights {
     WeightView embedding_, output_;
     std::vector<Layer> layers_;
 };
+
+// One synthetic step's device inputs and fp32 scratch, its paged KV pool (the CPU layout, one
+// contiguous region per block) and the layer loop that both synthetic models queue, as the
+// ModelRunner does: QKV, RoPE + KV write (fused where the backend has it), paged attention, O,
+// AddRmsNorm, gate|up, SiluMul, down, AddRmsNorm.
+struct SyntheticStep {
+    int32_t *ids = nullptr, *positions = nullptr, *query_starts = nullptr,
+            *context_lens = nullptr, *table_starts = nullptr, *tables = nullptr;
+    int64_t* slots = nullptr;
+    float *ones = nullptr, *inv_freq = nullptr, *x = nullptr, *xn = nullptr, *delta = nullptr,
+          *qkv = nullptr, *attn = nullptr, *gate_up = nullptr, *h = nullptr, *logits = nullptr;
+    BackendBuffer pool;
+    int64_t block_bytes = 0;
+
+    // A pool of `blocks` blocks of every layer.
+    Status AllocatePool(Backend& b, const DecodeShape& s, int64_t blocks) {
+        block_bytes =
+            s.layers * cpu::PagedLayerBytes(s.kv_dtype, s.block_size, s.kv_heads, s.head_dim);
+        KV_ASSIGN_OR_RETURN(pool, b.Allocate(size_t(blocks * block_bytes)));
+        return Status::Ok();
+    }
+
+    // The norm weights (ones), RoPE's inverse frequencies, the scratch of `rows` rows and
+    // `logit_rows` rows of logits.
+    Status AllocateScratch(SyntheticBuffers& bufs, const DecodeShape& s, int64_t rows,
+                           int64_t logit_rows) {
+        std::vector<float> ones_host(s.hidden, 1.0f), inv_freq_host(s.head_dim / 2);
+        cpu::RopeInvFreq(s.head_dim, s.rope_theta, {}, inv_freq_host.data());
+        KV_ASSIGN_OR_RETURN(ones, bufs.Put(ones_host));
+        KV_ASSIGN_OR_RETURN(inv_freq, bufs.Put(inv_freq_host));
+        KV_ASSIGN_OR_RETURN(x, bufs.Scratch(rows * s.hidden));
+        KV_ASSIGN_OR_RETURN(xn, bufs.Scratch(rows * s.hidden));
+        KV_ASSIGN_OR_RETURN(delta, bufs.Scratch(rows * s.hidden));
+        KV_ASSIGN_OR_RETURN(qkv, bufs.Scratch(rows * s.qkv_rows()));
+        KV_ASSIGN_OR_RETURN(attn, bufs.Scratch(rows * s.heads * s.head_dim));
+        KV_ASSIGN_OR_RETURN(gate_up, bufs.Scratch(rows * 2 * s.ffn));
+        KV_ASSIGN_OR_RETURN(h, bufs.Scratch(rows * s.ffn));
+        KV_ASSIGN_OR_RETURN(logits, bufs.Scratch(logit_rows * s.vocab));
+        return Status::Ok();
+    }
+
+    PagedKvLayer Kv(const DecodeShape& s, int64_t layer) const {
+        return cpu::MakePagedKvLayer(pool.As<uint8_t>(), block_bytes, layer, s.kv_dtype,
+                                     s.block_size, s.kv_heads, s.head_dim);
+    }
+
+    // Queues the embedding, the first RMSNorm and every layer over `rows` rows; the classifier
+    // is the caller's (a prefill reads one row, a decode step all).
+    void QueueLayers(Backend& b, const DecodeShape& s, const SyntheticWeights& w, int64_t rows,
+                     const PagedAttentionBatch& batch) const {
+        const int64_t qkv_dim = s.qkv_rows(), q_dim = s.heads * s.head_dim,
+                      kv_dim = s.kv_heads * s.head_dim;
+        b.Embedding(w.embedding(), 0, ids, rows, x);
+        b.RmsNorm(x, ones, xn, rows, s.hidden, 1e-5f);
+        for (int64_t l = 0; l < s.layers; ++l) {
+            const SyntheticWeights::Layer& lw = w.layer(l);
+            b.MatMul(xn, rows, lw.qkv, qkv);
+            const PagedKvLayer kv = Kv(s, l);
+            if (auto* fused = dynamic_cast<RopeKvWriter*>(&b)) {
+                fused->RopeKvWrite(qkv, qkv + q_dim, qkv + q_dim + kv_dim, qkv_dim, positions,
+                                   slots, rows, s.heads, inv_freq, kv);
+            } else {
+                b.Rope(qkv, qkv_dim, positions, rows, s.heads + s.kv_heads, s.head_dim, inv_freq);
+                b.KvWrite(kv, qkv + q_dim, qkv + q_dim + kv_dim, qkv_dim, slots, rows);
+            }
+            b.PagedAttention(qkv, qkv_dim, kv, batch, attn, s.heads, nullptr);
+            b.MatMul(attn, rows, lw.wo, delta);
+            b.AddRmsNorm(x, delta, ones, xn, rows, s.hidden, 1e-5f);
+            b.MatMul(xn, rows, lw.gate_up, gate_up);
+            b.SiluMul(gate_up, rows, s.ffn, h);
+            b.MatMul(h, rows, lw.down, delta);
+            b.AddRmsNorm(x, delta, ones, xn, rows, s.hidden, 1e-5f);
+        }
+    }
+};
+
 
 }  // namespace kvshard::cuda
