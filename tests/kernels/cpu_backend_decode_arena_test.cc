@@ -4,43 +4,21 @@
 // goes when its last copy does (a later copy starts a new chunk). The advice is read back from
 // the VmFlags of /proc/self/smaps ("hg"), as in cpu_backend_memory_test.cc.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <memory>
-#include <optional>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/dtype.h"
 #include "kernels/backend.h"
 #include "kernels/cpu_matmul.h"
+#include "tests/kernels/huge_pages_test_util.h"
 
 namespace kvshard {
 namespace {
-
-// Whether the mapping that holds `address` is advised for huge pages; nullopt if none holds it.
-std::optional<bool> AdvisedHuge(const void* address) {
-    const auto a = reinterpret_cast<uintptr_t>(address);
-    std::ifstream smaps("/proc/self/smaps");
-    std::string line;
-    bool inside = false;
-    while (std::getline(smaps, line)) {
-        uintptr_t begin = 0, end = 0;
-        char dash = 0;
-        std::istringstream head(line);
-        if (head >> std::hex >> begin >> dash >> end && dash == '-') {
-            inside = a >= begin && a < end;
-        } else if (inside && line.rfind("VmFlags:", 0) == 0) {
-            return line.find(" hg") != std::string::npos;
-        }
-    }
-    return std::nullopt;
-}
 
 // A Q4_1 matrix of random blocks.
 std::vector<uint8_t> RandomQ41(int64_t rows, int64_t cols, uint32_t seed) {
@@ -82,7 +60,7 @@ TEST(CpuBackendDecodeArena, SmallCopiesShareAHugePageChunkAndMultiplyAsTheirOwnC
     const auto pc = reinterpret_cast<uintptr_t>(copy_c->data());
     EXPECT_EQ(pa % 64, 0u);
     EXPECT_EQ(pc, pa + (copy_a->bytes() + 63) / 64 * 64);
-    if (::access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0) {
+    if (KernelHasTransparentHugePages()) {
         EXPECT_EQ(AdvisedHuge(copy_a->data()), true);
         EXPECT_EQ(AdvisedHuge(copy_c->As<uint8_t>() + copy_c->bytes() - 1), true);
     }

@@ -3,45 +3,19 @@
 // from the VmFlags of /proc/self/smaps ("hg": MADV_HUGEPAGE), which record the advice whether
 // or not the kernel then finds huge pages to give.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdint>
-#include <fstream>
 #include <memory>
-#include <optional>
-#include <sstream>
 #include <string>
 
 #include "kernels/backend.h"
+#include "tests/kernels/huge_pages_test_util.h"
 
 namespace kvshard {
 namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
 constexpr size_t kHuge = 2 * kMiB;
-
-// Whether the mapping that holds `address` is advised for huge pages; nullopt if none holds it.
-std::optional<bool> AdvisedHuge(const void* address) {
-    const auto a = reinterpret_cast<uintptr_t>(address);
-    std::ifstream smaps("/proc/self/smaps");
-    std::string line;
-    bool inside = false;
-    while (std::getline(smaps, line)) {
-        uintptr_t begin = 0, end = 0;
-        char dash = 0;
-        std::istringstream head(line);
-        if (head >> std::hex >> begin >> dash >> end && dash == '-') {
-            inside = a >= begin && a < end;
-        } else if (inside && line.rfind("VmFlags:", 0) == 0) {
-            return line.find(" hg") != std::string::npos;
-        }
-    }
-    return std::nullopt;
-}
-
-bool KernelHasTransparentHugePages() {
-    return ::access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0;
-}
 
 std::unique_ptr<Backend> Cpu() {
     Result<std::unique_ptr<Backend>> b = MakeBackend(BackendConfig{.kind = BackendKind::kCpu});
