@@ -26,6 +26,7 @@ StepShape ShapeOfStep(const StepPlan& plan, const std::vector<int64_t>& previous
         }
         shape.kv_tokens += s.start_pos + q;
     }
+    shape.multi_row = shape.prefill_tokens + shape.decode_seqs >= 2 ? 1 : 0;
     return shape;
 }
 
@@ -37,6 +38,8 @@ std::string StepLogLine(const StepLogPoint& p) {
         {"kv_tokens", p.shape.kv_tokens},
         {"prefill_pairs", p.shape.prefill_pairs},
         {"cached_chunks", p.shape.cached_chunks},
+        {"multi_row", p.shape.multi_row},
+        {"decodes_since_prefill", p.shape.decodes_since_prefill},
         {"seconds", p.seconds},
         {"execute_seconds", p.execute_seconds},
         {"start_clock_s", p.start_clock_s},
@@ -92,6 +95,13 @@ Result<StepResult> StepLogExecutor::Execute(const StepPlan& plan) {
 
     // The shape before the previous step's sequences are replaced (after a failed step: none).
     StepShape shape = ShapeOfStep(plan, has_previous_ ? previous_seq_ids_ : std::vector<int64_t>{});
+    // The simulator counts alike (sim/cpu_profile.h NextDecodesSincePrefill), over every step.
+    if (shape.prefill_tokens > 0) {
+        decodes_since_prefill_ = 0;
+    } else if (shape.decode_seqs > 0) {
+        ++decodes_since_prefill_;
+    }
+    shape.decodes_since_prefill = decodes_since_prefill_;
     Result<StepResult> result = inner_.Execute(plan);
     has_previous_ = result.ok() && StepError(*result).ok();
     if (has_previous_) {

@@ -166,7 +166,8 @@ double CostModel::KvTransferSeconds(int64_t num_tokens, Link link) const {
 }
 
 StepCost CostModel::Cost(const StepPlan& plan, Link kv_link,
-                         const std::vector<int64_t>& previous_seq_ids) const {
+                         const std::vector<int64_t>& previous_seq_ids,
+                         int64_t decodes_since_prefill) const {
     StepCost c;
     int64_t sampled = 0;
     int64_t decode_seqs = 0;
@@ -210,7 +211,13 @@ StepCost CostModel::Cost(const StepPlan& plan, Link kv_link,
                                       .decode_seqs = decode_seqs,
                                       .cached_chunks = cached_chunks});
         const double scale = p.kind_scale[static_cast<int>(kind)];
-        c.overhead_s = scale * (p.a + p.g * static_cast<double>(cached_chunks));
+        // A step of two or more rows (h), and a decode step's warm-up after a prefill (w), as
+        // the step log counts them (CpuProfilePoint::multi_row, decodes_since_prefill).
+        const int64_t multi_row = c.num_prefill_tokens + decode_seqs >= 2 ? 1 : 0;
+        const double warm_up =
+            c.num_prefill_tokens == 0 ? p.w * p.WarmUp(decodes_since_prefill) : 0.0;
+        c.overhead_s = scale * (p.a + p.g * static_cast<double>(cached_chunks) +
+                                p.h * static_cast<double>(multi_row) + warm_up);
         c.gemm_s = scale * (p.b * static_cast<double>(c.num_prefill_tokens) +
                             p.c * static_cast<double>(decode_seqs));
         c.attention_s = scale * (p.d * static_cast<double>(kv_tokens) +

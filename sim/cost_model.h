@@ -69,8 +69,12 @@ class CostModel {
     // `previous_seq_ids` (sorted): the sequences of this instance's step before `plan`, which tell
     // a prefill chunk after a cached context (the profile's kind StepKind::kCached) from a
     // prompt's next chunk, as the step log does (coordinator/step_log.h ShapeOfStep).
+    // `decodes_since_prefill`: the step's place among the decode-only steps since the instance's
+    // last step with a prefill chunk (NextDecodesSincePrefill; 0 for a step with a prefill
+    // chunk), which the profile's warm-up term (CpuProfile::w) reads.
     StepCost Cost(const StepPlan& plan, Link kv_link = Link::kIntraNode,
-                  const std::vector<int64_t>& previous_seq_ids = {}) const;
+                  const std::vector<int64_t>& previous_seq_ids = {},
+                  int64_t decodes_since_prefill = 0) const;
     // Seconds to move the KV of `num_tokens` tokens from this instance to another over `link`:
     // each of the tp ranks sends its share over its own link in parallel, so
     // hop latency + num_tokens x KvBytesPerToken() / (tp x link B/s x allreduce_efficiency).

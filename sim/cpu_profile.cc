@@ -6,6 +6,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <utility>
 
@@ -15,6 +16,11 @@ StepKind KindOf(const CpuProfilePoint& point) {
     if (point.prefill_tokens == 0) return StepKind::kDecode;
     if (point.cached_chunks > 0) return StepKind::kCached;
     return point.decode_seqs == 0 ? StepKind::kPrefill : StepKind::kMixed;
+}
+
+int64_t NextDecodesSincePrefill(int64_t prefill_tokens, int64_t decode_seqs, int64_t previous) {
+    if (prefill_tokens > 0) return 0;
+    return decode_seqs > 0 ? previous + 1 : previous;
 }
 
 std::string_view StepKindName(StepKind kind) {
@@ -36,22 +42,27 @@ CpuProfile CpuProfile::Scaled(double factor) const {
     p.e *= factor;
     p.f *= factor;
     p.g *= factor;
+    p.h *= factor;
+    p.w *= factor;
     return p;
 }
 
 namespace {
 
-constexpr int kTerms = 7;
+constexpr int kTerms = 9;
 using Row = std::array<double, kTerms>;
 
-Row Terms(const CpuProfilePoint& p) {
+// `warm` computes the warm-up term's variable (CpuProfile::WarmUp at the tau being tried).
+Row Terms(const CpuProfilePoint& p, const CpuProfile& warm) {
     return {1.0,
             static_cast<double>(p.prefill_tokens),
             static_cast<double>(p.decode_seqs),
             static_cast<double>(p.kv_tokens),
             static_cast<double>(p.prefill_pairs),
             static_cast<double>(p.arrivals),
-            static_cast<double>(p.cached_chunks)};
+            static_cast<double>(p.cached_chunks),
+            static_cast<double>(p.multi_row),
+            warm.WarmUp(p.decodes_since_prefill)};
 }
 
 double Dot(const Row& coef, const Row& row) {
@@ -86,14 +97,32 @@ double WeightedMedian(std::vector<std::pair<double, double>> v) {
 // Weighted non-negative least squares of y on the rows x, by enumeration: the optimum is the
 // least-squares fit on its set of positive terms, and every feasible subset fit is a feasible
 // point, so the best feasible subset is the optimum. Columns are scaled to a unit maximum so that
-// the elimination's pivot test is scale-free. Returns the weighted sse of `best`, infinite when no
-// subset can be fitted.
+// the elimination's pivot test is scale-free. The normal equations of all terms are summed once
+// and each subset solves its own rows and columns of them (2^kTerms subsets over thousands of
+// steps). Returns the weighted sse of `best`, infinite when no subset can be fitted.
 double SolveNnls(const std::vector<Row>& x, const std::vector<double>& y,
                  const std::vector<double>& w, Row& best) {
     const size_t n = x.size();
     Row scale{};
     for (int j = 0; j < kTerms; ++j) {
         for (size_t i = 0; i < n; ++i) scale[j] = std::max(scale[j], std::fabs(x[i][j]));
+    }
+    double gram[kTerms][kTerms] = {};
+    double xty[kTerms] = {};
+    double yty = 0;
+    double weight_sum = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (w[i] == 0) continue;
+        weight_sum += w[i];
+        yty += w[i] * y[i] * y[i];
+        for (int r = 0; r < kTerms; ++r) {
+            if (scale[r] == 0) continue;
+            const double xr = w[i] * x[i][r] / scale[r];
+            xty[r] += xr * y[i];
+            for (int t = 0; t < kTerms; ++t) {
+                if (scale[t] != 0) gram[r][t] += xr * x[i][t] / scale[t];
+            }
+        }
     }
     double best_sse = std::numeric_limits<double>::infinity();
     for (int mask = 1; mask < (1 << kTerms); ++mask) {
@@ -108,15 +137,9 @@ double SolveNnls(const std::vector<Row>& x, const std::vector<double>& y,
         if (!usable) continue;
         // Normal equations (k x k) of the scaled columns.
         double m[kTerms][kTerms + 1] = {};
-        double weight_sum = 0;
-        for (size_t i = 0; i < n; ++i) {
-            if (w[i] == 0) continue;
-            weight_sum += w[i];
-            for (int r = 0; r < k; ++r) {
-                const double xr = w[i] * x[i][cols[r]] / scale[cols[r]];
-                for (int t = 0; t < k; ++t) m[r][t] += xr * x[i][cols[t]] / scale[cols[t]];
-                m[r][k] += xr * y[i];
-            }
+        for (int r = 0; r < k; ++r) {
+            for (int t = 0; t < k; ++t) m[r][t] = gram[cols[r]][cols[t]];
+            m[r][k] = xty[cols[r]];
         }
         bool singular = false;
         for (int col = 0; col < k && !singular; ++col) {
@@ -136,43 +159,39 @@ double SolveNnls(const std::vector<Row>& x, const std::vector<double>& y,
             }
         }
         if (singular) continue;
-        Row coef{};
+        double scaled[kTerms] = {};  // the solution in scaled columns
         bool feasible = true;
         for (int r = 0; r < k; ++r) {
-            coef[cols[r]] = m[r][k] / m[r][r] / scale[cols[r]];
-            if (coef[cols[r]] < 0) feasible = false;
+            scaled[r] = m[r][k] / m[r][r];
+            if (scaled[r] < 0) feasible = false;
         }
         if (!feasible) continue;
-        double sse = 0;
-        for (size_t i = 0; i < n; ++i) {
-            const double e = Dot(coef, x[i]) - y[i];
-            sse += w[i] * e * e;
+        // sse = y'Wy - 2 c'X'Wy + c'X'WXc, from the sums above.
+        double sse = yty;
+        for (int r = 0; r < k; ++r) {
+            sse -= 2 * scaled[r] * xty[cols[r]];
+            for (int t = 0; t < k; ++t) sse += scaled[r] * scaled[t] * gram[cols[r]][cols[t]];
         }
         if (sse < best_sse) {
             best_sse = sse;
-            best = coef;
+            best = Row{};
+            for (int r = 0; r < k; ++r) best[cols[r]] = scaled[r] / scale[cols[r]];
         }
     }
     return best_sse;
 }
 
-}  // namespace
-
-Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
-    if (points.empty()) return InvalidArgument("CPU profile: no points to fit");
+// (1)-(3) of FitCpuProfile with the warm-up term's variable at `warm_tau` (0: the term is 0).
+// The points are valid. InvalidArgument when no subset of terms can be fitted.
+Result<CpuProfile> FitAtWarmTau(const std::vector<CpuProfilePoint>& points, double warm_tau) {
     const size_t n = points.size();
+    CpuProfile p;
+    p.warm_tau = warm_tau;
     std::vector<Row> raw(n);
     std::vector<double> seconds(n);
     for (size_t i = 0; i < n; ++i) {
-        const CpuProfilePoint& p = points[i];
-        if (p.prefill_tokens < 0 || p.decode_seqs < 0 || p.kv_tokens < 0 || p.prefill_pairs < 0 ||
-            p.arrivals < 0 || p.cached_chunks < 0 ||
-            !(p.seconds >= 0 && std::isfinite(p.seconds))) {
-            return InvalidArgument("CPU profile: point " + std::to_string(i) +
-                                   " has a negative or non-finite value");
-        }
-        raw[i] = Terms(p);
-        seconds[i] = p.seconds;
+        raw[i] = Terms(points[i], p);
+        seconds[i] = points[i].seconds;
     }
     // (1) Relative least squares: each point's row divided by its measured time, so a 20 ms
     // decode step counts as much as a 2 s prefill (plain least squares fits the prefill points
@@ -222,7 +241,6 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
         best = next;
         if (change <= 1e-7 * size) break;
     }
-    CpuProfile p;
     p.a = best[0];
     p.b = best[1];
     p.c = best[2];
@@ -230,6 +248,8 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
     p.e = best[4];
     p.f = best[5];
     p.g = best[6];
+    p.h = best[7];
+    p.w = best[8];
     p.num_points = static_cast<int64_t>(n);
     p.num_outliers = outliers;
     // (3) The median per kind of step: least squares of the relative error predicts below the
@@ -260,6 +280,51 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
     p.rms_error_s = std::sqrt(sse_seconds / static_cast<double>(n));
     return p;
 }
+
+// The median over the points of |measured / predicted - 1| (a point predicted at 0 counts as
+// an error of 1): how the fits at different warm_tau are compared.
+double MedianRelativeError(const CpuProfile& p, const std::vector<CpuProfilePoint>& points) {
+    std::vector<double> errors;
+    errors.reserve(points.size());
+    for (const CpuProfilePoint& q : points) {
+        const double predicted = p.Predict(q);
+        errors.push_back(predicted > 0 ? std::fabs(q.seconds / predicted - 1) : 1.0);
+    }
+    return Median(std::move(errors));
+}
+
+}  // namespace
+
+Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
+    if (points.empty()) return InvalidArgument("CPU profile: no points to fit");
+    bool has_warm_up = false;
+    for (size_t i = 0; i < points.size(); ++i) {
+        const CpuProfilePoint& p = points[i];
+        if (p.prefill_tokens < 0 || p.decode_seqs < 0 || p.kv_tokens < 0 || p.prefill_pairs < 0 ||
+            p.arrivals < 0 || p.cached_chunks < 0 || p.multi_row < 0 ||
+            p.decodes_since_prefill < 0 || !(p.seconds >= 0 && std::isfinite(p.seconds))) {
+            return InvalidArgument("CPU profile: point " + std::to_string(i) +
+                                   " has a negative or non-finite value");
+        }
+        has_warm_up = has_warm_up || p.decodes_since_prefill > 0;
+    }
+    if (!has_warm_up) return FitAtWarmTau(points, 0);
+    // The warm-up's decay length is not linear in the fit: each of kWarmTaus is fitted and the
+    // one that predicts the points best (median relative error) is kept.
+    std::optional<CpuProfile> best;
+    double best_error = std::numeric_limits<double>::infinity();
+    for (const double tau : kWarmTaus) {
+        KV_ASSIGN_OR_RETURN(CpuProfile p, FitAtWarmTau(points, tau));
+        const double error = MedianRelativeError(p, points);
+        if (error < best_error) {
+            best_error = error;
+            best = p;
+        }
+    }
+    if (best->w == 0) best->warm_tau = 0;  // no warm-up in the points: no length either
+    return *best;
+}
+
 namespace {
 
 using nlohmann::json;
@@ -343,6 +408,13 @@ Status AddValue(const json& v, const std::string& where, std::vector<CpuProfileP
     }
     if (v.contains("cached_chunks")) {
         KV_ASSIGN_OR_RETURN(p.cached_chunks, JsonCount(v, "cached_chunks", where));
+    }
+    if (v.contains("multi_row")) {
+        KV_ASSIGN_OR_RETURN(p.multi_row, JsonCount(v, "multi_row", where));
+        if (p.multi_row > 1) return InvalidArgument(where + ": field 'multi_row': expected 0 or 1");
+    }
+    if (v.contains("decodes_since_prefill")) {
+        KV_ASSIGN_OR_RETURN(p.decodes_since_prefill, JsonCount(v, "decodes_since_prefill", where));
     }
     KV_ASSIGN_OR_RETURN(p.seconds, JsonNumber(v, "seconds", where));
     if (p.seconds < 0) return InvalidArgument(where + ": field 'seconds': must be >= 0");

@@ -5,6 +5,7 @@
 // Thread-safety: plain values and free functions.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -32,6 +33,18 @@ struct CpuProfilePoint {
     // compute in the previous step: a suffix after a prefix-cache hit (not a prompt's next chunk,
     // which follows its previous one). They make the step of kind kCached.
     int64_t cached_chunks = 0;
+    // 1 when the step runs two or more rows (prefill tokens + decoding sequences) through the
+    // matmuls, 0 for a lone decode row (or unknown: absent from a profile file). The CPU engine
+    // multiplies a lone row by its batch-1 kernels on interleaved weight copies and any other
+    // step by the multi-row kernels on the stored layout (kernels/cpu_matmul.cc), which cost a
+    // fixed extra per step (docs/simulate.md run S: 1 sequence 3.0 ms, 2 sequences 5.8, 3-4 7.0).
+    int64_t multi_row = 0;
+    // For a decode-only step, its place among the decode-only steps since its instance's last
+    // step with a prefill chunk (1 for the first); 0 for a step with a prefill chunk, or
+    // unknown. A decode step is slower the sooner it follows a prefill (which every busy period
+    // starts with): run S's lone decodes ran 1.6x the warm ones right after it, 1.3x 4-7 steps
+    // later, 1.05x 16-31 steps later.
+    int64_t decodes_since_prefill = 0;
 };
 
 // The kinds of step a profile is corrected per: decode only (no prefill token), prefill only (no
@@ -44,7 +57,8 @@ StepKind KindOf(const CpuProfilePoint& point);
 std::string_view StepKindName(StepKind kind);  // "decode", "prefill", "mixed", "cached"
 
 // t = a + b x prefill_tokens + c x decode_seqs + d x kv_tokens + e x prefill_pairs
-//     + g x cached_chunks + f x arrivals, every coefficient >= 0.
+//     + g x cached_chunks + h x multi_row + w x WarmUp(decodes_since_prefill) + f x arrivals,
+// every coefficient >= 0, where WarmUp(n) = exp(-(n - 1) / warm_tau) for n >= 1, else 0.
 struct CpuProfile {
     double a = 0;  // seconds per step
     double b = 0;  // seconds per prefill token
@@ -57,6 +71,13 @@ struct CpuProfile {
     // Seconds per prefill chunk after a cached context (CpuProfilePoint::cached_chunks): runs
     // N-P measured such a suffix at a constant 6-8 ms over the other terms whatever its length.
     double g = 0;
+    // Seconds per step of two or more rows (CpuProfilePoint::multi_row).
+    double h = 0;
+    // Seconds the first decode-only step after a prefill takes over a warm one, decaying by
+    // exp(-1 / warm_tau) per decode step after it (CpuProfilePoint::decodes_since_prefill).
+    // warm_tau (decode steps) is chosen by the fit from kWarmTaus; 0 when no point has the field.
+    double w = 0;
+    double warm_tau = 0;
     int64_t num_points = 0;
     int64_t num_outliers = 0;  // points the robust fit gave weight 0 (see FitCpuProfile)
     double rms_error_s = 0;    // of the fit over all its points, outliers included
@@ -67,11 +88,17 @@ struct CpuProfile {
     int64_t kind_points[kNumStepKinds] = {};
     double kind_scale[kNumStepKinds] = {1, 1, 1, 1};
 
+    // The warm-up term's variable for a step (see CpuProfile::w).
+    double WarmUp(int64_t decodes_since_prefill) const {
+        if (decodes_since_prefill < 1 || !(warm_tau > 0)) return 0;
+        return std::exp(-static_cast<double>(decodes_since_prefill - 1) / warm_tau);
+    }
     // The linear terms alone (no kind's scale, no f).
     double Linear(const CpuProfilePoint& p) const {
         return a + b * static_cast<double>(p.prefill_tokens) +
                c * static_cast<double>(p.decode_seqs) + d * static_cast<double>(p.kv_tokens) +
-               e * static_cast<double>(p.prefill_pairs) + g * static_cast<double>(p.cached_chunks);
+               e * static_cast<double>(p.prefill_pairs) + g * static_cast<double>(p.cached_chunks) +
+               h * static_cast<double>(p.multi_row) + w * WarmUp(p.decodes_since_prefill);
     }
     // The linear terms (without f) times the scale of the point's kind (KindOf).
     double Seconds(const CpuProfilePoint& p) const {
@@ -84,6 +111,15 @@ struct CpuProfile {
     // Every coefficient times `factor` (> 0): the same machine running `factor` times slower.
     CpuProfile Scaled(double factor) const;
 };
+
+// The decay lengths (decode steps) the fit tries for the warm-up term; it keeps the one whose
+// fit has the smallest median absolute relative error over all points.
+inline constexpr double kWarmTaus[] = {2, 4, 8, 12, 16, 24, 32};
+
+// The step's decodes_since_prefill (CpuProfilePoint) from its instance's previous step's:
+// 0 for a step with a prefill chunk, `previous` + 1 for a decode-only step, `previous` for an
+// empty one. The step log (coordinator/step_log.cc) and the simulator count alike.
+int64_t NextDecodesSincePrefill(int64_t prefill_tokens, int64_t decode_seqs, int64_t previous);
 
 // Fits the profile so that it predicts the median step of each kind, which is what the validated
 // figures (TTFT and ITL medians) are made of:
@@ -99,6 +135,9 @@ struct CpuProfile {
 //     error predicts below the median of a right-skewed step time (a step is sometimes much
 //     slower than usual, never much faster), and a fit shared by the kinds leaves each its own
 //     bias; after (3) the median residual of every kind is 0 on the fitted points.
+// When a point has decodes_since_prefill > 0, (1)-(3) run once per warm_tau of kWarmTaus and the
+// fit with the smallest median absolute relative error (measured / predicted - 1) over all
+// points is kept.
 // InvalidArgument when there are no points, a point is negative or not finite, or no subset of
 // terms can be fitted.
 Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points);
@@ -106,7 +145,8 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points);
 // Reads measured points from JSON text: any number of JSON values (one document or JSON lines),
 // each one of
 //   {"prefill_tokens": 512, "decode_seqs": 0, "kv_tokens": 512, "seconds": 0.21}   one point
-//     (optional "prefill_pairs", "arrivals" and "cached_chunks", 0 when absent; other
+//     (optional "prefill_pairs", "arrivals", "cached_chunks", "multi_row" and
+//     "decodes_since_prefill", 0 when absent; other
 //     fields, as a step log's, are ignored)
 //   {"points": [ ...points... ]}
 //   the output of `kvshard bench-engine --json` ({"engine": "kvshard", "results": [...]}): each

@@ -117,6 +117,7 @@ struct Instance {
     double busy_s = 0;
     int64_t steps = 0;
     std::vector<int64_t> previous_seq_ids;  // sorted: the last step's (CostModel::Cost)
+    int64_t decodes_since_prefill = 0;      // the last step's (NextDecodesSincePrefill)
 };
 
 constexpr int64_t kTimeoutEvent = -2;
@@ -337,7 +338,20 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
                 out.handoff_bytes += op.num_tokens * inst.cost->KvBytesPerToken();
             }
             // Layerwise sends overlap the forward pass, blockwise ones follow it (CostModel).
-            const double seconds = inst.cost->Cost(*plan, link, inst.previous_seq_ids).total_s;
+            int64_t prefill_tokens = 0, decode_seqs = 0;
+            for (const ScheduledSequence& s : plan->sequences) {
+                const auto q = static_cast<int64_t>(s.token_ids.size());
+                if (q == 1 && s.start_pos > 0) {
+                    ++decode_seqs;
+                } else {
+                    prefill_tokens += q;
+                }
+            }
+            inst.decodes_since_prefill =
+                NextDecodesSincePrefill(prefill_tokens, decode_seqs, inst.decodes_since_prefill);
+            const double seconds =
+                inst.cost->Cost(*plan, link, inst.previous_seq_ids, inst.decodes_since_prefill)
+                    .total_s;
             inst.previous_seq_ids.clear();
             for (const ScheduledSequence& s : plan->sequences)
                 inst.previous_seq_ids.push_back(s.seq_id);
