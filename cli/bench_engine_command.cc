@@ -14,10 +14,12 @@
 #include "comm/collective.h"
 #include "comm/mpi_runtime.h"
 #include "common/logging.h"
+#include "kernels/cpu_matmul_batch_copy.h"
 #include "kernels/cpu_ops.h"
 #include "kv/kv_cache_groups.h"
 #include "model/model_file.h"
 #include "worker/local_model.h"
+#include "worker/steps_after_gap.h"
 #include "worker/throughput.h"
 #include "worker/tp_group.h"
 
@@ -36,7 +38,52 @@ struct BenchFlags {
     std::string comm = "local";
     std::string weight_format = "stored";
     std::string rope_kv_write = "fused";
+    // --steps-after: per-position decode step times after each gap (worker/steps_after_gap.h)
+    // in place of the throughput figures.
+    std::vector<std::string> steps_after;
+    StepsAfterGapConfig gap;
+    double gap_evict_mib = 256;
 };
+
+// Where products of many rows read weights that have a decode copy (kernels/
+// cpu_matmul_batch_copy.h; KVSHARD_MATMUL_BATCH_WEIGHTS), for the JSON record.
+std::string BatchWeights() {
+    return std::string(cpu::BatchWeightSourceName(cpu::ActiveBatchWeightSource()));
+}
+
+// The --steps-after figures: one line (or JSON object) per gap kind.
+void PrintStepsAfterGap(const BenchFlags& f, int threads,
+                        const std::vector<StepPositionFigures>& figures) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const StepPositionFigures& g : figures) {
+        if (f.json) {
+            rows.push_back({{"gap", std::string(StepGapName(g.gap))},
+                            {"gap_ms", g.gap_ms},
+                            {"step_ms", g.step_ms},
+                            {"minor_faults", g.minor_faults}});
+            continue;
+        }
+        std::printf("tp %d  context %lld  after %-7s (gap %7.2f ms)  step ms:", f.tp,
+                    static_cast<long long>(f.gap.context), std::string(StepGapName(g.gap)).c_str(),
+                    g.gap_ms);
+        for (double ms : g.step_ms) std::printf(" %.3f", ms);
+        std::printf("\n");
+    }
+    if (f.json) {
+        nlohmann::json out{{"engine", "kvshard"},
+                           {"threads", threads},
+                           {"tp", f.tp},
+                           {"comm", f.comm},
+                           {"context", f.gap.context},
+                           {"prefill_tokens", f.gap.prefill_tokens},
+                           {"idle_ms", f.gap.idle_ms},
+                           {"evict_bytes", f.gap.evict_bytes},
+                           {"repeats", f.gap.repeats},
+                           {"batch_weights", BatchWeights()},
+                           {"steps_after", rows}};
+        std::printf("%s\n", out.dump().c_str());
+    }
+}
 
 int RunBench(const BenchFlags& f) {
     if (f.comm != "local" && f.comm != "mpi") {
@@ -70,10 +117,20 @@ int RunBench(const BenchFlags& f) {
         if (mpi && f.tp > 1) MpiRuntime::AbortJob(1);
         return 1;
     };
+    StepsAfterGapConfig gap = f.gap;
+    gap.gaps.clear();
+    for (const std::string& name : f.steps_after) {
+        Result<StepGap> g = ParseStepGap(name);
+        if (!g.ok()) return fail("--steps-after: " + g.status().message());
+        gap.gaps.push_back(*g);
+    }
+    gap.evict_bytes = static_cast<int64_t>(f.gap_evict_mib * double(1 << 20));
+    const bool steps_mode = !gap.gaps.empty();
     const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const int threads = f.threads > 0 ? f.threads : hw;  // in all, shared by the ranks
     RunnerOptions runner;
     runner.max_context = f.prompt_tokens + f.decode_tokens;
+    if (steps_mode) runner.max_context = StepsAfterGapTokensPerSequence(gap);
     runner.fuse_rope_kv_write = f.rope_kv_write == "fused";
     if (Result<WeightFormat> wf = ParseWeightFormat(f.weight_format); wf.ok()) {
         runner.weight_format = *wf;
@@ -88,10 +145,12 @@ int RunBench(const BenchFlags& f) {
     Result<kv::KvCacheGroups> kv_groups =
         kv::MakeKvCacheGroups(kv::LayerWindows((*opened)->spec()));
     if (!kv_groups.ok()) return fail(f.model + ": " + kv_groups.status().message());
-    const int64_t max_batch = *std::max_element(f.batches.begin(), f.batches.end());
+    const int64_t max_batch =
+        steps_mode ? 2 : *std::max_element(f.batches.begin(), f.batches.end());
     runner.num_kv_blocks = kv_groups->num_groups() * max_batch *
                            ((runner.max_context + runner.block_size - 1) / runner.block_size);
-    runner.max_step_tokens = max_batch * f.prompt_tokens;
+    runner.max_step_tokens =
+        steps_mode ? std::max(gap.context, gap.prefill_tokens) : max_batch * f.prompt_tokens;
     runner.max_step_seqs = max_batch;
     // One loaded model: a runner (tp 1, or this MPI rank's) or the group of rank threads.
     std::unique_ptr<LocalModel> local;
@@ -113,6 +172,13 @@ int RunBench(const BenchFlags& f) {
         Result<std::unique_ptr<TpGroup>> g = TpGroup::Create(*file, tc);
         if (!g.ok()) return fail(g.status().message());
         group = std::move(*g);
+    }
+    if (steps_mode) {
+        Result<std::vector<StepPositionFigures>> r =
+            group ? MeasureStepsAfterGap(*group, gap) : MeasureStepsAfterGap(*local->runner, gap);
+        if (!r.ok()) return fail(r.status().message());
+        if (rank == 0) PrintStepsAfterGap(f, threads, *r);
+        return 0;
     }
     nlohmann::json rows = nlohmann::json::array();
     for (int64_t batch : f.batches) {
@@ -146,6 +212,7 @@ int RunBench(const BenchFlags& f) {
                            {"threads", threads},
                            {"tp", f.tp},
                            {"comm", f.comm},
+                           {"batch_weights", BatchWeights()},
                            {"results", rows}};
         std::printf("%s\n", out.dump().c_str());
     }
@@ -179,6 +246,33 @@ Command RegisterBenchEngine(CLI::App& app) {
                     "separate (Rope, then KvWrite)")
         ->check(CLI::IsMember({"fused", "separate"}))
         ->capture_default_str();
+    sub->add_option(
+           "--steps-after", f->steps_after,
+           "Instead of tokens/s: decode step times by position after each of these "
+           "gaps, taken in turn (none, prefill, idle, spin, warm, evict; e.g. prefill,none)")
+        ->delimiter(',');
+    sub->add_option("--context", f->gap.context,
+                    "--steps-after: the decoding sequence's context before the timed steps")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--steps", f->gap.steps, "--steps-after: decode steps timed after each gap")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--repeats", f->gap.repeats,
+                    "--steps-after: rounds per gap (medians reported; one more unmeasured)")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--gap-prefill-tokens", f->gap.prefill_tokens,
+                    "--steps-after prefill: the other sequence's prompt tokens")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--gap-idle-ms", f->gap.idle_ms, "--steps-after idle, spin, warm: the pause")
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
+    sub->add_option("--gap-evict-mib", f->gap_evict_mib,
+                    "--steps-after evict: MiB each rank's thread reads through")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
     sub->add_flag("--json", f->json, "One JSON object on stdout");
     return [f] { return RunBench(*f); };
 }

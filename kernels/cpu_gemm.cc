@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "kernels/cpu_matmul_batch_copy.h"
 #include "kernels/cpu_matmul_internal.h"
 
 #if defined(__x86_64__)
@@ -180,7 +181,7 @@ KV_GEMM_AVX512 void GemmAvx512(const float* x, int64_t m, const StoredMatrix& w,
                 const int64_t j0 = s * kGemmStripRows;
                 const int64_t rows = std::min(kGemmStripRows, n - j0);
                 float* strip = wb + (s - s0) * strip_floats;
-                matmul_internal::DequantizeRowsAvx512(w, j0, j0 + rows, strip);
+                matmul_internal::DequantizeRowsPreferCopyAvx512(w, j0, j0 + rows, strip);
                 if (rows < kGemmStripRows) {
                     std::memset(strip + rows * k, 0,
                                 static_cast<size_t>((kGemmStripRows - rows) * k) * sizeof(float));

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "kernels/cpu_matmul_batch_copy.h"
 #include "kernels/cpu_matmul_internal.h"
 
 #if defined(__x86_64__)
@@ -222,7 +223,7 @@ KV_BF16 void PackStrip(const StoredMatrix& w, int64_t j0, int64_t kpad, float* r
     for (int64_t h = 0; h < kBf16StripRows / kLanes; ++h) {
         const int64_t r0 = j0 + h * kLanes;
         const int64_t rows = std::clamp<int64_t>(w.rows - r0, 0, kLanes);
-        if (rows > 0) matmul_internal::DequantizeRowsAvx512(w, r0, r0 + rows, rows_f32);
+        if (rows > 0) matmul_internal::DequantizeRowsPreferCopyAvx512(w, r0, r0 + rows, rows_f32);
         for (int64_t r = 0; r < rows; ++r)
             RoundRow(rows_f32 + r * k, k, kpad, rows_bf16 + r * kpad);
         if (rows < kLanes) {

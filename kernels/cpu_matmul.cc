@@ -29,6 +29,7 @@
 #include "common/check.h"
 #include "kernels/cpu_gemm.h"
 #include "kernels/cpu_gemm_bf16.h"
+#include "kernels/cpu_matmul_batch_copy.h"
 #include "kernels/cpu_matmul_internal.h"
 #include "kernels/cpu_ops.h"
 #include "kernels/cpu_strip_ranges.h"
@@ -67,7 +68,7 @@ using matmul_internal::HasSimdKernel;
 using matmul_internal::StripRanges;
 
 using matmul_internal::DequantizeRowsAvx2;
-using matmul_internal::DequantizeRowsAvx512;
+using matmul_internal::DequantizeRowsPreferCopyAvx512;
 using matmul_internal::MatMulRowsAvx2;
 using matmul_internal::MatMulRowsAvx512;
 using matmul_internal::MatMulRowsInt8Avx2;
@@ -180,7 +181,7 @@ void DequantizeRows(KernelIsa isa, const StoredMatrix& w, int64_t r0, int64_t r1
 #if defined(__x86_64__)
     switch (isa) {
         case KernelIsa::kAvx512:
-            return DequantizeRowsAvx512(w, r0, r1, out);
+            return DequantizeRowsPreferCopyAvx512(w, r0, r1, out);
         case KernelIsa::kAvx2:
             return DequantizeRowsAvx2(w, r0, r1, out);
         case KernelIsa::kPortable:
