@@ -5,7 +5,7 @@ serve plans the pairs and hands them out at registration, the workers make their
 start, the prefill step offers each pair's KV heads, the decode engine's plan readies them through
 the coordinator and the decode step receives them into its blocks.
 
-- prefill tp 1 -> decode tp 1 and prefill tp 2 -> decode tp 1 (heads re-sharded per pair): the
+- prefill tp 1 -> decode tp 1, tp 2 -> tp 1 and tp 1 -> tp 2 (heads re-sharded per pair): the
   greedy completions of concurrent requests equal the colocated server's and the host-staged
   handoff's; every handoff counted, none failed, every KV block free or cached afterwards; the
   workers' logs say the KV came over the pairs.
@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -117,6 +118,27 @@ class KvPairLink(unittest.TestCase):
             self.assertEqual(log.count("first transfer received over the socket link"), 2, log)
         finally:
             s.stop()
+
+    def test_p1_d2_reshards(self):
+        # Prefill tp 1 -> decode tp 2: the prefill rank sends each decode rank its own heads.
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            f.write("pools:\n"
+                    "  - {name: prefill, role: prefill, instances: [{tp: 1, devices: [cpu]}]}\n"
+                    "  - {name: decode, role: decode, instances: [{tp: 2, devices: [cpu, cpu]}]}\n")
+        try:
+            expected = reference()
+            s = server(["--config", f.name] + PAIRS)
+            try:
+                got = [s.complete(p) for p in PROMPTS]
+                self.assertEqual([t for _, t in got], expected)
+                self.assertEqual(s.metric("kvshard:kv_transfer_failures_total"), 0)
+                self.assertTrue(s.wait_idle(), "KV blocks still in use")
+                log = "".join(s.log)
+                self.assertEqual(log.count("first transfer received over the socket link"), 2, log)
+            finally:
+                s.stop()
+        finally:
+            os.unlink(f.name)
 
     def test_killed_decode_worker_never_hangs_a_request(self):
         s = server(config("disagg-1p1d.yaml") + PAIRS + [
