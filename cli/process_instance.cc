@@ -212,6 +212,7 @@ Result<DeclaredProcessInstance> Declare(const ServerConfig& config, const Proces
     ro.tp = spec.tp;
     ro.model_path = spec.model_path;
     ro.settings = EncodeWorkerSettings(settings);
+    ro.rank_settings = spec.rank_settings;
     ro.step_timeout_ms = w.step_timeout_ms;
     ro.nccl_bootstrap = UsesNcclBootstrap(spec);
     DeclaredProcessInstance declared;

@@ -27,6 +27,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cli/worker_launcher.h"
@@ -51,6 +52,9 @@ struct ProcessInstanceSpec {
     std::vector<std::string> devices;
     // The kvshard binary the workers run ("/proc/self/exe" from kvshard itself; tests name it).
     std::string worker_executable = "/proc/self/exe";
+    // Empty, or one list per rank added to that rank's settings (the KV pair path's pairs:
+    // RemoteInstanceOptions::rank_settings).
+    std::vector<std::vector<std::pair<std::string, std::string>>> rank_settings;
     // Runs once, on the supervisor thread, when the supervisor gives up on the instance (why: the
     // last failure). E.g. the serve command exits non-zero when no instance can serve any more.
     // It must not destroy the ProcessInstance (the destructor joins that thread).

@@ -272,11 +272,17 @@ int RunServe(ServeFlags f) {
                              KVSHARD_WITH_CUDA != 0, devices, f.stage_collectives);
         if (!dp.ok()) return Fail(source + dp.status().message());
         for (const std::string& w : dp->warnings) spdlog::warn("{}", w);
+        Result<bool> socket_pairs = SocketPairLinkFromEnvironment();
+        if (!socket_pairs.ok()) return Fail(socket_pairs.status().message());
         Result<std::optional<KvHandoffPath>> path =
-            ServeKvHandoffPath(c, pools, *dp, DevicesCanAccessPeer);
+            ServeKvHandoffPath(c, pools, *dp, DevicesCanAccessPeer, *socket_pairs);
         if (!path.ok()) return Fail(source + path.status().message());
         handoff_path = *path;
         if (handoff_path.has_value()) dp->kv_handoff = KvHandoffPathLine(*handoff_path);
+        if (handoff_path == KvHandoffPath::kNccl) {
+            dp->kv_handoff +=
+                "; the pairs over TCP sockets (KVSHARD_KV_PAIR_LINK=socket, tests only), not NCCL";
+        }
         for (const std::string& line : dp->Describe(pools)) spdlog::info("device plan: {}", line);
         size_t k = 0;
         for (size_t p = 0; p < pools.size(); ++p) {
@@ -312,6 +318,18 @@ int RunServe(ServeFlags f) {
     }
     std::vector<ServedInstance> instances(planned.size());
     if (c.workers.mode == WorkersMode::kProcesses) {
+        // The KV pair path: every rank's pairs, handed out at registration.
+        std::vector<std::vector<std::vector<std::pair<std::string, std::string>>>> pair_settings;
+        if (handoff_path == KvHandoffPath::kNccl) {
+            std::vector<KvPairInstance> pair_instances;
+            for (const PlannedInstance& pi : planned)
+                pair_instances.push_back({pi.name, pi.config->tp, pi.pool->role});
+            Result<std::vector<std::vector<std::vector<std::pair<std::string, std::string>>>>>
+                made =
+                    KvPairRankSettings(spec, pair_instances, "127.0.0.1", c.kv_transfer.timeout_ms);
+            if (!made.ok()) return Fail(source + made.status().message());
+            pair_settings = std::move(*made);
+        }
         std::vector<ProcessInstanceSpec> specs;
         for (const PlannedInstance& pi : planned) {
             ProcessInstanceSpec ps;
@@ -329,6 +347,7 @@ int RunServe(ServeFlags f) {
             ps.worker.tokenizer_path = c.tokenizer_path;
             ps.worker.threads = c.threads > 0 ? c.threads : threads_per_worker;
             ps.on_gave_up = [&num_gave_up](const Status&) { num_gave_up++; };
+            if (!pair_settings.empty()) ps.rank_settings = pair_settings[specs.size()];
             specs.push_back(std::move(ps));
         }
         Result<std::vector<DeclaredProcessInstance>> declared =

@@ -1,15 +1,19 @@
 #include "cli/serve_devices.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <string>
 
+#include "comm/socket_kv_pair_channel.h"
 #include "common/build_config.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/paged_attention.h"
 #include "kv/kv_cache_groups.h"
 #include "kv/kv_geometry.h"
 #include "worker/decode_buckets.h"
+#include "worker/kv_handoff_nccl_pairs.h"
+#include "worker/kv_handoff_pairs.h"
 #include "worker/kv_handoff_path.h"
 #include "worker/shard.h"
 #include "worker/weights.h"
@@ -143,7 +147,7 @@ std::vector<int> RankGpus(const DevicePlan& plan, int pool, int instance) {
 
 Result<std::optional<KvHandoffPath>> ServeKvHandoffPath(
     const ServerConfig& c, const std::vector<PoolConfig>& pools, const DevicePlan& plan,
-    const std::function<bool(int to, int from)>& can_access_peer) {
+    const std::function<bool(int to, int from)>& can_access_peer, bool socket_pair_link) {
     KvHandoffPathFacts facts;
     facts.requested = c.kv_transfer.path;
     facts.backend = plan.cuda ? BackendKind::kCuda : BackendKind::kCpu;
@@ -156,6 +160,7 @@ Result<std::optional<KvHandoffPath>> ServeKvHandoffPath(
     facts.one_node = c.workers.mode == WorkersMode::kProcesses &&
                      c.workers.launcher == WorkersLauncher::kDirect;
     facts.nccl_built = KVSHARD_WITH_CUDA != 0;
+    facts.socket_pair_link = socket_pair_link;
     bool disaggregated = false;
     for (size_t p = 0; p < pools.size(); ++p) {
         if (pools[p].role == PoolRole::kMixed) continue;
@@ -170,6 +175,40 @@ Result<std::optional<KvHandoffPath>> ServeKvHandoffPath(
     if (!disaggregated) return std::optional<KvHandoffPath>();
     KV_ASSIGN_OR_RETURN(KvHandoffPath path, ChooseKvHandoffPath(facts));
     return std::optional<KvHandoffPath>(path);
+}
+
+Result<bool> SocketPairLinkFromEnvironment() {
+    const char* env = std::getenv("KVSHARD_KV_PAIR_LINK");
+    if (env == nullptr || *env == '\0') return false;
+    if (std::string_view(env) == "socket") return true;
+    return InvalidArgument("KVSHARD_KV_PAIR_LINK: '" + std::string(env) +
+                           "' is not socket (the only test link; leave it unset to serve)");
+}
+
+Result<std::vector<std::vector<std::vector<std::pair<std::string, std::string>>>>>
+KvPairRankSettings(const ModelSpec& spec, const std::vector<KvPairInstance>& instances,
+                   const std::string& host, int64_t timeout_ms) {
+    std::vector<KvNcclInstance> prefill, decode;
+    for (const KvPairInstance& i : instances) {
+        if (i.role == PoolRole::kPrefill) prefill.push_back({.name = i.name, .tp = i.tp});
+        if (i.role == PoolRole::kDecode) decode.push_back({.name = i.name, .tp = i.tp});
+    }
+    KV_ASSIGN_OR_RETURN(
+        std::vector<KvNcclPair> pairs,
+        PlanKvNcclPairs(spec, prefill, decode, [&host] { return NewSocketKvPairId(host); }));
+    std::vector<std::vector<std::vector<std::pair<std::string, std::string>>>> out;
+    for (const KvPairInstance& i : instances) {
+        auto& ranks = out.emplace_back();
+        if (i.role == PoolRole::kMixed) continue;
+        for (int rank = 0; rank < i.tp; ++rank) {
+            ranks.push_back({{std::string(kKvNcclPairsSetting),
+                              EncodeKvNcclPairs(KvNcclPairsOfRank(pairs, i.name, rank))},
+                             {std::string(kKvPairLinkSetting),
+                              std::string(KvPairLinkName(KvPairLink::kSocket))},
+                             {std::string(kKvPairTimeoutSetting), std::to_string(timeout_ms)}});
+        }
+    }
+    return out;
 }
 
 }  // namespace kvshard::cli

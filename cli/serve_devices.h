@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "common/device.h"
@@ -57,8 +59,30 @@ std::vector<int> RankGpus(const DevicePlan& plan, int pool, int instance);
 // pair of a prefill rank's GPU and a decode rank's GPU asked `can_access_peer(to, from)`); empty
 // when no pool is a prefill or decode pool. InvalidArgument naming kv_transfer.path when the
 // requested path cannot serve this config.
+// `socket_pair_link`: the test knob (SocketPairLinkFromEnvironment).
 Result<std::optional<KvHandoffPath>> ServeKvHandoffPath(
     const ServerConfig& c, const std::vector<PoolConfig>& pools, const DevicePlan& plan,
-    const std::function<bool(int to, int from)>& can_access_peer);
+    const std::function<bool(int to, int from)>& can_access_peer, bool socket_pair_link = false);
+
+// The KV pair path's test knob, KVSHARD_KV_PAIR_LINK (tests only: never set it to serve): unset
+// or empty is false, "socket" true (kv_transfer.path: nccl then runs its pairs over TCP between
+// CPU worker processes of this machine); anything else InvalidArgument naming the variable.
+Result<bool> SocketPairLinkFromEnvironment();
+
+// One instance as the KV pair path plans it.
+struct KvPairInstance {
+    std::string name;
+    int tp = 1;
+    PoolRole role = PoolRole::kMixed;
+};
+
+// The settings the pair path adds to each rank of each instance (RemoteInstanceOptions::
+// rank_settings; outer: `instances` in order, inner: ranks; empty for a mixed instance): its
+// pairs (PlanKvNcclPairs between every prefill and every decode instance, each pair's id a
+// fresh socket pair id on `host`), the link (socket) and `timeout_ms` for every send and receive.
+// PlanKvNcclPairs' errors; Unavailable when no port could be had.
+Result<std::vector<std::vector<std::vector<std::pair<std::string, std::string>>>>>
+KvPairRankSettings(const ModelSpec& spec, const std::vector<KvPairInstance>& instances,
+                   const std::string& host, int64_t timeout_ms);
 
 }  // namespace kvshard::cli

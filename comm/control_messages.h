@@ -27,7 +27,9 @@ namespace kvshard {
 // 9: KV cache groups: ScheduledSequence.group_block_tables / group_slot_mappings,
 //    KvSendOp/KvRecvOp.group_block_tables; kv::CopyOp is StepPlan's block copy.
 // 10: TransferFailure carries a Status code before its message, as StepResult's error does.
-inline constexpr uint32_t kControlProtocolVersion = 10;
+// 11: StepPlan.kv_discards and kv_ready, KvSendOp.dst_instance, KvRecvOp.src_instance (the KV
+//     pair path).
+inline constexpr uint32_t kControlProtocolVersion = 11;
 
 // RegisterMessage.worker_rank: the coordinator assigns the lowest free rank.
 inline constexpr int32_t kAnyRank = -1;

@@ -41,8 +41,8 @@ constexpr size_t kMinPromptTokenBytes = 4 + 4 + 8 + 4;
 // A token mask covers a vocabulary of at most 2^24 tokens.
 constexpr uint32_t kMaxAllowedTokenWords = (1u << 24) / 64;
 constexpr size_t kMinSampledTokenBytes = 8 + 4 + 4 + 4 + 8;
-constexpr size_t kMinKvRecvBytes = 8 + 8 + 4 + 4 + 8 + 8;
-constexpr size_t kMinKvSendBytes = 8 + 8 + 4 + 4 + 8 + 4 + 4 + 1 + 8;
+constexpr size_t kMinKvRecvBytes = 8 + 8 + 4 + 4 + 8 + 8 + 4;
+constexpr size_t kMinKvSendBytes = 8 + 8 + 4 + 4 + 8 + 4 + 4 + 1 + 8 + 4;
 constexpr size_t kMinTransferFailureBytes = 8 + 4 + 4;
 // Receiving ranks of one send (a tensor-parallel size); strings cost 32 bytes in memory for 4 on
 // the wire, so the list is capped like RegisterAck's settings (plan_codec.cc).
@@ -120,6 +120,7 @@ void EncodeStepPlan(Writer& w, const StepPlan& plan) {
         GroupTables(w, op.group_block_tables);
         w.Fixed(op.num_tokens);
         w.Fixed(op.timeout_ms);
+        w.String(op.src_instance);
     }
     w.Count(plan.kv_sends.size());
     for (const KvSendOp& op : plan.kv_sends) {
@@ -133,7 +134,10 @@ void EncodeStepPlan(Writer& w, const StepPlan& plan) {
         for (const std::string& endpoint : op.dst_endpoints) w.String(endpoint);
         w.Bool(op.layerwise);
         w.Fixed(op.timeout_ms);
+        w.String(op.dst_instance);
     }
+    w.Ints(plan.kv_discards);
+    w.Ints(plan.kv_ready);
 }
 
 // A token's alternatives, as both a sampled token and a scored prompt token carry them.
@@ -249,6 +253,7 @@ StepPlan DecodeStepPlan(Reader& r) {
         op.group_block_tables = DecodeGroupTables(r, "KvRecvOp.group_block_tables");
         op.num_tokens = r.Fixed<int64_t>("KvRecvOp.num_tokens");
         op.timeout_ms = r.Fixed<int64_t>("KvRecvOp.timeout_ms");
+        op.src_instance = r.String("KvRecvOp.src_instance");
     }
     const uint32_t num_sends = r.Count("StepPlan.kv_sends", kMinKvSendBytes);
     plan.kv_sends.reserve(num_sends);
@@ -267,7 +272,10 @@ StepPlan DecodeStepPlan(Reader& r) {
         }
         op.layerwise = r.Bool("KvSendOp.layerwise");
         op.timeout_ms = r.Fixed<int64_t>("KvSendOp.timeout_ms");
+        op.dst_instance = r.String("KvSendOp.dst_instance");
     }
+    plan.kv_discards = r.Ints<uint64_t>("StepPlan.kv_discards");
+    plan.kv_ready = r.Ints<uint64_t>("StepPlan.kv_ready");
     return plan;
 }
 

@@ -75,6 +75,9 @@ struct KvSendOp {
     // plan's sequences); false: every layer after the step's forward pass.
     bool layerwise = false;
     int64_t timeout_ms = 10'000;  // per piece handed to the transport
+    // The receiving instance's name: the KV pair path (kv_transfer.path: nccl) offers the
+    // transfer to this rank's pairs with that instance (worker/kv_handoff_pairs.h).
+    std::string dst_instance;
     friend bool operator==(const KvSendOp&, const KvSendOp&) = default;
 };
 
@@ -87,6 +90,8 @@ struct KvRecvOp {
     std::vector<std::vector<int32_t>> group_block_tables;  // groups 1 .. G - 1
     int64_t num_tokens = 0;
     int64_t timeout_ms = 10'000;  // how long the step waits for the missing pieces
+    // The sending instance's name: the KV pair path receives over this rank's pairs with it.
+    std::string src_instance;
     friend bool operator==(const KvRecvOp&, const KvRecvOp&) = default;
 };
 
@@ -103,6 +108,10 @@ struct StepPlan {
     // Transfers that will never be received (the request ended on the prefill side): each rank
     // drops what its transport staged for them.
     std::vector<uint64_t> kv_discards;
+    // The KV pair path (kv_transfer.path: nccl), on a sending instance: the receiving instance
+    // planned its receive of each of these transfers (KvPairSender::Ready, the "ready for T" of
+    // comm/kv_pair_protocol.h, announced through the coordinator). Executed before kv_discards.
+    std::vector<uint64_t> kv_ready;
     friend bool operator==(const StepPlan&, const StepPlan&) = default;
 };
 

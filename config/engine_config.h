@@ -72,8 +72,10 @@ struct KvCacheConfig : BlockManagerConfig {
 //                unpacked into the receiving pool: every backend, every placement;
 //   kPeerCopy    pool to pool inside one process (PeerCopy, kernels/backend.h:
 //                cudaMemcpyPeerAsync between two GPUs), no host buffer;
-//   kNccl        ncclSend/ncclRecv between GPU ranks of one node (comm/nccl_kv_transport.h): not
-//                wired into serve yet, refused by name.
+//   kNccl        the KV pair path: one pair per (prefill rank, decode rank) exchanging heads
+//                (worker/kv_handoff_pairs.h), ncclSend/ncclRecv between GPU ranks of one node;
+//                refused by name on GPUs (host staging only), run over TCP sockets between CPU
+//                worker processes with the test knob KVSHARD_KV_PAIR_LINK=socket.
 enum class KvHandoffPath { kHostStaged, kPeerCopy, kNccl };
 std::string_view KvHandoffPathName(KvHandoffPath path);  // "host-staged", "peer", "nccl"
 // The path a name (KvHandoffPathName's) names; InvalidArgument listing the names otherwise.

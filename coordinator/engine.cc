@@ -276,7 +276,8 @@ void InstanceEngine::Publish(const StepPlan* computed) {
 // unless the request ignores them, and its own stop_token_ids), by increasing id.
 bool InstanceEngine::HasWorkLocked() const {
     return !inbox_.empty() || !aborts_.empty() || !handoffs_in_.empty() ||
-           !handoffs_done_.empty() || !discards_.empty() || scheduler_.HasWork();
+           !handoffs_done_.empty() || !discards_.empty() || !readies_.empty() ||
+           scheduler_.HasWork();
 }
 
 bool InstanceEngine::HasWork() const {

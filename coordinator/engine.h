@@ -132,6 +132,9 @@ class InstanceEngine : public Engine {
                        const Status& status);
     // The KV of `transfer_id` will never be received here: drop what the workers staged.
     void DiscardTransfer(uint64_t transfer_id);
+    // The KV pair path (kv_transfer.path: nccl), on the sending instance: the receiving instance
+    // planned its receive of `transfer_id`; the next plan tells the workers (StepPlan.kv_ready).
+    void ReadyTransfer(uint64_t transfer_id);
     // Requests on this instance now: submitted or handed over and not yet finished or handed on,
     // including those not yet taken from the inbox (any thread; the router's load).
     int64_t NumRequests() const;
@@ -237,6 +240,7 @@ class InstanceEngine : public Engine {
     };
     std::deque<FinishedHandoff> handoffs_done_;
     std::vector<uint64_t> discards_;
+    std::vector<uint64_t> readies_;  // ReadyTransfer's, for the next plan
     bool stopping_ = false;
     int64_t num_queued_ = 0;  // submitted, not yet finished (guarded by mu_)
 

@@ -57,10 +57,22 @@ void InstanceEngine::DiscardTransfer(uint64_t transfer_id) {
     cv_.notify_one();
 }
 
-void InstanceEngine::AddTransferOps(StepPlan* plan) {
+void InstanceEngine::ReadyTransfer(uint64_t transfer_id) {
     {
         std::lock_guard<std::mutex> lock(mu_);
+        readies_.push_back(transfer_id);
+    }
+    cv_.notify_one();
+}
+
+void InstanceEngine::AddTransferOps(StepPlan* plan) {
+    const bool pairs = config_.handoff.path == KvHandoffPath::kNccl;
+    {
+        // Under one lock: a transfer readied before it was discarded is in this plan or an
+        // earlier one, and the workers take kv_ready before kv_discards.
+        std::lock_guard<std::mutex> lock(mu_);
         plan->kv_discards.swap(discards_);
+        plan->kv_ready.swap(readies_);
     }
     const int64_t bs = config_.blocks.block_size;
     for (const ScheduledSequence& s : plan->sequences) {
@@ -80,7 +92,8 @@ void InstanceEngine::AddTransferOps(StepPlan* plan) {
                                       .dst_tp = dst.tp,
                                       .dst_endpoints = r.handoff_to->kv_endpoints(),
                                       .layerwise = config_.handoff.layerwise,
-                                      .timeout_ms = config_.handoff.timeout_ms});
+                                      .timeout_ms = config_.handoff.timeout_ms,
+                                      .dst_instance = dst.name});
         }
         if (seq.num_incoming_tokens > 0 && s.start_pos == seq.num_incoming_tokens) {
             KvRecvOp op{.transfer_id = r.transfer_id,
@@ -88,7 +101,8 @@ void InstanceEngine::AddTransferOps(StepPlan* plan) {
                         .block_table = {},
                         .group_block_tables = {},
                         .num_tokens = seq.num_incoming_tokens,
-                        .timeout_ms = config_.handoff.timeout_ms};
+                        .timeout_ms = config_.handoff.timeout_ms,
+                        .src_instance = r.handoff_from->config().name};
             const auto num_blocks = static_cast<size_t>((seq.num_incoming_tokens + bs - 1) / bs);
             // Blocks matched in this instance's prefix cache are shared: keep them as they are.
             // (Entries a window released at admission are kNoBlock already; the workers receive
@@ -103,6 +117,9 @@ void InstanceEngine::AddTransferOps(StepPlan* plan) {
             op.block_table = receiving(s.block_table);
             for (const std::vector<int32_t>& table : s.group_block_tables)
                 op.group_block_tables.push_back(receiving(table));
+            // The pair path's "ready for T": the sending instance's workers send T once told,
+            // and this plan's receive waits for it (worker/kv_handoff_pairs.h).
+            if (pairs) r.handoff_from->ReadyTransfer(r.transfer_id);
             plan->kv_recvs.push_back(std::move(op));
         }
     }
@@ -126,6 +143,8 @@ void InstanceEngine::HandleTransfers(const StepPlan& plan, const StepResult& res
                      config_.name, r.request.request_id, r.handoff_to->config().name,
                      f->status().ToString());
         r.handoff_to->DiscardTransfer(r.transfer_id);
+        // The pair path: other pairs of this instance may hold an offer of it.
+        if (config_.handoff.path == KvHandoffPath::kNccl) DiscardTransfer(r.transfer_id);
         r.handoff_to = nullptr;
         if (config_.observer != nullptr) config_.observer->OnKvTransferFailed(f->status());
     }
@@ -243,6 +262,12 @@ void InstanceEngine::ResumeHandoff(uint64_t transfer_id, std::unique_ptr<Handoff
     const bool holds_kv = it != handed_off_.end();
     const int64_t seq_id = holds_kv ? it->second : next_seq_id_++;
     if (holds_kv) handed_off_.erase(it);
+    if (config_.handoff.path == KvHandoffPath::kNccl) {
+        // The pair path's senders may still hold an offer the decode side never asked for (it
+        // was aborted before its receive was planned): the workers drop it (a no-op once sent).
+        std::lock_guard<std::mutex> lock(mu_);
+        discards_.push_back(transfer_id);
+    }
     if (returned == nullptr) {
         KV_CHECK(holds_kv) << "transfer " << transfer_id;
         scheduler_.ReleaseDetached(seq_id);  // full blocks stay in the prefix cache

@@ -285,7 +285,7 @@ std::optional<StepPlan> InstanceEngine::Plan() {
     bool has_discards = false;
     {
         std::lock_guard<std::mutex> lock(mu_);
-        has_discards = !discards_.empty();
+        has_discards = !discards_.empty() || !readies_.empty();
     }
     if (!scheduler_.HasWork() && !has_discards) return std::nullopt;
     StepPlan plan = scheduler_.Schedule();
@@ -294,7 +294,8 @@ std::optional<StepPlan> InstanceEngine::Plan() {
     AddTokenMasks(&plan);
     // Nothing fits now (every waiting prompt needs blocks that running sequences hold and nothing
     // is running): cannot happen with a validated config, but the caller must not spin on it.
-    if (plan.sequences.empty() && plan.block_copies.empty() && plan.kv_discards.empty())
+    if (plan.sequences.empty() && plan.block_copies.empty() && plan.kv_discards.empty() &&
+        plan.kv_ready.empty())
         return std::nullopt;
     return plan;
 }

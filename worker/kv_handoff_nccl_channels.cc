@@ -86,6 +86,13 @@ Result<KvNcclRankChannels::PairState*> KvNcclRankChannels::Find(std::string_view
                     std::to_string(peer_rank));
 }
 
+void KvNcclRankChannels::Abort(std::string_view peer_instance, int peer_rank, const Status& why) {
+    for (size_t i = 0; i < pairs_.size(); ++i) {
+        if (pairs_[i].peer_instance == peer_instance && pairs_[i].peer_rank == peer_rank)
+            states_[i]->channel->Abort(why);
+    }
+}
+
 Result<KvPairSender*> KvNcclRankChannels::Sender(std::string_view peer_instance, int peer_rank) {
     KV_ASSIGN_OR_RETURN(PairState * state, Find(peer_instance, peer_rank, 0));
     return state->sender.get();

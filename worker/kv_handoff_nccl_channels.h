@@ -10,7 +10,7 @@
 // is not yet formed is the next one for both its ranks. The first failure ends Create, naming the
 // pair; channels made before it are closed.
 //
-// Not wired into serve yet: nothing constructs this outside tests (docs/cuda.md).
+// Made by the worker's KV pair handoff (worker/kv_handoff_pairs.h) at start.
 //
 // Thread-safety: Create, Sender and Receiver from one thread (the worker's); the senders and
 // receivers handed out follow comm/kv_pair_protocol.h.
@@ -61,6 +61,10 @@ class KvNcclRankChannels {
     Result<KvPairReceiver*> Receiver(std::string_view peer_instance, int peer_rank,
                                      const KvPairReceiveLimits& limits,
                                      const KvPairReceiver::AnnounceReady& announce);
+
+    // Fails the pair with this peer (its channel's Abort): a call in progress on it returns, and
+    // so does every later one. Nothing when there is no such pair.
+    void Abort(std::string_view peer_instance, int peer_rank, const Status& why);
 
     const std::vector<KvNcclPairAssignment>& pairs() const { return pairs_; }
 

@@ -48,10 +48,10 @@ Status RefuseNccl(const KvHandoffPathFacts& f) {
         }
     }
     return InvalidArgument(key +
-                           "not wired into serve yet (its transfer protocol and NCCL pair "
-                           "channel exist, comm/kv_pair_protocol.h, but serve sets up no pair "
-                           "communicator and the workers do not send or receive a handoff over "
-                           "NCCL); use auto or host-staged");
+                           "not wired on GPUs yet (serve plans the pairs and the workers run the "
+                           "pair protocol, worker/kv_handoff_pairs.h, but they stage a pair's KV "
+                           "in host memory and the NCCL channel sends device memory); use auto "
+                           "or host-staged");
 }
 
 }  // namespace
@@ -88,6 +88,9 @@ Result<KvHandoffPath> ChooseKvHandoffPath(const KvHandoffPathFacts& f) {
             return KvHandoffPath::kPeerCopy;
         }
         case KvHandoffPath::kNccl:
+            // The test link: the whole pair path between CPU worker processes of this machine.
+            if (f.socket_pair_link && !cuda && !f.embedded && f.one_node)
+                return KvHandoffPath::kNccl;
             return RefuseNccl(f);
     }
     return KvHandoffPath::kHostStaged;
@@ -107,7 +110,9 @@ std::string KvHandoffPathLine(KvHandoffPath path) {
                 "cudaMemcpyPeerAsync), no host buffer";
             break;
         case KvHandoffPath::kNccl:
-            how = "ncclSend/ncclRecv between the pools' GPUs";
+            how =
+                "one pair channel per prefill and decode rank that exchange KV heads, each "
+                "rank's heads packed and sent by the prefill rank once the decode rank is ready";
             break;
     }
     return "KV handoff between pools: " + std::string(KvHandoffPathName(path)) + " (" + how + ")";

@@ -19,9 +19,12 @@
 // of other machines, and NVLink p2p is a one-node path), and a GPU that holds both a prefill and
 // a decode rank (NCCL refuses two ranks of one communicator on one GPU). Where it could work
 // (GPU worker processes launched here on distinct GPUs, NCCL built) it is refused as not wired
-// yet: the pairs and their ids can be planned (PlanKvNcclPairs, worker/kv_handoff_nccl_pairs.h)
-// and handed out at registration (RemoteInstanceOptions::rank_settings), but serve does not do
-// so and no worker issues ncclSend/ncclRecv for a handoff. So auto never picks it.
+// yet: serve plans the pairs and the workers run the pair path (worker/kv_handoff_pairs.h), but
+// they stage a pair's KV in host memory and the NCCL channel sends device memory.
+// The one case it is accepted: CPU worker processes launched here with the TEST knob
+// socket_pair_link (KVSHARD_KV_PAIR_LINK=socket): the same wiring over a TCP pair link
+// (comm/socket_kv_pair_channel.h), so the pair path runs end to end without GPUs. auto never
+// picks nccl.
 #pragma once
 
 #include <functional>
@@ -52,6 +55,9 @@ struct KvHandoffPathFacts {
     bool one_node = false;
     // This kvshard has NCCL (KVSHARD_WITH_CUDA).
     bool nccl_built = false;
+    // Tests only (KVSHARD_KV_PAIR_LINK=socket): the pairs run over TCP sockets between CPU
+    // worker processes of this machine instead of NCCL.
+    bool socket_pair_link = false;
 };
 
 // The path, or InvalidArgument naming kv_transfer.path and why that path cannot serve here.

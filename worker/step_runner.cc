@@ -12,8 +12,9 @@
 
 namespace kvshard {
 
-StepRunner::StepRunner(ModelRunner& runner, KvTransport* transport, KvPeerExchange* peer)
-    : runner_(runner), transport_(transport), peer_(peer) {
+StepRunner::StepRunner(ModelRunner& runner, KvTransport* transport, KvPeerExchange* peer,
+                       KvPairHandoff* pairs)
+    : runner_(runner), transport_(transport), peer_(peer), pairs_(pairs) {
     if (peer_ != nullptr) {
         KV_CHECK(transport_ != nullptr) << "the peer-copy path names this rank by its transport";
         peer_registration_ =
@@ -155,6 +156,17 @@ Result<std::vector<TransferFailure>> StepRunner::ReceiveTransfers(const StepPlan
         }
         if (local[i].code != StatusCode::kOk) {
             transport_->Discard(op.transfer_id);
+            // Announced to the sender already: the pairs' order is lost.
+            if (pairs_ != nullptr) pairs_->Abandon(op, Status(local[i].code, local[i].message));
+            continue;
+        }
+        if (pairs_ != nullptr) {
+            Result<int64_t> bytes = pairs_->Receive(op, blocks);
+            if (bytes.ok()) {
+                result->kv_bytes_received += *bytes;
+            } else {
+                fail(bytes.status());
+            }
             continue;
         }
         // Every (layer, KV head) arrives once, but for the groups whose window reads nothing
@@ -404,6 +416,13 @@ Status StepRunner::FlushSend(const PreparedSend& send) {
 
 Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
     const auto t0 = std::chrono::steady_clock::now();
+    KvPairReceiveGuard receive_guard(pairs_, plan.kv_recvs);
+    if (pairs_ != nullptr) {
+        // First, whatever else fails: a decode rank waits for these sends. Ready before
+        // discards: a transfer discarded in the plan that readies it was sent.
+        for (uint64_t id : plan.kv_ready) pairs_->Ready(id);
+        for (uint64_t id : plan.kv_discards) pairs_->Discard(id);
+    }
     StepResult result;
     result.step_id = plan.step_id;
     for (int64_t id : plan.released_seq_ids) samplers_.erase(id);
@@ -438,6 +457,7 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
     if (!plan.kv_recvs.empty()) {
         std::optional<Result<std::vector<TransferFailure>>> received;
         timed([&] { received.emplace(ReceiveTransfers(plan, &result)); });
+        receive_guard.Received();
         Result<std::vector<TransferFailure>>& failures = *received;
         KV_RETURN_IF_ERROR(failures.status());
         for (const TransferFailure& f : *failures) {
@@ -498,9 +518,10 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
         }
         std::function<void(int64_t)> after_layer;
         // The peer-copy path posts after the pass (the receiver copies whenever its step runs).
-        if (peer_ == nullptr && std::any_of(sends.begin(), sends.end(), [](const PreparedSend& s) {
-                return s.op->layerwise;
-            })) {
+        // So does the pair path (its senders hold a copy until the receiver asks).
+        if (peer_ == nullptr && pairs_ == nullptr &&
+            std::any_of(sends.begin(), sends.end(),
+                        [](const PreparedSend& s) { return s.op->layerwise; })) {
             after_layer = [&](int64_t layer) {
                 for (const PreparedSend& send : sends) {
                     if (!send.op->layerwise || has_failed(send.op->transfer_id)) continue;
@@ -524,6 +545,23 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
             if (has_failed(send.op->transfer_id)) continue;
             const Status st = synced.ok() ? PostPeerSources(send, &result) : synced;
             if (!st.ok()) send_failed(*send.op, st);
+        }
+        sends.clear();  // nothing to send or flush through the transport
+    }
+    if (pairs_ != nullptr && !sends.empty()) {
+        // Offered after the pass: the offers copy the blocks now.
+        const Status synced = runner_.backend().Synchronize();
+        for (const PreparedSend& send : sends) {
+            if (has_failed(send.op->transfer_id)) continue;
+            timed([&] {
+                Result<int64_t> bytes =
+                    synced.ok() ? pairs_->Offer(*send.op, send.blocks) : Result<int64_t>(synced);
+                if (bytes.ok()) {
+                    result.kv_bytes_sent += *bytes;
+                } else {
+                    send_failed(*send.op, bytes.status());
+                }
+            });
         }
         sends.clear();  // nothing to send or flush through the transport
     }

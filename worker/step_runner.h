@@ -18,6 +18,7 @@
 
 #include "comm/kv_transport.h"
 #include "comm/step_executor.h"
+#include "worker/kv_handoff_pairs.h"
 #include "worker/kv_peer_exchange.h"
 #include "worker/model_runner.h"
 #include "worker/sampler.h"
@@ -31,8 +32,11 @@ class StepRunner : public StepExecutor {
     // peer-copy path, shared by every instance of the process; the runner's pool is registered
     // with it while the StepRunner lives. REQUIRES with `peer`: a transport (its endpoint names
     // this rank to senders).
+    // `pairs` (not owned; nullptr: not the pair path): the rank's KV pair handoff
+    // (worker/kv_handoff_pairs.h, kv_transfer.path: nccl); sends are offered to it after the
+    // forward pass, receives taken from it, kv_ready and kv_discards passed to it.
     explicit StepRunner(ModelRunner& runner, KvTransport* transport = nullptr,
-                        KvPeerExchange* peer = nullptr);
+                        KvPeerExchange* peer = nullptr, KvPairHandoff* pairs = nullptr);
 
     Result<StepResult> Execute(const StepPlan& plan) override;
 
@@ -77,6 +81,7 @@ class StepRunner : public StepExecutor {
     ModelRunner& runner_;
     KvTransport* transport_;
     KvPeerExchange* peer_;
+    KvPairHandoff* pairs_;
     std::unique_ptr<KvPeerExchange::Registration> peer_registration_;  // with peer_
     std::unordered_map<int64_t, Sampler> samplers_;
     std::vector<float> logits_;

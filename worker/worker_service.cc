@@ -13,6 +13,7 @@
 #include "kernels/cpu_ops.h"
 #include "model/model_file.h"
 #include "worker/kv_handoff.h"
+#include "worker/kv_handoff_pairs.h"
 #include "worker/rank_collective.h"
 #include "worker/step_runner.h"
 #include "worker/weights.h"
@@ -119,6 +120,7 @@ Result<std::unique_ptr<FrameChannel>> ConnectWithRetry(const WorkerServiceOption
 struct LoadedRank {
     std::unique_ptr<ModelFile> file;
     std::unique_ptr<ModelRunner> runner;
+    std::unique_ptr<KvPairHandoff> pairs;  // the KV pair path's channels; outlives steps
     std::unique_ptr<StepRunner> steps;
 };
 
@@ -144,7 +146,26 @@ Result<LoadedRank> LoadRank(const WorkerServiceOptions& o, const RegisterAckMess
     // Pieces that cannot fit this rank's pool are refused before anything is allocated.
     KV_RETURN_IF_ERROR(
         transport->SetReceiveGeometry(ReceiveGeometryOf(*r.runner->pool(), r.runner->layout())));
-    r.steps = std::make_unique<StepRunner>(*r.runner, transport);
+    // The KV pair path (kv_transfer.path: nccl): the channels are made now, before Ready; making
+    // one never waits for its peer (worker/kv_handoff_pairs.h).
+    KV_ASSIGN_OR_RETURN(std::optional<KvPairHandoffSettings> pairs,
+                        KvPairHandoffSettingsOf(ack.settings));
+    if (pairs.has_value()) {
+        if (r.runner->pool() == nullptr)
+            return InvalidArgument("worker setting kv_nccl_pairs: this rank has no KV pool");
+        const size_t n = pairs->pairs.size();
+        const std::string link(KvPairLinkName(pairs->link));
+        KvPairPool pool{.backend = &r.runner->backend(),
+                        .pool = r.runner->pool(),
+                        .layout = r.runner->layout(),
+                        .group_of_layer = r.runner->kv_groups().group_of_layer};
+        KV_ASSIGN_OR_RETURN(
+            r.pairs,
+            KvPairHandoff::Create(std::move(pairs->pairs), KvPairHandoff::MakerOf(pairs->link),
+                                  link, pairs->timeout_ms, std::move(pool)));
+        spdlog::info("{}: KV handoff over {} pair(s) on the {} link", Who(o), n, link);
+    }
+    r.steps = std::make_unique<StepRunner>(*r.runner, transport, nullptr, r.pairs.get());
     return r;
 }
 

@@ -60,7 +60,7 @@ TEST(ServeKvHandoffNccl, RefusedWithTheReasonForEachPlacement) {
                   std::string::npos);
         EXPECT_NE(Refusal(direct, CudaPlan({1, 1})).find("GPU 1 holds a prefill rank and a decode"),
                   std::string::npos);
-        EXPECT_NE(Refusal(direct, CudaPlan({0, 1})).find("not wired into serve yet"),
+        EXPECT_NE(Refusal(direct, CudaPlan({0, 1})).find("not wired on GPUs yet"),
                   std::string::npos);
     } else {
         EXPECT_NE(Refusal(direct, CudaPlan({0, 1})).find("built without CUDA"), std::string::npos);

@@ -221,9 +221,9 @@ TEST(PlanCodec, HeaderLayout) {
     EXPECT_EQ(frame[5], 0);
     EXPECT_EQ(frame[6], 1);  // MessageType::kStepPlan
     EXPECT_EQ(frame[7], 0);
-    // step_id + 5 empty counts.
-    EXPECT_EQ(frame.size(), kFrameHeaderBytes + 8 + 4 + 4 + 4 + 4 + 4);
-    EXPECT_EQ(frame[8], 28);
+    // step_id + 7 empty counts (the last two: kv_discards, kv_ready).
+    EXPECT_EQ(frame.size(), kFrameHeaderBytes + 8 + 4 + 4 + 4 + 4 + 4 + 4 + 4);
+    EXPECT_EQ(frame[8], 36);
 }
 
 TEST(PlanCodec, RoundTripsEveryMessageType) {

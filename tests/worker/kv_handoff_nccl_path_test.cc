@@ -78,7 +78,7 @@ TEST(KvHandoffPathChoice, NcclByPlacement) {
          {0, 1},
          {2, 3},
          none,
-         "not wired into serve yet"},
+         "not wired on GPUs yet"},
     };
     for (const NcclCase& c : cases) {
         KvHandoffPathFacts f;

@@ -1,0 +1,324 @@
+// KvPairHandoff (worker/kv_handoff_pairs.h).
+#include "worker/kv_handoff_pairs.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <charconv>
+
+#include "comm/kv_transport.h"
+#include "comm/socket_kv_pair_channel.h"
+#include "worker/kv_handoff.h"
+
+namespace kvshard {
+namespace {
+
+std::string PairOf(const KvNcclPairAssignment& p) {
+    return "KV pair with " + p.peer_instance + " rank " + std::to_string(p.peer_rank);
+}
+
+}  // namespace
+
+std::string_view KvPairLinkName(KvPairLink link) {
+    switch (link) {
+        case KvPairLink::kSocket:
+            return "socket";
+        case KvPairLink::kNccl:
+            return "nccl";
+    }
+    return "?";
+}
+
+Result<std::optional<KvPairHandoffSettings>> KvPairHandoffSettingsOf(
+    const std::vector<std::pair<std::string, std::string>>& settings) {
+    const std::string* pairs = nullptr;
+    const std::string* link = nullptr;
+    const std::string* timeout = nullptr;
+    for (const auto& [key, value] : settings) {
+        if (key == kKvNcclPairsSetting) pairs = &value;
+        if (key == kKvPairLinkSetting) link = &value;
+        if (key == kKvPairTimeoutSetting) timeout = &value;
+    }
+    if (pairs == nullptr) {
+        if (link != nullptr) {
+            return InvalidArgument("worker setting " + std::string(kKvPairLinkSetting) +
+                                   " without " + std::string(kKvNcclPairsSetting));
+        }
+        return std::optional<KvPairHandoffSettings>();
+    }
+    KvPairHandoffSettings s;
+    KV_ASSIGN_OR_RETURN(s.pairs, DecodeKvNcclPairs(*pairs));
+    if (link == nullptr) {
+        return InvalidArgument("worker setting " + std::string(kKvPairLinkSetting) +
+                               ": missing beside " + std::string(kKvNcclPairsSetting));
+    }
+    if (*link == KvPairLinkName(KvPairLink::kSocket)) {
+        s.link = KvPairLink::kSocket;
+    } else if (*link == KvPairLinkName(KvPairLink::kNccl)) {
+        s.link = KvPairLink::kNccl;
+    } else {
+        return InvalidArgument("worker setting " + std::string(kKvPairLinkSetting) + ": '" + *link +
+                               "' is not one of socket, nccl");
+    }
+    if (timeout != nullptr) {
+        int64_t ms = 0;
+        auto [ptr, ec] = std::from_chars(timeout->data(), timeout->data() + timeout->size(), ms);
+        if (ec != std::errc() || ptr != timeout->data() + timeout->size() || ms <= 0) {
+            return InvalidArgument("worker setting " + std::string(kKvPairTimeoutSetting) + ": '" +
+                                   *timeout + "' is not a positive number of milliseconds");
+        }
+        s.timeout_ms = ms;
+    }
+    return std::optional<KvPairHandoffSettings>(std::move(s));
+}
+
+KvNcclRankChannels::MakeChannel KvPairHandoff::MakerOf(KvPairLink link) {
+    switch (link) {
+        case KvPairLink::kSocket:
+            return [](const KvNcclPairAssignment& p) {
+                return MakeSocketKvPairChannel(p.nccl_unique_id, p.nccl_rank);
+            };
+        case KvPairLink::kNccl:
+            break;
+    }
+    return [](const KvNcclPairAssignment&) -> Result<std::unique_ptr<KvPairChannel>> {
+        return Unimplemented(
+            "kv_pair_link nccl: the workers pack a pair's KV in host memory and the NCCL "
+            "channel sends device memory; device staging is not wired (kv_transfer.path)");
+    };
+}
+
+KvPairHandoff::KvPairHandoff(std::unique_ptr<KvNcclRankChannels> channels, std::string link_name,
+                             KvPairPool pool)
+    : channels_(std::move(channels)), link_name_(std::move(link_name)), pool_(std::move(pool)) {
+    received_any_.assign(channels_->pairs().size(), false);
+    receives_.assign(channels_->pairs().size(), 0);
+    for (int64_t g : pool_.group_of_layer) num_groups_ = std::max(num_groups_, size_t(g + 1));
+}
+
+Result<std::unique_ptr<KvPairHandoff>> KvPairHandoff::Create(
+    std::vector<KvNcclPairAssignment> pairs, const KvNcclRankChannels::MakeChannel& make,
+    std::string link_name, int64_t timeout_ms, KvPairPool pool) {
+    const IndexRange held = pool.layout.kv_heads;
+    std::map<std::string, int64_t> received_heads;
+    for (const KvNcclPairAssignment& p : pairs) {
+        if (p.head_begin < held.begin || p.head_end > held.end) {
+            return InvalidArgument(PairOf(p) + ": KV heads [" + std::to_string(p.head_begin) +
+                                   ", " + std::to_string(p.head_end) +
+                                   ") are not all held by this rank (" + pool.layout.ToString() +
+                                   ")");
+        }
+        if (p.nccl_rank == 1) received_heads[p.peer_instance] += p.head_end - p.head_begin;
+    }
+    for (const auto& [instance, heads] : received_heads) {
+        if (heads != held.size()) {
+            return InvalidArgument("KV pairs with " + instance + " carry " + std::to_string(heads) +
+                                   " KV heads, this rank holds " + std::to_string(held.size()));
+        }
+    }
+    const KvNcclChannelsOptions options{
+        .send_timeout_ms = timeout_ms, .receive_timeout_ms = timeout_ms, .max_offers_per_pair = 64};
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<KvNcclRankChannels> channels,
+                        KvNcclRankChannels::Create(std::move(pairs), make, options));
+    return std::unique_ptr<KvPairHandoff>(
+        new KvPairHandoff(std::move(channels), std::move(link_name), std::move(pool)));
+}
+
+KvPairHandoff::Layout KvPairHandoff::LayoutOf(const std::vector<std::span<const int32_t>>& blocks,
+                                              IndexRange heads) const {
+    const KvPoolConfig& c = pool_.pool->config();
+    Layout out;
+    out.bytes_per_block_layer = KvPieceBytes({.layer_begin = 0,
+                                              .layer_end = 1,
+                                              .head_begin = static_cast<int32_t>(heads.begin),
+                                              .head_end = static_cast<int32_t>(heads.end),
+                                              .num_blocks = 1,
+                                              .block_size = static_cast<int32_t>(c.block_size),
+                                              .head_dim = static_cast<int32_t>(c.head_dim),
+                                              .dtype = c.storage});
+    const std::vector<int64_t>& group_of = pool_.group_of_layer;
+    const auto num_layers = static_cast<int64_t>(group_of.size());
+    for (int64_t begin = 0; begin < num_layers;) {
+        const int64_t g = group_of[static_cast<size_t>(begin)];
+        int64_t end = begin + 1;
+        while (end < num_layers && group_of[static_cast<size_t>(end)] == g) ++end;
+        const std::span<const int32_t> b = blocks[static_cast<size_t>(g)];
+        if (!b.empty()) {
+            for (KvCopyRun run : KvCopyRuns(*pool_.pool, pool_.layout, b, begin, end, heads)) {
+                run.piece_offset += out.bytes;
+                out.runs.push_back(run);
+            }
+            const int64_t block_layers = static_cast<int64_t>(b.size()) * (end - begin);
+            out.block_layers += block_layers;
+            out.bytes += block_layers * out.bytes_per_block_layer;
+        }
+        begin = end;
+    }
+    return out;
+}
+
+Result<int64_t> KvPairHandoff::Offer(const KvSendOp& op,
+                                     const std::vector<std::span<const int32_t>>& blocks) {
+    const std::string what = "KV pair send of transfer " + std::to_string(op.transfer_id) + ": ";
+    if (blocks.size() != num_groups_) {
+        return InvalidArgument(what + std::to_string(blocks.size()) +
+                               " block tables for the pool's KV cache groups");
+    }
+    std::vector<KvPairSender*> offered;
+    auto withdraw = [&] {
+        for (KvPairSender* s : offered) (void)s->Discard(op.transfer_id);
+    };
+    int64_t bytes = 0;
+    const uint8_t* base = pool_.pool->BlockData(0);
+    for (const KvNcclPairAssignment& p : channels_->pairs()) {
+        if (p.nccl_rank != 0 || p.peer_instance != op.dst_instance) continue;
+        Result<KvPairSender*> sender = channels_->Sender(p.peer_instance, p.peer_rank);
+        if (!sender.ok()) {
+            withdraw();
+            return sender.status();
+        }
+        auto failed_earlier = [&](const Status& failed) {
+            withdraw();
+            return Status(failed.code(),
+                          what + PairOf(p) + " failed earlier (" + failed.message() +
+                              "); pairs are not re-planned when an instance re-forms: restart "
+                              "serve to use this pair again");
+        };
+        if (Status failed = (*sender)->failure(); !failed.ok()) return failed_earlier(failed);
+        const Layout layout = LayoutOf(blocks, {p.head_begin, p.head_end});
+        if (layout.bytes == 0) continue;
+        auto buffer = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(layout.bytes));
+        for (const KvCopyRun& run : layout.runs) {
+            if (Status st = pool_.backend->CopyToHost(buffer->data() + run.piece_offset,
+                                                      base + run.pool_offset,
+                                                      static_cast<size_t>(run.bytes));
+                !st.ok()) {
+                withdraw();
+                return st;
+            }
+        }
+        if (Status st = pool_.backend->Synchronize(); !st.ok()) {
+            withdraw();
+            return st;
+        }
+        const std::string pair = PairOf(p);
+        const uint64_t id = op.transfer_id;
+        Status st = (*sender)->Offer({.transfer_id = id,
+                                      .num_blocks = layout.block_layers,
+                                      .bytes_per_block = layout.bytes_per_block_layer},
+                                     buffer->data(), [buffer, pair, id](const Status& done) {
+                                         if (!done.ok() && done.code() != StatusCode::kAborted) {
+                                             spdlog::warn("{}: transfer {} not sent: {}", pair, id,
+                                                          done.ToString());
+                                         }
+                                     });
+        if (!st.ok()) {
+            if (Status failed = (*sender)->failure(); !failed.ok()) return failed_earlier(failed);
+            withdraw();
+            return st.WithContext(what + pair);
+        }
+        offered.push_back(*sender);
+        bytes += layout.bytes;
+    }
+    if (!offered.empty()) offered_[op.transfer_id] = op.dst_instance;
+    return bytes;
+}
+
+void KvPairHandoff::Ready(uint64_t transfer_id) {
+    auto it = offered_.find(transfer_id);
+    if (it == offered_.end()) return;
+    const std::string instance = std::move(it->second);
+    offered_.erase(it);
+    for (const KvNcclPairAssignment& p : channels_->pairs()) {
+        if (p.nccl_rank != 0 || p.peer_instance != instance) continue;
+        Result<KvPairSender*> sender = channels_->Sender(p.peer_instance, p.peer_rank);
+        if (!sender.ok()) continue;
+        if (Status st = (*sender)->Ready(transfer_id); !st.ok())
+            spdlog::warn("{}: ready for transfer {}: {}", PairOf(p), transfer_id, st.ToString());
+    }
+}
+
+void KvPairHandoff::Discard(uint64_t transfer_id) {
+    auto it = offered_.find(transfer_id);
+    if (it == offered_.end()) return;
+    const std::string instance = std::move(it->second);
+    offered_.erase(it);
+    for (const KvNcclPairAssignment& p : channels_->pairs()) {
+        if (p.nccl_rank != 0 || p.peer_instance != instance) continue;
+        Result<KvPairSender*> sender = channels_->Sender(p.peer_instance, p.peer_rank);
+        // Not held any more (sent, or the pair failed): nothing to drop.
+        if (sender.ok()) (void)(*sender)->Discard(transfer_id);
+    }
+}
+
+void KvPairHandoff::Abandon(const KvRecvOp& op, const Status& why) {
+    for (const KvNcclPairAssignment& p : channels_->pairs()) {
+        if (p.nccl_rank != 1 || p.peer_instance != op.src_instance) continue;
+        channels_->Abort(p.peer_instance, p.peer_rank,
+                         Aborted("transfer " + std::to_string(op.transfer_id) +
+                                 " given up on this rank: " + why.ToString()));
+    }
+}
+
+Result<int64_t> KvPairHandoff::Receive(const KvRecvOp& op,
+                                       const std::vector<std::span<const int32_t>>& blocks) {
+    const KvPoolConfig& c = pool_.pool->config();
+    uint8_t* base = pool_.pool->MutableBlockData(0);
+    int64_t bytes = 0;
+    bool any = false;
+    const auto& pairs = channels_->pairs();
+    for (size_t i = 0; i < pairs.size(); ++i) {
+        const KvNcclPairAssignment& p = pairs[i];
+        if (p.nccl_rank != 1 || p.peer_instance != op.src_instance) continue;
+        any = true;
+        const Layout layout = LayoutOf(blocks, {p.head_begin, p.head_end});
+        if (layout.bytes == 0) continue;
+        Status st;
+        // The coordinator announced this receive when it planned it (kv_ready), so the
+        // protocol's announcement here has nothing left to do.
+        Result<KvPairReceiver*> receiver = channels_->Receiver(
+            p.peer_instance, p.peer_rank,
+            {.max_blocks = c.num_blocks * static_cast<int64_t>(pool_.group_of_layer.size()),
+             .bytes_per_block = layout.bytes_per_block_layer},
+            [](uint64_t) { return Status::Ok(); });
+        if (!receiver.ok()) {
+            st = receiver.status();
+        } else {
+            receive_buffer_.resize(static_cast<size_t>(layout.bytes));
+            // The pair's order is the coordinator's (module comment): the receiver numbers its
+            // receives in the order it posts them, which its protocol requires to increase.
+            st = (*receiver)->Receive({.transfer_id = ++receives_[i],
+                                       .num_blocks = layout.block_layers,
+                                       .bytes_per_block = layout.bytes_per_block_layer},
+                                      receive_buffer_.data(), receive_buffer_.size());
+        }
+        for (size_t r = 0; r < layout.runs.size() && st.ok(); ++r) {
+            const KvCopyRun& run = layout.runs[r];
+            st = pool_.backend->CopyToDevice(base + run.pool_offset,
+                                             receive_buffer_.data() + run.piece_offset,
+                                             static_cast<size_t>(run.bytes));
+        }
+        if (st.ok()) st = pool_.backend->Synchronize();
+        if (!st.ok()) {
+            const Status failed = st.WithContext("KV pair receive of transfer " +
+                                                 std::to_string(op.transfer_id) + ": " + PairOf(p));
+            Abandon(op, failed);
+            return failed;
+        }
+        if (!received_any_[i]) {
+            received_any_[i] = true;
+            spdlog::info("{}: first transfer received over the {} link ({} bytes)", PairOf(p),
+                         link_name_, layout.bytes);
+        }
+        bytes += layout.bytes;
+    }
+    if (!any) {
+        return NotFound(
+            "KV pair receive of transfer " + std::to_string(op.transfer_id) +
+            ": this rank has no pair with " +
+            (op.src_instance.empty() ? "an unnamed instance" : "instance " + op.src_instance));
+    }
+    return bytes;
+}
+
+}  // namespace kvshard

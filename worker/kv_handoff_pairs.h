@@ -1,0 +1,166 @@
+// KvPairHandoff: one worker rank's part in the KV pair path of a handoff between pools
+// (kv_transfer.path: nccl, issue 13 item 6) — the steps' side of comm/kv_pair_protocol.h over
+// the rank's pair channels (KvNcclRankChannels, worker/kv_handoff_nccl_channels.h), made at the
+// worker's start from its RegisterAck (kv_nccl_pairs and the two settings below).
+//
+//   prefill step (KvSendOp T to instance D)  Offer: for each pair with D, this pair's KV heads
+//                                            of T's blocks packed into a buffer the pair's sender
+//                                            holds until D is ready for T
+//   decode engine plans its receive of T     the coordinator tells the prefill instance: its next
+//                                            plan's kv_ready holds T (the "ready for T" of the
+//                                            protocol, over the coordinator's control path)
+//   prefill step (kv_ready T)                Ready: the senders send T, on their own threads
+//   decode step (KvRecvOp T from P)          Receive: for each pair with P, T's bytes received
+//                                            and written into this rank's blocks
+//   prefill step (kv_discards T)             Discard: a T still held (never readied) is dropped
+//
+// Head mapping: a pair carries the global KV heads KvReshardPlan gives it, so a handoff between
+// instances of different tp is re-sharded pair by pair (each head sent once, by its owner).
+// Buffer layout, the same on both sides: for each run of consecutive layers of one KV cache
+// group, in layer order, the run's blocks (FirstHandoffEntry on), each the run's layers of the
+// pair's heads as a KvPiece lays them out (KvCopyRuns); a negative receiving block is skipped.
+// One pair transfer is num_blocks = the block-layers sent, bytes_per_block = one block-layer of
+// the pair's heads.
+//
+// Buffers live in host memory (the backend's CopyToHost/CopyToDevice pack and unpack them), which
+// is what the socket test link (comm/socket_kv_pair_channel.h) sends; the NCCL channel sends
+// device memory, so serve does not offer this path on GPUs yet (worker/kv_handoff_path.h).
+//
+// Order: the coordinator readies a pair's transfers in the order the decode plans receive them
+// (their kv_recvs, plan after plan), so each pair's sends and receives match in issue order
+// whatever the transfer ids (the router's, not increasing in that order); the receiving side
+// numbers its receives for the protocol's own check.
+//
+// Failures: the receiver was announced before its step ran, so a receive that cannot complete
+// (any error on this rank, before or during the receive) aborts every pair with that sending
+// instance: a pair whose order may be lost is never used again. A failed pair stays failed: its
+// Offers and Receives return its error (the prefill instance then decodes the request itself,
+// or the decode instance hands it back); pairs are not re-planned when an instance re-forms.
+//
+// Thread-safety: one thread (the worker's step thread) calls everything; the senders' threads
+// touch only the buffers they were given.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "comm/kv_nccl_pairs.h"
+#include "comm/step_plan.h"
+#include "common/status.h"
+#include "kernels/backend.h"
+#include "worker/kv_handoff.h"
+#include "worker/kv_handoff_nccl_channels.h"
+#include "worker/kv_pool.h"
+#include "worker/shard.h"
+
+namespace kvshard {
+
+// Which link a worker's pairs run on (the setting kv_pair_link): socket, the test link between
+// processes of one machine; nccl, MakeNcclKvPairChannel (not accepted by serve yet).
+inline constexpr std::string_view kKvPairLinkSetting = "kv_pair_link";
+inline constexpr std::string_view kKvPairTimeoutSetting = "kv_pair_timeout_ms";
+enum class KvPairLink { kSocket, kNccl };
+std::string_view KvPairLinkName(KvPairLink link);  // "socket", "nccl"
+
+struct KvPairHandoffSettings {
+    KvPairLink link = KvPairLink::kSocket;
+    int64_t timeout_ms = 10'000;  // each send and each receive
+    std::vector<KvNcclPairAssignment> pairs;
+};
+
+// The pair path's settings from a RegisterAck's settings, or nullopt where they name no pairs
+// (another path). InvalidArgument naming the setting for a bad value or a missing companion.
+Result<std::optional<KvPairHandoffSettings>> KvPairHandoffSettingsOf(
+    const std::vector<std::pair<std::string, std::string>>& settings);
+
+// The rank's pool as the pair path reads and writes it.
+struct KvPairPool {
+    Backend* backend = nullptr;
+    KvPool* pool = nullptr;
+    ShardLayout layout;
+    std::vector<int64_t> group_of_layer;  // KV cache group of each layer
+};
+
+class KvPairHandoff {
+  public:
+    // Makes the rank's channels (every pair's, in plan order; see KvNcclRankChannels). Refuses,
+    // naming the pair, a pair whose heads this rank does not hold, and a receiving side whose
+    // pairs with one instance do not cover its heads exactly once.
+    // `link_name` names the link in logs.
+    static Result<std::unique_ptr<KvPairHandoff>> Create(
+        std::vector<KvNcclPairAssignment> pairs, const KvNcclRankChannels::MakeChannel& make,
+        std::string link_name, int64_t timeout_ms, KvPairPool pool);
+    // The channel maker of `link` (socket: MakeSocketKvPairChannel; nccl: Unimplemented).
+    static KvNcclRankChannels::MakeChannel MakerOf(KvPairLink link);
+
+    // Prefill side: offers transfer op.transfer_id to every pair with op.dst_instance, `blocks`
+    // by KV cache group (the entries the handoff carries). Returns the bytes offered (0 where this
+    // rank sends that instance nothing). On an error nothing of the transfer stays held.
+    Result<int64_t> Offer(const KvSendOp& op, const std::vector<std::span<const int32_t>>& blocks);
+    // Prefill side: the receiving instance asked for `transfer_id` (kv_ready). A transfer this
+    // rank offered nothing of is ignored.
+    void Ready(uint64_t transfer_id);
+    // Prefill side: `transfer_id` will not be asked for; what is still held of it is dropped.
+    void Discard(uint64_t transfer_id);
+
+    // Decode side: receives op.transfer_id from every pair with op.src_instance into `blocks`
+    // (by group; negative entries skipped). Returns the bytes received. On an error the pairs
+    // with op.src_instance are aborted (see above).
+    Result<int64_t> Receive(const KvRecvOp& op,
+                            const std::vector<std::span<const int32_t>>& blocks);
+    // Decode side: this rank gives up `op` before receiving it: the pairs with op.src_instance
+    // are aborted, with `why`.
+    void Abandon(const KvRecvOp& op, const Status& why);
+
+  private:
+    KvPairHandoff(std::unique_ptr<KvNcclRankChannels> channels, std::string link_name,
+                  KvPairPool pool);
+    // The copies between the pool and a pair's buffer, and the transfer they make.
+    struct Layout {
+        std::vector<KvCopyRun> runs;  // piece_offset: offset in the pair's buffer
+        int64_t bytes = 0;
+        int64_t block_layers = 0;
+        int64_t bytes_per_block_layer = 0;
+    };
+    Layout LayoutOf(const std::vector<std::span<const int32_t>>& blocks, IndexRange heads) const;
+
+    std::unique_ptr<KvNcclRankChannels> channels_;
+    const std::string link_name_;
+    KvPairPool pool_;
+    size_t num_groups_ = 0;
+    std::map<uint64_t, std::string> offered_;  // transfer id -> receiving instance
+    std::vector<bool> received_any_;           // per pair: logged its first receive
+    std::vector<uint64_t> receives_;           // per pair: receives posted
+    std::vector<uint8_t> receive_buffer_;      // reused by every receive
+};
+
+// The pair path's receives of a plan were announced when the plan was made: a step that ends
+// before it took them (an error on the way) leaves their pairs out of order, so unless Received()
+// was called the destructor abandons them (KvPairHandoff::Abandon). Nothing with no handoff.
+class KvPairReceiveGuard {
+  public:
+    KvPairReceiveGuard(KvPairHandoff* pairs, const std::vector<KvRecvOp>& recvs)
+        : pairs_(pairs), recvs_(recvs) {}
+    ~KvPairReceiveGuard() {
+        if (pairs_ == nullptr || received_) return;
+        for (const KvRecvOp& op : recvs_)
+            pairs_->Abandon(op, Aborted("the step ended before its KV receives"));
+    }
+    KvPairReceiveGuard(const KvPairReceiveGuard&) = delete;
+    KvPairReceiveGuard& operator=(const KvPairReceiveGuard&) = delete;
+    void Received() { received_ = true; }
+
+  private:
+    KvPairHandoff* const pairs_;
+    const std::vector<KvRecvOp>& recvs_;
+    bool received_ = false;
+};
+
+}  // namespace kvshard
