@@ -72,10 +72,11 @@ std::string ProfileText(const std::string& path, const sim::CpuProfile& p) {
     std::snprintf(line, sizeof line,
                   "profile %s: step s = %.4g + %.4g x prefill tokens + %.4g x decode seqs + "
                   "%.4g x KV tokens + %.4g x prefill pairs + %.4g x cached chunks + %.4g x "
-                  "multi-row steps + %.4g x warm-up (tau %g decode steps), + %.4g per "
+                  "multi-row steps + %.4g x warm-up (tau %g decode steps) + %.4g x prefill "
+                  "steps, + %.4g per "
                   "request arriving during it (%lld points, %lld outliers given weight 0, rms "
                   "error %.3g s)\n",
-                  path.c_str(), p.a, p.b, p.c, p.d, p.e, p.g, p.h, p.w, p.warm_tau, p.f,
+                  path.c_str(), p.a, p.b, p.c, p.d, p.e, p.g, p.h, p.w, p.warm_tau, p.k, p.f,
                   static_cast<long long>(p.num_points), static_cast<long long>(p.num_outliers),
                   p.rms_error_s);
     std::string out = line;

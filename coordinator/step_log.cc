@@ -27,6 +27,7 @@ StepShape ShapeOfStep(const StepPlan& plan, const std::vector<int64_t>& previous
         shape.kv_tokens += s.start_pos + q;
     }
     shape.multi_row = shape.prefill_tokens + shape.decode_seqs >= 2 ? 1 : 0;
+    shape.prefill_step = shape.prefill_tokens > 0 ? 1 : 0;
     return shape;
 }
 
@@ -40,6 +41,7 @@ std::string StepLogLine(const StepLogPoint& p) {
         {"cached_chunks", p.shape.cached_chunks},
         {"multi_row", p.shape.multi_row},
         {"decodes_since_prefill", p.shape.decodes_since_prefill},
+        {"prefill_step", p.shape.prefill_step},
         {"seconds", p.seconds},
         {"execute_seconds", p.execute_seconds},
         {"start_clock_s", p.start_clock_s},

@@ -4,7 +4,7 @@
 //
 //   {"instance": "mixed-0", "prefill_tokens": 512, "decode_seqs": 3, "kv_tokens": 1807,
 //    "prefill_pairs": 131328, "cached_chunks": 1, "multi_row": 1, "decodes_since_prefill": 0,
-//    "seconds": 0.231, "execute_seconds": 0.214, "start_clock_s": 81234.5617}
+//    "prefill_step": 1, "seconds": 0.231, "execute_seconds": 0.214, "start_clock_s": 81234.5617}
 //
 // prefill_tokens, decode_seqs, kv_tokens, prefill_pairs and cached_chunks count the plan as
 // CostModel::Cost does (a sequence computing one token after a non-empty context decodes;
@@ -13,7 +13,8 @@
 // whose sequence the previous step did not hold: a suffix after a prefix-cache hit; multi_row is
 // 1 when prefill_tokens + decode_seqs >= 2, the matmuls' multi-row path; decodes_since_prefill
 // numbers a decode-only step among those since the instance's last step with a prefill chunk,
-// logged or not, 1 for the first, and is 0 for a step with a prefill chunk). `seconds` is
+// logged or not, 1 for the first, and is 0 for a step with a prefill chunk; prefill_step is 1
+// when prefill_tokens > 0). `seconds` is
 // the step's CYCLE: from the start of its Execute to the start of the next step's, while the engine
 // stayed busy. That is what the simulator's event loop charges a step (the next step is planned the
 // moment the previous one ends), and it holds what a pure forward pass lacks: the engine's output
@@ -49,6 +50,7 @@ struct StepShape {
     int64_t prefill_pairs = 0;  // causal (query, key) pairs of the prefill chunks
     int64_t cached_chunks = 0;  // prefill chunks after a context not computed by the last step
     int64_t multi_row = 0;      // 1: two or more rows (prefill tokens + decoding sequences)
+    int64_t prefill_step = 0;   // 1: a prefill chunk (prefill_tokens > 0)
     // Set by StepLogExecutor, which sees every step (ShapeOfStep leaves it 0): see above.
     int64_t decodes_since_prefill = 0;
 };

@@ -211,13 +211,15 @@ StepCost CostModel::Cost(const StepPlan& plan, Link kv_link,
                                       .decode_seqs = decode_seqs,
                                       .cached_chunks = cached_chunks});
         const double scale = p.kind_scale[static_cast<int>(kind)];
-        // A step of two or more rows (h), and a decode step's warm-up after a prefill (w), as
-        // the step log counts them (CpuProfilePoint::multi_row, decodes_since_prefill).
+        // A step of two or more rows (h), a decode step's warm-up after a prefill (w) and a step
+        // with a prefill chunk (k), as the step log counts them (CpuProfilePoint::multi_row,
+        // decodes_since_prefill, prefill_step).
         const int64_t multi_row = c.num_prefill_tokens + decode_seqs >= 2 ? 1 : 0;
+        const double prefill_step = c.num_prefill_tokens > 0 ? p.k : 0.0;
         const double warm_up =
             c.num_prefill_tokens == 0 ? p.w * p.WarmUp(decodes_since_prefill) : 0.0;
         c.overhead_s = scale * (p.a + p.g * static_cast<double>(cached_chunks) +
-                                p.h * static_cast<double>(multi_row) + warm_up);
+                                p.h * static_cast<double>(multi_row) + warm_up + prefill_step);
         c.gemm_s = scale * (p.b * static_cast<double>(c.num_prefill_tokens) +
                             p.c * static_cast<double>(decode_seqs));
         c.attention_s = scale * (p.d * static_cast<double>(kv_tokens) +

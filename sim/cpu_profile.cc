@@ -44,12 +44,13 @@ CpuProfile CpuProfile::Scaled(double factor) const {
     p.g *= factor;
     p.h *= factor;
     p.w *= factor;
+    p.k *= factor;
     return p;
 }
 
 namespace {
 
-constexpr int kTerms = 9;
+constexpr int kTerms = 10;
 using Row = std::array<double, kTerms>;
 
 // `warm` computes the warm-up term's variable (CpuProfile::WarmUp at the tau being tried).
@@ -62,7 +63,8 @@ Row Terms(const CpuProfilePoint& p, const CpuProfile& warm) {
             static_cast<double>(p.arrivals),
             static_cast<double>(p.cached_chunks),
             static_cast<double>(p.multi_row),
-            warm.WarmUp(p.decodes_since_prefill)};
+            warm.WarmUp(p.decodes_since_prefill),
+            static_cast<double>(p.prefill_step)};
 }
 
 double Dot(const Row& coef, const Row& row) {
@@ -250,6 +252,7 @@ Result<CpuProfile> FitAtWarmTau(const std::vector<CpuProfilePoint>& points, doub
     p.g = best[6];
     p.h = best[7];
     p.w = best[8];
+    p.k = best[9];
     p.num_points = static_cast<int64_t>(n);
     p.num_outliers = outliers;
     // (3) The median per kind of step: least squares of the relative error predicts below the
@@ -302,7 +305,8 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points) {
         const CpuProfilePoint& p = points[i];
         if (p.prefill_tokens < 0 || p.decode_seqs < 0 || p.kv_tokens < 0 || p.prefill_pairs < 0 ||
             p.arrivals < 0 || p.cached_chunks < 0 || p.multi_row < 0 ||
-            p.decodes_since_prefill < 0 || !(p.seconds >= 0 && std::isfinite(p.seconds))) {
+            p.decodes_since_prefill < 0 || p.prefill_step < 0 || p.prefill_step > 1 ||
+            !(p.seconds >= 0 && std::isfinite(p.seconds))) {
             return InvalidArgument("CPU profile: point " + std::to_string(i) +
                                    " has a negative or non-finite value");
         }
@@ -415,6 +419,12 @@ Status AddValue(const json& v, const std::string& where, std::vector<CpuProfileP
     }
     if (v.contains("decodes_since_prefill")) {
         KV_ASSIGN_OR_RETURN(p.decodes_since_prefill, JsonCount(v, "decodes_since_prefill", where));
+    }
+    if (v.contains("prefill_step")) {
+        KV_ASSIGN_OR_RETURN(p.prefill_step, JsonCount(v, "prefill_step", where));
+        if (p.prefill_step > 1) {
+            return InvalidArgument(where + ": field 'prefill_step': expected 0 or 1");
+        }
     }
     KV_ASSIGN_OR_RETURN(p.seconds, JsonNumber(v, "seconds", where));
     if (p.seconds < 0) return InvalidArgument(where + ": field 'seconds': must be >= 0");

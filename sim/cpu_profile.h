@@ -45,6 +45,11 @@ struct CpuProfilePoint {
     // starts with): run S's lone decodes ran 1.6x the warm ones right after it, 1.3x 4-7 steps
     // later, 1.05x 16-31 steps later.
     int64_t decodes_since_prefill = 0;
+    // 1 when the step runs a prefill chunk, 0 when it does not (or unknown: absent from a profile
+    // file). A step with a prefill chunk costs a constant over its tokens' terms that a decode
+    // step does not (run S's calibration: small prefills ran 1.17x and prompts of 300 tokens or
+    // more 0.92x a fit without it; docs/simulate.md run T).
+    int64_t prefill_step = 0;
 };
 
 // The kinds of step a profile is corrected per: decode only (no prefill token), prefill only (no
@@ -57,7 +62,8 @@ StepKind KindOf(const CpuProfilePoint& point);
 std::string_view StepKindName(StepKind kind);  // "decode", "prefill", "mixed", "cached"
 
 // t = a + b x prefill_tokens + c x decode_seqs + d x kv_tokens + e x prefill_pairs
-//     + g x cached_chunks + h x multi_row + w x WarmUp(decodes_since_prefill) + f x arrivals,
+//     + g x cached_chunks + h x multi_row + w x WarmUp(decodes_since_prefill)
+//     + k x prefill_step + f x arrivals,
 // every coefficient >= 0, where WarmUp(n) = exp(-(n - 1) / warm_tau) for n >= 1, else 0.
 struct CpuProfile {
     double a = 0;  // seconds per step
@@ -78,6 +84,8 @@ struct CpuProfile {
     // warm_tau (decode steps) is chosen by the fit from kWarmTaus; 0 when no point has the field.
     double w = 0;
     double warm_tau = 0;
+    // Seconds per step with a prefill chunk (CpuProfilePoint::prefill_step).
+    double k = 0;
     int64_t num_points = 0;
     int64_t num_outliers = 0;  // points the robust fit gave weight 0 (see FitCpuProfile)
     double rms_error_s = 0;    // of the fit over all its points, outliers included
@@ -98,7 +106,8 @@ struct CpuProfile {
         return a + b * static_cast<double>(p.prefill_tokens) +
                c * static_cast<double>(p.decode_seqs) + d * static_cast<double>(p.kv_tokens) +
                e * static_cast<double>(p.prefill_pairs) + g * static_cast<double>(p.cached_chunks) +
-               h * static_cast<double>(p.multi_row) + w * WarmUp(p.decodes_since_prefill);
+               h * static_cast<double>(p.multi_row) + w * WarmUp(p.decodes_since_prefill) +
+               k * static_cast<double>(p.prefill_step);
     }
     // The linear terms (without f) times the scale of the point's kind (KindOf).
     double Seconds(const CpuProfilePoint& p) const {
@@ -145,8 +154,8 @@ Result<CpuProfile> FitCpuProfile(const std::vector<CpuProfilePoint>& points);
 // Reads measured points from JSON text: any number of JSON values (one document or JSON lines),
 // each one of
 //   {"prefill_tokens": 512, "decode_seqs": 0, "kv_tokens": 512, "seconds": 0.21}   one point
-//     (optional "prefill_pairs", "arrivals", "cached_chunks", "multi_row" and
-//     "decodes_since_prefill", 0 when absent; other
+//     (optional "prefill_pairs", "arrivals", "cached_chunks", "multi_row",
+//     "decodes_since_prefill" and "prefill_step", 0 when absent; other
 //     fields, as a step log's, are ignored)
 //   {"points": [ ...points... ]}
 //   the output of `kvshard bench-engine --json` ({"engine": "kvshard", "results": [...]}): each

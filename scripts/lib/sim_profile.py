@@ -10,13 +10,15 @@ import re
 def profile_coefficients(fit_lines):
     """The fit of simulate's "profile ...: step s = a + b x prefill tokens + c x decode seqs + d x
     KV tokens + e x prefill pairs + g x cached chunks + h x multi-row steps + w x warm-up (tau T
-    decode steps), + f per request" line, and its per-kind factors ({"decode": 1.01, ...}) from
-    the line after it: {"coef": [a, b, c, d, e, f, g], "h": h, "w": w, "tau": T, "kinds": ...}."""
+    decode steps) + k x prefill steps, + f per request" line, and its per-kind factors
+    ({"decode": 1.01, ...}) from the line after it: {"coef": [a, b, c, d, e, f, g], "h": h,
+    "w": w, "tau": T, "k": k, "kinds": ...}."""
     if not fit_lines:
         return None
     m = re.search(r"step s = (\S+) \+ (\S+) x prefill tokens \+ (\S+) x decode seqs \+ "
                   r"(\S+) x KV tokens \+ (\S+) x prefill pairs \+ (\S+) x cached chunks \+ "
-                  r"(\S+) x multi-row steps \+ (\S+) x warm-up \(tau (\S+) decode steps\), "
+                  r"(\S+) x multi-row steps \+ (\S+) x warm-up \(tau (\S+) decode steps\) \+ "
+                  r"(\S+) x prefill steps, "
                   r"\+ (\S+) per request", fit_lines[0])
     if not m:
         return None
@@ -24,8 +26,8 @@ def profile_coefficients(fit_lines):
     for line in fit_lines[1:]:
         for kind, factor in re.findall(r"(decode|prefill|mixed|cached) (\S+) \(\d+\)", line):
             kinds[kind] = float(factor)
-    a, b, c, d, e, g, h, w, tau, f = (float(x) for x in m.groups())
-    return {"coef": [a, b, c, d, e, f, g], "h": h, "w": w, "tau": tau, "kinds": kinds}
+    a, b, c, d, e, g, h, w, tau, k, f = (float(x) for x in m.groups())
+    return {"coef": [a, b, c, d, e, f, g], "h": h, "w": w, "tau": tau, "k": k, "kinds": kinds}
 
 
 def step_kind(st):
@@ -54,7 +56,8 @@ def predicted_seconds(profile, st, arrivals=True):
               + c[3] * st["kv_tokens"] + c[4] * st.get("prefill_pairs", 0)
               + c[6] * st.get("cached_chunks", 0)
               + profile.get("h", 0) * st.get("multi_row", 0)
-              + profile.get("w", 0) * warm_up(profile, st.get("decodes_since_prefill", 0)))
+              + profile.get("w", 0) * warm_up(profile, st.get("decodes_since_prefill", 0))
+              + profile.get("k", 0) * st.get("prefill_step", 0))
     t = profile["kinds"][step_kind(st)] * linear
     return t + (c[5] * st.get("arrivals", 0) if arrivals else 0.0)
 
@@ -99,7 +102,8 @@ def with_step_history(steps, fields=("multi_row", "decodes_since_prefill")):
         elif st["decode_seqs"] > 0:
             since += 1
         derived = {"multi_row": 1 if st["prefill_tokens"] + st["decode_seqs"] >= 2 else 0,
-                   "decodes_since_prefill": since}
+                   "decodes_since_prefill": since,
+                   "prefill_step": 1 if st["prefill_tokens"] > 0 else 0}
         for name, value in derived.items():
             if name in fields:
                 st.setdefault(name, value)

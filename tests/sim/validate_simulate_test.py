@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """scripts/validate-simulate's readings of the profile, without a server: it parses the profile
 line that the current `kvshard simulate` prints (a synthetic step log of known coefficients comes
-back as those coefficients, the step-history terms h, w and tau included, and the script's
+back as those coefficients, the step-history terms h, w, tau and k included, and the script's
 per-step prediction matches the steps); its
 decode-by-batch diagnostic sorts pure decode steps into 1, 2, 3-4, 5-8 and 9+ sequences, and its
 decode-by-context one the one-sequence steps into 0-127, 128-255, 256-511 and 512+ tokens.
@@ -25,6 +25,8 @@ SCRIPT = os.path.join(ROOT, "scripts", "validate-simulate")
 TRUTH = (0.003, 0.0009, 0.002, 3e-6, 2e-7, 0.008)
 # h (a step of two or more rows), w (warm-up after a prefill) and its decay in decode steps
 H, W, TAU = 0.0012, 0.002, 8
+# k (a step with a prefill chunk)
+K = 0.009
 
 
 def load_script():
@@ -44,11 +46,12 @@ def step(prefill, seqs, kv, pairs=0, cached=0, since=0):
     a, b, c, d, e, g = TRUTH
     multi_row = 1 if prefill + seqs >= 2 else 0
     warm = math.exp(-(since - 1) / TAU) if since > 0 else 0.0
+    prefill_step = 1 if prefill > 0 else 0
     return {"prefill_tokens": prefill, "decode_seqs": seqs, "kv_tokens": kv,
             "prefill_pairs": pairs, "cached_chunks": cached, "multi_row": multi_row,
-            "decodes_since_prefill": since,
+            "decodes_since_prefill": since, "prefill_step": prefill_step,
             "seconds": a + b * prefill + c * seqs + d * kv + e * pairs + g * cached
-            + H * multi_row + W * warm}
+            + H * multi_row + W * warm + K * prefill_step}
 
 
 def main():
@@ -86,7 +89,8 @@ def main():
     for name, got, want in zip("abcdeg", (a, b, c, d, e, g), TRUTH):
         check(abs(got - want) <= 1e-3 * want, f"coefficient {name}: {got} against {want}")
     check(f == 0, f"no arrivals in the steps, yet f = {f}")
-    for name, got, want in (("h", fit["h"], H), ("w", fit["w"], W), ("tau", fit["tau"], TAU)):
+    for name, got, want in (("h", fit["h"], H), ("w", fit["w"], W), ("tau", fit["tau"], TAU),
+                            ("k", fit["k"], K)):
         check(abs(got - want) <= 1e-3 * want, f"{name}: {got} against {want}")
     for kind, factor in fit["kinds"].items():
         check(abs(factor - 1) < 1e-3, f"kind {kind}: factor {factor} on exact steps")
