@@ -160,9 +160,11 @@ Result<LoadedRank> LoadRank(const WorkerServiceOptions& o, const RegisterAckMess
                         .layout = r.runner->layout(),
                         .group_of_layer = r.runner->kv_groups().group_of_layer};
         KV_ASSIGN_OR_RETURN(
-            r.pairs,
-            KvPairHandoff::Create(std::move(pairs->pairs), KvPairHandoff::MakerOf(pairs->link),
-                                  link, pairs->timeout_ms, std::move(pool)));
+            KvNcclRankChannels::MakeChannel make,
+            KvPairHandoff::MakerOf(pairs->link, {.kind = r.runner->backend().kind(),
+                                                 .device = s.runner.backend.device}));
+        KV_ASSIGN_OR_RETURN(r.pairs, KvPairHandoff::Create(std::move(pairs->pairs), make, link,
+                                                           pairs->timeout_ms, std::move(pool)));
         spdlog::info("{}: KV handoff over {} pair(s) on the {} link", Who(o), n, link);
     }
     r.steps = std::make_unique<StepRunner>(*r.runner, transport, nullptr, r.pairs.get());
