@@ -146,8 +146,9 @@ Result<LoadedRank> LoadRank(const WorkerServiceOptions& o, const RegisterAckMess
     // Pieces that cannot fit this rank's pool are refused before anything is allocated.
     KV_RETURN_IF_ERROR(
         transport->SetReceiveGeometry(ReceiveGeometryOf(*r.runner->pool(), r.runner->layout())));
-    // The KV pair path (kv_transfer.path: nccl): the channels are made now, before Ready; making
-    // one never waits for its peer (worker/kv_handoff_pairs.h).
+    // The KV pair path (kv_transfer.path: nccl): the channels are made now, before Ready; a socket
+    // channel never waits for its peer, an NCCL one joins it in plan order (worker/
+    // kv_handoff_nccl_channels.h).
     KV_ASSIGN_OR_RETURN(std::optional<KvPairHandoffSettings> pairs,
                         KvPairHandoffSettingsOf(ack.settings));
     if (pairs.has_value()) {
