@@ -266,6 +266,7 @@ int RunServe(ServeFlags f) {
     // Every rank on its device, before any weight is read (the CPU: warnings only), and how the
     // KV of a handoff travels between the pools (worker/kv_handoff_path.h).
     std::optional<KvHandoffPath> handoff_path;
+    KvPairLink pair_link = KvPairLink::kSocket;  // the pair path's link (handoff_path kNccl)
     if (!planned.empty()) {
         Result<DevicePlan> dp =
             PlanServeDevices(c, pools, *stop_ids_of.file, planned[0].runner, max_context,
@@ -280,8 +281,9 @@ int RunServe(ServeFlags f) {
         handoff_path = *path;
         if (handoff_path.has_value()) dp->kv_handoff = KvHandoffPathLine(*handoff_path);
         if (handoff_path == KvHandoffPath::kNccl) {
-            dp->kv_handoff +=
-                "; the pairs over TCP sockets (KVSHARD_KV_PAIR_LINK=socket, tests only), not NCCL";
+            pair_link = *socket_pairs ? KvPairLink::kSocket : KvPairLink::kNccl;
+            dp->kv_handoff += "; " + KvPairLinkNote(pair_link);
+            if (pair_link == KvPairLink::kNccl) spdlog::warn("{}", KvPairLinkNote(pair_link));
         }
         for (const std::string& line : dp->Describe(pools)) spdlog::info("device plan: {}", line);
         size_t k = 0;
@@ -326,7 +328,8 @@ int RunServe(ServeFlags f) {
                 pair_instances.push_back({pi.name, pi.config->tp, pi.pool->role});
             Result<std::vector<std::vector<std::vector<std::pair<std::string, std::string>>>>>
                 made =
-                    KvPairRankSettings(spec, pair_instances, "127.0.0.1", c.kv_transfer.timeout_ms);
+                    KvPairRankSettings(spec, pair_instances, pair_link, "127.0.0.1",
+                                       c.kv_transfer.timeout_ms);
             if (!made.ok()) return Fail(source + made.status().message());
             pair_settings = std::move(*made);
         }

@@ -5,6 +5,7 @@
 #include <map>
 #include <string>
 
+#include "comm/collective.h"
 #include "comm/socket_kv_pair_channel.h"
 #include "common/build_config.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -187,15 +188,22 @@ Result<bool> SocketPairLinkFromEnvironment() {
 
 Result<std::vector<std::vector<std::vector<std::pair<std::string, std::string>>>>>
 KvPairRankSettings(const ModelSpec& spec, const std::vector<KvPairInstance>& instances,
-                   const std::string& host, int64_t timeout_ms) {
+                   KvPairLink link, const std::string& host, int64_t timeout_ms) {
     std::vector<KvNcclInstance> prefill, decode;
     for (const KvPairInstance& i : instances) {
         if (i.role == PoolRole::kPrefill) prefill.push_back({.name = i.name, .tp = i.tp});
         if (i.role == PoolRole::kDecode) decode.push_back({.name = i.name, .tp = i.tp});
     }
-    KV_ASSIGN_OR_RETURN(
-        std::vector<KvNcclPair> pairs,
-        PlanKvNcclPairs(spec, prefill, decode, [&host] { return NewSocketKvPairId(host); }));
+    KV_ASSIGN_OR_RETURN(std::vector<KvNcclPair> pairs,
+                        PlanKvNcclPairs(spec, prefill, decode, [&]() -> Result<std::string> {
+                            switch (link) {
+                                case KvPairLink::kSocket:
+                                    return NewSocketKvPairId(host);
+                                case KvPairLink::kNccl:
+                                    return NewNcclUniqueId();
+                            }
+                            return InvalidArgument("kv_pair_link: unknown link");
+                        }));
     std::vector<std::vector<std::vector<std::pair<std::string, std::string>>>> out;
     for (const KvPairInstance& i : instances) {
         auto& ranks = out.emplace_back();
@@ -203,12 +211,23 @@ KvPairRankSettings(const ModelSpec& spec, const std::vector<KvPairInstance>& ins
         for (int rank = 0; rank < i.tp; ++rank) {
             ranks.push_back({{std::string(kKvNcclPairsSetting),
                               EncodeKvNcclPairs(KvNcclPairsOfRank(pairs, i.name, rank))},
-                             {std::string(kKvPairLinkSetting),
-                              std::string(KvPairLinkName(KvPairLink::kSocket))},
+                             {std::string(kKvPairLinkSetting), std::string(KvPairLinkName(link))},
                              {std::string(kKvPairTimeoutSetting), std::to_string(timeout_ms)}});
         }
     }
     return out;
+}
+
+std::string KvPairLinkNote(KvPairLink link) {
+    switch (link) {
+        case KvPairLink::kSocket:
+            return "the pairs over TCP sockets (KVSHARD_KV_PAIR_LINK=socket, tests only), not NCCL";
+        case KvPairLink::kNccl:
+            return "the pairs over NCCL point-to-point between the GPUs, each pair's KV staged in "
+                   "device memory; this path is wired but has never run on a GPU in kvshard's "
+                   "tests (use host-staged if it misbehaves)";
+    }
+    return "";
 }
 
 }  // namespace kvshard::cli

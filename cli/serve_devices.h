@@ -18,6 +18,7 @@
 #include "config/device_plan.h"
 #include "config/server_config.h"
 #include "model/model_file.h"
+#include "worker/kv_handoff_pairs.h"
 #include "worker/model_runner.h"
 
 namespace kvshard::cli {
@@ -78,11 +79,17 @@ struct KvPairInstance {
 
 // The settings the pair path adds to each rank of each instance (RemoteInstanceOptions::
 // rank_settings; outer: `instances` in order, inner: ranks; empty for a mixed instance): its
-// pairs (PlanKvNcclPairs between every prefill and every decode instance, each pair's id a
-// fresh socket pair id on `host`), the link (socket) and `timeout_ms` for every send and receive.
-// PlanKvNcclPairs' errors; Unavailable when no port could be had.
+// pairs (PlanKvNcclPairs between every prefill and every decode instance), the link and
+// `timeout_ms` for every send and receive. Each pair's id is made for `link`: nccl, a fresh NCCL
+// unique id (NewNcclUniqueId, comm/collective.h, as the registry makes a tp group's); socket, a
+// fresh socket pair id on `host` (NewSocketKvPairId). PlanKvNcclPairs' errors; the id maker's
+// (Unavailable when no port could be had; Unimplemented for nccl in a build without CUDA).
 Result<std::vector<std::vector<std::vector<std::pair<std::string, std::string>>>>>
 KvPairRankSettings(const ModelSpec& spec, const std::vector<KvPairInstance>& instances,
-                   const std::string& host, int64_t timeout_ms);
+                   KvPairLink link, const std::string& host, int64_t timeout_ms);
+
+// serve's startup line for the KV pair path on `link` (appended to the device plan's handoff
+// line): socket, a test link; nccl, wired on GPUs but never run on one in kvshard's tests.
+std::string KvPairLinkNote(KvPairLink link);
 
 }  // namespace kvshard::cli

@@ -73,9 +73,9 @@ struct KvCacheConfig : BlockManagerConfig {
 //   kPeerCopy    pool to pool inside one process (PeerCopy, kernels/backend.h:
 //                cudaMemcpyPeerAsync between two GPUs), no host buffer;
 //   kNccl        the KV pair path: one pair per (prefill rank, decode rank) exchanging heads
-//                (worker/kv_handoff_pairs.h), ncclSend/ncclRecv between GPU ranks of one node;
-//                refused by name on GPUs (host staging only), run over TCP sockets between CPU
-//                worker processes with the test knob KVSHARD_KV_PAIR_LINK=socket.
+//                (worker/kv_handoff_pairs.h), ncclSend/ncclRecv between GPU worker processes
+//                of one node on distinct GPUs (wired, never run on a GPU), or over TCP sockets
+//                between CPU worker processes with the test knob KVSHARD_KV_PAIR_LINK=socket.
 enum class KvHandoffPath { kHostStaged, kPeerCopy, kNccl };
 std::string_view KvHandoffPathName(KvHandoffPath path);  // "host-staged", "peer", "nccl"
 // The path a name (KvHandoffPathName's) names; InvalidArgument listing the names otherwise.

@@ -246,7 +246,9 @@ class RopeKvWriter {
 // on this backend's stream, without staging on the host — the in-process KV handoff between two
 // GPUs (worker/kv_handoff.h CopyKvBetweenPools). The CUDA backend implements it with
 // cudaMemcpyPeerAsync (over NVLink or PCIe where the two devices have peer access; the driver
-// stages through the host where they have not).
+// stages through the host where they have not). `src` may be this backend itself: a copy within
+// its own memory on its stream (CUDA: device to device; the KV pair path's staging,
+// worker/kv_handoff_pairs_buffers.h).
 class PeerCopy {
   public:
     virtual ~PeerCopy() = default;

@@ -7,7 +7,9 @@
 #include <charconv>
 
 #include "comm/kv_transport.h"
+#include "comm/nccl_kv_pair_channel.h"
 #include "comm/socket_kv_pair_channel.h"
+#include "common/build_config.h"
 #include "worker/kv_handoff.h"
 
 namespace kvshard {
@@ -16,6 +18,22 @@ namespace {
 std::string PairOf(const KvNcclPairAssignment& p) {
     return "KV pair with " + p.peer_instance + " rank " + std::to_string(p.peer_rank);
 }
+
+#if KVSHARD_WITH_CUDA
+KvNcclRankChannels::MakeChannel NcclMaker(int device) {
+    return [device](const KvNcclPairAssignment& p) {
+        return MakeNcclKvPairChannel({.nccl_unique_id = p.nccl_unique_id,
+                                      .rank = p.nccl_rank,
+                                      .cuda_device = device,
+                                      .init_timeout_ms = KvPairHandoff::kNcclJoinTimeoutMs});
+    };
+}
+#else
+Result<KvNcclRankChannels::MakeChannel> NcclMaker(int) {
+    return InvalidArgument(
+        "kv_transfer.path: nccl: this kvshard was built without CUDA, so without NCCL");
+}
+#endif
 
 }  // namespace
 
@@ -72,25 +90,38 @@ Result<std::optional<KvPairHandoffSettings>> KvPairHandoffSettingsOf(
     return std::optional<KvPairHandoffSettings>(std::move(s));
 }
 
-KvNcclRankChannels::MakeChannel KvPairHandoff::MakerOf(KvPairLink link) {
+Result<KvNcclRankChannels::MakeChannel> KvPairHandoff::MakerOf(KvPairLink link,
+                                                               const BackendConfig& backend) {
+    const std::string backend_name(BackendKindName(backend.kind));
     switch (link) {
         case KvPairLink::kSocket:
-            return [](const KvNcclPairAssignment& p) {
+            if (backend.kind != BackendKind::kCpu) {
+                return InvalidArgument(
+                    "KVSHARD_KV_PAIR_LINK=socket: the socket test link sends host memory and "
+                    "this rank's KV pair buffers are " +
+                    backend_name + " device memory; unset it (GPUs use NCCL)");
+            }
+            return KvNcclRankChannels::MakeChannel([](const KvNcclPairAssignment& p) {
                 return MakeSocketKvPairChannel(p.nccl_unique_id, p.nccl_rank);
-            };
+            });
         case KvPairLink::kNccl:
-            break;
+            if (backend.kind != BackendKind::kCuda) {
+                return InvalidArgument("kv_transfer.path: nccl: this rank runs the " +
+                                       backend_name +
+                                       " backend; NCCL pair channels send GPU memory (cuda)");
+            }
+            return NcclMaker(backend.device);
     }
-    return [](const KvNcclPairAssignment&) -> Result<std::unique_ptr<KvPairChannel>> {
-        return Unimplemented(
-            "kv_pair_link nccl: the workers pack a pair's KV in host memory and the NCCL "
-            "channel sends device memory; device staging is not wired (kv_transfer.path)");
-    };
+    return InvalidArgument("kv_pair_link: unknown link");
 }
 
 KvPairHandoff::KvPairHandoff(std::unique_ptr<KvNcclRankChannels> channels, std::string link_name,
-                             KvPairPool pool)
-    : channels_(std::move(channels)), link_name_(std::move(link_name)), pool_(std::move(pool)) {
+                             KvPairPool pool, KvPairStaging staging, int64_t max_offer_bytes)
+    : offer_buffers_(pool.backend, max_offer_bytes),
+      channels_(std::move(channels)),
+      link_name_(std::move(link_name)),
+      pool_(std::move(pool)),
+      staging_(staging) {
     received_any_.assign(channels_->pairs().size(), false);
     receives_.assign(channels_->pairs().size(), 0);
     for (int64_t g : pool_.group_of_layer) num_groups_ = std::max(num_groups_, size_t(g + 1));
@@ -98,7 +129,12 @@ KvPairHandoff::KvPairHandoff(std::unique_ptr<KvNcclRankChannels> channels, std::
 
 Result<std::unique_ptr<KvPairHandoff>> KvPairHandoff::Create(
     std::vector<KvNcclPairAssignment> pairs, const KvNcclRankChannels::MakeChannel& make,
-    std::string link_name, int64_t timeout_ms, KvPairPool pool) {
+    std::string link_name, int64_t timeout_ms, KvPairPool pool, int64_t max_offer_bytes) {
+    if (max_offer_bytes <= 0) {
+        return InvalidArgument("KV pair path: max_offer_bytes=" + std::to_string(max_offer_bytes) +
+                               " must be > 0");
+    }
+    KV_ASSIGN_OR_RETURN(KvPairStaging staging, KvPairStaging::Of(pool.backend));
     const IndexRange held = pool.layout.kv_heads;
     std::map<std::string, int64_t> received_heads;
     for (const KvNcclPairAssignment& p : pairs) {
@@ -120,8 +156,8 @@ Result<std::unique_ptr<KvPairHandoff>> KvPairHandoff::Create(
         .send_timeout_ms = timeout_ms, .receive_timeout_ms = timeout_ms, .max_offers_per_pair = 64};
     KV_ASSIGN_OR_RETURN(std::unique_ptr<KvNcclRankChannels> channels,
                         KvNcclRankChannels::Create(std::move(pairs), make, options));
-    return std::unique_ptr<KvPairHandoff>(
-        new KvPairHandoff(std::move(channels), std::move(link_name), std::move(pool)));
+    return std::unique_ptr<KvPairHandoff>(new KvPairHandoff(
+        std::move(channels), std::move(link_name), std::move(pool), staging, max_offer_bytes));
 }
 
 KvPairHandoff::Layout KvPairHandoff::LayoutOf(const std::vector<std::span<const int32_t>>& blocks,
@@ -164,63 +200,65 @@ Result<int64_t> KvPairHandoff::Offer(const KvSendOp& op,
         return InvalidArgument(what + std::to_string(blocks.size()) +
                                " block tables for the pool's KV cache groups");
     }
+    // Every pair's buffer packed on the rank's stream (after the step's writes of the blocks),
+    // then one wait, then the offers: a sender may send as soon as it holds a buffer.
+    struct Packed {
+        const KvNcclPairAssignment* pair;
+        KvPairSender* sender;
+        Layout layout;
+        KvPairBuffers::Held buffer;
+    };
+    std::vector<Packed> packed;
+    auto failed_earlier = [&](const KvNcclPairAssignment& p, const Status& failed) {
+        return Status(failed.code(),
+                      what + PairOf(p) + " failed earlier (" + failed.message() +
+                          "); pairs are not re-planned when an instance re-forms: restart "
+                          "serve to use this pair again");
+    };
+    const uint8_t* base = pool_.pool->BlockData(0);
+    for (const KvNcclPairAssignment& p : channels_->pairs()) {
+        if (p.nccl_rank != 0 || p.peer_instance != op.dst_instance) continue;
+        KV_ASSIGN_OR_RETURN(KvPairSender * sender, channels_->Sender(p.peer_instance, p.peer_rank));
+        if (Status failed = sender->failure(); !failed.ok()) return failed_earlier(p, failed);
+        Layout layout = LayoutOf(blocks, {p.head_begin, p.head_end});
+        if (layout.bytes == 0) continue;
+        Result<KvPairBuffers::Held> buffer = offer_buffers_.Take(layout.bytes);
+        if (!buffer.ok()) return buffer.status().WithContext(what + PairOf(p));
+        KV_RETURN_IF_ERROR(staging_.Pack(layout.runs, base, (*buffer)->As<uint8_t>()));
+        packed.push_back({&p, sender, std::move(layout), std::move(*buffer)});
+    }
+    if (packed.empty()) return int64_t{0};
+    KV_RETURN_IF_ERROR(pool_.backend->Synchronize());
     std::vector<KvPairSender*> offered;
     auto withdraw = [&] {
         for (KvPairSender* s : offered) (void)s->Discard(op.transfer_id);
     };
     int64_t bytes = 0;
-    const uint8_t* base = pool_.pool->BlockData(0);
-    for (const KvNcclPairAssignment& p : channels_->pairs()) {
-        if (p.nccl_rank != 0 || p.peer_instance != op.dst_instance) continue;
-        Result<KvPairSender*> sender = channels_->Sender(p.peer_instance, p.peer_rank);
-        if (!sender.ok()) {
-            withdraw();
-            return sender.status();
-        }
-        auto failed_earlier = [&](const Status& failed) {
-            withdraw();
-            return Status(failed.code(),
-                          what + PairOf(p) + " failed earlier (" + failed.message() +
-                              "); pairs are not re-planned when an instance re-forms: restart "
-                              "serve to use this pair again");
-        };
-        if (Status failed = (*sender)->failure(); !failed.ok()) return failed_earlier(failed);
-        const Layout layout = LayoutOf(blocks, {p.head_begin, p.head_end});
-        if (layout.bytes == 0) continue;
-        auto buffer = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(layout.bytes));
-        for (const KvCopyRun& run : layout.runs) {
-            if (Status st = pool_.backend->CopyToHost(buffer->data() + run.piece_offset,
-                                                      base + run.pool_offset,
-                                                      static_cast<size_t>(run.bytes));
-                !st.ok()) {
-                withdraw();
-                return st;
-            }
-        }
-        if (Status st = pool_.backend->Synchronize(); !st.ok()) {
-            withdraw();
-            return st;
-        }
-        const std::string pair = PairOf(p);
+    for (Packed& k : packed) {
+        const std::string pair = PairOf(*k.pair);
         const uint64_t id = op.transfer_id;
-        Status st = (*sender)->Offer({.transfer_id = id,
-                                      .num_blocks = layout.block_layers,
-                                      .bytes_per_block = layout.bytes_per_block_layer},
-                                     buffer->data(), [buffer, pair, id](const Status& done) {
-                                         if (!done.ok() && done.code() != StatusCode::kAborted) {
-                                             spdlog::warn("{}: transfer {} not sent: {}", pair, id,
-                                                          done.ToString());
-                                         }
-                                     });
+        const void* src = k.buffer->data();
+        // The buffer goes back to offer_buffers_ when the sender drops `done` (sent, discarded,
+        // or the pair failed), or here when the offer is refused.
+        Status st = k.sender->Offer(
+            {.transfer_id = id,
+             .num_blocks = k.layout.block_layers,
+             .bytes_per_block = k.layout.bytes_per_block_layer},
+            src, [buffer = std::move(k.buffer), pair, id](const Status& done) {
+                if (!done.ok() && done.code() != StatusCode::kAborted) {
+                    spdlog::warn("{}: transfer {} not sent: {}", pair, id, done.ToString());
+                }
+            });
         if (!st.ok()) {
-            if (Status failed = (*sender)->failure(); !failed.ok()) return failed_earlier(failed);
             withdraw();
+            if (Status failed = k.sender->failure(); !failed.ok())
+                return failed_earlier(*k.pair, failed);
             return st.WithContext(what + pair);
         }
-        offered.push_back(*sender);
-        bytes += layout.bytes;
+        offered.push_back(k.sender);
+        bytes += k.layout.bytes;
     }
-    if (!offered.empty()) offered_[op.transfer_id] = op.dst_instance;
+    offered_[op.transfer_id] = op.dst_instance;
     return bytes;
 }
 
@@ -281,23 +319,28 @@ Result<int64_t> KvPairHandoff::Receive(const KvRecvOp& op,
             {.max_blocks = c.num_blocks * static_cast<int64_t>(pool_.group_of_layer.size()),
              .bytes_per_block = layout.bytes_per_block_layer},
             [](uint64_t) { return Status::Ok(); });
-        if (!receiver.ok()) {
-            st = receiver.status();
-        } else {
-            receive_buffer_.resize(static_cast<size_t>(layout.bytes));
+        if (!receiver.ok()) st = receiver.status();
+        if (st.ok() && receive_buffer_.bytes() < static_cast<size_t>(layout.bytes)) {
+            // The last unpack was waited for: the old buffer is free.
+            receive_buffer_ = BackendBuffer();
+            Result<BackendBuffer> grown =
+                pool_.backend->Allocate(static_cast<size_t>(KvPairBufferClass(layout.bytes)));
+            if (grown.ok()) {
+                receive_buffer_ = std::move(*grown);
+            } else {
+                st = grown.status();
+            }
+        }
+        if (st.ok()) {
             // The pair's order is the coordinator's (module comment): the receiver numbers its
             // receives in the order it posts them, which its protocol requires to increase.
+            // Receive returns once the bytes are in the buffer (NCCL: its stream waited for).
             st = (*receiver)->Receive({.transfer_id = ++receives_[i],
                                        .num_blocks = layout.block_layers,
                                        .bytes_per_block = layout.bytes_per_block_layer},
-                                      receive_buffer_.data(), receive_buffer_.size());
+                                      receive_buffer_.data(), receive_buffer_.bytes());
         }
-        for (size_t r = 0; r < layout.runs.size() && st.ok(); ++r) {
-            const KvCopyRun& run = layout.runs[r];
-            st = pool_.backend->CopyToDevice(base + run.pool_offset,
-                                             receive_buffer_.data() + run.piece_offset,
-                                             static_cast<size_t>(run.bytes));
-        }
+        if (st.ok()) st = staging_.Unpack(layout.runs, receive_buffer_.As<uint8_t>(), base);
         if (st.ok()) st = pool_.backend->Synchronize();
         if (!st.ok()) {
             const Status failed = st.WithContext("KV pair receive of transfer " +

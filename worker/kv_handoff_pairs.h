@@ -22,9 +22,15 @@
 // One pair transfer is num_blocks = the block-layers sent, bytes_per_block = one block-layer of
 // the pair's heads.
 //
-// Buffers live in host memory (the backend's CopyToHost/CopyToDevice pack and unpack them), which
-// is what the socket test link (comm/socket_kv_pair_channel.h) sends; the NCCL channel sends
-// device memory, so serve does not offer this path on GPUs yet (worker/kv_handoff_path.h).
+// Buffers are the backend's memory (worker/kv_handoff_pairs_buffers.h): packed from the pool and
+// unpacked into it by copies on the rank's stream (KvPairStaging), the backend synchronized after
+// packing, before a sender may send, and after unpacking, before the pool is read. On a GPU they
+// are device memory, which the NCCL channel sends; on the CPU backend host memory, which the
+// socket test link (comm/socket_kv_pair_channel.h) sends — so the CPU tests run this same code.
+// An offer holds one buffer per pair until sent or discarded (KvPairBuffers: reused by size
+// class; all of a rank's offer buffers bounded by `max_offer_bytes`, kKvPairMaxOfferBytes by
+// default, and at most 64 offers per pair); the receive buffer is one, kept at the largest
+// receive so far.
 //
 // Order: the coordinator readies a pair's transfers in the order the decode plans receive them
 // (their kv_recvs, plan after plan), so each pair's sends and receives match in issue order
@@ -57,13 +63,14 @@
 #include "kernels/backend.h"
 #include "worker/kv_handoff.h"
 #include "worker/kv_handoff_nccl_channels.h"
+#include "worker/kv_handoff_pairs_buffers.h"
 #include "worker/kv_pool.h"
 #include "worker/shard.h"
 
 namespace kvshard {
 
 // Which link a worker's pairs run on (the setting kv_pair_link): socket, the test link between
-// processes of one machine; nccl, MakeNcclKvPairChannel (not accepted by serve yet).
+// CPU worker processes of one machine; nccl, MakeNcclKvPairChannel on the rank's GPU.
 inline constexpr std::string_view kKvPairLinkSetting = "kv_pair_link";
 inline constexpr std::string_view kKvPairTimeoutSetting = "kv_pair_timeout_ms";
 enum class KvPairLink { kSocket, kNccl };
@@ -92,13 +99,22 @@ class KvPairHandoff {
   public:
     // Makes the rank's channels (every pair's, in plan order; see KvNcclRankChannels). Refuses,
     // naming the pair, a pair whose heads this rank does not hold, and a receiving side whose
-    // pairs with one instance do not cover its heads exactly once.
-    // `link_name` names the link in logs.
+    // pairs with one instance do not cover its heads exactly once; refuses a backend that cannot
+    // stage (KvPairStaging::Of). `link_name` names the link in logs; `max_offer_bytes` (> 0)
+    // bounds the rank's offer buffers (KvPairBuffers).
     static Result<std::unique_ptr<KvPairHandoff>> Create(
         std::vector<KvNcclPairAssignment> pairs, const KvNcclRankChannels::MakeChannel& make,
-        std::string link_name, int64_t timeout_ms, KvPairPool pool);
-    // The channel maker of `link` (socket: MakeSocketKvPairChannel; nccl: Unimplemented).
-    static KvNcclRankChannels::MakeChannel MakerOf(KvPairLink link);
+        std::string link_name, int64_t timeout_ms, KvPairPool pool,
+        int64_t max_offer_bytes = kKvPairMaxOfferBytes);
+    // How long making an NCCL pair channel waits for its peer to join: the two workers of a pair
+    // reach it after loading their weights, which they do at the same time, not in lockstep.
+    static constexpr int64_t kNcclJoinTimeoutMs = 180'000;
+    // The channel maker of `link` for a rank on `backend`: socket, MakeSocketKvPairChannel, which
+    // sends host memory — refused for a non-CPU backend, naming KVSHARD_KV_PAIR_LINK; nccl,
+    // MakeNcclKvPairChannel on backend.device — refused for a non-CUDA backend, and in a build
+    // without CUDA (naming kv_transfer.path).
+    static Result<KvNcclRankChannels::MakeChannel> MakerOf(KvPairLink link,
+                                                           const BackendConfig& backend);
 
     // Prefill side: offers transfer op.transfer_id to every pair with op.dst_instance, `blocks`
     // by KV cache group (the entries the handoff carries). Returns the bytes offered (0 where this
@@ -121,7 +137,7 @@ class KvPairHandoff {
 
   private:
     KvPairHandoff(std::unique_ptr<KvNcclRankChannels> channels, std::string link_name,
-                  KvPairPool pool);
+                  KvPairPool pool, KvPairStaging staging, int64_t max_offer_bytes);
     // The copies between the pool and a pair's buffer, and the transfer they make.
     struct Layout {
         std::vector<KvCopyRun> runs;  // piece_offset: offset in the pair's buffer
@@ -131,14 +147,17 @@ class KvPairHandoff {
     };
     Layout LayoutOf(const std::vector<std::span<const int32_t>>& blocks, IndexRange heads) const;
 
+    // Declared before channels_: the senders (and the buffers their offers hold) go first.
+    KvPairBuffers offer_buffers_;
+    BackendBuffer receive_buffer_;  // reused by every receive; grown by size class
     std::unique_ptr<KvNcclRankChannels> channels_;
     const std::string link_name_;
     KvPairPool pool_;
+    const KvPairStaging staging_;
     size_t num_groups_ = 0;
     std::map<uint64_t, std::string> offered_;  // transfer id -> receiving instance
     std::vector<bool> received_any_;           // per pair: logged its first receive
     std::vector<uint64_t> receives_;           // per pair: receives posted
-    std::vector<uint8_t> receive_buffer_;      // reused by every receive
 };
 
 // The pair path's receives of a plan were announced when the plan was made: a step that ends

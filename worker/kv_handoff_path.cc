@@ -14,9 +14,9 @@ std::optional<std::pair<int, int>> PairWithoutPeerAccess(const KvHandoffPathFact
     return std::nullopt;
 }
 
-// kv_transfer.path: nccl is refused everywhere today; the line says why for this placement
-// (where NCCL point-to-point cannot work at all first, then what is not wired).
-Status RefuseNccl(const KvHandoffPathFacts& f) {
+// kv_transfer.path: nccl where NCCL point-to-point cannot work: the line says why for this
+// placement; Ok where it can (GPU worker processes launched here on distinct GPUs, NCCL built).
+Status NcclRefusal(const KvHandoffPathFacts& f) {
     const std::string key = "kv_transfer.path: nccl: ";
     if (f.backend != BackendKind::kCuda) {
         return InvalidArgument(key + "the " + std::string(BackendKindName(f.backend)) +
@@ -47,11 +47,13 @@ Status RefuseNccl(const KvHandoffPathFacts& f) {
             }
         }
     }
-    return InvalidArgument(key +
-                           "not wired on GPUs yet (serve plans the pairs and the workers run the "
-                           "pair protocol, worker/kv_handoff_pairs.h, but they stage a pair's KV "
-                           "in host memory and the NCCL channel sends device memory); use auto "
-                           "or host-staged");
+    if (f.socket_pair_link) {
+        return InvalidArgument(key +
+                               "KVSHARD_KV_PAIR_LINK=socket is the CPU workers' test link: it "
+                               "sends host memory and GPU ranks stage a pair's KV in device "
+                               "memory; unset it to run the pairs over NCCL");
+    }
+    return Status::Ok();
 }
 
 }  // namespace
@@ -91,7 +93,8 @@ Result<KvHandoffPath> ChooseKvHandoffPath(const KvHandoffPathFacts& f) {
             // The test link: the whole pair path between CPU worker processes of this machine.
             if (f.socket_pair_link && !cuda && !f.embedded && f.one_node)
                 return KvHandoffPath::kNccl;
-            return RefuseNccl(f);
+            KV_RETURN_IF_ERROR(NcclRefusal(f));
+            return KvHandoffPath::kNccl;
     }
     return KvHandoffPath::kHostStaged;
 }

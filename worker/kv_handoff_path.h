@@ -16,13 +16,14 @@
 // nccl with worker processes is refused, each with its own line naming kv_transfer.path, where it
 // cannot work: the CPU backend (no device memory to send from), a build without NCCL, workers
 // not all launched on this node (launcher external or mpirun: the GPU ordinals may name devices
-// of other machines, and NVLink p2p is a one-node path), and a GPU that holds both a prefill and
-// a decode rank (NCCL refuses two ranks of one communicator on one GPU). Where it could work
-// (GPU worker processes launched here on distinct GPUs, NCCL built) it is refused as not wired
-// yet: serve plans the pairs and the workers run the pair path (worker/kv_handoff_pairs.h), but
-// they stage a pair's KV in host memory and the NCCL channel sends device memory.
-// The one case it is accepted: CPU worker processes launched here with the TEST knob
-// socket_pair_link (KVSHARD_KV_PAIR_LINK=socket): the same wiring over a TCP pair link
+// of other machines, and NVLink p2p is a one-node path), a GPU that holds both a prefill and a
+// decode rank (NCCL refuses two ranks of one communicator on one GPU), and GPUs with the socket
+// test knob (it sends host memory; the GPU ranks' pair buffers are device memory). It is accepted
+// for GPU worker processes launched here on distinct GPUs with NCCL built: serve plans the pairs
+// with NCCL unique ids and each rank stages its pairs' KV in device memory and runs them over
+// NCCL channels on its GPU (worker/kv_handoff_pairs.h) — wired, never run on a GPU in kvshard's
+// tests (serve logs so). It is also accepted for CPU worker processes launched here with the
+// TEST knob socket_pair_link (KVSHARD_KV_PAIR_LINK=socket): the same wiring over a TCP pair link
 // (comm/socket_kv_pair_channel.h), so the pair path runs end to end without GPUs. auto never
 // picks nccl.
 #pragma once

@@ -549,13 +549,12 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
         sends.clear();  // nothing to send or flush through the transport
     }
     if (pairs_ != nullptr && !sends.empty()) {
-        // Offered after the pass: the offers copy the blocks now.
-        const Status synced = runner_.backend().Synchronize();
+        // Offered after the pass: the offers pack the blocks now, on the rank's stream behind
+        // the pass's writes, and wait for the packing.
         for (const PreparedSend& send : sends) {
             if (has_failed(send.op->transfer_id)) continue;
             timed([&] {
-                Result<int64_t> bytes =
-                    synced.ok() ? pairs_->Offer(*send.op, send.blocks) : Result<int64_t>(synced);
+                Result<int64_t> bytes = pairs_->Offer(*send.op, send.blocks);
                 if (bytes.ok()) {
                     result.kv_bytes_sent += *bytes;
                 } else {

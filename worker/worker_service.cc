@@ -146,8 +146,9 @@ Result<LoadedRank> LoadRank(const WorkerServiceOptions& o, const RegisterAckMess
     // Pieces that cannot fit this rank's pool are refused before anything is allocated.
     KV_RETURN_IF_ERROR(
         transport->SetReceiveGeometry(ReceiveGeometryOf(*r.runner->pool(), r.runner->layout())));
-    // The KV pair path (kv_transfer.path: nccl): the channels are made now, before Ready; making
-    // one never waits for its peer (worker/kv_handoff_pairs.h).
+    // The KV pair path (kv_transfer.path: nccl): the channels are made now, before Ready; a socket
+    // channel never waits for its peer, an NCCL one joins it in plan order (worker/
+    // kv_handoff_nccl_channels.h).
     KV_ASSIGN_OR_RETURN(std::optional<KvPairHandoffSettings> pairs,
                         KvPairHandoffSettingsOf(ack.settings));
     if (pairs.has_value()) {
@@ -160,9 +161,11 @@ Result<LoadedRank> LoadRank(const WorkerServiceOptions& o, const RegisterAckMess
                         .layout = r.runner->layout(),
                         .group_of_layer = r.runner->kv_groups().group_of_layer};
         KV_ASSIGN_OR_RETURN(
-            r.pairs,
-            KvPairHandoff::Create(std::move(pairs->pairs), KvPairHandoff::MakerOf(pairs->link),
-                                  link, pairs->timeout_ms, std::move(pool)));
+            KvNcclRankChannels::MakeChannel make,
+            KvPairHandoff::MakerOf(pairs->link, {.kind = r.runner->backend().kind(),
+                                                 .device = s.runner.backend.device}));
+        KV_ASSIGN_OR_RETURN(r.pairs, KvPairHandoff::Create(std::move(pairs->pairs), make, link,
+                                                           pairs->timeout_ms, std::move(pool)));
         spdlog::info("{}: KV handoff over {} pair(s) on the {} link", Who(o), n, link);
     }
     r.steps = std::make_unique<StepRunner>(*r.runner, transport, nullptr, r.pairs.get());

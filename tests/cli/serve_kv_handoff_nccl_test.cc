@@ -1,8 +1,9 @@
 // kvshard serve's answer to kv_transfer.path: nccl (cli/serve_devices.h ServeKvHandoffPath) for
 // each workers: placement, from a parsed config and a device plan: the reason it cannot work
 // (embedded pools, workers launched elsewhere, a GPU holding both sides, no CUDA in the build),
-// or, for GPU worker processes this coordinator launches on distinct GPUs, that it is not wired
-// yet; and auto keeps host-staged for worker processes on any placement.
+// and that it is accepted for GPU worker processes this coordinator launches on distinct GPUs
+// (but not with the CPU workers' socket test knob); and auto keeps host-staged for worker
+// processes on any placement.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -60,11 +61,42 @@ TEST(ServeKvHandoffNccl, RefusedWithTheReasonForEachPlacement) {
                   std::string::npos);
         EXPECT_NE(Refusal(direct, CudaPlan({1, 1})).find("GPU 1 holds a prefill rank and a decode"),
                   std::string::npos);
-        EXPECT_NE(Refusal(direct, CudaPlan({0, 1})).find("not wired on GPUs yet"),
-                  std::string::npos);
     } else {
         EXPECT_NE(Refusal(direct, CudaPlan({0, 1})).find("built without CUDA"), std::string::npos);
     }
+}
+
+// GPU worker processes launched here on distinct GPUs: accepted (CUDA builds), one instance per
+// pool and a tp 2 prefill instance beside a tp 1 decode instance alike; a rank of either side
+// sharing a GPU with the other is refused naming the GPU, and so is the socket test knob.
+TEST(ServeKvHandoffNccl, AcceptedForGpuWorkerProcessesOnDistinctGpus) {
+    const std::string direct = "workers:\n  mode: processes\n  launcher: direct\n";
+    const ServerConfig c = Parse(std::string(kPools) + "kv_transfer:\n  path: nccl\n" + direct);
+    auto path =
+        ServeKvHandoffPath(c, c.EffectivePools(), CudaPlan({0, 1}), [](int, int) { return false; });
+    if (!KVSHARD_WITH_CUDA) {
+        ASSERT_FALSE(path.ok());
+        EXPECT_NE(path.status().message().find("built without CUDA"), std::string::npos);
+        return;
+    }
+    ASSERT_TRUE(path.ok()) << path.status().ToString();
+    EXPECT_EQ(path->value(), KvHandoffPath::kNccl);
+
+    DevicePlan tp2 = CudaPlan({0, 2});
+    tp2.ranks.push_back({.pool = 0, .instance = 0, .rank = 1, .gpu = 1});
+    auto two = ServeKvHandoffPath(c, c.EffectivePools(), tp2, [](int, int) { return true; });
+    ASSERT_TRUE(two.ok()) << two.status().ToString();
+    EXPECT_EQ(two->value(), KvHandoffPath::kNccl);
+    tp2.ranks.back().gpu = 2;  // prefill rank 1 on the decode rank's GPU
+    EXPECT_NE(Refusal(direct, tp2).find("GPU 2 holds a prefill rank and a decode rank"),
+              std::string::npos);
+
+    auto knob = ServeKvHandoffPath(
+        c, c.EffectivePools(), CudaPlan({0, 1}), [](int, int) { return true; },
+        /*socket_pair_link=*/true);
+    ASSERT_FALSE(knob.ok());
+    EXPECT_NE(knob.status().message().find("KVSHARD_KV_PAIR_LINK=socket"), std::string::npos)
+        << knob.status().message();
 }
 
 TEST(ServeKvHandoffNccl, AutoKeepsHostStagedForWorkerProcesses) {

@@ -1,6 +1,7 @@
 // kvshard serve and the KV pair path's test link (KVSHARD_KV_PAIR_LINK=socket): kv_transfer.path:
 // nccl is accepted only for CPU worker processes this coordinator launches, with the knob, and
-// refused by name everywhere else (without the knob, embedded pools, external workers, GPUs);
+// refused by name elsewhere (without the knob, embedded pools, external workers, GPUs with the
+// knob);
 // the knob itself is parsed strictly; the rank settings serve hands out carry each rank's pairs
 // (re-sharded when the tps differ, one socket id shared by both ranks of a pair), the link and
 // the timeout.
@@ -65,7 +66,7 @@ TEST(ServeKvPairLink, AcceptedOnlyForCpuWorkerProcessesLaunchedHereWithTheKnob) 
             << refused.status().message();
     }
     const std::string gpus = PathFor(direct, CudaPlan(), true).status().message();
-    EXPECT_NE(gpus.find(KVSHARD_WITH_CUDA ? "not wired on GPUs" : "built without CUDA"),
+    EXPECT_NE(gpus.find(KVSHARD_WITH_CUDA ? "KVSHARD_KV_PAIR_LINK=socket" : "built without CUDA"),
               std::string::npos)
         << gpus;
 }
@@ -82,7 +83,7 @@ TEST(ServeKvPairLink, TheKnobIsSocketOrNothing) {
     unsetenv("KVSHARD_KV_PAIR_LINK");
 }
 
-TEST(ServeKvPairLink, RankSettingsCarryEachRanksPairs) {
+ModelSpec PairSpec() {
     ModelSpec spec;
     spec.num_heads = 8;
     spec.num_kv_heads = 4;
@@ -91,10 +92,15 @@ TEST(ServeKvPairLink, RankSettingsCarryEachRanksPairs) {
     spec.ffn_size = 64;
     spec.vocab_size = 32;
     spec.num_layers = 2;
+    return spec;
+}
+
+TEST(ServeKvPairLink, RankSettingsCarryEachRanksPairs) {
+    const ModelSpec spec = PairSpec();
     auto settings = KvPairRankSettings(
         spec,
         {{"p", 1, PoolRole::kPrefill}, {"d", 2, PoolRole::kDecode}, {"m", 1, PoolRole::kMixed}},
-        "127.0.0.1", 1'234);
+        KvPairLink::kSocket, "127.0.0.1", 1'234);
     ASSERT_TRUE(settings.ok()) << settings.status().ToString();
     ASSERT_EQ(settings->size(), 3u);
     ASSERT_EQ((*settings)[0].size(), 1u);
@@ -128,6 +134,47 @@ TEST(ServeKvPairLink, RankSettingsCarryEachRanksPairs) {
         EXPECT_TRUE(IsSocketKvPairId(send.nccl_unique_id));
     }
     EXPECT_NE(p0.pairs[0].nccl_unique_id, p0.pairs[1].nccl_unique_id);
+}
+
+// The nccl link: each pair's id is an NCCL unique id (NewNcclUniqueId, as the registry makes a tp
+// group's): NCCL_UNIQUE_ID_BYTES (128) bytes, not a socket id, the same for both ranks of a pair
+// and fresh for every pair; the link setting says nccl. A build without CUDA has no ids to give.
+TEST(ServeKvPairLink, NcclLinkHandsOutNcclUniqueIds) {
+    auto settings =
+        KvPairRankSettings(PairSpec(), {{"p", 2, PoolRole::kPrefill}, {"d", 1, PoolRole::kDecode}},
+                           KvPairLink::kNccl, "127.0.0.1", 500);
+    if (!KVSHARD_WITH_CUDA) {
+        EXPECT_EQ(settings.status().code(), StatusCode::kUnimplemented)
+            << settings.status().ToString();
+        return;
+    }
+    ASSERT_TRUE(settings.ok()) << settings.status().ToString();
+    std::vector<KvPairHandoffSettings> ranks;
+    for (size_t i = 0; i < 2; ++i) {
+        for (const auto& rank : (*settings)[i]) {
+            Result<std::optional<KvPairHandoffSettings>> s = KvPairHandoffSettingsOf(rank);
+            ASSERT_TRUE(s.ok() && s->has_value()) << s.status().ToString();
+            EXPECT_EQ((*s)->link, KvPairLink::kNccl);
+            ranks.push_back(**s);
+        }
+    }
+    ASSERT_EQ(ranks.size(), 3u);  // p0, p1, d0
+    const KvPairHandoffSettings& d0 = ranks[2];
+    ASSERT_EQ(d0.pairs.size(), 2u);  // one pair with each prefill rank
+    for (int p = 0; p < 2; ++p) {
+        ASSERT_EQ(ranks[size_t(p)].pairs.size(), 1u);
+        const std::string& id = ranks[size_t(p)].pairs[0].nccl_unique_id;
+        EXPECT_EQ(id.size(), 128u);
+        EXPECT_FALSE(IsSocketKvPairId(id));
+        EXPECT_EQ(d0.pairs[size_t(p)].peer_rank, p);
+        EXPECT_EQ(d0.pairs[size_t(p)].nccl_unique_id, id);
+    }
+    EXPECT_NE(d0.pairs[0].nccl_unique_id, d0.pairs[1].nccl_unique_id);
+}
+
+TEST(ServeKvPairLink, StartupNoteSaysTheNcclPathNeverRanOnAGpu) {
+    EXPECT_NE(KvPairLinkNote(KvPairLink::kNccl).find("never run on a GPU"), std::string::npos);
+    EXPECT_NE(KvPairLinkNote(KvPairLink::kSocket).find("tests only"), std::string::npos);
 }
 
 }  // namespace

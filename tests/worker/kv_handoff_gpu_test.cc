@@ -2,9 +2,11 @@
 // scripts/gpu-check's handoff step): the host-staged pack and unpack through CudaBackend's copies,
 // and the peer copy (CudaBackend's PeerCopy) between two backends — on two GPUs when there are
 // two, else two backends of the one GPU — write exactly the bytes the CPU backend's pools hold
-// after the same handoff, for whole blocks (equal tp) and for half of the heads (re-sharding).
+// after the same handoff, for whole blocks (equal tp) and for half of the heads (re-sharding);
+// and the KV pair path's staging in device buffers packs and unpacks the CPU's bytes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -13,6 +15,7 @@
 #include "common/device.h"
 #include "kernels/backend.h"
 #include "worker/kv_handoff.h"
+#include "worker/kv_handoff_pairs_buffers.h"
 #include "worker/kv_pool.h"
 
 namespace kvshard {
@@ -102,6 +105,68 @@ TEST(KvHandoffGpu, HostStagedAndPeerCopiesMatchTheCpu) {
         const std::vector<uint8_t> want = Contents(**cpu, *cpu_dst);
         EXPECT_TRUE(Contents(**dst, *staged) == want) << "host-staged";
         EXPECT_TRUE(Contents(**dst, *peer) == want) << "peer copy";
+    }
+}
+
+// The KV pair path's staging (worker/kv_handoff_pairs_buffers.h) on the CUDA backend: a pair's
+// heads packed from a device pool into a device buffer (KvPairBuffers, copies within the backend)
+// hold exactly the bytes the CPU backend packs, and unpacked into a device pool of the receiving
+// rank's heads write exactly what the CPU writes — whole blocks and half of the heads.
+TEST(KvHandoffGpu, PairStagingInDeviceBuffersMatchesTheCpu) {
+    Result<std::unique_ptr<Backend>> gpu = MakeBackend({.kind = BackendKind::kCuda, .device = 0});
+    if (!gpu.ok()) GTEST_SKIP() << gpu.status().ToString();
+    Result<std::unique_ptr<Backend>> cpu = MakeBackend({.kind = BackendKind::kCpu});
+    ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+    Result<KvPairStaging> gpu_staging = KvPairStaging::Of(gpu->get());
+    ASSERT_TRUE(gpu_staging.ok()) << gpu_staging.status().ToString();
+    Result<KvPairStaging> cpu_staging = KvPairStaging::Of(cpu->get());
+    ASSERT_TRUE(cpu_staging.ok()) << cpu_staging.status().ToString();
+    KvPairBuffers gpu_buffers(gpu->get(), int64_t{1} << 26),
+        cpu_buffers(cpu->get(), int64_t{1} << 26);
+
+    const std::vector<int32_t> from = {3, 4, 5, 11}, to = {0, -1, 8, 9};
+    const ShardLayout all = Holding(0, kHeads);
+    for (IndexRange heads : {IndexRange{0, kHeads}, IndexRange{2, kHeads}}) {
+        SCOPED_TRACE("heads from " + std::to_string(heads.begin));
+        const ShardLayout recv = Holding(heads.begin, heads.end);
+        auto cpu_src = MakePool(**cpu, kHeads);
+        auto gpu_src = MakePool(**gpu, kHeads);
+        const std::vector<uint8_t> bytes = Random(cpu_src->num_bytes(), 3);
+        Fill(**cpu, *cpu_src, bytes);
+        Fill(**gpu, *gpu_src, bytes);
+        auto cpu_dst = MakePool(**cpu, heads.size());
+        auto gpu_dst = MakePool(**gpu, heads.size());
+        const std::vector<uint8_t> before = Random(cpu_dst->num_bytes(), 4);
+        Fill(**cpu, *cpu_dst, before);
+        Fill(**gpu, *gpu_dst, before);
+
+        const std::vector<KvCopyRun> send = KvCopyRuns(*cpu_src, all, from, 0, kLayers, heads);
+        const std::vector<KvCopyRun> receive = KvCopyRuns(*cpu_dst, recv, to, 0, kLayers, heads);
+        int64_t piece = 0;
+        for (const KvCopyRun& r : send) piece = std::max(piece, r.piece_offset + r.bytes);
+        Result<KvPairBuffers::Held> gpu_buffer = gpu_buffers.Take(piece);
+        ASSERT_TRUE(gpu_buffer.ok()) << gpu_buffer.status().ToString();
+        Result<KvPairBuffers::Held> cpu_buffer = cpu_buffers.Take(piece);
+        ASSERT_TRUE(cpu_buffer.ok()) << cpu_buffer.status().ToString();
+
+        Status st = gpu_staging->Pack(send, gpu_src->BlockData(0), (*gpu_buffer)->As<uint8_t>());
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        ASSERT_TRUE((*gpu)->Synchronize().ok());
+        ASSERT_TRUE(
+            cpu_staging->Pack(send, cpu_src->BlockData(0), (*cpu_buffer)->As<uint8_t>()).ok());
+        std::vector<uint8_t> packed(static_cast<size_t>(piece));
+        ASSERT_TRUE((*gpu)->CopyToHost(packed.data(), (*gpu_buffer)->data(), packed.size()).ok());
+        ASSERT_TRUE((*gpu)->Synchronize().ok());
+        EXPECT_EQ(std::memcmp(packed.data(), (*cpu_buffer)->data(), packed.size()), 0) << "pack";
+
+        st = gpu_staging->Unpack(receive, (*gpu_buffer)->As<uint8_t>(),
+                                 gpu_dst->MutableBlockData(0));
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        ASSERT_TRUE((*gpu)->Synchronize().ok());
+        ASSERT_TRUE(
+            cpu_staging->Unpack(receive, (*cpu_buffer)->As<uint8_t>(), cpu_dst->MutableBlockData(0))
+                .ok());
+        EXPECT_TRUE(Contents(**gpu, *gpu_dst) == Contents(**cpu, *cpu_dst)) << "unpack";
     }
 }
 

@@ -1,7 +1,8 @@
 // The choice of kv_transfer.path: nccl (worker/kv_handoff_path.h) by placement: refused, naming
 // the setting, for each placement where NCCL point-to-point cannot work (CPU backend, pools of one
-// process, no CUDA in the build, workers not all on this node, a GPU holding both sides), and as
-// not wired where it could; auto keeps the paths it picked before on every placement.
+// process, no CUDA in the build, workers not all on this node, a GPU holding both sides, the
+// socket test knob on GPUs), and accepted where it can (GPU worker processes on distinct GPUs of
+// this node); auto keeps the paths it picked before on every placement.
 #include <gtest/gtest.h>
 
 #include <optional>
@@ -21,6 +22,7 @@ struct NcclCase {
     std::vector<int> src, dst;
     std::optional<KvHandoffPath> want;  // empty: refused
     const char* message = "";
+    bool socket_pair_link = false;
 };
 
 TEST(KvHandoffPathChoice, NcclByPlacement) {
@@ -68,17 +70,20 @@ TEST(KvHandoffPathChoice, NcclByPlacement) {
          {1, 2},
          none,
          "GPU 1 holds a prefill rank and a decode rank"},
-        // and where it could: not wired yet, said so.
-        {"nccl distinct gpus of one node",
+        // and where it can: accepted.
+        {"nccl distinct gpus of one node", nccl, cuda, false, true, true, {0, 1}, {2, 3}, nccl},
+        // the socket test knob is for CPU workers: refused on GPUs, naming it.
+        {"nccl gpus with the socket knob",
          nccl,
          cuda,
          false,
          true,
          true,
-         {0, 1},
-         {2, 3},
+         {0},
+         {1},
          none,
-         "not wired on GPUs yet"},
+         "KVSHARD_KV_PAIR_LINK=socket",
+         true},
     };
     for (const NcclCase& c : cases) {
         KvHandoffPathFacts f;
@@ -87,6 +92,7 @@ TEST(KvHandoffPathChoice, NcclByPlacement) {
         f.embedded = c.embedded;
         f.one_node = c.one_node;
         f.nccl_built = c.nccl_built;
+        f.socket_pair_link = c.socket_pair_link;
         f.backend_has_peer_copies = true;
         f.src_gpus = c.src;
         f.dst_gpus = c.dst;
