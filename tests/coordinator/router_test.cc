@@ -38,7 +38,8 @@ constexpr int32_t kSampled = 'a';
 class FakeExecutor final : public StepExecutor {
   public:
     Result<StepResult> Execute(const StepPlan& plan) override {
-        StepResult r{.step_id = plan.step_id};
+        StepResult r;
+        r.step_id = plan.step_id;
         for (const ScheduledSequence& s : plan.sequences) {
             if (s.sample) r.tokens.push_back({.seq_id = s.seq_id, .token_id = kSampled});
         }
