@@ -41,7 +41,11 @@ class FakeExecutor final : public StepExecutor {
         StepResult r;
         r.step_id = plan.step_id;
         for (const ScheduledSequence& s : plan.sequences) {
-            if (s.sample) r.tokens.push_back({.seq_id = s.seq_id, .token_id = kSampled});
+            if (!s.sample) continue;
+            SampledToken token;
+            token.seq_id = s.seq_id;
+            token.token_id = kSampled;
+            r.tokens.push_back(token);
         }
         return r;
     }
