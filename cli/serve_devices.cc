@@ -79,6 +79,27 @@ int64_t GpuRankReserveBytes(const ModelSpec& spec, const RunnerOptions& runner, 
            kModuleMarginBytes;
 }
 
+int64_t KvPairReserveBytes(const ModelSpec& spec, const RunnerOptions& runner, int64_t max_context,
+                           PoolRole role, int tp) {
+    switch (role) {
+        case PoolRole::kPrefill:
+            return kKvPairMaxOfferBytes;
+        case PoolRole::kDecode: {
+            // One receive of a whole prompt from a pair that sends all of this rank's heads
+            // (the widest pair), every KV cache group's block-layers, in its size class.
+            const int64_t block_size = std::max<int64_t>(1, runner.block_size);
+            const int64_t blocks =
+                (std::max<int64_t>(1, max_context) + block_size - 1) / block_size;
+            const int64_t bytes = blocks * KvBlockBytes(spec, runner.kv_storage, block_size, tp) *
+                                  GroupsOf(spec).num_groups();
+            return KvPairBufferClass(bytes);
+        }
+        case PoolRole::kMixed:
+            return 0;
+    }
+    return 0;
+}
+
 Result<DevicePlan> PlanServeDevices(const ServerConfig& c, const std::vector<PoolConfig>& pools,
                                     const ModelFile& model, const RunnerOptions& runner,
                                     int64_t max_context, bool built_with_cuda,
@@ -114,8 +135,10 @@ Result<DevicePlan> PlanServeDevices(const ServerConfig& c, const std::vector<Poo
     in.kv_bytes_per_block = [&](int tp) {
         return KvBlockBytes(spec, runner.kv_storage, runner.block_size, tp);
     };
-    in.reserve_bytes_per_rank = [&](int tp) {
-        return GpuRankReserveBytes(spec, runner, max_context, tp);
+    const bool pair_path = c.kv_transfer.path == KvHandoffPath::kNccl;
+    in.reserve_bytes_per_rank = [&](PoolRole role, int tp) {
+        return GpuRankReserveBytes(spec, runner, max_context, tp) +
+               (pair_path ? KvPairReserveBytes(spec, runner, max_context, role, tp) : 0);
     };
     // One graph per decode bucket of the step's sequence limit (worker/decode_buckets.h).
     in.graph_bytes_per_rank = [&](int tp) {

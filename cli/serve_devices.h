@@ -35,10 +35,18 @@ int64_t KvBlockBytes(const ModelSpec& spec, KvDtype storage, int64_t block_size,
 int64_t GpuRankReserveBytes(const ModelSpec& spec, const RunnerOptions& runner, int64_t max_context,
                             int tp);
 
+// Device memory the KV pair path (kv_transfer.path: nccl) holds on a GPU rank beside its pool:
+// a prefill rank's offers up to their bound (kKvPairMaxOfferBytes, worker/
+// kv_handoff_pairs_buffers.h); a decode rank's receive buffer, at most one prompt of max_context
+// tokens in its KV heads, rounded up to its size class; 0 for a rank of a mixed pool.
+int64_t KvPairReserveBytes(const ModelSpec& spec, const RunnerOptions& runner, int64_t max_context,
+                           PoolRole role, int tp);
+
 // The plan of every rank of `pools` for config `c` (its backend, kv_cache.gpu_memory_utilization,
 // kv_cache.num_blocks, weight_format, cuda_graphs): on the CPU, the warnings about GPU devices
 // the CPU ignores; on cuda, PlanDevices' placement and one-line refusals.
-// `runner` is an instance's runner options before placement (step sizes, KV storage).
+// `runner` is an instance's runner options before placement (step sizes, KV storage). With
+// kv_transfer.path: nccl each rank's buffers count its KvPairReserveBytes too.
 // `force_staged_collectives`: serve's --stage-collectives (every tp > 1 instance stages its
 // all-reduces through the host, so cuda_graphs: true is refused with it at tp > 1).
 Result<DevicePlan> PlanServeDevices(const ServerConfig& c, const std::vector<PoolConfig>& pools,

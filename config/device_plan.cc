@@ -193,7 +193,8 @@ Result<DevicePlan> PlanDevices(const std::vector<PoolConfig>& pools, const Devic
                                                in.gpu_memory_utilization) /
                           rp.ranks_on_gpu;
         rp.weight_bytes = in.weight_bytes_per_rank ? in.weight_bytes_per_rank(tp) : 0;
-        rp.reserve_bytes = in.reserve_bytes_per_rank ? in.reserve_bytes_per_rank(tp) : 0;
+        const PoolRole role = pools[static_cast<size_t>(rp.pool)].role;
+        rp.reserve_bytes = in.reserve_bytes_per_rank ? in.reserve_bytes_per_rank(role, tp) : 0;
         rp.graph_bytes =
             in.cuda_graphs && in.graph_bytes_per_rank ? in.graph_bytes_per_rank(tp) : 0;
         const int64_t block = in.kv_bytes_per_block ? in.kv_bytes_per_block(tp) : 0;

@@ -31,10 +31,12 @@ struct DevicePlanInputs {
     double gpu_memory_utilization = 0.9;
     int64_t fixed_kv_blocks = 0;  // kv_cache.num_blocks; 0: from the free memory
     // Per rank of an instance of tensor-parallel size tp: its weight bytes, one KV block's bytes
-    // (every layer), and the device buffers beside them (activations, workspaces).
+    // (every layer), and the device buffers beside them (activations, workspaces; by the rank's
+    // pool role too, since a prefill and a decode rank of the KV pair path hold different
+    // handoff buffers).
     std::function<int64_t(int tp)> weight_bytes_per_rank;
     std::function<int64_t(int tp)> kv_bytes_per_block;
-    std::function<int64_t(int tp)> reserve_bytes_per_rank;
+    std::function<int64_t(PoolRole role, int tp)> reserve_bytes_per_rank;
     // cuda_graphs: true (ServerConfig::cuda_graphs): refused on the CPU, and at tp > 1 unless
     // the instance's collective is nccl (config/collective_path.h: every rank on a GPU of its
     // own, NCCL built, not staged); on a GPU each rank's decode graphs (graph_bytes_per_rank,

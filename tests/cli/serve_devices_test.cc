@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -190,6 +191,42 @@ TEST_F(ServeDevicesTest, PrefillAndDecodeOnOneGpuWithGraphs) {
     EXPECT_NE(Error(Config("cuda_graphs: true\n"), {}, /*with_cuda=*/false).find(
                   "cuda_graphs: true with backend: cpu"),
               std::string::npos);
+}
+
+// kv_transfer.path: nccl: a prefill rank's buffers count the pair path's offer bound, a decode
+// rank's its largest receive (one max_context prompt of its KV heads, in its size class), so
+// their KV pools shrink by as much; other paths count neither.
+TEST_F(ServeDevicesTest, TheKvPairPathsBuffersAreCountedPerRole) {
+    const std::string setup =
+        "backend: cuda\nworkers:\n  mode: processes\npools:\n"
+        "  - name: prefill\n    role: prefill\n    instances:\n      - devices: [0]\n"
+        "  - name: decode\n    role: decode\n    instances:\n      - devices: [1]\n";
+    const DeviceQuery q{.devices = {Gpu(0, 40 * kGiB), Gpu(1, 40 * kGiB)}, .error = ""};
+    Result<DevicePlan> staged = Plan(Config(setup), q);
+    Result<DevicePlan> pairs = Plan(Config(setup + "kv_transfer:\n  path: nccl\n"), q);
+    ASSERT_TRUE(staged.ok()) << staged.status().ToString();
+    ASSERT_TRUE(pairs.ok()) << pairs.status().ToString();
+    ASSERT_EQ(pairs->ranks.size(), 2u);
+    const ModelSpec& s = model_->spec();
+    const int64_t base = GpuRankReserveBytes(s, runner_, 512, 1);
+    const int64_t block = KvBlockBytes(s, runner_.kv_storage, 16, 1);
+    // 512 tokens of context: 32 blocks of every layer, rounded up to a size class.
+    const int64_t receive = KvPairReserveBytes(s, runner_, 512, PoolRole::kDecode, 1);
+    EXPECT_GE(receive, 32 * block);
+    EXPECT_LE(receive, std::max<int64_t>(32 * block * 9 / 8, 64 * 1024));
+    EXPECT_EQ(KvPairReserveBytes(s, runner_, 512, PoolRole::kPrefill, 1), kKvPairMaxOfferBytes);
+    EXPECT_EQ(KvPairReserveBytes(s, runner_, 512, PoolRole::kMixed, 1), 0);
+    for (size_t i = 0; i < 2; ++i) EXPECT_EQ(staged->ranks[i].reserve_bytes, base) << i;
+    EXPECT_EQ(pairs->ranks[0].reserve_bytes, base + kKvPairMaxOfferBytes);
+    EXPECT_EQ(pairs->ranks[1].reserve_bytes, base + receive);
+    for (size_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(pairs->ranks[i].kv_blocks,
+                  (pairs->ranks[i].usable_bytes - pairs->ranks[i].weight_bytes -
+                   pairs->ranks[i].reserve_bytes) /
+                      block)
+            << i;
+        EXPECT_LT(pairs->ranks[i].kv_blocks, staged->ranks[i].kv_blocks) << i;
+    }
 }
 
 TEST_F(ServeDevicesTest, FixedBlockCountAndTheSingleInstanceOfTp) {

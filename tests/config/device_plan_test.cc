@@ -30,7 +30,7 @@ DevicePlanInputs Inputs(ServeBackend backend, std::vector<GpuInfo> gpus) {
     in.gpu_memory_utilization = 0.5;
     in.weight_bytes_per_rank = [](int tp) { return 16 * kGiB / tp; };
     in.kv_bytes_per_block = [](int tp) { return 2 * kMiB / tp; };
-    in.reserve_bytes_per_rank = [](int) { return 1 * kGiB; };
+    in.reserve_bytes_per_rank = [](PoolRole, int) { return 1 * kGiB; };
     return in;
 }
 
