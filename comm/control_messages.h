@@ -52,7 +52,7 @@ struct RegisterMessage {
     std::string token;
     // The model the worker expects to serve (its --model), or "" for whatever the coordinator
     // says. A path must equal the instance's model path; a bare file name, the path's last part.
-    std::string model;
+    std::string model = {};
     friend bool operator==(const RegisterMessage&, const RegisterMessage&) = default;
 };
 

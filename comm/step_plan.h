@@ -29,23 +29,23 @@ struct ScheduledSequence {
     int64_t start_pos = 0;
     std::vector<int32_t> block_table;   // blocks holding positions 0 .. start_pos + n - 1, in order
     std::vector<int64_t> slot_mapping;  // slot of each token in token_ids (block * block_size + i)
-    std::vector<std::vector<int32_t>> group_block_tables;   // groups 1 .. G - 1
-    std::vector<std::vector<int64_t>> group_slot_mappings;  // groups 1 .. G - 1
+    std::vector<std::vector<int32_t>> group_block_tables = {};   // groups 1 .. G - 1
+    std::vector<std::vector<int64_t>> group_slot_mappings = {};  // groups 1 .. G - 1
     // Sample a token after the last of token_ids (false for a prefill chunk that is not the last).
     bool sample = true;
-    SamplingParams sampling;
+    SamplingParams sampling = {};
     int32_t num_top_logprobs = -1;  // -1: no logprobs; 0: the sampled token's; k: also the top k
     // When sample and NeedsTokenHistory(sampling): every token of the sequence so far (prompt,
     // then output), of which the first history_prompt_tokens are the prompt — what the penalties
     // and min_tokens read. Sent per step, so that workers keep no per-request state and a
     // preempted, prefix-cached or handed-off sequence samples exactly as it would otherwise.
-    std::vector<int32_t> history;
+    std::vector<int32_t> history = {};
     int64_t history_prompt_tokens = 0;
     // Structured outputs (grammar/): when sample and not empty, the tokens that may be sampled,
     // as a bitset over the vocabulary (bit id % 64 of word id / 64; (vocab + 63) / 64 words). The
     // others are set to -inf after the logit controls; logprobs stay the raw model's. Computed
     // by the coordinator from the sequence's grammar state after its last token, every step.
-    std::vector<uint64_t> allowed_tokens;
+    std::vector<uint64_t> allowed_tokens = {};
     // Prompt logprobs: when >= 0 (at most kMaxLogprobs), the worker scores every prompt token
     // this chunk's rows predict, with the top num_prompt_logprobs alternatives — token_ids[1..]
     // from the rows before them, then next_prompt_token from the chunk's last row (chunked
@@ -77,7 +77,7 @@ struct KvSendOp {
     int64_t timeout_ms = 10'000;  // per piece handed to the transport
     // The receiving instance's name: the KV pair path (kv_transfer.path: nccl) offers the
     // transfer to this rank's pairs with that instance (worker/kv_handoff_pairs.h).
-    std::string dst_instance;
+    std::string dst_instance = {};
     friend bool operator==(const KvSendOp&, const KvSendOp&) = default;
 };
 
@@ -91,7 +91,7 @@ struct KvRecvOp {
     int64_t num_tokens = 0;
     int64_t timeout_ms = 10'000;  // how long the step waits for the missing pieces
     // The sending instance's name: the KV pair path receives over this rank's pairs with it.
-    std::string src_instance;
+    std::string src_instance = {};
     friend bool operator==(const KvRecvOp&, const KvRecvOp&) = default;
 };
 
@@ -164,7 +164,7 @@ struct StepResult {
     int64_t kv_bytes_received = 0;     // summed over the instance's ranks
     double kv_transfer_seconds = 0.0;  // rank 0's time in sends and receives
     // One per chunk that asked for prompt logprobs and scores at least one token, in plan order.
-    std::vector<PromptLogprobs> prompt_logprobs;
+    std::vector<PromptLogprobs> prompt_logprobs = {};
     friend bool operator==(const StepResult&, const StepResult&) = default;
 };
 

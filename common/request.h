@@ -45,14 +45,14 @@ struct SamplingParams {
     // vLLM's order (worker/sampler.h ApplyLogitControls): repetition penalty over the prompt and
     // the output so far, frequency and presence penalties over the output, logit_bias, then the
     // min_tokens ban. Logprobs stay those of the raw logits, as vLLM reports them by default.
-    float repetition_penalty = 1.0f;    // > 0; a seen token's logit is divided (> 0) or multiplied
-    float frequency_penalty = 0.0f;     // in [-2, 2]; times the token's count in the output
-    float presence_penalty = 0.0f;      // in [-2, 2]; once for a token present in the output
-    std::vector<TokenBias> logit_bias;  // by increasing token id, each id once
+    float repetition_penalty = 1.0f;  // > 0; a seen token's logit is divided (> 0) or multiplied
+    float frequency_penalty = 0.0f;   // in [-2, 2]; times the token's count in the output
+    float presence_penalty = 0.0f;    // in [-2, 2]; once for a token present in the output
+    std::vector<TokenBias> logit_bias = {};  // by increasing token id, each id once
     // While fewer than min_tokens tokens have been generated, min_tokens_banned_ids (the stop
     // tokens: EOS and the request's stop_token_ids) cannot be sampled.
     int64_t min_tokens = 0;
-    std::vector<int32_t> min_tokens_banned_ids;
+    std::vector<int32_t> min_tokens_banned_ids = {};
     friend bool operator==(const SamplingParams&, const SamplingParams&) = default;
 };
 

@@ -53,7 +53,7 @@ enum class ToolChoiceMode {
 
 struct ToolChoice {
     ToolChoiceMode mode = ToolChoiceMode::kAuto;
-    std::string name;  // kNamed
+    std::string name = {};  // kNamed
 };
 
 enum class ToolCallSyntax { kHermes, kLlama3Json, kMistral };

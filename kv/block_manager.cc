@@ -12,8 +12,6 @@ namespace {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-std::string Str(int64_t v) { return std::to_string(v); }
-
 const BlockManagerConfig& Checked(const BlockManagerConfig& config) {
     const Status s = config.Validate();
     KV_CHECK(s.ok()) << s.ToString();

@@ -44,7 +44,7 @@ struct HttpTarget {
     std::string body;             // JSON
     std::string api_key;          // sent as "Authorization: Bearer" when not empty
     double read_timeout_s = 600;  // a request that receives nothing this long fails
-    std::vector<std::pair<std::string, std::string>> headers;  // more request headers
+    std::vector<std::pair<std::string, std::string>> headers = {};  // more request headers
 };
 
 // What one streamed request measured. Times are seconds.

@@ -70,11 +70,11 @@ struct ChatToolCall {
 struct ChatMessage {
     std::string role;  // "system", "user", "assistant" or "tool"
     std::string content;
-    std::vector<ChatToolCall> tool_calls;  // assistant: the calls after its content
-    std::string tool_call_id;              // tool: the call this message answers
+    std::vector<ChatToolCall> tool_calls = {};  // assistant: the calls after its content
+    std::string tool_call_id = {};              // tool: the call this message answers
     // Breakpoints inside `content`, in increasing content_end order (the OpenAI route's
     // cache_control extension and Anthropic's cache_control both land here).
-    std::vector<ChatCacheMark> cache_marks;
+    std::vector<ChatCacheMark> cache_marks = {};
 };
 
 // The tools a request offers, as prompt text in the model family's convention
@@ -84,7 +84,7 @@ struct ChatTools {
     std::vector<ChatCacheMark> cache_marks;  // breakpoints inside `prompt` (after a tool)
     // The OpenAI "tools" array as JSON text ([{"type": "function", "function": {...}}]): what an
     // interpreted template renders instead of `prompt`.
-    std::string definitions;
+    std::string definitions = {};
 };
 
 // A breakpoint's place in the rendered prompt.

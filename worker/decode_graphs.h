@@ -48,8 +48,8 @@ class DecodeGraphs {
     enum class Mode { kEager, kCapture, kReplay };
     struct Plan {
         Mode mode = Mode::kEager;
-        int graph = -1;                   // kReplay: the graph to replay
-        CapturedCollectives collectives;  // kReplay: what its capture queued
+        int graph = -1;                        // kReplay: the graph to replay
+        CapturedCollectives collectives = {};  // kReplay: what its capture queued
     };
     // What a decode step of `bucket` does with buffers of `generation` (see above). A generation
     // other than the last one seen releases every graph first.

@@ -27,7 +27,7 @@ struct KvPoolConfig {
     // Layers a block holds (0: num_layers) and the slot of each layer in a block (empty: layer l
     // at slot l), from kv::KvCacheGroups.
     int64_t layers_per_group = 0;
-    std::vector<int64_t> slot_of_layer;
+    std::vector<int64_t> slot_of_layer = {};
     int64_t num_kv_heads = 0;  // this worker's
     int64_t head_dim = 0;
     KvDtype storage = KvDtype::kFp32;

@@ -58,8 +58,8 @@ struct SequenceChunk {
     // KV cache group 0's. A model with several groups (kv_groups()) brings group g's in
     // group_block_tables[g - 1] and group_slot_mappings[g - 1]; a windowed group's table may hold
     // kv::kNoBlock for blocks wholly before the window of the chunk's first token.
-    std::span<const int32_t> block_table;
-    std::span<const int64_t> slot_mapping;
+    std::span<const int32_t> block_table = {};
+    std::span<const int64_t> slot_mapping = {};
     std::span<const std::vector<int32_t>> group_block_tables = {};
     std::span<const std::vector<int64_t>> group_slot_mappings = {};
     // Also classify every row of the chunk, not only the last (prompt logprobs): Forward hands
@@ -95,7 +95,7 @@ struct RunnerOptions {
     // GraphCapture; the CUDA backend) and, at tp > 1, the collective is queued on its stream
     // (collective_path kNccl); required, and MakeModelRunner refuses it, naming cuda_graphs,
     // where it cannot be had (the CPU backend, a host or host-staged collective).
-    std::optional<bool> cuda_graphs;
+    std::optional<bool> cuda_graphs = {};
     // The path of the instance's collective at tp > 1 (worker/rank_collective.h), as the caller
     // chose it for every rank: what decides whether a decode step and its all-reduces can be
     // captured. kNccl queues them on the backend's stream, where a capture records them; kHost
@@ -116,7 +116,7 @@ struct RunnerOptions {
     // false forces (tests compare the two; `kvshard bench-engine --rope-kv-write separate`).
     bool fuse_rope_kv_write = true;
     // The backend each runner builds (kind, device); CPU threads stay the calling thread's.
-    BackendConfig backend;
+    BackendConfig backend = {};
     // MakeModelRunner: reports the weights' load (WeightLoadOptions::on_bytes_loaded); called on
     // the loading rank's thread. Not sent to worker processes.
     std::function<void(int64_t bytes)> on_weight_bytes_loaded = nullptr;

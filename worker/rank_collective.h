@@ -95,7 +95,7 @@ struct BackendCollectiveOptions {
     // kHost, kStaged: this rank's host collective (not owned; outlives the result).
     Collective* host = nullptr;
     // kNccl: the id every rank shares, and how long any wait may take.
-    std::string nccl_unique_id;
+    std::string nccl_unique_id = {};
     int64_t timeout_ms = 60'000;
 };
 

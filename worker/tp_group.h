@@ -42,7 +42,7 @@ namespace kvshard {
 
 struct TpGroupConfig {
     int tp = 1;
-    RunnerOptions runner;
+    RunnerOptions runner = {};
     // OpenMP threads of each rank's thread; 0: max(1, hardware threads / tp).
     int threads_per_rank = 0;
     // How long a rank waits in a collective for the others.
@@ -50,16 +50,16 @@ struct TpGroupConfig {
     // The GPU of each rank when runner.backend.kind is cuda (tp entries; an ordinal may repeat:
     // those ranks share the GPU and stage their collectives through the host). Empty:
     // runner.backend.device + rank.
-    std::vector<int> devices;
+    std::vector<int> devices = {};
     // Stage the collectives through the host even where the ranks could use theirs directly
     // (the CPU backend; NCCL): the host-staged path, testable on the CPU.
     bool force_staged = false;
     // Non-empty: each rank r gets an in-process KV transport named "<kv_transport_name>/<r>"
     // (comm/kv_transport.h), for KV handoff to and from other instances of this process.
-    std::string kv_transport_name;
+    std::string kv_transport_name = {};
     // The peer-copy KV handoff (worker/kv_peer_exchange.h), shared by every instance of the
     // process that hands KV over by peer copies; null: host-staged. REQUIRES: kv_transport_name.
-    std::shared_ptr<KvPeerExchange> peer_exchange;
+    std::shared_ptr<KvPeerExchange> peer_exchange = {};
 };
 
 class TpGroup : public StepExecutor {

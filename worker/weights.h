@@ -56,7 +56,7 @@ struct ModelWeights {
 };
 
 struct WeightLoadOptions {
-    ShardSpec shard;
+    ShardSpec shard = {};
     WeightFormat format = WeightFormat::kStored;
     // The backend kind whose resident formats (ResidentWeightFormat) the weights are converted to
     // at load; unset: the backend's own. Tests load CUDA's formats onto the CPU backend.

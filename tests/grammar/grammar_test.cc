@@ -173,7 +173,9 @@ TEST(RegexTest, UnsupportedConstructsAreRefused) {
                           "a{5000}", "(ab"}) {
         auto g = CompileRegex(p);
         EXPECT_FALSE(g.ok()) << p;
-        if (!g.ok()) EXPECT_EQ(g.status().message().rfind("regex: ", 0), 0u) << g.status().message();
+        if (!g.ok()) {
+            EXPECT_EQ(g.status().message().rfind("regex: ", 0), 0u) << g.status().message();
+        }
     }
 }
 
@@ -252,7 +254,9 @@ TEST(TokenMaskTest, FastMaskEqualsTheWalkOnARealVocabulary) {
         vocab->ComputeMask(s, &fast);
         vocab->ComputeMaskByWalk(s, &walk);
         ASSERT_EQ(fast, walk) << "after '" << text.substr(0, i) << "'";
-        if (i < text.size()) ASSERT_TRUE(s.Advance(static_cast<uint8_t>(text[i]))) << i;
+        if (i < text.size()) {
+            ASSERT_TRUE(s.Advance(static_cast<uint8_t>(text[i]))) << i;
+        }
     }
     EXPECT_TRUE(s.CanEnd());
 }

@@ -53,7 +53,9 @@ TEST(ChatTemplate, RendersAsJinjaDoes) {
         std::string joined;
         for (size_t i = 0; i < pieces->size(); ++i) {
             joined += (*pieces)[i].text;
-            if (i > 0) EXPECT_NE((*pieces)[i].literal, (*pieces)[i - 1].literal);
+            if (i > 0) {
+                EXPECT_NE((*pieces)[i].literal, (*pieces)[i - 1].literal);
+            }
         }
         EXPECT_EQ(joined, *text);
     }
@@ -347,8 +349,12 @@ TEST(ChatTemplateTools, ChatMlRendersTheHermesConvention) {
               "<|im_start|>assistant\n");
     // The client's text (tools, call JSON, results) is literal; the markers are not.
     for (const TextPiece& p : r->pieces) {
-        if (p.text.find("<|im_start|>") != std::string::npos) EXPECT_FALSE(p.literal) << p.text;
-        if (p.text == "TOOLS") EXPECT_TRUE(p.literal);
+        if (p.text.find("<|im_start|>") != std::string::npos) {
+            EXPECT_FALSE(p.literal) << p.text;
+        }
+        if (p.text == "TOOLS") {
+            EXPECT_TRUE(p.literal);
+        }
     }
     // Without a system message the tools get a system turn of their own (after the template's
     // default system prompt, when it has one).

@@ -292,7 +292,9 @@ TEST_P(KvHandoffBackend, PeerCopyWritesWhatAPieceWould) {
                       0)
                 << "heads from " << heads.begin << ", block " << b;
         }
-        if (heads.begin == 0) EXPECT_EQ(peer_backend.peer, 2);  // {0,1}->{4,5}, {6}->{11}
+        if (heads.begin == 0) {  // {0,1}->{4,5}, {6}->{11}
+            EXPECT_EQ(peer_backend.peer, 2);
+        }
     }
 }
 

@@ -239,7 +239,9 @@ TEST(PrefillBf16, AloneVsInABusyBatch) {
             "difference| %.3g, same top-1 %s\n",
             std::string(cpu::gemm_bf16::PrefillModeName(mode)).c_str(),
             static_cast<long long>(20 + (n - 1) * kTokens), max_diff, same_top1 ? "yes" : "no");
-        if (mode == cpu::gemm_bf16::PrefillMode::kFp32) EXPECT_LT(max_diff, 1e-3);
+        if (mode == cpu::gemm_bf16::PrefillMode::kFp32) {
+            EXPECT_LT(max_diff, 1e-3);
+        }
     }
 }
 

@@ -216,7 +216,9 @@ TEST_F(PromptLogprobsModel, ScoresAreAFullSoftmaxOfTheRowsLogits) {
         EXPECT_EQ(s.top[0].token_id, std::max_element(row, row + vocab) - row);
         for (size_t k = 0; k < s.top.size(); ++k) {
             EXPECT_NEAR(s.top[k].logprob, row[s.top[k].token_id] - lse, 1e-5);
-            if (k > 0) EXPECT_GE(s.top[k - 1].logprob, s.top[k].logprob);
+            if (k > 0) {
+                EXPECT_GE(s.top[k - 1].logprob, s.top[k].logprob);
+            }
         }
     }
     // A sampled token is scored alike: the greedy sample of the last row carries the logprob a
