@@ -18,6 +18,7 @@
 #include "common/build_config.h"
 #include "common/device.h"
 #include "kernels/cpu_backend.h"
+#include "tests/worker/kv_pair_test_pools.h"
 #include "tests/worker/op_log_backend.h"
 #include "worker/kv_handoff_nccl_pairs.h"
 #include "worker/kv_handoff_pairs.h"
@@ -25,7 +26,8 @@
 namespace kvshard {
 namespace {
 
-constexpr int64_t kLayers = 2, kBlockSize = 4, kHeadDim = 8, kBlocks = 6;
+constexpr int64_t kLayers = testing::kPairLayers, kBlockSize = testing::kPairBlockSize,
+                  kHeadDim = testing::kPairHeadDim, kBlocks = testing::kPairBlocks;
 
 // The CPU backend, logging what the pair path asks of it: allocations (live ones by address),
 // host copies, and copies within itself (PeerCopy with itself as the source). With
@@ -83,17 +85,7 @@ class StagingLogBackend final : public testing::OpLogBackend, public PeerCopy {
     const bool self_copies_;
 };
 
-ModelSpec Spec() {
-    ModelSpec s;
-    s.num_heads = 8;
-    s.num_kv_heads = 4;
-    s.head_dim = kHeadDim;
-    s.hidden_size = 64;
-    s.ffn_size = 64;
-    s.vocab_size = 32;
-    s.num_layers = kLayers;
-    return s;
-}
+ModelSpec Spec() { return testing::PairSpec(); }
 
 struct Rank {
     std::unique_ptr<StagingLogBackend> backend;
@@ -104,39 +96,14 @@ struct Rank {
 Rank MakeRank(int rank, int tp, uint32_t seed, bool self_copies = true) {
     Rank r;
     r.backend = std::make_unique<StagingLogBackend>(self_copies);
-    Result<ShardLayout> layout = MakeShardLayout(Spec(), {.rank = rank, .tp = tp});
-    KV_CHECK(layout.ok()) << layout.status().ToString();
-    r.layout = *layout;
-    KvPoolConfig config{.num_blocks = kBlocks,
-                        .block_size = kBlockSize,
-                        .num_layers = kLayers,
-                        .num_kv_heads = r.layout.num_kv_heads(),
-                        .head_dim = kHeadDim,
-                        .storage = KvDtype::kFp32};
-    Result<std::unique_ptr<KvPool>> pool = KvPool::Create(config, *r.backend);
-    KV_CHECK(pool.ok()) << pool.status().ToString();
-    r.pool = std::move(*pool);
-    std::mt19937 rng(seed);
-    for (int64_t blk = 0; blk < kBlocks; ++blk) {
-        uint8_t* p = r.pool->MutableBlockData(blk);
-        for (int64_t i = 0; i < r.pool->bytes_per_block(); ++i) p[i] = uint8_t(rng());
-    }
+    r.layout = testing::PairLayout(rank, tp);
+    r.pool = testing::RandomPairPool(r.layout, *r.backend, seed);
     return r;
 }
 
 // K then V of global head `head`, layer `layer`, block `block`.
 std::vector<uint8_t> HeadBytes(const Rank& r, int64_t block, int64_t layer, int64_t head) {
-    const KvPoolConfig& c = r.pool->config();
-    const cpu::PagedKvLayer l =
-        cpu::MakePagedKvLayer(nullptr, 0, r.pool->SlotOfLayer(layer), c.storage, c.block_size,
-                              c.num_kv_heads, c.head_dim);
-    const int64_t h = head - r.layout.kv_heads.begin;
-    const int64_t data = c.block_size * c.head_dim * KvDtypeBytes(c.storage);
-    const uint8_t* b = r.pool->BlockData(block);
-    std::vector<uint8_t> out;
-    for (int64_t off : {l.k_offset + h * data, l.v_offset + h * data})
-        out.insert(out.end(), b + off, b + off + data);
-    return out;
+    return testing::PairHeadBytes(*r.pool, r.layout, block, layer, head);
 }
 
 // In-memory links keyed by pair id; each channel handed out checks that what it sends from and
