@@ -53,6 +53,13 @@ void Fill(Backend& b, KvPool& pool, const std::vector<uint8_t>& bytes) {
     KV_CHECK(b.Synchronize().ok());
 }
 
+// A pool of `heads` heads on `b` holding `bytes`.
+std::unique_ptr<KvPool> PoolHolding(Backend& b, int64_t heads, const std::vector<uint8_t>& bytes) {
+    std::unique_ptr<KvPool> pool = MakePool(b, heads);
+    Fill(b, *pool, bytes);
+    return pool;
+}
+
 std::vector<uint8_t> Random(int64_t bytes, uint32_t seed) {
     std::mt19937 rng(seed);
     std::vector<uint8_t> v(static_cast<size_t>(bytes));
@@ -76,18 +83,13 @@ TEST(KvHandoffGpu, HostStagedAndPeerCopiesMatchTheCpu) {
         SCOPED_TRACE("heads from " + std::to_string(heads.begin));
         const ShardLayout recv = Holding(heads.begin, heads.end);
         // The same contents on the CPU and on the GPUs.
-        auto cpu_src = MakePool(**cpu, kHeads);
-        auto gpu_src = MakePool(**src, kHeads);
-        const std::vector<uint8_t> bytes = Random(cpu_src->num_bytes(), 1);
-        Fill(**cpu, *cpu_src, bytes);
-        Fill(**src, *gpu_src, bytes);
-        auto cpu_dst = MakePool(**cpu, heads.size());
-        auto staged = MakePool(**dst, heads.size());
-        auto peer = MakePool(**dst, heads.size());
-        const std::vector<uint8_t> before = Random(cpu_dst->num_bytes(), 2);
-        Fill(**cpu, *cpu_dst, before);
-        Fill(**dst, *staged, before);
-        Fill(**dst, *peer, before);
+        const std::vector<uint8_t> bytes = Random(MakePool(**cpu, kHeads)->num_bytes(), 1);
+        auto cpu_src = PoolHolding(**cpu, kHeads, bytes);
+        auto gpu_src = PoolHolding(**src, kHeads, bytes);
+        const std::vector<uint8_t> before = Random(MakePool(**cpu, heads.size())->num_bytes(), 2);
+        auto cpu_dst = PoolHolding(**cpu, heads.size(), before);
+        auto staged = PoolHolding(**dst, heads.size(), before);
+        auto peer = PoolHolding(**dst, heads.size(), before);
 
         KvPiece cpu_piece, gpu_piece;
         ASSERT_TRUE(
@@ -129,16 +131,12 @@ TEST(KvHandoffGpu, PairStagingInDeviceBuffersMatchesTheCpu) {
     for (IndexRange heads : {IndexRange{0, kHeads}, IndexRange{2, kHeads}}) {
         SCOPED_TRACE("heads from " + std::to_string(heads.begin));
         const ShardLayout recv = Holding(heads.begin, heads.end);
-        auto cpu_src = MakePool(**cpu, kHeads);
-        auto gpu_src = MakePool(**gpu, kHeads);
-        const std::vector<uint8_t> bytes = Random(cpu_src->num_bytes(), 3);
-        Fill(**cpu, *cpu_src, bytes);
-        Fill(**gpu, *gpu_src, bytes);
-        auto cpu_dst = MakePool(**cpu, heads.size());
-        auto gpu_dst = MakePool(**gpu, heads.size());
-        const std::vector<uint8_t> before = Random(cpu_dst->num_bytes(), 4);
-        Fill(**cpu, *cpu_dst, before);
-        Fill(**gpu, *gpu_dst, before);
+        const std::vector<uint8_t> bytes = Random(MakePool(**cpu, kHeads)->num_bytes(), 3);
+        auto cpu_src = PoolHolding(**cpu, kHeads, bytes);
+        auto gpu_src = PoolHolding(**gpu, kHeads, bytes);
+        const std::vector<uint8_t> before = Random(MakePool(**cpu, heads.size())->num_bytes(), 4);
+        auto cpu_dst = PoolHolding(**cpu, heads.size(), before);
+        auto gpu_dst = PoolHolding(**gpu, heads.size(), before);
 
         const std::vector<KvCopyRun> send = KvCopyRuns(*cpu_src, all, from, 0, kLayers, heads);
         const std::vector<KvCopyRun> receive = KvCopyRuns(*cpu_dst, recv, to, 0, kLayers, heads);

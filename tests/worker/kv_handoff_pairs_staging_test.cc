@@ -178,19 +178,8 @@ void Make(Cluster* c, int ptp, int dtp, int64_t max_offer_bytes = kKvPairMaxOffe
     }
 }
 
-KvSendOp SendOp(uint64_t id) {
-    KvSendOp op;
-    op.transfer_id = id;
-    op.dst_instance = "decode";
-    return op;
-}
-
-KvRecvOp RecvOp(uint64_t id) {
-    KvRecvOp op;
-    op.transfer_id = id;
-    op.src_instance = "prefill";
-    return op;
-}
+KvSendOp SendOp(uint64_t id) { return testing::PairSendOp(id); }
+KvRecvOp RecvOp(uint64_t id) { return testing::PairRecvOp(id); }
 
 class KvPairStagingTp : public ::testing::TestWithParam<std::pair<int, int>> {};
 

@@ -104,19 +104,8 @@ void Make(Cluster* c, int ptp, int dtp) {
     }
 }
 
-KvSendOp SendOp(uint64_t id) {
-    KvSendOp op;
-    op.transfer_id = id;
-    op.dst_instance = "decode";
-    return op;
-}
-
-KvRecvOp RecvOp(uint64_t id) {
-    KvRecvOp op;
-    op.transfer_id = id;
-    op.src_instance = "prefill";
-    return op;
-}
+KvSendOp SendOp(uint64_t id) { return testing::PairSendOp(id); }
+KvRecvOp RecvOp(uint64_t id) { return testing::PairRecvOp(id); }
 
 class KvPairHandoffTp : public ::testing::TestWithParam<std::pair<int, int>> {};
 

@@ -1,7 +1,7 @@
-// The small model and the CPU pools the KV pair path's tests share (kv_handoff_pairs_test.cc,
+// The small model, pools and ops the KV pair path's tests share (kv_handoff_pairs_test.cc,
 // kv_handoff_pairs_staging_test.cc): a spec of 4 KV heads, one rank's pool on a given backend
-// filled with random bytes, and the bytes of one global head of a block and layer, which a
-// receiving rank must hold exactly as the sending rank did.
+// filled with random bytes, the bytes of one global head of a block and layer (which a receiving
+// rank must hold exactly as the sending rank did), and a transfer's send and receive ops.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "comm/step_plan.h"
 #include "kernels/backend.h"
 #include "kernels/paged_attention.h"
 #include "config/model_spec.h"
@@ -70,6 +71,20 @@ inline std::vector<uint8_t> PairHeadBytes(const KvPool& pool, const ShardLayout&
     for (int64_t off : {l.k_offset + h * data, l.v_offset + h * data})
         out.insert(out.end(), b + off, b + off + data);
     return out;
+}
+
+// The send and receive ops of transfer `id` from instance "prefill" to instance "decode".
+inline KvSendOp PairSendOp(uint64_t id) {
+    KvSendOp op;
+    op.transfer_id = id;
+    op.dst_instance = "decode";
+    return op;
+}
+inline KvRecvOp PairRecvOp(uint64_t id) {
+    KvRecvOp op;
+    op.transfer_id = id;
+    op.src_instance = "prefill";
+    return op;
 }
 
 }  // namespace kvshard::testing
