@@ -49,12 +49,8 @@ Result<ThroughputFigures> MeasureThroughput(ModelRunner& runner, const Throughpu
     for (int64_t run = 0; run < c.runs; ++run) {
         std::vector<SequenceChunk> batch;
         for (int64_t s = 0; s < c.batch; ++s) {
-            // The table and slots are tables.Place's.
-            batch.push_back({.seq_id = s,
-                             .tokens = prompts[static_cast<size_t>(s)],
-                             .start_pos = 0,
-                             .block_table = {},
-                             .slot_mapping = {}});
+            batch.push_back(
+                {.seq_id = s, .tokens = prompts[static_cast<size_t>(s)], .start_pos = 0});
             tables.Place(s, &batch.back());
         }
         auto t0 = Clock::now();
