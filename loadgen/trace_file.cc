@@ -13,6 +13,17 @@ namespace kvshard::loadgen {
 
 using nlohmann::json;
 
+namespace {
+
+std::vector<double> MillisecondsOf(const std::vector<double>& seconds) {
+    std::vector<double> ms;
+    ms.reserve(seconds.size());
+    for (double s : seconds) ms.push_back(1000 * s);
+    return ms;
+}
+
+}  // namespace
+
 std::string TraceLine(const TraceLineFields& f) {
     json line = {
         {"arrival_s", f.arrival_s},
@@ -26,6 +37,7 @@ std::string TraceLine(const TraceLineFields& f) {
     if (f.ttft_ms >= 0) line["ttft_ms"] = f.ttft_ms;
     if (f.e2el_ms >= 0) line["e2el_ms"] = f.e2el_ms;
     if (f.itl_median_ms >= 0) line["itl_median_ms"] = f.itl_median_ms;
+    if (!f.itl_ms.empty()) line["itl_ms"] = f.itl_ms;
     if (f.sent_clock_s >= 0) line["sent_clock_s"] = f.sent_clock_s;
     return line.dump();
 }
@@ -52,6 +64,7 @@ Result<std::vector<TraceLineFields>> MakeTrace(const std::vector<BenchPrompt>& p
         f.ttft_ms = 1000 * o.ttft_s;
         f.e2el_ms = 1000 * o.e2e_s;
         if (!o.itl_s.empty()) f.itl_median_ms = 1000 * Summarize(o.itl_s).median;
+        f.itl_ms = MillisecondsOf(o.itl_s);
         if (run.start_clock_s > 0) f.sent_clock_s = run.start_clock_s + o.start_s;
         const std::string& prefix = prompts[i].prefix;
         if (!prefix.empty()) {
@@ -96,7 +109,10 @@ std::string PerRequestLine(size_t index, const RequestOutcome& o) {
                  {"output_len", o.output_tokens}};
     if (o.ttft_s > 0) line["ttft_ms"] = 1000 * o.ttft_s;
     if (o.ok) line["e2el_ms"] = 1000 * o.e2e_s;
-    if (!o.itl_s.empty()) line["itl_median_ms"] = 1000 * Summarize(o.itl_s).median;
+    if (!o.itl_s.empty()) {
+        line["itl_median_ms"] = 1000 * Summarize(o.itl_s).median;
+        line["itl_ms"] = MillisecondsOf(o.itl_s);
+    }
     if (!o.ok) line["error"] = o.error;
     return line.dump();
 }

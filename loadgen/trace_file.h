@@ -13,7 +13,9 @@
 //
 // Each line also carries what the client measured for that request, in milliseconds: ttft_ms
 // (sent -> first chunk with text), e2el_ms (sent -> stream ended) and itl_median_ms (the median
-// of its gaps between chunks with text; absent for a one-chunk answer). The simulator reads
+// of its gaps between chunks with text; absent for a one-chunk answer) and itl_ms (those gaps, in
+// the order received: what a bootstrap of the run's ITL median over tokens resamples,
+// scripts/lib/median_bootstrap.py). The simulator reads
 // only the request; `kvshard simulate --per-request-out` writes its own figures for the same
 // requests, in the same order, so the two can be compared request by request. sent_clock_s is
 // when the request was sent on the machine's steady clock (CLOCK_MONOTONIC), the clock of a
@@ -41,6 +43,7 @@ struct TraceLineFields {
     double ttft_ms = -1;
     double e2el_ms = -1;
     double itl_median_ms = -1;
+    std::vector<double> itl_ms = {};  // every gap; empty: not written
     // When it was sent on the machine's steady clock (BenchRun::start_clock_s + arrival_s), to
     // line the request up with a step log written on the same machine; negative: not written.
     double sent_clock_s = -1;
@@ -64,7 +67,7 @@ Status WriteTraceFile(const std::string& path, const std::vector<TraceLineFields
 // requests simulated (a trace's are sorted by arrival, as --trace-out writes them, so line i
 // answers the trace's line i):
 //   {"request": 0, "arrival_s": 0.41, "prompt_len": 612, "ok": true, "output_len": 32,
-//    "ttft_ms": 1702.3, "e2el_ms": 2410.9, "itl_median_ms": 23.2}
+//    "ttft_ms": 1702.3, "e2el_ms": 2410.9, "itl_median_ms": 23.2, "itl_ms": [22.9, 23.5, ...]}
 // with the names and meanings of a trace's measured fields; a failed request (refused, timed
 // out) has "ok": false and its "error", and no ttft_ms when it produced no token.
 std::string PerRequestLine(size_t index, const RequestOutcome& outcome);

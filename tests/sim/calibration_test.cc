@@ -92,9 +92,16 @@ TEST(BenchTraceTest, EachLineCarriesWhatTheClientMeasured) {
     EXPECT_NEAR(first.at("ttft_ms").get<double>(), 125.0, 1e-9);
     EXPECT_NEAR(first.at("e2el_ms").get<double>(), 200.0, 1e-9);
     EXPECT_NEAR(first.at("itl_median_ms").get<double>(), 25.0, 1e-9);
+    // Every gap in the order received, for a bootstrap over tokens.
+    const std::vector<double> gaps = first.at("itl_ms").get<std::vector<double>>();
+    ASSERT_EQ(gaps.size(), 3u);
+    EXPECT_NEAR(gaps[0], 30.0, 1e-9);
+    EXPECT_NEAR(gaps[1], 20.0, 1e-9);
+    EXPECT_NEAR(gaps[2], 25.0, 1e-9);
     const nlohmann::json second = nlohmann::json::parse(loadgen::TraceLine((*trace)[1]));
     EXPECT_NEAR(second.at("ttft_ms").get<double>(), 50.0, 1e-9);
     EXPECT_FALSE(second.contains("itl_median_ms"));
+    EXPECT_FALSE(second.contains("itl_ms"));
 }
 
 TEST(BenchTraceTest, SimulatorsPerRequestLinesAnswerTheTracesLines) {
@@ -133,6 +140,9 @@ TEST(BenchTraceTest, SimulatorsPerRequestLinesAnswerTheTracesLines) {
         EXPECT_NEAR(got[i].at("itl_median_ms").get<double>(),
                     1000 * loadgen::Summarize(o.itl_s).median, 1e-9)
             << i;
+        const std::vector<double> gaps = got[i].at("itl_ms").get<std::vector<double>>();
+        ASSERT_EQ(gaps.size(), o.itl_s.size()) << i;
+        for (size_t g = 0; g < gaps.size(); ++g) EXPECT_NEAR(gaps[g], 1000 * o.itl_s[g], 1e-9) << i;
     }
     EXPECT_FALSE(loadgen::WritePerRequestFile("/nonexistent-dir/x.jsonl", {}).ok());
 }
