@@ -217,8 +217,49 @@ Result<std::unique_ptr<KvPairHandoff>> KvPairHandoff::Create(
     return h;
 }
 
+KvPairHandoff::~KvPairHandoff() {
+    for (auto& join : joins_) {
+        if (join->thread.joinable()) join->thread.join();
+    }
+}
+
+static Status NotMade(const std::string& instance, const Status& why) {
+    return why.WithContext("KV pairs with instance " + instance +
+                           " re-planned but not made (kv_transfer.path: nccl; they stay down)");
+}
+
+void KvPairHandoff::CollectJoins() {
+    for (auto it = joins_.begin(); it != joins_.end();) {
+        Join& join = **it;
+        std::optional<Peer> made;
+        {
+            std::lock_guard<std::mutex> lock(join.mu);
+            if (!join.done) {
+                ++it;
+                continue;
+            }
+            made = std::move(join.made);
+        }
+        join.thread.join();
+        if (join.current && made.has_value()) {
+            if (made->channels == nullptr) {
+                made->failed = NotMade(join.instance, made->failed);
+                spdlog::error("{}", made->failed.ToString());
+            } else {
+                spdlog::info(
+                    "KV pairs with instance {} joined: {} pair(s) on the {} link, "
+                    "transfers from id {}",
+                    join.instance, made->pairs.size(), link_name_, made->first_transfer_id);
+            }
+            peers_[join.instance] = std::move(*made);
+        }
+        it = joins_.erase(it);
+    }
+}
+
 Status KvPairHandoff::Replan(std::vector<KvNcclPairAssignment> pairs, uint64_t first_transfer_id,
-                             std::vector<std::string>* replanned) {
+                             std::vector<std::string>* replanned, bool in_background) {
+    CollectJoins();
     KV_RETURN_IF_ERROR(CheckPairs(pairs, pool_.layout));
     auto groups = ByInstance(std::move(pairs));
     auto drop = [&](const std::string& instance, Peer& old, const std::string& why) {
@@ -228,6 +269,9 @@ Status KvPairHandoff::Replan(std::vector<KvNcclPairAssignment> pairs, uint64_t f
         }
         old.channels.reset();  // its senders drop what they held (offer_buffers_ takes it back)
         std::erase_if(offered_, [&](const auto& o) { return o.second == instance; });
+        for (auto& join : joins_) {
+            if (join->instance == instance) join->current = false;
+        }
         if (replanned != nullptr) replanned->push_back(instance);
     };
     for (auto it = peers_.begin(); it != peers_.end();) {
@@ -251,11 +295,32 @@ Status KvPairHandoff::Replan(std::vector<KvNcclPairAssignment> pairs, uint64_t f
             replanned->push_back(instance);
         }
         const size_t n = group.size();
+        if (in_background) {
+            Peer waiting;
+            waiting.pairs = group;
+            waiting.first_transfer_id = first_transfer_id;
+            waiting.failed = Unavailable("the KV pairs with instance " + instance +
+                                         " are being joined (re-planned after it re-formed)");
+            peers_.emplace(instance, std::move(waiting));
+            auto join = std::make_unique<Join>();
+            join->instance = instance;
+            Join* j = join.get();
+            join->thread = std::thread([this, j, group = std::move(group), first_transfer_id] {
+                Peer made = MakePeer(group, first_transfer_id);
+                std::lock_guard<std::mutex> lock(j->mu);
+                j->made = std::move(made);
+                j->done = true;
+            });
+            joins_.push_back(std::move(join));
+            spdlog::info(
+                "KV pairs with instance {} re-planned: joining {} pair(s) on the {} link "
+                "in the background, transfers from id {}",
+                instance, n, link_name_, first_transfer_id);
+            continue;
+        }
         Peer peer = MakePeer(std::move(group), first_transfer_id);
         if (peer.channels == nullptr) {
-            peer.failed = peer.failed.WithContext("KV pairs with instance " + instance +
-                                                  " re-planned but not made (kv_transfer.path: "
-                                                  "nccl; they stay down)");
+            peer.failed = NotMade(instance, peer.failed);
             spdlog::error("{}", peer.failed.ToString());
             if (first.ok()) first = peer.failed;
         } else {
@@ -322,6 +387,7 @@ KvPairHandoff::Layout KvPairHandoff::LayoutOf(const std::vector<std::span<const 
 
 Result<int64_t> KvPairHandoff::Offer(const KvSendOp& op,
                                      const std::vector<std::span<const int32_t>>& blocks) {
+    CollectJoins();
     const std::string what = "KV pair send of transfer " + std::to_string(op.transfer_id) + ": ";
     if (blocks.size() != num_groups_) {
         return InvalidArgument(what + std::to_string(blocks.size()) +
@@ -392,6 +458,7 @@ Result<int64_t> KvPairHandoff::Offer(const KvSendOp& op,
 }
 
 void KvPairHandoff::Ready(uint64_t transfer_id) {
+    CollectJoins();
     auto it = offered_.find(transfer_id);
     if (it == offered_.end()) return;
     const std::string instance = std::move(it->second);
@@ -408,6 +475,7 @@ void KvPairHandoff::Ready(uint64_t transfer_id) {
 }
 
 void KvPairHandoff::Discard(uint64_t transfer_id) {
+    CollectJoins();
     auto it = offered_.find(transfer_id);
     if (it == offered_.end()) return;
     const std::string instance = std::move(it->second);
@@ -423,6 +491,7 @@ void KvPairHandoff::Discard(uint64_t transfer_id) {
 }
 
 void KvPairHandoff::Abandon(const KvRecvOp& op, const Status& why) {
+    CollectJoins();
     auto peer = peers_.find(op.src_instance);
     if (peer == peers_.end() || peer->second.channels == nullptr) return;
     // A transfer older than the pairs never touched them (PeerFor refuses it): they stay up.
@@ -437,6 +506,7 @@ void KvPairHandoff::Abandon(const KvRecvOp& op, const Status& why) {
 
 Result<int64_t> KvPairHandoff::Receive(const KvRecvOp& op,
                                        const std::vector<std::span<const int32_t>>& blocks) {
+    CollectJoins();
     const KvPoolConfig& c = pool_.pool->config();
     uint8_t* base = pool_.pool->MutableBlockData(0);
     int64_t bytes = 0;

@@ -57,16 +57,20 @@
 // its sender never sends (or the other way round). The prefill instance decodes such a request.
 //
 // Thread-safety: one thread (the worker's step thread) calls everything; the senders' threads
-// touch only the buffers they were given.
+// touch only the buffers they were given; a background Replan's thread only makes channels and
+// hands them over under its Join's mutex.
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -131,8 +135,15 @@ class KvPairHandoff {
     // Refuses, changing nothing, pairs Create would refuse. When making an instance's new
     // channels fails, its pairs stay down (their Offers and Receives return that error at once)
     // and the first such error is returned. Returns the instances re-planned through `replanned`.
+    // `in_background`: the new channels are made on a thread of their own and taken up by a later
+    // call once made (an NCCL join waits for the re-formed peer, which may still be loading its
+    // weights: the step thread must not wait with it); until then the instance's Offers and
+    // Receives fail at once (Unavailable), and errors in making them are logged, not returned.
     Status Replan(std::vector<KvNcclPairAssignment> pairs, uint64_t first_transfer_id,
-                  std::vector<std::string>* replanned = nullptr);
+                  std::vector<std::string>* replanned = nullptr, bool in_background = false);
+    // Waits for the channels still being made in the background (each bounded by its maker's own
+    // timeout: kNcclJoinTimeoutMs for NCCL), then drops every pair.
+    ~KvPairHandoff();
     // How long making an NCCL pair channel waits for its peer to join: the two workers of a pair
     // reach it after loading their weights, which they do at the same time, not in lockstep.
     static constexpr int64_t kNcclJoinTimeoutMs = 180'000;
@@ -183,6 +194,18 @@ class KvPairHandoff {
     // pair with it; an error (at once) when its channels are down or `transfer_id` predates them.
     Result<Peer*> PeerFor(const std::string& instance, uint64_t transfer_id,
                           const std::string& op_what);
+    // A background Replan's channels with one instance, being made.
+    struct Join {
+        std::string instance;
+        std::thread thread;
+        std::mutex mu;
+        bool done = false;         // guarded by mu
+        std::optional<Peer> made;  // guarded by mu: the result, once done
+        bool current = true;       // false once a later Replan superseded it (step thread)
+    };
+    // Takes up the channels the background joins finished (the step thread, first thing in
+    // every call that uses the pairs).
+    void CollectJoins();
     // The copies between the pool and a pair's buffer, and the transfer they make.
     struct Layout {
         std::vector<KvCopyRun> runs;  // piece_offset: offset in the pair's buffer
@@ -196,6 +219,7 @@ class KvPairHandoff {
     KvPairBuffers offer_buffers_;
     BackendBuffer receive_buffer_;  // reused by every receive; grown by size class
     std::map<std::string, Peer> peers_;  // by instance
+    std::list<std::unique_ptr<Join>> joins_;
     const KvNcclRankChannels::MakeChannel make_;
     const int64_t timeout_ms_;
     const std::string link_name_;

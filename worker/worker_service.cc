@@ -191,8 +191,10 @@ void ApplyRankSettings(const std::string& who, LoadedRank& rank, const RankSetti
             who);
         return;
     }
+    // NCCL channels join their peer, which is re-forming (loading its weights): off this thread.
     const Status replanned =
-        rank.pairs->Replan(std::move((*pairs)->pairs), (*pairs)->first_transfer_id);
+        rank.pairs->Replan(std::move((*pairs)->pairs), (*pairs)->first_transfer_id, nullptr,
+                           (*pairs)->link == KvPairLink::kNccl);
     if (!replanned.ok()) spdlog::error("{}: {}", who, replanned.ToString());
 }
 
