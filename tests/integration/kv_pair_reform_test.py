@@ -12,6 +12,11 @@ relaunches it and the instance re-forms (epoch 2). Then, for either side:
 - every KV block is free or cached afterwards (nothing leaked), and no request after the re-form
   waits for kv_transfer.timeout_ms.
 
+Also with handoffs in flight: streams running when the decode worker dies; and prompts handed
+off to a stopped decode worker when the prefill worker dies and re-forms (their receives are
+refused by the new pairs, and the prefill instance recomputes them: its new workers never had
+their KV).
+
     tests/integration/kv_pair_reform_test.py --kvshard build/cli/kvshard \\
         --model ../shared/models/stories260K/stories260K.bin --configs config/examples
 Exit code 77 (ctest SKIP_RETURN_CODE) when the model is absent.
@@ -143,6 +148,46 @@ class KvPairReform(unittest.TestCase):
     def test_prefill_worker_killed(self):
         self.serve_kill_serve("prefill")
 
+    def test_prefill_worker_killed_while_its_handoffs_wait(self):
+        # The decode worker is stopped while the prefill instance hands it prompts; the prefill
+        # worker is killed and re-forms; then the decode worker goes on (before it is found
+        # dead): its receives of those transfers, planned before the re-plan, are refused by the
+        # new pairs and the requests return to the prefill instance, whose new workers never had
+        # their KV: they are recomputed there (not decoded from blocks nobody wrote) and end
+        # with the same text.
+        s = server()
+        try:
+            expected = [s.complete(p) for p in PROMPTS]
+            decode = kvshard_server.worker_pids(s.proc.pid, "decode")
+            prefill = kvshard_server.worker_pids(s.proc.pid, "prefill")
+            self.assertEqual((len(decode), len(prefill)), (1, 1))
+            before = prefilled(s)
+            os.kill(decode[0], signal.SIGSTOP)
+            try:
+                with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+                    futures = [pool.submit(s.complete, p) for p in PROMPTS]
+                    wait_for(lambda: prefilled(s) >= before + len(PROMPTS), 10,
+                             "every prompt prefilled and handed off")
+                    os.kill(prefill[0], signal.SIGKILL)
+                    wait_for(lambda: any("instance prefill: re-formed (epoch 2)" in line
+                                         for line in s.log), 10, "prefill re-formed")
+                    os.kill(decode[0], signal.SIGCONT)
+                    got = [f.result(timeout=120) for f in futures]
+            finally:
+                os.kill(decode[0], signal.SIGCONT)
+            self.assertEqual(got, expected)
+            log = "".join(s.log)
+            self.assertIn(f"{len(PROMPTS)} handed-off prompts' KV released", log)
+            self.assertTrue(s.wait_idle(), "KV blocks still in use")
+            # The decode worker lived through it (unless its heartbeats were missed meanwhile);
+            # either way, the pairs carry KV again.
+            wait_for(lambda: s.http("GET", "/health")[0] == 200, 60, "/health 200 again")
+            if any("instance decode: down" in line for line in s.log):
+                return
+            self.check_handed_off_again(s, "prefill", expected)
+        finally:
+            s.stop()
+
     def test_decode_worker_killed_while_streams_run(self):
         # Handoffs in flight across the re-plan (offered on the old pairs, planned on the new
         # ones) end on the prefill instance with the same text; none hangs or waits for a
@@ -181,6 +226,16 @@ class KvPairReform(unittest.TestCase):
             self.check_handed_off_again(s, "decode", short)
         finally:
             s.stop()
+
+
+def prefilled(s):
+    """Requests whose first token the prefill pool produced (then handed off)."""
+    total = 0.0
+    for line in s.metrics().splitlines():
+        if line.startswith("kvshard:pool_time_to_first_token_seconds_count{") and \
+                'pool="prefill"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def main():
