@@ -138,6 +138,7 @@ void ProcessInstance::Supervise() {
             // accepted, and the old workers' channels are closed.
             executor_->BeginReform(why.message());
             KillLaunched();
+            if (options_.before_relaunch) options_.before_relaunch();
             const int64_t backoff_ms = BackoffMs(options_.restart_backoff_ms, failed_attempts);
             spdlog::warn("{}: re-forming in {} ms (attempt {} of {})", who, backoff_ms,
                          failed_attempts + 1, options_.restart_limit);
@@ -237,6 +238,7 @@ Result<std::unique_ptr<ProcessInstance>> Form(const ServerConfig& config,
     po.register_timeout_ms = w.register_timeout_ms;
     po.shutdown_wait_ms = w.dead_after_ms;
     po.on_gave_up = spec.on_gave_up;
+    po.before_relaunch = spec.before_relaunch;
     std::unique_ptr<WorkerLauncher> launcher;
     if (w.launcher != WorkersLauncher::kExternal) {
         WorkerLauncherOptions lo;

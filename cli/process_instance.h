@@ -59,6 +59,11 @@ struct ProcessInstanceSpec {
     // last failure). E.g. the serve command exits non-zero when no instance can serve any more.
     // It must not destroy the ProcessInstance (the destructor joins that thread).
     std::function<void(const Status& why)> on_gave_up;
+    // Runs on the supervisor thread at each attempt to re-form, once the old workers' channels
+    // are closed and what the coordinator launched is killed, before the new workers are
+    // launched (or waited for): e.g. the KV pair path's re-plan (cli/kv_pair_replan.h), which
+    // hands the executors the rank settings the new workers register with.
+    std::function<void()> before_relaunch;
 };
 
 // The registry settings of config.workers (host, port, token, heartbeats), for a registry shared
@@ -73,6 +78,7 @@ struct ProcessInstanceOptions {
     int64_t register_timeout_ms = 120'000;  // each attempt's Reform
     int64_t shutdown_wait_ms = 5'000;       // destruction: how long workers may take to exit
     std::function<void(const Status&)> on_gave_up;
+    std::function<void()> before_relaunch;  // ProcessInstanceSpec::before_relaunch
 };
 
 // Ownership: owns its executor and launcher; shares the registry. Destroying it stops the

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/kv_pair_replan.h"
 #include "cli/load_progress.h"
 #include "cli/process_instance.h"
 #include "cli/serve_devices.h"
@@ -318,20 +319,27 @@ int RunServe(ServeFlags f) {
             pi.runner.on_weight_bytes_loaded = [&progress](int64_t bytes) { progress.Add(bytes); };
         }
     }
+    // The KV pair path: every rank's pairs, handed out at registration and re-planned when an
+    // instance re-forms. Declared before the instances: their supervisors use it until the
+    // guard below detaches it.
+    std::unique_ptr<KvPairPlan> pair_plan;
     std::vector<ServedInstance> instances(planned.size());
+    struct DetachPairPlan {
+        KvPairPlan* plan = nullptr;
+        ~DetachPairPlan() {
+            if (plan != nullptr) plan->Detach();
+        }
+    } detach_pair_plan;  // destroyed before the instances (and set before their supervisors)
     if (c.workers.mode == WorkersMode::kProcesses) {
-        // The KV pair path: every rank's pairs, handed out at registration.
-        std::vector<std::vector<std::vector<std::pair<std::string, std::string>>>> pair_settings;
         if (handoff_path == KvHandoffPath::kNccl) {
             std::vector<KvPairInstance> pair_instances;
             for (const PlannedInstance& pi : planned)
                 pair_instances.push_back({pi.name, pi.config->tp, pi.pool->role});
-            Result<std::vector<std::vector<std::vector<std::pair<std::string, std::string>>>>>
-                made =
-                    KvPairRankSettings(spec, pair_instances, pair_link, "127.0.0.1",
-                                       c.kv_transfer.timeout_ms);
+            Result<std::unique_ptr<KvPairPlan>> made = KvPairPlan::Create(
+                spec, pair_instances, pair_link, "127.0.0.1", c.kv_transfer.timeout_ms);
             if (!made.ok()) return Fail(source + made.status().message());
-            pair_settings = std::move(*made);
+            pair_plan = std::move(*made);
+            detach_pair_plan.plan = pair_plan.get();
         }
         std::vector<ProcessInstanceSpec> specs;
         for (const PlannedInstance& pi : planned) {
@@ -350,12 +358,21 @@ int RunServe(ServeFlags f) {
             ps.worker.tokenizer_path = c.tokenizer_path;
             ps.worker.threads = c.threads > 0 ? c.threads : threads_per_worker;
             ps.on_gave_up = [&num_gave_up](const Status&) { num_gave_up++; };
-            if (!pair_settings.empty()) ps.rank_settings = pair_settings[specs.size()];
+            if (pair_plan != nullptr) {
+                ps.rank_settings = pair_plan->RankSettings(specs.size());
+                ps.before_relaunch = [plan = pair_plan.get(), name = pi.name] {
+                    (void)plan->Replan(name);  // its error is logged, naming kv_transfer.path
+                };
+            }
             specs.push_back(std::move(ps));
         }
         Result<std::vector<DeclaredProcessInstance>> declared =
             DeclareProcessInstances(c, specs, registry);
         if (!declared.ok()) return Fail(declared.status().message());
+        if (pair_plan != nullptr) {
+            for (size_t i = 0; i < declared->size(); ++i)
+                pair_plan->SetExecutor(i, (*declared)[i].executor.get());
+        }
         Result<std::vector<std::unique_ptr<ProcessInstance>>> formed =
             FormProcessInstances(c, specs, std::move(*declared));
         if (!formed.ok()) return Fail(formed.status().message());
@@ -425,6 +442,18 @@ int RunServe(ServeFlags f) {
     for (ServedInstance& i : instances) engines.push_back(i.engine.get());
     Result<std::unique_ptr<Router>> router = Router::Create(engines);
     if (!router.ok()) return Fail(c.source + ": pools: " + router.status().message());
+    // The pair path's re-plans read the router's next transfer id (cli/kv_pair_replan.h); the
+    // guard lets go of the router before it is destroyed.
+    struct ForgetRouter {
+        KvPairPlan* plan = nullptr;
+        ~ForgetRouter() {
+            if (plan != nullptr) plan->SetNextTransferId(nullptr);
+        }
+    } forget_router;
+    if (pair_plan != nullptr) {
+        pair_plan->SetNextTransferId([r = router->get()] { return r->next_transfer_id(); });
+        forget_router.plan = pair_plan.get();
+    }
     Engine& engine =
         engines.size() == 1 ? static_cast<Engine&>(*engines[0]) : static_cast<Engine&>(**router);
     auto stop_all = [&] {

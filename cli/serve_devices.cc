@@ -5,8 +5,7 @@
 #include <map>
 #include <string>
 
-#include "comm/collective.h"
-#include "comm/socket_kv_pair_channel.h"
+#include "cli/kv_pair_replan.h"
 #include "common/build_config.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/paged_attention.h"
@@ -212,32 +211,10 @@ Result<bool> SocketPairLinkFromEnvironment() {
 Result<std::vector<std::vector<std::vector<std::pair<std::string, std::string>>>>>
 KvPairRankSettings(const ModelSpec& spec, const std::vector<KvPairInstance>& instances,
                    KvPairLink link, const std::string& host, int64_t timeout_ms) {
-    std::vector<KvNcclInstance> prefill, decode;
-    for (const KvPairInstance& i : instances) {
-        if (i.role == PoolRole::kPrefill) prefill.push_back({.name = i.name, .tp = i.tp});
-        if (i.role == PoolRole::kDecode) decode.push_back({.name = i.name, .tp = i.tp});
-    }
-    KV_ASSIGN_OR_RETURN(std::vector<KvNcclPair> pairs,
-                        PlanKvNcclPairs(spec, prefill, decode, [&]() -> Result<std::string> {
-                            switch (link) {
-                                case KvPairLink::kSocket:
-                                    return NewSocketKvPairId(host);
-                                case KvPairLink::kNccl:
-                                    return NewNcclUniqueId();
-                            }
-                            return InvalidArgument("kv_pair_link: unknown link");
-                        }));
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<KvPairPlan> plan,
+                        KvPairPlan::Create(spec, instances, link, host, timeout_ms));
     std::vector<std::vector<std::vector<std::pair<std::string, std::string>>>> out;
-    for (const KvPairInstance& i : instances) {
-        auto& ranks = out.emplace_back();
-        if (i.role == PoolRole::kMixed) continue;
-        for (int rank = 0; rank < i.tp; ++rank) {
-            ranks.push_back({{std::string(kKvNcclPairsSetting),
-                              EncodeKvNcclPairs(KvNcclPairsOfRank(pairs, i.name, rank))},
-                             {std::string(kKvPairLinkSetting), std::string(KvPairLinkName(link))},
-                             {std::string(kKvPairTimeoutSetting), std::to_string(timeout_ms)}});
-        }
-    }
+    for (size_t i = 0; i < instances.size(); ++i) out.push_back(plan->RankSettings(i));
     return out;
 }
 

@@ -29,7 +29,9 @@ namespace kvshard {
 // 10: TransferFailure carries a Status code before its message, as StepResult's error does.
 // 11: StepPlan.kv_discards and kv_ready, KvSendOp.dst_instance, KvRecvOp.src_instance (the KV
 //     pair path).
-inline constexpr uint32_t kControlProtocolVersion = 11;
+// 12: RankSettingsMessage (a Ready rank's per-rank settings changed: the KV pair path's pairs
+//     re-planned after another instance re-formed).
+inline constexpr uint32_t kControlProtocolVersion = 12;
 
 // RegisterMessage.worker_rank: the coordinator assigns the lowest free rank.
 inline constexpr int32_t kAnyRank = -1;
@@ -111,10 +113,19 @@ struct ShutdownMessage {
     friend bool operator==(const ShutdownMessage&, const ShutdownMessage&) = default;
 };
 
+// Coordinator -> worker, between steps, to a rank that reported Ready: its per-rank settings
+// (RemoteInstanceOptions::rank_settings, the part of RegisterAck.settings that differs between
+// ranks) as they are now. Sent when the coordinator re-planned them after another instance
+// re-formed: the KV pair path's new pairs (worker/kv_handoff_pairs.h KvPairHandoff::Replan).
+struct RankSettingsMessage {
+    std::vector<std::pair<std::string, std::string>> settings;
+    friend bool operator==(const RankSettingsMessage&, const RankSettingsMessage&) = default;
+};
+
 // Everything that travels in a frame. The index of each alternative is not its wire type (see
 // MessageType in comm/plan_codec.h).
-using Message =
-    std::variant<StepPlan, StepResult, RegisterMessage, RegisterAckMessage, HeartbeatMessage,
-                 ShutdownMessage, ReadyMessage, StoreRequestMessage, StoreReplyMessage>;
+using Message = std::variant<StepPlan, StepResult, RegisterMessage, RegisterAckMessage,
+                             HeartbeatMessage, ShutdownMessage, ReadyMessage, StoreRequestMessage,
+                             StoreReplyMessage, RankSettingsMessage>;
 
 }  // namespace kvshard

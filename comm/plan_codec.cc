@@ -31,16 +31,20 @@ void Encode(Writer& w, const RegisterMessage& m) {
     w.String(m.model);
 }
 
+void EncodeSettings(Writer& w, const std::vector<std::pair<std::string, std::string>>& settings) {
+    w.Count(settings.size());
+    for (const auto& [key, value] : settings) {
+        w.String(key);
+        w.String(value);
+    }
+}
+
 void Encode(Writer& w, const RegisterAckMessage& m) {
     w.Bool(m.accepted);
     w.String(m.error);
     w.String(m.model_path);
     w.Fixed(m.tp);
-    w.Count(m.settings.size());
-    for (const auto& [key, value] : m.settings) {
-        w.String(key);
-        w.String(value);
-    }
+    EncodeSettings(w, m.settings);
     w.Fixed(m.rank);
 }
 
@@ -66,6 +70,8 @@ void Encode(Writer& w, const StoreReplyMessage& m) {
     w.String(m.error);
 }
 
+void Encode(Writer& w, const RankSettingsMessage& m) { EncodeSettings(w, m.settings); }
+
 // ---- decoding ----
 
 // RegisterAck's settings at most.
@@ -83,21 +89,30 @@ RegisterMessage DecodeRegister(Reader& r) {
     return m;
 }
 
+// `fields`: the names of the count, each key and each value, for errors.
+std::vector<std::pair<std::string, std::string>> DecodeSettings(Reader& r,
+                                                                const char* const (&fields)[3]) {
+    // A pair of strings takes 64 bytes in memory but only 8 on the wire; the cap keeps decoded
+    // memory near the frame length even for a frame of nothing but empty pairs.
+    const uint32_t n = r.Count(fields[0], 8, kMaxSettings);
+    std::vector<std::pair<std::string, std::string>> settings;
+    settings.reserve(n);
+    for (uint32_t i = 0; i < n && r.status().ok(); ++i) {
+        std::string key = r.String(fields[1]);
+        std::string value = r.String(fields[2]);
+        settings.emplace_back(std::move(key), std::move(value));
+    }
+    return settings;
+}
+
 RegisterAckMessage DecodeRegisterAck(Reader& r) {
     RegisterAckMessage m;
     m.accepted = r.Bool("RegisterAck.accepted");
     m.error = r.String("RegisterAck.error");
     m.model_path = r.String("RegisterAck.model_path");
     m.tp = r.Fixed<int32_t>("RegisterAck.tp");
-    // A pair of strings takes 64 bytes in memory but only 8 on the wire; the cap keeps decoded
-    // memory near the frame length even for a frame of nothing but empty pairs.
-    const uint32_t n = r.Count("RegisterAck.settings", 8, kMaxSettings);
-    m.settings.reserve(n);
-    for (uint32_t i = 0; i < n && r.status().ok(); ++i) {
-        std::string key = r.String("RegisterAck.settings.key");
-        std::string value = r.String("RegisterAck.settings.value");
-        m.settings.emplace_back(std::move(key), std::move(value));
-    }
+    m.settings = DecodeSettings(
+        r, {"RegisterAck.settings", "RegisterAck.settings.key", "RegisterAck.settings.value"});
     m.rank = r.Fixed<int32_t>("RegisterAck.rank");
     return m;
 }
@@ -147,6 +162,11 @@ Result<Message> DecodeMessage(MessageType type, Reader& r) {
             message = std::move(reply);
             break;
         }
+        case MessageType::kRankSettings:
+            message = RankSettingsMessage{
+                DecodeSettings(r, {"RankSettings.settings", "RankSettings.settings.key",
+                                   "RankSettings.settings.value"})};
+            break;
     }
     r.Finish();
     if (!r.status().ok()) {
@@ -200,6 +220,8 @@ std::string_view MessageTypeName(MessageType type) {
             return "StoreRequest";
         case MessageType::kStoreReply:
             return "StoreReply";
+        case MessageType::kRankSettings:
+            return "RankSettings";
     }
     return "Unknown";
 }
@@ -219,6 +241,9 @@ MessageType TypeOf(const Message& message) {
             return MessageType::kStoreRequest;
         }
         MessageType operator()(const StoreReplyMessage&) const { return MessageType::kStoreReply; }
+        MessageType operator()(const RankSettingsMessage&) const {
+            return MessageType::kRankSettings;
+        }
     };
     return std::visit(Visitor{}, message);
 }
@@ -274,7 +299,7 @@ Result<FrameHeader> DecodeFrameHeader(std::string_view header, uint32_t max_payl
     }
     const uint16_t type = ReadU16(header, 6);
     if (type < static_cast<uint16_t>(MessageType::kStepPlan) ||
-        type > static_cast<uint16_t>(MessageType::kStoreReply)) {
+        type > static_cast<uint16_t>(MessageType::kRankSettings)) {
         return DataLoss("unknown message type " + std::to_string(type));
     }
     result.type = static_cast<MessageType>(type);

@@ -39,6 +39,7 @@ enum class MessageType : uint16_t {
     kReady = 7,
     kStoreRequest = 8,
     kStoreReply = 9,
+    kRankSettings = 10,
 };
 
 std::string_view MessageTypeName(MessageType type);

@@ -195,10 +195,19 @@ std::vector<std::string> InstanceEngine::kv_endpoints() const {
 void InstanceEngine::CheckEpoch() {
     const uint64_t now = executor_.epoch();
     if (now == epoch_) return;
+    // The KV of the prompts handed off to a decode instance was on the old workers too: their
+    // blocks go (before the cache is dropped, so none stays cached), and a handoff that comes
+    // back is recomputed here (ResumeHandoff), never decoded from blocks the new workers never
+    // wrote.
+    const size_t handed_off = handed_off_.size();
+    for (const auto& [transfer_id, seq_id] : handed_off_) scheduler_.ReleaseDetached(seq_id);
+    handed_off_.clear();
     const int64_t dropped = blocks_.DropCachedBlocks();
     prefix_forced_++;
-    spdlog::info("[{}] workers re-formed (epoch {} -> {}): {} cached KV blocks forgotten",
-                 config_.name, epoch_, now, dropped);
+    spdlog::info(
+        "[{}] workers re-formed (epoch {} -> {}): {} cached KV blocks forgotten, {} "
+        "handed-off prompts' KV released",
+        config_.name, epoch_, now, dropped, handed_off);
     epoch_ = now;
 }
 

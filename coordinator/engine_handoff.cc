@@ -258,7 +258,8 @@ void InstanceEngine::ResumeHandoff(uint64_t transfer_id, std::unique_ptr<Handoff
                                    const Status& status) {
     auto it = handed_off_.find(transfer_id);
     // Not found: this side already released the blocks (the decode instance had the KV and
-    // failed later); the request comes back to be recomputed here.
+    // failed later, or this instance's workers re-formed since: CheckEpoch); the request comes
+    // back to be recomputed here.
     const bool holds_kv = it != handed_off_.end();
     const int64_t seq_id = holds_kv ? it->second : next_seq_id_++;
     if (holds_kv) handed_off_.erase(it);
@@ -269,8 +270,8 @@ void InstanceEngine::ResumeHandoff(uint64_t transfer_id, std::unique_ptr<Handoff
         discards_.push_back(transfer_id);
     }
     if (returned == nullptr) {
-        KV_CHECK(holds_kv) << "transfer " << transfer_id;
-        scheduler_.ReleaseDetached(seq_id);  // full blocks stay in the prefix cache
+        // Not held: released when this instance's workers re-formed (CheckEpoch).
+        if (holds_kv) scheduler_.ReleaseDetached(seq_id);  // full blocks stay in the prefix cache
         return;
     }
     std::unique_ptr<RequestState> state = std::move(returned->state);

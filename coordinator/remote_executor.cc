@@ -60,6 +60,7 @@ RemoteStepExecutor::~RemoteStepExecutor() {
         slots_->Reset();
         slots_->cv.notify_all();  // a registration held for a re-form gives up now
     }
+    std::lock_guard<std::mutex> update_lock(update_mu_);  // UpdateRankSettings let go of them
     channels.clear();  // joins their I/O threads, outside the lock
 }
 
@@ -97,6 +98,41 @@ Status RemoteStepExecutor::Health() const {
     }
     if (dead_rank < 0) return Status::Ok();
     return Fail(generation, RankError(dead_rank, "connection lost", dead));
+}
+
+Status RemoteStepExecutor::UpdateRankSettings(
+    std::vector<std::vector<std::pair<std::string, std::string>>> rank_settings) {
+    if (rank_settings.size() != static_cast<size_t>(tp())) {
+        return InvalidArgument("instance " + instance_id() + ": rank settings for " +
+                               std::to_string(rank_settings.size()) + " ranks, tp " +
+                               std::to_string(tp()));
+    }
+    std::vector<std::pair<FrameChannel*, RankSettingsMessage>> tell;
+    // Held until the sends are done: BeginReform and the destructor destroy channels only after.
+    std::lock_guard<std::mutex> update_lock(update_mu_);
+    {
+        std::lock_guard<std::mutex> lock(slots_->mu);
+        slots_->rank_settings = std::move(rank_settings);
+        slots_->settings_version++;
+        for (size_t r = 0; r < slots_->channels.size(); ++r) {
+            // Not Ready yet: WaitFormed tells it when its Ready arrives (its channel is read
+            // there until then: a Gloo group's store requests).
+            if (slots_->channels[r] == nullptr || !slots_->ready[r]) continue;
+            slots_->rank_settings_version[r] = slots_->settings_version;
+            tell.emplace_back(slots_->channels[r].get(),
+                              RankSettingsMessage{slots_->rank_settings[r]});
+        }
+    }
+    // Sent outside slots_->mu (Send is thread-safe). A failed send is the channel's failure:
+    // Health() reports it.
+    for (auto& [channel, message] : tell) {
+        const Status sent = channel->Send(message);
+        if (!sent.ok()) {
+            spdlog::warn("instance {}: new rank settings not sent: {}", instance_id(),
+                         sent.ToString());
+        }
+    }
+    return Status::Ok();
 }
 
 std::vector<std::string> RemoteStepExecutor::kv_endpoints() const {
@@ -180,8 +216,9 @@ void RemoteStepExecutor::BeginReform(const std::string& reason) {
     for (auto& c : old) {
         if (c != nullptr) c->Close();  // an Execute waiting on it returns now
     }
-    // The channels die only once no Execute refers to them.
+    // The channels die only once no Execute (and no UpdateRankSettings) refers to them.
     std::lock_guard<std::mutex> execute_lock(execute_mu_);
+    std::lock_guard<std::mutex> update_lock(update_mu_);
     old.clear();
 }
 
@@ -276,9 +313,24 @@ Status RemoteStepExecutor::WaitFormed(uint64_t generation, std::chrono::millisec
                 return Fail(generation,
                             RankError(r, "failed to load", Internal(ready->error + missing)));
             }
-            std::lock_guard<std::mutex> lock(slots_->mu);
-            slots_->ready[static_cast<size_t>(r)] = true;
-            slots_->num_kv_blocks[static_cast<size_t>(r)] = ready->num_kv_blocks;
+            std::optional<RankSettingsMessage> update;
+            {
+                std::lock_guard<std::mutex> lock(slots_->mu);
+                const auto i = static_cast<size_t>(r);
+                slots_->ready[i] = true;
+                slots_->num_kv_blocks[i] = ready->num_kv_blocks;
+                // Registered before an UpdateRankSettings: its lists are told now.
+                if (slots_->rank_settings_version[i] != slots_->settings_version) {
+                    slots_->rank_settings_version[i] = slots_->settings_version;
+                    update = RankSettingsMessage{slots_->rank_settings[i]};
+                }
+            }
+            if (update.has_value()) {
+                const Status sent = c->Send(*update);
+                if (!sent.ok()) {
+                    return Fail(generation, RankError(r, "sending its new rank settings", sent));
+                }
+            }
         }
         std::vector<int> unregistered, loading;
         {

@@ -157,7 +157,7 @@ class WorkerRegistry {
 // ranks once they registered. Thread-safety: Execute from one thread at a time (the engine
 // thread); WaitReady, BeginReform and Reform from one thread at a time (the one that forms the
 // instance: StartProcessInstance, then its supervisor), concurrently with Execute; Health,
-// Shutdown and the accessors from any thread.
+// Shutdown, UpdateRankSettings and the accessors from any thread.
 class RemoteStepExecutor : public StepExecutor {
   public:
     explicit RemoteStepExecutor(std::shared_ptr<WorkerRegistry::Slots> slots);
@@ -213,6 +213,15 @@ class RemoteStepExecutor : public StepExecutor {
     Status status() const;
     const std::string& instance_id() const;
     int tp() const;
+    // Replaces the per-rank settings (RemoteInstanceOptions::rank_settings) that registrations
+    // get from now on, and tells each rank of the current formation that reported Ready its new
+    // list (RankSettingsMessage, at once, between its steps); a rank that registered with the old
+    // list and is not Ready yet is told when its Ready arrives. InvalidArgument for lists not of
+    // tp ranks (or empty where the instance had none). Used by the KV pair path to re-plan the
+    // pairs with an instance that re-forms (cli/kv_pair_replan.h).
+    Status UpdateRankSettings(
+        std::vector<std::vector<std::pair<std::string, std::string>>> rank_settings);
+
     // The KvTransport endpoint each rank registered with ("" before it registered).
     std::vector<std::string> kv_endpoints() const override;
     // The KV blocks each rank's pool holds, from its Ready message (0 before).
@@ -232,6 +241,9 @@ class RemoteStepExecutor : public StepExecutor {
     // Held by Execute for the whole step, so BeginReform destroys the old channels only after an
     // Execute in flight has let go of them.
     std::mutex execute_mu_;
+    // Held by UpdateRankSettings while it sends, so BeginReform and the destructor destroy the
+    // old channels only after it let go of them. Never held with slots_->mu waited for inside.
+    std::mutex update_mu_;
 };
 
 }  // namespace kvshard

@@ -22,7 +22,9 @@ namespace kvshard {
 // instance takes registrations (before its first formation, and while re-forming); the executor
 // reads them and owns the channels' use from then on.
 struct WorkerRegistry::Slots {
-    explicit Slots(const RemoteInstanceOptions& o) : options(o) { Reset(); }
+    explicit Slots(const RemoteInstanceOptions& o) : options(o), rank_settings(o.rank_settings) {
+        Reset();
+    }
 
     // REQUIRES: mu held. Empties every rank's slot (the caller keeps the old channels).
     void Reset() {
@@ -32,6 +34,7 @@ struct WorkerRegistry::Slots {
         peers.assign(n, "");
         kv_endpoints.assign(n, "");
         ready.assign(n, false);
+        rank_settings_version.assign(n, 0);
         num_kv_blocks.assign(n, 0);
         num_registered = 0;
         store = std::make_shared<MemoryCollectiveStore>();
@@ -53,6 +56,13 @@ struct WorkerRegistry::Slots {
     std::vector<bool> ready;
     std::vector<int64_t> num_kv_blocks;
     int num_registered = 0;
+    // Each rank's own settings, handed out in RegisterAck: options.rank_settings until
+    // RemoteStepExecutor::UpdateRankSettings replaces them; settings_version counts the
+    // replacements and rank_settings_version[r] is the version rank r was given (at registration,
+    // or in a RankSettingsMessage once Ready).
+    std::vector<std::vector<std::pair<std::string, std::string>>> rank_settings;
+    uint64_t settings_version = 0;
+    std::vector<uint64_t> rank_settings_version;
     // The formation's rendezvous store (comm/collective_store.h): the ranks of a Gloo group
     // exchange their addresses in it, through StoreRequest messages between RegisterAck and
     // Ready. A fresh one per formation, so a re-formed group never reads the old one's keys.

@@ -50,6 +50,9 @@ class Router : public Engine {
     // Summed over instances (kv_cache_usage: used / all blocks over all instances).
     EngineStats Stats() const override;
     int64_t max_context() const override;
+    // The id the next handoff will carry (ids are handed out in increasing order; the KV pair
+    // path's re-plan keeps transfers numbered before it off the new pairs, cli/kv_pair_replan.h).
+    uint64_t next_transfer_id() const { return next_transfer_id_.load(); }
     // OK while requests can be served: some mixed instance (colocated) or some prefill instance
     // (disaggregated: a prefill instance decodes by itself when no decode instance can) is
     // healthy; otherwise the first instance's error.

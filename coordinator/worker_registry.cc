@@ -325,10 +325,11 @@ void WorkerRegistry::HandleConnection(std::unique_ptr<FrameChannel>& channel,
             ack.tp = tp;
             ack.rank = rank;
             ack.settings = slots->options.settings;
-            if (!slots->options.rank_settings.empty()) {
-                const auto& own = slots->options.rank_settings[r];
+            if (!slots->rank_settings.empty()) {
+                const auto& own = slots->rank_settings[r];
                 ack.settings.insert(ack.settings.end(), own.begin(), own.end());
             }
+            slots->rank_settings_version[r] = slots->settings_version;
 #if KVSHARD_WITH_CUDA
             if (slots->options.nccl_bootstrap && tp > 1 && slots->nccl_unique_id.empty()) {
                 Result<std::string> id = NewNcclUniqueId();

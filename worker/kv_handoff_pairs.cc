@@ -52,10 +52,12 @@ Result<std::optional<KvPairHandoffSettings>> KvPairHandoffSettingsOf(
     const std::string* pairs = nullptr;
     const std::string* link = nullptr;
     const std::string* timeout = nullptr;
+    const std::string* first = nullptr;
     for (const auto& [key, value] : settings) {
         if (key == kKvNcclPairsSetting) pairs = &value;
         if (key == kKvPairLinkSetting) link = &value;
         if (key == kKvPairTimeoutSetting) timeout = &value;
+        if (key == kKvPairFirstTransferSetting) first = &value;
     }
     if (pairs == nullptr) {
         if (link != nullptr) {
@@ -87,6 +89,14 @@ Result<std::optional<KvPairHandoffSettings>> KvPairHandoffSettingsOf(
         }
         s.timeout_ms = ms;
     }
+    if (first != nullptr) {
+        auto [ptr, ec] =
+            std::from_chars(first->data(), first->data() + first->size(), s.first_transfer_id);
+        if (ec != std::errc() || ptr != first->data() + first->size()) {
+            return InvalidArgument("worker setting " + std::string(kKvPairFirstTransferSetting) +
+                                   ": '" + *first + "' is not a transfer id");
+        }
+    }
     return std::optional<KvPairHandoffSettings>(std::move(s));
 }
 
@@ -115,34 +125,27 @@ Result<KvNcclRankChannels::MakeChannel> KvPairHandoff::MakerOf(KvPairLink link,
     return InvalidArgument("kv_pair_link: unknown link");
 }
 
-KvPairHandoff::KvPairHandoff(std::unique_ptr<KvNcclRankChannels> channels, std::string link_name,
-                             KvPairPool pool, KvPairStaging staging, int64_t max_offer_bytes)
+KvPairHandoff::KvPairHandoff(KvNcclRankChannels::MakeChannel make, int64_t timeout_ms,
+                             std::string link_name, KvPairPool pool, KvPairStaging staging,
+                             int64_t max_offer_bytes)
     : offer_buffers_(pool.backend, max_offer_bytes),
-      channels_(std::move(channels)),
+      make_(std::move(make)),
+      timeout_ms_(timeout_ms),
       link_name_(std::move(link_name)),
       pool_(std::move(pool)),
       staging_(staging) {
-    received_any_.assign(channels_->pairs().size(), false);
-    receives_.assign(channels_->pairs().size(), 0);
     for (int64_t g : pool_.group_of_layer) num_groups_ = std::max(num_groups_, size_t(g + 1));
 }
 
-Result<std::unique_ptr<KvPairHandoff>> KvPairHandoff::Create(
-    std::vector<KvNcclPairAssignment> pairs, const KvNcclRankChannels::MakeChannel& make,
-    std::string link_name, int64_t timeout_ms, KvPairPool pool, int64_t max_offer_bytes) {
-    if (max_offer_bytes <= 0) {
-        return InvalidArgument("KV pair path: max_offer_bytes=" + std::to_string(max_offer_bytes) +
-                               " must be > 0");
-    }
-    KV_ASSIGN_OR_RETURN(KvPairStaging staging, KvPairStaging::Of(pool.backend));
-    const IndexRange held = pool.layout.kv_heads;
+Status KvPairHandoff::CheckPairs(const std::vector<KvNcclPairAssignment>& pairs,
+                                 const ShardLayout& layout) {
+    const IndexRange held = layout.kv_heads;
     std::map<std::string, int64_t> received_heads;
     for (const KvNcclPairAssignment& p : pairs) {
         if (p.head_begin < held.begin || p.head_end > held.end) {
             return InvalidArgument(PairOf(p) + ": KV heads [" + std::to_string(p.head_begin) +
                                    ", " + std::to_string(p.head_end) +
-                                   ") are not all held by this rank (" + pool.layout.ToString() +
-                                   ")");
+                                   ") are not all held by this rank (" + layout.ToString() + ")");
         }
         if (p.nccl_rank == 1) received_heads[p.peer_instance] += p.head_end - p.head_begin;
     }
@@ -152,12 +155,201 @@ Result<std::unique_ptr<KvPairHandoff>> KvPairHandoff::Create(
                                    " KV heads, this rank holds " + std::to_string(held.size()));
         }
     }
-    const KvNcclChannelsOptions options{
-        .send_timeout_ms = timeout_ms, .receive_timeout_ms = timeout_ms, .max_offers_per_pair = 64};
-    KV_ASSIGN_OR_RETURN(std::unique_ptr<KvNcclRankChannels> channels,
-                        KvNcclRankChannels::Create(std::move(pairs), make, options));
-    return std::unique_ptr<KvPairHandoff>(new KvPairHandoff(
-        std::move(channels), std::move(link_name), std::move(pool), staging, max_offer_bytes));
+    return Status::Ok();
+}
+
+KvPairHandoff::Peer KvPairHandoff::MakePeer(std::vector<KvNcclPairAssignment> pairs,
+                                            uint64_t first_transfer_id) const {
+    Peer peer;
+    peer.pairs = pairs;
+    peer.first_transfer_id = first_transfer_id;
+    peer.received_any.assign(pairs.size(), false);
+    peer.receives.assign(pairs.size(), 0);
+    const KvNcclChannelsOptions options{.send_timeout_ms = timeout_ms_,
+                                        .receive_timeout_ms = timeout_ms_,
+                                        .max_offers_per_pair = 64};
+    Result<std::unique_ptr<KvNcclRankChannels>> channels =
+        KvNcclRankChannels::Create(std::move(pairs), make_, options);
+    if (channels.ok()) {
+        peer.channels = std::move(*channels);
+    } else {
+        peer.failed = channels.status();
+    }
+    return peer;
+}
+
+// The pairs grouped by peer instance, in the order of each instance's first pair (the plan
+// groups a rank's pairs by instance, so each group keeps the plan's order of joins).
+static std::vector<std::pair<std::string, std::vector<KvNcclPairAssignment>>> ByInstance(
+    std::vector<KvNcclPairAssignment> pairs) {
+    std::vector<std::pair<std::string, std::vector<KvNcclPairAssignment>>> out;
+    for (KvNcclPairAssignment& p : pairs) {
+        auto it = std::find_if(out.begin(), out.end(),
+                               [&](const auto& g) { return g.first == p.peer_instance; });
+        if (it == out.end()) it = out.insert(out.end(), {p.peer_instance, {}});
+        it->second.push_back(std::move(p));
+    }
+    return out;
+}
+
+Result<std::unique_ptr<KvPairHandoff>> KvPairHandoff::Create(
+    std::vector<KvNcclPairAssignment> pairs, const KvNcclRankChannels::MakeChannel& make,
+    std::string link_name, int64_t timeout_ms, KvPairPool pool, int64_t max_offer_bytes,
+    uint64_t first_transfer_id) {
+    if (max_offer_bytes <= 0) {
+        return InvalidArgument("KV pair path: max_offer_bytes=" + std::to_string(max_offer_bytes) +
+                               " must be > 0");
+    }
+    if (timeout_ms <= 0) {
+        return InvalidArgument("KV pair path: timeout_ms=" + std::to_string(timeout_ms) +
+                               " must be > 0");
+    }
+    KV_ASSIGN_OR_RETURN(KvPairStaging staging, KvPairStaging::Of(pool.backend));
+    KV_RETURN_IF_ERROR(CheckPairs(pairs, pool.layout));
+    std::unique_ptr<KvPairHandoff> h(new KvPairHandoff(make, timeout_ms, std::move(link_name),
+                                                       std::move(pool), staging, max_offer_bytes));
+    for (auto& [instance, group] : ByInstance(std::move(pairs))) {
+        Peer peer = h->MakePeer(std::move(group), first_transfer_id);
+        // At start the first failure is the rank's: it does not become Ready.
+        if (peer.channels == nullptr) return peer.failed;
+        h->peers_.emplace(instance, std::move(peer));
+    }
+    return h;
+}
+
+KvPairHandoff::~KvPairHandoff() {
+    for (auto& join : joins_) {
+        if (join->thread.joinable()) join->thread.join();
+    }
+}
+
+static Status NotMade(const std::string& instance, const Status& why) {
+    return why.WithContext("KV pairs with instance " + instance +
+                           " re-planned but not made (kv_transfer.path: nccl; they stay down)");
+}
+
+void KvPairHandoff::CollectJoins() {
+    for (auto it = joins_.begin(); it != joins_.end();) {
+        Join& join = **it;
+        std::optional<Peer> made;
+        {
+            std::lock_guard<std::mutex> lock(join.mu);
+            if (!join.done) {
+                ++it;
+                continue;
+            }
+            made = std::move(join.made);
+        }
+        join.thread.join();
+        if (join.current && made.has_value()) {
+            if (made->channels == nullptr) {
+                made->failed = NotMade(join.instance, made->failed);
+                spdlog::error("{}", made->failed.ToString());
+            } else {
+                spdlog::info(
+                    "KV pairs with instance {} joined: {} pair(s) on the {} link, "
+                    "transfers from id {}",
+                    join.instance, made->pairs.size(), link_name_, made->first_transfer_id);
+            }
+            peers_[join.instance] = std::move(*made);
+        }
+        it = joins_.erase(it);
+    }
+}
+
+Status KvPairHandoff::Replan(std::vector<KvNcclPairAssignment> pairs, uint64_t first_transfer_id,
+                             std::vector<std::string>* replanned, bool in_background) {
+    CollectJoins();
+    KV_RETURN_IF_ERROR(CheckPairs(pairs, pool_.layout));
+    auto groups = ByInstance(std::move(pairs));
+    auto drop = [&](const std::string& instance, Peer& old, const std::string& why) {
+        if (old.channels != nullptr) {
+            for (const KvNcclPairAssignment& p : old.pairs)
+                old.channels->Abort(p.peer_instance, p.peer_rank, Aborted(why));
+        }
+        old.channels.reset();  // its senders drop what they held (offer_buffers_ takes it back)
+        std::erase_if(offered_, [&](const auto& o) { return o.second == instance; });
+        for (auto& join : joins_) {
+            if (join->instance == instance) join->current = false;
+        }
+        if (replanned != nullptr) replanned->push_back(instance);
+    };
+    for (auto it = peers_.begin(); it != peers_.end();) {
+        const bool kept = std::any_of(groups.begin(), groups.end(),
+                                      [&](const auto& g) { return g.first == it->first; });
+        if (kept) {
+            ++it;
+            continue;
+        }
+        drop(it->first, it->second, "the pairs with instance " + it->first + " were re-planned");
+        it = peers_.erase(it);
+    }
+    Status first;
+    for (auto& [instance, group] : groups) {
+        auto it = peers_.find(instance);
+        if (it != peers_.end() && it->second.pairs == group) continue;  // unchanged
+        if (it != peers_.end()) {
+            drop(instance, it->second, "the pairs with instance " + instance + " were re-planned");
+            peers_.erase(it);
+        } else if (replanned != nullptr) {
+            replanned->push_back(instance);
+        }
+        const size_t n = group.size();
+        if (in_background) {
+            Peer waiting;
+            waiting.pairs = group;
+            waiting.first_transfer_id = first_transfer_id;
+            waiting.failed = Unavailable("the KV pairs with instance " + instance +
+                                         " are being joined (re-planned after it re-formed)");
+            peers_.emplace(instance, std::move(waiting));
+            auto join = std::make_unique<Join>();
+            join->instance = instance;
+            Join* j = join.get();
+            join->thread = std::thread([this, j, group = std::move(group), first_transfer_id] {
+                Peer made = MakePeer(group, first_transfer_id);
+                std::lock_guard<std::mutex> lock(j->mu);
+                j->made = std::move(made);
+                j->done = true;
+            });
+            joins_.push_back(std::move(join));
+            spdlog::info(
+                "KV pairs with instance {} re-planned: joining {} pair(s) on the {} link "
+                "in the background, transfers from id {}",
+                instance, n, link_name_, first_transfer_id);
+            continue;
+        }
+        Peer peer = MakePeer(std::move(group), first_transfer_id);
+        if (peer.channels == nullptr) {
+            peer.failed = NotMade(instance, peer.failed);
+            spdlog::error("{}", peer.failed.ToString());
+            if (first.ok()) first = peer.failed;
+        } else {
+            spdlog::info(
+                "KV pairs with instance {} re-planned: {} pair(s) on the {} link, "
+                "transfers from id {}",
+                instance, n, link_name_, first_transfer_id);
+        }
+        peers_.emplace(instance, std::move(peer));
+    }
+    return first;
+}
+
+Result<KvPairHandoff::Peer*> KvPairHandoff::PeerFor(const std::string& instance,
+                                                    uint64_t transfer_id,
+                                                    const std::string& op_what) {
+    auto it = peers_.find(instance);
+    if (it == peers_.end()) return static_cast<Peer*>(nullptr);
+    Peer& peer = it->second;
+    if (peer.channels == nullptr) {
+        return Status(peer.failed.code(), op_what + peer.failed.message());
+    }
+    if (transfer_id < peer.first_transfer_id) {
+        return Status(StatusCode::kUnavailable,
+                      op_what + "planned before the KV pairs with instance " + instance +
+                          " were re-planned (they carry transfers from id " +
+                          std::to_string(peer.first_transfer_id) + " on)");
+    }
+    return &peer;
 }
 
 KvPairHandoff::Layout KvPairHandoff::LayoutOf(const std::vector<std::span<const int32_t>>& blocks,
@@ -195,6 +387,7 @@ KvPairHandoff::Layout KvPairHandoff::LayoutOf(const std::vector<std::span<const 
 
 Result<int64_t> KvPairHandoff::Offer(const KvSendOp& op,
                                      const std::vector<std::span<const int32_t>>& blocks) {
+    CollectJoins();
     const std::string what = "KV pair send of transfer " + std::to_string(op.transfer_id) + ": ";
     if (blocks.size() != num_groups_) {
         return InvalidArgument(what + std::to_string(blocks.size()) +
@@ -210,15 +403,17 @@ Result<int64_t> KvPairHandoff::Offer(const KvSendOp& op,
     };
     std::vector<Packed> packed;
     auto failed_earlier = [&](const KvNcclPairAssignment& p, const Status& failed) {
-        return Status(failed.code(),
-                      what + PairOf(p) + " failed earlier (" + failed.message() +
-                          "); pairs are not re-planned when an instance re-forms: restart "
-                          "serve to use this pair again");
+        return Status(failed.code(), what + PairOf(p) + " failed earlier (" + failed.message() +
+                                         "); it comes back when instance " + p.peer_instance +
+                                         " or this one re-forms");
     };
+    KV_ASSIGN_OR_RETURN(Peer * peer, PeerFor(op.dst_instance, op.transfer_id, what));
+    if (peer == nullptr) return int64_t{0};
     const uint8_t* base = pool_.pool->BlockData(0);
-    for (const KvNcclPairAssignment& p : channels_->pairs()) {
-        if (p.nccl_rank != 0 || p.peer_instance != op.dst_instance) continue;
-        KV_ASSIGN_OR_RETURN(KvPairSender * sender, channels_->Sender(p.peer_instance, p.peer_rank));
+    for (const KvNcclPairAssignment& p : peer->pairs) {
+        if (p.nccl_rank != 0) continue;
+        KV_ASSIGN_OR_RETURN(KvPairSender * sender,
+                            peer->channels->Sender(p.peer_instance, p.peer_rank));
         if (Status failed = sender->failure(); !failed.ok()) return failed_earlier(p, failed);
         Layout layout = LayoutOf(blocks, {p.head_begin, p.head_end});
         if (layout.bytes == 0) continue;
@@ -263,13 +458,16 @@ Result<int64_t> KvPairHandoff::Offer(const KvSendOp& op,
 }
 
 void KvPairHandoff::Ready(uint64_t transfer_id) {
+    CollectJoins();
     auto it = offered_.find(transfer_id);
     if (it == offered_.end()) return;
     const std::string instance = std::move(it->second);
     offered_.erase(it);
-    for (const KvNcclPairAssignment& p : channels_->pairs()) {
-        if (p.nccl_rank != 0 || p.peer_instance != instance) continue;
-        Result<KvPairSender*> sender = channels_->Sender(p.peer_instance, p.peer_rank);
+    auto peer = peers_.find(instance);
+    if (peer == peers_.end() || peer->second.channels == nullptr) return;
+    for (const KvNcclPairAssignment& p : peer->second.pairs) {
+        if (p.nccl_rank != 0) continue;
+        Result<KvPairSender*> sender = peer->second.channels->Sender(p.peer_instance, p.peer_rank);
         if (!sender.ok()) continue;
         if (Status st = (*sender)->Ready(transfer_id); !st.ok())
             spdlog::warn("{}: ready for transfer {}: {}", PairOf(p), transfer_id, st.ToString());
@@ -277,44 +475,58 @@ void KvPairHandoff::Ready(uint64_t transfer_id) {
 }
 
 void KvPairHandoff::Discard(uint64_t transfer_id) {
+    CollectJoins();
     auto it = offered_.find(transfer_id);
     if (it == offered_.end()) return;
     const std::string instance = std::move(it->second);
     offered_.erase(it);
-    for (const KvNcclPairAssignment& p : channels_->pairs()) {
-        if (p.nccl_rank != 0 || p.peer_instance != instance) continue;
-        Result<KvPairSender*> sender = channels_->Sender(p.peer_instance, p.peer_rank);
+    auto peer = peers_.find(instance);
+    if (peer == peers_.end() || peer->second.channels == nullptr) return;
+    for (const KvNcclPairAssignment& p : peer->second.pairs) {
+        if (p.nccl_rank != 0) continue;
+        Result<KvPairSender*> sender = peer->second.channels->Sender(p.peer_instance, p.peer_rank);
         // Not held any more (sent, or the pair failed): nothing to drop.
         if (sender.ok()) (void)(*sender)->Discard(transfer_id);
     }
 }
 
 void KvPairHandoff::Abandon(const KvRecvOp& op, const Status& why) {
-    for (const KvNcclPairAssignment& p : channels_->pairs()) {
-        if (p.nccl_rank != 1 || p.peer_instance != op.src_instance) continue;
-        channels_->Abort(p.peer_instance, p.peer_rank,
-                         Aborted("transfer " + std::to_string(op.transfer_id) +
-                                 " given up on this rank: " + why.ToString()));
+    CollectJoins();
+    auto peer = peers_.find(op.src_instance);
+    if (peer == peers_.end() || peer->second.channels == nullptr) return;
+    // A transfer older than the pairs never touched them (PeerFor refuses it): they stay up.
+    if (op.transfer_id < peer->second.first_transfer_id) return;
+    for (const KvNcclPairAssignment& p : peer->second.pairs) {
+        if (p.nccl_rank != 1) continue;
+        peer->second.channels->Abort(p.peer_instance, p.peer_rank,
+                                     Aborted("transfer " + std::to_string(op.transfer_id) +
+                                             " given up on this rank: " + why.ToString()));
     }
 }
 
 Result<int64_t> KvPairHandoff::Receive(const KvRecvOp& op,
                                        const std::vector<std::span<const int32_t>>& blocks) {
+    CollectJoins();
     const KvPoolConfig& c = pool_.pool->config();
     uint8_t* base = pool_.pool->MutableBlockData(0);
     int64_t bytes = 0;
     bool any = false;
-    const auto& pairs = channels_->pairs();
+    const std::string what = "KV pair receive of transfer " + std::to_string(op.transfer_id) + ": ";
+    // Refused here (pairs down, or a transfer older than them) nothing was received: the pairs'
+    // order is intact, so they are not aborted.
+    KV_ASSIGN_OR_RETURN(Peer * peer, PeerFor(op.src_instance, op.transfer_id, what));
+    const std::vector<KvNcclPairAssignment> none;
+    const auto& pairs = peer != nullptr ? peer->pairs : none;
     for (size_t i = 0; i < pairs.size(); ++i) {
         const KvNcclPairAssignment& p = pairs[i];
-        if (p.nccl_rank != 1 || p.peer_instance != op.src_instance) continue;
+        if (p.nccl_rank != 1) continue;
         any = true;
         const Layout layout = LayoutOf(blocks, {p.head_begin, p.head_end});
         if (layout.bytes == 0) continue;
         Status st;
         // The coordinator announced this receive when it planned it (kv_ready), so the
         // protocol's announcement here has nothing left to do.
-        Result<KvPairReceiver*> receiver = channels_->Receiver(
+        Result<KvPairReceiver*> receiver = peer->channels->Receiver(
             p.peer_instance, p.peer_rank,
             {.max_blocks = c.num_blocks * static_cast<int64_t>(pool_.group_of_layer.size()),
              .bytes_per_block = layout.bytes_per_block_layer},
@@ -335,7 +547,7 @@ Result<int64_t> KvPairHandoff::Receive(const KvRecvOp& op,
             // The pair's order is the coordinator's (module comment): the receiver numbers its
             // receives in the order it posts them, which its protocol requires to increase.
             // Receive returns once the bytes are in the buffer (NCCL: its stream waited for).
-            st = (*receiver)->Receive({.transfer_id = ++receives_[i],
+            st = (*receiver)->Receive({.transfer_id = ++peer->receives[i],
                                        .num_blocks = layout.block_layers,
                                        .bytes_per_block = layout.bytes_per_block_layer},
                                       receive_buffer_.data(), receive_buffer_.bytes());
@@ -348,8 +560,8 @@ Result<int64_t> KvPairHandoff::Receive(const KvRecvOp& op,
             Abandon(op, failed);
             return failed;
         }
-        if (!received_any_[i]) {
-            received_any_[i] = true;
+        if (!peer->received_any[i]) {
+            peer->received_any[i] = true;
             spdlog::info("{}: first transfer received over the {} link ({} bytes)", PairOf(p),
                          link_name_, layout.bytes);
         }

@@ -39,21 +39,38 @@
 //
 // Failures: the receiver was announced before its step ran, so a receive that cannot complete
 // (any error on this rank, before or during the receive) aborts every pair with that sending
-// instance: a pair whose order may be lost is never used again. A failed pair stays failed: its
-// Offers and Receives return its error (the prefill instance then decodes the request itself,
-// or the decode instance hands it back); pairs are not re-planned when an instance re-forms.
+// instance: a pair whose order may be lost is never used again. A failed pair stays failed until
+// one of its two instances re-forms: its Offers and Receives return its error at once (the
+// prefill instance then decodes the request itself, or the decode instance hands it back).
+//
+// Re-forming (cli/kv_pair_replan.h): when an instance re-forms, the coordinator makes new ids for
+// every pair with it; its new ranks get them at registration, and the ranks of the healthy
+// instances get theirs in a RankSettingsMessage, on which the worker calls Replan: the channels
+// with an instance whose pairs changed are aborted and dropped (with the offers they held) and
+// the new ones made. Epochs never mix: a channel is made from one id only, and an id is never
+// made twice (a fresh NCCL unique id; a socket id names a fresh port and random bytes, which the
+// connection's hello checks), so an old channel cannot reach a new peer. The transfers in flight
+// across the re-form are kept off the new channels by id: the new pairs carry the coordinator's
+// next transfer id when it made them (first_transfer_id), and both sides refuse an older transfer
+// on them at once (Unavailable, without failing the pair): a transfer planned before the
+// re-plan may have been offered on the old channel, and a new channel must never see a receive
+// its sender never sends (or the other way round). The prefill instance decodes such a request.
 //
 // Thread-safety: one thread (the worker's step thread) calls everything; the senders' threads
-// touch only the buffers they were given.
+// touch only the buffers they were given; a background Replan's thread only makes channels and
+// hands them over under its Join's mutex.
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -73,6 +90,8 @@ namespace kvshard {
 // CPU worker processes of one machine; nccl, MakeNcclKvPairChannel on the rank's GPU.
 inline constexpr std::string_view kKvPairLinkSetting = "kv_pair_link";
 inline constexpr std::string_view kKvPairTimeoutSetting = "kv_pair_timeout_ms";
+// The first transfer id the pairs of these settings carry (module comment; absent: 0).
+inline constexpr std::string_view kKvPairFirstTransferSetting = "kv_pair_first_transfer";
 enum class KvPairLink { kSocket, kNccl };
 std::string_view KvPairLinkName(KvPairLink link);  // "socket", "nccl"
 
@@ -80,6 +99,8 @@ struct KvPairHandoffSettings {
     KvPairLink link = KvPairLink::kSocket;
     int64_t timeout_ms = 10'000;  // each send and each receive
     std::vector<KvNcclPairAssignment> pairs;
+    // Transfers with a smaller id are refused by these pairs (module comment, Re-forming).
+    uint64_t first_transfer_id = 0;
 };
 
 // The pair path's settings from a RegisterAck's settings, or nullopt where they name no pairs
@@ -105,7 +126,24 @@ class KvPairHandoff {
     static Result<std::unique_ptr<KvPairHandoff>> Create(
         std::vector<KvNcclPairAssignment> pairs, const KvNcclRankChannels::MakeChannel& make,
         std::string link_name, int64_t timeout_ms, KvPairPool pool,
-        int64_t max_offer_bytes = kKvPairMaxOfferBytes);
+        int64_t max_offer_bytes = kKvPairMaxOfferBytes, uint64_t first_transfer_id = 0);
+
+    // The rank's pairs as the coordinator re-planned them (module comment, Re-forming): for each
+    // instance whose pairs with this rank changed (an id, a head range, pairs added or gone), the
+    // old channels are aborted and dropped with the offers they held, and new ones made from
+    // `pairs` (with `first_transfer_id`); the pairs with other instances are kept as they are.
+    // Refuses, changing nothing, pairs Create would refuse. When making an instance's new
+    // channels fails, its pairs stay down (their Offers and Receives return that error at once)
+    // and the first such error is returned. Returns the instances re-planned through `replanned`.
+    // `in_background`: the new channels are made on a thread of their own and taken up by a later
+    // call once made (an NCCL join waits for the re-formed peer, which may still be loading its
+    // weights: the step thread must not wait with it); until then the instance's Offers and
+    // Receives fail at once (Unavailable), and errors in making them are logged, not returned.
+    Status Replan(std::vector<KvNcclPairAssignment> pairs, uint64_t first_transfer_id,
+                  std::vector<std::string>* replanned = nullptr, bool in_background = false);
+    // Waits for the channels still being made in the background (each bounded by its maker's own
+    // timeout: kNcclJoinTimeoutMs for NCCL), then drops every pair.
+    ~KvPairHandoff();
     // How long making an NCCL pair channel waits for its peer to join: the two workers of a pair
     // reach it after loading their weights, which they do at the same time, not in lockstep.
     static constexpr int64_t kNcclJoinTimeoutMs = 180'000;
@@ -136,8 +174,38 @@ class KvPairHandoff {
     void Abandon(const KvRecvOp& op, const Status& why);
 
   private:
-    KvPairHandoff(std::unique_ptr<KvNcclRankChannels> channels, std::string link_name,
+    // This rank's pairs with one instance and their channels.
+    struct Peer {
+        std::vector<KvNcclPairAssignment> pairs;       // in plan order
+        std::unique_ptr<KvNcclRankChannels> channels;  // null when making them failed
+        Status failed;                                 // why channels is null
+        uint64_t first_transfer_id = 0;
+        std::vector<bool> received_any;  // per pair: logged its first receive
+        std::vector<uint64_t> receives;  // per pair: receives posted
+    };
+    KvPairHandoff(KvNcclRankChannels::MakeChannel make, int64_t timeout_ms, std::string link_name,
                   KvPairPool pool, KvPairStaging staging, int64_t max_offer_bytes);
+    // Create's refusals of `pairs` for a rank holding `layout`'s heads.
+    static Status CheckPairs(const std::vector<KvNcclPairAssignment>& pairs,
+                             const ShardLayout& layout);
+    // The pairs with one instance and their channels, made now.
+    Peer MakePeer(std::vector<KvNcclPairAssignment> pairs, uint64_t first_transfer_id) const;
+    // The peer a transfer of `op_what` with `instance` goes over: nullptr when this rank has no
+    // pair with it; an error (at once) when its channels are down or `transfer_id` predates them.
+    Result<Peer*> PeerFor(const std::string& instance, uint64_t transfer_id,
+                          const std::string& op_what);
+    // A background Replan's channels with one instance, being made.
+    struct Join {
+        std::string instance;
+        std::thread thread;
+        std::mutex mu;
+        bool done = false;         // guarded by mu
+        std::optional<Peer> made;  // guarded by mu: the result, once done
+        bool current = true;       // false once a later Replan superseded it (step thread)
+    };
+    // Takes up the channels the background joins finished (the step thread, first thing in
+    // every call that uses the pairs).
+    void CollectJoins();
     // The copies between the pool and a pair's buffer, and the transfer they make.
     struct Layout {
         std::vector<KvCopyRun> runs;  // piece_offset: offset in the pair's buffer
@@ -147,17 +215,18 @@ class KvPairHandoff {
     };
     Layout LayoutOf(const std::vector<std::span<const int32_t>>& blocks, IndexRange heads) const;
 
-    // Declared before channels_: the senders (and the buffers their offers hold) go first.
+    // Declared before peers_: the senders (and the buffers their offers hold) go first.
     KvPairBuffers offer_buffers_;
     BackendBuffer receive_buffer_;  // reused by every receive; grown by size class
-    std::unique_ptr<KvNcclRankChannels> channels_;
+    std::map<std::string, Peer> peers_;  // by instance
+    std::list<std::unique_ptr<Join>> joins_;
+    const KvNcclRankChannels::MakeChannel make_;
+    const int64_t timeout_ms_;
     const std::string link_name_;
     KvPairPool pool_;
     const KvPairStaging staging_;
     size_t num_groups_ = 0;
     std::map<uint64_t, std::string> offered_;  // transfer id -> receiving instance
-    std::vector<bool> received_any_;           // per pair: logged its first receive
-    std::vector<uint64_t> receives_;           // per pair: receives posted
 };
 
 // The pair path's receives of a plan were announced when the plan was made: a step that ends

@@ -164,12 +164,38 @@ Result<LoadedRank> LoadRank(const WorkerServiceOptions& o, const RegisterAckMess
             KvNcclRankChannels::MakeChannel make,
             KvPairHandoff::MakerOf(pairs->link, {.kind = r.runner->backend().kind(),
                                                  .device = s.runner.backend.device}));
-        KV_ASSIGN_OR_RETURN(r.pairs, KvPairHandoff::Create(std::move(pairs->pairs), make, link,
-                                                           pairs->timeout_ms, std::move(pool)));
+        KV_ASSIGN_OR_RETURN(
+            r.pairs,
+            KvPairHandoff::Create(std::move(pairs->pairs), make, link, pairs->timeout_ms,
+                                  std::move(pool), kKvPairMaxOfferBytes, pairs->first_transfer_id));
         spdlog::info("{}: KV handoff over {} pair(s) on the {} link", Who(o), n, link);
     }
     r.steps = std::make_unique<StepRunner>(*r.runner, transport, nullptr, r.pairs.get());
     return r;
+}
+
+// The coordinator re-planned this rank's pairs (another instance re-formed): the pair path
+// re-plans its channels with the instances whose pairs changed. A rank without the pair path, or
+// settings that do not decode, keep what they have: the error is logged, naming the setting.
+void ApplyRankSettings(const std::string& who, LoadedRank& rank, const RankSettingsMessage& m) {
+    Result<std::optional<KvPairHandoffSettings>> pairs = KvPairHandoffSettingsOf(m.settings);
+    if (!pairs.ok()) {
+        spdlog::error("{}: new rank settings refused: {}", who, pairs.status().ToString());
+        return;
+    }
+    if (!pairs->has_value()) return;  // nothing this rank's pair path reads
+    if (rank.pairs == nullptr) {
+        spdlog::error(
+            "{}: new KV pairs (kv_transfer.path: nccl) for a rank that started without "
+            "them: ignored",
+            who);
+        return;
+    }
+    // NCCL channels join their peer, which is re-forming (loading its weights): off this thread.
+    const Status replanned =
+        rank.pairs->Replan(std::move((*pairs)->pairs), (*pairs)->first_transfer_id, nullptr,
+                           (*pairs)->link == KvPairLink::kNccl);
+    if (!replanned.ok()) spdlog::error("{}: {}", who, replanned.ToString());
 }
 
 StepResult RunStep(StepRunner& steps, const StepPlan& plan) {
@@ -397,6 +423,8 @@ Status RunWorkerService(const WorkerServiceOptions& options) {
         if (const auto* plan = std::get_if<StepPlan>(&*message)) {
             KV_RETURN_IF_ERROR(
                 channel->Send(RunStep(*loaded->steps, *plan)).WithContext(who + ": StepResult"));
+        } else if (const auto* update = std::get_if<RankSettingsMessage>(&*message)) {
+            ApplyRankSettings(who, *loaded, *update);
         } else if (const auto* shutdown = std::get_if<ShutdownMessage>(&*message)) {
             spdlog::info("{}: shutdown: {}", who, shutdown->reason);
             return Status::Ok();

@@ -148,7 +148,7 @@ class Generator {
     }
 
     Message Any() {
-        switch (Int(0, 8)) {
+        switch (Int(0, 9)) {
             case 0:
                 return Plan();
             case 1:
@@ -180,6 +180,11 @@ class Generator {
                 return StoreRequestMessage{Int(0, 1) == 1, Bytes(20), Bytes(60)};
             case 7:
                 return StoreReplyMessage{Int(0, 1) == 1, Bytes(60), Bytes(20)};
+            case 8: {
+                RankSettingsMessage m;
+                for (int64_t i = Int(0, 5); i > 0; --i) m.settings.emplace_back(Bytes(8), Bytes(8));
+                return m;
+            }
             default:
                 return ShutdownMessage{Bytes(40)};
         }
@@ -290,6 +295,8 @@ TEST(PlanCodec, RoundTripsEveryMessageType) {
         StoreReplyMessage{false, "", "too many keys"},
         HeartbeatMessage{99},
         ShutdownMessage{"bye"},
+        RankSettingsMessage{{{"kv_nccl_pairs", std::string("\0\x01pairs", 7)}, {"k", ""}}},
+        RankSettingsMessage{},
     };
     for (const Message& message : messages) {
         const std::string frame = EncodeFrame(message);

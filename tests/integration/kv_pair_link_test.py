@@ -10,8 +10,8 @@ the coordinator and the decode step receives them into its blocks.
   handoff's; every handoff counted, none failed, every KV block free or cached afterwards; the
   workers' logs say the KV came over the pairs.
 - the decode worker killed while requests stream: every stream still ends with the colocated
-  text (nothing hangs), later requests are served (the prefill instance decodes them: the pairs
-  are not re-planned, and the log says so), nothing leaked.
+  text (nothing hangs), later requests are served, nothing leaked (that the pairs come back
+  after the re-form: kv_pair_reform_test.py).
 - the refusals: nccl without the knob, embedded pools with it, a knob of another value.
 
     tests/integration/kv_pair_link_test.py --kvshard build/cli/kvshard \
