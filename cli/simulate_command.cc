@@ -34,6 +34,7 @@ struct SimulateFlags {
     std::string catalog;
     std::string profile;
     double profile_scale = 1.0;
+    bool profile_spread = false;
     std::string weight_dtype = "bf16";
     std::string kv_dtype = "bf16";
     double memory_utilization = 0.9;
@@ -95,8 +96,10 @@ Status CheckFlagsApply(const SimulateFlags& f) {
             KV_RETURN_IF_ERROR(refuse(flag, "conflicts with --config (set it in the file)"));
         }
     }
-    if (f.profile.empty())
+    if (f.profile.empty()) {
         KV_RETURN_IF_ERROR(refuse("--profile-scale", "applies with --profile only"));
+        KV_RETURN_IF_ERROR(refuse("--profile-spread", "applies with --profile only"));
+    }
     if (!f.placement.empty()) {
         KV_RETURN_IF_ERROR(refuse("--tp", "conflicts with --placement (give tp there)"));
         KV_RETURN_IF_ERROR(refuse("--instances", "conflicts with --placement"));
@@ -329,6 +332,7 @@ int RunSimulate(const SimulateFlags& f) {
         if (!profile.ok()) return Fail(profile.status().message());
         std::fputs(ProfileText(f.profile, *profile).c_str(), stderr);
         options.profile = profile->Scaled(f.profile_scale);
+        options.profile_spread = f.profile_spread;
         if (f.given.count("--profile-scale"))
             std::fprintf(stderr, "profile %s: step times scaled by %.4f (--profile-scale)\n",
                          f.profile.c_str(), f.profile_scale);
@@ -508,6 +512,9 @@ Command RegisterSimulate(CLI::App& app) {
                     "Multiply the profile's step times by this (the machine's speed during the "
                     "run replayed against the profile's)")
         ->capture_default_str();
+    sub->add_flag("--profile-spread", f->profile_spread,
+                  "Each decode-only step's time times a random draw from how the profile's "
+                  "measured decode steps spread around the fit (seeded by --seed)");
     sub->add_option("--weight-dtype", f->weight_dtype, "bf16, fp16, fp8, int4, fp32")->capture_default_str();
     sub->add_option("--kv-dtype", f->kv_dtype, "bf16, fp16, fp8, int8, fp32")->capture_default_str();
     sub->add_option("--memory-utilization", f->memory_utilization,

@@ -211,6 +211,7 @@ StepCost CostModel::Cost(const StepPlan& plan, Link kv_link,
                                       .decode_seqs = decode_seqs,
                                       .cached_chunks = cached_chunks});
         const double scale = p.kind_scale[static_cast<int>(kind)];
+        c.kind = kind;
         // A step of two or more rows (h), a decode step's warm-up after a prefill (w) and a step
         // with a prefill chunk (k), as the step log counts them (CpuProfilePoint::multi_row,
         // decodes_since_prefill, prefill_step).

@@ -46,6 +46,7 @@ struct StepCost {
     int64_t num_tokens = 0;          // tokens computed (every sequence's token_ids)
     int64_t num_decode_tokens = 0;   // of sequences computing one token after a non-empty context
     int64_t num_prefill_tokens = 0;  // the rest (prompt chunks)
+    StepKind kind = StepKind::kDecode;  // with a CPU profile: the kind whose scale priced it
 };
 
 // Where a KV transfer goes: the other instance is on the same node (NVLink) or not (network).

@@ -273,7 +273,11 @@ Result<CpuProfile> FitAtWarmTau(const std::vector<CpuProfilePoint>& points, doub
         }
     }
     for (int k = 0; k < kNumStepKinds; ++k) {
-        if (!ratios[k].empty()) p.kind_scale[k] = WeightedMedian(ratios[k]);
+        if (ratios[k].empty()) continue;
+        p.kind_scale[k] = WeightedMedian(ratios[k]);
+        for (const auto& ratio_tokens : ratios[k])
+            p.kind_spread[k].push_back(ratio_tokens.first / p.kind_scale[k]);
+        std::sort(p.kind_spread[k].begin(), p.kind_spread[k].end());
     }
     double sse_seconds = 0;
     for (size_t i = 0; i < n; ++i) {

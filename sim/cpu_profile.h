@@ -95,6 +95,15 @@ struct CpuProfile {
     // linear fit alone is from each kind's median step.
     int64_t kind_points[kNumStepKinds] = {};
     double kind_scale[kNumStepKinds] = {1, 1, 1, 1};
+    // Per StepKind: measured / predicted (Predict, kind_scale applied) of each of its points the
+    // robust fit kept, sorted: how the measured steps spread around the prediction. A simulation
+    // with SimulationOptions::profile_spread multiplies each decode-only step's time by one of
+    // the decode kind's, drawn at random, so that they spread as the machine's did (a
+    // deterministic profile puts every lone decode step of a context at one value, where the
+    // machine's spread +-10%: an ITL median between two modes falls on that spread;
+    // docs/simulate.md, run W). Empty when the kind has no kept point. Scale-free: Scaled keeps
+    // them.
+    std::vector<double> kind_spread[kNumStepKinds] = {};
 
     // The warm-up term's variable for a step (see CpuProfile::w).
     double WarmUp(int64_t decodes_since_prefill) const {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <queue>
+#include <random>
 #include <unordered_map>
 
 #include "common/clock.h"
@@ -243,6 +244,8 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
     std::vector<std::shared_ptr<RecordingSink>> sinks(requests.size());
     std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events;
     uint64_t order = 0;
+    // The draws of SimulationOptions::profile_spread: one stream per run, from its seed.
+    std::mt19937_64 spread_rng(seed ^ 0x5eed5eedULL);
     for (size_t i = 0; i < requests.size(); ++i)
         events.push({requests[i].arrival_s, order++, -1, static_cast<int64_t>(i)});
 
@@ -349,9 +352,14 @@ Result<SimulationResult> Simulate(const SimulationOptions& o, const std::vector<
             }
             inst.decodes_since_prefill =
                 NextDecodesSincePrefill(prefill_tokens, decode_seqs, inst.decodes_since_prefill);
-            const double seconds =
-                inst.cost->Cost(*plan, link, inst.previous_seq_ids, inst.decodes_since_prefill)
-                    .total_s;
+            const StepCost cost =
+                inst.cost->Cost(*plan, link, inst.previous_seq_ids, inst.decodes_since_prefill);
+            double seconds = cost.total_s;
+            if (o.profile_spread && o.profile && cost.kind == StepKind::kDecode) {
+                const std::vector<double>& spread =
+                    o.profile->kind_spread[static_cast<int>(cost.kind)];
+                if (!spread.empty()) seconds *= spread[spread_rng() % spread.size()];
+            }
             inst.previous_seq_ids.clear();
             for (const ScheduledSequence& s : plan->sequences)
                 inst.previous_seq_ids.push_back(s.seq_id);

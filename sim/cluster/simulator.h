@@ -50,6 +50,13 @@ struct SimulationOptions {
     std::vector<PoolConfig> pools;  // as in the serve config (roles, instances, tp)
     Accelerator device;             // every instance's GPUs
     std::optional<CpuProfile> profile;  // measured step costs instead of the roofline (cpu)
+    // With a profile: each decode-only step's time is the profile's times a draw from the decode
+    // kind's spread (CpuProfile::kind_spread), from a generator seeded by Simulate's seed; steps
+    // with a prefill chunk keep the profile's time (their kinds' few points, of many sizes, spread
+    // as much by the fit's error over sizes, small prefills 1.2x, as by noise: drawn, they added
+    // 9-14% to the long prompts' TTFT in replays of runs S-W). false: every step of one shape
+    // costs the same.
+    bool profile_spread = false;
     // Each instance's scheduler, as `kvshard serve`'s scheduler: section sets it. max_model_len
     // 0: the model's max_position (else 8192), capped by what one instance's blocks hold.
     // max_waiting_requests (the queue beyond max_num_seqs before HTTP 429) defaults to no cap

@@ -117,6 +117,20 @@ def main():
     check([v[0] for v in table.values()] == [2, 1, 2, 2], f"context counts {table}")
     check(all(abs(v[3] - 1) < 1e-3 for v in table.values()), f"context ratios {table}")
     check(vs.format_batch_table({}) == "no such steps", "an empty table prints nothing")
+
+    # --profile-spread (the script passes it by default): with the profile it runs; without one
+    # it is refused, naming the flag.
+    base = [args.kvshard, "simulate", "--model-config",
+            os.path.join(ROOT, "tests/kv/configs/llama-3-8b.json"), "--num-kv-blocks", "64",
+            "--block-size", "16", "--num-requests", "2", "--input-len", "32", "--output-len", "4",
+            "--json"]
+    done = subprocess.run(base + ["--device", "cpu", "--profile", profile, "--profile-spread"],
+                          capture_output=True, text=True, timeout=120)
+    check(done.returncode == 0, "--profile-spread with a profile failed:\n" + done.stderr)
+    done = subprocess.run(base + ["--device", "h200", "--profile-spread"], capture_output=True,
+                          text=True, timeout=120)
+    check(done.returncode != 0 and "--profile-spread" in done.stderr,
+          "--profile-spread without --profile: " + done.stderr)
     print("validate-simulate profile readings: ok")
 
 
