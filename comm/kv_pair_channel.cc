@@ -114,6 +114,30 @@ InMemoryKvPairLink::~InMemoryKvPairLink() = default;
 
 KvPairChannel* InMemoryKvPairLink::endpoint(int rank) { return endpoints_[rank].get(); }
 
+namespace {
+
+class BorrowedKvPairChannel final : public KvPairChannel {
+  public:
+    explicit BorrowedKvPairChannel(KvPairChannel* endpoint) : endpoint_(endpoint) {}
+    Status Send(const void* src, size_t bytes, Clock::time_point deadline) override {
+        return endpoint_->Send(src, bytes, deadline);
+    }
+    Status Recv(void* dst, size_t bytes, Clock::time_point deadline) override {
+        return endpoint_->Recv(dst, bytes, deadline);
+    }
+    void Abort(const Status& why) override { endpoint_->Abort(why); }
+    int rank() const override { return endpoint_->rank(); }
+
+  private:
+    KvPairChannel* endpoint_;
+};
+
+}  // namespace
+
+std::unique_ptr<KvPairChannel> InMemoryKvPairLink::Borrow(int rank) {
+    return std::make_unique<BorrowedKvPairChannel>(endpoint(rank));
+}
+
 void InMemoryKvPairLink::Kill(int rank) {
     std::lock_guard lock(shared_->mu);
     shared_->FailLocked(rank,

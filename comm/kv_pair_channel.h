@@ -52,6 +52,10 @@ class InMemoryKvPairLink {
 
     // The endpoint of `rank` (0 or 1); the link keeps it alive while the link lives.
     KvPairChannel* endpoint(int rank);
+    // A channel of its own that forwards every call to endpoint(rank), for code that owns the
+    // channels it is given (a maker's result) while the link keeps the endpoint: destroying it
+    // leaves the endpoint as it was. REQUIRES: the link outlives it.
+    std::unique_ptr<KvPairChannel> Borrow(int rank);
     // The endpoint of `rank` dies: both sides' calls in progress and later ones fail.
     void Kill(int rank);
     // Sends and receives that completed (tests check the issue order with it).

@@ -34,21 +34,13 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvshard_server  # noqa: E402
+from kvshard_server import wait_for  # noqa: E402
 
 ARGS = None
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom went", "One day, a big bird"]
 # A receive whose peer never answers ends in 3 s: a request slower than that after the re-form
 # waited for a dead pair.
 TIMEOUT_MS = 3000
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout} s")
 
 
 def server():

@@ -98,6 +98,17 @@ class Server:
         return False
 
 
+def wait_for(predicate, timeout, what):
+    """Polls predicate() every 50 ms until it is true; AssertionError naming `what` after
+    `timeout` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
 def worker_pids(server_pid, instance):
     """The `kvshard worker --instance <instance>` processes under the server (its children, or
     mpirun's), without mpirun itself."""

@@ -32,7 +32,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvshard_server  # noqa: E402
-from kvshard_server import worker_pids  # noqa: E402
+from kvshard_server import wait_for, worker_pids  # noqa: E402
 
 ARGS = None
 
@@ -100,15 +100,6 @@ def descendants(pid):
         out += [(p, procs[p][1]) for p in nxt]
         frontier = nxt
     return out
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout} s")
 
 
 class Drain(unittest.TestCase):

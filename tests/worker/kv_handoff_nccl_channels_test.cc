@@ -39,28 +39,11 @@ class FakeComms {
             if (made_order != nullptr) made_order->push_back(pair.nccl_unique_id);
             std::unique_ptr<InMemoryKvPairLink>& link = links_[pair.nccl_unique_id];
             if (link == nullptr) link = std::make_unique<InMemoryKvPairLink>();
-            return std::unique_ptr<KvPairChannel>(new Borrowed(link->endpoint(pair.nccl_rank)));
+            return link->Borrow(pair.nccl_rank);
         };
     }
 
   private:
-    // The link owns the endpoint; the rank's channel borrows it.
-    class Borrowed final : public KvPairChannel {
-      public:
-        explicit Borrowed(KvPairChannel* endpoint) : endpoint_(endpoint) {}
-        Status Send(const void* src, size_t bytes, Clock::time_point deadline) override {
-            return endpoint_->Send(src, bytes, deadline);
-        }
-        Status Recv(void* dst, size_t bytes, Clock::time_point deadline) override {
-            return endpoint_->Recv(dst, bytes, deadline);
-        }
-        void Abort(const Status& why) override { endpoint_->Abort(why); }
-        int rank() const override { return endpoint_->rank(); }
-
-      private:
-        KvPairChannel* endpoint_;
-    };
-
     std::map<std::string, std::unique_ptr<InMemoryKvPairLink>> links_;
 };
 

@@ -69,19 +69,9 @@ struct Links {
             cv.wait(lock, [&] { return held.count(p.nccl_unique_id) == 0; });
             auto& link = by_id[p.nccl_unique_id];
             if (link == nullptr) link = std::make_unique<InMemoryKvPairLink>();
-            return std::unique_ptr<KvPairChannel>(new Borrowed(link->endpoint(p.nccl_rank)));
+            return link->Borrow(p.nccl_rank);
         };
     }
-    struct Borrowed final : KvPairChannel {
-        explicit Borrowed(KvPairChannel* c) : c_(c) {}
-        Status Send(const void* s, size_t n, Clock::time_point d) override {
-            return c_->Send(s, n, d);
-        }
-        Status Recv(void* p, size_t n, Clock::time_point d) override { return c_->Recv(p, n, d); }
-        void Abort(const Status& why) override { c_->Abort(why); }
-        int rank() const override { return c_->rank(); }
-        KvPairChannel* c_;
-    };
 };
 
 // One prefill rank ("prefill") and two decode instances ("decode", "decode2"), tp 1 each; ids

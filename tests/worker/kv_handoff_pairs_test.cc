@@ -54,20 +54,9 @@ struct Links {
         return [this](const KvNcclPairAssignment& p) -> Result<std::unique_ptr<KvPairChannel>> {
             auto& link = by_id[p.nccl_unique_id];
             if (link == nullptr) link = std::make_unique<InMemoryKvPairLink>();
-            return std::unique_ptr<KvPairChannel>(new Borrowed(link->endpoint(p.nccl_rank)));
+            return link->Borrow(p.nccl_rank);
         };
     }
-    // The link owns its endpoints: the handoff's channel forwards to one.
-    struct Borrowed final : KvPairChannel {
-        explicit Borrowed(KvPairChannel* c) : c_(c) {}
-        Status Send(const void* s, size_t n, Clock::time_point d) override {
-            return c_->Send(s, n, d);
-        }
-        Status Recv(void* p, size_t n, Clock::time_point d) override { return c_->Recv(p, n, d); }
-        void Abort(const Status& why) override { c_->Abort(why); }
-        int rank() const override { return c_->rank(); }
-        KvPairChannel* c_;
-    };
 };
 
 struct Cluster {
