@@ -15,6 +15,7 @@
 #include "comm/socket_kv_pair_channel.h"
 #include "common/build_config.h"
 #include "worker/kv_handoff_pairs.h"
+#include "tests/worker/kv_pair_test_pools.h"
 
 namespace kvshard::cli {
 namespace {
@@ -83,20 +84,8 @@ TEST(ServeKvPairLink, TheKnobIsSocketOrNothing) {
     unsetenv("KVSHARD_KV_PAIR_LINK");
 }
 
-ModelSpec PairSpec() {
-    ModelSpec spec;
-    spec.num_heads = 8;
-    spec.num_kv_heads = 4;
-    spec.head_dim = 8;
-    spec.hidden_size = 64;
-    spec.ffn_size = 64;
-    spec.vocab_size = 32;
-    spec.num_layers = 2;
-    return spec;
-}
-
 TEST(ServeKvPairLink, RankSettingsCarryEachRanksPairs) {
-    const ModelSpec spec = PairSpec();
+    const ModelSpec spec = testing::PairSpec();
     auto settings = KvPairRankSettings(
         spec,
         {{"p", 1, PoolRole::kPrefill}, {"d", 2, PoolRole::kDecode}, {"m", 1, PoolRole::kMixed}},
@@ -140,9 +129,9 @@ TEST(ServeKvPairLink, RankSettingsCarryEachRanksPairs) {
 // group's): NCCL_UNIQUE_ID_BYTES (128) bytes, not a socket id, the same for both ranks of a pair
 // and fresh for every pair; the link setting says nccl. A build without CUDA has no ids to give.
 TEST(ServeKvPairLink, NcclLinkHandsOutNcclUniqueIds) {
-    auto settings =
-        KvPairRankSettings(PairSpec(), {{"p", 2, PoolRole::kPrefill}, {"d", 1, PoolRole::kDecode}},
-                           KvPairLink::kNccl, "127.0.0.1", 500);
+    auto settings = KvPairRankSettings(testing::PairSpec(),
+                                       {{"p", 2, PoolRole::kPrefill}, {"d", 1, PoolRole::kDecode}},
+                                       KvPairLink::kNccl, "127.0.0.1", 500);
     if (!KVSHARD_WITH_CUDA) {
         EXPECT_EQ(settings.status().code(), StatusCode::kUnimplemented)
             << settings.status().ToString();

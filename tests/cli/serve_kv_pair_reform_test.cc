@@ -14,21 +14,10 @@
 #include "cli/kv_pair_replan.h"
 #include "comm/frame_channel.h"
 #include "comm/socket_kv_pair_channel.h"
+#include "tests/worker/kv_pair_test_pools.h"
 
 namespace kvshard::cli {
 namespace {
-
-ModelSpec Spec() {
-    ModelSpec spec;
-    spec.num_heads = 8;
-    spec.num_kv_heads = 4;
-    spec.head_dim = 8;
-    spec.hidden_size = 64;
-    spec.ffn_size = 64;
-    spec.vocab_size = 32;
-    spec.num_layers = 2;
-    return spec;
-}
 
 // Instance -> rank -> (peer instance, peer rank) -> id, from a plan's rank settings.
 using Ids = std::map<std::pair<std::string, int>, std::string>;
@@ -79,7 +68,7 @@ RegisterAckMessage Register(uint16_t port, const std::string& token, const std::
 
 TEST(KvPairPlan, ThePlanHandsTheNewPairsToTheReformedInstanceAndItsPeers) {
     Result<std::unique_ptr<KvPairPlan>> plan =
-        KvPairPlan::Create(Spec(),
+        KvPairPlan::Create(testing::PairSpec(),
                            {{"p", 1, PoolRole::kPrefill},
                             {"d", 1, PoolRole::kDecode},
                             {"e", 1, PoolRole::kDecode},
