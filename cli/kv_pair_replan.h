@@ -9,19 +9,35 @@
 // (kv_pair_first_transfer): a transfer planned before the re-plan is refused by them on both sides
 // rather than sent or awaited over a channel that never saw its offer.
 //
+// A pair set that fails without a re-form (a receive that timed out, a peer's channel reset: the
+// pair protocol fails a pair for good, comm/kv_pair_protocol.h) is re-planned the same way but
+// for the pairs between its two instances only, both of them healthy: the engines report the
+// workers' TransferFailure::pairs_down (KvPairHealth, coordinator/engine_api.h), and a thread of
+// the plan makes the new ids and tells both instances' executors. A report about pairs already
+// replaced (an older pairs_first_transfer) is stale and ignored; a set re-planned again and again
+// without a transfer getting through waits RepairDelay between re-plans (a link that keeps
+// failing is not re-planned in a loop): reports within the wait are dropped, and the next report
+// after it re-plans.
+//
 // Thread-safety: every method from any thread (the supervisors of several instances may re-plan
-// at once); one mutex orders the re-plans.
+// at once, the engines report from theirs); one mutex orders the re-plans.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "cli/serve_devices.h"
+#include "coordinator/engine_api.h"
 #include "coordinator/remote_executor.h"
 #include "worker/kv_handoff_nccl_pairs.h"
 #include "worker/kv_handoff_pairs.h"
@@ -35,6 +51,10 @@ using KvPairRankList = std::vector<std::pair<std::string, std::string>>;
 Result<std::vector<KvNcclPair>> ReplanKvNcclPairs(
     std::vector<KvNcclPair> pairs, const std::string& instance,
     const std::function<Result<std::string>()>& new_id);
+// `pairs` with a fresh id for every pair `which` selects, the others as they are.
+Result<std::vector<KvNcclPair>> ReplanKvNcclPairsWhere(
+    std::vector<KvNcclPair> pairs, const std::function<bool(const KvNcclPair&)>& which,
+    const std::function<Result<std::string>()>& new_id);
 
 // The settings rank `rank` of `instance` gets (kv_nccl_pairs, kv_pair_link, kv_pair_timeout_ms,
 // and kv_pair_first_transfer when `first_transfer_id` > 0).
@@ -46,7 +66,7 @@ KvPairRankList KvPairSettingsOfRank(const std::vector<KvNcclPair>& pairs,
 // socket, NewSocketKvPairId on `host`.
 Result<std::string> NewKvPairId(KvPairLink link, const std::string& host);
 
-class KvPairPlan {
+class KvPairPlan : public KvPairHealth {
   public:
     // PlanKvNcclPairs between every prefill and every decode instance of `instances`, ids for
     // `link` (KvPairRankSettings' errors).
@@ -64,22 +84,52 @@ class KvPairPlan {
     void SetExecutor(size_t i, RemoteStepExecutor* executor);
     // Where Replan reads the next transfer id (the router's); 0 until set (no transfer yet).
     void SetNextTransferId(std::function<uint64_t()> next);
+    // Called after every re-plan that handed out new ids (serve: kvshard:kv_pair_replans_total).
+    void SetOnReplanned(std::function<void()> on_replanned);
     // Forgets the executors and the transfer-id source: later Replans change nothing. Waits for
-    // a Replan in progress.
+    // a Replan in progress and ends the thread that re-plans failed pairs.
     void Detach();
+    ~KvPairPlan() override;
 
     // New ids for every pair with the instance named `instance`, handed to the executors of it
     // and of every instance with a pair with it. The id maker's error (the pairs then stay as
     // they were: the re-formed instance's ranks get the old ids, which fail at once, and the
     // error is logged naming kv_transfer.path).
     Status Replan(const std::string& instance);
-    // Re-plans so far (tests, logs).
+    // Re-plans so far (tests, logs): of re-formed instances, and of failed pair sets.
     int replans() const;
+    int repairs() const;
+
+    // KvPairHealth (module comment): the pairs between `prefill` and `decode` are re-planned on
+    // the plan's thread, unless the report is stale, one is queued, or RepairDelay holds it.
+    // Nothing after Detach, and nothing for two instances without pairs between them.
+    void OnPairsDown(const std::string& prefill, const std::string& decode,
+                     uint64_t pairs_first_transfer, const Status& why) override;
+    // A transfer went through: the set's next failure is re-planned at once.
+    void OnPairsTransferred(const std::string& prefill, const std::string& decode) override;
+    // How long a pair set waits after a re-plan before the next one, when `repairs` re-plans of
+    // it went by without a transfer through it: 1 s, doubling, at most 60 s (0 for none).
+    static std::chrono::milliseconds RepairDelay(int repairs);
+    // Waits until no re-plan of a failed set is queued or running (tests).
+    void WaitRepairsIdle();
 
   private:
+    using SetKey = std::pair<std::string, std::string>;  // (prefill, decode)
+    // One prefill instance's pairs with one decode instance.
+    struct PairSet {
+        uint64_t first_transfer = 0;  // the transfer id the current pairs carry from
+        int repairs_since_transfer = 0;
+        std::chrono::steady_clock::time_point last_repair;
+        bool queued = false;
+    };
     KvPairPlan(std::vector<KvPairInstance> instances, KvPairLink link, std::string host,
                int64_t timeout_ms, std::vector<KvNcclPair> pairs);
     std::vector<KvPairRankList> RankSettingsLocked(size_t i, uint64_t first_transfer_id) const;
+    // New ids for the pairs `which` selects, handed to the executors of the instances at their
+    // ends (and of `also`, the re-formed instance). Returns the first transfer id they carry.
+    Result<uint64_t> ReplanLocked(const std::function<bool(const KvNcclPair&)>& which,
+                                  const std::string& also, std::string* told);
+    void RepairLoop();
 
     const std::vector<KvPairInstance> instances_;
     const KvPairLink link_;
@@ -89,7 +139,15 @@ class KvPairPlan {
     std::vector<KvNcclPair> pairs_;               // guarded by mu_
     std::vector<RemoteStepExecutor*> executors_;  // guarded by mu_; by instance
     std::function<uint64_t()> next_transfer_id_;  // guarded by mu_
+    std::function<void()> on_replanned_;          // guarded by mu_
     int replans_ = 0;                             // guarded by mu_
+    int repairs_ = 0;                             // guarded by mu_
+    std::map<SetKey, PairSet> sets_;              // guarded by mu_; every set with pairs
+    std::deque<SetKey> queue_;                    // guarded by mu_: sets to re-plan
+    bool repairing_ = false;                      // guarded by mu_: RepairLoop re-plans one
+    bool detached_ = false;                       // guarded by mu_
+    std::condition_variable cv_;                  // queue_, repairing_ or detached_ changed
+    std::thread repair_thread_;                   // started by the first report
 };
 
 }  // namespace kvshard::cli

@@ -340,6 +340,7 @@ int RunServe(ServeFlags f) {
             if (!made.ok()) return Fail(source + made.status().message());
             pair_plan = std::move(*made);
             detach_pair_plan.plan = pair_plan.get();
+            pair_plan->SetOnReplanned([m = metrics.get()] { m->OnKvPairsReplanned(); });
         }
         std::vector<ProcessInstanceSpec> specs;
         for (const PlannedInstance& pi : planned) {
@@ -410,6 +411,8 @@ int RunServe(ServeFlags f) {
         ec.tp = ic.tp;
         ec.kv_endpoints = endpoints;
         ec.observer = metrics.get();
+        // A pair set a worker reports down is re-planned (cli/kv_pair_replan.h).
+        if (inst.process != nullptr) ec.pair_health = pair_plan.get();
         // The file's sections as they are (config/engine_config.h); the block manager's with
         // what serve resolved: the pool's size, and one block table per KV cache group, as the
         // workers' pools hold them.

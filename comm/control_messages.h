@@ -31,7 +31,9 @@ namespace kvshard {
 //     pair path).
 // 12: RankSettingsMessage (a Ready rank's per-rank settings changed: the KV pair path's pairs
 //     re-planned after another instance re-formed).
-inline constexpr uint32_t kControlProtocolVersion = 12;
+// 13: TransferFailure.pairs_down and pairs_first_transfer (the coordinator re-plans a pair set
+//     that failed without a re-form).
+inline constexpr uint32_t kControlProtocolVersion = 13;
 
 // RegisterMessage.worker_rank: the coordinator assigns the lowest free rank.
 inline constexpr int32_t kAnyRank = -1;

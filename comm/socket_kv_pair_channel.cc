@@ -8,10 +8,16 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
+#include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string_view>
+#include <vector>
 
 #include "comm/kv_nccl_pairs.h"
 #include "comm/tcp_listen.h"
@@ -29,6 +35,34 @@ constexpr size_t kHelloBytes = 4 + kKvNcclUniqueIdBytes;
 constexpr size_t kDataHeaderBytes = 4 + 8;
 // Between two connection attempts of the sender while the receiver is not listening yet.
 constexpr auto kConnectRetry = std::chrono::milliseconds(20);
+
+// The test link's fault knob (header): whether this process's send number `n` (1-based) fails.
+// InvalidArgument naming the variable for a value that is not a list of positive numbers.
+Result<bool> SendFailsByKnob(uint64_t n) {
+    static const Result<std::vector<uint64_t>> listed = []() -> Result<std::vector<uint64_t>> {
+        const char* env = std::getenv(kSocketKvPairFailSendsVariable.data());
+        std::vector<uint64_t> out;
+        if (env == nullptr || *env == '\0') return out;
+        std::string_view rest(env);
+        while (!rest.empty()) {
+            const size_t comma = rest.find(',');
+            const std::string_view item = rest.substr(0, comma);
+            uint64_t v = 0;
+            const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+            if (ec != std::errc() || end != item.data() + item.size() || v == 0) {
+                return InvalidArgument(std::string(kSocketKvPairFailSendsVariable) + "='" + env +
+                                       "': not a list of send numbers from 1, such as 2 or 2,5");
+            }
+            out.push_back(v);
+            rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+        }
+        return out;
+    }();
+    KV_RETURN_IF_ERROR(listed.status());
+    return std::find(listed->begin(), listed->end(), n) != listed->end();
+}
+
+std::atomic<uint64_t> g_sends{0};  // this process's sends on the socket link, for the knob
 
 std::string RandomHex(size_t bytes) {
     std::string raw(bytes, '\0');
@@ -81,6 +115,17 @@ class SocketKvPairChannel final : public KvPairChannel {
         if (rank_ != 0) return InvalidArgument(who_ + ": Send on the receiving rank");
         KV_RETURN_IF_ERROR(BeginCall());
         Status st = connected_ ? Status::Ok() : Connect(deadline);
+        if (st.ok()) {
+            const uint64_t n = ++g_sends;
+            Result<bool> fails = SendFailsByKnob(n);
+            if (!fails.ok()) {
+                st = fails.status();
+            } else if (*fails) {
+                st = Unavailable(who_ + ": send " + std::to_string(n) +
+                                 " of this process failed by " +
+                                 std::string(kSocketKvPairFailSendsVariable) + " (a test's fault)");
+            }
+        }
         if (st.ok()) {
             std::array<uint8_t, kDataHeaderBytes> header{};
             std::memcpy(header.data(), kDataMagic.data(), kDataMagic.size());

@@ -22,6 +22,12 @@
 // connection, a bad frame, Abort) fails the channel for good; Abort closes the socket, so the
 // peer's call in progress fails at once (an NCCL peer would wait for its deadline).
 //
+// Fault knob, for tests only: KVSHARD_KV_PAIR_SOCKET_FAIL_SENDS="N[,M...]" fails the Nth send
+// (counted from 1 over every socket pair channel of the process) as a reset connection would:
+// the channel fails for good and its peer's receive fails at once. The integration tests fail a
+// pair this way without a re-form (the coordinator then re-plans it). A value that is not such a
+// list fails every send, naming the variable.
+//
 // Thread-safety: the KvPairChannel contract's (one caller at a time; Abort from any thread).
 #pragma once
 
@@ -36,6 +42,8 @@
 namespace kvshard {
 
 inline constexpr std::string_view kSocketKvPairIdPrefix = "kvpair-socket ";
+inline constexpr std::string_view kSocketKvPairFailSendsVariable =
+    "KVSHARD_KV_PAIR_SOCKET_FAIL_SENDS";
 
 // A fresh pair id on `host` (an address this machine can listen on): its port is one the
 // kernel handed out for `host` and released. Unavailable when no port could be had.

@@ -43,7 +43,7 @@ constexpr uint32_t kMaxAllowedTokenWords = (1u << 24) / 64;
 constexpr size_t kMinSampledTokenBytes = 8 + 4 + 4 + 4 + 8;
 constexpr size_t kMinKvRecvBytes = 8 + 8 + 4 + 4 + 8 + 8 + 4;
 constexpr size_t kMinKvSendBytes = 8 + 8 + 4 + 4 + 8 + 4 + 4 + 1 + 8 + 4;
-constexpr size_t kMinTransferFailureBytes = 8 + 4 + 4;
+constexpr size_t kMinTransferFailureBytes = 8 + 4 + 4 + 1 + 8;
 // Receiving ranks of one send (a tensor-parallel size); strings cost 32 bytes in memory for 4 on
 // the wire, so the list is capped like RegisterAck's settings (plan_codec.cc).
 constexpr uint32_t kMaxDstEndpoints = 1 << 12;
@@ -172,6 +172,8 @@ void EncodeStepResult(Writer& w, const StepResult& result) {
         w.Fixed(failure.transfer_id);
         w.Fixed(static_cast<uint32_t>(failure.code));
         w.String(failure.message);
+        w.Bool(failure.pairs_down);
+        w.Fixed(failure.pairs_first_transfer);
     }
     w.Fixed(result.kv_bytes_sent);
     w.Fixed(result.kv_bytes_received);
@@ -319,6 +321,8 @@ StepResult DecodeStepResult(Reader& r) {
         failure.code = r.Code("TransferFailure.code");
         if (failure.code == StatusCode::kOk) r.Fail("TransferFailure.code: 0 (OK) is no failure");
         failure.message = r.String("TransferFailure.message");
+        failure.pairs_down = r.Bool("TransferFailure.pairs_down");
+        failure.pairs_first_transfer = r.Fixed<uint64_t>("TransferFailure.pairs_first_transfer");
     }
     result.kv_bytes_sent = r.Fixed<int64_t>("StepResult.kv_bytes_sent");
     result.kv_bytes_received = r.Fixed<int64_t>("StepResult.kv_bytes_received");

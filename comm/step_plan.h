@@ -122,6 +122,15 @@ struct TransferFailure {
     uint64_t transfer_id = 0;
     StatusCode code = StatusCode::kUnavailable;  // never kOk
     std::string message;
+    // The KV pair path (kv_transfer.path: nccl): the rank's pairs with the other instance are
+    // down after this failure (failed for good: worker/kv_handoff_pairs.h), and they are the
+    // pairs that carry transfers from `pairs_first_transfer` on. The coordinator re-plans them
+    // (cli/kv_pair_replan.h KvPairPlan::OnPairsDown); a report about pairs it replaced since
+    // (an older pairs_first_transfer) is stale. False on every other path, and for failures that
+    // leave the pairs up (a transfer older than the pairs, pairs still being joined, a full
+    // offer buffer).
+    bool pairs_down = false;
+    uint64_t pairs_first_transfer = 0;
     Status status() const { return Status(code, message); }
     // REQUIRES: !status.ok().
     static TransferFailure Of(uint64_t transfer_id, const Status& status) {
@@ -184,9 +193,14 @@ inline void MergeTransferFailures(const std::vector<TransferFailure>& other,
         });
         if (known == into->end()) {
             into->push_back(f);
-        } else if (known->code == StatusCode::kAborted && f.code != StatusCode::kAborted) {
-            *known = f;
+            continue;
         }
+        const bool down = known->pairs_down || f.pairs_down;
+        const uint64_t first = std::max(known->pairs_first_transfer, f.pairs_first_transfer);
+        if (known->code == StatusCode::kAborted && f.code != StatusCode::kAborted) *known = f;
+        // Any rank's pairs down are the instance's (each rank holds some of its pairs).
+        known->pairs_down = down;
+        if (down) known->pairs_first_transfer = first;
     }
 }
 

@@ -82,6 +82,9 @@ struct InstanceEngineConfig {
     std::vector<std::string> kv_endpoints;  // KV transport endpoint of each rank (handoff only)
     KvTransferConfig handoff;
     EngineObserver* observer = nullptr;  // not owned; may be null
+    // The KV pair path (handoff.path nccl, worker processes): told of pairs reported down and
+    // of transfers through them. Not owned; may be null.
+    KvPairHealth* pair_health = nullptr;
     // max_waiting_requests: Submit returns ResourceExhausted beyond max_num_seqs + it.
     SchedulerConfig scheduler;
     kv::BlockManagerConfig blocks;

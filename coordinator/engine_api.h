@@ -143,6 +143,21 @@ class EngineObserver {
     virtual void OnRequestFinished(const FinishedRequestStats& /*stats*/) {}
 };
 
+// The KV pair path's pairs as the engines see them (kv_transfer.path: nccl with worker
+// processes; serve gives its cli/kv_pair_replan.h KvPairPlan). Called on the engine threads of
+// both instances of a pair: must be thread-safe and quick.
+class KvPairHealth {
+  public:
+    virtual ~KvPairHealth() = default;
+    // A transfer from `prefill` to `decode` failed and a worker said that its pairs with the
+    // other instance, the ones that carry transfers from `pairs_first_transfer` on, are down
+    // (TransferFailure::pairs_down).
+    virtual void OnPairsDown(const std::string& prefill, const std::string& decode,
+                             uint64_t pairs_first_transfer, const Status& why) = 0;
+    // A transfer from `prefill` reached `decode` over the pairs.
+    virtual void OnPairsTransferred(const std::string& prefill, const std::string& decode) = 0;
+};
+
 // Whether one instance can serve now (kvshard:instance_up).
 struct InstanceUp {
     std::string instance;

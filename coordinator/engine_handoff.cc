@@ -142,6 +142,10 @@ void InstanceEngine::HandleTransfers(const StepPlan& plan, const StepResult& res
         spdlog::warn("[{}] request {}: sending its KV to {} failed ({}); decoding it here",
                      config_.name, r.request.request_id, r.handoff_to->config().name,
                      f->status().ToString());
+        if (f->pairs_down && config_.pair_health != nullptr) {
+            config_.pair_health->OnPairsDown(config_.name, r.handoff_to->config().name,
+                                             f->pairs_first_transfer, f->status());
+        }
         r.handoff_to->DiscardTransfer(r.transfer_id);
         // The pair path: other pairs of this instance may hold an offer of it.
         if (config_.handoff.path == KvHandoffPath::kNccl) DiscardTransfer(r.transfer_id);
@@ -158,10 +162,17 @@ void InstanceEngine::HandleTransfers(const StepPlan& plan, const StepResult& res
                          config_.name, r.request.request_id, f->status().ToString(),
                          r.handoff_from->config().name);
             if (config_.observer != nullptr) config_.observer->OnKvTransferFailed(f->status());
+            if (f->pairs_down && config_.pair_health != nullptr) {
+                config_.pair_health->OnPairsDown(r.handoff_from->config().name, config_.name,
+                                                 f->pairs_first_transfer, f->status());
+            }
             ReturnHandoff(r.request.request_id, f->status());
             continue;
         }
         r.choices[0]->num_incoming_tokens = 0;
+        if (config_.pair_health != nullptr) {
+            config_.pair_health->OnPairsTransferred(r.handoff_from->config().name, config_.name);
+        }
         if (config_.observer != nullptr) {
             config_.observer->OnKvTransfer(result.kv_bytes_received, clock_.SecondsSince(r.handoff_ready));
         }

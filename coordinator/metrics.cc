@@ -326,6 +326,10 @@ ServerMetrics::ServerMetrics(const std::string& model_name, ServerMetricsOptions
       kv_transfer_failures_(registry_.AddCounter(
           "kvshard:kv_transfer_failures_total",
           "Failed prefill->decode KV handoffs (the request continued on the prefill instance).")),
+      kv_pair_replans_(registry_.AddCounter(
+          "kvshard:kv_pair_replans_total",
+          "KV pair re-plans (kv_transfer.path: nccl): new pair ids after an instance re-formed "
+          "or a pair set failed.")),
       iteration_tokens_(registry_.AddHistogram(
           "kvshard:iteration_tokens_total",
           "Tokens computed by one engine step (prompt chunks plus one per decoding sequence).",

@@ -31,6 +31,9 @@
 //                                                        end of the decode step that received it
 //   kvshard:kv_transfers_total                counter    completed KV handoffs
 //   kvshard:kv_transfer_failures_total        counter    failed KV handoffs
+//   kvshard:kv_pair_replans_total             counter    new KV pair ids handed out
+//                                                        (kv_transfer.path: nccl; not from an
+//                                                        engine: cli/kv_pair_replan.h)
 //   kvshard:iteration_tokens_total            histogram  tokens computed by each engine step
 //   kvshard:request_queue_time_seconds        histogram  arrival -> first scheduled in a step
 //   kvshard:request_prefill_time_seconds      histogram  first scheduled -> first token
@@ -186,6 +189,8 @@ class ServerMetrics : public EngineObserver {
     void OnKvTransferFailed(const Status& status) override;
     void OnStepTokens(int64_t num_tokens) override;
     void OnRequestFinished(const FinishedRequestStats& stats) override;
+    // The KV pair path's pairs were re-planned (an instance re-formed, or a pair set failed).
+    void OnKvPairsReplanned() { kv_pair_replans_.Add(); }
 
     // The exposition text, with gauges and engine counters taken from `stats`.
     std::string Render(const EngineStats& stats);
@@ -224,6 +229,7 @@ class ServerMetrics : public EngineObserver {
     Histogram& kv_transfer_seconds_;
     Counter& kv_transfers_;
     Counter& kv_transfer_failures_;
+    Counter& kv_pair_replans_;
     Histogram& iteration_tokens_;
     Histogram& queue_time_;
     Histogram& prefill_time_;

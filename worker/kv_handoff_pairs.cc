@@ -225,7 +225,8 @@ KvPairHandoff::~KvPairHandoff() {
 
 static Status NotMade(const std::string& instance, const Status& why) {
     return why.WithContext("KV pairs with instance " + instance +
-                           " re-planned but not made (kv_transfer.path: nccl; they stay down)");
+                           " re-planned but not made (kv_transfer.path: nccl; they stay down "
+                           "until the coordinator re-plans them again)");
 }
 
 void KvPairHandoff::CollectJoins() {
@@ -404,8 +405,9 @@ Result<int64_t> KvPairHandoff::Offer(const KvSendOp& op,
     std::vector<Packed> packed;
     auto failed_earlier = [&](const KvNcclPairAssignment& p, const Status& failed) {
         return Status(failed.code(), what + PairOf(p) + " failed earlier (" + failed.message() +
-                                         "); it comes back when instance " + p.peer_instance +
-                                         " or this one re-forms");
+                                         "); the coordinator re-plans the pairs with "
+                                         "instance " +
+                                         p.peer_instance);
     };
     KV_ASSIGN_OR_RETURN(Peer * peer, PeerFor(op.dst_instance, op.transfer_id, what));
     if (peer == nullptr) return int64_t{0};
@@ -502,6 +504,25 @@ void KvPairHandoff::Abandon(const KvRecvOp& op, const Status& why) {
                                      Aborted("transfer " + std::to_string(op.transfer_id) +
                                              " given up on this rank: " + why.ToString()));
     }
+    peer->second.abandoned = true;
+}
+
+std::optional<uint64_t> KvPairHandoff::DownPairs(const std::string& instance) {
+    CollectJoins();
+    auto it = peers_.find(instance);
+    if (it == peers_.end()) return std::nullopt;
+    const Peer& peer = it->second;
+    const bool joining = std::any_of(joins_.begin(), joins_.end(), [&](const auto& j) {
+        return j->current && j->instance == instance;
+    });
+    if (joining) return std::nullopt;
+    if (peer.channels == nullptr || peer.abandoned) return peer.first_transfer_id;
+    for (const KvNcclPairAssignment& p : peer.pairs) {
+        if (p.nccl_rank != 0) continue;
+        Result<KvPairSender*> sender = peer.channels->Sender(p.peer_instance, p.peer_rank);
+        if (sender.ok() && !(*sender)->failure().ok()) return peer.first_transfer_id;
+    }
+    return std::nullopt;
 }
 
 Result<int64_t> KvPairHandoff::Receive(const KvRecvOp& op,

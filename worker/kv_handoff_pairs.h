@@ -39,9 +39,12 @@
 //
 // Failures: the receiver was announced before its step ran, so a receive that cannot complete
 // (any error on this rank, before or during the receive) aborts every pair with that sending
-// instance: a pair whose order may be lost is never used again. A failed pair stays failed until
-// one of its two instances re-forms: its Offers and Receives return its error at once (the
-// prefill instance then decodes the request itself, or the decode instance hands it back).
+// instance: a pair whose order may be lost is never used again. A failed pair's Offers and
+// Receives return its error at once (the prefill instance then decodes the request itself, or
+// the decode instance hands it back), and the step's TransferFailure says the pairs are down
+// (DownPairs): the coordinator re-plans them (cli/kv_pair_replan.h KvPairPlan::OnPairsDown), as
+// for a re-form but with both instances healthy, so both sides' ranks get new pairs through
+// Replan.
 //
 // Re-forming (cli/kv_pair_replan.h): when an instance re-forms, the coordinator makes new ids for
 // every pair with it; its new ranks get them at registration, and the ranks of the healthy
@@ -173,6 +176,12 @@ class KvPairHandoff {
     // are aborted, with `why`.
     void Abandon(const KvRecvOp& op, const Status& why);
 
+    // The first transfer id of this rank's pairs with `instance` when they are down for good
+    // (one of them failed or was aborted, or making them failed), for the coordinator to re-plan
+    // them (TransferFailure::pairs_down); nullopt when they are up, still being joined, or this
+    // rank has none with it.
+    std::optional<uint64_t> DownPairs(const std::string& instance);
+
   private:
     // This rank's pairs with one instance and their channels.
     struct Peer {
@@ -180,6 +189,7 @@ class KvPairHandoff {
         std::unique_ptr<KvNcclRankChannels> channels;  // null when making them failed
         Status failed;                                 // why channels is null
         uint64_t first_transfer_id = 0;
+        bool abandoned = false;          // Abandon aborted its receivers
         std::vector<bool> received_any;  // per pair: logged its first receive
         std::vector<uint64_t> receives;  // per pair: receives posted
     };

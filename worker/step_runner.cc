@@ -122,6 +122,14 @@ static Result<std::span<const int32_t>> HandoffEntries(const Op& op,
                                                    static_cast<size_t>(end - first));
 }
 
+void StepRunner::MarkPairsDown(const std::string& instance, TransferFailure* failure) {
+    if (pairs_ == nullptr) return;
+    if (std::optional<uint64_t> first = pairs_->DownPairs(instance); first.has_value()) {
+        failure->pairs_down = true;
+        failure->pairs_first_transfer = *first;
+    }
+}
+
 Result<std::vector<TransferFailure>> StepRunner::ReceiveTransfers(const StepPlan& plan,
                                                                   StepResult* result) {
     std::vector<TransferFailure> local(plan.kv_recvs.size());
@@ -157,7 +165,10 @@ Result<std::vector<TransferFailure>> StepRunner::ReceiveTransfers(const StepPlan
         if (local[i].code != StatusCode::kOk) {
             transport_->Discard(op.transfer_id);
             // Announced to the sender already: the pairs' order is lost.
-            if (pairs_ != nullptr) pairs_->Abandon(op, Status(local[i].code, local[i].message));
+            if (pairs_ != nullptr) {
+                pairs_->Abandon(op, Status(local[i].code, local[i].message));
+                MarkPairsDown(op.src_instance, &local[i]);
+            }
             continue;
         }
         if (pairs_ != nullptr) {
@@ -166,6 +177,7 @@ Result<std::vector<TransferFailure>> StepRunner::ReceiveTransfers(const StepPlan
                 result->kv_bytes_received += *bytes;
             } else {
                 fail(bytes.status());
+                MarkPairsDown(op.src_instance, &local[i]);
             }
             continue;
         }
@@ -468,10 +480,11 @@ Result<StepResult> StepRunner::Execute(const StepPlan& plan) {
         result.failed_transfers = std::move(*failures);
     }
     auto send_failed = [&](const KvSendOp& op, const Status& st) {
-        result.failed_transfers.push_back(TransferFailure::Of(
+        TransferFailure& f = result.failed_transfers.emplace_back(TransferFailure::Of(
             op.transfer_id,
             Status(st.code(),
                    "rank " + std::to_string(runner_.layout().shard.rank) + ": " + st.message())));
+        MarkPairsDown(op.dst_instance, &f);
     };
     auto has_failed = [&](uint64_t id) {
         return std::any_of(result.failed_transfers.begin(), result.failed_transfers.end(),

@@ -52,6 +52,9 @@ class StepRunner : public StepExecutor {
   private:
     // Receives every transfer of the plan; returns the failures all ranks agree on.
     Result<std::vector<TransferFailure>> ReceiveTransfers(const StepPlan& plan, StepResult* result);
+    // The KV pair path: marks `failure` pairs_down when this rank's pairs with `instance` are
+    // down after it (KvPairHandoff::DownPairs), for the coordinator to re-plan them.
+    void MarkPairsDown(const std::string& instance, TransferFailure* failure);
     // A send op checked against this worker, with the KV heads it sends to each receiving rank
     // (computed once per step, not once per layer).
     struct PreparedSend {

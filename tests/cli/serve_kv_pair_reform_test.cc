@@ -2,13 +2,18 @@
 // every pair with it a fresh id and leaves the others' ids alone; the re-planned settings carry
 // the router's next transfer id; the executors of the re-formed instance and of its peers get
 // the new lists (a registration after the re-plan is acked with them), those of unrelated
-// instances nothing; after Detach a re-plan changes no executor.
+// instances nothing; after Detach a re-plan changes no executor. A pair set reported down
+// (KvPairHealth) is re-planned alone, on the plan's thread, and its two instances are told; a
+// stale report changes nothing; a set re-planned without a transfer through it since waits
+// RepairDelay (1 s doubling to 60 s) before the next re-plan.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <variant>
 
 #include "cli/kv_pair_replan.h"
@@ -134,6 +139,103 @@ TEST(KvPairPlan, ThePlanHandsTheNewPairsToTheReformedInstanceAndItsPeers) {
     Result<std::optional<KvPairHandoffSettings>> old = KvPairHandoffSettingsOf(again.settings);
     ASSERT_TRUE(old.ok() && old->has_value());
     EXPECT_EQ((*old)->pairs, (*e_settings)->pairs);
+}
+
+TEST(KvPairPlan, RepairDelayDoublesFromASecondToAMinute) {
+    using std::chrono::milliseconds;
+    EXPECT_EQ(KvPairPlan::RepairDelay(0), milliseconds(0));
+    EXPECT_EQ(KvPairPlan::RepairDelay(1), milliseconds(1'000));
+    EXPECT_EQ(KvPairPlan::RepairDelay(2), milliseconds(2'000));
+    EXPECT_EQ(KvPairPlan::RepairDelay(4), milliseconds(8'000));
+    EXPECT_EQ(KvPairPlan::RepairDelay(6), milliseconds(32'000));
+    EXPECT_EQ(KvPairPlan::RepairDelay(7), milliseconds(60'000));
+    EXPECT_EQ(KvPairPlan::RepairDelay(1'000), milliseconds(60'000));
+}
+
+TEST(KvPairPlan, APairSetReportedDownIsReplannedAloneAndItsInstancesTold) {
+    Result<std::unique_ptr<KvPairPlan>> plan =
+        KvPairPlan::Create(testing::PairSpec(),
+                           {{"p", 1, PoolRole::kPrefill},
+                            {"q", 1, PoolRole::kPrefill},
+                            {"d", 1, PoolRole::kDecode},
+                            {"e", 1, PoolRole::kDecode}},
+                           KvPairLink::kSocket, "127.0.0.1", 500);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    WorkerRegistryOptions ro;
+    ro.token = "t";
+    Result<std::unique_ptr<WorkerRegistry>> registry = WorkerRegistry::Start(ro);
+    ASSERT_TRUE(registry.ok());
+    std::vector<std::unique_ptr<RemoteStepExecutor>> executors;
+    for (size_t i = 0; i < 4; ++i) {
+        RemoteInstanceOptions o;
+        o.instance_id = std::string(1, "pqde"[i]);
+        o.rank_settings = (*plan)->RankSettings(i);
+        Result<std::unique_ptr<RemoteStepExecutor>> e = (*registry)->AddInstance(o);
+        ASSERT_TRUE(e.ok()) << e.status().ToString();
+        (*plan)->SetExecutor(i, e->get());
+        executors.push_back(std::move(*e));
+    }
+    int replanned = 0;
+    (*plan)->SetOnReplanned([&] { replanned++; });
+    std::atomic<uint64_t> next{5};
+    (*plan)->SetNextTransferId([&] { return next.load(); });
+    const Ids p_before = IdsOf(**plan, 0, 0), q_before = IdsOf(**plan, 1, 0);
+
+    (*plan)->OnPairsDown("p", "d", 0, Status(StatusCode::kDeadlineExceeded, "receive timed out"));
+    (*plan)->WaitRepairsIdle();
+    EXPECT_EQ((*plan)->repairs(), 1);
+    EXPECT_EQ((*plan)->replans(), 0);
+    EXPECT_EQ(replanned, 1);
+    const Ids p_after = IdsOf(**plan, 0, 0);
+    EXPECT_NE(p_after.at({"d", 0}), p_before.at({"d", 0}));
+    EXPECT_EQ(p_after.at({"e", 0}), p_before.at({"e", 0}));
+    EXPECT_EQ(IdsOf(**plan, 1, 0), q_before);
+    EXPECT_EQ(IdsOf(**plan, 2, 0).at({"p", 0}), p_after.at({"d", 0}));
+    // p and d register with the new pairs and the first transfer; q with its list as it was.
+    for (const char* instance : {"p", "d", "q"}) {
+        std::unique_ptr<FrameChannel> keep;
+        const RegisterAckMessage ack = Register((*registry)->port(), "t", instance, 0, &keep);
+        ASSERT_TRUE(ack.accepted) << ack.error;
+        Result<std::optional<KvPairHandoffSettings>> st = KvPairHandoffSettingsOf(ack.settings);
+        ASSERT_TRUE(st.ok() && st->has_value()) << st.status().ToString();
+        EXPECT_EQ((*st)->first_transfer_id, std::string(instance) == "q" ? 0u : 5u) << instance;
+    }
+
+    // A report about the pairs it replaced is stale; one about the new pairs within RepairDelay(1)
+    // waits; a set without pairs (d -> p, d -> e) is nobody's.
+    next = 9;
+    (*plan)->OnPairsDown("p", "d", 0, Aborted("the old pairs"));
+    (*plan)->OnPairsDown("p", "d", 5, Aborted("again, at once"));
+    (*plan)->OnPairsDown("d", "p", 5, Aborted("no such set"));
+    (*plan)->WaitRepairsIdle();
+    EXPECT_EQ((*plan)->repairs(), 1);
+    // After the wait, the next report re-plans.
+    std::this_thread::sleep_for(KvPairPlan::RepairDelay(1) + std::chrono::milliseconds(50));
+    (*plan)->OnPairsDown("p", "d", 5, Aborted("after the wait"));
+    (*plan)->WaitRepairsIdle();
+    EXPECT_EQ((*plan)->repairs(), 2);
+    // Two re-plans without a transfer: the next waits 2 s; a transfer through the set lifts it.
+    (*plan)->OnPairsDown("p", "d", 9, Aborted("within 2 s"));
+    (*plan)->WaitRepairsIdle();
+    EXPECT_EQ((*plan)->repairs(), 2);
+    (*plan)->OnPairsTransferred("p", "d");
+    (*plan)->OnPairsDown("p", "d", 9, Aborted("after a transfer"));
+    (*plan)->WaitRepairsIdle();
+    EXPECT_EQ((*plan)->repairs(), 3);
+    // Another set is re-planned on its own schedule.
+    (*plan)->OnPairsDown("q", "e", 0, Aborted("q -> e"));
+    (*plan)->WaitRepairsIdle();
+    EXPECT_EQ((*plan)->repairs(), 4);
+    EXPECT_NE(IdsOf(**plan, 1, 0).at({"e", 0}), q_before.at({"e", 0}));
+
+    // Detached: reports change nothing.
+    (*plan)->Detach();
+    const Ids p_detached = IdsOf(**plan, 0, 0);
+    (*plan)->OnPairsTransferred("p", "e");
+    (*plan)->OnPairsDown("p", "e", 0, Aborted("after Detach"));
+    (*plan)->WaitRepairsIdle();
+    EXPECT_EQ((*plan)->repairs(), 4);
+    EXPECT_EQ(IdsOf(**plan, 0, 0), p_detached);
 }
 
 }  // namespace

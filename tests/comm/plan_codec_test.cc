@@ -140,7 +140,7 @@ class Generator {
         result.error = Bytes(30);
         for (int64_t i = Int(0, 3); i > 0; --i)
             result.failed_transfers.push_back(
-                {rng_(), static_cast<StatusCode>(Int(1, 10)), Bytes(30)});
+                {rng_(), static_cast<StatusCode>(Int(1, 10)), Bytes(30), Int(0, 1) == 1, rng_()});
         result.kv_bytes_sent = static_cast<int64_t>(rng_());
         result.kv_bytes_received = static_cast<int64_t>(rng_());
         result.kv_transfer_seconds = static_cast<double>(Float());
@@ -269,7 +269,7 @@ TEST(PlanCodec, RoundTripsEveryMessageType) {
                       0,      0,
                       0};
     StepResult transfers = result;
-    transfers.failed_transfers = {{7, StatusCode::kDeadlineExceeded, "receiver gone"},
+    transfers.failed_transfers = {{7, StatusCode::kDeadlineExceeded, "receiver gone", true, 41},
                                   {8, StatusCode::kAborted, ""}};
     transfers.kv_bytes_sent = int64_t{1} << 40;
     transfers.kv_bytes_received = 12345;
@@ -386,6 +386,21 @@ TEST(TransferFailures, MergeKeepsOnePerTransferAndTheCause) {
         {1, StatusCode::kDeadlineExceeded, "rank 1: timed out"},
         {2, StatusCode::kUnavailable, "rank 0: no route"},
         {3, StatusCode::kInternal, "rank 1: bad piece"}};
+    EXPECT_EQ(merged, expected);
+}
+
+// Any rank's pairs down are the instance's: the merge keeps pairs_down whichever rank's Status
+// it keeps, so the coordinator re-plans them.
+TEST(TransferFailures, MergeKeepsPairsDownFromAnyRank) {
+    std::vector<TransferFailure> merged = {
+        {1, StatusCode::kDeadlineExceeded, "rank 0: timed out"},
+        {2, StatusCode::kAborted, "rank 0: failed on another rank", true, 9}};
+    MergeTransferFailures({{1, StatusCode::kAborted, "rank 1: given up", true, 9},
+                           {2, StatusCode::kUnavailable, "rank 1: peer reset"}},
+                          &merged);
+    const std::vector<TransferFailure> expected = {
+        {1, StatusCode::kDeadlineExceeded, "rank 0: timed out", true, 9},
+        {2, StatusCode::kUnavailable, "rank 1: peer reset", true, 9}};
     EXPECT_EQ(merged, expected);
 }
 

@@ -17,6 +17,13 @@ off to a stopped decode worker when the prefill worker dies and re-forms (their 
 refused by the new pairs, and the prefill instance recomputes them: its new workers never had
 their KV).
 
+And a pair that fails with both instances healthy (no re-form: the socket link's fault knob
+KVSHARD_KV_PAIR_SOCKET_FAIL_SENDS fails a send of the prefill worker as a reset connection
+would): the request it carried is decoded on the prefill instance with the same tokens, serve
+re-plans the pairs between the two instances (kvshard:kv_pair_replans_total), and later requests
+are handed off again; a link whose every send fails is re-planned at most once a second, and no
+request waits for the timeout.
+
     tests/integration/kv_pair_reform_test.py --kvshard build/cli/kvshard \\
         --model ../shared/models/stories260K/stories260K.bin --configs config/examples
 Exit code 77 (ctest SKIP_RETURN_CODE) when the model is absent.
@@ -43,8 +50,9 @@ PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom went", "One day, 
 TIMEOUT_MS = 3000
 
 
-def server():
-    os.environ["KVSHARD_KV_PAIR_LINK"] = "socket"
+def server(env=None):
+    env = dict(env or {}, KVSHARD_KV_PAIR_LINK="socket")
+    os.environ.update(env)
     try:
         return kvshard_server.Server(ARGS.kvshard, ARGS.model, [
             "--config", os.path.join(ARGS.configs, "disagg-1p1d.yaml"),
@@ -53,7 +61,8 @@ def server():
             "--set", "workers.restart_backoff_ms=200",
             "--set", f"kv_transfer.timeout_ms={TIMEOUT_MS}"], log_level="info")
     finally:
-        os.environ.pop("KVSHARD_KV_PAIR_LINK", None)
+        for name in env:
+            os.environ.pop(name, None)
 
 
 def stream(s, prompt, max_tokens, started):
@@ -216,6 +225,77 @@ class KvPairReform(unittest.TestCase):
             self.assertFalse(any("pair receive" in l and "Aborted" in l for l in s.log),
                              "a transfer from before the re-plan aborted a new pair")
             self.check_handed_off_again(s, "decode", short)
+        finally:
+            s.stop()
+
+
+class KvPairRepair(unittest.TestCase):
+    def test_a_failed_pair_is_replanned_without_a_reform(self):
+        # The prefill worker's fifth send fails: the first four requests hand off; the fifth's
+        # receive fails on the decode side, which reports the pairs down.
+        s = server({"KVSHARD_KV_PAIR_SOCKET_FAIL_SENDS": str(len(PROMPTS) + 1)})
+        try:
+            before = [s.complete(p) for p in PROMPTS]
+            self.assertTrue(all(status == 200 for status, _ in before), before)
+            self.assertEqual(s.metric("kvshard:kv_transfers_total"), len(PROMPTS))
+            self.assertEqual(s.metric("kvshard:kv_pair_replans_total"), 0)
+            self.assertEqual(s.complete(PROMPTS[0]), before[0], "the failed handoff's tokens")
+            self.assertEqual(s.metric("kvshard:kv_transfers_total"), len(PROMPTS))
+            self.assertEqual(s.metric("kvshard:kv_transfer_failures_total"), 1)
+            wait_for(lambda: any("KV pairs prefill -> decode re-planned after a failure" in line
+                                 for line in s.log), 30, "the pairs re-planned")
+            failures = s.metric("kvshard:kv_transfer_failures_total")
+            after, seconds = [], []
+            for p in PROMPTS:
+                started = time.time()
+                after.append(s.complete(p))
+                seconds.append(time.time() - started)
+            print(f"\n[a send failed] after the re-plan: handoffs "
+                  f"{s.metric('kvshard:kv_transfers_total'):.0f} of {2 * len(PROMPTS) + 1}, "
+                  f"seconds per request {[round(x, 2) for x in seconds]}", file=sys.stderr)
+            self.assertEqual(after, before, "greedy tokens after the re-plan")
+            self.assertEqual(s.metric("kvshard:kv_transfers_total"), 2 * len(PROMPTS),
+                             "every request after the re-plan handed off again")
+            self.assertEqual(s.metric("kvshard:kv_transfer_failures_total"), failures)
+            self.assertEqual(s.metric("kvshard:kv_pair_replans_total"), 1)
+            self.assertLess(max(seconds), TIMEOUT_MS / 1000.0)
+            self.assertTrue(s.wait_idle(), "KV blocks still in use after the re-plan")
+            log = "".join(s.log)
+            # Both healthy sides' workers took the new pairs; nothing re-formed.
+            for side, other in (("prefill", "decode"), ("decode", "prefill")):
+                self.assertRegex(log, f"\\[worker {side} r0\\] KV pairs with instance {other} "
+                                      f"re-planned: 1 pair\\(s\\) on the socket link")
+            self.assertNotIn("re-formed (epoch 2)", log)
+        finally:
+            s.stop()
+
+    def test_a_link_that_keeps_failing_is_not_replanned_in_a_loop(self):
+        # Every send from the second on fails: each request after the first is decoded on the
+        # prefill instance with its own tokens, at once; the re-plans wait a second, then two,
+        # between them (cli/kv_pair_replan.h RepairDelay).
+        s = server({"KVSHARD_KV_PAIR_SOCKET_FAIL_SENDS": ",".join(str(n) for n in range(2, 200))})
+        try:
+            expected = [s.complete(p) for p in PROMPTS]
+            started = time.time()
+            got, seconds = [], []
+            while time.time() - started < 2.5:
+                for p in PROMPTS:
+                    t = time.time()
+                    got.append((p, s.complete(p)))
+                    seconds.append(time.time() - t)
+            replans = s.metric("kvshard:kv_pair_replans_total")
+            print(f"\n[every send fails] {len(got)} requests in "
+                  f"{time.time() - started:.1f} s: {replans:.0f} re-plans, handoffs "
+                  f"{s.metric('kvshard:kv_transfers_total'):.0f}, failures "
+                  f"{s.metric('kvshard:kv_transfer_failures_total'):.0f}", file=sys.stderr)
+            for p, answer in got:
+                self.assertEqual(answer, expected[PROMPTS.index(p)], p)
+            self.assertEqual(s.metric("kvshard:kv_transfers_total"), 1)
+            self.assertGreaterEqual(replans, 1)
+            # Immediately, after 1 s, after 2 s more: at most three in the first 3.5 s.
+            self.assertLessEqual(replans, 3)
+            self.assertLess(max(seconds), TIMEOUT_MS / 1000.0)
+            self.assertTrue(s.wait_idle(), "KV blocks still in use")
         finally:
             s.stop()
 

@@ -6,7 +6,10 @@
 // sides without failing the pair, and a peer whose new channel cannot be made stays down with
 // its offers and receives failing at once. A background re-plan (the NCCL link: joining waits for
 // the re-formed peer) returns at once, fails the instance's offers fast until the join is done,
-// then carries KV. The settings carry kv_pair_first_transfer.
+// then carries KV. The settings carry kv_pair_first_transfer. DownPairs tells the coordinator
+// which pairs to re-plan: those that failed (either side) or could not be made, not those being
+// joined, refusing an older transfer, or up; after a re-plan of both sides of a failed set
+// (the coordinator's repair, both instances healthy) KV flows again.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -17,6 +20,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/worker/kv_pair_test_pools.h"
@@ -253,6 +257,77 @@ TEST(KvPairReplan, InTheBackgroundOffersFailFastUntilTheJoinIsDone) {
     ASSERT_TRUE(s.recv->Receive(testing::PairRecvOp(12), Blocks(into)).ok());
     EXPECT_EQ(testing::PairHeadBytes(*s.decode.pool, s.decode.layout, 5, 1, 1),
               testing::PairHeadBytes(*s.prefill.pool, s.prefill.layout, kB[0], 1, 1));
+}
+
+TEST(KvPairReplan, DownPairsNamesTheFailedPairsAndARepairOfBothSidesBringsThemBack) {
+    ThreeRanks s;
+    EXPECT_EQ(s.send->DownPairs("decode"), std::nullopt);
+    EXPECT_EQ(s.recv->DownPairs("prefill"), std::nullopt);
+    EXPECT_EQ(s.send->DownPairs("nobody"), std::nullopt);
+
+    // The link between "prefill" and "decode" dies mid-transfer: the receive fails and aborts
+    // the receiver's pairs; the sender's send fails on its thread.
+    ASSERT_TRUE(s.send->Offer(Send(3, "decode"), Blocks(kA)).ok());
+    {
+        std::lock_guard<std::mutex> lock(s.links.mu);
+        s.links.by_id.at(Id("g1", "decode"))->Kill(0);
+    }
+    s.send->Ready(3);
+    const std::vector<int32_t> into = {2};
+    EXPECT_FALSE(s.recv->Receive(testing::PairRecvOp(3), Blocks(into)).ok());
+    EXPECT_EQ(s.recv->DownPairs("prefill"), std::optional<uint64_t>(0));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!s.send->DownPairs("decode").has_value() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(s.send->DownPairs("decode"), std::optional<uint64_t>(0));
+    EXPECT_EQ(s.send->DownPairs("decode2"), std::nullopt);  // the other instance's pairs serve
+    // Down: offers fail at once, and say the coordinator re-plans them.
+    Result<int64_t> refused = s.send->Offer(Send(4, "decode"), Blocks(kA));
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("the coordinator re-plans"), std::string::npos)
+        << refused.status().ToString();
+
+    // The coordinator re-plans the set (new ids from transfer 10) on both healthy sides, in the
+    // background as on NCCL: being joined is not down.
+    std::vector<KvNcclPair> replanned = Plan("g1");
+    for (KvNcclPair& p : replanned) {
+        if (p.decode_instance == "decode") p.nccl_unique_id = Id("g2", "decode");
+    }
+    {
+        std::lock_guard<std::mutex> lock(s.links.mu);
+        s.links.held.insert(Id("g2", "decode"));
+    }
+    ASSERT_TRUE(s.send->Replan(KvNcclPairsOfRank(replanned, "prefill", 0), 10, nullptr, true).ok());
+    ASSERT_TRUE(s.recv->Replan(KvNcclPairsOfRank(replanned, "decode", 0), 10, nullptr, true).ok());
+    EXPECT_EQ(s.send->DownPairs("decode"), std::nullopt);
+    EXPECT_EQ(s.recv->DownPairs("prefill"), std::nullopt);
+    s.links.Release();
+    // An older transfer is refused on the new pairs without putting them down.
+    Result<int64_t> offered = s.send->Offer(Send(9, "decode"), Blocks(kA));
+    EXPECT_EQ(offered.status().code(), StatusCode::kUnavailable);
+    do {
+        offered = s.send->Offer(Send(11, "decode"), Blocks(kB));
+    } while (!offered.ok() && std::chrono::steady_clock::now() < deadline);
+    ASSERT_TRUE(offered.ok()) << offered.status().ToString();
+    EXPECT_EQ(s.send->DownPairs("decode"), std::nullopt);
+    s.send->Ready(11);
+    Result<int64_t> got = Unavailable("not yet");
+    do {
+        got = s.recv->Receive(testing::PairRecvOp(11), Blocks(into));
+    } while (!got.ok() && got.status().code() == StatusCode::kUnavailable &&
+             std::chrono::steady_clock::now() < deadline);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(testing::PairHeadBytes(*s.decode.pool, s.decode.layout, 2, 1, 2),
+              testing::PairHeadBytes(*s.prefill.pool, s.prefill.layout, kB[0], 1, 2));
+    EXPECT_EQ(s.recv->DownPairs("prefill"), std::nullopt);
+
+    // A re-plan whose channels cannot be made leaves them down, carrying its first transfer.
+    for (KvNcclPair& p : replanned) {
+        if (p.decode_instance == "decode") p.nccl_unique_id = Id("g3", "decode");
+    }
+    s.links.refuse.insert(Id("g3", "decode"));
+    EXPECT_FALSE(s.send->Replan(KvNcclPairsOfRank(replanned, "prefill", 0), 20).ok());
+    EXPECT_EQ(s.send->DownPairs("decode"), std::optional<uint64_t>(20));
 }
 
 TEST(KvPairReplan, SettingsCarryTheFirstTransfer) {

@@ -169,8 +169,13 @@ TEST(KvPairHandoff, DeadPeerFailsTheReceiveAndLaterOffersSayWhy) {
         std::this_thread::yield();
     }
     ASSERT_FALSE(again.ok());
-    EXPECT_NE(again.status().message().find("comes back when instance decode"), std::string::npos)
+    EXPECT_NE(again.status().message().find("the coordinator re-plans the pairs with instance "
+                                            "decode"),
+              std::string::npos)
         << again.status().ToString();
+    // Both sides say their pairs are down, for the coordinator to re-plan them.
+    EXPECT_EQ(c.send[0]->DownPairs("decode"), std::optional<uint64_t>(0));
+    EXPECT_EQ(c.recv[0]->DownPairs("prefill"), std::optional<uint64_t>(0));
 }
 
 TEST(KvPairHandoff, ReceiveFromAnInstanceWithoutPairsIsRefused) {
