@@ -273,8 +273,7 @@ Result<std::unique_ptr<ProcessInstance>> Form(const ServerConfig& config,
                                                       std::move(launcher), std::move(po));
     if (!ready.ok()) return ready;  // the instance's destructor ends the workers
     if (l != nullptr) l->NoteDescendants();
-    instance->StartSupervisor();
-    return instance;
+    return instance;  // supervised once every instance formed (FormProcessInstances)
 }
 
 }  // namespace
@@ -350,6 +349,11 @@ Result<std::vector<std::unique_ptr<ProcessInstance>>> FormProcessInstances(
         if (!f.ok()) return f.status();
         out.push_back(std::move(*f));
     }
+    // Only now: a supervisor re-forms its instance and runs before_relaunch (serve's KV pair
+    // re-plan, which tells the other instances' executors). Were one started while another
+    // instance could still fail to form, its re-form could reach executors destroyed on that
+    // failure. A worker that died in the meantime is found at the supervisor's first look.
+    for (std::unique_ptr<ProcessInstance>& instance : out) instance->StartSupervisor();
     return out;
 }
 

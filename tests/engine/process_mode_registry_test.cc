@@ -5,6 +5,7 @@
 // registration when it re-forms, and refuses it when it never does.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -274,6 +275,59 @@ TEST(WorkerRegistryTest, AnInstanceThatFailsToFormEndsTheOthersWaiting) {
         << formed.status().ToString();
     EXPECT_NE(formed.status().message().find("cannot read the weights"), std::string::npos)
         << formed.status().ToString();
+}
+
+// No instance is supervised before every instance formed: a worker of a formed instance that dies
+// while another instance still forms is not re-formed (its before_relaunch, serve's KV pair
+// re-plan, would reach the executors the failure then destroys); and once all formed, the
+// supervisors watch them.
+TEST(WorkerRegistryTest, NoInstanceIsSupervisedUntilEveryInstanceFormed) {
+    Result<std::unique_ptr<WorkerRegistry>> started = WorkerRegistry::Start(RegistryOptions());
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    std::shared_ptr<WorkerRegistry> registry = std::move(*started);
+    Result<ServerConfig> config = ExternalWorkersConfig(600'000);
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    for (const bool second_fails : {true, false}) {
+        SCOPED_TRACE(second_fails ? "the second instance fails" : "both form");
+        const std::string a = second_fails ? "early" : "early2", b = second_fails ? "broken" : "late";
+        std::vector<cli::ProcessInstanceSpec> specs(2);
+        specs[0].instance_id = a;
+        specs[1].instance_id = b;
+        std::atomic<int> relaunches{0};
+        specs[0].before_relaunch = [&] { relaunches++; };
+        Result<std::vector<cli::DeclaredProcessInstance>> declared =
+            cli::DeclareProcessInstances(*config, specs, registry);
+        ASSERT_TRUE(declared.ok()) << declared.status().ToString();
+        RemoteStepExecutor* first = (*declared)[0].executor.get();
+        Result<std::vector<std::unique_ptr<cli::ProcessInstance>>> formed = Internal("not formed");
+        std::thread forming(
+            [&] { formed = cli::FormProcessInstances(*config, specs, std::move(*declared)); });
+        std::unique_ptr<FrameChannel> first_worker, second_worker;
+        ASSERT_TRUE(RegisterAs(registry->port(), {0, 1, a, kControlProtocolVersion, "h:1", kToken},
+                               &first_worker)
+                        .accepted);
+        ASSERT_TRUE(first_worker->Send(ReadyMessage{true, "", 8}).ok());
+        ASSERT_TRUE(WaitFor([&] { return first->epoch() == 1; }));
+        // The formed instance's worker goes away while the other still forms.
+        first_worker.reset();
+        ASSERT_TRUE(WaitFor([&] { return !first->Health().ok(); }));
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // many supervisor polls
+        EXPECT_EQ(relaunches.load(), 0);
+        ASSERT_TRUE(RegisterAs(registry->port(), {0, 1, b, kControlProtocolVersion, "h:2", kToken},
+                               &second_worker)
+                        .accepted);
+        ASSERT_TRUE(
+            second_worker->Send(ReadyMessage{!second_fails, second_fails ? "bad weights" : "", 8})
+                .ok());
+        forming.join();
+        ASSERT_EQ(formed.ok(), !second_fails) << formed.status().ToString();
+        if (second_fails) {
+            EXPECT_EQ(relaunches.load(), 0);
+        } else {
+            // Supervised now: the dead worker is found and its instance re-forms.
+            EXPECT_TRUE(WaitFor([&] { return relaunches.load() == 1; }));
+        }
+    }
 }
 
 // Silent connections (a port scanner, a stuck client) each hold only their own handshake: a real
