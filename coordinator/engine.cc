@@ -208,6 +208,15 @@ void InstanceEngine::CheckEpoch() {
         "[{}] workers re-formed (epoch {} -> {}): {} cached KV blocks forgotten, {} "
         "handed-off prompts' KV released",
         config_.name, epoch_, now, dropped, handed_off);
+    // Every sequence that held blocks had a step fail when the old workers went (FailAll), so
+    // none should hold any now: a block still in use names KV the new workers never wrote, and
+    // its cache entry stayed. Said loudly, as the recovery tests check that it never happens.
+    if (const kv::BlockManagerStats b = blocks_.Stats(); b.num_used_blocks > 0) {
+        spdlog::warn(
+            "[{}] workers re-formed with {} KV blocks still in use by {} sequences: their KV "
+            "is not on the new workers",
+            config_.name, b.num_used_blocks, b.num_sequences);
+    }
     epoch_ = now;
 }
 

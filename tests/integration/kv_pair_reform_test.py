@@ -124,6 +124,8 @@ class KvPairReform(unittest.TestCase):
         self.assertLess(max(seconds), TIMEOUT_MS / 1000.0,
                         "a request after the re-form waited for a pair's timeout")
         self.assertTrue(s.wait_idle(), "KV blocks still in use after the re-form")
+        # No sequence kept blocks across the re-form (coordinator/engine.cc CheckEpoch).
+        self.assertFalse([l for l in s.log if "KV blocks still in use by" in l])
         log = "".join(s.log)
         self.assertIn(f"KV pairs with instance {instance} re-planned: new socket pair ids", log)
         # The healthy side's worker joined the new pairs, and the new pairs carried KV.

@@ -209,6 +209,8 @@ class Recovery(unittest.TestCase):
             self.assertEqual(server.complete("Once upon a time", max_tokens=24), (200, expected))
             self.assertEqual(server.metric("kvshard:instance_up"), 1.0)
             self.assertTrue(server.wait_idle(), "KV blocks still in use after recovery")
+            # No sequence kept blocks across the re-form (coordinator/engine.cc CheckEpoch).
+            self.assertFalse([l for l in server.log if "KV blocks still in use by" in l])
             for pid in before:
                 try:
                     with open(f"/proc/{pid}/stat") as f:
