@@ -95,14 +95,16 @@ TEST(KvShm, BetweenTwoProcesses) {
 
 TEST(KvShm, EitherSideSwitchedOffCarriesPayloadsOverTheSocket) {
     SKIP_WITHOUT_SHM();
-    KvTransportOptions off;
+    KvTransportOptions on, off;
     off.shared_memory = false;
     const int descriptors_before = ShmDescriptors();
     struct Case {
         const char* name;
         KvTransportOptions sender, receiver;
     };
-    const Case cases[] = {{"sender off", off, {}}, {"receiver off", {}, off}};
+    // Named options, not `{}`: GCC 12 warns (-Wmaybe-uninitialized) about a value-initialized
+    // member string in the array's initializer.
+    const Case cases[] = {{"sender off", off, on}, {"receiver off", on, off}};
     for (const Case& c : cases) {
         auto r = Tcp(c.receiver);
         auto s = Tcp(c.sender);
