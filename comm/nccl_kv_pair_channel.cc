@@ -16,15 +16,16 @@ using internal::NcclStatus;
 
 class NcclKvPairChannel final : public KvPairChannel {
   public:
-    NcclKvPairChannel(int rank, int device)
-        : comm_(
+    NcclKvPairChannel(int rank, int device, std::function<bool()> cancelled)
+        : cancelled_(std::move(cancelled)),
+          comm_(
               nullptr,
               [rank](std::string_view what) {
                   return "NCCL KV pair rank " + std::to_string(rank) + " " + std::string(what) +
                          ": not done by the deadline (the peer is missing or stuck); "
                          "communicator aborted";
               },
-              [this](std::string_view) { return AbortRequested(); }),
+              [this](std::string_view) { return WaitCheck(); }),
           rank_(rank),
           device_(device) {}
 
@@ -75,6 +76,16 @@ class NcclKvPairChannel final : public KvPairChannel {
   private:
     static constexpr int64_t kFinalizeTimeoutMs = 10'000;
 
+    // Every poll of a wait: an Abort, or the owner cancelling.
+    Status WaitCheck() {
+        KV_RETURN_IF_ERROR(AbortRequested());
+        if (cancelled_ && cancelled_()) {
+            return Aborted("NCCL KV pair rank " + std::to_string(rank_) +
+                           ": the worker is closing its KV pairs");
+        }
+        return Status::Ok();
+    }
+
     Status AbortRequested() {
         if (!abort_requested_.load()) return Status::Ok();
         std::lock_guard lock(abort_mu_);
@@ -102,7 +113,8 @@ class NcclKvPairChannel final : public KvPairChannel {
         return comm_.WaitStream(what, stream_, deadline);
     }
 
-    DeviceStream own_stream_;  // declared before comm_, so that it outlives it
+    const std::function<bool()> cancelled_;  // declared before comm_, which polls it
+    DeviceStream own_stream_;                // declared before comm_, so that it outlives it
     NcclComm comm_;
     const int rank_;
     const int device_;
@@ -134,7 +146,8 @@ Result<std::unique_ptr<KvPairChannel>> MakeNcclKvPairChannel(
         return Unavailable("NCCL KV pair: CUDA device " + std::to_string(config.cuda_device) +
                            " does not exist (" + std::to_string(devices) + " visible)");
     }
-    auto channel = std::make_unique<NcclKvPairChannel>(config.rank, config.cuda_device);
+    auto channel =
+        std::make_unique<NcclKvPairChannel>(config.rank, config.cuda_device, config.cancelled);
     KV_RETURN_IF_ERROR(channel->Init(
         config.nccl_unique_id, config.stream,
         KvPairChannel::Clock::now() + std::chrono::milliseconds(config.init_timeout_ms)));

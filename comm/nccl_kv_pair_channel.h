@@ -12,6 +12,7 @@
 // effect at that thread's next poll (or its next call), on that thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -30,6 +31,10 @@ struct NcclKvPairChannelConfig {
     // The stream the transfers run on (the decode step's, for a receiver), on `cuda_device`;
     // nullptr for one of the channel's own. Send/Recv return once it ran them.
     StreamHandle stream = nullptr;
+    // Polled while the channel waits (its join, its transfers); true ends the wait as an Abort
+    // would (Aborted, the communicator aborted). The worker's, when it closes its KV pairs: a
+    // join otherwise waits init_timeout_ms for a peer that may never come.
+    std::function<bool()> cancelled;
 };
 
 // Both ranks of the pair call it concurrently. InvalidArgument for a bad id or rank,

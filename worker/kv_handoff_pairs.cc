@@ -20,16 +20,17 @@ std::string PairOf(const KvNcclPairAssignment& p) {
 }
 
 #if KVSHARD_WITH_CUDA
-KvNcclRankChannels::MakeChannel NcclMaker(int device) {
-    return [device](const KvNcclPairAssignment& p) {
+KvNcclRankChannels::MakeChannel NcclMaker(int device, std::function<bool()> cancelled) {
+    return [device, cancelled = std::move(cancelled)](const KvNcclPairAssignment& p) {
         return MakeNcclKvPairChannel({.nccl_unique_id = p.nccl_unique_id,
                                       .rank = p.nccl_rank,
                                       .cuda_device = device,
-                                      .init_timeout_ms = KvPairHandoff::kNcclJoinTimeoutMs});
+                                      .init_timeout_ms = KvPairHandoff::kNcclJoinTimeoutMs,
+                                      .cancelled = cancelled});
     };
 }
 #else
-Result<KvNcclRankChannels::MakeChannel> NcclMaker(int) {
+Result<KvNcclRankChannels::MakeChannel> NcclMaker(int, const std::function<bool()>&) {
     return InvalidArgument(
         "kv_transfer.path: nccl: this kvshard was built without CUDA, so without NCCL");
 }
@@ -101,7 +102,8 @@ Result<std::optional<KvPairHandoffSettings>> KvPairHandoffSettingsOf(
 }
 
 Result<KvNcclRankChannels::MakeChannel> KvPairHandoff::MakerOf(KvPairLink link,
-                                                               const BackendConfig& backend) {
+                                                               const BackendConfig& backend,
+                                                               std::function<bool()> cancelled) {
     const std::string backend_name(BackendKindName(backend.kind));
     switch (link) {
         case KvPairLink::kSocket:
@@ -120,7 +122,7 @@ Result<KvNcclRankChannels::MakeChannel> KvPairHandoff::MakerOf(KvPairLink link,
                                        backend_name +
                                        " backend; NCCL pair channels send GPU memory (cuda)");
             }
-            return NcclMaker(backend.device);
+            return NcclMaker(backend.device, std::move(cancelled));
     }
     return InvalidArgument("kv_pair_link: unknown link");
 }

@@ -65,6 +65,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -145,7 +146,8 @@ class KvPairHandoff {
     Status Replan(std::vector<KvNcclPairAssignment> pairs, uint64_t first_transfer_id,
                   std::vector<std::string>* replanned = nullptr, bool in_background = false);
     // Waits for the channels still being made in the background (each bounded by its maker's own
-    // timeout: kNcclJoinTimeoutMs for NCCL), then drops every pair.
+    // timeout: kNcclJoinTimeoutMs for NCCL, or ended sooner by MakerOf's `cancelled`), then
+    // drops every pair.
     ~KvPairHandoff();
     // How long making an NCCL pair channel waits for its peer to join: the two workers of a pair
     // reach it after loading their weights, which they do at the same time, not in lockstep.
@@ -153,9 +155,13 @@ class KvPairHandoff {
     // The channel maker of `link` for a rank on `backend`: socket, MakeSocketKvPairChannel, which
     // sends host memory — refused for a non-CPU backend, naming KVSHARD_KV_PAIR_LINK; nccl,
     // MakeNcclKvPairChannel on backend.device — refused for a non-CUDA backend, and in a build
-    // without CUDA (naming kv_transfer.path).
+    // without CUDA (naming kv_transfer.path). `cancelled` (may be empty) is polled by an NCCL
+    // channel while it waits: the worker sets it when it closes its pairs, so a join still
+    // waiting for a peer ends then instead of after kNcclJoinTimeoutMs (the socket link never
+    // waits to be made).
     static Result<KvNcclRankChannels::MakeChannel> MakerOf(KvPairLink link,
-                                                           const BackendConfig& backend);
+                                                           const BackendConfig& backend,
+                                                           std::function<bool()> cancelled = {});
 
     // Prefill side: offers transfer op.transfer_id to every pair with op.dst_instance, `blocks`
     // by KV cache group (the entries the handoff carries). Returns the bytes offered (0 where this

@@ -122,6 +122,22 @@ TEST(NcclKvPairChannelGpu, MissingPeerTimesOut) {
     EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
 }
 
+// A worker closing its pairs ends a join still waiting for its peer at the next poll, not after
+// init_timeout_ms (KvPairHandoff::MakerOf's `cancelled`).
+TEST(NcclKvPairChannelGpu, CancelledJoinEndsAtOnce) {
+    if (DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    Result<std::string> id = NewNcclUniqueId();
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    const Clock::time_point start = Clock::now();
+    NcclKvPairChannelConfig config = Config(*id, 1, 120'000);
+    config.cancelled = [start] { return Clock::now() - start > std::chrono::milliseconds(300); };
+    const Status status = MakeNcclKvPairChannel(config).status();
+    EXPECT_EQ(status.code(), StatusCode::kAborted) << status.ToString();
+    EXPECT_NE(status.message().find("closing its KV pairs"), std::string::npos)
+        << status.ToString();
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(30));
+}
+
 TEST(NcclKvPairChannel, RejectsBadArguments) {
     struct Case {
         const char* name;
