@@ -71,8 +71,13 @@ Result<KvPairBuffers::Held> KvPairBuffers::Take(int64_t bytes) {
     if (auto it = kept_.find(size); it != kept_.end()) {
         buffer = std::move(it->second);
         kept_.erase(it);
+    } else if (auto larger = kept_.lower_bound(size);
+               allocated_bytes() + size > max_bytes_ && larger != kept_.end()) {
+        // At the bound a larger kept buffer serves as it is: nothing freed (header comment).
+        buffer = std::move(larger->second);
+        kept_.erase(larger);
     } else {
-        // Room first: kept buffers of other classes go before the bound refuses.
+        // Room first: kept buffers of smaller classes go before the bound refuses.
         while (allocated_bytes() + size > max_bytes_ && !kept_.empty()) kept_.erase(kept_.begin());
         if (allocated_bytes() + size > max_bytes_) {
             return Status(StatusCode::kResourceExhausted,
@@ -86,7 +91,7 @@ Result<KvPairBuffers::Held> KvPairBuffers::Take(int64_t bytes) {
     }
     {
         std::lock_guard lock(shared_->mu);
-        shared_->held_bytes += size;
+        shared_->held_bytes += static_cast<int64_t>(buffer.bytes());
     }
     std::shared_ptr<Shared> shared = shared_;
     return Held(new BackendBuffer(std::move(buffer)), [shared](BackendBuffer* b) {

@@ -9,9 +9,12 @@
 // of 1/8 of the size's power of two, at least 64 KiB: at most 12.5% more than asked), and a
 // buffer given back is kept for reuse by the next offer of its class, so a steady stream of
 // offers allocates nothing on the step's path. Bound: every offer buffer of the rank, held or
-// kept for reuse, totals at most `max_bytes`; a Take past it first frees kept buffers of other
-// classes, then fails with ResourceExhausted naming the bound (the offer fails and the prefill
-// instance decodes the request itself, as for any failed offer).
+// kept for reuse, totals at most `max_bytes`; a Take past it first takes the smallest kept
+// buffer of a larger class as it is (a free on a GPU waits for the whole device, the senders'
+// transfers in flight included, which wait for their decode ranks: the step thread would stall
+// behind them), then frees kept buffers of smaller classes, then fails with ResourceExhausted
+// naming the bound (the offer fails and the prefill instance decodes the request itself, as for
+// any failed offer).
 //
 // Ownership and threads: a KvPairBuffer (a held buffer) is a shared handle; the last copy
 // dropped — on the sender's thread when its `done` runs, or wherever the offer is withdrawn —

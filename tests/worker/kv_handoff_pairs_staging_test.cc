@@ -309,6 +309,41 @@ TEST(KvPairBuffers, GivenBackFromAnotherThreadAndReusedOnTheOwners) {
     EXPECT_TRUE(backend.live.empty());
 }
 
+// At the bound, a kept buffer of a larger class serves a smaller offer as it is: nothing is
+// freed on the step thread (a cudaFree would wait for the senders' transfers in flight). Below
+// the bound each offer gets its own class.
+TEST(KvPairBuffers, AtTheBoundALargerKeptBufferServesBeforeAnyIsFreed) {
+    StagingLogBackend backend;
+    const int64_t K = 1024;
+    {
+        KvPairBuffers buffers(&backend, 224 * K);
+        Result<KvPairBuffers::Held> big = buffers.Take(190 * K);  // class 192 KiB
+        ASSERT_TRUE(big.ok()) << big.status().ToString();
+        const void* first = (*big)->data();
+        big->reset();  // kept
+        // 64 KiB more would pass 224 KiB beside the kept 192: the kept one serves.
+        Result<KvPairBuffers::Held> small = buffers.Take(10 * K);
+        ASSERT_TRUE(small.ok()) << small.status().ToString();
+        EXPECT_EQ((*small)->data(), first);
+        EXPECT_EQ(buffers.held_bytes(), 192 * K);
+        EXPECT_EQ(backend.allocations, 1);
+        EXPECT_EQ(backend.frees, 0);
+        small->reset();
+        EXPECT_EQ(buffers.held_bytes(), 0);
+    }
+    EXPECT_EQ(backend.frees, 1);
+    // Below the bound an offer gets its own class, the larger kept buffer staying for its own.
+    {
+        KvPairBuffers buffers(&backend, 512 * K);
+        ASSERT_TRUE(buffers.Take(190 * K).ok());  // taken and given back: kept
+        Result<KvPairBuffers::Held> small = buffers.Take(10 * K);
+        ASSERT_TRUE(small.ok()) << small.status().ToString();
+        EXPECT_EQ(buffers.held_bytes(), 64 * K);
+        EXPECT_EQ(backend.allocations, 3);
+    }
+    EXPECT_TRUE(backend.live.empty());
+}
+
 TEST(KvPairLinkMaker, EachLinkRefusesTheBackendItCannotSendFrom) {
     Result<KvNcclRankChannels::MakeChannel> socket_gpu =
         KvPairHandoff::MakerOf(KvPairLink::kSocket, {.kind = BackendKind::kCuda, .device = 0});
