@@ -107,9 +107,9 @@ void KvPairPlan::SetExecutor(size_t i, RemoteStepExecutor* executor) {
     executors_.at(i) = executor;
 }
 
-void KvPairPlan::SetNextTransferId(std::function<uint64_t()> next) {
+void KvPairPlan::SetTransferFence(TransferFence fence) {
     std::lock_guard<std::mutex> lock(mu_);
-    next_transfer_id_ = std::move(next);
+    fence_ = std::move(fence);
 }
 
 void KvPairPlan::SetOnReplanned(std::function<void()> on_replanned) {
@@ -121,7 +121,7 @@ void KvPairPlan::Detach() {
     {
         std::lock_guard<std::mutex> lock(mu_);
         executors_.assign(executors_.size(), nullptr);
-        next_transfer_id_ = nullptr;
+        fence_ = nullptr;
         on_replanned_ = nullptr;
         detached_ = true;
         queue_.clear();
@@ -151,27 +151,38 @@ Result<uint64_t> KvPairPlan::ReplanLocked(const std::function<bool(const KvNcclP
                                           const std::string& also, std::string* told) {
     KV_ASSIGN_OR_RETURN(
         pairs_, ReplanKvNcclPairsWhere(pairs_, which, [&]() { return NewKvPairId(link_, host_); }));
-    // Read after the new pairs exist: a transfer the router numbers from here on is planned on
-    // both sides after their new pairs were handed out (module comment).
-    const uint64_t first = next_transfer_id_ ? next_transfer_id_() : 0;
-    for (const KvNcclPair& p : pairs_) {
-        if (which(p)) sets_[{p.prefill_instance, p.decode_instance}].first_transfer = first;
-    }
-    for (size_t i = 0; i < instances_.size(); ++i) {
-        const KvPairInstance& other = instances_[i];
-        const bool involved = other.name == also ||
-                              std::any_of(pairs_.begin(), pairs_.end(), [&](const KvNcclPair& p) {
-                                  return which(p) && (p.prefill_instance == other.name ||
-                                                      p.decode_instance == other.name);
-                              });
-        if (!involved || executors_[i] == nullptr) continue;
-        const Status updated = executors_[i]->UpdateRankSettings(RankSettingsLocked(i, first));
-        if (!updated.ok()) {
-            spdlog::error("kv_transfer.path: nccl: instance {} not told its new KV pairs: {}",
-                          other.name, updated.ToString());
-            continue;
+    // The transfer numbering is paused while both sides are told: a transfer numbered from
+    // `first` on is planned on each instance after its RankSettings on the same control channel,
+    // so its worker meets it on the new pairs (module comment); one numbered before is refused by
+    // them (the workers' Replan drops the old channels with what they held).
+    uint64_t first = 0;
+    const auto tell = [&](uint64_t next) {
+        first = next;
+        for (const KvNcclPair& p : pairs_) {
+            if (which(p)) sets_[{p.prefill_instance, p.decode_instance}].first_transfer = first;
         }
-        if (other.name != also) *told += (told->empty() ? "" : ", ") + other.name;
+        for (size_t i = 0; i < instances_.size(); ++i) {
+            const KvPairInstance& other = instances_[i];
+            const bool involved =
+                other.name == also ||
+                std::any_of(pairs_.begin(), pairs_.end(), [&](const KvNcclPair& p) {
+                    return which(p) &&
+                           (p.prefill_instance == other.name || p.decode_instance == other.name);
+                });
+            if (!involved || executors_[i] == nullptr) continue;
+            const Status updated = executors_[i]->UpdateRankSettings(RankSettingsLocked(i, first));
+            if (!updated.ok()) {
+                spdlog::error("kv_transfer.path: nccl: instance {} not told its new KV pairs: {}",
+                              other.name, updated.ToString());
+                continue;
+            }
+            if (other.name != also) *told += (told->empty() ? "" : ", ") + other.name;
+        }
+    };
+    if (fence_) {
+        fence_(tell);
+    } else {
+        tell(0);
     }
     if (on_replanned_) on_replanned_();
     return first;

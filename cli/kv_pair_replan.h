@@ -7,7 +7,12 @@
 // in a RankSettingsMessage (RemoteStepExecutor::UpdateRankSettings), on which they drop the old
 // channels and join the new ones. The new pairs carry the router's next transfer id
 // (kv_pair_first_transfer): a transfer planned before the re-plan is refused by them on both sides
-// rather than sent or awaited over a channel that never saw its offer.
+// rather than sent or awaited over a channel that never saw its offer. The router hands out no
+// id while the instances are told (SetTransferFence): a transfer numbered from that id on reaches
+// each instance's workers after their RankSettings, on the same control channel, so both sides
+// meet it on the new pairs; were the id read before the telling, a transfer numbered in between
+// could be received on one side's old pairs and readied, and so sent, on the other's new ones,
+// where it would pair with the next transfer's receive.
 //
 // A pair set that fails without a re-form (a receive that timed out, a peer's channel reset: the
 // pair protocol fails a pair for good, comm/kv_pair_protocol.h) is re-planned the same way but
@@ -82,11 +87,15 @@ class KvPairPlan : public KvPairHealth {
     // The executor of instance `i` once declared; Replan tells it its ranks' new lists.
     // REQUIRES: the executor outlives the plan's use of it (Detach before destroying it).
     void SetExecutor(size_t i, RemoteStepExecutor* executor);
-    // Where Replan reads the next transfer id (the router's); 0 until set (no transfer yet).
-    void SetNextTransferId(std::function<uint64_t()> next);
+    // How a re-plan fences transfers: `fence(tell)` calls tell(next transfer id) with the
+    // router's numbering paused (Router::WithTransferNumberingPaused), and the re-plan hands
+    // out the new pairs inside, carrying that id (module comment). Until set: tell(0), no
+    // transfer yet.
+    using TransferFence = std::function<void(const std::function<void(uint64_t next)>& tell)>;
+    void SetTransferFence(TransferFence fence);
     // Called after every re-plan that handed out new ids (serve: kvshard:kv_pair_replans_total).
     void SetOnReplanned(std::function<void()> on_replanned);
-    // Forgets the executors and the transfer-id source: later Replans change nothing. Waits for
+    // Forgets the executors and the transfer fence: later Replans change nothing. Waits for
     // a Replan in progress and ends the thread that re-plans failed pairs.
     void Detach();
     ~KvPairPlan() override;
@@ -138,7 +147,7 @@ class KvPairPlan : public KvPairHealth {
     mutable std::mutex mu_;
     std::vector<KvNcclPair> pairs_;               // guarded by mu_
     std::vector<RemoteStepExecutor*> executors_;  // guarded by mu_; by instance
-    std::function<uint64_t()> next_transfer_id_;  // guarded by mu_
+    TransferFence fence_;                         // guarded by mu_
     std::function<void()> on_replanned_;          // guarded by mu_
     int replans_ = 0;                             // guarded by mu_
     int repairs_ = 0;                             // guarded by mu_

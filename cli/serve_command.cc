@@ -450,11 +450,13 @@ int RunServe(ServeFlags f) {
     struct ForgetRouter {
         KvPairPlan* plan = nullptr;
         ~ForgetRouter() {
-            if (plan != nullptr) plan->SetNextTransferId(nullptr);
+            if (plan != nullptr) plan->SetTransferFence(nullptr);
         }
     } forget_router;
     if (pair_plan != nullptr) {
-        pair_plan->SetNextTransferId([r = router->get()] { return r->next_transfer_id(); });
+        pair_plan->SetTransferFence([r = router->get()](const std::function<void(uint64_t)>& tell) {
+            r->WithTransferNumberingPaused(tell);
+        });
         forget_router.plan = pair_plan.get();
     }
     Engine& engine =

@@ -157,8 +157,17 @@ Status Router::Submit(GenerationRequest request, std::shared_ptr<RequestSink> si
     if (request.n != 1 || decoding.empty())
         return prefill->Submit(std::move(request), std::move(sink));
     InstanceEngine* decode = LeastLoaded(decoding);
-    return prefill->SubmitWithHandoff(std::move(request), std::move(sink), decode,
-                                      next_transfer_id_++);
+    uint64_t transfer_id = 0;
+    {
+        std::lock_guard<std::mutex> lock(numbering_mu_);
+        transfer_id = next_transfer_id_++;
+    }
+    return prefill->SubmitWithHandoff(std::move(request), std::move(sink), decode, transfer_id);
+}
+
+void Router::WithTransferNumberingPaused(const std::function<void(uint64_t next)>& fn) {
+    std::lock_guard<std::mutex> lock(numbering_mu_);
+    fn(next_transfer_id_.load());
 }
 
 void Router::Abort(const std::string& request_id) {

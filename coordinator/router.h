@@ -23,7 +23,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -50,9 +52,14 @@ class Router : public Engine {
     // Summed over instances (kv_cache_usage: used / all blocks over all instances).
     EngineStats Stats() const override;
     int64_t max_context() const override;
-    // The id the next handoff will carry (ids are handed out in increasing order; the KV pair
-    // path's re-plan keeps transfers numbered before it off the new pairs, cli/kv_pair_replan.h).
+    // The id the next handoff will carry (ids are handed out in increasing order).
     uint64_t next_transfer_id() const { return next_transfer_id_.load(); }
+    // Runs `fn` with the id the next handoff will carry, handing out none until it returns. The
+    // KV pair path's re-plan tells the workers their new pairs inside (cli/kv_pair_replan.h):
+    // a transfer numbered from that id on is planned on both instances after the new pairs,
+    // on the same control channels, so both sides meet it on the new pairs; those numbered
+    // before it are kept off them.
+    void WithTransferNumberingPaused(const std::function<void(uint64_t next)>& fn);
     // OK while requests can be served: some mixed instance (colocated) or some prefill instance
     // (disaggregated: a prefill instance decodes by itself when no decode instance can) is
     // healthy; otherwise the first instance's error.
@@ -77,7 +84,8 @@ class Router : public Engine {
     RouterConfig config_;
     std::vector<InstanceEngine*> all_;
     std::vector<InstanceEngine*> mixed_, prefill_, decode_;
-    std::atomic<uint64_t> next_transfer_id_{1};
+    std::mutex numbering_mu_;                    // held while an id is handed out
+    std::atomic<uint64_t> next_transfer_id_{1};  // written under numbering_mu_
 };
 
 }  // namespace kvshard

@@ -97,7 +97,7 @@ TEST(KvPairPlan, ThePlanHandsTheNewPairsToTheReformedInstanceAndItsPeers) {
         (*plan)->SetExecutor(i, e->get());
         executors.push_back(std::move(*e));
     }
-    (*plan)->SetNextTransferId([] { return uint64_t{77}; });
+    (*plan)->SetTransferFence([](const auto& tell) { tell(77); });
     ASSERT_TRUE((*plan)->Replan("d").ok());
     EXPECT_EQ((*plan)->replans(), 1);
 
@@ -178,7 +178,7 @@ TEST(KvPairPlan, APairSetReportedDownIsReplannedAloneAndItsInstancesTold) {
     int replanned = 0;
     (*plan)->SetOnReplanned([&] { replanned++; });
     std::atomic<uint64_t> next{5};
-    (*plan)->SetNextTransferId([&] { return next.load(); });
+    (*plan)->SetTransferFence([&](const auto& tell) { tell(next.load()); });
     const Ids p_before = IdsOf(**plan, 0, 0), q_before = IdsOf(**plan, 1, 0);
 
     (*plan)->OnPairsDown("p", "d", 0, Status(StatusCode::kDeadlineExceeded, "receive timed out"));

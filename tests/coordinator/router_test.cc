@@ -15,10 +15,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/clock.h"
@@ -79,8 +82,11 @@ class RouterTest : public ::testing::Test {
     RouterTest() : tokenizer_(ByteTokenizer()) {}
 
     InstanceEngine* Add(const std::string& name, int64_t num_blocks = 32,
-                        EngineObserver* observer = nullptr, const Clock* clock = nullptr) {
+                        EngineObserver* observer = nullptr, const Clock* clock = nullptr,
+                        PoolRole role = PoolRole::kMixed) {
         InstanceEngineConfig c;
+        c.role = role;
+        if (role == PoolRole::kDecode) c.kv_endpoints = {"127.0.0.1:1"};  // never reached here
         c.observer = observer;
         c.name = name;
         c.scheduler.max_num_seqs = 8;
@@ -157,6 +163,31 @@ class RouterTest : public ::testing::Test {
     std::vector<std::shared_ptr<NullSink>> sinks_;
     int counter_ = 0;
 };
+
+// The KV pair path's fence (cli/kv_pair_replan.h): while WithTransferNumberingPaused runs, a
+// handoff submitted from another thread waits for its transfer id, and then gets the id the
+// fence was given.
+TEST_F(RouterTest, PausedTransferNumberingHoldsHandoffsUntilTheFenceReturns) {
+    Add("prefill", 32, nullptr, nullptr, PoolRole::kPrefill);
+    Add("decode", 32, nullptr, nullptr, PoolRole::kDecode);
+    std::unique_ptr<Router> router = MakeRouter();
+    uint64_t fence = 0;
+    std::atomic<bool> submitted{false};
+    std::thread submitter;
+    router->WithTransferNumberingPaused([&](uint64_t next) {
+        fence = next;
+        submitter = std::thread([&] {
+            Route(*router, Request({1, 2, 3, 4, 5}));
+            submitted = true;
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        EXPECT_FALSE(submitted.load()) << "a handoff was numbered inside the fence";
+        EXPECT_EQ(router->next_transfer_id(), next);
+    });
+    submitter.join();
+    EXPECT_TRUE(submitted.load());
+    EXPECT_EQ(router->next_transfer_id(), fence + 1);
+}
 
 TEST_F(RouterTest, PlacesByThePublishedPrefixCache) {
     InstanceEngine* a = Add("a");
