@@ -71,6 +71,30 @@ RegisterAckMessage Register(uint16_t port, const std::string& token, const std::
     return std::get<RegisterAckMessage>(*answer);
 }
 
+// A registry (token "t") with an executor for each of `plan`'s instances, named by the letters
+// of `names` in the plan's order, each handed to the plan.
+struct Executors {
+    std::unique_ptr<WorkerRegistry> registry;
+    std::vector<std::unique_ptr<RemoteStepExecutor>> executors;
+};
+Executors AddExecutors(KvPairPlan& plan, const std::string& names) {
+    WorkerRegistryOptions ro;
+    ro.token = "t";
+    Result<std::unique_ptr<WorkerRegistry>> registry = WorkerRegistry::Start(ro);
+    KV_CHECK(registry.ok()) << registry.status().ToString();
+    Executors out{std::move(*registry), {}};
+    for (size_t i = 0; i < names.size(); ++i) {
+        RemoteInstanceOptions o;
+        o.instance_id = std::string(1, names[i]);
+        o.rank_settings = plan.RankSettings(i);
+        Result<std::unique_ptr<RemoteStepExecutor>> e = out.registry->AddInstance(o);
+        KV_CHECK(e.ok()) << e.status().ToString();
+        plan.SetExecutor(i, e->get());
+        out.executors.push_back(std::move(*e));
+    }
+    return out;
+}
+
 TEST(KvPairPlan, ThePlanHandsTheNewPairsToTheReformedInstanceAndItsPeers) {
     Result<std::unique_ptr<KvPairPlan>> plan =
         KvPairPlan::Create(testing::PairSpec(),
@@ -83,20 +107,8 @@ TEST(KvPairPlan, ThePlanHandsTheNewPairsToTheReformedInstanceAndItsPeers) {
     EXPECT_TRUE((*plan)->RankSettings(3).empty());
     const Ids p_before = IdsOf(**plan, 0, 0), e_before = IdsOf(**plan, 2, 0);
 
-    WorkerRegistryOptions ro;
-    ro.token = "t";
-    Result<std::unique_ptr<WorkerRegistry>> registry = WorkerRegistry::Start(ro);
-    ASSERT_TRUE(registry.ok());
-    std::vector<std::unique_ptr<RemoteStepExecutor>> executors;
-    for (size_t i = 0; i < 4; ++i) {
-        RemoteInstanceOptions o;
-        o.instance_id = std::string(1, "pdem"[i]);
-        o.rank_settings = (*plan)->RankSettings(i);
-        Result<std::unique_ptr<RemoteStepExecutor>> e = (*registry)->AddInstance(o);
-        ASSERT_TRUE(e.ok()) << e.status().ToString();
-        (*plan)->SetExecutor(i, e->get());
-        executors.push_back(std::move(*e));
-    }
+    Executors e = AddExecutors(**plan, "pdem");
+    WorkerRegistry* registry = e.registry.get();
     (*plan)->SetTransferFence([](const auto& tell) { tell(77); });
     ASSERT_TRUE((*plan)->Replan("d").ok());
     EXPECT_EQ((*plan)->replans(), 1);
@@ -113,7 +125,7 @@ TEST(KvPairPlan, ThePlanHandsTheNewPairsToTheReformedInstanceAndItsPeers) {
     for (const auto& [instance, want] : std::vector<std::pair<std::string, std::string>>{
              {"p", p_after.at({"d", 0})}, {"d", d_after.at({"p", 0})}}) {
         std::unique_ptr<FrameChannel> keep;
-        const RegisterAckMessage ack = Register((*registry)->port(), "t", instance, 0, &keep);
+        const RegisterAckMessage ack = Register(registry->port(), "t", instance, 0, &keep);
         ASSERT_TRUE(ack.accepted) << ack.error;
         Result<std::optional<KvPairHandoffSettings>> s = KvPairHandoffSettingsOf(ack.settings);
         ASSERT_TRUE(s.ok() && s->has_value()) << s.status().ToString();
@@ -123,7 +135,7 @@ TEST(KvPairPlan, ThePlanHandsTheNewPairsToTheReformedInstanceAndItsPeers) {
         EXPECT_TRUE(found) << instance;
     }
     std::unique_ptr<FrameChannel> keep;
-    const RegisterAckMessage e_ack = Register((*registry)->port(), "t", "e", 0, &keep);
+    const RegisterAckMessage e_ack = Register(registry->port(), "t", "e", 0, &keep);
     ASSERT_TRUE(e_ack.accepted) << e_ack.error;
     Result<std::optional<KvPairHandoffSettings>> e_settings =
         KvPairHandoffSettingsOf(e_ack.settings);
@@ -133,8 +145,8 @@ TEST(KvPairPlan, ThePlanHandsTheNewPairsToTheReformedInstanceAndItsPeers) {
     // Detached: a re-plan still makes new ids but tells no executor.
     (*plan)->Detach();
     ASSERT_TRUE((*plan)->Replan("e").ok());
-    executors[2]->BeginReform("test");
-    const RegisterAckMessage again = Register((*registry)->port(), "t", "e", 0, &keep);
+    e.executors[2]->BeginReform("test");
+    const RegisterAckMessage again = Register(registry->port(), "t", "e", 0, &keep);
     ASSERT_TRUE(again.accepted) << again.error;
     Result<std::optional<KvPairHandoffSettings>> old = KvPairHandoffSettingsOf(again.settings);
     ASSERT_TRUE(old.ok() && old->has_value());
@@ -161,20 +173,8 @@ TEST(KvPairPlan, APairSetReportedDownIsReplannedAloneAndItsInstancesTold) {
                             {"e", 1, PoolRole::kDecode}},
                            KvPairLink::kSocket, "127.0.0.1", 500);
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-    WorkerRegistryOptions ro;
-    ro.token = "t";
-    Result<std::unique_ptr<WorkerRegistry>> registry = WorkerRegistry::Start(ro);
-    ASSERT_TRUE(registry.ok());
-    std::vector<std::unique_ptr<RemoteStepExecutor>> executors;
-    for (size_t i = 0; i < 4; ++i) {
-        RemoteInstanceOptions o;
-        o.instance_id = std::string(1, "pqde"[i]);
-        o.rank_settings = (*plan)->RankSettings(i);
-        Result<std::unique_ptr<RemoteStepExecutor>> e = (*registry)->AddInstance(o);
-        ASSERT_TRUE(e.ok()) << e.status().ToString();
-        (*plan)->SetExecutor(i, e->get());
-        executors.push_back(std::move(*e));
-    }
+    Executors e = AddExecutors(**plan, "pqde");
+    WorkerRegistry* registry = e.registry.get();
     int replanned = 0;
     (*plan)->SetOnReplanned([&] { replanned++; });
     std::atomic<uint64_t> next{5};
@@ -194,7 +194,7 @@ TEST(KvPairPlan, APairSetReportedDownIsReplannedAloneAndItsInstancesTold) {
     // p and d register with the new pairs and the first transfer; q with its list as it was.
     for (const char* instance : {"p", "d", "q"}) {
         std::unique_ptr<FrameChannel> keep;
-        const RegisterAckMessage ack = Register((*registry)->port(), "t", instance, 0, &keep);
+        const RegisterAckMessage ack = Register(registry->port(), "t", instance, 0, &keep);
         ASSERT_TRUE(ack.accepted) << ack.error;
         Result<std::optional<KvPairHandoffSettings>> st = KvPairHandoffSettingsOf(ack.settings);
         ASSERT_TRUE(st.ok() && st->has_value()) << st.status().ToString();

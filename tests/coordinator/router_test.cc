@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -50,8 +51,25 @@ class FakeExecutor final : public StepExecutor {
             token.token_id = kSampled;
             r.tokens.push_back(token);
         }
+        if (fail_transfers) fail_transfers(plan, &r);
         return r;
     }
+    // Adds failed transfers to a step's result (the KV pair path's tests).
+    std::function<void(const StepPlan&, StepResult*)> fail_transfers;
+};
+
+// What the engines tell the KV pair path's health (serve's KvPairPlan), in order.
+class PairHealthLog final : public KvPairHealth {
+  public:
+    void OnPairsDown(const std::string& prefill, const std::string& decode, uint64_t first,
+                     const Status& why) override {
+        events.push_back("down " + prefill + "->" + decode + " from " + std::to_string(first) +
+                         ": " + why.message());
+    }
+    void OnPairsTransferred(const std::string& prefill, const std::string& decode) override {
+        events.push_back("through " + prefill + "->" + decode);
+    }
+    std::vector<std::string> events;
 };
 
 class NullSink final : public RequestSink {
@@ -86,6 +104,8 @@ class RouterTest : public ::testing::Test {
                         PoolRole role = PoolRole::kMixed) {
         InstanceEngineConfig c;
         c.role = role;
+        c.handoff.path = handoff_path_;
+        c.pair_health = pair_health_;
         if (role == PoolRole::kDecode) c.kv_endpoints = {"127.0.0.1:1"};  // never reached here
         c.observer = observer;
         c.name = name;
@@ -159,6 +179,8 @@ class RouterTest : public ::testing::Test {
     VirtualClock clock_;
     std::unique_ptr<Tokenizer> tokenizer_;
     FakeExecutor executor_;
+    std::optional<KvHandoffPath> handoff_path_;  // of the engines Add makes from then on
+    KvPairHealth* pair_health_ = nullptr;        // "
     std::vector<std::unique_ptr<InstanceEngine>> engines_;
     std::vector<std::shared_ptr<NullSink>> sinks_;
     int counter_ = 0;
@@ -187,6 +209,67 @@ TEST_F(RouterTest, PausedTransferNumberingHoldsHandoffsUntilTheFenceReturns) {
     submitter.join();
     EXPECT_TRUE(submitted.load());
     EXPECT_EQ(router->next_transfer_id(), fence + 1);
+}
+
+// The KV pair path: a failed transfer whose worker says the pairs are down reaches the pair
+// health from either side (the decode instance's receive, the prefill instance's offer), with
+// the pairs' first transfer; a failure that leaves them up, and nothing else, does not; a
+// transfer through the pairs is told too. Every request still ends.
+TEST_F(RouterTest, PairFailuresAndTransfersReachThePairHealth) {
+    PairHealthLog health;
+    handoff_path_ = KvHandoffPath::kNccl;
+    pair_health_ = &health;
+    InstanceEngine* prefill = Add("p", 32, nullptr, nullptr, PoolRole::kPrefill);
+    InstanceEngine* decode = Add("d", 32, nullptr, nullptr, PoolRole::kDecode);
+    std::unique_ptr<Router> router = MakeRouter();
+    struct Case {
+        const char* name;
+        bool on_receive;          // else on the prefill instance's send
+        TransferFailure failure;  // transfer_id filled in
+        std::vector<std::string> events;
+    };
+    const Case cases[] = {
+        {"through", true, {}, {"through p->d"}},
+        {"receive, pairs down",
+         true,
+         {0, StatusCode::kDeadlineExceeded, "timed out", true, 0},
+         {"down p->d from 0: timed out"}},
+        {"offer, pairs down",
+         false,
+         {0, StatusCode::kAborted, "failed earlier", true, 7},
+         {"down p->d from 7: failed earlier"}},
+        {"receive, pairs up", true, {0, StatusCode::kUnavailable, "being joined", false, 0}, {}},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.name);
+        health.events.clear();
+        executor_.fail_transfers = [&](const StepPlan& plan, StepResult* r) {
+            if (c.failure.message.empty()) return;
+            if (c.on_receive) {
+                for (const KvRecvOp& op : plan.kv_recvs) {
+                    TransferFailure f = c.failure;
+                    f.transfer_id = op.transfer_id;
+                    r->failed_transfers.push_back(f);
+                }
+            } else {
+                for (const KvSendOp& op : plan.kv_sends) {
+                    TransferFailure f = c.failure;
+                    f.transfer_id = op.transfer_id;
+                    r->failed_transfers.push_back(f);
+                }
+            }
+        };
+        GenerationRequest request = Request(Tokens(300, 9));
+        request.max_tokens = 4;
+        ASSERT_EQ(Route(*router, std::move(request)), prefill);
+        for (int guard = 0; guard < 100 && (prefill->HasWork() || decode->HasWork()); ++guard) {
+            Step(prefill);
+            Step(decode);
+        }
+        EXPECT_TRUE(sinks_.back()->finished);
+        EXPECT_TRUE(sinks_.back()->ok);
+        EXPECT_EQ(health.events, c.events);
+    }
 }
 
 TEST_F(RouterTest, PlacesByThePublishedPrefixCache) {

@@ -108,11 +108,7 @@ class KvPairReform(unittest.TestCase):
         tokens `expected`, none waiting for a timeout, nothing failed or leaked."""
         transfers = s.metric("kvshard:kv_transfers_total")
         failures = s.metric("kvshard:kv_transfer_failures_total")
-        after, seconds = [], []
-        for p in PROMPTS:
-            started = time.time()
-            after.append(s.complete(p))
-            seconds.append(time.time() - started)
+        after, seconds = complete_timed(s)
         print(f"\n[{instance} killed] after the re-form: handoffs {transfers:.0f} -> "
               f"{s.metric('kvshard:kv_transfers_total'):.0f}, failures {failures:.0f} -> "
               f"{s.metric('kvshard:kv_transfer_failures_total'):.0f}, seconds per request "
@@ -247,11 +243,7 @@ class KvPairRepair(unittest.TestCase):
             wait_for(lambda: any("KV pairs prefill -> decode re-planned after a failure" in line
                                  for line in s.log), 30, "the pairs re-planned")
             failures = s.metric("kvshard:kv_transfer_failures_total")
-            after, seconds = [], []
-            for p in PROMPTS:
-                started = time.time()
-                after.append(s.complete(p))
-                seconds.append(time.time() - started)
+            after, seconds = complete_timed(s)
             print(f"\n[a send failed] after the re-plan: handoffs "
                   f"{s.metric('kvshard:kv_transfers_total'):.0f} of {2 * len(PROMPTS) + 1}, "
                   f"seconds per request {[round(x, 2) for x in seconds]}", file=sys.stderr)
@@ -300,6 +292,16 @@ class KvPairRepair(unittest.TestCase):
             self.assertTrue(s.wait_idle(), "KV blocks still in use")
         finally:
             s.stop()
+
+
+def complete_timed(s):
+    """Each of PROMPTS completed in turn: the answers, and each one's seconds."""
+    after, seconds = [], []
+    for p in PROMPTS:
+        started = time.time()
+        after.append(s.complete(p))
+        seconds.append(time.time() - started)
+    return after, seconds
 
 
 def prefilled(s):

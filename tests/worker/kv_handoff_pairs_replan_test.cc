@@ -61,6 +61,10 @@ struct Links {
     std::map<std::string, std::unique_ptr<InMemoryKvPairLink>> by_id;  // guarded by mu
     std::set<std::string> refuse;
     std::set<std::string> held;  // guarded by mu
+    void Hold(const std::string& id) {
+        std::lock_guard<std::mutex> lock(mu);
+        held.insert(id);
+    }
     void Release() {
         std::lock_guard<std::mutex> lock(mu);
         held.clear();
@@ -96,6 +100,15 @@ std::string Id(const std::string& generation, const std::string& decode) {
     std::string id = generation + ":" + decode;
     id.resize(kKvNcclUniqueIdBytes, '.');
     return id;
+}
+
+// Plan("g1") with the pairs of instance "decode" re-planned as `generation`.
+std::vector<KvNcclPair> Replanned(const std::string& generation) {
+    std::vector<KvNcclPair> pairs = Plan("g1");
+    for (KvNcclPair& p : pairs) {
+        if (p.decode_instance == "decode") p.nccl_unique_id = Id(generation, "decode");
+    }
+    return pairs;
 }
 
 KvSendOp Send(uint64_t id, const std::string& to) {
@@ -138,11 +151,7 @@ TEST(KvPairReplan, KeepsOtherInstancesPairsAndNeverSendsAnOldOfferOnTheNewChanne
     ASSERT_TRUE(s.send->Offer(Send(6, "decode2"), Blocks(kA)).ok());
 
     // "decode" re-forms: the prefill rank's pairs with it get new ids from transfer 10 on.
-    const std::vector<KvNcclPair> plan = Plan("g1");
-    std::vector<KvNcclPair> replanned = plan;
-    for (KvNcclPair& p : replanned) {
-        if (p.decode_instance == "decode") p.nccl_unique_id = Id("g2", "decode");
-    }
+    const std::vector<KvNcclPair> replanned = Replanned("g2");
     std::vector<std::string> changed;
     ASSERT_TRUE(s.send->Replan(KvNcclPairsOfRank(replanned, "prefill", 0), 10, &changed).ok());
     EXPECT_EQ(changed, std::vector<std::string>{"decode"});
@@ -174,10 +183,7 @@ TEST(KvPairReplan, KeepsOtherInstancesPairsAndNeverSendsAnOldOfferOnTheNewChanne
 
 TEST(KvPairReplan, OlderTransfersAreRefusedOnBothSidesAndThePairStaysUp) {
     ThreeRanks s;
-    std::vector<KvNcclPair> replanned = Plan("g1");
-    for (KvNcclPair& p : replanned) {
-        if (p.decode_instance == "decode") p.nccl_unique_id = Id("g2", "decode");
-    }
+    std::vector<KvNcclPair> replanned = Replanned("g2");
     ASSERT_TRUE(s.send->Replan(KvNcclPairsOfRank(replanned, "prefill", 0), 10).ok());
     s.recv = s.Make(replanned, "decode", s.decode, 10);
 
@@ -203,10 +209,7 @@ TEST(KvPairReplan, OlderTransfersAreRefusedOnBothSidesAndThePairStaysUp) {
 
 TEST(KvPairReplan, APeerWhoseNewChannelCannotBeMadeStaysDownOthersServe) {
     ThreeRanks s;
-    std::vector<KvNcclPair> replanned = Plan("g1");
-    for (KvNcclPair& p : replanned) {
-        if (p.decode_instance == "decode") p.nccl_unique_id = Id("g2", "decode");
-    }
+    std::vector<KvNcclPair> replanned = Replanned("g2");
     s.links.refuse.insert(Id("g2", "decode"));
     const Status st = s.send->Replan(KvNcclPairsOfRank(replanned, "prefill", 0), 10);
     ASSERT_FALSE(st.ok());
@@ -228,14 +231,8 @@ TEST(KvPairReplan, APeerWhoseNewChannelCannotBeMadeStaysDownOthersServe) {
 
 TEST(KvPairReplan, InTheBackgroundOffersFailFastUntilTheJoinIsDone) {
     ThreeRanks s;
-    std::vector<KvNcclPair> replanned = Plan("g1");
-    for (KvNcclPair& p : replanned) {
-        if (p.decode_instance == "decode") p.nccl_unique_id = Id("g2", "decode");
-    }
-    {
-        std::lock_guard<std::mutex> lock(s.links.mu);
-        s.links.held.insert(Id("g2", "decode"));
-    }
+    std::vector<KvNcclPair> replanned = Replanned("g2");
+    s.links.Hold(Id("g2", "decode"));
     // Returns while the join waits.
     ASSERT_TRUE(s.send->Replan(KvNcclPairsOfRank(replanned, "prefill", 0), 10, nullptr, true).ok());
     Result<int64_t> offered = s.send->Offer(Send(10, "decode"), Blocks(kA));
@@ -289,14 +286,8 @@ TEST(KvPairReplan, DownPairsNamesTheFailedPairsAndARepairOfBothSidesBringsThemBa
 
     // The coordinator re-plans the set (new ids from transfer 10) on both healthy sides, in the
     // background as on NCCL: being joined is not down.
-    std::vector<KvNcclPair> replanned = Plan("g1");
-    for (KvNcclPair& p : replanned) {
-        if (p.decode_instance == "decode") p.nccl_unique_id = Id("g2", "decode");
-    }
-    {
-        std::lock_guard<std::mutex> lock(s.links.mu);
-        s.links.held.insert(Id("g2", "decode"));
-    }
+    std::vector<KvNcclPair> replanned = Replanned("g2");
+    s.links.Hold(Id("g2", "decode"));
     ASSERT_TRUE(s.send->Replan(KvNcclPairsOfRank(replanned, "prefill", 0), 10, nullptr, true).ok());
     ASSERT_TRUE(s.recv->Replan(KvNcclPairsOfRank(replanned, "decode", 0), 10, nullptr, true).ok());
     EXPECT_EQ(s.send->DownPairs("decode"), std::nullopt);
@@ -322,9 +313,7 @@ TEST(KvPairReplan, DownPairsNamesTheFailedPairsAndARepairOfBothSidesBringsThemBa
     EXPECT_EQ(s.recv->DownPairs("prefill"), std::nullopt);
 
     // A re-plan whose channels cannot be made leaves them down, carrying its first transfer.
-    for (KvNcclPair& p : replanned) {
-        if (p.decode_instance == "decode") p.nccl_unique_id = Id("g3", "decode");
-    }
+    replanned = Replanned("g3");
     s.links.refuse.insert(Id("g3", "decode"));
     EXPECT_FALSE(s.send->Replan(KvNcclPairsOfRank(replanned, "prefill", 0), 20).ok());
     EXPECT_EQ(s.send->DownPairs("decode"), std::optional<uint64_t>(20));
