@@ -20,8 +20,8 @@ std::string PairOf(const KvNcclPairAssignment& p) {
 }
 
 #if KVSHARD_WITH_CUDA
-KvNcclRankChannels::MakeChannel NcclMaker(int device, std::function<bool()> cancelled) {
-    return [device, cancelled = std::move(cancelled)](const KvNcclPairAssignment& p) {
+KvPairHandoff::MakePairChannel NcclMaker(int device) {
+    return [device](const KvNcclPairAssignment& p, const std::function<bool()>& cancelled) {
         return MakeNcclKvPairChannel({.nccl_unique_id = p.nccl_unique_id,
                                       .rank = p.nccl_rank,
                                       .cuda_device = device,
@@ -30,7 +30,7 @@ KvNcclRankChannels::MakeChannel NcclMaker(int device, std::function<bool()> canc
     };
 }
 #else
-Result<KvNcclRankChannels::MakeChannel> NcclMaker(int, const std::function<bool()>&) {
+Result<KvPairHandoff::MakePairChannel> NcclMaker(int) {
     return InvalidArgument(
         "kv_transfer.path: nccl: this kvshard was built without CUDA, so without NCCL");
 }
@@ -101,9 +101,8 @@ Result<std::optional<KvPairHandoffSettings>> KvPairHandoffSettingsOf(
     return std::optional<KvPairHandoffSettings>(std::move(s));
 }
 
-Result<KvNcclRankChannels::MakeChannel> KvPairHandoff::MakerOf(KvPairLink link,
-                                                               const BackendConfig& backend,
-                                                               std::function<bool()> cancelled) {
+Result<KvPairHandoff::MakePairChannel> KvPairHandoff::MakerOf(KvPairLink link,
+                                                              const BackendConfig& backend) {
     const std::string backend_name(BackendKindName(backend.kind));
     switch (link) {
         case KvPairLink::kSocket:
@@ -113,7 +112,7 @@ Result<KvNcclRankChannels::MakeChannel> KvPairHandoff::MakerOf(KvPairLink link,
                     "this rank's KV pair buffers are " +
                     backend_name + " device memory; unset it (GPUs use NCCL)");
             }
-            return KvNcclRankChannels::MakeChannel([](const KvNcclPairAssignment& p) {
+            return MakePairChannel([](const KvNcclPairAssignment& p, const std::function<bool()>&) {
                 return MakeSocketKvPairChannel(p.nccl_unique_id, p.nccl_rank);
             });
         case KvPairLink::kNccl:
@@ -122,14 +121,13 @@ Result<KvNcclRankChannels::MakeChannel> KvPairHandoff::MakerOf(KvPairLink link,
                                        backend_name +
                                        " backend; NCCL pair channels send GPU memory (cuda)");
             }
-            return NcclMaker(backend.device, std::move(cancelled));
+            return NcclMaker(backend.device);
     }
     return InvalidArgument("kv_pair_link: unknown link");
 }
 
-KvPairHandoff::KvPairHandoff(KvNcclRankChannels::MakeChannel make, int64_t timeout_ms,
-                             std::string link_name, KvPairPool pool, KvPairStaging staging,
-                             int64_t max_offer_bytes)
+KvPairHandoff::KvPairHandoff(MakePairChannel make, int64_t timeout_ms, std::string link_name,
+                             KvPairPool pool, KvPairStaging staging, int64_t max_offer_bytes)
     : offer_buffers_(pool.backend, max_offer_bytes),
       make_(std::move(make)),
       timeout_ms_(timeout_ms),
@@ -161,7 +159,8 @@ Status KvPairHandoff::CheckPairs(const std::vector<KvNcclPairAssignment>& pairs,
 }
 
 KvPairHandoff::Peer KvPairHandoff::MakePeer(std::vector<KvNcclPairAssignment> pairs,
-                                            uint64_t first_transfer_id) const {
+                                            uint64_t first_transfer_id,
+                                            const std::function<bool()>& cancelled) const {
     Peer peer;
     peer.pairs = pairs;
     peer.first_transfer_id = first_transfer_id;
@@ -170,8 +169,9 @@ KvPairHandoff::Peer KvPairHandoff::MakePeer(std::vector<KvNcclPairAssignment> pa
     const KvNcclChannelsOptions options{.send_timeout_ms = timeout_ms_,
                                         .receive_timeout_ms = timeout_ms_,
                                         .max_offers_per_pair = 64};
-    Result<std::unique_ptr<KvNcclRankChannels>> channels =
-        KvNcclRankChannels::Create(std::move(pairs), make_, options);
+    Result<std::unique_ptr<KvNcclRankChannels>> channels = KvNcclRankChannels::Create(
+        std::move(pairs), [&](const KvNcclPairAssignment& p) { return make_(p, cancelled); },
+        options);
     if (channels.ok()) {
         peer.channels = std::move(*channels);
     } else {
@@ -198,6 +198,15 @@ Result<std::unique_ptr<KvPairHandoff>> KvPairHandoff::Create(
     std::vector<KvNcclPairAssignment> pairs, const KvNcclRankChannels::MakeChannel& make,
     std::string link_name, int64_t timeout_ms, KvPairPool pool, int64_t max_offer_bytes,
     uint64_t first_transfer_id) {
+    return Create(
+        std::move(pairs),
+        [make](const KvNcclPairAssignment& p, const std::function<bool()>&) { return make(p); },
+        std::move(link_name), timeout_ms, std::move(pool), max_offer_bytes, first_transfer_id);
+}
+
+Result<std::unique_ptr<KvPairHandoff>> KvPairHandoff::Create(
+    std::vector<KvNcclPairAssignment> pairs, MakePairChannel make, std::string link_name,
+    int64_t timeout_ms, KvPairPool pool, int64_t max_offer_bytes, uint64_t first_transfer_id) {
     if (max_offer_bytes <= 0) {
         return InvalidArgument("KV pair path: max_offer_bytes=" + std::to_string(max_offer_bytes) +
                                " must be > 0");
@@ -208,8 +217,9 @@ Result<std::unique_ptr<KvPairHandoff>> KvPairHandoff::Create(
     }
     KV_ASSIGN_OR_RETURN(KvPairStaging staging, KvPairStaging::Of(pool.backend));
     KV_RETURN_IF_ERROR(CheckPairs(pairs, pool.layout));
-    std::unique_ptr<KvPairHandoff> h(new KvPairHandoff(make, timeout_ms, std::move(link_name),
-                                                       std::move(pool), staging, max_offer_bytes));
+    std::unique_ptr<KvPairHandoff> h(new KvPairHandoff(std::move(make), timeout_ms,
+                                                       std::move(link_name), std::move(pool),
+                                                       staging, max_offer_bytes));
     for (auto& [instance, group] : ByInstance(std::move(pairs))) {
         Peer peer = h->MakePeer(std::move(group), first_transfer_id);
         // At start the first failure is the rank's: it does not become Ready.
@@ -220,6 +230,7 @@ Result<std::unique_ptr<KvPairHandoff>> KvPairHandoff::Create(
 }
 
 KvPairHandoff::~KvPairHandoff() {
+    for (auto& join : joins_) join->cancel = true;
     for (auto& join : joins_) {
         if (join->thread.joinable()) join->thread.join();
     }
@@ -273,7 +284,9 @@ Status KvPairHandoff::Replan(std::vector<KvNcclPairAssignment> pairs, uint64_t f
         old.channels.reset();  // its senders drop what they held (offer_buffers_ takes it back)
         std::erase_if(offered_, [&](const auto& o) { return o.second == instance; });
         for (auto& join : joins_) {
-            if (join->instance == instance) join->current = false;
+            if (join->instance != instance) continue;
+            join->current = false;
+            join->cancel = true;  // its peer joins the new pairs, not these
         }
         if (replanned != nullptr) replanned->push_back(instance);
     };
@@ -309,7 +322,7 @@ Status KvPairHandoff::Replan(std::vector<KvNcclPairAssignment> pairs, uint64_t f
             join->instance = instance;
             Join* j = join.get();
             join->thread = std::thread([this, j, group = std::move(group), first_transfer_id] {
-                Peer made = MakePeer(group, first_transfer_id);
+                Peer made = MakePeer(group, first_transfer_id, [j] { return j->cancel.load(); });
                 std::lock_guard<std::mutex> lock(j->mu);
                 j->made = std::move(made);
                 j->done = true;

@@ -64,6 +64,7 @@
 // hands them over under its Join's mutex.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -122,11 +123,23 @@ struct KvPairPool {
 
 class KvPairHandoff {
   public:
+    // Makes one pair's channel (as KvNcclRankChannels::MakeChannel), polling `cancelled` while
+    // it waits for its peer (an NCCL join): true ends the wait (Aborted). A background join's is
+    // set when a later Replan supersedes it and when the handoff is destroyed.
+    using MakePairChannel = std::function<Result<std::unique_ptr<KvPairChannel>>(
+        const KvNcclPairAssignment&, const std::function<bool()>& cancelled)>;
+
     // Makes the rank's channels (every pair's, in plan order; see KvNcclRankChannels). Refuses,
     // naming the pair, a pair whose heads this rank does not hold, and a receiving side whose
     // pairs with one instance do not cover its heads exactly once; refuses a backend that cannot
     // stage (KvPairStaging::Of). `link_name` names the link in logs; `max_offer_bytes` (> 0)
     // bounds the rank's offer buffers (KvPairBuffers).
+    static Result<std::unique_ptr<KvPairHandoff>> Create(
+        std::vector<KvNcclPairAssignment> pairs, MakePairChannel make, std::string link_name,
+        int64_t timeout_ms, KvPairPool pool, int64_t max_offer_bytes = kKvPairMaxOfferBytes,
+        uint64_t first_transfer_id = 0);
+    // The same with a maker that never waits for a peer long enough to need cancelling (the
+    // in-memory links of tests).
     static Result<std::unique_ptr<KvPairHandoff>> Create(
         std::vector<KvNcclPairAssignment> pairs, const KvNcclRankChannels::MakeChannel& make,
         std::string link_name, int64_t timeout_ms, KvPairPool pool,
@@ -145,9 +158,8 @@ class KvPairHandoff {
     // Receives fail at once (Unavailable), and errors in making them are logged, not returned.
     Status Replan(std::vector<KvNcclPairAssignment> pairs, uint64_t first_transfer_id,
                   std::vector<std::string>* replanned = nullptr, bool in_background = false);
-    // Waits for the channels still being made in the background (each bounded by its maker's own
-    // timeout: kNcclJoinTimeoutMs for NCCL, or ended sooner by MakerOf's `cancelled`), then
-    // drops every pair.
+    // Cancels the joins still waiting in the background (MakePairChannel's `cancelled`) and
+    // waits for them, then drops every pair.
     ~KvPairHandoff();
     // How long making an NCCL pair channel waits for its peer to join: the two workers of a pair
     // reach it after loading their weights, which they do at the same time, not in lockstep.
@@ -155,13 +167,10 @@ class KvPairHandoff {
     // The channel maker of `link` for a rank on `backend`: socket, MakeSocketKvPairChannel, which
     // sends host memory — refused for a non-CPU backend, naming KVSHARD_KV_PAIR_LINK; nccl,
     // MakeNcclKvPairChannel on backend.device — refused for a non-CUDA backend, and in a build
-    // without CUDA (naming kv_transfer.path). `cancelled` (may be empty) is polled by an NCCL
-    // channel while it waits: the worker sets it when it closes its pairs, so a join still
-    // waiting for a peer ends then instead of after kNcclJoinTimeoutMs (the socket link never
-    // waits to be made).
-    static Result<KvNcclRankChannels::MakeChannel> MakerOf(KvPairLink link,
-                                                           const BackendConfig& backend,
-                                                           std::function<bool()> cancelled = {});
+    // without CUDA (naming kv_transfer.path). The NCCL channel polls the maker's `cancelled`
+    // while it joins (NcclKvPairChannelConfig::cancelled), so a join superseded or closed ends
+    // then rather than after kNcclJoinTimeoutMs; a socket channel never waits to be made.
+    static Result<MakePairChannel> MakerOf(KvPairLink link, const BackendConfig& backend);
 
     // Prefill side: offers transfer op.transfer_id to every pair with op.dst_instance, `blocks`
     // by KV cache group (the entries the handoff carries). Returns the bytes offered (0 where this
@@ -199,13 +208,15 @@ class KvPairHandoff {
         std::vector<bool> received_any;  // per pair: logged its first receive
         std::vector<uint64_t> receives;  // per pair: receives posted
     };
-    KvPairHandoff(KvNcclRankChannels::MakeChannel make, int64_t timeout_ms, std::string link_name,
-                  KvPairPool pool, KvPairStaging staging, int64_t max_offer_bytes);
+    KvPairHandoff(MakePairChannel make, int64_t timeout_ms, std::string link_name, KvPairPool pool,
+                  KvPairStaging staging, int64_t max_offer_bytes);
     // Create's refusals of `pairs` for a rank holding `layout`'s heads.
     static Status CheckPairs(const std::vector<KvNcclPairAssignment>& pairs,
                              const ShardLayout& layout);
     // The pairs with one instance and their channels, made now.
-    Peer MakePeer(std::vector<KvNcclPairAssignment> pairs, uint64_t first_transfer_id) const;
+    // `cancelled` (may be empty) as MakePairChannel's.
+    Peer MakePeer(std::vector<KvNcclPairAssignment> pairs, uint64_t first_transfer_id,
+                  const std::function<bool()>& cancelled = {}) const;
     // The peer a transfer of `op_what` with `instance` goes over: nullptr when this rank has no
     // pair with it; an error (at once) when its channels are down or `transfer_id` predates them.
     Result<Peer*> PeerFor(const std::string& instance, uint64_t transfer_id,
@@ -218,6 +229,7 @@ class KvPairHandoff {
         bool done = false;         // guarded by mu
         std::optional<Peer> made;  // guarded by mu: the result, once done
         bool current = true;       // false once a later Replan superseded it (step thread)
+        std::atomic<bool> cancel{false};  // superseded, or the handoff closing: stop waiting
     };
     // Takes up the channels the background joins finished (the step thread, first thing in
     // every call that uses the pairs).
@@ -236,7 +248,7 @@ class KvPairHandoff {
     BackendBuffer receive_buffer_;  // reused by every receive; grown by size class
     std::map<std::string, Peer> peers_;  // by instance
     std::list<std::unique_ptr<Join>> joins_;
-    const KvNcclRankChannels::MakeChannel make_;
+    const MakePairChannel make_;
     const int64_t timeout_ms_;
     const std::string link_name_;
     KvPairPool pool_;

@@ -1,6 +1,5 @@
 #include "worker/worker_service.h"
 
-#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <memory>
@@ -119,18 +118,8 @@ Result<std::unique_ptr<FrameChannel>> ConnectWithRetry(const WorkerServiceOption
 
 // One rank's model, pool and step runner, built from the coordinator's RegisterAck.
 struct LoadedRank {
-    LoadedRank() = default;
-    LoadedRank(LoadedRank&&) = default;
-    LoadedRank& operator=(LoadedRank&&) = default;
-    // The pairs' NCCL joins still waiting for a peer end now (MakerOf's `cancelled`), before
-    // the pairs' destructor waits for them.
-    ~LoadedRank() {
-        if (closing_pairs != nullptr) closing_pairs->store(true);
-    }
-
     std::unique_ptr<ModelFile> file;
     std::unique_ptr<ModelRunner> runner;
-    std::shared_ptr<std::atomic<bool>> closing_pairs;  // polled by the pairs' NCCL channels
     std::unique_ptr<KvPairHandoff> pairs;  // the KV pair path's channels; outlives steps
     std::unique_ptr<StepRunner> steps;
 };
@@ -171,16 +160,13 @@ Result<LoadedRank> LoadRank(const WorkerServiceOptions& o, const RegisterAckMess
                         .pool = r.runner->pool(),
                         .layout = r.runner->layout(),
                         .group_of_layer = r.runner->kv_groups().group_of_layer};
-        r.closing_pairs = std::make_shared<std::atomic<bool>>(false);
         KV_ASSIGN_OR_RETURN(
-            KvNcclRankChannels::MakeChannel make,
-            KvPairHandoff::MakerOf(
-                pairs->link,
-                {.kind = r.runner->backend().kind(), .device = s.runner.backend.device},
-                [closing = r.closing_pairs] { return closing->load(); }));
+            KvPairHandoff::MakePairChannel make,
+            KvPairHandoff::MakerOf(pairs->link, {.kind = r.runner->backend().kind(),
+                                                 .device = s.runner.backend.device}));
         KV_ASSIGN_OR_RETURN(
             r.pairs,
-            KvPairHandoff::Create(std::move(pairs->pairs), make, link, pairs->timeout_ms,
+            KvPairHandoff::Create(std::move(pairs->pairs), std::move(make), link, pairs->timeout_ms,
                                   std::move(pool), kKvPairMaxOfferBytes, pairs->first_transfer_id));
         spdlog::info("{}: KV handoff over {} pair(s) on the {} link", Who(o), n, link);
     }

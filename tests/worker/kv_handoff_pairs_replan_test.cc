@@ -12,8 +12,10 @@
 // (the coordinator's repair, both instances healthy) KV flows again.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -317,6 +319,53 @@ TEST(KvPairReplan, DownPairsNamesTheFailedPairsAndARepairOfBothSidesBringsThemBa
     s.links.refuse.insert(Id("g3", "decode"));
     EXPECT_FALSE(s.send->Replan(KvNcclPairsOfRank(replanned, "prefill", 0), 20).ok());
     EXPECT_EQ(s.send->DownPairs("decode"), std::optional<uint64_t>(20));
+}
+
+// A background join (the NCCL link: it waits for its peer) is cancelled when a later re-plan
+// supersedes it and when the handoff closes, instead of waiting out its maker's timeout.
+TEST(KvPairReplan, ABackgroundJoinIsCancelledWhenSupersededOrClosed) {
+    Links links;
+    Rank prefill = MakeRank(1);
+    std::atomic<int> cancelled{0};
+    // As Links::Maker, but a held id waits until released or cancelled.
+    KvPairHandoff::MakePairChannel maker =
+        [&](const KvNcclPairAssignment& p,
+            const std::function<bool()>& cancel) -> Result<std::unique_ptr<KvPairChannel>> {
+        std::unique_lock<std::mutex> lock(links.mu);
+        while (links.held.count(p.nccl_unique_id) != 0) {
+            if (cancel()) {
+                cancelled++;
+                return Aborted("join cancelled");
+            }
+            links.cv.wait_for(lock, std::chrono::milliseconds(5));
+        }
+        auto& link = links.by_id[p.nccl_unique_id];
+        if (link == nullptr) link = std::make_unique<InMemoryKvPairLink>();
+        return link->Borrow(p.nccl_rank);
+    };
+    Result<std::unique_ptr<KvPairHandoff>> h = KvPairHandoff::Create(
+        KvNcclPairsOfRank(Plan("g1"), "prefill", 0), maker, "in-memory", 2'000, PoolOf(prefill));
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    links.Hold(Id("g2", "decode"));
+    ASSERT_TRUE(
+        (*h)->Replan(KvNcclPairsOfRank(Replanned("g2"), "prefill", 0), 10, nullptr, true).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(cancelled.load(), 0);  // still joining
+    // Superseded (the peer re-formed again): the g2 join ends, the g3 one is made.
+    ASSERT_TRUE(
+        (*h)->Replan(KvNcclPairsOfRank(Replanned("g3"), "prefill", 0), 20, nullptr, true).ok());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (cancelled.load() == 0 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(cancelled.load(), 1);
+    // Closing with a join waiting: the destructor cancels it rather than waiting for a peer.
+    links.Hold(Id("g4", "decode"));
+    ASSERT_TRUE(
+        (*h)->Replan(KvNcclPairsOfRank(Replanned("g4"), "prefill", 0), 30, nullptr, true).ok());
+    const auto closing = std::chrono::steady_clock::now();
+    h->reset();
+    EXPECT_EQ(cancelled.load(), 2);
+    EXPECT_LT(std::chrono::steady_clock::now() - closing, std::chrono::seconds(5));
 }
 
 TEST(KvPairReplan, SettingsCarryTheFirstTransfer) {

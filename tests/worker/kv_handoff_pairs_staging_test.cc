@@ -345,20 +345,20 @@ TEST(KvPairBuffers, AtTheBoundALargerKeptBufferServesBeforeAnyIsFreed) {
 }
 
 TEST(KvPairLinkMaker, EachLinkRefusesTheBackendItCannotSendFrom) {
-    Result<KvNcclRankChannels::MakeChannel> socket_gpu =
+    Result<KvPairHandoff::MakePairChannel> socket_gpu =
         KvPairHandoff::MakerOf(KvPairLink::kSocket, {.kind = BackendKind::kCuda, .device = 0});
     ASSERT_FALSE(socket_gpu.ok());
     EXPECT_NE(socket_gpu.status().message().find("KVSHARD_KV_PAIR_LINK"), std::string::npos)
         << socket_gpu.status().message();
     EXPECT_TRUE(KvPairHandoff::MakerOf(KvPairLink::kSocket, {.kind = BackendKind::kCpu}).ok());
 
-    Result<KvNcclRankChannels::MakeChannel> nccl_cpu =
+    Result<KvPairHandoff::MakePairChannel> nccl_cpu =
         KvPairHandoff::MakerOf(KvPairLink::kNccl, {.kind = BackendKind::kCpu});
     ASSERT_FALSE(nccl_cpu.ok());
     EXPECT_NE(nccl_cpu.status().message().find("kv_transfer.path: nccl"), std::string::npos)
         << nccl_cpu.status().message();
 
-    Result<KvNcclRankChannels::MakeChannel> nccl_gpu =
+    Result<KvPairHandoff::MakePairChannel> nccl_gpu =
         KvPairHandoff::MakerOf(KvPairLink::kNccl, {.kind = BackendKind::kCuda, .device = 0});
     if (!KVSHARD_WITH_CUDA) {
         ASSERT_FALSE(nccl_gpu.ok());
@@ -368,13 +368,13 @@ TEST(KvPairLinkMaker, EachLinkRefusesTheBackendItCannotSendFrom) {
     ASSERT_TRUE(nccl_gpu.ok()) << nccl_gpu.status().ToString();
     if (DeviceCount() > 0) return;  // making a channel would wait for a peer
     // No GPU here: the maker reaches MakeNcclKvPairChannel, which names the missing device.
-    Result<std::unique_ptr<KvPairChannel>> made =
-        (*nccl_gpu)({.peer_instance = "decode",
-                     .peer_rank = 0,
-                     .nccl_rank = 0,
-                     .head_begin = 0,
-                     .head_end = 4,
-                     .nccl_unique_id = std::string(kKvNcclUniqueIdBytes, 'x')});
+    const KvNcclPairAssignment pair{.peer_instance = "decode",
+                                    .peer_rank = 0,
+                                    .nccl_rank = 0,
+                                    .head_begin = 0,
+                                    .head_end = 4,
+                                    .nccl_unique_id = std::string(kKvNcclUniqueIdBytes, 'x')};
+    Result<std::unique_ptr<KvPairChannel>> made = (*nccl_gpu)(pair, [] { return false; });
     ASSERT_FALSE(made.ok());
     EXPECT_EQ(made.status().code(), StatusCode::kUnavailable) << made.status().ToString();
     EXPECT_NE(made.status().message().find("CUDA device 0"), std::string::npos)
