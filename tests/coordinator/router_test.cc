@@ -226,8 +226,8 @@ TEST_F(RouterTest, PairFailuresAndTransfersReachThePairHealth) {
     // positive on its string: the failure is made from plain fields.)
     struct Case {
         const char* name;
-        bool on_receive;       // else on the prefill instance's send
-        StatusCode code;       // kOk: nothing fails
+        bool on_receive;  // else on the prefill instance's send
+        StatusCode code;  // kOk: nothing fails
         const char* message;
         bool pairs_down;
         uint64_t pairs_first_transfer;
