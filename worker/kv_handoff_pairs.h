@@ -150,8 +150,9 @@ class KvPairHandoff {
     // old channels are aborted and dropped with the offers they held, and new ones made from
     // `pairs` (with `first_transfer_id`); the pairs with other instances are kept as they are.
     // Refuses, changing nothing, pairs Create would refuse. When making an instance's new
-    // channels fails, its pairs stay down (their Offers and Receives return that error at once)
-    // and the first such error is returned. Returns the instances re-planned through `replanned`.
+    // channels fails, its pairs stay down (their Offers and Receives return that error at once,
+    // and DownPairs names them, so the coordinator re-plans them again) and the first such error
+    // is returned. Returns the instances re-planned through `replanned`.
     // `in_background`: the new channels are made on a thread of their own and taken up by a later
     // call once made (an NCCL join waits for the re-formed peer, which may still be loading its
     // weights: the step thread must not wait with it); until then the instance's Offers and
