@@ -81,7 +81,7 @@ class NcclKvPairChannel final : public KvPairChannel {
         KV_RETURN_IF_ERROR(AbortRequested());
         if (cancelled_ && cancelled_()) {
             return Aborted("NCCL KV pair rank " + std::to_string(rank_) +
-                           ": the worker is closing its KV pairs");
+                           ": cancelled (re-planned again, or the worker closing its KV pairs)");
         }
         return Status::Ok();
     }

@@ -32,8 +32,9 @@ struct NcclKvPairChannelConfig {
     // nullptr for one of the channel's own. Send/Recv return once it ran them.
     StreamHandle stream = nullptr;
     // Polled while the channel waits (its join, its transfers); true ends the wait as an Abort
-    // would (Aborted, the communicator aborted). The worker's, when it closes its KV pairs: a
-    // join otherwise waits init_timeout_ms for a peer that may never come.
+    // would (Aborted, the communicator aborted). Set by the worker's pair path when a later
+    // re-plan supersedes the join or the rank closes its pairs: a join otherwise waits
+    // init_timeout_ms for a peer that may never come.
     std::function<bool()> cancelled;
 };
 
